@@ -1,0 +1,34 @@
+# Thin wrapper over CMake: `make`, `make test`, `make run`, `make install PREFIX=...`.
+BUILD ?= build
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+
+.PHONY: all test run install clean test-asan test-tsan
+
+all:
+	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: all
+	cd $(BUILD) && ctest --output-on-failure -j 2
+
+run: all
+	$(BUILD)/bin/chorusrun -n 4 $(BUILD)/bin/all_reduce_perf -b 8 -e 128M -f 2
+
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# Sanitizer builds in their own trees. CMAKE_FLAGS given on the command line (e.g. -DCHORUS_WERROR=ON)
+# pass through; the first report fails the test (options already in the environment win).
+test-asan:
+	ASAN_OPTIONS=$${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1} \
+	UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="$(CMAKE_FLAGS) -DCHORUS_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug"
+
+test-tsan:
+	TSAN_OPTIONS=$${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
+	$(MAKE) test BUILD=build-tsan CMAKE_FLAGS="$(CMAKE_FLAGS) -DCHORUS_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug"
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

@@ -1,0 +1,40 @@
+/* Chorus extensions to the NCCL API. Everything here is prefixed `chorus`. */
+#ifndef CHORUS_H_
+#define CHORUS_H_
+
+#include "nccl.h"
+
+#define CHORUS_MAJOR 0
+#define CHORUS_MINOR 1
+#define CHORUS_PATCH 0
+#define CHORUS_VERSION_CODE (CHORUS_MAJOR * 10000 + CHORUS_MINOR * 100 + CHORUS_PATCH)
+#define CHORUS_VERSION_STRING "0.1.0"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Chorus's own version (ncclGetVersion reports the NCCL API level). */
+ncclResult_t chorusGetVersion(int* version);
+
+/* Host streams: a call issued on one returns at once and runs in the background, in issue order.
+ * Failures are reported by ncclCommGetAsyncError and by chorusStreamSynchronize. Passing NULL as
+ * the stream makes a call (or a group) complete before it returns. */
+ncclResult_t chorusStreamCreate(cudaStream_t* stream);
+ncclResult_t chorusStreamSynchronize(cudaStream_t stream);
+/* ncclSuccess when everything issued so far has finished, ncclInProgress otherwise. */
+ncclResult_t chorusStreamQuery(cudaStream_t stream);
+ncclResult_t chorusStreamDestroy(cudaStream_t stream);
+
+/* Initialise from the launcher's environment: chorusrun (NCCL_COMM_ID, RANK, WORLD_SIZE), torchrun
+ * (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*), PMI/Slurm (PMI_RANK,
+ * PMI_SIZE, SLURM_PROCID, SLURM_NTASKS). Rank 0 hosts the bootstrap root at the given address. */
+ncclResult_t chorusInitFromEnv(ncclComm_t* comm);
+/* Rank and world size the environment describes, without creating a communicator. */
+ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHORUS_H_ */

@@ -1,0 +1,64 @@
+/* Algorithms: each collective is a sequence of primitives over a ring (or a peer, for send/recv).
+ * An algorithm is a pure function from (operation, step index) to the primitive to run at that index,
+ * so the engine can stop at any step that must wait and resume later without blocking a thread. */
+#ifndef CH_ALGO_H
+#define CH_ALGO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../proto/prims.h"
+
+/* NCCL's ncclFunc_t numbering. */
+enum ch_func {
+  FUNC_BROADCAST = 0, FUNC_REDUCE = 1, FUNC_ALLGATHER = 2, FUNC_REDUCESCATTER = 3, FUNC_ALLREDUCE = 4,
+  FUNC_SENDRECV = 5, FUNC_SEND = 6, FUNC_RECV = 7, FUNC_ALLTOALL = 8, FUNC_SCATTER = 9, FUNC_GATHER = 10,
+  FUNC_COUNT
+};
+enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_COUNT = 2 };
+
+/* The share of one collective (or one send/recv) carried by one channel. */
+struct ch_op {
+  int func;
+  int algo;
+  int proto;
+  const char* sendbuff;
+  char* recvbuff;
+  size_t count;   /* elements per rank-block, as the API call counts them */
+  size_t esize;
+  int root;       /* rank (broadcast/reduce) */
+  int rank, nranks;
+  int ring_index; /* our position in this channel's ring */
+  const int* ring; /* ring order: ring[i] = rank at position i */
+  /* this channel's part of each block: [part_off, part_off + part_count) */
+  size_t part_off, part_count;
+  size_t chunk; /* elements per step */
+  struct prim_ctx ctx;
+  uint64_t idx, nidx; /* next primitive index, total */
+};
+
+/* Number of primitive steps the op needs; then fill the primitive for step `idx` < that number. */
+uint64_t algo_nsteps(const struct ch_op* op);
+void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+
+/* One file per algorithm. */
+uint64_t ring_allreduce_nsteps(const struct ch_op* op);
+void ring_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+uint64_t ring_allgather_nsteps(const struct ch_op* op);
+void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+uint64_t ring_reducescatter_nsteps(const struct ch_op* op);
+void ring_reducescatter_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+uint64_t ring_broadcast_nsteps(const struct ch_op* op);
+void ring_broadcast_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+uint64_t ring_reduce_nsteps(const struct ch_op* op);
+void ring_reduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+uint64_t p2p_nsteps(const struct ch_op* op);
+void p2p_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+uint64_t local_nsteps(const struct ch_op* op);
+void local_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+
+/* Helpers shared by the ring algorithms. */
+static inline size_t algo_min(size_t a, size_t b) { return a < b ? a : b; }
+static inline int algo_mod(int a, int n) { return ((a % n) + n) % n; }
+
+#endif

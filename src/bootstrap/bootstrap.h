@@ -1,0 +1,74 @@
+/* Out-of-band bootstrap over TCP: rendezvous at a root, then peer-to-peer messages between ranks.
+ *
+ * The unique id carries the root's address and a random 64-bit secret. Every connection (to the
+ * root or between ranks) begins with the secret; a connection that does not is closed and ignored,
+ * so port scanners, garbage and stale jobs cannot disturb a job. */
+#ifndef CH_BOOTSTRAP_H
+#define CH_BOOTSTRAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../misc/socket.h"
+#include "../misc/status.h"
+
+/* What each rank tells the root when it joins. The root checks that all ranks agree on nranks,
+ * library version and wire version, and fails every rank with one message naming who differs. */
+struct boot_rank_info {
+  int32_t rank;
+  int32_t nranks;
+  int32_t lib_version;  /* CHORUS_VERSION_CODE */
+  int32_t wire_version; /* param WIRE_VERSION */
+  int32_t pid;
+  uint64_t host_hash;
+  char host_id[96];   /* hostname + boot id (or NCCL_HOSTID), truncated */
+  char hostname[64];
+  union sock_addr listen_addr; /* where this rank accepts peer connections */
+};
+
+struct boot_state; /* opaque */
+
+/* Fill the 128-byte unique id. Without NCCL_COMM_ID this starts the root listener thread in this
+ * process (as NCCL does); with NCCL_COMM_ID the id only names that address, and rank 0 starts the
+ * root inside boot_init. */
+ch_status boot_get_unique_id(void* id128);
+
+/* Same as boot_get_unique_id with NCCL_COMM_ID=hostport, for launchers that name the root otherwise
+ * (torchrun's MASTER_ADDR, a job-derived local port): no root is started here; rank 0 starts it. */
+ch_status boot_id_from_addr(const char* hostport, void* id128);
+
+/* Join the job: send our info to the root and receive everyone's (returned in *peers, nranks entries,
+ * caller frees). Fails with CH_TIMEOUT after deadline_ns (absolute, 0 = none): the root then tells
+ * every connected rank which ranks joined and which never arrived, and each rank logs that. On a
+ * version/nranks mismatch every rank gets CH_INVALID_USAGE with a WARN naming ranks and values.
+ * `abort` (may be NULL) is polled; when set, the call returns CH_INTERNAL within ~100 ms. */
+ch_status boot_init(const void* id128, int rank, int nranks, const volatile int* abort, uint64_t deadline_ns,
+                    struct boot_state** out, struct boot_rank_info** peers);
+
+/* Build a bootstrap for a subset of ranks without any root (ncclCommSplit): `addrs` are the members'
+ * listen addresses in new-rank order, exchanged over the parent beforehand; `listener` is the
+ * already-listening socket of this rank for the new bootstrap (ownership passes to the state). */
+ch_status boot_init_from_table(int rank, int nranks, uint64_t secret, const union sock_addr* addrs,
+                               struct sock* listener, const volatile int* abort, struct boot_state** out);
+
+/* Create a listening socket on this rank's bootstrap interface (for boot_init_from_table). */
+ch_status boot_new_listener(struct boot_state* parent, struct sock* listener);
+uint64_t boot_secret(struct boot_state* b);
+
+/* Messages between ranks, matched by (peer, tag); messages arriving early are queued. Sizes must
+ * match exactly, otherwise CH_INTERNAL with a WARN naming both sizes. */
+ch_status boot_send(struct boot_state* b, int peer, int tag, const void* data, size_t size);
+ch_status boot_recv(struct boot_state* b, int peer, int tag, void* data, size_t size);
+/* data holds nranks slots of `size` bytes; slot[rank] is ours on entry, all filled on return. */
+ch_status boot_allgather(struct boot_state* b, void* data, size_t size);
+ch_status boot_barrier(struct boot_state* b);
+/* Change the abort flag polled by b (communicator creation swaps it in). */
+void boot_set_abort(struct boot_state* b, const volatile int* abort);
+/* Set a deadline (absolute ns, 0 = none) for subsequent blocking bootstrap calls. */
+void boot_set_deadline(struct boot_state* b, uint64_t deadline_ns);
+void boot_close(struct boot_state* b);
+
+#define BOOT_TAG_SPLIT (1 << 29)
+#define BOOT_TAG_CONNECT (1 << 30)
+
+#endif

@@ -1,0 +1,131 @@
+/* NCCL API: collectives, send/recv and groups. Every call is checked here, once, with a WARN that
+ * names the function and the bad value; then it becomes a task for the group layer. */
+#include <string.h>
+
+#include "../misc/log.h"
+#include "api.h"
+#include "enqueue.h"
+
+static const char* fname(int f) {
+  static const char* n[FUNC_COUNT] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
+                                      "ncclAllReduce", "ncclSendRecv", "ncclSend", "ncclRecv", "ncclAlltoAll",
+                                      "ncclScatter", "ncclGather"};
+  return f >= 0 && f < FUNC_COUNT ? n[f] : "?";
+}
+
+static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
+static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
+
+static ch_status check_task(struct ch_task* t) {
+  const char* fn = fname(t->func);
+  struct ncclComm* comm = t->comm;
+  CHECK(comm_check(comm, fn));
+  CHECK(comm_ensure_ready(comm));
+  if (t->type < 0 || t->type >= ncclNumTypes) {
+    WARN("%s: invalid datatype %d (valid: 0..%d)", fn, t->type, ncclNumTypes - 1);
+    return CH_INVALID_ARG;
+  }
+  if (has_op(t->func)) {
+    struct red_op red;
+    CHECK(enq_red_op(comm, t->op, t->type, &red));
+  }
+  if (has_root(t->func) && (t->root < 0 || t->root >= comm->nranks)) {
+    WARN("%s: invalid root %d (nranks is %d)", fn, t->root, comm->nranks);
+    return CH_INVALID_ARG;
+  }
+  if ((t->func == FUNC_SEND || t->func == FUNC_RECV) && (t->root < 0 || t->root >= comm->nranks)) {
+    WARN("%s: invalid peer %d (nranks is %d)", fn, t->root, comm->nranks);
+    return CH_INVALID_ARG;
+  }
+  if (t->count == 0) return CH_OK;
+  /* Which buffers this rank actually touches. */
+  int rank = comm->rank;
+  int needs_send = t->func != FUNC_RECV && !(t->func == FUNC_BROADCAST && rank != t->root) &&
+                   !(t->func == FUNC_SCATTER && rank != t->root);
+  int needs_recv = t->func != FUNC_SEND && !(t->func == FUNC_REDUCE && rank != t->root) &&
+                   !(t->func == FUNC_GATHER && rank != t->root);
+  if (needs_send && !t->sendbuff) {
+    WARN("%s: sendbuff is NULL (count %zu, rank %d)", fn, t->count, rank);
+    return CH_INVALID_ARG;
+  }
+  if (needs_recv && !t->recvbuff) {
+    WARN("%s: recvbuff is NULL (count %zu, rank %d)", fn, t->count, rank);
+    return CH_INVALID_ARG;
+  }
+  if (t->stream && !stream_is_ours(t->stream))
+    INFO(LOG_COLL, "%s: stream %p is not a Chorus host stream; the call completes before returning", fn,
+         (void*)t->stream);
+  return CH_OK;
+}
+
+static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  struct ch_task t = {func, sendbuff, recvbuff, count, (int)type, (int)op, root, comm, stream, NULL};
+  ch_status s = check_task(&t);
+  if (s != CH_OK) {
+    group_set_error(s);
+    return ch_to_nccl(s);
+  }
+  INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
+       fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root, (void*)comm,
+       comm->nranks);
+  return ch_to_nccl(enq_task(&t));
+}
+
+CH_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+       cudaStream_t stream) {
+  return submit(FUNC_BROADCAST, buff, buff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+       ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
+       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_ALLTOALL, sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+       ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm, stream);
+}
+CH_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+       cudaStream_t stream) {
+  return submit(FUNC_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream);
+}
+
+CH_API(ncclResult_t, ncclGroupStart, void) { return ch_to_nccl(group_start()); }
+CH_API(ncclResult_t, ncclGroupEnd, void) { return ch_to_nccl(group_end()); }
+
+CH_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo) {
+  if (!simInfo) {
+    WARN("ncclGroupSimulateEnd: simInfo is NULL");
+    return ncclInvalidArgument;
+  }
+  /* No cost model is exposed yet: report "unknown" and launch the group as ncclGroupEnd would. */
+  simInfo->estimatedTime = NCCL_UNDEF_FLOAT;
+  return ch_to_nccl(group_end());
+}

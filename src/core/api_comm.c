@@ -1,0 +1,271 @@
+/* NCCL API: versions, errors, unique ids and communicator lifecycle. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chorus.h"
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "api.h"
+#include "enqueue.h"
+#include "init.h"
+
+#define ARG_NONNULL(p, fn)                                 \
+  do {                                                     \
+    if (!(p)) {                                            \
+      WARN("%s: argument %s is NULL", fn, #p);             \
+      return ncclInvalidArgument;                          \
+    }                                                      \
+  } while (0)
+
+CH_API(ncclResult_t, ncclGetVersion, int* version) {
+  ARG_NONNULL(version, "ncclGetVersion");
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, chorusGetVersion, int* version) {
+  ARG_NONNULL(version, "chorusGetVersion");
+  *version = CHORUS_VERSION_CODE;
+  return ncclSuccess;
+}
+
+CH_API(const char*, ncclGetErrorString, ncclResult_t code) {
+  switch (code) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the Chorus developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    case ncclTimeout: return "timeout";
+    default: return "unknown result code";
+  }
+}
+
+CH_API(const char*, ncclGetLastError, ncclComm_t comm) {
+  (void)comm;
+  return log_last_error();
+}
+
+__attribute__((visibility("default"))) void pncclResetDebugInit(void) __attribute__((alias("ncclResetDebugInit")));
+__attribute__((visibility("default"))) void ncclResetDebugInit(void) { param_reset(); log_init(); }
+
+CH_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId* uniqueId) {
+  ARG_NONNULL(uniqueId, "ncclGetUniqueId");
+  memset(uniqueId, 0, sizeof(*uniqueId));
+  return ch_to_nccl(boot_get_unique_id(uniqueId->internal));
+}
+
+ch_status comm_parse_config(const ncclConfig_t* user, ncclConfig_t* out) {
+  ncclConfig_t def = NCCL_CONFIG_INITIALIZER;
+  *out = def;
+  if (user) {
+    if (user->magic != 0xcafebeef) {
+      WARN("ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER (bad magic 0x%x)", user->magic);
+      return CH_INVALID_ARG;
+    }
+    if (user->size < offsetof(ncclConfig_t, blocking) + sizeof(int)) {
+      WARN("ncclConfig_t size %zu is too small", user->size);
+      return CH_INVALID_ARG;
+    }
+    /* Older headers give smaller structs: copy what they have, keep defaults for the rest. */
+    size_t n = user->size < sizeof(ncclConfig_t) ? user->size : sizeof(ncclConfig_t);
+    memcpy(out, user, n);
+    out->size = sizeof(ncclConfig_t);
+  }
+  if (out->blocking == NCCL_CONFIG_UNDEF_INT) out->blocking = 1;
+  if (param_int(PARAM_COMM_BLOCKING) >= 0) out->blocking = param_int(PARAM_COMM_BLOCKING) != 0;
+  if (out->blocking != 0 && out->blocking != 1) {
+    WARN("ncclConfig_t.blocking must be 0 or 1, got %d", out->blocking);
+    return CH_INVALID_ARG;
+  }
+  return CH_OK;
+}
+
+static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId* id, int rank,
+                              const ncclConfig_t* user_cfg, const char* fn) {
+  ARG_NONNULL(newcomm, fn);
+  *newcomm = NULL;
+  if (nranks < 1) {
+    WARN("%s: invalid nranks %d (must be >= 1)", fn, nranks);
+    return ncclInvalidArgument;
+  }
+  if (rank < 0 || rank >= nranks) {
+    WARN("%s: invalid rank %d (nranks is %d)", fn, rank, nranks);
+    return ncclInvalidArgument;
+  }
+  ncclConfig_t cfg;
+  ch_status s = comm_parse_config(user_cfg, &cfg);
+  if (s != CH_OK) return ch_to_nccl(s);
+  struct ncclComm* comm;
+  s = comm_alloc(&comm, nranks, rank, &cfg);
+  if (s != CH_OK) return ch_to_nccl(s);
+  comm->init_id = *id;
+  *newcomm = comm;
+  if (group_depth() > 0) return ch_to_nccl(group_defer_init(comm));
+  group_start();
+  group_defer_init(comm);
+  s = group_end();
+  if (s != CH_OK && s != CH_IN_PROGRESS) {
+    comm_free(comm);
+    *newcomm = NULL;
+  }
+  return ch_to_nccl(s);
+}
+
+CH_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+       ncclConfig_t* config) {
+  return init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig");
+}
+
+CH_API(ncclResult_t, ncclCommInitRank, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank");
+}
+
+CH_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* devlist) {
+  ARG_NONNULL(comms, "ncclCommInitAll");
+  if (ndev < 1) {
+    WARN("ncclCommInitAll: invalid ndev %d", ndev);
+    return ncclInvalidArgument;
+  }
+  (void)devlist; /* host ranks have no devices; the list only names them */
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return r;
+  group_start();
+  for (int i = 0; i < ndev; i++) {
+    r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll");
+    if (r != ncclSuccess) break;
+  }
+  ch_status s = group_end();
+  if (r == ncclSuccess) r = ch_to_nccl(s);
+  if (r != ncclSuccess) {
+    for (int i = 0; i < ndev; i++) {
+      if (comms[i]) comm_free(comms[i]);
+      comms[i] = NULL;
+    }
+  }
+  return r;
+}
+
+CH_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, int myrank, int nId,
+       ncclUniqueId* commIds, ncclConfig_t* config) {
+  ARG_NONNULL(commIds, "ncclCommInitRankScalable");
+  if (nId < 1) {
+    WARN("ncclCommInitRankScalable: nId must be >= 1, got %d", nId);
+    return ncclInvalidArgument;
+  }
+  /* One root serves all ranks here; extra ids (for spreading root load) are not needed. */
+  return init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable");
+}
+
+CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  ARG_NONNULL(newcomm, "ncclCommSplit");
+  *newcomm = NULL;
+  ch_status s = comm_check(comm, "ncclCommSplit");
+  if (s == CH_OK) s = comm_ensure_ready(comm);
+  if (s != CH_OK) return ch_to_nccl(s);
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
+    WARN("ncclCommSplit: color %d is invalid (must be >= 0 or NCCL_SPLIT_NOCOLOR)", color);
+    return ncclInvalidArgument;
+  }
+  ncclConfig_t cfg = comm->config;
+  if (config) {
+    s = comm_parse_config(config, &cfg);
+    if (s != CH_OK) return ch_to_nccl(s);
+  }
+  s = comm_wait_idle(comm, 1);
+  if (s == CH_OK) s = comm_split(comm, color, key, newcomm, &cfg);
+  return ch_to_nccl(s);
+}
+
+CH_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
+  ch_status s = comm_check(comm, "ncclCommFinalize");
+  if (s == CH_OK) s = comm_ensure_ready(comm);
+  if (s == CH_OK) s = comm_wait_idle(comm, 1);
+  return ch_to_nccl(s);
+}
+
+CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
+  if (comm == NULL) return ncclSuccess; /* as NCCL: destroying NULL is a no-op */
+  ch_status s = comm_check(comm, "ncclCommDestroy");
+  if (s != CH_OK) return ch_to_nccl(s);
+  while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
+  if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
+  comm_wait_idle(comm, 1);
+  comm_free(comm);
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
+  if (comm == NULL) return ncclSuccess;
+  ch_status s = comm_check(comm, "ncclCommAbort");
+  if (s != CH_OK) return ch_to_nccl(s);
+  comm->abort_flag = 1;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  /* Every wait in the library polls the flag at least every ~100 ms, so these joins are bounded. */
+  if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
+  while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
+  comm_wait_idle(comm, 0);
+  comm_free(comm);
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
+  (void)revokeFlags;
+  ch_status s = comm_check(comm, "ncclCommRevoke");
+  if (s != CH_OK) return ch_to_nccl(s);
+  WARN("ncclCommRevoke is not supported yet; use ncclCommAbort");
+  return ncclInvalidUsage;
+}
+
+CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+       ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  (void)excludeRanksList, (void)excludeRanksCount, (void)newcomm, (void)config, (void)shrinkFlags;
+  ch_status s = comm_check(comm, "ncclCommShrink");
+  if (s != CH_OK) return ch_to_nccl(s);
+  WARN("ncclCommShrink is not supported yet; ncclCommSplit with NCCL_SPLIT_NOCOLOR on excluded ranks does the same");
+  return ncclInvalidUsage;
+}
+
+CH_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError) {
+  ch_status s = comm_check(comm, "ncclCommGetAsyncError");
+  if (s != CH_OK) return ch_to_nccl(s);
+  ARG_NONNULL(asyncError, "ncclCommGetAsyncError");
+  int st = atomic_load(&comm->init_state);
+  if (st == ncclInProgress) {
+    *asyncError = ncclInProgress;
+    return ncclSuccess;
+  }
+  if (comm->init_thread_live) {
+    pthread_join(comm->init_thread, NULL);
+    comm->init_thread_live = 0;
+  }
+  *asyncError = st != ncclSuccess ? (ncclResult_t)st : (ncclResult_t)atomic_load(&comm->async_result);
+  return ncclSuccess;
+}
+
+static ncclResult_t comm_query(const ncclComm_t comm, int* out, int what, const char* fn) {
+  ch_status s = comm_check(comm, fn);
+  if (s != CH_OK) return ch_to_nccl(s);
+  ARG_NONNULL(out, fn);
+  s = comm_ensure_ready((struct ncclComm*)comm);
+  if (s != CH_OK) return ch_to_nccl(s);
+  *out = what == 0 ? comm->nranks : what == 1 ? comm->rank : comm->local_rank;
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count) {
+  return comm_query(comm, count, 0, "ncclCommCount");
+}
+CH_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank) {
+  return comm_query(comm, rank, 1, "ncclCommUserRank");
+}
+/* On host memory there is no CUDA device: we report the rank's index among the ranks of its host,
+ * which is what NCCL programs use the device number for (picking per-rank resources). */
+CH_API(ncclResult_t, ncclCommCuDevice, const ncclComm_t comm, int* device) {
+  return comm_query(comm, device, 2, "ncclCommCuDevice");
+}

@@ -1,0 +1,100 @@
+/* The communicator and the state every layer above the transports shares. */
+#ifndef CH_COMM_H
+#define CH_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "../algo/algo.h"
+#include "../bootstrap/bootstrap.h"
+#include "../coll/reduce.h"
+#include "../misc/status.h"
+#include "../transport/transport.h"
+
+#define CH_MAX_CHANNELS 16
+#define CH_COMM_MAGIC 0x43484f5255534d4dULL /* "CHORUSMM" */
+
+struct ch_channel {
+  int id;
+  int* ring;        /* ring[i] = rank at ring position i */
+  int ring_index;   /* my position */
+  int prev, next;   /* ranks */
+  struct conn send; /* to next */
+  struct conn recv; /* from prev */
+};
+
+/* Connections for send/recv with one peer (created on first use). */
+struct ch_p2p {
+  struct conn send;
+  struct conn recv;
+};
+
+struct ch_redop_slot {
+  int used;
+  struct red_op red; /* kind RED_PREMULSUM with the scalar */
+};
+#define CH_MAX_REDOPS 64
+
+struct ch_plan; /* enqueue.h */
+
+struct ncclComm {
+  uint64_t magic;
+  int rank, nranks;
+  int local_rank, local_nranks; /* among ranks on this host */
+  int nnodes;
+  uint64_t comm_hash;
+  ncclConfig_t config;
+  int blocking;
+  char name[64];
+
+  struct boot_state* boot;
+  struct boot_rank_info* peers; /* [nranks] */
+  int* peer_tp;                 /* [nranks] transport kind to reach each rank */
+
+  int nchannels;
+  struct ch_channel channels[CH_MAX_CHANNELS];
+  int rings_connected;
+  struct ch_p2p* p2p; /* [nranks] */
+  struct tp_sizes sizes;
+  char* scratch; /* LL/LL128 staging, one slot payload */
+
+  struct ch_redop_slot redops[CH_MAX_REDOPS];
+  unsigned proto_mask, algo_mask; /* allowed by NCCL_PROTO / NCCL_ALGO (tuning.c) */
+
+  /* Ordering of work: plans run in ticket order, one at a time per communicator. */
+  atomic_uint_fast64_t next_ticket;
+  atomic_uint_fast64_t done_ticket;
+  uint64_t seq; /* collectives issued (sequence number carried in transfer headers) */
+
+  volatile int abort_flag;           /* set by ncclCommAbort; polled everywhere */
+  _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */
+  _Atomic int init_state;            /* ncclInProgress until init finishes, then its result */
+  pthread_t init_thread;
+  int init_thread_live;
+  /* arguments kept for a deferred or background init */
+  ncclUniqueId init_id;
+  int nsplits; /* splits made from this comm (all ranks count alike) */
+
+  int destroyed;
+};
+
+/* Validate a handle passed by the user; WARNs and returns CH_INVALID_ARG if bad. */
+ch_status comm_check(const struct ncclComm* comm, const char* fn);
+/* Wait until a nonblocking init has finished; returns its result. */
+ch_status comm_ensure_ready(struct ncclComm* comm);
+void comm_set_async_error(struct ncclComm* comm, ch_status s);
+
+/* Connect what the next plans need and is not connected yet, for several communicators at once
+ * (one thread may drive many ranks). need_send[i][p] / need_recv[i][p] flag peers p of comms[i];
+ * need_send[i][nranks] asks for the rings. Two phases (all receivers publish their FIFOs, then all
+ * senders attach), so no order of peers can deadlock. */
+ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, char** need_recv);
+/* Free every connection. */
+void comm_free_connections(struct ncclComm* comm);
+
+/* Run the init job (bootstrap, peers, channels) for comm; used blocking and from threads. */
+ch_status comm_init_job(struct ncclComm* comm);
+
+#endif

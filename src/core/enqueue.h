@@ -1,0 +1,68 @@
+/* From API calls to executable plans: tasks are collected per group, turned into per-channel
+ * operations (algorithm + protocol chosen in tuning.c), connected, and run by the engine. */
+#ifndef CH_ENQUEUE_H
+#define CH_ENQUEUE_H
+
+#include "comm.h"
+
+struct ch_task {
+  int func;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  int type;
+  int op; /* ncclRedOp_t */
+  int root; /* root, or peer for send/recv */
+  struct ncclComm* comm;
+  cudaStream_t stream;
+  struct ch_task* next;
+};
+
+/* A lane is a queue of operations that share connections and so must run one after another. */
+struct ch_lane {
+  struct ch_op** ops;
+  int nops, cur;
+};
+
+struct ch_plan {
+  struct ncclComm* comm;
+  uint64_t ticket;
+  struct ch_op* ops;
+  int nops;
+  struct ch_lane* lanes;
+  int nlanes;
+  int started, done;
+  ch_status status;
+  struct ch_plan* next; /* stream queue */
+};
+
+/* Group layer (group.c). Every API call goes through enq_task. */
+ch_status enq_task(const struct ch_task* t);
+int group_depth(void);
+ch_status group_start(void);
+ch_status group_end(void);
+/* Remember that a call inside the current group failed its checks (the group then fails). */
+void group_set_error(ch_status s);
+/* Defer a communicator init to the end of the current group. */
+ch_status group_defer_init(struct ncclComm* comm);
+
+/* Plans (plan.c). */
+ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out);
+void plan_free(struct ch_plan* plan);
+/* Run plans to completion (plans of several communicators progress together). */
+ch_status plan_exec(struct ch_plan** plans, int n);
+
+/* Algorithm and protocol choice (tuning.c): the one place that decides, and logs why. */
+void tune_init(struct ncclComm* comm);
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* proto, int* nchannels);
+
+/* Host streams (stream.c). */
+int stream_is_ours(cudaStream_t s);
+ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan);
+/* Wait until nothing of `comm` is queued or running anywhere. */
+ch_status comm_wait_idle(struct ncclComm* comm, int honor_abort);
+
+/* Build the reduction for (op, type) on comm; CH_INVALID_ARG if op is not valid. */
+ch_status enq_red_op(struct ncclComm* comm, int op, int type, struct red_op* out);
+
+#endif

@@ -1,0 +1,105 @@
+/* chorusInitFromEnv: one call that works under chorusrun, torchrun, Open MPI (mpirun), PMI and Slurm.
+ * Launcher variables describe the job rather than tune the library, so they are read here, in one
+ * place, fresh on every call (not through the cached tunables table). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chorus.h"
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "api.h"
+#include "../bootstrap/bootstrap.h"
+
+static int env_int(const char* const* names, int* out) {
+  for (int i = 0; names[i]; i++) {
+    const char* v = getenv(names[i]);
+    if (v && *v) {
+      char* end;
+      long x = strtol(v, &end, 10);
+      if (*end == 0) {
+        *out = (int)x;
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+static const char* const RANK_VARS[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", 0};
+static const char* const SIZE_VARS[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", 0};
+static const char* const LRANK_VARS[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                         "SLURM_LOCALID", 0};
+static const char* const LSIZE_VARS[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", 0};
+
+CH_API(ncclResult_t, chorusEnvRankInfo, int* rank, int* nranks, int* localRank, int* localNranks) {
+  int r, n, lr, ln;
+  if (!env_int(RANK_VARS, &r) || !env_int(SIZE_VARS, &n)) {
+    WARN("chorusEnvRankInfo: no launcher rank/size found: set RANK and WORLD_SIZE, or launch with chorusrun, "
+         "torchrun, mpirun or srun");
+    return ncclInvalidUsage;
+  }
+  if (n < 1 || r < 0 || r >= n) {
+    WARN("chorusEnvRankInfo: launcher says rank %d of %d, which is not valid", r, n);
+    return ncclInvalidUsage;
+  }
+  if (!env_int(LRANK_VARS, &lr)) lr = r;
+  if (!env_int(LSIZE_VARS, &ln)) ln = n;
+  if (rank) *rank = r;
+  if (nranks) *nranks = n;
+  if (localRank) *localRank = lr;
+  if (localNranks) *localNranks = ln;
+  return ncclSuccess;
+}
+
+/* Where rank 0 runs the bootstrap root. */
+static int root_address(int nranks, int local_nranks, char* out, size_t len) {
+  if (param_is_set(PARAM_COMM_ID)) {
+    snprintf(out, len, "%s", param_str(PARAM_COMM_ID));
+    return 1;
+  }
+  const char* addr = getenv("MASTER_ADDR");
+  const char* port = getenv("MASTER_PORT");
+  if (addr && port) {
+    /* torchrun's own store listens on MASTER_PORT; the root takes the next port. */
+    snprintf(out, len, "%s:%d", addr, atoi(port) + 1);
+    return 1;
+  }
+  if (nranks == local_nranks) {
+    /* Everything on this host (mpirun/srun on one node): derive a port from the job's identity. */
+    const char* const JOB_VARS[] = {"PMIX_NAMESPACE", "OMPI_MCA_orte_jobid", "OMPI_MCA_ess_base_jobid",
+                                    "SLURM_JOB_ID", "PMI_ID", 0};
+    for (int i = 0; JOB_VARS[i]; i++) {
+      const char* v = getenv(JOB_VARS[i]);
+      if (!v || !*v) continue;
+      char key[256];
+      snprintf(key, sizeof(key), "%s/%s", v, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "");
+      snprintf(out, len, "127.0.0.1:%d", 20000 + (int)(ut_hash(key, strlen(key), 7) % 30000));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+CH_API(ncclResult_t, chorusInitFromEnv, ncclComm_t* comm) {
+  if (!comm) {
+    WARN("chorusInitFromEnv: comm is NULL");
+    return ncclInvalidArgument;
+  }
+  int rank, nranks, lr, ln;
+  ncclResult_t r = chorusEnvRankInfo(&rank, &nranks, &lr, &ln);
+  if (r != ncclSuccess) return r;
+  char addr[256];
+  if (!root_address(nranks, ln, addr, sizeof(addr))) {
+    WARN("chorusInitFromEnv: rank %d of %d cannot tell where the bootstrap root is: set NCCL_COMM_ID=host:port "
+         "(or MASTER_ADDR and MASTER_PORT) to an address of rank 0's host", rank, nranks);
+    return ncclInvalidUsage;
+  }
+  ncclUniqueId id;
+  memset(&id, 0, sizeof(id));
+  ch_status s = boot_id_from_addr(addr, id.internal);
+  if (s != CH_OK) return ch_to_nccl(s);
+  INFO(LOG_INIT, "chorusInitFromEnv: rank %d of %d (local %d of %d), root %s", rank, nranks, lr, ln, addr);
+  return ncclCommInitRank(comm, nranks, id, rank);
+}

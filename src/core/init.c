@@ -1,0 +1,159 @@
+/* Communicator creation and teardown internals: the init job (bootstrap, peers, channels), split,
+ * and the state checks every API call makes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chorus.h"
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "enqueue.h"
+#include "init.h"
+
+ch_status comm_check(const struct ncclComm* comm, const char* fn) {
+  if (!comm) {
+    WARN("%s: comm is NULL", fn);
+    return CH_INVALID_ARG;
+  }
+  if (comm->magic != CH_COMM_MAGIC) {
+    WARN("%s: comm %p is not a valid communicator (destroyed, or never initialised)", fn, (const void*)comm);
+    return CH_INVALID_ARG;
+  }
+  return CH_OK;
+}
+
+ch_status comm_ensure_ready(struct ncclComm* comm) {
+  int st;
+  while ((st = atomic_load(&comm->init_state)) == ncclInProgress) ut_backoff(1000000);
+  if (comm->init_thread_live) {
+    pthread_join(comm->init_thread, NULL);
+    comm->init_thread_live = 0;
+  }
+  if (st != ncclSuccess) {
+    WARN("rank %d: communicator initialisation failed earlier (%s); it cannot be used", comm->rank,
+         ncclGetErrorString((ncclResult_t)st));
+    return CH_INVALID_USAGE;
+  }
+  int as = atomic_load(&comm->async_result);
+  if (as != ncclSuccess) {
+    WARN("rank %d: communicator has an earlier asynchronous error (%s); destroy or abort it", comm->rank,
+         ncclGetErrorString((ncclResult_t)as));
+    return (ch_status)as;
+  }
+  return CH_OK;
+}
+
+void comm_set_async_error(struct ncclComm* comm, ch_status s) {
+  int expected = ncclSuccess;
+  if (s != CH_OK) atomic_compare_exchange_strong(&comm->async_result, &expected, (int)s);
+}
+
+ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConfig_t* config) {
+  struct ncclComm* comm = calloc(1, sizeof(*comm));
+  if (!comm) {
+    WARN("out of memory allocating a communicator");
+    return CH_SYSTEM;
+  }
+  comm->magic = CH_COMM_MAGIC;
+  comm->nranks = nranks;
+  comm->rank = rank;
+  comm->config = *config;
+  comm->blocking = config->blocking;
+  atomic_store(&comm->init_state, ncclInProgress);
+  *out = comm;
+  return CH_OK;
+}
+
+/* Everything after the peers are known (shared by init and split). */
+static ch_status comm_setup(struct ncclComm* comm) {
+  int n = comm->nranks, me = comm->rank;
+  const struct boot_rank_info* mine = &comm->peers[me];
+  comm->peer_tp = calloc((size_t)n, sizeof(int));
+  comm->p2p = calloc((size_t)n, sizeof(struct ch_p2p));
+  if (!comm->peer_tp || !comm->p2p) return CH_SYSTEM;
+  uint64_t* hosts = calloc((size_t)n, sizeof(uint64_t));
+  if (!hosts) return CH_SYSTEM;
+  int nhosts = 0;
+  comm->local_nranks = 0;
+  for (int r = 0; r < n; r++) {
+    const struct boot_rank_info* p = &comm->peers[r];
+    int same_host = p->host_hash == mine->host_hash;
+    if (same_host && r < me) comm->local_rank++;
+    if (same_host) comm->local_nranks++;
+    if (same_host && p->pid == mine->pid) comm->peer_tp[r] = TP_LOCAL;
+    else if (same_host && !param_int(PARAM_SHM_DISABLE)) comm->peer_tp[r] = TP_SHM;
+    else comm->peer_tp[r] = TP_NET;
+    int k = 0;
+    while (k < nhosts && hosts[k] != p->host_hash) k++;
+    if (k == nhosts) hosts[nhosts++] = p->host_hash;
+  }
+  free(hosts);
+  comm->nnodes = nhosts;
+
+  comm->sizes.buff[PROTO_SIMPLE] = (size_t)param_int(PARAM_BUFFSIZE);
+  comm->sizes.buff[PROTO_LL] = (size_t)param_int(PARAM_LL_BUFFSIZE);
+  comm->sizes.buff[PROTO_LL128] = (size_t)param_int(PARAM_LL128_BUFFSIZE);
+  for (int p = 0; p < CH_NPROTO; p++) {
+    size_t min = (size_t)CH_STEPS * 4096;
+    if (comm->sizes.buff[p] < min) comm->sizes.buff[p] = min;
+    comm->sizes.buff[p] = UT_ALIGN_UP(comm->sizes.buff[p], min);
+  }
+  size_t scratch = 0;
+  for (int p = 0; p < CH_NPROTO; p++)
+    if (p != PROTO_SIMPLE) scratch = UT_MAX(scratch, prim_slot_payload(p, comm->sizes.buff[p] / CH_STEPS));
+  comm->scratch = malloc(scratch);
+  if (!comm->scratch) return CH_SYSTEM;
+
+  int maxc = (int)UT_MAX(1, UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MAX_NCHANNELS)));
+  comm->nchannels = UT_MAX(maxc, (int)UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MIN_NCHANNELS)));
+  for (int c = 0; c < comm->nchannels; c++) {
+    struct ch_channel* ch = &comm->channels[c];
+    ch->id = c;
+    ch->ring = malloc(sizeof(int) * (size_t)n);
+    if (!ch->ring) return CH_SYSTEM;
+    for (int i = 0; i < n; i++) ch->ring[i] = i;
+    ch->ring_index = me;
+    ch->prev = (me + n - 1) % n;
+    ch->next = (me + 1) % n;
+  }
+  tune_init(comm);
+
+  int shm = 0, local = 0;
+  for (int r = 0; r < n; r++) shm |= comm->peer_tp[r] == TP_SHM, local |= r != me && comm->peer_tp[r] == TP_LOCAL;
+  INFO(LOG_INIT, "Chorus %s (NCCL API %d.%d.%d): comm %p rank %d/%d on %s pid %d, %d local rank(s), %d host(s), "
+       "%d channel(s), transports:%s%s%s", CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm,
+       me, n, mine->hostname, mine->pid, comm->local_nranks, comm->nnodes, comm->nchannels, local ? " local" : "",
+       shm ? " shm" : "", (!local && !shm) ? " self" : "");
+  return CH_OK;
+}
+
+ch_status comm_init_job(struct ncclComm* comm) {
+  log_set_thread_rank(comm->rank);
+  uint64_t deadline = ut_now_ns() + (uint64_t)param_int(PARAM_INIT_TIMEOUT) * 1000000000ull;
+  uint64_t t0 = ut_now_ns();
+  ch_status res = CH_OK;
+  if (!comm->boot) { /* split comms arrive with their bootstrap and peers already made */
+    comm->comm_hash = ut_hash(comm->init_id.internal, sizeof(comm->init_id.internal), 0x9e3779b97f4a7c15ull);
+    res = boot_init(comm->init_id.internal, comm->rank, comm->nranks, &comm->abort_flag, deadline, &comm->boot,
+                    &comm->peers);
+  }
+  if (res == CH_OK) res = comm_setup(comm);
+  if (res == CH_OK)
+    INFO(LOG_INIT, "rank %d: init done in %.2f ms", comm->rank, (double)(ut_now_ns() - t0) / 1e6);
+  atomic_store(&comm->init_state, (int)res);
+  return res;
+}
+
+void comm_free(struct ncclComm* comm) {
+  comm_free_connections(comm);
+  if (comm->boot) boot_close(comm->boot);
+  for (int c = 0; c < CH_MAX_CHANNELS; c++) free(comm->channels[c].ring);
+  free(comm->peers);
+  free(comm->peer_tp);
+  free(comm->p2p);
+  free(comm->scratch);
+  comm->magic = 0;
+  free(comm);
+}

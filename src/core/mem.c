@@ -1,0 +1,180 @@
+/* NCCL API: memory, registration and custom reduction operators. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "api.h"
+#include "enqueue.h"
+
+CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
+  if (!ptr) {
+    WARN("ncclMemAlloc: ptr is NULL");
+    return ncclInvalidArgument;
+  }
+  *ptr = NULL;
+  if (size == 0) return ncclSuccess;
+  /* Page-aligned so the kernel can map it efficiently and reductions get aligned vectors. */
+  if (posix_memalign(ptr, 4096, size) != 0) {
+    WARN("ncclMemAlloc: cannot allocate %zu bytes", size);
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, ncclMemFree, void* ptr) {
+  free(ptr);
+  return ncclSuccess;
+}
+
+struct ch_reg {
+  void* buff;
+  size_t size;
+};
+
+CH_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  ch_status s = comm_check(comm, "ncclCommRegister");
+  if (s != CH_OK) return ch_to_nccl(s);
+  if (!handle) {
+    WARN("ncclCommRegister: handle is NULL");
+    return ncclInvalidArgument;
+  }
+  /* Host memory needs no pinning; the handle records the range for later single-copy paths. */
+  struct ch_reg* r = malloc(sizeof(*r));
+  if (!r) return ncclSystemError;
+  r->buff = buff;
+  r->size = size;
+  *handle = r;
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle) {
+  ch_status s = comm_check(comm, "ncclCommDeregister");
+  if (s != CH_OK) return ch_to_nccl(s);
+  free(handle);
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+       int winFlags) {
+  (void)buff, (void)size, (void)winFlags;
+  ch_status s = comm_check(comm, "ncclCommWindowRegister");
+  if (s != CH_OK) return ch_to_nccl(s);
+  if (win) *win = NULL;
+  WARN("ncclCommWindowRegister: symmetric memory windows are not supported on host memory yet");
+  return ncclInvalidUsage;
+}
+
+CH_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win) {
+  (void)win;
+  ch_status s = comm_check(comm, "ncclCommWindowDeregister");
+  if (s != CH_OK) return ch_to_nccl(s);
+  WARN("ncclCommWindowDeregister: symmetric memory windows are not supported on host memory yet");
+  return ncclInvalidUsage;
+}
+
+static double scalar_as_double(const void* p, int type) {
+  switch (type) {
+    case ncclInt8: return *(const int8_t*)p;
+    case ncclUint8: return *(const uint8_t*)p;
+    case ncclInt32: return *(const int32_t*)p;
+    case ncclUint32: return *(const uint32_t*)p;
+    case ncclInt64: return (double)*(const int64_t*)p;
+    case ncclUint64: return (double)*(const uint64_t*)p;
+    case ncclFloat16: return red_half_to_float(*(const uint16_t*)p);
+    case ncclFloat32: return *(const float*)p;
+    case ncclFloat64: return *(const double*)p;
+    case ncclBfloat16: return red_bf16_to_float(*(const uint16_t*)p);
+    case ncclFloat8e4m3: return red_e4m3_to_float(*(const uint8_t*)p);
+    case ncclFloat8e5m2: return red_e5m2_to_float(*(const uint8_t*)p);
+  }
+  return 0;
+}
+
+static int64_t scalar_as_int(const void* p, int type) {
+  switch (type) {
+    case ncclInt8: return *(const int8_t*)p;
+    case ncclUint8: return *(const uint8_t*)p;
+    case ncclInt32: return *(const int32_t*)p;
+    case ncclUint32: return *(const uint32_t*)p;
+    case ncclInt64: return *(const int64_t*)p;
+    case ncclUint64: return (int64_t)*(const uint64_t*)p;
+  }
+  return 0;
+}
+
+CH_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+       ncclScalarResidence_t residence, ncclComm_t comm) {
+  ch_status s = comm_check(comm, "ncclRedOpCreatePreMulSum");
+  if (s != CH_OK) return ch_to_nccl(s);
+  if (!op || !scalar) {
+    WARN("ncclRedOpCreatePreMulSum: %s is NULL", op ? "scalar" : "op");
+    return ncclInvalidArgument;
+  }
+  if (datatype < 0 || datatype >= ncclNumTypes) {
+    WARN("ncclRedOpCreatePreMulSum: invalid datatype %d", (int)datatype);
+    return ncclInvalidArgument;
+  }
+  if (residence != ncclScalarHostImmediate && residence != ncclScalarDevice) {
+    WARN("ncclRedOpCreatePreMulSum: invalid residence %d", (int)residence);
+    return ncclInvalidArgument;
+  }
+  /* Both residences point at host memory here. HostImmediate is read now; Device ("pointer") is also read
+   * now: on host memory the value must be valid at creation (documented difference from NCCL, which
+   * dereferences it when each collective runs). */
+  for (int i = 0; i < CH_MAX_REDOPS; i++) {
+    struct ch_redop_slot* slot = &comm->redops[i];
+    if (slot->used) continue;
+    slot->used = 1;
+    slot->red = (struct red_op){.kind = RED_PREMULSUM, .type = datatype,
+                                .scalar_f = scalar_as_double(scalar, datatype),
+                                .scalar_i = scalar_as_int(scalar, datatype)};
+    *op = (ncclRedOp_t)(ncclNumOps + i);
+    return ncclSuccess;
+  }
+  WARN("ncclRedOpCreatePreMulSum: too many custom operators alive on this communicator (max %d)", CH_MAX_REDOPS);
+  return ncclInvalidUsage;
+}
+
+CH_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
+  ch_status s = comm_check(comm, "ncclRedOpDestroy");
+  if (s != CH_OK) return ch_to_nccl(s);
+  int i = (int)op - ncclNumOps;
+  if (i < 0 || i >= CH_MAX_REDOPS || !comm->redops[i].used) {
+    WARN("ncclRedOpDestroy: op %d was not created by ncclRedOpCreatePreMulSum on this communicator", (int)op);
+    return ncclInvalidArgument;
+  }
+  comm->redops[i].used = 0;
+  return ncclSuccess;
+}
+
+ch_status enq_red_op(struct ncclComm* comm, int op, int type, struct red_op* out) {
+  memset(out, 0, sizeof(*out));
+  out->type = type;
+  switch (op) {
+    case ncclSum: out->kind = RED_SUM; return CH_OK;
+    case ncclProd: out->kind = RED_PROD; return CH_OK;
+    case ncclMax: out->kind = RED_MAX; return CH_OK;
+    case ncclMin: out->kind = RED_MIN; return CH_OK;
+    case ncclAvg:
+      if (red_type_is_float(type)) {
+        out->kind = RED_PREMULSUM;
+        out->scalar_f = 1.0 / comm->nranks;
+      } else {
+        out->kind = RED_SUMPOSTDIV;
+        out->divisor = (uint64_t)comm->nranks;
+      }
+      return CH_OK;
+  }
+  int i = op - ncclNumOps;
+  if (i >= 0 && i < CH_MAX_REDOPS && comm->redops[i].used) {
+    if (comm->redops[i].red.type != type) {
+      WARN("reduction op %d was created for datatype %d but used with datatype %d", op, comm->redops[i].red.type,
+           type);
+      return CH_INVALID_ARG;
+    }
+    *out = comm->redops[i].red;
+    return CH_OK;
+  }
+  WARN("invalid reduction op %d (valid: ncclSum..ncclAvg, or one made by ncclRedOpCreatePreMulSum)", op);
+  return CH_INVALID_ARG;
+}

@@ -1,0 +1,248 @@
+/* Plans: the tasks of one communicator from one group, split into per-channel operations grouped in
+ * lanes, and the engine that runs them. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "enqueue.h"
+
+static int is_coll(int f) { return f <= FUNC_ALLREDUCE; }
+
+/* Expand AlltoAll/Gather/Scatter into send/recv tasks (a private list, freed by the caller). */
+static ch_status expand_task(const struct ch_task* t, int rank, int nranks, struct ch_task** head,
+                             struct ch_task** tail) {
+  size_t esize = red_type_size(t->type), stride = t->count * esize;
+  for (int p = 0; p < nranks; p++) {
+    struct ch_task pair[2];
+    int n = 0;
+    const char* sb = t->sendbuff;
+    char* rb = t->recvbuff;
+    switch (t->func) {
+      case FUNC_ALLTOALL:
+        pair[n++] = (struct ch_task){FUNC_SEND, sb + p * stride, NULL, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        pair[n++] = (struct ch_task){FUNC_RECV, NULL, rb + p * stride, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        break;
+      case FUNC_GATHER:
+        if (p == t->root)
+          pair[n++] = (struct ch_task){FUNC_SEND, sb, NULL, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        if (rank == t->root)
+          pair[n++] = (struct ch_task){FUNC_RECV, NULL, rb + p * stride, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        break;
+      case FUNC_SCATTER:
+        if (rank == t->root)
+          pair[n++] = (struct ch_task){FUNC_SEND, sb + p * stride, NULL, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        if (p == t->root)
+          pair[n++] = (struct ch_task){FUNC_RECV, NULL, rb, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        break;
+    }
+    for (int i = 0; i < n; i++) {
+      struct ch_task* c = malloc(sizeof(*c));
+      if (!c) return CH_SYSTEM;
+      *c = pair[i];
+      if (*tail) (*tail)->next = c; else *head = c;
+      *tail = c;
+    }
+  }
+  return CH_OK;
+}
+
+static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_task* t, struct red_op* red) {
+  memset(op, 0, sizeof(*op));
+  op->func = t->func;
+  op->sendbuff = t->sendbuff;
+  op->recvbuff = t->recvbuff;
+  op->count = t->count;
+  op->esize = red_type_size(t->type);
+  op->root = t->root;
+  op->rank = comm->rank;
+  op->nranks = comm->nranks;
+  op->ctx.esize = op->esize;
+  op->ctx.red = red;
+  op->ctx.scratch = comm->scratch;
+  op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, comm->seq, (uint32_t)t->func, (uint32_t)t->type, t->count,
+                                  (uint32_t)t->op, t->root};
+}
+
+ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out) {
+  ch_status res = CH_OK;
+  struct ch_task *xhead = NULL, *xtail = NULL;
+  /* Flatten: collectives stay, grouped p2p patterns become send/recv. */
+  for (struct ch_task* t = tasks; t; t = t->next) {
+    if (t->func == FUNC_ALLTOALL || t->func == FUNC_GATHER || t->func == FUNC_SCATTER) {
+      CHECK_GOTO(expand_task(t, comm->rank, comm->nranks, &xhead, &xtail), res, fail);
+    } else {
+      struct ch_task* c = malloc(sizeof(*c));
+      if (!c) { res = CH_SYSTEM; goto fail; }
+      *c = *t;
+      c->next = NULL;
+      if (xtail) xtail->next = c; else xhead = c;
+      xtail = c;
+    }
+  }
+  int ntasks = 0;
+  for (struct ch_task* t = xhead; t; t = t->next) ntasks++;
+
+  struct ch_plan* plan = calloc(1, sizeof(*plan));
+  int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks;
+  plan->ops = calloc((size_t)ntasks * CH_MAX_CHANNELS + 1, sizeof(struct ch_op));
+  plan->lanes = calloc((size_t)nlanes, sizeof(struct ch_lane));
+  struct red_op* reds = calloc((size_t)ntasks + 1, sizeof(struct red_op));
+  if (!plan || !plan->ops || !plan->lanes || !reds) { res = CH_SYSTEM; goto fail; }
+  plan->comm = comm;
+  plan->nlanes = nlanes;
+  for (int l = 0; l < nlanes; l++) plan->lanes[l].ops = calloc((size_t)ntasks * CH_MAX_CHANNELS + 1, sizeof(void*));
+
+  int ti = 0;
+  for (struct ch_task* t = xhead; t; t = t->next, ti++) {
+    size_t esize = red_type_size(t->type);
+    if (is_coll(t->func)) {
+      CHECK_GOTO(enq_red_op(comm, t->op, t->type, &reds[ti]), res, fail);
+      comm->seq++;
+    }
+    int algo, proto, nch;
+    size_t bytes = t->count * esize;
+    tune_choose(comm, t->func, bytes, &algo, &proto, &nch);
+    if (!is_coll(t->func) || comm->nranks == 1) nch = 1;
+    size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)nch), 64);
+    for (int c = 0; c < nch; c++) {
+      struct ch_op* op = &plan->ops[plan->nops++];
+      op_init(op, comm, t, &reds[ti]);
+      op->algo = algo;
+      op->proto = proto;
+      op->ctx.proto = proto;
+      op->part_off = UT_MIN(t->count, (size_t)c * per);
+      op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
+      int lane;
+      if (is_coll(t->func)) {
+        struct ch_channel* ch = &comm->channels[c];
+        op->ring = ch->ring;
+        op->ring_index = ch->ring_index;
+        op->ctx.in = &ch->recv;
+        op->ctx.out = &ch->send;
+        lane = c;
+      } else if (t->func == FUNC_SEND) {
+        op->ctx.out = &comm->p2p[t->root].send;
+        lane = CH_MAX_CHANNELS + t->root;
+      } else {
+        op->ctx.in = &comm->p2p[t->root].recv;
+        lane = CH_MAX_CHANNELS + comm->nranks + t->root;
+      }
+      op->chunk = prim_step_elems(proto, comm->sizes.buff[proto] / CH_STEPS, esize ? esize : 1);
+      struct ch_lane* ln = &plan->lanes[lane];
+      ln->ops[ln->nops++] = op;
+    }
+  }
+  plan->ops[plan->nops].ctx.red = reds; /* sentinel slot keeps the reductions' owner pointer */
+  while (xhead) { struct ch_task* n = xhead->next; free(xhead); xhead = n; }
+  *out = plan;
+  return CH_OK;
+fail:
+  while (xhead) { struct ch_task* n = xhead->next; free(xhead); xhead = n; }
+  WARN("could not build the execution plan (out of memory?)");
+  return res;
+}
+
+void plan_free(struct ch_plan* plan) {
+  if (!plan) return;
+  if (plan->ops) free((void*)plan->ops[plan->nops].ctx.red);
+  for (int l = 0; l < plan->nlanes && plan->lanes; l++) free(plan->lanes[l].ops);
+  free(plan->lanes);
+  free(plan->ops);
+  free(plan);
+}
+
+/* Steps are computed lazily (nidx) when an op first runs: connections exist by then. */
+static int lane_progress(struct ch_lane* ln) {
+  int progressed = 0;
+  while (ln->cur < ln->nops) {
+    struct ch_op* op = ln->ops[ln->cur];
+    if (op->nidx == 0 && op->idx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
+    if (op->idx + 1 >= op->nidx) { ln->cur++; progressed = 1; continue; }
+    struct prim p;
+    algo_step(op, op->idx, &p);
+    if (!prim_try(&op->ctx, &p)) break;
+    op->idx++;
+    progressed = 1;
+  }
+  return progressed;
+}
+
+/* A peer process that has died never advances its FIFOs: look for it when we stop making progress. */
+static ch_status check_peers_alive(struct ncclComm* comm) {
+  for (int r = 0; r < comm->nranks; r++) {
+    if (comm->peer_tp[r] != TP_SHM) continue;
+    if (kill(comm->peers[r].pid, 0) == -1 && errno == ESRCH) {
+      WARN("rank %d (pid %d on %s) has exited while rank %d was waiting for it in a collective", r,
+           comm->peers[r].pid, comm->peers[r].hostname, comm->rank);
+      return CH_REMOTE;
+    }
+  }
+  return CH_OK;
+}
+
+/* The last touch of a plan's communicator: after done_ticket moves, the comm may be freed. */
+static void finish_plan(struct ch_plan* pl) {
+  pl->done = 1;
+  if (pl->status != CH_OK) {
+    if (pl->status == CH_INTERNAL && pl->comm->abort_flag)
+      INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", pl->comm->rank);
+    comm_set_async_error(pl->comm, pl->status);
+  }
+  atomic_fetch_add(&pl->comm->done_ticket, 1);
+}
+
+ch_status plan_exec(struct ch_plan** plans, int n) {
+  int remaining = n;
+  uint64_t idle = 0, idle_since = 0;
+  while (remaining > 0) {
+    int progressed = 0;
+    for (int i = 0; i < n; i++) {
+      struct ch_plan* pl = plans[i];
+      if (pl->done) continue;
+      struct ncclComm* comm = pl->comm;
+      if (!pl->started) {
+        if (atomic_load(&comm->done_ticket) != pl->ticket) continue;
+        pl->started = 1;
+      }
+      int busy = 0;
+      if (comm->abort_flag) {
+        pl->status = CH_INTERNAL;
+      } else {
+        for (int l = 0; l < pl->nlanes; l++) {
+          struct ch_lane* ln = &pl->lanes[l];
+          if (ln->cur >= ln->nops) continue;
+          progressed |= lane_progress(ln);
+          busy |= ln->cur < ln->nops;
+        }
+      }
+      if (!busy || pl->status != CH_OK) {
+        finish_plan(pl);
+        remaining--;
+        progressed = 1;
+      }
+    }
+    if (progressed) {
+      idle = 0;
+      continue;
+    }
+    if (idle == 0) idle_since = ut_now_ns();
+    ut_backoff(idle++);
+    if ((idle & 1023) == 0 && ut_now_ns() - idle_since > 1000000000ull) {
+      for (int i = 0; i < n; i++) {
+        if (plans[i]->done || !plans[i]->started) continue;
+        plans[i]->status = check_peers_alive(plans[i]->comm);
+        if (plans[i]->status != CH_OK) {
+          finish_plan(plans[i]);
+          remaining--;
+        }
+      }
+      idle_since = ut_now_ns();
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (plans[i]->status != CH_OK) return plans[i]->status;
+  return CH_OK;
+}

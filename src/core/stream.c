@@ -1,0 +1,146 @@
+/* Host streams (chorus.h): a background thread per stream runs the plans enqueued on it, in order,
+ * so callers overlap computation with communication. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chorus.h"
+#include "../misc/log.h"
+#include "../misc/utils.h"
+#include "api.h"
+#include "enqueue.h"
+
+#define STREAM_MAGIC 0x53545245414d4348ULL
+
+struct ch_stream {
+  uint64_t magic;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct ch_plan *head, *tail;
+  int pending; /* plans queued or running */
+  int stop;
+  ch_status err;
+  struct ch_stream* next_live;
+};
+
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ch_stream* live;
+
+int stream_is_ours(cudaStream_t s) {
+  int found = 0;
+  pthread_mutex_lock(&live_mu);
+  for (struct ch_stream* p = live; p; p = p->next_live) found |= (void*)p == (void*)s;
+  pthread_mutex_unlock(&live_mu);
+  return found;
+}
+
+static void* stream_main(void* arg) {
+  struct ch_stream* st = arg;
+  pthread_mutex_lock(&st->mu);
+  for (;;) {
+    while (!st->head && !st->stop) pthread_cond_wait(&st->cv, &st->mu);
+    if (!st->head && st->stop) break;
+    struct ch_plan* pl = st->head;
+    st->head = pl->next;
+    if (!st->head) st->tail = NULL;
+    pthread_mutex_unlock(&st->mu);
+    log_set_thread_rank(pl->comm->rank);
+    ch_status s = plan_exec(&pl, 1);
+    plan_free(pl);
+    pthread_mutex_lock(&st->mu);
+    if (s != CH_OK && st->err == CH_OK) st->err = s;
+    st->pending--;
+    pthread_cond_broadcast(&st->cv);
+  }
+  pthread_mutex_unlock(&st->mu);
+  return NULL;
+}
+
+ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan) {
+  struct ch_stream* st = (struct ch_stream*)s;
+  plan->next = NULL;
+  pthread_mutex_lock(&st->mu);
+  if (st->tail) st->tail->next = plan; else st->head = plan;
+  st->tail = plan;
+  st->pending++;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->mu);
+  return CH_OK;
+}
+
+ch_status comm_wait_idle(struct ncclComm* comm, int honor_abort) {
+  (void)honor_abort;
+  for (uint64_t i = 0; atomic_load(&comm->done_ticket) != atomic_load(&comm->next_ticket); i++) ut_backoff(i);
+  return CH_OK;
+}
+
+static struct ch_stream* stream_get(cudaStream_t s, const char* fn) {
+  struct ch_stream* st = (struct ch_stream*)s;
+  if (!s || !stream_is_ours(s) || st->magic != STREAM_MAGIC) {
+    WARN("%s: %p is not a stream made by chorusStreamCreate", fn, (void*)s);
+    return NULL;
+  }
+  return st;
+}
+
+CH_API(ncclResult_t, chorusStreamCreate, cudaStream_t* stream) {
+  if (!stream) {
+    WARN("chorusStreamCreate: stream is NULL");
+    return ncclInvalidArgument;
+  }
+  struct ch_stream* st = calloc(1, sizeof(*st));
+  if (!st) return ncclSystemError;
+  st->magic = STREAM_MAGIC;
+  pthread_mutex_init(&st->mu, NULL);
+  pthread_cond_init(&st->cv, NULL);
+  if (pthread_create(&st->thread, NULL, stream_main, st) != 0) {
+    WARN("chorusStreamCreate: cannot start the stream thread: %s", strerror(errno));
+    free(st);
+    return ncclSystemError;
+  }
+  pthread_mutex_lock(&live_mu);
+  st->next_live = live;
+  live = st;
+  pthread_mutex_unlock(&live_mu);
+  *stream = (cudaStream_t)st;
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, chorusStreamSynchronize, cudaStream_t stream) {
+  struct ch_stream* st = stream_get(stream, "chorusStreamSynchronize");
+  if (!st) return ncclInvalidArgument;
+  pthread_mutex_lock(&st->mu);
+  while (st->pending) pthread_cond_wait(&st->cv, &st->mu);
+  ch_status err = st->err;
+  st->err = CH_OK;
+  pthread_mutex_unlock(&st->mu);
+  return ch_to_nccl(err);
+}
+
+CH_API(ncclResult_t, chorusStreamQuery, cudaStream_t stream) {
+  struct ch_stream* st = stream_get(stream, "chorusStreamQuery");
+  if (!st) return ncclInvalidArgument;
+  pthread_mutex_lock(&st->mu);
+  ncclResult_t r = st->pending ? ncclInProgress : ch_to_nccl(st->err);
+  pthread_mutex_unlock(&st->mu);
+  return r;
+}
+
+CH_API(ncclResult_t, chorusStreamDestroy, cudaStream_t stream) {
+  struct ch_stream* st = stream_get(stream, "chorusStreamDestroy");
+  if (!st) return ncclInvalidArgument;
+  pthread_mutex_lock(&live_mu);
+  for (struct ch_stream** p = &live; *p; p = &(*p)->next_live)
+    if (*p == st) { *p = st->next_live; break; }
+  pthread_mutex_unlock(&live_mu);
+  pthread_mutex_lock(&st->mu);
+  st->stop = 1;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->mu);
+  pthread_join(st->thread, NULL); /* finishes queued work first */
+  pthread_mutex_destroy(&st->mu);
+  pthread_cond_destroy(&st->cv);
+  st->magic = 0;
+  free(st);
+  return ncclSuccess;
+}

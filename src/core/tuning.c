@@ -1,0 +1,74 @@
+/* The one place that chooses algorithm, protocol and channel count, and says why (NCCL_DEBUG=INFO,
+ * NCCL_DEBUG_SUBSYS=TUNING). On host memory the cost of a step is dominated by cache-line transfers
+ * for small messages and by memory bandwidth for large ones, so: LL for latency-bound sizes, LL128 in
+ * between, Simple for bandwidth. Thresholds were measured with all_reduce_perf (docs/PERFORMANCE.md). */
+#include <string.h>
+#include <strings.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "enqueue.h"
+
+static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
+static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring"};
+static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
+                                             "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
+
+#define LL_MAX_BYTES (16u << 10)
+#define LL128_MAX_BYTES (256u << 10)
+
+/* NCCL syntax: comma list of names, a leading ^ excludes them. Unknown names are reported. */
+static unsigned parse_mask(const char* env, const char* value, const char** names, int n) {
+  unsigned all = (1u << n) - 1;
+  if (!value || !*value) return all;
+  int invert = value[0] == '^';
+  unsigned mask = 0;
+  char buf[256];
+  strncpy(buf, value + invert, sizeof(buf) - 1);
+  buf[sizeof(buf) - 1] = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int found = 0;
+    for (int i = 0; i < n; i++)
+      if (strcasecmp(tok, names[i]) == 0) mask |= 1u << i, found = 1;
+    if (!found) WARN("%s: unknown value '%s' ignored", env, tok);
+  }
+  mask = invert ? all & ~mask : mask;
+  if (!mask) {
+    WARN("%s=%s leaves nothing enabled; ignoring it", env, value);
+    mask = all;
+  }
+  return mask;
+}
+
+void tune_init(struct ncclComm* comm) {
+  comm->proto_mask = parse_mask("NCCL_PROTO", param_str(PARAM_PROTO), proto_names, CH_NPROTO);
+  /* Only rings exist so far: NCCL_ALGO may name Tree, which falls back to Ring with a note. */
+  comm->algo_mask = parse_mask("NCCL_ALGO", param_str(PARAM_ALGO), algo_names, ALGO_COUNT);
+  if (!(comm->algo_mask & (1u << ALGO_RING)) && comm->rank == 0)
+    INFO(LOG_TUNING, "NCCL_ALGO=%s: only Ring is implemented on host memory; using Ring", param_str(PARAM_ALGO));
+}
+
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* proto, int* nchannels) {
+  unsigned m = comm->proto_mask;
+  const char* why;
+  int p;
+  if (bytes <= LL_MAX_BYTES && (m & (1u << PROTO_LL))) {
+    p = PROTO_LL, why = "latency-bound size";
+  } else if (bytes <= LL128_MAX_BYTES && (m & (1u << PROTO_LL128))) {
+    p = PROTO_LL128, why = "medium size";
+  } else if (m & (1u << PROTO_SIMPLE)) {
+    p = PROTO_SIMPLE, why = "bandwidth-bound size";
+  } else {
+    p = (m & (1u << PROTO_LL128)) ? PROTO_LL128 : PROTO_LL, why = "NCCL_PROTO excludes Simple";
+  }
+  if (m != (1u << CH_NPROTO) - 1) why = "restricted by NCCL_PROTO";
+  int minc = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
+  int maxc = (int)UT_MIN(comm->nchannels, UT_MAX(minc, param_int(PARAM_MAX_NCHANNELS)));
+  int nch = (int)UT_MIN((size_t)maxc, UT_MAX((size_t)minc, bytes >> 20));
+  *algo = ALGO_RING;
+  *proto = p;
+  *nchannels = UT_MAX(1, UT_MIN(nch, comm->nchannels));
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s, protocol %s (%s), %d channel(s)",
+       func < FUNC_COUNT ? func_names[func] : "?", bytes, algo_names[*algo], proto_names[p], why, *nchannels);
+}

@@ -1,0 +1,40 @@
+/* Logging that honours NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE (%h host, %p pid). */
+#ifndef CH_LOG_H
+#define CH_LOG_H
+
+#include <string.h>
+
+enum log_level { LOG_NONE = 0, LOG_VERSION = 1, LOG_WARN = 2, LOG_INFO = 3, LOG_ABORT = 4, LOG_TRACE = 5 };
+
+/* Subsystem masks: NCCL's values, plus our own above them. */
+enum log_subsys {
+  LOG_INIT = 0x1, LOG_COLL = 0x2, LOG_P2P = 0x4, LOG_SHM = 0x8, LOG_NET = 0x10, LOG_GRAPH = 0x20,
+  LOG_TUNING = 0x40, LOG_ENV = 0x80, LOG_ALLOC = 0x100, LOG_CALL = 0x200, LOG_PROXY = 0x400,
+  LOG_NVLS = 0x800, LOG_BOOTSTRAP = 0x1000, LOG_REG = 0x2000, LOG_PROFILE = 0x4000, LOG_RAS = 0x8000,
+  LOG_DESTROY = 0x10000, LOG_ALLOC_HOST = 0x20000, LOG_ALL = ~0
+};
+
+extern int log_level_cached;   /* -1 until log_init ran */
+extern unsigned log_mask;
+
+void log_init(void);
+/* Forget the configuration (closes NCCL_DEBUG_FILE); the next message reads the parameters again
+ * (ncclResetDebugInit, param_reset). */
+void log_reset(void);
+void log_msg(int level, unsigned subsys, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Text of the most recent WARN, whether printed or not (ncclGetLastError). */
+const char* log_last_error(void);
+/* Rank/device shown in every line of this thread, like NCCL's [cudaDev]; -1 hides it. */
+void log_set_thread_rank(int rank);
+
+#define WARN(...) log_msg(LOG_WARN, LOG_ALL, __FILE__, __LINE__, __VA_ARGS__)
+#define INFO(subsys, ...)                                                         \
+  do {                                                                            \
+    if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0) log_init();     \
+    if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) >= LOG_INFO &&        \
+        (__atomic_load_n(&log_mask, __ATOMIC_RELAXED) & (unsigned)(subsys)))       \
+      log_msg(LOG_INFO, (unsigned)(subsys), __FILE__, __LINE__, __VA_ARGS__);     \
+  } while (0)
+
+#endif

@@ -1,0 +1,67 @@
+/* The one table of tunables. Each entry: id, environment variable, type, default, help.
+ * Values are read once (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf) and
+ * cached; chorus-info prints the whole table with each value's source. Add new tunables here only. */
+#ifndef CH_PARAM_H
+#define CH_PARAM_H
+
+#include <stdint.h>
+
+/* X(id, "ENV_NAME", kind, default_int, default_str, "help") ; kind is P_INT or P_STR */
+#define CH_PARAM_TABLE(X)                                                                          \
+  X(DEBUG, "NCCL_DEBUG", P_STR, 0, "", "log level: VERSION, WARN, INFO, TRACE (empty = quiet)")    \
+  X(DEBUG_SUBSYS, "NCCL_DEBUG_SUBSYS", P_STR, 0, "INIT,BOOTSTRAP,ENV",                             \
+    "comma list of subsystems to log at INFO; ^ inverts; ALL")                                     \
+  X(DEBUG_FILE, "NCCL_DEBUG_FILE", P_STR, 0, "", "log file (%h host, %p pid); default stdout")     \
+  X(CONF_FILE, "NCCL_CONF_FILE", P_STR, 0, "",                                                     \
+    "config file of KEY=VALUE lines (default ~/.nccl.conf); /etc/nccl.conf is read after it")     \
+  X(COMM_ID, "NCCL_COMM_ID", P_STR, 0, "", "fixed bootstrap root host:port (rank 0 listens there)") \
+  X(SOCKET_IFNAME, "NCCL_SOCKET_IFNAME", P_STR, 0, "",                                             \
+    "interfaces for sockets: prefix list, ^ excludes, = exact")                                    \
+  X(SOCKET_FAMILY, "NCCL_SOCKET_FAMILY", P_STR, 0, "", "AF_INET or AF_INET6 (empty = any)")        \
+  X(SOCKET_RETRY_CNT, "NCCL_SOCKET_RETRY_CNT", P_INT, 34, "", "connect retries before giving up")  \
+  X(SOCKET_RETRY_SLEEP_MSEC, "NCCL_SOCKET_RETRY_SLEEP_MSEC", P_INT, 100, "",                       \
+    "linear backoff step between connect retries (ms)")                                            \
+  X(HOSTID, "NCCL_HOSTID", P_STR, 0, "", "host identity override (default hostname + boot id)")    \
+  X(ALGO, "NCCL_ALGO", P_STR, 0, "", "algorithms allowed: Ring, Tree (^ excludes); empty = auto")  \
+  X(PROTO, "NCCL_PROTO", P_STR, 0, "", "protocols allowed: LL, LL128, Simple (^ excludes)")        \
+  X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \
+  X(LL_BUFFSIZE, "NCCL_LL_BUFFSIZE", P_INT, 1 << 18, "", "LL FIFO bytes per connection")           \
+  X(LL128_BUFFSIZE, "NCCL_LL128_BUFFSIZE", P_INT, 1 << 20, "", "LL128 FIFO bytes per connection")  \
+  X(MIN_NCHANNELS, "NCCL_MIN_NCHANNELS", P_INT, 1, "", "minimum channels (rings) per collective")  \
+  X(MAX_NCHANNELS, "NCCL_MAX_NCHANNELS", P_INT, 1, "", "maximum channels (rings) per collective")  \
+  X(SHM_DISABLE, "NCCL_SHM_DISABLE", P_INT, 0, "", "1 = never use shared memory between processes") \
+  X(COMM_BLOCKING, "NCCL_COMM_BLOCKING", P_INT, -1, "", "0 = nonblocking communicators (-1 = config)") \
+  X(INIT_TIMEOUT, "CHORUS_INIT_TIMEOUT", P_INT, 120, "",                                           \
+    "seconds a rank waits for all ranks to join at init before reporting who is missing")          \
+  X(SPIN_COUNT, "CHORUS_SPIN_COUNT", P_INT, 2000, "",                                              \
+    "polls before a waiting rank starts to yield the CPU")                                         \
+  X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
+    "wire-protocol version announced at init (testing aid: ranks must agree)")
+
+enum param_kind { P_INT, P_STR };
+
+enum param_id {
+#define CH_PARAM_ENUM(id, env, kind, di, ds, help) PARAM_##id,
+  CH_PARAM_TABLE(CH_PARAM_ENUM)
+#undef CH_PARAM_ENUM
+  PARAM_COUNT
+};
+
+int64_t param_int(enum param_id id);
+const char* param_str(enum param_id id); /* never NULL; "" when unset */
+int param_is_set(enum param_id id);      /* set by environment or config file */
+
+/* Introspection for chorus-info and ncclParam-style tools. */
+struct param_info {
+  const char* env;
+  enum param_kind kind;
+  int64_t default_int;
+  const char* default_str;
+  const char* help;
+  const char* source; /* "default", "environment", or the config file path */
+};
+void param_describe(enum param_id id, struct param_info* out);
+/* Forget cached values (tests change the environment between cases). */
+void param_reset(void);
+
+#endif

@@ -1,0 +1,63 @@
+/* TCP sockets for bootstrap and (later) the socket transport. Every blocking call polls an abort
+ * flag and honours a deadline, so nothing here can hang forever. */
+#ifndef CH_SOCKET_H
+#define CH_SOCKET_H
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "status.h"
+
+union sock_addr {
+  struct sockaddr sa;
+  struct sockaddr_in sin;
+  struct sockaddr_in6 sin6;
+};
+
+struct sock {
+  int fd;
+  union sock_addr addr; /* peer (connected) or bound (listening) address */
+};
+
+/* Deadline is an absolute ut_now_ns() value; 0 means none. abort may be NULL. */
+struct sock_wait {
+  const volatile int* abort;
+  uint64_t deadline_ns;
+};
+
+/* "1.2.3.4:5", "[::1]:5" or "host:5" (name resolved). */
+ch_status sock_parse_addr(const char* str, union sock_addr* out);
+/* Text form "ip:port" / "[ip]:port" into buf (>= 64 bytes); returns buf. */
+const char* sock_addr_str(const union sock_addr* a, char* buf, size_t len);
+int sock_addr_port(const union sock_addr* a);
+
+/* Pick the interface for this host per NCCL_SOCKET_IFNAME / NCCL_SOCKET_FAMILY rules (default:
+ * first non-loopback, non-docker interface that is up, else loopback). If `match` is given, prefer an
+ * interface in the same subnet as that address (NCCL_COMM_ID case). Fills name and address (port 0). */
+ch_status sock_find_interface(const union sock_addr* match, char* ifname, size_t ifname_len,
+                              union sock_addr* addr);
+/* List every usable interface as "name:addr" lines into buf (chorus-info). */
+void sock_list_interfaces(char* buf, size_t len);
+
+/* Listen on addr (port 0 = ephemeral; the bound port is written back into s->addr). */
+ch_status sock_listen(const union sock_addr* addr, struct sock* s);
+/* Accept one connection; CH_TIMEOUT on deadline, CH_INTERNAL on abort. */
+ch_status sock_accept(struct sock* listener, struct sock* out, const struct sock_wait* w);
+/* Connect with NCCL's retry policy (ECONNREFUSED etc. retried NCCL_SOCKET_RETRY_CNT times with linear
+ * backoff of NCCL_SOCKET_RETRY_SLEEP_MSEC), bounded by the deadline too. Logs host:port on failure. */
+ch_status sock_connect(const union sock_addr* addr, struct sock* out, const struct sock_wait* w);
+/* Send/receive exactly n bytes. A closed peer gives CH_REMOTE with the peer address in the log. */
+ch_status sock_send_all(struct sock* s, const void* buf, size_t n, const struct sock_wait* w);
+ch_status sock_recv_all(struct sock* s, void* buf, size_t n, const struct sock_wait* w);
+void sock_close(struct sock* s);
+
+/* For callers that run their own poll loops (bootstrap): CH_INTERNAL if the abort flag is set,
+ * CH_TIMEOUT if the deadline passed, else CH_OK. Neither is logged here (the caller knows what it
+ * was waiting for); sock_accept/connect/send/recv return them unlogged too. */
+ch_status sock_wait_check(const struct sock_wait* w);
+/* Milliseconds to pass to poll(): at most 100, less when the deadline is nearer. */
+int sock_wait_slice_ms(const struct sock_wait* w);
+
+#endif

@@ -1,0 +1,26 @@
+/* Small helpers shared by every layer: time, randomness, host identity, hashing. */
+#ifndef CH_UTILS_H
+#define CH_UTILS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+uint64_t ut_now_ns(void);                 /* CLOCK_MONOTONIC */
+ch_status ut_random(void* buf, size_t n); /* getrandom(2), falls back to /dev/urandom */
+uint64_t ut_hash(const void* data, size_t n, uint64_t seed); /* FNV-1a 64 */
+/* Host identity: NCCL_HOSTID if set, else hostname + boot id. Stable for the process. */
+const char* ut_host_id(void);
+uint64_t ut_host_hash(void);
+const char* ut_hostname(void);
+int ut_ncpus(void);
+/* Wait politely: spin for a while, then yield, then sleep. `iter` counts calls in this wait. */
+void ut_backoff(uint64_t iter);
+
+#define UT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define UT_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define UT_DIV_UP(a, b) (((a) + (b)-1) / (b))
+#define UT_ALIGN_UP(a, b) (UT_DIV_UP(a, b) * (b))
+
+#endif

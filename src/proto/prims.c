@@ -1,0 +1,103 @@
+/* The primitive executor, written once; protocols differ only in how a slot is tested, read and
+ * written (Simple: raw bytes + tail counter; LL: 8 data bytes + 8-byte flag per 16-byte line;
+ * LL128: 120 data bytes + 8-byte flag per 128-byte line). A flag equals step+1, and the writer stores
+ * the last line's flag with release order, so seeing that flag (acquire) proves the whole slot is
+ * visible on any architecture. */
+#include <string.h>
+
+#include "prims.h"
+#include "proto.h"
+
+size_t prim_slot_payload(int proto, size_t slot_bytes) {
+  switch (proto) {
+    case PROTO_LL: return slot_bytes / LL_LINE_BYTES * LL_LINE_DATA;
+    case PROTO_LL128: return slot_bytes / LL128_LINE_BYTES * LL128_LINE_DATA;
+    default: return slot_bytes;
+  }
+}
+
+size_t prim_step_elems(int proto, size_t slot_bytes, size_t esize) {
+  size_t n = prim_slot_payload(proto, slot_bytes) / esize;
+  return n & ~(size_t)7; /* keep steps a multiple of 8 elements for vector loops */
+}
+
+static inline char* slot_ptr(struct conn* c, int proto, uint64_t step) {
+  return c->buff[proto] + (step % CH_STEPS) * c->slot_bytes[proto];
+}
+
+static int in_ready(struct conn* c, int proto, size_t bytes) {
+  if (proto == PROTO_SIMPLE) return atomic_load_explicit(&c->ctrl->tail, memory_order_acquire) > c->step;
+  return proto_flag_ready(proto, slot_ptr(c, proto, c->step), bytes, c->step + 1);
+}
+
+static int out_ready(struct conn* c) {
+  return atomic_load_explicit(&c->ctrl->head, memory_order_acquire) + CH_STEPS > c->step;
+}
+
+/* Compute the primitive's value into `to` (n elements). `in` is the received data or NULL. */
+static void compute(const struct prim_ctx* ctx, const struct prim* p, const char* in, char* to) {
+  size_t n = p->nelem, bytes = n * ctx->esize;
+  if (n == 0) return;
+  if (in && p->reduce) {
+    red_reduce(ctx->red, to, in, p->src, n);
+  } else if (in) {
+    if (to != in) memcpy(to, in, bytes);
+  } else if (p->premul) {
+    red_premul(ctx->red, to, p->src, n);
+  } else if (to != p->src) {
+    memmove(to, p->src, bytes);
+  }
+  if (p->postop) red_postop(ctx->red, to, to, n);
+}
+
+int prim_try(struct prim_ctx* ctx, const struct prim* p) {
+  int proto = ctx->proto;
+  size_t bytes = p->nelem * ctx->esize;
+  if (p->recv && !in_ready(ctx->in, proto, bytes)) return 0;
+  if (p->send && !out_ready(ctx->out)) return 0;
+
+  const char* in = NULL;
+  if (p->recv) {
+    char* s = slot_ptr(ctx->in, proto, ctx->in->step);
+    if (proto == PROTO_SIMPLE) {
+      in = s;
+    } else {
+      proto_unpack(proto, s, ctx->scratch, bytes);
+      in = ctx->scratch;
+    }
+  }
+
+  char* out_slot = p->send ? slot_ptr(ctx->out, proto, ctx->out->step) : NULL;
+  if (p->dst) {
+    compute(ctx, p, in, p->dst);
+    if (p->send) {
+      if (proto == PROTO_SIMPLE) memcpy(out_slot, p->dst, bytes);
+      else proto_pack(proto, out_slot, p->dst, bytes, ctx->out->step + 1);
+    }
+  } else if (p->send) {
+    if (proto == PROTO_SIMPLE) {
+      compute(ctx, p, in, out_slot);
+    } else {
+      /* LL lines interleave flags with data: compute into scratch (which may already hold `in`). */
+      compute(ctx, p, in, ctx->scratch);
+      proto_pack(proto, out_slot, ctx->scratch, bytes, ctx->out->step + 1);
+    }
+  }
+
+  if (p->recv) {
+    struct conn* c = ctx->in;
+    c->step++;
+    atomic_store_explicit(&c->ctrl->head, c->step, memory_order_release);
+  }
+  if (p->send) {
+    struct conn* c = ctx->out;
+    if (proto == PROTO_SIMPLE) {
+      int slot = (int)(c->step % CH_STEPS);
+      c->ctrl->size[slot] = bytes;
+      c->ctrl->hdr[slot] = ctx->hdr;
+    }
+    c->step++;
+    atomic_store_explicit(&c->ctrl->tail, c->step, memory_order_release);
+  }
+  return 1;
+}

@@ -1,0 +1,51 @@
+/* Primitives: the only operations algorithms use. One primitive moves one FIFO step:
+ *
+ *   send             out <- premul?(src)
+ *   recv             dst <- in
+ *   recvReduceSend   out <- in (+) premul(src)
+ *   recvReduceCopy   dst <- post(in (+) premul(src))
+ *   recvReduceCopySend dst, out <- post(in (+) premul(src))
+ *   recvCopySend     dst, out <- in
+ *   copySend         dst, out <- src
+ *   copy             dst <- post(premul(src))        (a rank alone)
+ *
+ * expressed as flags on one struct so every protocol implements a single executor. prim_try never
+ * blocks: it returns 0 when the input has not arrived or the output FIFO has no free slot, so one thread
+ * can drive many operations (and many ranks) without deadlock. */
+#ifndef CH_PRIMS_H
+#define CH_PRIMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../coll/reduce.h"
+#include "../transport/transport.h"
+
+struct prim {
+  uint8_t recv;   /* consume one step from ctx->in */
+  uint8_t send;   /* produce one step into ctx->out */
+  uint8_t reduce; /* combine the received data with src */
+  uint8_t premul; /* apply premul to src (local contribution) */
+  uint8_t postop; /* apply postop to the result */
+  const char* src;
+  char* dst;
+  size_t nelem;
+};
+
+struct prim_ctx {
+  struct conn* in;
+  struct conn* out;
+  int proto;
+  size_t esize;
+  const struct red_op* red;
+  char* scratch; /* >= largest LL/LL128 slot payload */
+  struct xfer_hdr hdr;
+};
+
+/* Elements that fit in one step of `proto` with slots of `slot_bytes`. */
+size_t prim_step_elems(int proto, size_t slot_bytes, size_t esize);
+/* Payload bytes that fit in one slot of `proto` (scratch sizing). */
+size_t prim_slot_payload(int proto, size_t slot_bytes);
+int prim_try(struct prim_ctx* ctx, const struct prim* p);
+
+#endif

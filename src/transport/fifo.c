@@ -1,0 +1,68 @@
+/* FIFO layout shared by every transport, and the local (same-process) transport. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "../misc/utils.h"
+#include "transport.h"
+
+static size_t align_page(size_t n) { return UT_ALIGN_UP(n, 4096); }
+
+size_t tp_fifo_bytes(const struct tp_sizes* sz) {
+  size_t n = align_page(sizeof(struct fifo_ctrl));
+  for (int p = 0; p < CH_NPROTO; p++) n += align_page(sz->buff[p]);
+  return n;
+}
+
+void tp_fifo_layout(struct conn* c, void* mem, const struct tp_sizes* sz) {
+  char* p = mem;
+  c->ctrl = (struct fifo_ctrl*)p;
+  p += align_page(sizeof(struct fifo_ctrl));
+  for (int i = 0; i < CH_NPROTO; i++) {
+    c->buff[i] = p;
+    c->slot_bytes[i] = sz->buff[i] / CH_STEPS;
+    p += align_page(sz->buff[i]);
+  }
+}
+
+const char* tp_name(int kind) {
+  static const char* names[TP_COUNT] = {"local", "shm", "net"};
+  return kind >= 0 && kind < TP_COUNT ? names[kind] : "?";
+}
+
+ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h) {
+  size_t bytes = tp_fifo_bytes(sz);
+  void* mem = NULL;
+  if (posix_memalign(&mem, 4096, bytes) != 0) {
+    WARN("cannot allocate %zu bytes for a FIFO to rank %d", bytes, c->peer);
+    return CH_SYSTEM;
+  }
+  memset(mem, 0, bytes);
+  tp_fifo_layout(c, mem, sz);
+  c->map_base = mem;
+  c->map_bytes = bytes;
+  c->owner = 1;
+  c->fd = -1;
+  c->transport = TP_LOCAL;
+  c->connected = 1;
+  memset(h, 0, sizeof(*h));
+  h->kind = TP_LOCAL;
+  h->bytes = bytes;
+  h->ptr = (uint64_t)(uintptr_t)mem;
+  return CH_OK;
+}
+
+ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h) {
+  if (h->bytes != tp_fifo_bytes(sz)) {
+    WARN("FIFO size mismatch with rank %d: %llu vs %zu bytes (NCCL_BUFFSIZE differs between ranks?)", c->peer,
+         (unsigned long long)h->bytes, tp_fifo_bytes(sz));
+    return CH_INVALID_USAGE;
+  }
+  tp_fifo_layout(c, (void*)(uintptr_t)h->ptr, sz);
+  c->map_base = NULL;
+  c->owner = 0;
+  c->fd = -1;
+  c->transport = TP_LOCAL;
+  c->connected = 1;
+  return CH_OK;
+}

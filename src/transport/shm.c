@@ -1,0 +1,98 @@
+/* Shared-memory transport between processes of one host.
+ *
+ * The receiver creates an anonymous memfd (owner-only, never visible in /dev/shm), reserves its pages
+ * with fallocate so a too-small tmpfs fails now with a clear message instead of SIGBUS later, maps it
+ * and keeps the descriptor open until the connection is freed. The sender maps the same file through
+ * /proc/<receiver pid>/fd/<fd>. Because the segment has no name, nothing survives the processes, even
+ * after SIGKILL. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../misc/log.h"
+#include "transport.h"
+
+ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h) {
+  size_t bytes = tp_fifo_bytes(sz);
+  int fd = memfd_create("chorus-fifo", MFD_CLOEXEC);
+  if (fd < 0) {
+    WARN("memfd_create for a FIFO from rank %d failed: %s", c->peer, strerror(errno));
+    return CH_SYSTEM;
+  }
+  int err = posix_fallocate(fd, 0, (off_t)bytes);
+  if (err != 0) {
+    WARN("cannot reserve %zu bytes of shared memory for the FIFO from rank %d: %s. Shared memory is "
+         "tmpfs-backed: give the container more (docker --shm-size=1g, or a larger memory limit), or "
+         "lower NCCL_BUFFSIZE", bytes, c->peer, strerror(err));
+    close(fd);
+    return CH_SYSTEM;
+  }
+  void* mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) {
+    WARN("mmap of %zu bytes of shared memory failed: %s", bytes, strerror(errno));
+    close(fd);
+    return CH_SYSTEM;
+  }
+  tp_fifo_layout(c, mem, sz);
+  c->map_base = mem;
+  c->map_bytes = bytes;
+  c->fd = fd;
+  c->owner = 1;
+  c->transport = TP_SHM;
+  c->connected = 1;
+  memset(h, 0, sizeof(*h));
+  h->kind = TP_SHM;
+  h->pid = (int32_t)getpid();
+  h->fd = fd;
+  h->bytes = bytes;
+  return CH_OK;
+}
+
+ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h) {
+  size_t bytes = tp_fifo_bytes(sz);
+  if (h->bytes != bytes) {
+    WARN("FIFO size mismatch with rank %d: %llu vs %zu bytes (NCCL_BUFFSIZE differs between ranks?)", c->peer,
+         (unsigned long long)h->bytes, bytes);
+    return CH_INVALID_USAGE;
+  }
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h->pid, (int)h->fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    WARN("cannot open shared memory of rank %d (pid %d) through %s: %s. Both processes must run as the "
+         "same user and see each other's /proc (same PID namespace); set NCCL_SHM_DISABLE=1 to use sockets",
+         c->peer, (int)h->pid, path, strerror(errno));
+    return CH_SYSTEM;
+  }
+  void* mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int saved = errno;
+  close(fd);
+  if (mem == MAP_FAILED) {
+    WARN("mmap of the FIFO of rank %d failed: %s", c->peer, strerror(saved));
+    return CH_SYSTEM;
+  }
+  tp_fifo_layout(c, mem, sz);
+  c->map_base = mem;
+  c->map_bytes = bytes;
+  c->fd = -1;
+  c->owner = 0;
+  c->transport = TP_SHM;
+  c->connected = 1;
+  return CH_OK;
+}
+
+void tp_conn_free(struct conn* c) {
+  if (!c->connected) return;
+  if (c->transport == TP_LOCAL) {
+    if (c->owner) free(c->map_base);
+  } else if (c->map_base) {
+    munmap(c->map_base, c->map_bytes);
+  }
+  if (c->fd >= 0) close(c->fd);
+  memset(c, 0, sizeof(*c));
+  c->fd = -1;
+}

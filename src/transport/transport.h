@@ -1,0 +1,85 @@
+/* Transports move FIFO slots between two ranks. Every transport exposes the same thing to the
+ * layers above: a connection = a FIFO of CH_STEPS slots per protocol plus head/tail counters, in
+ * memory both sides can touch. The receiver owns (allocates) the FIFO; the sender maps it.
+ *
+ *   local : both ranks are threads of one process; the FIFO is ordinary heap memory.
+ *   shm   : ranks are processes on one host; the FIFO is a memfd segment (never named in /dev/shm),
+ *           mapped by the peer through /proc/<pid>/fd, so nothing is left behind by a crash.
+ *   (net  : sockets through a proxy thread; a later stage.) */
+#ifndef CH_TRANSPORT_H
+#define CH_TRANSPORT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../misc/status.h"
+
+#define CH_STEPS 8
+enum { PROTO_LL = 0, PROTO_LL128 = 1, PROTO_SIMPLE = 2, CH_NPROTO = 3 };
+
+/* Carried with every Simple step so a receiver can tell which call produced the data (used to detect
+ * collectives that do not match across ranks). */
+struct xfer_hdr {
+  uint64_t comm_hash;
+  uint64_t seq;
+  uint32_t func;
+  uint32_t type;
+  uint64_t count;
+  uint32_t op;
+  int32_t root;
+};
+
+struct fifo_ctrl {
+  _Alignas(64) _Atomic uint64_t tail; /* sender: steps posted (Simple) */
+  char pad0[56];
+  _Alignas(64) _Atomic uint64_t head; /* receiver: steps consumed (credits back to the sender) */
+  char pad1[56];
+  _Alignas(64) uint64_t size[CH_STEPS];
+  struct xfer_hdr hdr[CH_STEPS];
+};
+
+struct tp_sizes {
+  size_t buff[CH_NPROTO]; /* bytes of each protocol's FIFO (CH_STEPS slots) */
+};
+
+/* One direction of one connection with one peer. */
+struct conn {
+  struct fifo_ctrl* ctrl;
+  char* buff[CH_NPROTO];
+  size_t slot_bytes[CH_NPROTO];
+  uint64_t step; /* next step; both sides walk the same sequence */
+  int peer;
+  int transport; /* enum tp_kind */
+  int connected;
+  /* owner bookkeeping (receiver side owns the memory) */
+  void* map_base;
+  size_t map_bytes;
+  int fd;
+  int owner;
+};
+
+enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_NET = 2, TP_COUNT };
+
+/* What the receiver tells the sender so it can reach the FIFO. */
+struct tp_handle {
+  int32_t kind;
+  int32_t pid;
+  int32_t fd;
+  int32_t pad;
+  uint64_t bytes;
+  uint64_t ptr; /* local transport: address in the shared address space */
+};
+
+size_t tp_fifo_bytes(const struct tp_sizes* sz);
+/* Lay out ctrl + buffers in `mem` (receiver side) or over a mapping (sender side). */
+void tp_fifo_layout(struct conn* c, void* mem, const struct tp_sizes* sz);
+
+ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h);
+ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h);
+ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h);
+ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h);
+void tp_conn_free(struct conn* c);
+const char* tp_name(int kind);
+
+#endif
