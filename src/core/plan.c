@@ -1,6 +1,8 @@
 /* Plans: the tasks of one communicator from one group, split into per-channel operations grouped in
  * lanes, and the engine that runs them. */
+#include <sched.h>
 #include <signal.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +10,14 @@
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "enqueue.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CH_CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CH_CPU_RELAX() __asm__ volatile("yield")
+#else
+#define CH_CPU_RELAX() __asm__ volatile("" ::: "memory")
+#endif
 
 static int is_coll(int f) { return f <= FUNC_ALLREDUCE; }
 
@@ -183,6 +193,25 @@ static ch_status check_peers_alive(struct ncclComm* comm) {
   return CH_OK;
 }
 
+/* Waiting policy of the engine: spin while the peer is likely mid-step (cheap, lowest latency), then
+ * yield, then sleep so idle ranks stop eating CPU. Oversubscribed hosts skip spinning: the peer we wait
+ * for may need our core. */
+static void engine_wait(uint64_t idle_ns, int oversubscribed) {
+  static _Thread_local int64_t spin_ns = -1, yield_ns;
+  if (spin_ns < 0) {
+    spin_ns = param_int(PARAM_SPIN_US) * 1000;
+    yield_ns = spin_ns + param_int(PARAM_YIELD_US) * 1000;
+  }
+  if (!oversubscribed && (int64_t)idle_ns < spin_ns) {
+    for (int i = 0; i < 8; i++) CH_CPU_RELAX();
+  } else if ((int64_t)idle_ns < yield_ns) {
+    sched_yield();
+  } else {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* The last touch of a plan's communicator: after done_ticket moves, the comm may be freed. */
 static void finish_plan(struct ch_plan* pl) {
   pl->done = 1;
@@ -196,7 +225,10 @@ static void finish_plan(struct ch_plan* pl) {
 
 ch_status plan_exec(struct ch_plan** plans, int n) {
   int remaining = n;
-  uint64_t idle = 0, idle_since = 0;
+  static int ncpus;
+  if (!ncpus) ncpus = ut_ncpus();
+  int oversubscribed = plans[0]->comm->local_nranks > ncpus;
+  uint64_t idle = 0, idle_since = 0, check_since = 0;
   while (remaining > 0) {
     int progressed = 0;
     for (int i = 0; i < n; i++) {
@@ -228,9 +260,10 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       idle = 0;
       continue;
     }
-    if (idle == 0) idle_since = ut_now_ns();
-    ut_backoff(idle++);
-    if ((idle & 1023) == 0 && ut_now_ns() - idle_since > 1000000000ull) {
+    uint64_t t = ut_now_ns();
+    if (idle++ == 0) idle_since = check_since = t;
+    engine_wait(t - idle_since, oversubscribed);
+    if (t - check_since > 1000000000ull) {
       for (int i = 0; i < n; i++) {
         if (plans[i]->done || !plans[i]->started) continue;
         plans[i]->status = check_peers_alive(plans[i]->comm);
@@ -239,7 +272,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
           remaining--;
         }
       }
-      idle_since = ut_now_ns();
+      check_since = t;
     }
   }
   for (int i = 0; i < n; i++)

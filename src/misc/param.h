@@ -35,6 +35,10 @@
     "seconds a rank waits for all ranks to join at init before reporting who is missing")          \
   X(SPIN_COUNT, "CHORUS_SPIN_COUNT", P_INT, 2000, "",                                              \
     "polls before a waiting rank starts to yield the CPU")                                         \
+  X(SPIN_US, "CHORUS_SPIN_US", P_INT, 500, "",                                                      \
+    "microseconds a rank busy-polls for a peer in a collective before yielding (0 when oversubscribed)") \
+  X(YIELD_US, "CHORUS_YIELD_US", P_INT, 5000, "",                                                    \
+    "microseconds of yielding after spinning, before a waiting rank sleeps between polls")         \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
     "wire-protocol version announced at init (testing aid: ranks must agree)")
 

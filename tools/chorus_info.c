@@ -1,0 +1,81 @@
+/* chorus-info: version, every tunable with its value, default and source, and what this host offers
+ * (CPUs, NUMA nodes, network interfaces, shared memory). Links the library's internals for the
+ * parameter table. */
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+#include "chorus.h"
+#include "../src/misc/param.h"
+#include "../src/misc/socket.h"
+#include "../src/misc/utils.h"
+
+static void print_numa(void) {
+  DIR* d = opendir("/sys/devices/system/node");
+  int found = 0;
+  if (d) {
+    struct dirent* e;
+    while ((e = readdir(d))) {
+      int id;
+      if (sscanf(e->d_name, "node%d", &id) != 1) continue;
+      char path[300], cpus[256] = "";
+      snprintf(path, sizeof(path), "/sys/devices/system/node/%s/cpulist", e->d_name);
+      FILE* f = fopen(path, "r");
+      if (f) {
+        if (fgets(cpus, sizeof(cpus), f)) cpus[strcspn(cpus, "\n")] = 0;
+        fclose(f);
+      }
+      printf("  numa node %d: cpus %s\n", id, cpus);
+      found = 1;
+    }
+    closedir(d);
+  }
+  if (!found) printf("  numa: not reported by this kernel (one node assumed)\n");
+}
+
+int main(int argc, char** argv) {
+  int brief = argc > 1 && strcmp(argv[1], "--brief") == 0;
+  if (argc > 1 && !brief) {
+    printf("usage: chorus-info [--brief]\n  Prints Chorus's version, configuration and host topology.\n");
+    return strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ? 0 : 2;
+  }
+  int v = 0, nv = 0;
+  chorusGetVersion(&v);
+  ncclGetVersion(&nv);
+  printf("Chorus %s (code %d), NCCL API %d.%d.%d (ncclGetVersion %d)\n", CHORUS_VERSION_STRING, v, NCCL_MAJOR,
+         NCCL_MINOR, NCCL_PATCH, nv);
+  printf("\nHost\n");
+  printf("  hostname %s, host id %s\n", ut_hostname(), ut_host_id());
+  printf("  cpus online: %d\n", ut_ncpus());
+  print_numa();
+  struct statvfs sv;
+  if (statvfs("/dev/shm", &sv) == 0)
+    printf("  /dev/shm: %.1f MiB free of %.1f MiB (FIFOs use memfd; this matters for named fallbacks)\n",
+           (double)sv.f_bavail * sv.f_frsize / 1048576.0, (double)sv.f_blocks * sv.f_frsize / 1048576.0);
+  char ifs[4096] = "";
+  sock_list_interfaces(ifs, sizeof(ifs));
+  printf("  network interfaces (usable for sockets):\n%s", ifs[0] ? ifs : "    none\n");
+  char name[64];
+  union sock_addr a;
+  if (sock_find_interface(NULL, name, sizeof(name), &a) == CH_OK) {
+    char buf[80];
+    printf("  bootstrap would use: %s %s\n", name, sock_addr_str(&a, buf, sizeof(buf)));
+  }
+  if (brief) return 0;
+  printf("\nConfiguration (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");
+  for (int id = 0; id < PARAM_COUNT; id++) {
+    struct param_info pi;
+    param_describe((enum param_id)id, &pi);
+    char val[160], def[64];
+    if (pi.kind == P_INT) {
+      snprintf(val, sizeof(val), "%lld", (long long)param_int((enum param_id)id));
+      snprintf(def, sizeof(def), "%lld", (long long)pi.default_int);
+    } else {
+      snprintf(val, sizeof(val), "%s", param_str((enum param_id)id)[0] ? param_str((enum param_id)id) : "(unset)");
+      snprintf(def, sizeof(def), "%s", pi.default_str[0] ? pi.default_str : "(unset)");
+    }
+    printf("  %-28s = %-20s default %-12s [%s]\n      %s\n", pi.env, val, def, pi.source, pi.help);
+  }
+  return 0;
+}
