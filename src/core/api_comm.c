@@ -106,13 +106,19 @@ static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueI
   comm->init_id = *id;
   *newcomm = comm;
   if (group_depth() > 0) return ch_to_nccl(group_defer_init(comm));
+  atomic_store(&comm->init_caller, 1);
   group_start();
   group_defer_init(comm);
   s = group_end();
   if (s != CH_OK && s != CH_IN_PROGRESS) {
-    comm_free(comm);
     *newcomm = NULL;
+    /* If another thread aborted this comm meanwhile, that thread frees it once we let go. */
+    if (!comm->abort_flag) {
+      comm_free(comm);
+      return ch_to_nccl(s);
+    }
   }
+  atomic_store(&comm->init_caller, 0); /* last touch */
   return ch_to_nccl(s);
 }
 
@@ -209,6 +215,7 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   /* Every wait in the library polls the flag at least every ~100 ms, so these joins are bounded. */
   if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
+  while (atomic_load(&comm->init_caller)) ut_backoff(1000000);
   comm_wait_idle(comm, 0);
   comm_free(comm);
   return ncclSuccess;

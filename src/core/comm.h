@@ -73,6 +73,7 @@ struct ncclComm {
   _Atomic int init_state;            /* ncclInProgress until init finishes, then its result */
   pthread_t init_thread;
   int init_thread_live;
+  _Atomic int init_caller; /* a blocking ncclCommInitRank* is still inside the library with this comm */
   /* arguments kept for a deferred or background init */
   ncclUniqueId init_id;
   int nsplits; /* splits made from this comm (all ranks count alike) */

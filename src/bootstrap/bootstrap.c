@@ -1,0 +1,210 @@
+/* Rank side of the rendezvous: the unique id, joining at the root, and building the peer state.
+ *
+ * Unique id (128 bytes): {magic, 64-bit secret, root address, fixed flag}. Normally the process
+ * calling boot_get_unique_id hosts the root and the secret is random. With NCCL_COMM_ID every
+ * process must compute the same id without talking to the others, so the secret is a hash of the
+ * NCCL_COMM_ID string: such a job is only as private as its address (anyone who knows host:port
+ * can join it), which is also true of NCCL. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "boot_internal.h"
+#include "chorus.h"
+
+_Static_assert(sizeof(struct boot_id) <= 128, "unique id must fit in NCCL_UNIQUE_ID_BYTES");
+
+#define BOOT_COMM_ID_SEED 0x6e63636c5f636f6dull
+#define BOOT_REPORT_GRACE_NS 1000000000ull /* wait this long past our deadline for the root's report */
+
+/* Fixed root address: the secret is derived from the address string so every process agrees. */
+static ch_status id_fixed(const char* hostport, struct boot_id* id) {
+  char a[64];
+  CHECK(sock_parse_addr(hostport, &id->root));
+  id->secret = ut_hash(hostport, strlen(hostport), BOOT_COMM_ID_SEED);
+  id->fixed = 1;
+  INFO(LOG_BOOTSTRAP, "Bootstrap root at %s (%s); rank 0 will host it", hostport, sock_addr_str(&id->root, a, sizeof(a)));
+  return CH_OK;
+}
+
+ch_status boot_id_from_addr(const char* hostport, void* id128) {
+  struct boot_id id;
+  memset(&id, 0, sizeof(id));
+  id.magic = BOOT_ID_MAGIC;
+  CHECK(id_fixed(hostport, &id));
+  memset(id128, 0, 128);
+  memcpy(id128, &id, sizeof(id));
+  return CH_OK;
+}
+
+ch_status boot_get_unique_id(void* id128) {
+  const char* comm_id = param_str(PARAM_COMM_ID);
+  if (comm_id[0]) return boot_id_from_addr(comm_id, id128);
+  struct boot_id id;
+  memset(&id, 0, sizeof(id));
+  id.magic = BOOT_ID_MAGIC;
+  union sock_addr addr;
+  CHECK(ut_random(&id.secret, sizeof(id.secret)));
+  CHECK(sock_find_interface(NULL, NULL, 0, &addr));
+  CHECK(boot_root_start(&addr, id.magic, id.secret, &id.root));
+  memset(id128, 0, 128);
+  memcpy(id128, &id, sizeof(id));
+  return CH_OK;
+}
+
+static void fill_info(struct boot_rank_info* info, int rank, int nranks, const union sock_addr* listen_addr) {
+  memset(info, 0, sizeof(*info));
+  info->rank = rank;
+  info->nranks = nranks;
+  info->lib_version = CHORUS_VERSION_CODE;
+  info->wire_version = (int32_t)param_int(PARAM_WIRE_VERSION);
+  info->pid = (int32_t)getpid();
+  info->host_hash = ut_host_hash();
+  snprintf(info->host_id, sizeof(info->host_id), "%s", ut_host_id());
+  snprintf(info->hostname, sizeof(info->hostname), "%s", ut_hostname());
+  info->listen_addr = *listen_addr;
+}
+
+/* Join at the root and receive the table (or the root's error report). */
+static ch_status join_root(const struct boot_id* id, const struct boot_rank_info* me, const volatile int* abort,
+                           uint64_t deadline_ns, struct boot_rank_info** table) {
+  char root_name[64];
+  sock_addr_str(&id->root, root_name, sizeof(root_name));
+  int rank = me->rank, nranks = me->nranks;
+  struct sock root = {.fd = -1};
+  struct sock_wait w = {abort, deadline_ns};
+  char* text = NULL;
+  ch_status st = sock_connect(&id->root, &root, &w);
+  if (st != CH_OK) {
+    if (st == CH_INTERNAL) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while connecting to the root", rank);
+    else WARN("Bootstrap rank %d could not reach bootstrap root at %s%s", rank, root_name,
+              st == CH_TIMEOUT ? " before its deadline" : st == CH_REMOTE ? " (connection refused)" : "");
+    return st;
+  }
+  uint64_t now = ut_now_ns();
+  struct {
+    struct boot_hello h;
+    struct boot_join j;
+  } msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.h = (struct boot_hello){id->magic, id->secret, BOOT_KIND_JOIN, (uint32_t)sizeof(struct boot_rank_info)};
+  msg.j.timeout_ms = deadline_ns ? (deadline_ns > now ? (deadline_ns - now) / 1000000 : 0) + 1 : 0;
+  msg.j.info = *me;
+  CHECK_GOTO(sock_send_all(&root, &msg, sizeof(msg), &w), st, fail);
+
+  /* The root reports a timeout by our deadline: give its report a moment to arrive. */
+  struct sock_wait wr = {abort, deadline_ns ? deadline_ns + BOOT_REPORT_GRACE_NS : 0};
+  struct boot_reply rep;
+  CHECK_GOTO(sock_recv_all(&root, &rep, sizeof(rep), &wr), st, fail);
+  if (rep.type == BOOT_REPLY_ERROR && rep.len < 65536) {
+    text = calloc(1, rep.len + 1);
+    if (!text) {
+      st = CH_SYSTEM;
+      goto fail;
+    }
+    CHECK_GOTO(sock_recv_all(&root, text, rep.len, &wr), st, fail);
+    WARN("%s", text); /* the same report on every rank */
+    st = (rep.status == CH_INVALID_USAGE || rep.status == CH_TIMEOUT || rep.status == CH_REMOTE) ? (ch_status)rep.status
+                                                                                                : CH_INTERNAL;
+    goto out;
+  }
+  if (rep.type != BOOT_REPLY_TABLE || rep.len != (uint64_t)nranks * sizeof(struct boot_rank_info)) {
+    WARN("Bootstrap rank %d: unexpected answer from root %s (type %u, %llu bytes)", rank, root_name, rep.type,
+         (unsigned long long)rep.len);
+    st = CH_INTERNAL;
+    goto out;
+  }
+  *table = malloc(rep.len);
+  if (!*table) {
+    WARN("Bootstrap rank %d: out of memory for the rank table", rank);
+    st = CH_SYSTEM;
+    goto out;
+  }
+  CHECK_GOTO(sock_recv_all(&root, *table, rep.len, &wr), st, fail);
+  st = CH_OK;
+  goto out;
+fail:
+  if (st == CH_INTERNAL) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while waiting at the root", rank);
+  else if (st == CH_TIMEOUT)
+    WARN("Bootstrap rank %d timed out waiting at bootstrap root %s for the other %d ranks (no report from the root)",
+         rank, root_name, nranks - 1);
+  else
+    WARN("Bootstrap rank %d: lost the connection to bootstrap root %s before all ranks joined", rank, root_name);
+out:
+  if (st != CH_OK && table && *table) {
+    free(*table);
+    *table = NULL;
+  }
+  free(text);
+  sock_close(&root);
+  return st;
+}
+
+ch_status boot_init(const void* id128, int rank, int nranks, const volatile int* abort, uint64_t deadline_ns,
+                    struct boot_state** out, struct boot_rank_info** peers) {
+  *out = NULL;
+  if (peers) *peers = NULL;
+  if (nranks <= 0 || rank < 0 || rank >= nranks) {
+    WARN("Bootstrap: invalid rank %d for nranks %d", rank, nranks);
+    return CH_INVALID_ARG;
+  }
+  struct boot_id id;
+  memcpy(&id, id128, sizeof(id));
+  if (id.magic != BOOT_ID_MAGIC) {
+    WARN("Bootstrap rank %d: invalid unique id (not made by ncclGetUniqueId of this Chorus version, or corrupted)",
+         rank);
+    return CH_INVALID_ARG;
+  }
+  uint64_t t0 = ut_now_ns();
+  ch_status st;
+  struct sock listener = {.fd = -1};
+  struct boot_rank_info* table = NULL;
+  union sock_addr addr;
+  struct boot_rank_info me;
+  union sock_addr* addrs = NULL;
+  CHECK_GOTO(sock_find_interface(&id.root, NULL, 0, &addr), st, out);
+  CHECK_GOTO(sock_listen(&addr, &listener), st, out);
+  if (id.fixed && rank == 0) {
+    union sock_addr bound;
+    CHECK_GOTO(boot_root_start(&id.root, id.magic, id.secret, &bound), st, out);
+  }
+  fill_info(&me, rank, nranks, &listener.addr);
+  CHECK_GOTO(join_root(&id, &me, abort, deadline_ns, &table), st, out);
+
+  addrs = malloc((size_t)nranks * sizeof(*addrs));
+  if (!addrs) {
+    WARN("Bootstrap rank %d: out of memory", rank);
+    st = CH_SYSTEM;
+    goto out;
+  }
+  for (int i = 0; i < nranks; i++) addrs[i] = table[i].listen_addr;
+  /* The init deadline covers boot_init only; later calls get one through boot_set_deadline. */
+  CHECK_GOTO(boot_peers_create(out, rank, nranks, id.magic, id.secret, addrs, &listener, abort, 0), st, out);
+  INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms", rank, nranks, (double)(ut_now_ns() - t0) / 1e6);
+  if (peers) {
+    *peers = table;
+    table = NULL;
+  }
+out:
+  free(addrs);
+  free(table);
+  sock_close(&listener);
+  return st;
+}
+
+ch_status boot_init_from_table(int rank, int nranks, uint64_t secret, const union sock_addr* addrs,
+                               struct sock* listener, const volatile int* abort, struct boot_state** out) {
+  *out = NULL;
+  if (nranks <= 0 || rank < 0 || rank >= nranks) {
+    WARN("Bootstrap: invalid rank %d for nranks %d", rank, nranks);
+    sock_close(listener);
+    return CH_INVALID_ARG;
+  }
+  ch_status st = boot_peers_create(out, rank, nranks, BOOT_ID_MAGIC, secret, addrs, listener, abort, 0);
+  if (st != CH_OK) sock_close(listener);
+  return st;
+}

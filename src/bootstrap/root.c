@@ -1,0 +1,448 @@
+/* The bootstrap root: a detached thread that collects one boot_rank_info per rank, checks that the
+ * ranks agree (nranks, library and wire versions) and sends everyone the full table, or one error
+ * record that every rank prints. It serves one job and exits. Connections that do not start with
+ * the job's secret are dropped quietly (INFO), so scanners and stale jobs cannot disturb it. */
+#define _GNU_SOURCE /* accept4 */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "boot_internal.h"
+
+#define ROOT_SEND_TIMEOUT_NS (5ull * 1000000000ull)
+#define ROOT_FAILED_LINGER_NS (30ull * 1000000000ull) /* keep telling late joiners about a failure */
+#define ROOT_MSG_LEN 1536
+
+struct root_conn {
+  int fd;
+  int rank; /* -1 until its join is accepted */
+  uint64_t t0;
+  union sock_addr peer;
+  size_t got;
+  unsigned char buf[sizeof(struct boot_hello) + sizeof(struct boot_join)];
+};
+
+struct root {
+  struct sock listener;
+  uint64_t magic, secret;
+  int64_t timeout_s;
+  uint64_t start, deadline; /* deadline: 0 until the first join */
+  struct root_conn** conns;
+  int nconns, cap;
+  int nranks; /* -1 until the first join */
+  struct boot_rank_info* infos;
+  struct root_conn** by_rank;
+  int joined;
+  int done;
+  ch_status fail_status; /* CH_OK, or the error every (late) joiner gets */
+  char fail_msg[ROOT_MSG_LEN];
+  char name[64]; /* our address, for messages */
+};
+
+void boot_format_ranks(const unsigned char* flags, int n, unsigned char want, char* buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    if (flags[i] != want) continue;
+    int j = i;
+    while (j + 1 < n && flags[j + 1] == want) j++;
+    char item[32];
+    if (j == i) snprintf(item, sizeof(item), "%s%d", o ? "," : "", i);
+    else snprintf(item, sizeof(item), "%s%d-%d", o ? "," : "", i, j);
+    size_t il = strlen(item);
+    if (o + il + 4 >= len) {
+      if (o + 4 <= len) snprintf(buf + o, len - o, "...");
+      return;
+    }
+    memcpy(buf + o, item, il + 1);
+    o += il;
+    i = j;
+  }
+}
+
+/* Send everything within ROOT_SEND_TIMEOUT_NS; quietly give up on a dead or stuck rank. */
+static int root_send(int fd, const void* data, size_t n) {
+  const char* p = data;
+  uint64_t end = ut_now_ns() + ROOT_SEND_TIMEOUT_NS;
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w > 0) {
+      p += w;
+      n -= (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && ut_now_ns() < end) {
+      struct pollfd pf = {fd, POLLOUT, 0};
+      poll(&pf, 1, 100);
+      continue;
+    }
+    return -1;
+  }
+  return 0;
+}
+
+static void root_reply(struct root* r, struct root_conn* c, uint32_t type, ch_status st, const void* data, size_t len) {
+  struct boot_reply rep = {type, (uint32_t)st, len};
+  if (root_send(c->fd, &rep, sizeof(rep)) != 0 || root_send(c->fd, data, len) != 0) {
+    char a[64];
+    INFO(LOG_BOOTSTRAP, "Bootstrap root %s: could not send the %s to rank %d at %s", r->name,
+         type == BOOT_REPLY_TABLE ? "rank table" : "error report", c->rank, sock_addr_str(&c->peer, a, sizeof(a)));
+  }
+}
+
+static void root_drop(struct root* r, int idx) {
+  struct root_conn* c = r->conns[idx];
+  if (c->rank >= 0 && r->by_rank && r->by_rank[c->rank] == c) {
+    r->by_rank[c->rank] = NULL;
+    r->joined--;
+  }
+  close(c->fd);
+  free(c);
+  r->conns[idx] = r->conns[--r->nconns];
+}
+
+static void root_drop_conn(struct root* r, struct root_conn* c) {
+  for (int i = 0; i < r->nconns; i++)
+    if (r->conns[i] == c) {
+      root_drop(r, i);
+      return;
+    }
+}
+
+/* Send the error to every joined rank (and to `extra`), close them, and remember it for late joiners. */
+static void root_fail(struct root* r, ch_status st, const char* msg, struct root_conn* extra) {
+  INFO(LOG_BOOTSTRAP, "Bootstrap root %s: failing the job: %s", r->name, msg);
+  snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg);
+  r->fail_status = st;
+  for (int i = r->nconns - 1; i >= 0; i--) {
+    struct root_conn* c = r->conns[i];
+    if (c->rank < 0 && c != extra) continue;
+    root_reply(r, c, BOOT_REPLY_ERROR, st, msg, strlen(msg));
+    root_drop(r, i);
+  }
+}
+
+static void appendf(char* buf, size_t len, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static void appendf(char* buf, size_t len, const char* fmt, ...) {
+  size_t o = strlen(buf);
+  if (o + 1 >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + o, len - o, fmt, ap);
+  va_end(ap);
+}
+
+static int32_t field_of(const struct boot_rank_info* info, size_t off) {
+  int32_t v;
+  memcpy(&v, (const char*)info + off, sizeof(v));
+  return v;
+}
+
+/* Append "field differs between ranks: v1 on ranks a-b (host), v2 on rank c (host)" if it does. */
+static void root_check_field(struct root* r, const char* field, size_t off, char* msg, size_t len) {
+  int n = r->nranks;
+  int32_t v0 = field_of(&r->infos[0], off);
+  int differs = 0;
+  for (int i = 1; i < n && !differs; i++) differs = field_of(&r->infos[i], off) != v0;
+  if (!differs) return;
+  unsigned char* seen = calloc((size_t)n, 1);
+  unsigned char* mark = malloc((size_t)n);
+  if (seen && mark) {
+    appendf(msg, len, "%s%s differs between ranks:", msg[0] ? "; " : "", field);
+    int groups = 0;
+    for (int i = 0; i < n; i++) {
+      if (seen[i]) continue;
+      int32_t v = field_of(&r->infos[i], off);
+      for (int j = 0; j < n; j++) {
+        mark[j] = field_of(&r->infos[j], off) == v;
+        seen[j] |= mark[j];
+      }
+      char ranks[256];
+      boot_format_ranks(mark, n, 1, ranks, sizeof(ranks));
+      int plural = strpbrk(ranks, ",-") != NULL;
+      appendf(msg, len, "%s %d on rank%s %s (%s)", groups++ ? "," : "", v, plural ? "s" : "", ranks,
+              r->infos[i].hostname);
+    }
+  }
+  free(seen);
+  free(mark);
+}
+
+static void root_complete(struct root* r) {
+  sock_close(&r->listener); /* free the port (NCCL_COMM_ID) before anyone learns the job is done */
+  char msg[ROOT_MSG_LEN] = "";
+  root_check_field(r, "library version", offsetof(struct boot_rank_info, lib_version), msg, sizeof(msg));
+  root_check_field(r, "wire version", offsetof(struct boot_rank_info, wire_version), msg, sizeof(msg));
+  if (msg[0]) {
+    char full[ROOT_MSG_LEN + 64];
+    snprintf(full, sizeof(full), "Bootstrap: ranks are incompatible: %s", msg);
+    root_fail(r, CH_INVALID_USAGE, full, NULL);
+  } else {
+    INFO(LOG_BOOTSTRAP, "Bootstrap root %s: all %d ranks joined in %.1f ms", r->name, r->nranks,
+         (double)(ut_now_ns() - r->start) / 1e6);
+    size_t len = (size_t)r->nranks * sizeof(struct boot_rank_info);
+    for (int i = 0; i < r->nranks; i++) root_reply(r, r->by_rank[i], BOOT_REPLY_TABLE, CH_OK, r->infos, len);
+  }
+  r->done = 1;
+}
+
+static void root_timeout(struct root* r) {
+  if (r->fail_status == CH_OK && r->joined > 0) {
+    unsigned char* present = calloc((size_t)r->nranks, 1);
+    if (present) {
+      for (int i = 0; i < r->nranks; i++) present[i] = r->by_rank[i] != NULL;
+      char joined[512], missing[512], msg[ROOT_MSG_LEN];
+      boot_format_ranks(present, r->nranks, 1, joined, sizeof(joined));
+      boot_format_ranks(present, r->nranks, 0, missing, sizeof(missing));
+      snprintf(msg, sizeof(msg),
+               "Bootstrap timed out after %.1f s at root %s: %d of %d ranks joined (ranks %s); missing ranks %s of %d",
+               (double)(ut_now_ns() - r->start) / 1e9, r->name, r->joined, r->nranks, joined, missing, r->nranks);
+      root_fail(r, CH_TIMEOUT, msg, NULL);
+      free(present);
+    }
+  }
+  r->done = 1;
+}
+
+static void root_join(struct root* r, struct root_conn* c) {
+  struct boot_join j;
+  memcpy(&j, c->buf + sizeof(struct boot_hello), sizeof(j));
+  struct boot_rank_info* in = &j.info;
+  char a[64], msg[ROOT_MSG_LEN];
+  sock_addr_str(&c->peer, a, sizeof(a));
+  uint64_t now = ut_now_ns();
+  if (r->fail_status != CH_OK) {
+    root_fail(r, r->fail_status, r->fail_msg, c);
+    return;
+  }
+  if (in->nranks <= 0 || in->rank < 0 || in->rank >= in->nranks) {
+    snprintf(msg, sizeof(msg), "Bootstrap: rank %d (host %s pid %d) is out of range for nranks %d", in->rank,
+             in->hostname, in->pid, in->nranks);
+    root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
+    root_drop_conn(r, c);
+    return;
+  }
+  if (r->nranks < 0) {
+    r->infos = calloc((size_t)in->nranks, sizeof(*r->infos));
+    r->by_rank = calloc((size_t)in->nranks, sizeof(*r->by_rank));
+    if (!r->infos || !r->by_rank) {
+      WARN("Bootstrap root %s: out of memory for %d ranks", r->name, in->nranks);
+      r->done = 1;
+      return;
+    }
+    r->nranks = in->nranks;
+    r->deadline = r->timeout_s > 0 ? now + (uint64_t)r->timeout_s * 1000000000ull : 0;
+  }
+  if (in->nranks != r->nranks) {
+    unsigned char* present = calloc((size_t)r->nranks, 1);
+    char ranks[256] = "?";
+    if (present) {
+      for (int i = 0; i < r->nranks; i++) present[i] = r->by_rank[i] != NULL;
+      boot_format_ranks(present, r->nranks, 1, ranks, sizeof(ranks));
+      free(present);
+    }
+    snprintf(msg, sizeof(msg), "Bootstrap: ranks disagree on the number of ranks: nranks=%d on ranks %s, nranks=%d on rank %d (host %s pid %d)",
+             r->nranks, ranks, in->nranks, in->rank, in->hostname, in->pid);
+    root_fail(r, CH_INVALID_USAGE, msg, c);
+    r->deadline = now + ROOT_FAILED_LINGER_NS;
+    return;
+  }
+  struct root_conn* prev = r->by_rank[in->rank];
+  if (prev) {
+    struct boot_rank_info* p = &r->infos[in->rank];
+    snprintf(msg, sizeof(msg), "Bootstrap: rank %d joined twice: already joined from host %s pid %d, now from host %s pid %d; "
+             "check the rank passed to ncclCommInitRank", in->rank, p->hostname, p->pid, in->hostname, in->pid);
+    root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
+    root_drop_conn(r, c);
+    return;
+  }
+  if (j.timeout_ms) { /* report before the earliest rank gives up on its own */
+    uint64_t d = now + j.timeout_ms * 1000000ull;
+    if (!r->deadline || d < r->deadline) r->deadline = d;
+  }
+  r->infos[in->rank] = *in;
+  r->by_rank[in->rank] = c;
+  c->rank = in->rank;
+  r->joined++;
+  INFO(LOG_BOOTSTRAP, "Bootstrap root %s: rank %d joined from %s (%d/%d)", r->name, in->rank, a, r->joined, r->nranks);
+  if (r->joined == r->nranks) root_complete(r);
+}
+
+/* Read what is available. Returns 0 to keep the connection, -1 to drop it. */
+static int root_read(struct root* r, struct root_conn* c) {
+  char a[64];
+  if (c->rank >= 0) { /* a joined rank must stay quiet: data or EOF means it left */
+    char x;
+    ssize_t n = recv(c->fd, &x, 1, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    INFO(LOG_BOOTSTRAP, "Bootstrap root %s: rank %d (%s) left before all ranks joined", r->name, c->rank,
+         sock_addr_str(&c->peer, a, sizeof(a)));
+    return -1;
+  }
+  for (;;) {
+    size_t need = sizeof(struct boot_hello);
+    if (c->got >= need) need += sizeof(struct boot_join);
+    ssize_t n = recv(c->fd, c->buf + c->got, need - c->got, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      INFO(LOG_BOOTSTRAP, "Bootstrap root %s: ignoring connection from %s (closed after %zu bytes)", r->name,
+           sock_addr_str(&c->peer, a, sizeof(a)), c->got);
+      return -1;
+    }
+    c->got += (size_t)n;
+    if (c->got == sizeof(struct boot_hello)) {
+      struct boot_hello h;
+      memcpy(&h, c->buf, sizeof(h));
+      if (h.magic != r->magic || h.secret != r->secret || h.kind != BOOT_KIND_JOIN) {
+        INFO(LOG_BOOTSTRAP, "Bootstrap root %s: ignoring connection from %s (not this job's hello)", r->name,
+             sock_addr_str(&c->peer, a, sizeof(a)));
+        return -1;
+      }
+      if (h.arg != sizeof(struct boot_rank_info)) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "Bootstrap: incompatible Chorus builds: rank info of %u bytes, root expects %zu",
+                 h.arg, sizeof(struct boot_rank_info));
+        root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
+        return -1;
+      }
+    } else if (c->got == sizeof(c->buf)) {
+      root_join(r, c); /* may drop c itself */
+      return 1;
+    }
+  }
+}
+
+static void* root_main(void* arg) {
+  struct root* r = arg;
+  struct pollfd* pfds = NULL;
+  int pcap = 0;
+  while (!r->done) {
+    uint64_t now = ut_now_ns();
+    if (r->deadline && now >= r->deadline) {
+      root_timeout(r);
+      break;
+    }
+    for (int i = r->nconns - 1; i >= 0; i--) /* hellos must come promptly */
+      if (r->conns[i]->rank < 0 && now - r->conns[i]->t0 > BOOT_HELLO_TIMEOUT_NS) {
+        char a[64];
+        INFO(LOG_BOOTSTRAP, "Bootstrap root %s: dropping connection from %s (no hello within 5 s)", r->name,
+             sock_addr_str(&r->conns[i]->peer, a, sizeof(a)));
+        root_drop(r, i);
+      }
+    int np = r->nconns + 1;
+    if (np > pcap) {
+      struct pollfd* p = realloc(pfds, (size_t)np * 2 * sizeof(*p));
+      if (!p) break;
+      pfds = p;
+      pcap = np * 2;
+    }
+    pfds[0] = (struct pollfd){r->listener.fd, POLLIN, 0};
+    struct root_conn** snap = r->conns; /* conns may be dropped while we walk; poll order = index order */
+    int nsnap = r->nconns;
+    for (int i = 0; i < nsnap; i++) pfds[i + 1] = (struct pollfd){snap[i]->fd, POLLIN, 0};
+    int ms = 100;
+    if (r->deadline) {
+      uint64_t left = r->deadline > now ? (r->deadline - now) / 1000000 + 1 : 0;
+      if (left < (uint64_t)ms) ms = (int)left;
+    }
+    int rc = poll(pfds, (nfds_t)np, ms);
+    if (rc < 0 && errno != EINTR) {
+      WARN("Bootstrap root %s: poll failed: %s", r->name, strerror(errno));
+      break;
+    }
+    if (rc <= 0) continue;
+    /* Collect the ready connections first: handling one may drop others. */
+    struct root_conn** ready = malloc((size_t)np * sizeof(*ready));
+    int nready = 0;
+    if (!ready) break;
+    for (int i = 0; i < nsnap; i++)
+      if (pfds[i + 1].revents) ready[nready++] = snap[i];
+    for (int k = 0; k < nready && !r->done; k++) {
+      int idx = -1;
+      for (int i = 0; i < r->nconns; i++)
+        if (r->conns[i] == ready[k]) idx = i;
+      if (idx < 0) continue; /* dropped meanwhile */
+      if (root_read(r, ready[k]) < 0) root_drop_conn(r, ready[k]);
+    }
+    free(ready);
+    if (r->listener.fd >= 0 && (pfds[0].revents & POLLIN) && !r->done) {
+      for (int k = 0; k < 256; k++) {
+        union sock_addr peer;
+        socklen_t len = sizeof(peer);
+        int fd = accept4(r->listener.fd, &peer.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        struct root_conn* c = calloc(1, sizeof(*c));
+        if (r->nconns == r->cap) {
+          int cap = r->cap ? r->cap * 2 : 16;
+          struct root_conn** nc = realloc(r->conns, (size_t)cap * sizeof(*nc));
+          if (nc) {
+            r->conns = nc;
+            r->cap = cap;
+          }
+        }
+        if (!c || r->nconns == r->cap) {
+          free(c);
+          close(fd);
+          continue;
+        }
+        c->fd = fd;
+        c->rank = -1;
+        c->t0 = ut_now_ns();
+        c->peer = peer;
+        r->conns[r->nconns++] = c;
+      }
+    }
+  }
+  while (r->nconns > 0) root_drop(r, r->nconns - 1);
+  sock_close(&r->listener);
+  free(pfds);
+  free(r->conns);
+  free(r->infos);
+  free(r->by_rank);
+  free(r);
+  return NULL;
+}
+
+ch_status boot_root_start(const union sock_addr* addr, uint64_t magic, uint64_t secret, union sock_addr* bound) {
+  struct root* r = calloc(1, sizeof(*r));
+  if (!r) {
+    WARN("Bootstrap root: out of memory");
+    return CH_SYSTEM;
+  }
+  r->magic = magic;
+  r->secret = secret;
+  r->nranks = -1;
+  r->timeout_s = param_int(PARAM_INIT_TIMEOUT);
+  r->start = ut_now_ns();
+  ch_status st = sock_listen(addr, &r->listener);
+  if (st != CH_OK) {
+    free(r);
+    return st;
+  }
+  sock_addr_str(&r->listener.addr, r->name, sizeof(r->name));
+  *bound = r->listener.addr;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  int e = pthread_create(&t, &attr, root_main, r);
+  pthread_attr_destroy(&attr);
+  if (e != 0) {
+    WARN("Bootstrap root: pthread_create failed: %s", strerror(e));
+    sock_close(&r->listener);
+    free(r);
+    return CH_SYSTEM;
+  }
+  INFO(LOG_BOOTSTRAP, "Bootstrap root listening on %s", r->name);
+  return CH_OK;
+}

@@ -1,0 +1,213 @@
+/* NCCL-compatible logging. Lines look like NCCL's so users' grep/awk tooling keeps working:
+ *   host:pid:tid [rank] NCCL INFO message
+ *   host:pid:tid [rank] misc/socket.c:123 NCCL WARN message
+ * Each line goes out in one write(2), under a lock, so lines of threads and processes never mix. */
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "chorus.h"
+#include "param.h"
+
+int log_level_cached = -1;
+unsigned log_mask = LOG_INIT | LOG_BOOTSTRAP | LOG_ENV;
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static int log_fd = STDOUT_FILENO;
+static int version_printed;
+
+static pthread_mutex_t err_lock = PTHREAD_MUTEX_INITIALIZER;
+static char last_error[2048];
+
+static __thread int in_init; /* reading parameters from log_init may log; do not recurse */
+static __thread int thread_rank = -1;
+
+static const struct {
+  const char* name;
+  unsigned mask;
+} subsys_names[] = {
+    {"INIT", LOG_INIT},   {"COLL", LOG_COLL},       {"P2P", LOG_P2P},         {"SHM", LOG_SHM},
+    {"NET", LOG_NET},     {"GRAPH", LOG_GRAPH},     {"TUNING", LOG_TUNING},   {"ENV", LOG_ENV},
+    {"ALLOC", LOG_ALLOC}, {"ALLOC_HOST", LOG_ALLOC_HOST}, {"CALL", LOG_CALL}, {"PROXY", LOG_PROXY},
+    {"NVLS", LOG_NVLS},   {"BOOTSTRAP", LOG_BOOTSTRAP}, {"REG", LOG_REG},    {"PROFILE", LOG_PROFILE},
+    {"RAS", LOG_RAS},     {"DESTROY", LOG_DESTROY}, {"ALL", (unsigned)LOG_ALL},
+};
+
+static int parse_level(const char* s) {
+  if (!s[0]) return LOG_NONE;
+  if (!strcasecmp(s, "VERSION")) return LOG_VERSION;
+  if (!strcasecmp(s, "WARN")) return LOG_WARN;
+  if (!strcasecmp(s, "INFO")) return LOG_INFO;
+  if (!strcasecmp(s, "ABORT")) return LOG_ABORT;
+  if (!strcasecmp(s, "TRACE")) return LOG_TRACE;
+  return LOG_NONE;
+}
+
+/* "INIT,NET" selects; "^INIT,NET" selects everything else; "ALL" everything. */
+static unsigned parse_subsys(const char* s) {
+  int invert = 0;
+  if (s[0] == '^') {
+    invert = 1;
+    s++;
+  }
+  unsigned mask = 0;
+  char buf[512];
+  snprintf(buf, sizeof(buf), "%s", s);
+  char* save = NULL;
+  for (char* tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    while (*tok == ' ') tok++;
+    for (size_t i = 0; i < sizeof(subsys_names) / sizeof(subsys_names[0]); i++)
+      if (!strcasecmp(tok, subsys_names[i].name)) mask |= subsys_names[i].mask;
+  }
+  return invert ? ~mask : mask;
+}
+
+/* Our own copy of the host name: ut_hostname() reads parameters, which may log (recursion). */
+static char log_host[256];
+static pthread_once_t log_host_once = PTHREAD_ONCE_INIT;
+static void log_host_init(void) {
+  if (gethostname(log_host, sizeof(log_host) - 1) != 0) snprintf(log_host, sizeof(log_host), "unknown");
+  log_host[sizeof(log_host) - 1] = '\0';
+}
+
+/* Expand %h (hostname) and %p (pid) in NCCL_DEBUG_FILE. */
+static void expand_path(const char* in, char* out, size_t len) {
+  size_t o = 0;
+  for (const char* p = in; *p && o + 1 < len; p++) {
+    if (p[0] == '%' && p[1] == 'h') {
+      pthread_once(&log_host_once, log_host_init);
+      o += (size_t)snprintf(out + o, len - o, "%s", log_host);
+      p++;
+    } else if (p[0] == '%' && p[1] == 'p') {
+      o += (size_t)snprintf(out + o, len - o, "%d", (int)getpid());
+      p++;
+    } else {
+      out[o++] = *p;
+    }
+    if (o >= len) o = len - 1;
+  }
+  out[o] = '\0';
+}
+
+
+static void write_line(const char* line, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(log_fd, line, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    line += w;
+    n -= (size_t)w;
+  }
+}
+
+void log_init(void) {
+  if (in_init) return;
+  in_init = 1;
+  int print_version = 0;
+  pthread_mutex_lock(&log_lock);
+  if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0) {
+    int level = parse_level(param_str(PARAM_DEBUG));
+    unsigned mask = parse_subsys(param_str(PARAM_DEBUG_SUBSYS));
+    const char* file = param_str(PARAM_DEBUG_FILE);
+    if (file[0] && level > LOG_NONE) {
+      char path[4096];
+      expand_path(file, path, sizeof(path));
+      /* Append rather than truncate: processes sharing one file name must not wipe each other. */
+      int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd >= 0) log_fd = fd;
+    }
+    __atomic_store_n(&log_mask, mask, __ATOMIC_RELAXED);
+    __atomic_store_n(&log_level_cached, level, __ATOMIC_RELEASE);
+    if (level >= LOG_VERSION && !version_printed) print_version = version_printed = 1;
+  }
+  pthread_mutex_unlock(&log_lock);
+  in_init = 0;
+  if (print_version)
+    log_msg(LOG_VERSION, (unsigned)LOG_ALL, __FILE__, __LINE__, "Chorus %s (NCCL API %d.%d.%d)", CHORUS_VERSION_STRING,
+            NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+}
+
+void log_reset(void) {
+  pthread_mutex_lock(&log_lock);
+  if (log_fd != STDOUT_FILENO) close(log_fd);
+  log_fd = STDOUT_FILENO;
+  __atomic_store_n(&log_level_cached, -1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&log_lock);
+}
+
+/* "…/src/misc/socket.c" → "misc/socket.c": short, yet unambiguous across layers. */
+static const char* short_file(const char* file) {
+  const char* s = strstr(file, "/src/");
+  if (s) {
+    const char* next;
+    while ((next = strstr(s + 1, "/src/"))) s = next;
+    return s + 5;
+  }
+  const char* b = strrchr(file, '/');
+  return b ? b + 1 : file;
+}
+
+void log_msg(int level, unsigned subsys, const char* file, int line, const char* fmt, ...) {
+  if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0 && !in_init) log_init();
+  int cur = in_init ? LOG_NONE : __atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE);
+  int print = cur >= level && (level != LOG_INFO || (__atomic_load_n(&log_mask, __ATOMIC_RELAXED) & subsys));
+  if (level != LOG_WARN && !print) return;
+
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+
+  if (level == LOG_WARN) {
+    pthread_mutex_lock(&err_lock);
+    snprintf(last_error, sizeof(last_error), "%s", msg);
+    pthread_mutex_unlock(&err_lock);
+  }
+  if (!print) return;
+
+  int tid = (int)syscall(SYS_gettid); /* not cached: a forked child must not show its parent's */
+  pthread_once(&log_host_once, log_host_init);
+  char host[256];
+  snprintf(host, sizeof(host), "%s", log_host);
+  host[strcspn(host, ".")] = '\0'; /* NCCL shows the short name */
+  char rank[24] = "";
+  if (thread_rank >= 0) snprintf(rank, sizeof(rank), " [%d]", thread_rank);
+  const char* what = level == LOG_WARN ? "WARN" : level == LOG_TRACE ? "TRACE" : "INFO";
+  char out[2560];
+  int n;
+  if (level == LOG_WARN)
+    n = snprintf(out, sizeof(out), "%s:%d:%d%s %s:%d NCCL %s %s\n", host, (int)getpid(), tid, rank,
+                 short_file(file), line, what, msg);
+  else
+    n = snprintf(out, sizeof(out), "%s:%d:%d%s NCCL %s %s\n", host, (int)getpid(), tid, rank, what, msg);
+  if (n < 0) return;
+  if ((size_t)n >= sizeof(out)) {
+    n = (int)sizeof(out) - 1;
+    out[n - 1] = '\n';
+  }
+  pthread_mutex_lock(&log_lock);
+  write_line(out, (size_t)n);
+  pthread_mutex_unlock(&log_lock);
+
+  /* NCCL_DEBUG=ABORT: stop at the first warning, leaving a core to inspect. */
+  if (level == LOG_WARN && cur == LOG_ABORT) abort();
+}
+
+const char* log_last_error(void) {
+  static __thread char copy[2048];
+  pthread_mutex_lock(&err_lock);
+  memcpy(copy, last_error, sizeof(copy));
+  pthread_mutex_unlock(&err_lock);
+  return copy;
+}
+
+void log_set_thread_rank(int rank) { thread_rank = rank; }

@@ -1,0 +1,356 @@
+/* TCP sockets. Every descriptor is nonblocking; waits are poll() slices of at most 100 ms so the
+ * abort flag and the deadline are seen promptly, and nothing can hang forever. */
+#define _GNU_SOURCE /* accept4 */
+#include "socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "param.h"
+#include "utils.h"
+
+#define SOCK_SLICE_MS 100
+#define SOCK_BACKLOG 16384
+
+static socklen_t addr_len(const union sock_addr* a) {
+  return a->sa.sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+int sock_addr_port(const union sock_addr* a) {
+  if (a->sa.sa_family == AF_INET) return ntohs(a->sin.sin_port);
+  if (a->sa.sa_family == AF_INET6) return ntohs(a->sin6.sin6_port);
+  return 0;
+}
+
+const char* sock_addr_str(const union sock_addr* a, char* buf, size_t len) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (a->sa.sa_family == AF_INET) {
+    inet_ntop(AF_INET, &a->sin.sin_addr, ip, sizeof(ip));
+    snprintf(buf, len, "%s:%d", ip, sock_addr_port(a));
+  } else if (a->sa.sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &a->sin6.sin6_addr, ip, sizeof(ip));
+    char scope[IF_NAMESIZE + 2] = "";
+    char name[IF_NAMESIZE];
+    if (a->sin6.sin6_scope_id && if_indextoname(a->sin6.sin6_scope_id, name)) snprintf(scope, sizeof(scope), "%%%s", name);
+    snprintf(buf, len, "[%s%s]:%d", ip, scope, sock_addr_port(a));
+  } else {
+    snprintf(buf, len, "(no address)");
+  }
+  return buf;
+}
+
+static int parse_port(const char* s, int* port) {
+  if (!*s) return -1;
+  char* end;
+  long v = strtol(s, &end, 10);
+  if (*end || v < 0 || v > 65535) return -1;
+  *port = (int)v;
+  return 0;
+}
+
+ch_status sock_parse_addr(const char* str, union sock_addr* out) {
+  char host[256];
+  const char* port_str;
+  memset(out, 0, sizeof(*out));
+  if (str[0] == '[') {
+    const char* close = strchr(str, ']');
+    if (!close || close[1] != ':' || (size_t)(close - str - 1) >= sizeof(host)) goto bad;
+    memcpy(host, str + 1, (size_t)(close - str - 1));
+    host[close - str - 1] = '\0';
+    port_str = close + 2;
+  } else {
+    const char* colon = strrchr(str, ':');
+    if (!colon || colon != strchr(str, ':') || (size_t)(colon - str) >= sizeof(host)) goto bad; /* bare IPv6 */
+    memcpy(host, str, (size_t)(colon - str));
+    host[colon - str] = '\0';
+    port_str = colon + 1;
+  }
+  int port;
+  if (!host[0] || parse_port(port_str, &port) != 0) goto bad;
+
+  char* pct = strchr(host, '%'); /* fe80::1%eth0 */
+  unsigned scope = 0;
+  if (pct) {
+    *pct = '\0';
+    scope = if_nametoindex(pct + 1);
+  }
+  if (inet_pton(AF_INET, host, &out->sin.sin_addr) == 1) {
+    out->sin.sin_family = AF_INET;
+    out->sin.sin_port = htons((uint16_t)port);
+    return CH_OK;
+  }
+  if (inet_pton(AF_INET6, host, &out->sin6.sin6_addr) == 1) {
+    out->sin6.sin6_family = AF_INET6;
+    out->sin6.sin6_port = htons((uint16_t)port);
+    out->sin6.sin6_scope_id = scope;
+    return CH_OK;
+  }
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_socktype = SOCK_STREAM;
+  const char* fam = param_str(PARAM_SOCKET_FAMILY);
+  hints.ai_family = !strcmp(fam, "AF_INET") ? AF_INET : !strcmp(fam, "AF_INET6") ? AF_INET6 : AF_UNSPEC;
+  int rc = getaddrinfo(host, NULL, &hints, &res);
+  if (rc != 0 || !res) {
+    WARN("Cannot resolve host \"%s\" (from \"%s\"): %s", host, str, rc ? gai_strerror(rc) : "no address");
+    return CH_INVALID_ARG;
+  }
+  memcpy(out, res->ai_addr, res->ai_addrlen <= sizeof(*out) ? res->ai_addrlen : sizeof(*out));
+  freeaddrinfo(res);
+  if (out->sa.sa_family == AF_INET) out->sin.sin_port = htons((uint16_t)port);
+  else out->sin6.sin6_port = htons((uint16_t)port);
+  return CH_OK;
+bad:
+  WARN("Invalid address \"%s\": expected ipv4:port, [ipv6]:port or hostname:port", str);
+  return CH_INVALID_ARG;
+}
+
+ch_status sock_wait_check(const struct sock_wait* w) {
+  if (!w) return CH_OK;
+  if (w->abort && __atomic_load_n(w->abort, __ATOMIC_ACQUIRE)) return CH_INTERNAL;
+  if (w->deadline_ns && ut_now_ns() >= w->deadline_ns) return CH_TIMEOUT;
+  return CH_OK;
+}
+
+int sock_wait_slice_ms(const struct sock_wait* w) {
+  if (!w || !w->deadline_ns) return SOCK_SLICE_MS;
+  uint64_t now = ut_now_ns();
+  if (now >= w->deadline_ns) return 0;
+  uint64_t ms = (w->deadline_ns - now + 999999) / 1000000;
+  return ms < SOCK_SLICE_MS ? (int)ms : SOCK_SLICE_MS;
+}
+
+/* Wait until fd is ready for `events`, the deadline passes or abort is set. */
+static ch_status wait_fd(int fd, short events, const struct sock_wait* w) {
+  for (;;) {
+    CHECK(sock_wait_check(w));
+    struct pollfd p = {fd, events, 0};
+    int r = poll(&p, 1, sock_wait_slice_ms(w));
+    if (r > 0) return CH_OK;
+    if (r < 0 && errno != EINTR) {
+      WARN("poll failed: %s", strerror(errno));
+      return CH_SYSTEM;
+    }
+  }
+}
+
+/* Sleep ms milliseconds, in slices, unless the deadline or abort comes first. */
+static ch_status sleep_ms(uint64_t ms, const struct sock_wait* w) {
+  uint64_t end = ut_now_ns() + ms * 1000000ull;
+  for (;;) {
+    CHECK(sock_wait_check(w));
+    uint64_t now = ut_now_ns();
+    if (now >= end) return CH_OK;
+    uint64_t left = end - now;
+    if (left > SOCK_SLICE_MS * 1000000ull) left = SOCK_SLICE_MS * 1000000ull;
+    struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+ch_status sock_listen(const union sock_addr* addr, struct sock* s) {
+  char a[64];
+  s->fd = -1;
+  int fd = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    WARN("socket() for listening on %s failed: %s", sock_addr_str(addr, a, sizeof(a)), strerror(errno));
+    return CH_SYSTEM;
+  }
+  if (sock_addr_port(addr) != 0) { /* a fixed port (NCCL_COMM_ID) must be reusable right after a job */
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  }
+  union sock_addr bound = *addr;
+  socklen_t len = addr_len(addr);
+  if (bind(fd, &bound.sa, len) != 0) {
+    int e = errno;
+    WARN("Cannot listen on %s: bind failed: %s%s", sock_addr_str(addr, a, sizeof(a)), strerror(e),
+         e == EADDRINUSE ? " (another process, or an earlier job, holds this port)" : "");
+    close(fd);
+    return CH_SYSTEM;
+  }
+  if (listen(fd, SOCK_BACKLOG) != 0 || getsockname(fd, &bound.sa, &len) != 0) {
+    WARN("listen on %s failed: %s", sock_addr_str(addr, a, sizeof(a)), strerror(errno));
+    close(fd);
+    return CH_SYSTEM;
+  }
+  s->fd = fd;
+  s->addr = bound;
+  return CH_OK;
+}
+
+static int accept_transient(int e) {
+  return e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED || e == ENETDOWN || e == EPROTO ||
+         e == ENOPROTOOPT || e == EHOSTDOWN || e == ENONET || e == EHOSTUNREACH || e == EOPNOTSUPP ||
+         e == ENETUNREACH;
+}
+
+ch_status sock_accept(struct sock* listener, struct sock* out, const struct sock_wait* w) {
+  out->fd = -1;
+  for (;;) {
+    socklen_t len = sizeof(out->addr);
+    int fd = accept4(listener->fd, &out->addr.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      set_nodelay(fd);
+      out->fd = fd;
+      return CH_OK;
+    }
+    if (!accept_transient(errno)) {
+      char a[64];
+      WARN("accept on %s failed: %s", sock_addr_str(&listener->addr, a, sizeof(a)), strerror(errno));
+      return CH_SYSTEM;
+    }
+    CHECK(wait_fd(listener->fd, POLLIN, w));
+  }
+}
+
+static int connect_transient(int e) {
+  return e == ECONNREFUSED || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH || e == EAGAIN ||
+         e == EINTR || e == ECONNRESET || e == ECONNABORTED;
+}
+
+/* One connection attempt: 0 and *fd_out on success, else the errno of the failure. */
+static int connect_once(const union sock_addr* addr, int* fd_out, const struct sock_wait* w, ch_status* st) {
+  *st = CH_OK;
+  int fd = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  set_nodelay(fd);
+  int err = 0;
+  if (connect(fd, &addr->sa, addr_len(addr)) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      *st = wait_fd(fd, POLLOUT, w);
+      if (*st != CH_OK) {
+        close(fd);
+        return ETIMEDOUT;
+      }
+      socklen_t len = sizeof(err);
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+  }
+  if (err) {
+    close(fd);
+    return err;
+  }
+  *fd_out = fd;
+  return 0;
+}
+
+ch_status sock_connect(const union sock_addr* addr, struct sock* out, const struct sock_wait* w) {
+  char a[64];
+  int64_t max_retries = param_int(PARAM_SOCKET_RETRY_CNT);
+  int64_t step_ms = param_int(PARAM_SOCKET_RETRY_SLEEP_MSEC);
+  if (step_ms < 1) step_ms = 1;
+  uint64_t start = ut_now_ns();
+  int attempts = 0, retries = 0;
+  uint64_t probe_ms = 1;
+  out->fd = -1;
+  for (;;) {
+    CHECK(sock_wait_check(w));
+    int fd = -1;
+    ch_status st;
+    attempts++;
+    int err = connect_once(addr, &fd, w, &st);
+    if (st != CH_OK) return st; /* deadline or abort while the connect was in flight */
+    if (err == 0) {
+      out->fd = fd;
+      out->addr = *addr;
+      if (attempts > 1)
+        INFO(LOG_BOOTSTRAP | LOG_NET, "Connected to %s after %d attempts", sock_addr_str(addr, a, sizeof(a)), attempts);
+      return CH_OK;
+    }
+    if (!connect_transient(err)) {
+      WARN("connect to %s failed: %s", sock_addr_str(addr, a, sizeof(a)), strerror(err));
+      return CH_SYSTEM;
+    }
+    /* The peer is usually about to listen: probe quickly (1, 2, 4 ... ms) during the first retry
+     * step, then back off linearly like NCCL (k * NCCL_SOCKET_RETRY_SLEEP_MSEC). */
+    uint64_t elapsed_ms = (ut_now_ns() - start) / 1000000;
+    uint64_t sleep;
+    if (elapsed_ms < (uint64_t)step_ms) {
+      sleep = probe_ms;
+      probe_ms *= 2;
+    } else {
+      if (retries >= max_retries) {
+        WARN("connect to %s failed: %s (gave up after %d attempts in %.1f s)", sock_addr_str(addr, a, sizeof(a)),
+             strerror(err), attempts, (double)(ut_now_ns() - start) / 1e9);
+        return CH_REMOTE;
+      }
+      retries++;
+      sleep = (uint64_t)(retries * step_ms);
+      if (retries == 1 || retries % 10 == 0)
+        INFO(LOG_BOOTSTRAP | LOG_NET, "connect to %s returned %s, retrying", sock_addr_str(addr, a, sizeof(a)),
+             strerror(err));
+    }
+    CHECK(sleep_ms(sleep, w));
+  }
+}
+
+ch_status sock_send_all(struct sock* s, const void* buf, size_t n, const struct sock_wait* w) {
+  const char* p = buf;
+  char a[64];
+  while (n > 0) {
+    ssize_t r = send(s->fd, p, n, MSG_NOSIGNAL);
+    if (r > 0) {
+      p += r;
+      n -= (size_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      CHECK(wait_fd(s->fd, POLLOUT, w));
+      continue;
+    }
+    if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+      WARN("Connection closed by remote peer %s", sock_addr_str(&s->addr, a, sizeof(a)));
+      return CH_REMOTE;
+    }
+    WARN("send to %s failed: %s", sock_addr_str(&s->addr, a, sizeof(a)), r < 0 ? strerror(errno) : "no progress");
+    return CH_REMOTE;
+  }
+  return CH_OK;
+}
+
+ch_status sock_recv_all(struct sock* s, void* buf, size_t n, const struct sock_wait* w) {
+  char* p = buf;
+  char a[64];
+  while (n > 0) {
+    ssize_t r = recv(s->fd, p, n, 0);
+    if (r > 0) {
+      p += r;
+      n -= (size_t)r;
+      continue;
+    }
+    if (r == 0 || (r < 0 && errno == ECONNRESET)) {
+      WARN("Connection closed by remote peer %s", sock_addr_str(&s->addr, a, sizeof(a)));
+      return CH_REMOTE;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      CHECK(wait_fd(s->fd, POLLIN, w));
+      continue;
+    }
+    WARN("recv from %s failed: %s", sock_addr_str(&s->addr, a, sizeof(a)), strerror(errno));
+    return CH_REMOTE;
+  }
+  return CH_OK;
+}
+
+void sock_close(struct sock* s) {
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}

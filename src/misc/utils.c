@@ -1,0 +1,152 @@
+/* Small helpers: clock, randomness, hashing, host identity, CPU count and polite waiting. */
+#define _GNU_SOURCE /* sched_getaffinity */
+#include "utils.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "param.h"
+
+uint64_t ut_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static ch_status random_from_urandom(unsigned char* p, size_t n) {
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    WARN("open(/dev/urandom) failed: %s", strerror(errno));
+    return CH_SYSTEM;
+  }
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      WARN("read(/dev/urandom) failed: %s", r < 0 ? strerror(errno) : "end of file");
+      close(fd);
+      return CH_SYSTEM;
+    }
+    p += r;
+    n -= (size_t)r;
+  }
+  close(fd);
+  return CH_OK;
+}
+
+ch_status ut_random(void* buf, size_t n) {
+  unsigned char* p = buf;
+  while (n > 0) {
+    ssize_t r = getrandom(p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return random_from_urandom(p, n); /* old kernel or seccomp: use the device */
+    p += r;
+    n -= (size_t)r;
+  }
+  return CH_OK;
+}
+
+uint64_t ut_hash(const void* data, size_t n, uint64_t seed) {
+  const unsigned char* p = data;
+  uint64_t h = 0xcbf29ce484222325ull ^ seed;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+static char host_name[256];
+static char host_id[512];
+static uint64_t host_hash;
+
+static void host_init(void) {
+  if (gethostname(host_name, sizeof(host_name) - 1) != 0) snprintf(host_name, sizeof(host_name), "unknown");
+  host_name[sizeof(host_name) - 1] = '\0';
+
+  const char* override = param_str(PARAM_HOSTID);
+  if (override[0]) {
+    snprintf(host_id, sizeof(host_id), "%s", override);
+  } else {
+    /* The boot id tells apart containers that share a hostname but not a kernel (and thus no shm). */
+    char boot[64] = "";
+    FILE* f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+      if (!fgets(boot, sizeof(boot), f)) boot[0] = '\0';
+      fclose(f);
+      boot[strcspn(boot, "\r\n")] = '\0';
+    }
+    snprintf(host_id, sizeof(host_id), "%s%s", host_name, boot);
+  }
+  host_hash = ut_hash(host_id, strlen(host_id), 0);
+}
+
+const char* ut_host_id(void) {
+  pthread_once(&host_once, host_init);
+  return host_id;
+}
+
+uint64_t ut_host_hash(void) {
+  pthread_once(&host_once, host_init);
+  return host_hash;
+}
+
+const char* ut_hostname(void) {
+  pthread_once(&host_once, host_init);
+  return host_name;
+}
+
+int ut_ncpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield" ::: "memory");
+#else
+  __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* Phases: spin (cheap wake-up when the partner is running on another core), then sched_yield (lets
+ * a partner on the same core run), then sleeps growing to 64 us so dozens of waiting ranks on two
+ * cores do not starve the ones doing work. */
+#define UT_YIELD_ITERS 64
+#define UT_MAX_SLEEP_NS 64000
+
+void ut_backoff(uint64_t iter) {
+  int64_t spin = param_int(PARAM_SPIN_COUNT);
+  if (spin < 0) spin = 0;
+  if (iter < (uint64_t)spin) {
+    cpu_relax();
+    return;
+  }
+  iter -= (uint64_t)spin;
+  if (iter < UT_YIELD_ITERS) {
+    sched_yield();
+    return;
+  }
+  iter -= UT_YIELD_ITERS;
+  /* Double every 8 sleeps: 1, 2, 4 ... 64 us. */
+  uint64_t ns = 1000ull << (iter / 8 < 6 ? iter / 8 : 6);
+  if (ns > UT_MAX_SLEEP_NS) ns = UT_MAX_SLEEP_NS;
+  struct timespec ts = {0, (long)ns};
+  nanosleep(&ts, NULL);
+}

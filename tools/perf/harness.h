@@ -1,0 +1,62 @@
+/* Internals shared by common.c (the measuring loop, one call per thread) and launch.c (processes,
+ * communicators, threads). Not used by the collective files. */
+#ifndef CHORUS_PERF_HARNESS_H
+#define CHORUS_PERF_HARNESS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct perf_ctx {
+  perf_opts o;
+  const perf_coll* coll;
+  const char* prog;
+  int nprocs, proc, local_proc; /* processes of the job, ours, ours among those on this host */
+  int nranks;                   /* nprocs * nthreads * ngpus */
+  int is_main;                  /* this process holds rank 0 and prints */
+  ncclUniqueId id;
+  ncclComm_t* comms;            /* nthreads * ngpus, thread-major */
+  size_t buf_bytes;             /* bytes of each send/recv buffer */
+  double min_bw;                /* NCCL_TESTS_MIN_BW, or -1 */
+  int64_t mem_base, mem_init, mem_user;
+  double mem_cap;               /* largest maxBytes this host's memory allows, or -1 */
+  pthread_barrier_t threads_met;
+  uint64_t* progress_ns;        /* per thread: last time it finished something (-T) */
+  volatile int* busy;           /* per thread: still measuring */
+  int result;                   /* exit code, set by thread 0 */
+} perf_ctx;
+
+typedef struct perf_thread {
+  perf_ctx* ctx;
+  int thread, nlocal, rank0; /* rank0: global rank of the first of our nlocal ranks */
+  ncclComm_t* comms;
+  cudaStream_t* streams;     /* NULL entries: synchronous calls */
+  char** send;               /* per local rank, unalign offset applied */
+  char** recv;
+  void** allocs;             /* 2 per local rank */
+  void** handles;            /* registrations (-R), 2 per local rank */
+  double* scratch;           /* (nlocal + 2) * scratch_len doubles: combining results, -I times */
+  int scratch_len;
+  int errors, bw_count;
+  double bw_sum;
+  pthread_t tid;
+} perf_thread;
+
+/* common.c */
+void perf_thread_main(perf_thread* th);
+/* launch.c: allocate (and register) the thread's buffers once maxBytes is final. */
+void perf_thread_buffers(perf_thread* th);
+uint64_t perf_now_ns(void);
+void perf_fail_nccl(perf_ctx* ctx, ncclResult_t r, const char* what, const char* file, int line)
+    __attribute__((noreturn));
+void perf_fail_msg(perf_ctx* ctx, int code, const char* fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
+
+#define PERF_NCCL_CHECK(ctx, call)                                                    \
+  do {                                                                                \
+    ncclResult_t r_ = (call);                                                         \
+    if (r_ != ncclSuccess && r_ != ncclInProgress)                                    \
+      perf_fail_nccl(ctx, r_, #call, __FILE__, __LINE__);                             \
+  } while (0)
+
+#endif
