@@ -145,9 +145,17 @@ double cu_get(int type, const void* buf, size_t i) {
 
 static int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* A hash of the element index, so that no shift of data by whole chunks reproduces the pattern. */
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 /* A value in [-vmax, vmax] (signed types) or [0, vmax], varying with rank and index. */
 static int64_t spread(int type, int64_t vmax, int rank, size_t i) {
-  uint64_t h = (uint64_t)rank * 5u + (uint64_t)i * 3u + (uint64_t)(i / 7) + 1u;
+  uint64_t h = mix(i) + (uint64_t)rank * 5u;
   if (cu_type_is_signed(type)) return (int64_t)(h % (uint64_t)(2 * vmax + 1)) - vmax;
   return (int64_t)(h % (uint64_t)(vmax + 1));
 }
@@ -166,10 +174,12 @@ double cu_red_input(int type, int op, int nranks, int rank, size_t i) {
   int64_t lim = cu_exact_limit(type);
   switch (op) {
     case CU_PROD: {
-      /* Magnitudes 1 or 2 (at most ceil(n/3) twos), some -1 and an occasional 0. */
-      double v = (i + (size_t)rank) % 3 == 0 ? 2 : 1;
-      if (cu_type_is_signed(type) && (i + 2 * (size_t)rank) % 5 == 0) v = -v;
-      if (i % 13 == 12 && (size_t)rank == i % (size_t)nranks) v = 0;
+      /* Magnitudes 1 or 2 (2 on ranks r = -h mod 3: at most 3 twos for 8 ranks, so int8 cannot
+       * overflow), negative on some ranks, and an occasional 0. */
+      uint64_t h = mix(i);
+      double v = (h + (uint64_t)rank) % 3 == 0 ? 2 : 1;
+      if (cu_type_is_signed(type) && ((h >> 8) + 2 * (uint64_t)rank) % 5 == 0) v = -v;
+      if ((h >> 16) % 13 == 0 && (uint64_t)rank == (h >> 24) % (uint64_t)nranks) v = 0;
       return v;
     }
     case CU_AVG:

@@ -55,7 +55,10 @@ int main(int argc, char** argv) {
            (double)sv.f_bavail * sv.f_frsize / 1048576.0, (double)sv.f_blocks * sv.f_frsize / 1048576.0);
   char ifs[4096] = "";
   sock_list_interfaces(ifs, sizeof(ifs));
-  printf("  network interfaces (usable for sockets):\n%s", ifs[0] ? ifs : "    none\n");
+  printf("  network interfaces (usable for sockets):\n");
+  if (!ifs[0]) printf("    none\n");
+  for (char *save = NULL, *line = strtok_r(ifs, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+    printf("    %s\n", line);
   char name[64];
   union sock_addr a;
   if (sock_find_interface(NULL, name, sizeof(name), &a) == CH_OK) {

@@ -128,9 +128,11 @@ static inline int red_disjoint(const void* p, const void* q, size_t bytes) {
 #define RED_FMAX(a, b) (((a) > (b) || (b) != (b)) ? (a) : (b))
 #define RED_FMIN(a, b) (((a) < (b) || (b) != (b)) ? (a) : (b))
 
-/* ---- scalar conversions (convert.c exports them; kernels inline them) ---------------------------
+/* ---- scalar conversions (convert.c exports them; the portable bulk loops inline them) ----------
  * Narrowing: round to nearest even with integer arithmetic on the fp32 bits, independent of the
- * FPU rounding mode and of FTZ/DAZ. See convert.c for the special-value rules. */
+ * FPU rounding mode and of FTZ/DAZ. See convert.c for the special-value rules. Written without
+ * branches (both paths computed, then selected) so that loops over them vectorise where the ISA
+ * has per-lane shifts (AVX2, NEON). */
 
 static inline uint32_t red_f2u(float f) {
   uint32_t u;
@@ -143,76 +145,78 @@ static inline float red_u2f(uint32_t u) {
   return f;
 }
 
+/* Round x >> sh to nearest even (1 <= sh <= 31). */
+static inline uint32_t red_rne_shift(uint32_t x, uint32_t sh) {
+  return (x + (1u << (sh - 1)) - 1u + ((x >> sh) & 1u)) >> sh;
+}
+
 /* Round |x| (fp32 bits `a`, not NaN) to a format with `man` mantissa bits and exponent bias `bias`.
  * Returns exponent|mantissa bits before overflow handling: a value at or past the format's
- * Inf/NaN encoding means overflow. */
+ * Inf/NaN encoding means overflow.
+ *  - normal result (|x| >= 2^(1-bias)): rebias the exponent in place and round the mantissa; a
+ *    carry out of the mantissa correctly bumps the exponent.
+ *  - subnormal result: the significand with its implicit bit, in units of the smallest subnormal,
+ *    is m >> sh; a carry into bit `man` gives the smallest normal, as it should. sh is clamped to
+ *    31, where every m (< 2^24) rounds to 0; fp32 subnormals (exponent 0) land there too. */
 static inline uint32_t red_round_mag(uint32_t a, int man, int bias) {
-  int exp = (int)(a >> 23), shift;
-  uint32_t m;
-  if (exp == 0) return 0; /* fp32 subnormals are far below half an ulp of every target format */
-  if (exp >= 127 + 1 - bias) {
-    /* Normal result: rebias in place, round the mantissa; a carry correctly bumps the exponent. */
-    m = a - ((uint32_t)(127 - bias) << 23);
-    shift = 23 - man;
-  } else {
-    /* Subnormal result: significand (with implicit bit) in units of the smallest subnormal is
-     * m >> shift; a carry into bit `man` gives the smallest normal, as it should. */
-    m = (a & 0x7fffffu) | 0x800000u;
-    shift = (23 - man) + (127 + 1 - bias - exp);
-    if (shift > 24) return 0; /* m < 2^24 <= half a unit: rounds to zero */
-  }
-  return (m + (1u << (shift - 1)) - 1u + ((m >> shift) & 1u)) >> shift;
+  uint32_t exp = a >> 23;
+  uint32_t rn = red_rne_shift(a - ((uint32_t)(127 - bias) << 23), (uint32_t)(23 - man));
+  int32_t sh = (23 - man) + (127 + 1 - bias) - (int32_t)exp;
+  uint32_t shc = sh < 1 ? 1u : sh > 31 ? 31u : (uint32_t)sh;
+  uint32_t rs = red_rne_shift((a & 0x7fffffu) | 0x800000u, shc);
+  return exp >= (uint32_t)(128 - bias) ? rn : rs;
 }
 
 static inline float red_cv_half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0x1f) return red_u2f(sign | 0x7f800000u | (man << 13));
-  if (exp == 0) return red_u2f(sign | red_f2u((float)man * 0x1p-24f)); /* exact, and a normal fp32 */
-  return red_u2f(sign | ((exp + 112u) << 23) | (man << 13));
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+  uint32_t norm = (em << 13) + (112u << 23);               /* rebias 15 -> 127 */
+  uint32_t spec = norm + (112u << 23);                     /* exponent 31 -> 255: Inf/NaN, payload kept */
+  uint32_t sub = red_f2u((float)(int32_t)em * 0x1p-24f);   /* exact, and a normal fp32 */
+  uint32_t is_spec = 0u - (uint32_t)(em >= 0x7c00u), is_norm = 0u - (uint32_t)(em >= 0x400u);
+  /* Mask arithmetic rather than ?: so that GCC does not turn the selection into branches. */
+  return red_u2f(sign | (spec & is_spec) | (norm & is_norm & ~is_spec) | (sub & ~is_norm));
 }
 
 static inline uint16_t red_cv_float_to_half(float f) {
-  uint32_t u = red_f2u(f), a = u & 0x7fffffffu;
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  uint32_t u = red_f2u(f), a = u & 0x7fffffffu, sign = (u >> 16) & 0x8000u;
   uint32_t r = red_round_mag(a, 10, 15);
-  return (uint16_t)(sign | (r >= 0x7c00u ? 0x7c00u : r));
+  r = r >= 0x7c00u ? 0x7c00u : r;                          /* overflow: Inf */
+  uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);           /* quiet, top payload bits */
+  return (uint16_t)(sign | (a > 0x7f800000u ? nan : r));
 }
 
 static inline float red_cv_bf16_to_float(uint16_t h) { return red_u2f((uint32_t)h << 16); }
 
 static inline uint16_t red_cv_float_to_bf16(float f) {
   uint32_t u = red_f2u(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
   /* fp32's exponent range: rounding off 16 bits is all; the carry handles overflow to Inf. */
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
 }
 
 static inline float red_cv_e5m2_to_float(uint8_t v) { return red_cv_half_to_float((uint16_t)(v << 8)); }
 
 static inline uint8_t red_cv_float_to_e5m2(float f) {
-  uint32_t u = red_f2u(f), a = u & 0x7fffffffu;
-  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-  if (a > 0x7f800000u) return (uint8_t)(sign | 0x7eu | ((a >> 21) & 0x3u));
+  uint32_t u = red_f2u(f), a = u & 0x7fffffffu, sign = (u >> 24) & 0x80u;
   uint32_t r = red_round_mag(a, 2, 15);
-  return (uint8_t)(sign | (r >= 0x7cu ? 0x7cu : r));
+  r = r >= 0x7cu ? 0x7cu : r;                              /* overflow: Inf */
+  uint32_t nan = 0x7eu | ((a >> 21) & 0x3u);
+  return (uint8_t)(sign | (a > 0x7f800000u ? nan : r));
 }
 
 static inline float red_cv_e4m3_to_float(uint8_t v) {
-  uint32_t sign = (uint32_t)(v & 0x80u) << 24;
-  uint32_t exp = (v >> 3) & 0xfu, man = v & 0x7u;
-  if (exp == 0xf && man == 0x7) return red_u2f(sign | 0x7fc00000u);
-  if (exp == 0) return red_u2f(sign | red_f2u((float)man * 0x1p-9f));
-  return red_u2f(sign | ((exp + 120u) << 23) | (man << 20));
+  uint32_t sign = (uint32_t)(v & 0x80u) << 24, m = v & 0x7fu;
+  uint32_t norm = (m << 20) + (120u << 23);                /* rebias 7 -> 127 */
+  uint32_t sub = red_f2u((float)(int32_t)m * 0x1p-9f);
+  uint32_t is_nan = 0u - (uint32_t)(m == 0x7fu), is_norm = 0u - (uint32_t)(m >= 8u);
+  return red_u2f(sign | (0x7fc00000u & is_nan) | (norm & is_norm & ~is_nan) | (sub & ~is_norm));
 }
 
 static inline uint8_t red_cv_float_to_e4m3(float f) {
-  uint32_t u = red_f2u(f), a = u & 0x7fffffffu;
-  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-  if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+  uint32_t u = red_f2u(f), a = u & 0x7fffffffu, sign = (u >> 24) & 0x80u;
   uint32_t r = red_round_mag(a, 3, 7);
-  return (uint8_t)(sign | (r > 0x7eu ? 0x7eu : r)); /* satfinite: overflow and Inf give +-448 */
+  r = r > 0x7eu ? 0x7eu : r;                               /* satfinite: overflow and Inf give 448 */
+  return (uint8_t)(sign | (a > 0x7f800000u ? 0x7fu : r));
 }
 
 #endif
