@@ -45,7 +45,8 @@ void perf_fail_msg(perf_ctx* ctx, int code, const char* fmt, ...) {
 
 void perf_fail_nccl(perf_ctx* ctx, ncclResult_t r, const char* what, const char* file, int line) {
   const char* last = ncclGetLastError(NULL);
-  perf_fail_msg(ctx, PERF_NCCL, "Test NCCL failure %s:%d '%s' (%s)%s%s", file, line, ncclGetErrorString(r), what,
+  const char* base = strrchr(file, '/');
+  perf_fail_msg(ctx, PERF_NCCL, "Test NCCL failure %s:%d '%s' (%s)%s%s", base ? base + 1 : file, line, ncclGetErrorString(r), what,
                 last && *last ? ": " : "", last && *last ? last : "");
 }
 
