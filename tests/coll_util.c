@@ -283,12 +283,8 @@ ncclComm_t cu_comm_init(int rank, int nranks, ncclUniqueId id) {
 #define GUARD_BYTE 0xcd
 #define UNTOUCHED 0xee  /* receive buffers start as this; parts no rank may write keep it */
 
-struct gbuf {
-  char* base; /* GUARD | data | GUARD */
-  size_t bytes;
-};
 
-static char* gbuf_alloc(struct gbuf* g, size_t bytes) {
+static char* gbuf_alloc(struct cu_gbuf* g, size_t bytes) {
   g->bytes = bytes;
   g->base = malloc(bytes + 2 * GUARD);
   ASSERT(g->base != NULL);
@@ -298,7 +294,7 @@ static char* gbuf_alloc(struct gbuf* g, size_t bytes) {
   return g->base + GUARD;
 }
 
-static int gbuf_check_free(struct gbuf* g, const char* what, const char* cs) {
+static int gbuf_check_free(struct cu_gbuf* g, const char* what, const char* cs) {
   int bad = 0;
   if (!g->base) return 0;
   for (size_t i = 0; i < GUARD; i++) {
@@ -440,66 +436,88 @@ static ncclResult_t issue(const struct cu_case* c, int rank, int n, const char* 
   return ncclInvalidArgument;
 }
 
-int cu_run_case(ncclComm_t comm, const struct cu_case* c, cudaStream_t stream) {
-  int rank = -1, n = 0;
-  NCCL_OK(ncclCommUserRank(comm, &rank));
-  NCCL_OK(ncclCommCount(comm, &n));
-  char cs[160];
-  cu_case_str(c, cs, sizeof(cs));
+void cu_prepare(struct cu_run* run, ncclComm_t comm, const struct cu_case* c) {
+  memset(run, 0, sizeof(*run));
+  run->c = *c;
+  run->comm = comm;
+  NCCL_OK(ncclCommUserRank(comm, &run->rank));
+  NCCL_OK(ncclCommCount(comm, &run->n));
+  int rank = run->rank, n = run->n;
+  cu_case_str(c, run->cs, sizeof(run->cs));
   size_t es = cu_type_size(c->type), scount, rcount;
   region_counts(c, n, &scount, &rcount);
   size_t blk = c->count * es;
+  run->scount = scount;
 
-  struct gbuf gs = {0}, gr = {0};
-  char *send, *recv, *orig = NULL;
+  char *send, *recv;
   int inplace = c->inplace || c->coll == CU_BCAST; /* Bcast has one buffer */
   if (inplace) {
-    char* b = gbuf_alloc(&gr, (scount > rcount ? scount : rcount) * es);
+    char* b = gbuf_alloc(&run->gr, (scount > rcount ? scount : rcount) * es);
     send = recv = b;
     if (c->coll == CU_ALLGATHER) send = b + (size_t)rank * blk;
     if (c->coll == CU_REDUCESCATTER) recv = b + (size_t)rank * blk;
     if (c->coll == CU_GATHER) send = b + (size_t)c->root * blk;
     if (c->coll == CU_SCATTER) recv = b + (size_t)c->root * blk;
   } else {
-    send = gbuf_alloc(&gs, scount * es);
-    recv = gbuf_alloc(&gr, rcount * es);
+    send = gbuf_alloc(&run->gs, scount * es);
+    recv = gbuf_alloc(&run->gr, rcount * es);
   }
   /* Data-moving collectives read sendbuff on the root only; other ranks' sendbuff stays as it is. */
   int reads_send = !((c->coll == CU_BROADCAST || c->coll == CU_BCAST || c->coll == CU_SCATTER) && rank != c->root);
   if (reads_send) fill_send(c, rank, n, send, scount);
   if (!inplace && scount) {
-    orig = malloc(scount * es);
-    ASSERT(orig != NULL);
-    memcpy(orig, send, scount * es);
+    run->orig = malloc(scount * es);
+    ASSERT(run->orig != NULL);
+    memcpy(run->orig, send, scount * es);
   }
+  run->send = send;
+  run->recv = recv;
 
-  ncclRedOp_t op = ncclSum;
-  unsigned char scalar[8];
+  run->op = ncclSum;
   if (cu_coll_reduces(c->coll)) {
     static const ncclRedOp_t builtin[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
     if (c->op < CU_PREMUL_HOST) {
-      op = builtin[c->op];
+      run->op = builtin[c->op];
     } else {
-      cu_set(c->type, scalar, 0, cu_premul_scalar(c->type));
-      NCCL_OK(ncclRedOpCreatePreMulSum(&op, scalar, (ncclDataType_t)c->type,
+      cu_set(c->type, run->scalar, 0, cu_premul_scalar(c->type));
+      NCCL_OK(ncclRedOpCreatePreMulSum(&run->op, run->scalar, (ncclDataType_t)c->type,
                                        c->op == CU_PREMUL_HOST ? ncclScalarHostImmediate : ncclScalarDevice, comm));
-      if (c->op == CU_PREMUL_HOST) memset(scalar, 0, sizeof(scalar)); /* read at creation: may go away */
+      run->custom_op = 1;
+      /* A host-immediate scalar is read at creation: the caller may reuse its memory at once. A device
+       * scalar must stay valid (NCCL reads it when the collective runs), so run->scalar is kept. */
+      if (c->op == CU_PREMUL_HOST) memset(run->scalar, 0, sizeof(run->scalar));
     }
   }
-  ncclResult_t r = issue(c, rank, n, send, recv, op, comm, stream);
-  if (r != ncclSuccess) rt_fail_fatal(__FILE__, __LINE__, "%s: returned %d (%s)", cs, (int)r, ncclGetErrorString(r));
-  if (stream) NCCL_OK(chorusStreamSynchronize(stream));
-  if (cu_coll_reduces(c->coll) && c->op >= CU_PREMUL_HOST) NCCL_OK(ncclRedOpDestroy(op, comm));
+}
 
-  int bad = check_recv(c, rank, n, recv, cs);
-  if (orig && memcmp(orig, send, scount * es) != 0) {
-    cu_failf("%s: sendbuff was modified", cs);
+ncclResult_t cu_issue(struct cu_run* run, cudaStream_t stream) {
+  return issue(&run->c, run->rank, run->n, run->send, run->recv, run->op, run->comm, stream);
+}
+
+int cu_check(struct cu_run* run) {
+  const struct cu_case* c = &run->c;
+  size_t es = cu_type_size(c->type);
+  if (run->custom_op) NCCL_OK(ncclRedOpDestroy(run->op, run->comm));
+  int bad = check_recv(c, run->rank, run->n, run->recv, run->cs);
+  if (run->orig && memcmp(run->orig, run->send, run->scount * es) != 0) {
+    cu_failf("%s: sendbuff was modified", run->cs);
     bad++;
   }
-  free(orig);
-  bad += gbuf_check_free(&gs, "sendbuff", cs);
-  bad += gbuf_check_free(&gr, "recvbuff", cs);
+  free(run->orig);
+  run->orig = NULL;
+  bad += gbuf_check_free(&run->gs, "sendbuff", run->cs);
+  bad += gbuf_check_free(&run->gr, "recvbuff", run->cs);
   return bad;
+}
+
+int cu_run_case(ncclComm_t comm, const struct cu_case* c, cudaStream_t stream) {
+  struct cu_run run;
+  cu_prepare(&run, comm, c);
+  ncclResult_t r = cu_issue(&run, stream);
+  if (r != ncclSuccess)
+    rt_fail_fatal(__FILE__, __LINE__, "%s: returned %d (%s)", run.cs, (int)r, ncclGetErrorString(r));
+  if (stream) NCCL_OK(chorusStreamSynchronize(stream));
+  return cu_check(&run);
 }
 
 /* ---- matrices ---- */

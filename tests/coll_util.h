@@ -79,6 +79,29 @@ struct cu_sweep {
 };
 void cu_sweep_body(int rank, int nranks, ncclUniqueId id, void* arg);
 
+/* The three phases of cu_run_case, for tests that put several cases in one group or on one stream:
+ * prepare (buffers, inputs, op), issue (the NCCL call(s); returns the call's result), check (after
+ * the group/stream has completed; frees everything). */
+struct cu_gbuf {
+  char* base; /* guard | data | guard */
+  size_t bytes;
+};
+struct cu_run {
+  struct cu_case c;
+  ncclComm_t comm;
+  int rank, n;
+  char cs[192];
+  struct cu_gbuf gs, gr;
+  char *send, *recv, *orig;
+  size_t scount;
+  ncclRedOp_t op;
+  int custom_op;
+  unsigned char scalar[8];
+};
+void cu_prepare(struct cu_run* run, ncclComm_t comm, const struct cu_case* c);
+ncclResult_t cu_issue(struct cu_run* run, cudaStream_t stream);
+int cu_check(struct cu_run* run);
+
 /* "AllReduce half sum count=4099 in-place root=0" for messages. */
 void cu_case_str(const struct cu_case* c, char* buf, size_t n);
 

@@ -17,3 +17,14 @@ TYPES_THREADS(4, 90)
 TYPES_THREADS(5, 90)
 TYPES_THREADS(7, 120)
 TYPES_THREADS(8, 120)
+
+/* The full cross as processes (shared-memory FIFOs) at a few sizes. */
+#define TYPES_PROCS(n, to)                                                       \
+  TEST_T(coll_types, procs_##n, to) {                                            \
+    struct cu_sweep sw = {0};                                                    \
+    rt_run_procs(n, cu_sweep_body, &sw);                                         \
+  }
+TYPES_PROCS(2, 60)
+TYPES_PROCS(3, 60)
+TYPES_PROCS(5, 90)
+TYPES_PROCS(8, 120)

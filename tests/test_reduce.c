@@ -169,7 +169,10 @@ static int check_case(int t, int kind, size_t n, int alias, size_t mis) {
                     get_f(t, b.p, i) == (double)in_b(t, i) * FLOAT_SCALAR;
       else ok = get_int(t, d.p, i) == wrap_int(t, (uint64_t)in_b(t, i) * (uint64_t)(int64_t)INT_SCALAR) &&
                 get_int(t, b.p, i) == get_int(t, d.p, i);
-      if (!ok) rt_fail(__FILE__, __LINE__, "%s premul n %zu: element %zu wrong", red_type_name(t), n, i), bad++;
+      if (!ok) {
+        rt_fail(__FILE__, __LINE__, "%s premul n %zu: element %zu wrong", red_type_name(t), n, i);
+        bad++;
+      }
     }
   }
   free(a.base), free(b.base), free(d.base);
@@ -367,7 +370,8 @@ TEST(reduce, lowp_paths_agree) {
       for (size_t i = 0; i < N; i++) {
         double x = get_f(t, d1, i), y = get_f(t, d2, i);
         if (memcmp(d1 + i * es, d2 + i * es, es) != 0 && !(isnan(x) && isnan(y))) {
-          rt_fail(__FILE__, __LINE__, "%s kind %d: SIMD %g vs portable %g at %zu", red_type_name(t), kind, x, y, i);
+          rt_fail(__FILE__, __LINE__, "%s kind %d: SIMD %g vs portable %g at %zu", red_type_name(t), kind,
+                  x, y, i);
           break;
         }
       }
@@ -448,7 +452,9 @@ static uint32_t ref_pat(const struct fmt* f, double v) {
   return sign | lo;
 }
 
-static int nan_pat(const struct fmt* f, uint32_t p) { return isnan(ref_dec(f, p & ((1u << (f->bits - 1)) - 1))); }
+static int nan_pat(const struct fmt* f, uint32_t p) {
+  return isnan(ref_dec(f, p & ((1u << (f->bits - 1)) - 1)));
+}
 
 TEST(reduce, convert_roundtrip_exhaustive) {
   for (int k = 0; k < 4; k++) {
@@ -542,8 +548,10 @@ TEST_T(reduce, convert_rounding_reference, 120) {
       float c[4] = {mid, nextafterf(mid, INFINITY), nextafterf(mid, 0), (float)lo};
       for (int j = 0; j < 4; j++) xs[n++] = c[j], xs[n++] = -c[j];
     }
-    static const float specials[] = {0.0f, INFINITY, NAN, 0x1p-149f, 0x1p-126f, 0x1.fffffep127f, 1e-30f, 1e30f};
-    for (size_t j = 0; j < sizeof specials / sizeof specials[0]; j++) xs[n++] = specials[j], xs[n++] = -specials[j];
+    static const float specials[] = {0.0f,  INFINITY, NAN,    0x1p-149f, 0x1p-126f,
+                                     0x1.fffffep127f, 1e-30f, 1e30f};
+    for (size_t j = 0; j < sizeof specials / sizeof specials[0]; j++)
+      xs[n++] = specials[j], xs[n++] = -specials[j];
     for (int j = 0; j < NRAND; j++) {
       uint32_t u = rng();
       memcpy(&xs[n++], &u, 4);

@@ -1,6 +1,7 @@
 /* float and double kernels; the fp32 ones also serve the 16- and 8-bit float types on the portable
- * path (red_lowp.c). PREMULSUM computes a + b*s as a separate multiply and add: neither variant
- * is compiled with FMA, so results do not depend on the CPU the library runs on. */
+ * path (red_lowp.c). PREMULSUM computes a + b*s as a separate multiply and add: neither x86-64
+ * variant is compiled with FMA, so results do not depend on the CPU the library runs on. (Where FMA
+ * is baseline, e.g. AArch64, GCC's default -ffp-contract=fast in gnu11 mode may fuse them.) */
 #include "nccl.h"
 #include "reduce_impl.h"
 

@@ -1,16 +1,17 @@
-/* 16- and 8-bit float types (half, bf16, fp8 e4m3/e5m2): blocks of elements are widened to fp32,
- * combined by the fp32 kernels, and rounded once back to the element type (round to nearest even).
- * The fp32 combine of two 8/16-bit values is exact before the final rounding for sum and product
- * (fp32 has at least 2p+2 bits for every p-bit format here), so those results are correctly
- * rounded. Working in L1-sized blocks keeps the code to one decoder and one encoder per type; on
- * x86-64 with AVX2+F16C those are vectorised (red_x86.c), elsewhere the scalar routines of
- * convert.c are used. */
+/* 16- and 8-bit float types (half, bf16, fp8 e4m3/e5m2): compute in fp32 and round once per
+ * output element (round to nearest even). For sum and product of two 8/16-bit values the fp32
+ * result is exact or rounded innocuously (fp32 has at least 2p+2 bits for every p-bit format here),
+ * so those results are correctly rounded.
+ * On x86-64 with AVX2+F16C the fused kernels of red_x86.c do it in one pass. Otherwise (and for the
+ * unary premul/postop) blocks of elements are widened into L1-sized fp32 scratch, combined by the
+ * fp32 kernels and narrowed back: one decoder and one encoder per type, which are the scalar
+ * routines of reduce_impl.h (they vectorise where the ISA has per-lane shifts). */
 #include "nccl.h"
 #include "reduce_impl.h"
 
 #define RED_BLOCK 512 /* elements: 2 x 2 KiB of fp32 scratch on the stack */
 
-/* Portable bulk conversions: loops over the scalar routines (the bf16 and decode ones vectorise). */
+/* Portable bulk conversions: loops over the scalar routines. */
 static void dec_half(float* restrict o, const void* restrict in, size_t n) {
   const uint16_t* p = in;
   for (size_t i = 0; i < n; i++) o[i] = red_cv_half_to_float(p[i]);

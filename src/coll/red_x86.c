@@ -35,9 +35,10 @@ RED_AVX2 __m256 ld_bf16(const void* p) {
  * payload bits kept. */
 RED_AVX2 __m256i bf16_round_hi(__m256 v) {
   __m256i u = _mm256_castps_si256(v);
-  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, I32(0x7fff)), _mm256_and_si256(_mm256_srli_epi32(u, 16), I32(1)));
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), I32(1));
+  __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(u, I32(0x7fff)), lsb));
   __m256 qnan = _mm256_castsi256_ps(_mm256_or_si256(u, I32(0x400000)));
-  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), qnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  return _mm256_castps_si256(_mm256_blendv_ps(r, qnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 }
 RED_AVX2 void st_bf16(void* p, __m256 v) {
   __m256i r = _mm256_srli_epi32(bf16_round_hi(v), 16);

@@ -11,7 +11,8 @@ enum red_kind { RED_SUM = 0, RED_PROD = 1, RED_MAX = 2, RED_MIN = 3, RED_PREMULS
 /* A reduction as the algorithms see it (built from ncclRedOp_t by the enqueue layer):
  *  - premul(x): applied to each rank's *local* contribution before it enters the reduction
  *    (identity unless kind == RED_PREMULSUM, where it multiplies by the scalar);
- *  - combine(a, b): sum/prod/max/min (PREMULSUM and SUMPOSTDIV combine by sum);
+ *  - combine(a, b): sum/prod/max/min (PREMULSUM and SUMPOSTDIV combine by sum; integer sums and
+ *    products wrap; float max/min follow fmaxf/fminf: a NaN loses to a number, see reduce.c);
  *  - postop(x): applied once to the final result (SUMPOSTDIV divides integers by `divisor`). */
 struct red_op {
   int kind;     /* enum red_kind */

@@ -31,7 +31,8 @@ red_un_fn red_int_div(int type);   /* d = a / divisor, truncating toward zero */
 red_bin_fn red_float_bin(int type, int op); /* float, double */
 red_un_fn red_float_scale(int type);
 red_un_fn red_float_div(int type);
-/* 16- and 8-bit floats: decode blocks to fp32, run the fp32 kernel, encode once. */
+/* 16- and 8-bit floats: fused AVX2 kernels on x86-64 (red_x86.c); elsewhere decode blocks to fp32,
+ * run the fp32 kernel, encode once. */
 void red_lowp_bin(int type, int op, void* d, const void* a, const void* b, size_t n, const struct red_sc* sc);
 void red_lowp_un(int type, red_un_fn f32fn, void* d, const void* a, size_t n, const struct red_sc* sc);
 
@@ -46,7 +47,8 @@ void red_force_portable(int on);
 int red_simd_level(void);
 
 /* The int/float kernel files instantiate their loops twice: baseline and, on x86-64, AVX2 (without
- * FMA, so that results do not depend on the variant). */
+ * FMA, so that results do not depend on the variant). Selected at run time with the AVX2+F16C test
+ * of red_x86.c. */
 #if defined(__x86_64__)
 #define RED_TARGET_AVX2 __attribute__((target("avx2")))
 #define RED_NVARIANTS 2

@@ -321,7 +321,7 @@ static void gather_devices(perf_thread* th) {
     mine[i].rank = th->rank0 + i;
     mine[i].pid = (int32_t)getpid();
     mine[i].device = (ctx->local_proc * ctx->o.nthreads + th->thread) * ctx->o.ngpus + i;
-    snprintf(mine[i].host, sizeof mine[i].host, "%s", host);
+    snprintf(mine[i].host, sizeof mine[i].host, "%.63s", host);
     CK(ncclAllGather(&mine[i], all + (size_t)i * nr, sizeof(perf_devrec), ncclUint8, th->comms[i], NULL));
   }
   if (th->nlocal > 1) CK(ncclGroupEnd());

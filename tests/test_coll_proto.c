@@ -1,0 +1,63 @@
+/* Each protocol forced with NCCL_PROTO (LL, LL128, Simple): every collective at small and large counts,
+ * as threads and as processes. Large counts (1M+7 elements) cross many FIFO slots and, with LL, many
+ * more steps than a slot ring holds. */
+#include <string.h>
+
+#include "coll_util.h"
+#include "core/enqueue.h"
+#include "runner.h"
+
+static const char* protos[] = {"LL", "LL128", "Simple"};
+static const int few_types[] = {ncclInt8, ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3};
+static const int few_ops[] = {CU_SUM, CU_PROD, CU_AVG, CU_PREMUL_DEV};
+static const int float_t1[] = {ncclFloat32};
+static const int sum1[] = {CU_SUM};
+
+/* Small and medium counts, several types and ops (70001 elements only on few ranks: the checks of
+ * eight ranks sharing two cores would dominate the suite's time). */
+static void proto_small(const char* proto, int nranks, int procs) {
+  cu_force_proto(proto);
+  struct cu_sweep sw = {.types = few_types, .ntypes = 6, .ops = few_ops, .nops = 4, .big = {nranks <= 3 ? 70001 : 0}};
+  if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
+  else rt_run_threads(nranks, cu_sweep_body, &sw);
+}
+
+/* 1M+7 elements through every collective, float sum. */
+static void proto_big(const char* proto, int nranks, int procs) {
+  cu_force_proto(proto);
+  struct cu_sweep sw = {.types = float_t1, .ntypes = 1, .ops = sum1, .nops = 1, .big = {(1u << 20) + 7}, .only_big = 1};
+  if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
+  else rt_run_threads(nranks, cu_sweep_body, &sw);
+}
+
+#define PROTO_TESTS(p, i)                                                                      \
+  TEST_T(coll_proto, p##_threads_2, 60) { proto_small(protos[i], 2, 0); }                      \
+  TEST_T(coll_proto, p##_threads_3, 60) { proto_small(protos[i], 3, 0); }                      \
+  TEST_T(coll_proto, p##_threads_8, 90) { proto_small(protos[i], 8, 0); }                      \
+  TEST_T(coll_proto, p##_procs_3, 90) { proto_small(protos[i], 3, 1); }                        \
+  TEST_T(coll_proto, p##_big_threads_3, 120) { proto_big(protos[i], 3, 0); }                   \
+  TEST_T(coll_proto, p##_big_procs_4, 120) { proto_big(protos[i], 4, 1); }
+PROTO_TESTS(LL, 0)
+PROTO_TESTS(LL128, 1)
+PROTO_TESTS(Simple, 2)
+
+/* The forced protocol is the one the tuner picks, at every size. */
+static void chosen_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int want = *(const int*)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  const size_t sizes[] = {8, 4096, 65536, 1 << 20, 64 << 20};
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+    int algo = -1, proto = -1, nch = 0;
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &algo, &proto, &nch);
+    if (proto != want) rt_fail(__FILE__, __LINE__, "NCCL_PROTO=%s: %zu bytes use protocol %d", cu_proto(), sizes[s], proto);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(coll_proto, forced_is_chosen, 30) {
+  const int ids[3] = {PROTO_LL, PROTO_LL128, PROTO_SIMPLE};
+  for (int i = 0; i < 3; i++) {
+    cu_force_proto(protos[i]);
+    rt_run_threads(2, chosen_body, (void*)&ids[i]);
+  }
+}
