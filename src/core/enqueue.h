@@ -31,6 +31,8 @@ struct ch_plan {
   int nops;
   struct ch_lane* lanes;
   int nlanes;
+  struct ch_op** lane_ops; /* storage for every lane's op list */
+  struct red_op* reds;     /* one per task */
   int started, done;
   ch_status status;
   struct ch_plan* next; /* stream queue */

@@ -79,6 +79,9 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out) {
   ch_status res = CH_OK;
   struct ch_task *xhead = NULL, *xtail = NULL;
+  struct ch_plan* plan = NULL;
+  struct red_op* reds = NULL;
+  int *lane_of = NULL, *lane_n = NULL;
   /* Flatten: collectives stay, grouped p2p patterns become send/recv. */
   for (struct ch_task* t = tasks; t; t = t->next) {
     if (t->func == FUNC_ALLTOALL || t->func == FUNC_GATHER || t->func == FUNC_SCATTER) {
@@ -95,15 +98,15 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   int ntasks = 0;
   for (struct ch_task* t = xhead; t; t = t->next) ntasks++;
 
-  struct ch_plan* plan = calloc(1, sizeof(*plan));
-  int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks;
-  plan->ops = calloc((size_t)ntasks * CH_MAX_CHANNELS + 1, sizeof(struct ch_op));
-  plan->lanes = calloc((size_t)nlanes, sizeof(struct ch_lane));
-  struct red_op* reds = calloc((size_t)ntasks + 1, sizeof(struct red_op));
-  if (!plan || !plan->ops || !plan->lanes || !reds) { res = CH_SYSTEM; goto fail; }
+  plan = calloc(1, sizeof(*plan));
+  int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks, maxops = ntasks * CH_MAX_CHANNELS;
+  reds = calloc((size_t)ntasks + 1, sizeof(struct red_op));
+  lane_of = calloc((size_t)maxops + 1, sizeof(int));
+  lane_n = calloc((size_t)nlanes, sizeof(int));
+  if (!plan || !reds || !lane_of || !lane_n) { res = CH_SYSTEM; goto fail; }
+  plan->ops = calloc((size_t)maxops + 1, sizeof(struct ch_op));
+  if (!plan->ops) { res = CH_SYSTEM; goto fail; }
   plan->comm = comm;
-  plan->nlanes = nlanes;
-  for (int l = 0; l < nlanes; l++) plan->lanes[l].ops = calloc((size_t)ntasks * CH_MAX_CHANNELS + 1, sizeof(void*));
 
   int ti = 0;
   for (struct ch_task* t = xhead; t; t = t->next, ti++) {
@@ -141,24 +144,47 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
         lane = CH_MAX_CHANNELS + comm->nranks + t->root;
       }
       op->chunk = prim_step_elems(proto, comm->sizes.buff[proto] / CH_STEPS, esize ? esize : 1);
-      struct ch_lane* ln = &plan->lanes[lane];
-      ln->ops[ln->nops++] = op;
+      lane_of[plan->nops - 1] = lane;
+      lane_n[lane]++;
     }
   }
-  plan->ops[plan->nops].ctx.red = reds; /* sentinel slot keeps the reductions' owner pointer */
+  /* Keep only the lanes in use; their op lists share one array, in call order. */
+  for (int l = 0; l < nlanes; l++) plan->nlanes += lane_n[l] > 0;
+  plan->lanes = calloc((size_t)plan->nlanes + 1, sizeof(struct ch_lane));
+  plan->lane_ops = calloc((size_t)plan->nops + 1, sizeof(struct ch_op*));
+  if (!plan->lanes || !plan->lane_ops) { res = CH_SYSTEM; goto fail; }
+  for (int l = 0, k = 0, at = 0; l < nlanes; l++) {
+    if (!lane_n[l]) continue;
+    plan->lanes[k].ops = plan->lane_ops + at;
+    for (int i = 0; i < plan->nops; i++)
+      if (lane_of[i] == l) plan->lanes[k].ops[plan->lanes[k].nops++] = &plan->ops[i];
+    at += lane_n[l];
+    k++;
+  }
+  plan->reds = reds;
+  free(lane_of);
+  free(lane_n);
   while (xhead) { struct ch_task* n = xhead->next; free(xhead); xhead = n; }
   *out = plan;
   return CH_OK;
 fail:
   while (xhead) { struct ch_task* n = xhead->next; free(xhead); xhead = n; }
-  WARN("could not build the execution plan (out of memory?)");
+  free(lane_of);
+  free(lane_n);
+  if (plan) {
+    plan->reds = reds;
+    plan_free(plan);
+  } else {
+    free(reds);
+  }
+  if (res == CH_SYSTEM) WARN("could not build the execution plan: out of memory");
   return res;
 }
 
 void plan_free(struct ch_plan* plan) {
   if (!plan) return;
-  if (plan->ops) free((void*)plan->ops[plan->nops].ctx.red);
-  for (int l = 0; l < plan->nlanes && plan->lanes; l++) free(plan->lanes[l].ops);
+  free(plan->reds);
+  free(plan->lane_ops);
   free(plan->lanes);
   free(plan->ops);
   free(plan);
