@@ -92,8 +92,7 @@ static int usage_error(const char* fmt, ...) {
 static void usage(void) {
   printf("usage: chorusrun -n N [options] prog [args...]\n"
          "Start N ranks of prog on this machine. Each rank gets NCCL_COMM_ID=127.0.0.1:<free port>, RANK,\n"
-         "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (read by chorusInitFromEnv). If NCCL_COMM_ID is already\n"
-         "set it is kept.\n"
+         "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (read by chorusInitFromEnv).\n"
          "  -n, --np N            number of ranks to start\n"
          "  --bind none|core|numa pin rank i to core i (mod cores) or to NUMA node i (mod nodes)\n"
          "  --tag-output          prefix each line the ranks print with [rank]\n"
@@ -102,7 +101,7 @@ static void usage(void) {
          "  --per-host K          ranks per host with --hosts (default 1)\n"
          "  --port P              rendezvous port (default: a free port on this machine)\n"
          "  --first-rank R        with --world-size: the ranks started here are R..R+N-1 of a larger job\n"
-         "  --world-size W        (used in the commands --hosts prints; needs NCCL_COMM_ID)\n"
+         "  --world-size W        (used in the commands --hosts prints; takes NCCL_COMM_ID from the environment)\n"
          "When a rank fails, the others get SIGTERM, then SIGKILL 2 s later, and chorusrun exits with the\n"
          "failed rank's status (128+signal if it was killed). SIGINT and SIGTERM are passed on to the ranks.\n");
 }
@@ -130,7 +129,8 @@ static int parse_args(int argc, char** argv) {
   while ((c = getopt_long(argc, argv, "+:n:h", lo, NULL)) != -1) {
     switch (c) {
       case 'n':
-        if (parse_num(optarg, 1, 1 << 20, &v)) return usage_error("-n needs a positive number of ranks, got '%s'", optarg);
+        if (parse_num(optarg, 1, 1 << 20, &v))
+          return usage_error("-n needs a positive number of ranks, got '%s'", optarg);
         opt.n = (int)v;
         break;
       case 'b':
@@ -149,7 +149,8 @@ static int parse_args(int argc, char** argv) {
       }
       case 'H': opt.hosts = optarg; break;
       case 'k':
-        if (parse_num(optarg, 1, 1 << 20, &v)) return usage_error("--per-host needs a positive number, got '%s'", optarg);
+        if (parse_num(optarg, 1, 1 << 20, &v))
+          return usage_error("--per-host needs a positive number, got '%s'", optarg);
         opt.per_host = (int)v;
         break;
       case 'f':
@@ -157,11 +158,13 @@ static int parse_args(int argc, char** argv) {
         opt.first = (int)v;
         break;
       case 'w':
-        if (parse_num(optarg, 1, INT_MAX, &v)) return usage_error("--world-size needs a positive number, got '%s'", optarg);
+        if (parse_num(optarg, 1, INT_MAX, &v))
+          return usage_error("--world-size needs a positive number, got '%s'", optarg);
         opt.world = (int)v;
         break;
       case 'p':
-        if (parse_num(optarg, 1, 65535, &v)) return usage_error("--port needs a port number (1-65535), got '%s'", optarg);
+        if (parse_num(optarg, 1, 65535, &v))
+          return usage_error("--port needs a port number (1-65535), got '%s'", optarg);
         opt.port = (int)v;
         break;
       case 'h': usage(); exit(0);
@@ -173,7 +176,8 @@ static int parse_args(int argc, char** argv) {
   opt.argv = argv + optind;
   if (opt.hosts) {
     if (!opt.per_host) opt.per_host = 1;
-    if (opt.first >= 0 || opt.world >= 0) return usage_error("--hosts cannot be combined with --first-rank/--world-size");
+    if (opt.first >= 0 || opt.world >= 0)
+      return usage_error("--hosts cannot be combined with --first-rank/--world-size");
     return 0;
   }
   if (opt.per_host) return usage_error("--per-host only makes sense with --hosts");
@@ -218,16 +222,18 @@ static int print_hosts(void) {
   char* hosts[1024];
   int nh = 0;
   for (char* save = NULL, *h = strtok_r(list, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
-    if (nh == 1024) return usage_error("too many hosts (1024 at most)");
+    if (nh == 1024) return free(list), usage_error("too many hosts (1024 at most)");
     hosts[nh++] = h;
   }
-  if (nh == 0) return usage_error("--hosts needs at least one host name");
+  if (nh == 0) return free(list), usage_error("--hosts needs at least one host name");
   int world = nh * opt.per_host;
   if (opt.n >= 0 && opt.n != world)
-    return usage_error("-n %d does not match --hosts (%d hosts) x --per-host %d = %d", opt.n, nh, opt.per_host, world);
+    return free(list), usage_error("-n %d does not match --hosts (%d hosts) x --per-host %d = %d", opt.n, nh,
+                                   opt.per_host, world);
   int port = opt.port ? opt.port : free_port();
   if (port < 0) {
     fprintf(stderr, "chorusrun: cannot find a free port: %s\n", strerror(errno));
+    free(list);
     return 1;
   }
   char self[PATH_MAX], cwd[PATH_MAX];
@@ -423,12 +429,14 @@ int main(int argc, char** argv) {
 
   char comm_id[300];
   const char* env_id = getenv("NCCL_COMM_ID");
+  /* An inherited NCCL_COMM_ID is only used for a part of a multi-host job: a local job always gets
+   * its own port, so jobs started from inside another job (ctest under chorusrun) cannot collide. */
   if (opt.port) {
     snprintf(comm_id, sizeof comm_id, "127.0.0.1:%d", opt.port);
-  } else if (env_id && *env_id) {
+  } else if (opt.world != opt.n || opt.first != 0) {
+    if (!env_id || !*env_id)
+      return usage_error("--first-rank/--world-size need NCCL_COMM_ID (or --port) naming rank 0's host");
     snprintf(comm_id, sizeof comm_id, "%s", env_id);
-  } else if (opt.world != opt.n) {
-    return usage_error("--first-rank/--world-size need NCCL_COMM_ID (or --port) naming rank 0's host");
   } else {
     int port = free_port();
     if (port < 0) {
@@ -496,14 +504,21 @@ int main(int argc, char** argv) {
   struct pollfd* pfd = calloc(1 + 2 * (size_t)opt.n, sizeof(*pfd));
   struct linebuf** pl = calloc(1 + 2 * (size_t)opt.n, sizeof(*pl));
   struct rank** pr = calloc(1 + 2 * (size_t)opt.n, sizeof(*pr));
-  if (!pfd || !pl || !pr) return 1;
+  if (!pfd || !pl || !pr) {
+    fprintf(stderr, "chorusrun: out of memory\n");
+    signal_running(ranks, SIGKILL);
+    return 1;
+  }
 
   for (;;) {
     int left = running_count(ranks), np = 0;
     pfd[np++] = (struct pollfd){.fd = sigpipe_fds[0], .events = POLLIN};
     for (int i = 0; i < opt.n; i++)
       for (int k = 0; k < 2; k++)
-        if (ranks[i].lb[k].fd >= 0) pl[np] = &ranks[i].lb[k], pr[np] = &ranks[i], pfd[np++] = (struct pollfd){.fd = ranks[i].lb[k].fd, .events = POLLIN};
+        if (ranks[i].lb[k].fd >= 0) {
+          pl[np] = &ranks[i].lb[k], pr[np] = &ranks[i];
+          pfd[np++] = (struct pollfd){.fd = ranks[i].lb[k].fd, .events = POLLIN};
+        }
     uint64_t now = now_ns();
     if (left == 0) {
       if (np == 1) break;
@@ -584,6 +599,8 @@ int main(int argc, char** argv) {
       kill_at = 0;
     }
   }
+  for (int i = 0; i < opt.n; i++) free(ranks[i].lb[0].buf), free(ranks[i].lb[1].buf);
+  free(ranks), free(pfd), free(pl), free(pr);
   if (failed >= 0) return fail_code;
   if (timed_out) return 124;
   if (interrupted) return 128 + interrupted;

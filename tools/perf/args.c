@@ -191,7 +191,8 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
       if (int_flags[k].c == c) f = &int_flags[k];
     if (f) {
       if (parse_int(optarg, f->lo, f->hi, (int*)((char*)o + f->off)) != 0) {
-        if (c == 'D') return usage_error("-D %s: device implementations need GPU kernels; only -D 0 exists here", optarg);
+        if (c == 'D')
+          return usage_error("-D %s: device implementations need GPU kernels; only -D 0 exists here", optarg);
         return usage_error("invalid value '%s' for --%s: expected an integer in [%ld, %ld]", optarg, long_name(c),
                            f->lo, f->hi);
       }
@@ -200,13 +201,16 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
     }
     switch (c) {
       case 'b':
-        if (parse_size(optarg, &o->min_bytes)) return usage_error("invalid size specified for 'minbytes': '%s'", optarg);
+        if (parse_size(optarg, &o->min_bytes))
+          return usage_error("invalid size specified for 'minbytes': '%s'", optarg);
         break;
       case 'e':
-        if (parse_size(optarg, &o->max_bytes)) return usage_error("invalid size specified for 'maxbytes': '%s'", optarg);
+        if (parse_size(optarg, &o->max_bytes))
+          return usage_error("invalid size specified for 'maxbytes': '%s'", optarg);
         break;
       case 'i':
-        if (parse_size(optarg, &o->step_bytes)) return usage_error("invalid size specified for 'stepBytes': '%s'", optarg);
+        if (parse_size(optarg, &o->step_bytes))
+          return usage_error("invalid size specified for 'stepBytes': '%s'", optarg);
         break;
       case 'f': {
         int v;
@@ -219,7 +223,8 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
         if (strcmp(optarg, "all") == 0) o->op = -1;
         for (int k = 0; k < PERF_NUM_OPS; k++)
           if (strcmp(optarg, perf_op_names[k]) == 0) o->op = k;
-        if (o->op == -2) return usage_error("invalid op '%s': expected sum, prod, max, min, avg, mulsum or all", optarg);
+        if (o->op == -2)
+          return usage_error("invalid op '%s': expected sum, prod, max, min, avg, mulsum or all", optarg);
         break;
       }
       case 'd':
@@ -252,7 +257,8 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
   if (o->step_factor <= 1 && o->step_bytes == 0 && o->min_bytes != o->max_bytes)
     return usage_error("-i 0 with -f %zu would never reach maxbytes", o->step_factor);
   if (o->per_iter_skip && !o->per_iter) return usage_error("-K (per_iter_skip) needs -I 1");
-  if (o->per_iter_skip >= o->iters && o->per_iter) return usage_error("-K %d leaves no iteration of -n %d", o->per_iter_skip, o->iters);
+  if (o->per_iter_skip >= o->iters && o->per_iter)
+    return usage_error("-K %d leaves no iteration of -n %d", o->per_iter_skip, o->iters);
   if (o->blocking == 3 && o->graph) return usage_error("-z 3 cannot be combined with -G");
   if (!cta_given) o->cta_policy = -1;
   const char* c = getenv("CHORUS_PERF_CORRUPT");

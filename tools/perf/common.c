@@ -34,11 +34,10 @@ void perf_fail_msg(perf_ctx* ctx, int code, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  if (ctx->is_main) out_abort(msg); /* ends a half-printed row, closes the JSON file */
   fflush(stdout);
   fprintf(stderr, "%s: %s\n", host, msg);
   fprintf(stderr, " .. %s pid %d: Test failure (exit code %d)\n", host, (int)getpid(), code);
-  if (ctx->is_main) out_abort(msg);
-  fflush(stdout);
   fflush(stderr);
   _exit(code);
 }
@@ -46,7 +45,8 @@ void perf_fail_msg(perf_ctx* ctx, int code, const char* fmt, ...) {
 void perf_fail_nccl(perf_ctx* ctx, ncclResult_t r, const char* what, const char* file, int line) {
   const char* last = ncclGetLastError(NULL);
   const char* base = strrchr(file, '/');
-  perf_fail_msg(ctx, PERF_NCCL, "Test NCCL failure %s:%d '%s' (%s)%s%s", base ? base + 1 : file, line, ncclGetErrorString(r), what,
+  perf_fail_msg(ctx, PERF_NCCL, "Test NCCL failure %s:%d '%s' (%s)%s%s", base ? base + 1 : file, line,
+                ncclGetErrorString(r), what,
                 last && *last ? ": " : "", last && *last ? last : "");
 }
 
@@ -155,6 +155,7 @@ static void start_op(perf_thread* th, const struct step* s, int in_place, int it
     complete(th);
     if (ctx->o.blocking == 1) barrier(th);
   }
+  mark_progress(th); /* -T: a long loop of quick operations is progress */
 }
 
 static void init_data(perf_thread* th, const struct step* s, int in_place, uint64_t seed) {
@@ -245,7 +246,8 @@ static void bench(perf_thread* th, const struct step* s, int in_place) {
   perf_iterstats st, *stp = NULL;
   if (times) {
     /* Slowest rank per iteration, as nccl-tests' i_* columns (max over GPUs and processes). */
-    for (int i = 0; i < th->nlocal; i++) memcpy(th->scratch + (size_t)i * th->scratch_len, times, sizeof(double) * (size_t)o->iters);
+    for (int i = 0; i < th->nlocal; i++)
+      memcpy(th->scratch + (size_t)i * th->scratch_len, times, sizeof(double) * (size_t)o->iters);
     combine(th, o->iters, ncclMax);
     /* An outer iteration holds -m operations; report per operation, like the time column. */
     for (int i = 0; i < o->iters; i++) times[i] = th->scratch[i] / o->agg;
@@ -296,7 +298,8 @@ static void time_test(perf_thread* th, ncclDataType_t type, int op, int root) {
     complete(th);
     if (b > o->max_bytes / 2) break;
   }
-  const char* opname = ctx->coll->flags & PERF_OP_BLANK ? "" : ctx->coll->flags & PERF_USES_OP ? perf_op_names[op] : "none";
+  int flags = ctx->coll->flags;
+  const char* opname = flags & PERF_OP_BLANK ? "" : flags & PERF_USES_OP ? perf_op_names[op] : "none";
   int proot = ctx->coll->flags & PERF_USES_ROOT ? root : -1;
   for (size_t b = o->min_bytes; b <= o->max_bytes; b = next_size(o, b)) {
     set_step(th, &s, b);
@@ -384,5 +387,5 @@ void perf_thread_main(perf_thread* th) {
   } else if (th->thread == 0) {
     ctx->result = errors ? PERF_WRONG : PERF_OK;
   }
-  ctx->busy[th->thread] = 0;
+  __atomic_store_n(&ctx->busy[th->thread], 0, __ATOMIC_RELAXED);
 }

@@ -23,7 +23,7 @@ typedef struct perf_ctx {
   double mem_cap;               /* largest maxBytes this host's memory allows, or -1 */
   pthread_barrier_t threads_met;
   uint64_t* progress_ns;        /* per thread: last time it finished something (-T) */
-  volatile int* busy;           /* per thread: still measuring */
+  int* busy;                    /* per thread: still measuring (atomic) */
   int result;                   /* exit code, set by thread 0 */
 } perf_ctx;
 

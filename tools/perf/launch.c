@@ -156,6 +156,7 @@ static int fork_workers(perf_ctx* ctx) {
     }
     usleep(10000);
   }
+  free(wfd), free(alive);
   return rc;
 }
 
@@ -185,8 +186,10 @@ static void init_from_env(perf_ctx* ctx) {
   }
   ncclComm_t boot;
   PERF_NCCL_CHECK(ctx, chorusInitFromEnv(&boot));
+  /* Spread rank 0's id: a sum where everyone else adds zeros (an allreduce, the most used call). */
+  memset(&ctx->id, 0, sizeof(ctx->id));
   if (ctx->proc == 0) PERF_NCCL_CHECK(ctx, ncclGetUniqueId(&ctx->id));
-  PERF_NCCL_CHECK(ctx, ncclBroadcast(&ctx->id, &ctx->id, sizeof(ctx->id), ncclUint8, 0, boot, NULL));
+  PERF_NCCL_CHECK(ctx, ncclAllReduce(&ctx->id, &ctx->id, sizeof(ctx->id), ncclUint8, ncclSum, boot, NULL));
   PERF_NCCL_CHECK(ctx, ncclCommFinalize(boot));
   PERF_NCCL_CHECK(ctx, ncclCommDestroy(boot));
   if (!ctx->o.parallel_init) init_ranks(ctx, 0, ctx->o.nthreads * ctx->o.ngpus);
@@ -258,8 +261,9 @@ static void* watchdog(void* arg) {
     uint64_t now = perf_now_ns();
     for (int t = 0; t < ctx->o.nthreads; t++) {
       uint64_t p = __atomic_load_n(&ctx->progress_ns[t], __ATOMIC_RELAXED);
-      if (ctx->busy[t] && now > p && now - p > limit)
-        perf_fail_msg(ctx, PERF_TIMEOUT, "Test timeout (%ds): thread %d (ranks %d-%d) made no progress", ctx->o.timeout_s,
+      if (__atomic_load_n(&ctx->busy[t], __ATOMIC_RELAXED) && now > p && now - p > limit)
+        perf_fail_msg(ctx, PERF_TIMEOUT, "Test timeout (%ds): thread %d (ranks %d-%d) made no progress",
+                      ctx->o.timeout_s,
                       t, (ctx->proc * ctx->o.nthreads + t) * ctx->o.ngpus,
                       (ctx->proc * ctx->o.nthreads + t + 1) * ctx->o.ngpus - 1);
     }
@@ -327,7 +331,7 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
       int64_t peak = rss_bytes("VmHWM:") - ctx->mem_base - ctx->mem_init - ctx->mem_user;
       out_mem_report(ctx->mem_init, ctx->mem_user, peak > 0 ? peak : 0);
     }
-    out_finish(NULL);
+    out_finish(NULL); /* errors end the run earlier, with their own message */
     if (o->plot_path && out_plot(o->plot_path) == 0) fprintf(stderr, "# Plot written to %s\n", o->plot_path);
   }
   for (int t = 0; t < nt; t++) {

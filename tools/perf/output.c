@@ -102,7 +102,7 @@ struct row {
   double time[2], busbw[2];
 };
 static struct row* rows;
-static int nrows, cap_rows, place_idx;
+static int nrows, cap_rows, place_idx, row_open;
 
 void out_init(const perf_opts* o, const char* prog) {
   opts = o;
@@ -163,7 +163,8 @@ void out_device_report(const perf_devrec* recs, int nranks) {
          o->step_factor > 1 ? "factor" : "bytes", o->warmup, o->iters, o->agg, o->check, o->graph, o->unalign);
   if (o->blocking == 1) printf("# Blocking Enabled: wait and barrier after each inner iteration (-m) \n");
   if (o->blocking == 2) printf("# Blocking Enabled: wait after each inner iteration (-m), no barrier \n");
-  if (o->blocking == 3) printf("# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier \n");
+  if (o->blocking == 3)
+    printf("# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier \n");
   if (o->per_iter) {
     printf("# Per-Iteration Report: host clock timing; i_* uses max over ranks");
     if (o->per_iter_skip) printf("; summary skips first %d iterations", o->per_iter_skip);
@@ -256,6 +257,7 @@ void out_row_start(size_t bytes, size_t count, const char* type, const char* op,
   char rs[16];
   snprintf(rs, sizeof rs, "%6i", root);
   printf("%12zu  %12zu  %8s  %6s  %6s", bytes, count, type, op, rs);
+  row_open = 1;
   if (jf) {
     jopen('{');
     jkey("size"), jint((long long)bytes);
@@ -338,6 +340,7 @@ void out_row_place(double time_us, double algbw, double busbw, int64_t wrong, in
 
 void out_row_end(int actual_iters, const char* name) {
   printf("\n");
+  row_open = 0;
   fflush(stdout);
   if (jf) {
     jkey("actual_iterations"), jint(actual_iters);
@@ -415,6 +418,8 @@ void out_finish(const char* error) {
 }
 
 void out_abort(const char* why) {
+  if (row_open) printf("\n"); /* end the half-printed row before the error lines */
+  row_open = 0;
   json_close_all(why);
 }
 
