@@ -29,6 +29,7 @@ struct ch_channel {
 struct ch_p2p {
   struct conn send;
   struct conn recv;
+  int recv_acked; /* the sender has mapped our FIFO */
 };
 
 struct ch_redop_slot {

@@ -8,6 +8,7 @@
 
 #define TAG_RING (BOOT_TAG_CONNECT)
 #define TAG_P2P (BOOT_TAG_CONNECT + CH_MAX_CHANNELS)
+#define TAG_ACK (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 1)
 
 static ch_status recv_setup(struct ncclComm* comm, struct conn* c, int peer, struct tp_handle* h) {
   c->peer = peer;
@@ -50,6 +51,7 @@ static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const 
   if (need_send[n] && !comm->rings_connected) {
     for (int c = 0; c < comm->nchannels; c++) {
       struct ch_channel* ch = &comm->channels[c];
+      if (ch->recv.connected) continue; /* an earlier attempt got this far */
       CHECK(recv_setup(comm, &ch->recv, ch->prev, &h));
       CHECK(boot_send(comm->boot, ch->prev, TAG_RING + c, &h, sizeof(h)));
     }
@@ -66,16 +68,16 @@ static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const 
   return CH_OK;
 }
 
-static ch_status phase_send(struct ncclComm* comm, const char* need_send) {
+static ch_status phase_send(struct ncclComm* comm, const char* need_send, int rings) {
   int n = comm->nranks;
   struct tp_handle h;
-  if (need_send[n] && !comm->rings_connected) {
+  if (rings) {
     for (int c = 0; c < comm->nchannels; c++) {
       struct ch_channel* ch = &comm->channels[c];
       CHECK(boot_recv(comm->boot, ch->next, TAG_RING + c, &h, sizeof(h)));
       CHECK(send_connect(comm, &ch->send, ch->next, &h));
+      CHECK(boot_send(comm->boot, ch->next, TAG_ACK, NULL, 0));
     }
-    comm->rings_connected = 1;
     INFO(LOG_INIT, "rank %d: %d ring channel(s) connected, prev %d via %s, next %d via %s", comm->rank,
          comm->nchannels, comm->channels[0].prev, tp_name(comm->peer_tp[comm->channels[0].prev]),
          comm->channels[0].next, tp_name(comm->peer_tp[comm->channels[0].next]));
@@ -84,15 +86,43 @@ static ch_status phase_send(struct ncclComm* comm, const char* need_send) {
     if (p == comm->rank || !need_send[p] || comm->p2p[p].send.connected) continue;
     CHECK(boot_recv(comm->boot, p, TAG_P2P, &h, sizeof(h)));
     CHECK(send_connect(comm, &comm->p2p[p].send, p, &h));
+    CHECK(boot_send(comm->boot, p, TAG_ACK, NULL, 0));
     INFO(LOG_P2P, "rank %d -> rank %d connected via %s", comm->rank, p, tp_name(h.kind));
   }
   return CH_OK;
 }
 
-ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, char** need_recv) {
-  for (int i = 0; i < ncomms; i++) CHECK(phase_recv(comms[i], need_send[i], need_recv[i]));
-  for (int i = 0; i < ncomms; i++) CHECK(phase_send(comms[i], need_send[i]));
+/* Receivers wait until their senders have mapped the FIFO: a rank that finishes its part early (a
+ * broadcast root only sends) must not close the segment before its peer has opened it. Once mapped,
+ * the receiver drops its descriptor: the memory lives as long as the mappings. */
+static ch_status phase_ack(struct ncclComm* comm, const char* need_send, const char* need_recv, int rings) {
+  if (rings) {
+    for (int c = 0; c < comm->nchannels; c++) {
+      struct ch_channel* ch = &comm->channels[c];
+      CHECK(boot_recv(comm->boot, ch->prev, TAG_ACK, NULL, 0));
+      tp_conn_release_fd(&ch->recv);
+    }
+    comm->rings_connected = 1;
+  }
+  for (int p = 0; p < comm->nranks; p++) {
+    if (p == comm->rank || !need_recv[p] || comm->p2p[p].recv_acked) continue;
+    CHECK(boot_recv(comm->boot, p, TAG_ACK, NULL, 0));
+    tp_conn_release_fd(&comm->p2p[p].recv);
+    comm->p2p[p].recv_acked = 1;
+  }
   return CH_OK;
+}
+
+ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, char** need_recv) {
+  int* rings = calloc((size_t)ncomms + 1, sizeof(int));
+  if (!rings) return CH_SYSTEM;
+  ch_status res = CH_OK;
+  for (int i = 0; i < ncomms; i++) rings[i] = need_send[i][comms[i]->nranks] && !comms[i]->rings_connected;
+  for (int i = 0; i < ncomms && res == CH_OK; i++) res = phase_recv(comms[i], need_send[i], need_recv[i]);
+  for (int i = 0; i < ncomms && res == CH_OK; i++) res = phase_send(comms[i], need_send[i], rings[i]);
+  for (int i = 0; i < ncomms && res == CH_OK; i++) res = phase_ack(comms[i], need_send[i], need_recv[i], rings[i]);
+  free(rings);
+  return res;
 }
 
 void comm_free_connections(struct ncclComm* comm) {

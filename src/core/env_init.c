@@ -36,8 +36,8 @@ static const char* const LSIZE_VARS[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LO
 CH_API(ncclResult_t, chorusEnvRankInfo, int* rank, int* nranks, int* localRank, int* localNranks) {
   int r, n, lr, ln;
   if (!env_int(RANK_VARS, &r) || !env_int(SIZE_VARS, &n)) {
-    WARN("chorusEnvRankInfo: no launcher rank/size found: set RANK and WORLD_SIZE, or launch with chorusrun, "
-         "torchrun, mpirun or srun");
+    /* Not an error by itself: tools ask this to learn whether a launcher started them. */
+    INFO(LOG_INIT, "chorusEnvRankInfo: no launcher rank/size in the environment");
     return ncclInvalidUsage;
   }
   if (n < 1 || r < 0 || r >= n) {
@@ -89,7 +89,11 @@ CH_API(ncclResult_t, chorusInitFromEnv, ncclComm_t* comm) {
   }
   int rank, nranks, lr, ln;
   ncclResult_t r = chorusEnvRankInfo(&rank, &nranks, &lr, &ln);
-  if (r != ncclSuccess) return r;
+  if (r != ncclSuccess) {
+    WARN("chorusInitFromEnv: no launcher rank/size found: set RANK and WORLD_SIZE, or launch with chorusrun, "
+         "torchrun, mpirun or srun");
+    return r;
+  }
   char addr[256];
   if (!root_address(nranks, ln, addr, sizeof(addr))) {
     WARN("chorusInitFromEnv: rank %d of %d cannot tell where the bootstrap root is: set NCCL_COMM_ID=host:port "

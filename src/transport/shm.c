@@ -96,3 +96,8 @@ void tp_conn_free(struct conn* c) {
   memset(c, 0, sizeof(*c));
   c->fd = -1;
 }
+
+void tp_conn_release_fd(struct conn* c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+}

@@ -80,6 +80,8 @@ ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const
 ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h);
 ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h);
 void tp_conn_free(struct conn* c);
+/* The peer has mapped the FIFO: the receiver no longer needs its descriptor. */
+void tp_conn_release_fd(struct conn* c);
 const char* tp_name(int kind);
 
 #endif
