@@ -191,7 +191,7 @@ void plan_free(struct ch_plan* plan) {
 }
 
 /* Steps are computed lazily (nidx) when an op first runs: connections exist by then. */
-static int lane_progress(struct ch_lane* ln) {
+static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked) {
   int progressed = 0;
   while (ln->cur < ln->nops) {
     struct ch_op* op = ln->ops[ln->cur];
@@ -199,7 +199,10 @@ static int lane_progress(struct ch_lane* ln) {
     if (op->idx + 1 >= op->nidx) { ln->cur++; progressed = 1; continue; }
     struct prim p;
     algo_step(op, op->idx, &p);
-    if (!prim_try(&op->ctx, &p)) break;
+    if (!prim_try(&op->ctx, &p)) {
+      if (!*blocked) *blocked = &op->ctx;
+      break;
+    }
     op->idx++;
     progressed = 1;
   }
@@ -222,7 +225,7 @@ static ch_status check_peers_alive(struct ncclComm* comm) {
 /* Waiting policy of the engine: spin while the peer is likely mid-step (cheap, lowest latency), then
  * yield, then sleep so idle ranks stop eating CPU. Oversubscribed hosts skip spinning: the peer we wait
  * for may need our core. */
-static void engine_wait(uint64_t idle_ns, int oversubscribed) {
+static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* blocked) {
   static _Thread_local int64_t spin_ns = -1, yield_ns;
   if (spin_ns < 0) {
     spin_ns = param_int(PARAM_SPIN_US) * 1000;
@@ -230,6 +233,9 @@ static void engine_wait(uint64_t idle_ns, int oversubscribed) {
   }
   if (!oversubscribed && (int64_t)idle_ns < spin_ns) {
     for (int i = 0; i < 8; i++) CH_CPU_RELAX();
+  } else if (blocked) {
+    /* Sleep in the kernel until the peer posts (it wakes us), re-polling everything each ms. */
+    prim_wait(blocked, 1000);
   } else if ((int64_t)idle_ns < yield_ns) {
     sched_yield();
   } else {
@@ -257,6 +263,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
   uint64_t idle = 0, idle_since = 0, check_since = 0;
   while (remaining > 0) {
     int progressed = 0;
+    struct prim_ctx* blocked = NULL;
     for (int i = 0; i < n; i++) {
       struct ch_plan* pl = plans[i];
       if (pl->done) continue;
@@ -272,7 +279,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         for (int l = 0; l < pl->nlanes; l++) {
           struct ch_lane* ln = &pl->lanes[l];
           if (ln->cur >= ln->nops) continue;
-          progressed |= lane_progress(ln);
+          progressed |= lane_progress(ln, &blocked);
           busy |= ln->cur < ln->nops;
         }
       }
@@ -288,7 +295,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     }
     uint64_t t = ut_now_ns();
     if (idle++ == 0) idle_since = check_since = t;
-    engine_wait(t - idle_since, oversubscribed);
+    engine_wait(t - idle_since, oversubscribed, blocked);
     if (t - check_since > 1000000000ull) {
       for (int i = 0; i < n; i++) {
         if (plans[i]->done || !plans[i]->started) continue;

@@ -53,8 +53,19 @@ static void compute(const struct prim_ctx* ctx, const struct prim* p, const char
 int prim_try(struct prim_ctx* ctx, const struct prim* p) {
   int proto = ctx->proto;
   size_t bytes = p->nelem * ctx->esize;
-  if (p->recv && !in_ready(ctx->in, proto, bytes)) return 0;
-  if (p->send && !out_ready(ctx->out)) return 0;
+  if (p->recv && !in_ready(ctx->in, proto, bytes)) {
+    /* tail is posted after the data (and flags), for every protocol: sleep on it */
+    ctx->wait_word = &ctx->in->ctrl->tail;
+    ctx->wait_sleeping = &ctx->in->ctrl->recv_sleeping;
+    ctx->wait_seen = ctx->in->step;
+    return 0;
+  }
+  if (p->send && !out_ready(ctx->out)) {
+    ctx->wait_word = &ctx->out->ctrl->head;
+    ctx->wait_sleeping = &ctx->out->ctrl->send_sleeping;
+    ctx->wait_seen = ctx->out->step - CH_STEPS;
+    return 0;
+  }
 
   const char* in = NULL;
   if (p->recv) {
@@ -88,6 +99,7 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
     struct conn* c = ctx->in;
     c->step++;
     atomic_store_explicit(&c->ctrl->head, c->step, memory_order_release);
+    tp_wake(&c->ctrl->head, &c->ctrl->send_sleeping);
   }
   if (p->send) {
     struct conn* c = ctx->out;
@@ -98,6 +110,11 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
     }
     c->step++;
     atomic_store_explicit(&c->ctrl->tail, c->step, memory_order_release);
+    tp_wake(&c->ctrl->tail, &c->ctrl->recv_sleeping);
   }
   return 1;
+}
+
+void prim_wait(struct prim_ctx* ctx, int timeout_us) {
+  if (ctx->wait_word) tp_wait(ctx->wait_word, ctx->wait_sleeping, ctx->wait_seen, timeout_us);
 }

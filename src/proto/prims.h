@@ -39,6 +39,10 @@ struct prim_ctx {
   size_t esize;
   const struct red_op* red;
   char* scratch; /* >= largest LL/LL128 slot payload */
+  /* Set when prim_try returns 0: what to sleep on (see prim_wait). */
+  _Atomic uint64_t* wait_word;
+  _Atomic uint32_t* wait_sleeping;
+  uint64_t wait_seen;
   struct xfer_hdr hdr;
 };
 
@@ -47,5 +51,7 @@ size_t prim_step_elems(int proto, size_t slot_bytes, size_t esize);
 /* Payload bytes that fit in one slot of `proto` (scratch sizing). */
 size_t prim_slot_payload(int proto, size_t slot_bytes);
 int prim_try(struct prim_ctx* ctx, const struct prim* p);
+/* Sleep until what blocked the last prim_try may have changed, or timeout_us passed. */
+void prim_wait(struct prim_ctx* ctx, int timeout_us);
 
 #endif

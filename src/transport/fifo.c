@@ -1,5 +1,9 @@
 /* FIFO layout shared by every transport, and the local (same-process) transport. */
+#include <linux/futex.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "../misc/log.h"
@@ -66,3 +70,24 @@ ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const
   c->connected = 1;
   return CH_OK;
 }
+
+/* The futex is the counter's low half: it changes whenever the counter does (steps are small). */
+static uint32_t* futex_word(_Atomic uint64_t* word) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  return (uint32_t*)word;
+#else
+  return (uint32_t*)word + 1;
+#endif
+}
+
+void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, int timeout_us) {
+  atomic_store_explicit(sleeping, 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(word, memory_order_relaxed) == seen) {
+    struct timespec ts = {timeout_us / 1000000, (long)(timeout_us % 1000000) * 1000};
+    syscall(SYS_futex, futex_word(word), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+  }
+  atomic_store_explicit(sleeping, 0, memory_order_relaxed);
+}
+
+void tp_wake_slow(_Atomic uint64_t* word) { syscall(SYS_futex, futex_word(word), FUTEX_WAKE, 1 << 30, NULL, NULL, 0); }

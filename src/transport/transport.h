@@ -31,10 +31,12 @@ struct xfer_hdr {
 };
 
 struct fifo_ctrl {
-  _Alignas(64) _Atomic uint64_t tail; /* sender: steps posted (Simple) */
-  char pad0[56];
+  _Alignas(64) _Atomic uint64_t tail; /* sender: steps posted (every protocol) */
+  _Atomic uint32_t recv_sleeping;     /* receiver is (about to be) asleep on tail: wake it */
+  char pad0[52];
   _Alignas(64) _Atomic uint64_t head; /* receiver: steps consumed (credits back to the sender) */
-  char pad1[56];
+  _Atomic uint32_t send_sleeping;     /* sender is (about to be) asleep on head */
+  char pad1[52];
   _Alignas(64) uint64_t size[CH_STEPS];
   struct xfer_hdr hdr[CH_STEPS];
 };
@@ -70,6 +72,15 @@ struct tp_handle {
   uint64_t bytes;
   uint64_t ptr; /* local transport: address in the shared address space */
 };
+
+/* Sleeping on a counter (futex on its low 32 bits, valid between processes) and waking sleepers.
+ * Wakers pay one fence and one load per post; a syscall only when someone sleeps. */
+void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, int timeout_us);
+static inline void tp_wake(_Atomic uint64_t* word, _Atomic uint32_t* sleeping) {
+  void tp_wake_slow(_Atomic uint64_t * word);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(sleeping, memory_order_relaxed)) tp_wake_slow(word);
+}
 
 size_t tp_fifo_bytes(const struct tp_sizes* sz);
 /* Lay out ctrl + buffers in `mem` (receiver side) or over a mapping (sender side). */
