@@ -350,3 +350,57 @@ TEST_T(coll_p2p, stream_batch, 60) {
   rt_run_both(2, stream_batch_body, NULL);
   rt_run_both(4, stream_batch_body, NULL);
 }
+
+/* ---- one thread driving every rank (ncclCommInitAll + a group), several communicators ---- */
+
+TEST_T(coll_p2p, one_thread_all_ranks, 60) {
+  enum { N = 4 };
+  ncclComm_t comms[N];
+  NCCL_OK(ncclCommInitAll(comms, N, NULL));
+  for (int coll = 0; coll < CU_NCOLLS; coll++) {
+    struct cu_run runs[N];
+    struct cu_case c = {coll, coll % 2 ? ncclFloat16 : ncclInt32, CU_PREMUL_DEV, 4099, coll % 3 == 0, coll % N, (uint32_t)(60 + coll)};
+    if (!cu_coll_has_inplace(coll)) c.inplace = 0;
+    for (int r = 0; r < N; r++) cu_prepare(&runs[r], comms[r], &c);
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < N; r++) {
+      ncclResult_t res = cu_issue(&runs[r], NULL);
+      if (res != ncclSuccess) rt_fail_fatal(__FILE__, __LINE__, "%s for rank %d: %s", runs[r].cs, r, ncclGetErrorString(res));
+    }
+    NCCL_OK(ncclGroupEnd());
+    for (int r = 0; r < N; r++) cu_check(&runs[r]);
+  }
+  for (int r = 0; r < N; r++) NCCL_OK(ncclCommDestroy(comms[r]));
+  cu_finish();
+}
+
+/* Two communicators over the same ranks, used alternately and in one group: sequence numbers and
+ * connections of one must not leak into the other. */
+static void two_comms_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t a = cu_comm_init(rank, nranks, id), b = NULL;
+  NCCL_OK(ncclCommSplit(a, 0, nranks - 1 - rank, &b, NULL)); /* same ranks, reversed order */
+  ASSERT(b != NULL);
+  for (int it = 0; it < 6; it++) {
+    struct cu_case c = {it % 2 ? CU_ALLGATHER : CU_REDUCESCATTER, ncclFloat32, CU_SUM, 5000, 0, 0, (uint32_t)(70 + it)};
+    cu_run_case(it % 3 ? a : b, &c, NULL);
+  }
+  struct cu_case ca = {CU_ALLREDUCE, ncclInt64, CU_PROD, 4099, 0, 0, 80}, cb = {CU_SENDRECV, ncclInt8, 0, BIG, 0, 1, 81};
+  struct cu_run ra, rb;
+  cu_prepare(&ra, a, &ca);
+  cu_prepare(&rb, b, &cb);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(cu_issue(&rb, NULL));
+  NCCL_OK(cu_issue(&ra, NULL));
+  NCCL_OK(ncclGroupEnd());
+  cu_check(&ra);
+  cu_check(&rb);
+  NCCL_OK(ncclCommDestroy(b));
+  NCCL_OK(ncclCommDestroy(a));
+  cu_finish();
+}
+
+TEST_T(coll_p2p, two_comms, 60) {
+  rt_run_both(2, two_comms_body, NULL);
+  rt_run_both(3, two_comms_body, NULL);
+}

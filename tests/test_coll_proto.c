@@ -13,11 +13,12 @@ static const int few_ops[] = {CU_SUM, CU_PROD, CU_AVG, CU_PREMUL_DEV};
 static const int float_t1[] = {ncclFloat32};
 static const int sum1[] = {CU_SUM};
 
-/* Small and medium counts, several types and ops (70001 elements only on few ranks: the checks of
- * eight ranks sharing two cores would dominate the suite's time). */
+/* Small and medium counts: every type and op on few ranks, fewer on eight (the checks of eight ranks
+ * sharing two cores would dominate the suite's time). */
 static void proto_small(const char* proto, int nranks, int procs) {
   cu_force_proto(proto);
-  struct cu_sweep sw = {.types = few_types, .ntypes = 6, .ops = few_ops, .nops = 4, .big = {nranks <= 3 ? 70001 : 0}};
+  struct cu_sweep sw = {.types = few_types, .ntypes = 6, .ops = few_ops, .nops = 4};
+  if (nranks <= 3) sw = (struct cu_sweep){.big = {70001}};
   if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
   else rt_run_threads(nranks, cu_sweep_body, &sw);
 }
@@ -61,3 +62,44 @@ TEST_T(coll_proto, forced_is_chosen, 30) {
     rt_run_threads(2, chosen_body, (void*)&ids[i]);
   }
 }
+
+/* ---- several channels, small FIFOs ---- */
+
+static void set_env(const char* name, const char* value) {
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+}
+
+/* Four rings: each collective is split four ways, so counts 0, 1 and nranks-1 leave channels empty. */
+static void channels(int nranks, int procs, const char* proto) {
+  set_env("NCCL_MIN_NCHANNELS", "4");
+  set_env("NCCL_MAX_NCHANNELS", "4");
+  cu_force_proto(proto); /* also re-reads the two above */
+  static const int types[] = {ncclFloat32, ncclInt8, ncclFloat16};
+  static const int ops[] = {CU_SUM, CU_MAX, CU_AVG};
+  /* 1M+7 elements only with the default protocols (LL at that size is covered above, one channel). */
+  struct cu_sweep sw = {.types = types, .ntypes = 3, .ops = ops, .nops = 3, .big = {proto ? 0 : (1u << 20) + 7}};
+  if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
+  else rt_run_threads(nranks, cu_sweep_body, &sw);
+}
+
+TEST_T(coll_proto, channels4_threads_3, 120) { channels(3, 0, NULL); }
+TEST_T(coll_proto, channels4_threads_4_LL, 120) { channels(4, 0, "LL"); }
+TEST_T(coll_proto, channels4_procs_2, 120) { channels(2, 1, NULL); }
+
+/* FIFOs of a few KiB: every collective takes many steps around an 8-slot ring. */
+static void small_fifos(int nranks, int procs, const char* proto) {
+  set_env("NCCL_BUFFSIZE", "16384");
+  set_env("NCCL_LL_BUFFSIZE", "4096");
+  set_env("NCCL_LL128_BUFFSIZE", "16384");
+  cu_force_proto(proto);
+  static const int types[] = {ncclFloat64, ncclUint8, ncclBfloat16};
+  static const int ops[] = {CU_SUM, CU_PREMUL_HOST};
+  struct cu_sweep sw = {.types = types, .ntypes = 3, .ops = ops, .nops = 2, .big = {100003}};
+  if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
+  else rt_run_threads(nranks, cu_sweep_body, &sw);
+}
+
+TEST_T(coll_proto, small_fifos_LL_threads_3, 120) { small_fifos(3, 0, "LL"); }
+TEST_T(coll_proto, small_fifos_LL128_threads_3, 120) { small_fifos(3, 0, "LL128"); }
+TEST_T(coll_proto, small_fifos_Simple_procs_3, 120) { small_fifos(3, 1, "Simple"); }
