@@ -45,6 +45,7 @@ struct ncclComm {
   int rank, nranks;
   int local_rank, local_nranks; /* among ranks on this host */
   int nnodes;
+  int oversubscribed; /* more local ranks than CPUs: waiting ranks must not spin */
   uint64_t comm_hash;
   ncclConfig_t config;
   int blocking;

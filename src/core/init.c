@@ -91,6 +91,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
   }
   free(hosts);
   comm->nnodes = nhosts;
+  comm->oversubscribed = comm->local_nranks > ut_ncpus();
 
   comm->sizes.buff[PROTO_SIMPLE] = (size_t)param_int(PARAM_BUFFSIZE);
   comm->sizes.buff[PROTO_LL] = (size_t)param_int(PARAM_LL_BUFFSIZE);

@@ -213,7 +213,7 @@ static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked) {
 static ch_status check_peers_alive(struct ncclComm* comm) {
   for (int r = 0; r < comm->nranks; r++) {
     if (comm->peer_tp[r] != TP_SHM) continue;
-    if (kill(comm->peers[r].pid, 0) == -1 && errno == ESRCH) {
+    if (!ut_pid_alive(comm->peers[r].pid)) {
       WARN("rank %d (pid %d on %s) has exited while rank %d was waiting for it in a collective", r,
            comm->peers[r].pid, comm->peers[r].hostname, comm->rank);
       return CH_REMOTE;
@@ -257,9 +257,7 @@ static void finish_plan(struct ch_plan* pl) {
 
 ch_status plan_exec(struct ch_plan** plans, int n) {
   int remaining = n;
-  static int ncpus;
-  if (!ncpus) ncpus = ut_ncpus();
-  int oversubscribed = plans[0]->comm->local_nranks > ncpus;
+  int oversubscribed = plans[0]->comm->oversubscribed;
   uint64_t idle = 0, idle_since = 0, check_since = 0;
   while (remaining > 0) {
     int progressed = 0;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -149,4 +150,17 @@ void ut_backoff(uint64_t iter) {
   if (ns > UT_MAX_SLEEP_NS) ns = UT_MAX_SLEEP_NS;
   struct timespec ts = {0, (long)ns};
   nanosleep(&ts, NULL);
+}
+
+int ut_pid_alive(int pid) {
+  if (kill(pid, 0) == -1 && errno == ESRCH) return 0;
+  char path[64], buf[256];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (!f) return 1; /* no /proc: trust kill() */
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char* close_paren = strrchr(buf, ')'); /* state follows "(comm) " */
+  return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
 }

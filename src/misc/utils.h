@@ -15,6 +15,8 @@ const char* ut_host_id(void);
 uint64_t ut_host_hash(void);
 const char* ut_hostname(void);
 int ut_ncpus(void);
+/* False once the process has exited, including a zombie not yet reaped by its parent. */
+int ut_pid_alive(int pid);
 /* Wait politely: spin for a while, then yield, then sleep. `iter` counts calls in this wait. */
 void ut_backoff(uint64_t iter);
 

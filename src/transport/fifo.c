@@ -43,6 +43,7 @@ ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct 
   }
   memset(mem, 0, bytes);
   tp_fifo_layout(c, mem, sz);
+  atomic_store(&c->ctrl->refs, 1);
   c->map_base = mem;
   c->map_bytes = bytes;
   c->owner = 1;
@@ -63,7 +64,8 @@ ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const
     return CH_INVALID_USAGE;
   }
   tp_fifo_layout(c, (void*)(uintptr_t)h->ptr, sz);
-  c->map_base = NULL;
+  atomic_fetch_add(&c->ctrl->refs, 1); /* before our ack lets the receiver go on */
+  c->map_base = (void*)(uintptr_t)h->ptr;
   c->owner = 0;
   c->fd = -1;
   c->transport = TP_LOCAL;

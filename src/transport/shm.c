@@ -88,7 +88,8 @@ ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const s
 void tp_conn_free(struct conn* c) {
   if (!c->connected) return;
   if (c->transport == TP_LOCAL) {
-    if (c->owner) free(c->map_base);
+    /* A peer thread may still be posting its last step into this block: free it when both are done. */
+    if (atomic_fetch_sub(&c->ctrl->refs, 1) == 1) free(c->map_base);
   } else if (c->map_base) {
     munmap(c->map_base, c->map_bytes);
   }

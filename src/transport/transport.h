@@ -37,6 +37,7 @@ struct fifo_ctrl {
   _Alignas(64) _Atomic uint64_t head; /* receiver: steps consumed (credits back to the sender) */
   _Atomic uint32_t send_sleeping;     /* sender is (about to be) asleep on head */
   char pad1[52];
+  _Atomic int refs; /* local transport: both ends share the heap block; the last to leave frees it */
   _Alignas(64) uint64_t size[CH_STEPS];
   struct xfer_hdr hdr[CH_STEPS];
 };
