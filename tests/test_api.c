@@ -180,6 +180,7 @@ TEST_T(api, last_error, 20) {
   ASSERT(e != NULL);
   EXPECT(strlen(e) > 0);
   if (!strcmp(first, e)) rt_fail(__FILE__, __LINE__, "last error did not change: \"%s\"", e);
+  if (!strstr(e, "7")) rt_fail(__FILE__, __LINE__, "last error does not name the bad rank 7: \"%s\"", e);
   /* The comm argument is ignored, as in NCCL. */
   comm = one_rank_comm();
   EXPECT(ncclGetLastError(comm) != NULL);
