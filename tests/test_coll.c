@@ -10,8 +10,6 @@
 #include "misc/param.h"
 #include "runner.h"
 
-/* coll_util.c is not one of the test_*.c files CMake collects; it is compiled as part of this one. */
-#include "coll_util.c"
 
 static const int float_t1[] = {ncclFloat32};
 static const int sum_avg[] = {CU_SUM, CU_AVG};

@@ -1,7 +1,9 @@
 /* The one place that chooses algorithm, protocol and channel count, and says why (NCCL_DEBUG=INFO,
- * NCCL_DEBUG_SUBSYS=TUNING). On host memory the cost of a step is dominated by cache-line transfers
- * for small messages and by memory bandwidth for large ones, so: LL for latency-bound sizes, LL128 in
- * between, Simple for bandwidth. Thresholds were measured with all_reduce_perf (docs/PERFORMANCE.md). */
+ * NCCL_DEBUG_SUBSYS=TUNING). On a GPU, LL/LL128 save a fence and a flag round trip; on a CPU the
+ * Simple tail counter costs one cache line and the per-line flags cost more than they save.
+ * Measured with all_reduce_perf -np 2 (docs/PERFORMANCE.md): all three tie up to ~128 B (0.95 us),
+ * and Simple wins from 512 B up (at 32 KiB: Simple 5.8 us, LL128 10.4 us, LL 13.7 us). So LL is used
+ * only for tiny messages, and LL128 only when NCCL_PROTO excludes Simple. */
 #include <string.h>
 #include <strings.h>
 
@@ -15,8 +17,7 @@ static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring"};
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
 
-#define LL_MAX_BYTES (16u << 10)
-#define LL128_MAX_BYTES (256u << 10)
+#define LL_MAX_BYTES 64u
 
 /* NCCL syntax: comma list of names, a leading ^ excludes them. Unknown names are reported. */
 static unsigned parse_mask(const char* env, const char* value, const char** names, int n) {
@@ -55,8 +56,6 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* 
   int p;
   if (bytes <= LL_MAX_BYTES && (m & (1u << PROTO_LL))) {
     p = PROTO_LL, why = "latency-bound size";
-  } else if (bytes <= LL128_MAX_BYTES && (m & (1u << PROTO_LL128))) {
-    p = PROTO_LL128, why = "medium size";
   } else if (m & (1u << PROTO_SIMPLE)) {
     p = PROTO_SIMPLE, why = "bandwidth-bound size";
   } else {
