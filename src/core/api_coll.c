@@ -60,7 +60,8 @@ static ch_status check_task(struct ch_task* t) {
 
 static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  struct ch_task t = {func, sendbuff, recvbuff, count, (int)type, (int)op, root, comm, stream, NULL};
+  struct ch_task t = {.func = func, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .type = (int)type,
+                      .op = (int)op, .root = root, .comm = comm, .stream = stream};
   ch_status s = check_task(&t);
   if (s != CH_OK) {
     group_set_error(s);

@@ -13,6 +13,7 @@ struct ch_task {
   int type;
   int op; /* ncclRedOp_t */
   int root; /* root, or peer for send/recv */
+  int algo, proto, nch; /* chosen by plan_build */
   struct ncclComm* comm;
   cudaStream_t stream;
   struct ch_task* next;

@@ -10,7 +10,6 @@
 #define MAX_GROUP_INITS 1024
 
 static _Thread_local int depth;
-static _Thread_local struct ch_task *task_head, *task_tail;
 static _Thread_local ch_status group_error;
 static _Thread_local struct ncclComm* inits[MAX_GROUP_INITS];
 static _Thread_local int ninits;
@@ -65,16 +64,26 @@ static ch_status run_inits(void) {
   return res;
 }
 
+/* The calls of the current group, in call order. A thread-local array: no allocation per call. */
+static _Thread_local struct ch_task* tasks;
+static _Thread_local int ntasks_, tasks_cap;
+static _Thread_local char* need_buf;
+static _Thread_local size_t need_cap;
+
 ch_status enq_task(const struct ch_task* t) {
-  struct ch_task* c = malloc(sizeof(*c));
-  if (!c) {
-    WARN("out of memory queueing a call");
-    return CH_SYSTEM;
+  if (ntasks_ == tasks_cap) {
+    int cap = tasks_cap ? 2 * tasks_cap : 16;
+    struct ch_task* p = realloc(tasks, sizeof(*p) * (size_t)cap);
+    if (!p) {
+      WARN("out of memory queueing a call");
+      return CH_SYSTEM;
+    }
+    tasks = p;
+    tasks_cap = cap;
   }
-  *c = *t;
-  c->next = NULL;
-  if (task_tail) task_tail->next = c; else task_head = c;
-  task_tail = c;
+  tasks[ntasks_] = *t;
+  tasks[ntasks_].next = NULL;
+  ntasks_++;
   if (depth == 0) {
     depth = 1;
     return group_end();
@@ -82,61 +91,69 @@ ch_status enq_task(const struct ch_task* t) {
   return CH_OK;
 }
 
-static void free_tasks(struct ch_task* t) {
-  while (t) {
-    struct ch_task* n = t->next;
-    free(t);
-    t = n;
-  }
-}
+static void drop_tasks(void) { ntasks_ = 0; }
 
-/* Split the thread's task list by communicator (keeping call order) and launch each. */
+#define SMALL 8
+/* Split the group's calls by communicator (keeping call order), plan, connect and run or queue them. */
 static ch_status launch_tasks(void) {
+  int ntasks = ntasks_;
+  ntasks_ = 0;
+  if (!ntasks) return CH_OK;
   ch_status res = CH_OK;
-  struct ch_task* all = task_head;
-  task_head = task_tail = NULL;
-  if (!all) return CH_OK;
-
+  struct ncclComm* comms_s[SMALL];
+  struct ch_task *lists_s[SMALL], *tails_s[SMALL];
+  struct ch_plan* plans_s[SMALL];
+  char *send_s[SMALL], *recv_s[SMALL];
+  int big = ntasks > SMALL;
+  struct ncclComm** comms = big ? calloc((size_t)ntasks, sizeof(*comms)) : comms_s;
+  struct ch_task** lists = big ? calloc((size_t)ntasks, sizeof(*lists)) : lists_s;
+  struct ch_task** tails = big ? calloc((size_t)ntasks, sizeof(*tails)) : tails_s;
+  struct ch_plan** plans = big ? calloc((size_t)ntasks, sizeof(*plans)) : plans_s;
+  char** need_send = big ? calloc((size_t)ntasks, sizeof(char*)) : send_s;
+  char** need_recv = big ? calloc((size_t)ntasks, sizeof(char*)) : recv_s;
   int ncomms = 0;
-  struct ncclComm** comms = NULL;
-  struct ch_task** lists = NULL;
-  struct ch_plan** plans = NULL;
-  char **need_send = NULL, **need_recv = NULL;
-  int ntasks = 0;
-  for (struct ch_task* t = all; t; t = t->next) ntasks++;
-  comms = calloc((size_t)ntasks, sizeof(*comms));
-  lists = calloc((size_t)ntasks, sizeof(*lists));
-  plans = calloc((size_t)ntasks, sizeof(*plans));
-  need_send = calloc((size_t)ntasks, sizeof(char*));
-  need_recv = calloc((size_t)ntasks, sizeof(char*));
-  if (!comms || !lists || !plans || !need_send || !need_recv) { res = CH_SYSTEM; goto out; }
-
-  struct ch_task** tails = calloc((size_t)ntasks, sizeof(*tails));
-  if (!tails) { res = CH_SYSTEM; goto out; }
-  for (struct ch_task *t = all, *next; t; t = next) {
-    next = t->next;
-    t->next = NULL;
+  if (!comms || !lists || !tails || !plans || !need_send || !need_recv) {
+    res = CH_SYSTEM;
+    goto out;
+  }
+  for (int k = 0; k < ntasks; k++) {
+    struct ch_task* t = &tasks[k];
     int i = 0;
     while (i < ncomms && comms[i] != t->comm) i++;
-    if (i == ncomms) comms[ncomms++] = t->comm;
+    if (i == ncomms) {
+      comms[ncomms] = t->comm;
+      lists[ncomms] = tails[ncomms] = NULL;
+      plans[ncomms] = NULL;
+      ncomms++;
+    }
     if (tails[i]) tails[i]->next = t; else lists[i] = t;
     tails[i] = t;
   }
-  free(tails);
-  all = NULL;
+  size_t need = 0;
+  for (int i = 0; i < ncomms; i++) need += 2 * ((size_t)comms[i]->nranks + 1);
+  if (need > need_cap) {
+    char* p = realloc(need_buf, need);
+    if (!p) {
+      res = CH_SYSTEM;
+      goto out;
+    }
+    need_buf = p;
+    need_cap = need;
+  }
+  memset(need_buf, 0, need);
 
-  for (int i = 0; i < ncomms; i++) {
+  for (int i = 0, at = 0; i < ncomms; i++) {
+    int n = comms[i]->nranks;
+    need_send[i] = need_buf + at;
+    need_recv[i] = need_buf + at + n + 1;
+    at += 2 * (n + 1);
     CHECK_GOTO(comm_ensure_ready(comms[i]), res, out);
     CHECK_GOTO(plan_build(comms[i], lists[i], &plans[i]), res, out);
-    int n = comms[i]->nranks;
-    need_send[i] = calloc((size_t)n + 1, 1);
-    need_recv[i] = calloc((size_t)n + 1, 1);
-    if (!need_send[i] || !need_recv[i]) { res = CH_SYSTEM; goto out; }
     for (int k = 0; k < plans[i]->nops; k++) {
       struct ch_op* op = &plans[i]->ops[k];
       if (op->func == FUNC_SEND) need_send[i][op->root] = 1;
       else if (op->func == FUNC_RECV) need_recv[i][op->root] = 1;
-      else if (comms[i]->nranks > 1) need_send[i][n] = 1; /* rings */
+      else if (n > 1) need_send[i][n] = 1; /* rings */
     }
   }
   CHECK_GOTO(comm_connect(comms, ncomms, need_send, need_recv), res, out);
@@ -154,16 +171,15 @@ static ch_status launch_tasks(void) {
     res = plan_exec(plans, ncomms);
   }
 out:
-  for (int i = 0; i < ntasks && lists; i++) free_tasks(lists[i]);
-  free_tasks(all);
-  for (int i = 0; i < ntasks && plans; i++) plan_free(plans[i]);
-  for (int i = 0; i < ntasks && need_send; i++) free(need_send[i]);
-  for (int i = 0; i < ntasks && need_recv; i++) free(need_recv[i]);
-  free(need_send);
-  free(need_recv);
-  free(comms);
-  free(lists);
-  free(plans);
+  for (int i = 0; i < ncomms && plans; i++) plan_free(plans[i]);
+  if (big) {
+    free(comms);
+    free(lists);
+    free(tails);
+    free(plans);
+    free(need_send);
+    free(need_recv);
+  }
   return res;
 }
 
@@ -177,16 +193,14 @@ ch_status group_end(void) {
   group_error = CH_OK;
   if (res != CH_OK) {
     /* An earlier call in this group failed its checks: drop the whole group. */
-    free_tasks(task_head);
-    task_head = task_tail = NULL;
+    drop_tasks();
     ninits = 0;
     return res;
   }
   if (ninits) {
     res = run_inits();
     if (res != CH_OK && res != CH_IN_PROGRESS) {
-      free_tasks(task_head);
-      task_head = task_tail = NULL;
+      drop_tasks();
       return res;
     }
   }

@@ -21,46 +21,63 @@
 
 static int is_coll(int f) { return f <= FUNC_ALLREDUCE; }
 
-/* Expand AlltoAll/Gather/Scatter into send/recv tasks (a private list, freed by the caller). */
-static ch_status expand_task(const struct ch_task* t, int rank, int nranks, struct ch_task** head,
-                             struct ch_task** tail) {
+/* Per-thread scratch reused by every plan_build, so the hot path does one allocation per plan. */
+struct build_scratch {
+  struct ch_task* tasks;
+  int cap;
+  int* lane_n;
+  int lane_cap;
+};
+static _Thread_local struct build_scratch bs;
+
+static int grow(void** p, int* cap, int need, size_t elem) {
+  if (need <= *cap) return 1;
+  int n = *cap ? *cap : 16;
+  while (n < need) n *= 2;
+  void* q = realloc(*p, (size_t)n * elem);
+  if (!q) return 0;
+  *p = q;
+  *cap = n;
+  return 1;
+}
+
+static ch_status push_task(int* n, const struct ch_task* t) {
+  if (!grow((void**)&bs.tasks, &bs.cap, *n + 1, sizeof(struct ch_task))) return CH_SYSTEM;
+  bs.tasks[(*n)++] = *t;
+  return CH_OK;
+}
+
+/* Expand AlltoAll/Gather/Scatter into send/recv tasks. */
+static ch_status expand_task(const struct ch_task* t, int rank, int nranks, int* n) {
   size_t esize = red_type_size(t->type), stride = t->count * esize;
+  const char* sb = t->sendbuff;
+  char* rb = t->recvbuff;
+  struct ch_task send = *t, recv = *t;
+  send.func = FUNC_SEND, recv.func = FUNC_RECV;
   for (int p = 0; p < nranks; p++) {
-    struct ch_task pair[2];
-    int n = 0;
-    const char* sb = t->sendbuff;
-    char* rb = t->recvbuff;
+    send.root = recv.root = p;
     switch (t->func) {
       case FUNC_ALLTOALL:
-        pair[n++] = (struct ch_task){FUNC_SEND, sb + p * stride, NULL, t->count, t->type, 0, p, t->comm, t->stream, 0};
-        pair[n++] = (struct ch_task){FUNC_RECV, NULL, rb + p * stride, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        send.sendbuff = sb + p * stride, recv.recvbuff = rb + p * stride;
+        CHECK(push_task(n, &send));
+        CHECK(push_task(n, &recv));
         break;
       case FUNC_GATHER:
-        if (p == t->root)
-          pair[n++] = (struct ch_task){FUNC_SEND, sb, NULL, t->count, t->type, 0, p, t->comm, t->stream, 0};
-        if (rank == t->root)
-          pair[n++] = (struct ch_task){FUNC_RECV, NULL, rb + p * stride, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        send.sendbuff = sb, recv.recvbuff = rb + p * stride;
+        if (p == t->root) CHECK(push_task(n, &send));
+        if (rank == t->root) CHECK(push_task(n, &recv));
         break;
       case FUNC_SCATTER:
-        if (rank == t->root)
-          pair[n++] = (struct ch_task){FUNC_SEND, sb + p * stride, NULL, t->count, t->type, 0, p, t->comm, t->stream, 0};
-        if (p == t->root)
-          pair[n++] = (struct ch_task){FUNC_RECV, NULL, rb, t->count, t->type, 0, p, t->comm, t->stream, 0};
+        send.sendbuff = sb + p * stride, recv.recvbuff = rb;
+        if (rank == t->root) CHECK(push_task(n, &send));
+        if (p == t->root) CHECK(push_task(n, &recv));
         break;
-    }
-    for (int i = 0; i < n; i++) {
-      struct ch_task* c = malloc(sizeof(*c));
-      if (!c) return CH_SYSTEM;
-      *c = pair[i];
-      if (*tail) (*tail)->next = c; else *head = c;
-      *tail = c;
     }
   }
   return CH_OK;
 }
 
 static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_task* t, struct red_op* red) {
-  memset(op, 0, sizeof(*op));
   op->func = t->func;
   op->sendbuff = t->sendbuff;
   op->recvbuff = t->recvbuff;
@@ -76,119 +93,98 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
                                   (uint32_t)t->op, t->root};
 }
 
+static int lane_of(const struct ncclComm* comm, const struct ch_task* t, int c) {
+  if (is_coll(t->func)) return c;
+  return CH_MAX_CHANNELS + (t->func == FUNC_SEND ? 0 : comm->nranks) + t->root;
+}
+
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out) {
-  ch_status res = CH_OK;
-  struct ch_task *xhead = NULL, *xtail = NULL;
-  struct ch_plan* plan = NULL;
-  struct red_op* reds = NULL;
-  int *lane_of = NULL, *lane_n = NULL;
   /* Flatten: collectives stay, grouped p2p patterns become send/recv. */
-  for (struct ch_task* t = tasks; t; t = t->next) {
-    if (t->func == FUNC_ALLTOALL || t->func == FUNC_GATHER || t->func == FUNC_SCATTER) {
-      CHECK_GOTO(expand_task(t, comm->rank, comm->nranks, &xhead, &xtail), res, fail);
-    } else {
-      struct ch_task* c = malloc(sizeof(*c));
-      if (!c) { res = CH_SYSTEM; goto fail; }
-      *c = *t;
-      c->next = NULL;
-      if (xtail) xtail->next = c; else xhead = c;
-      xtail = c;
-    }
-  }
   int ntasks = 0;
-  for (struct ch_task* t = xhead; t; t = t->next) ntasks++;
-
-  plan = calloc(1, sizeof(*plan));
-  int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks, maxops = ntasks * CH_MAX_CHANNELS;
-  reds = calloc((size_t)ntasks + 1, sizeof(struct red_op));
-  lane_of = calloc((size_t)maxops + 1, sizeof(int));
-  lane_n = calloc((size_t)nlanes, sizeof(int));
-  if (!plan || !reds || !lane_of || !lane_n) { res = CH_SYSTEM; goto fail; }
-  plan->ops = calloc((size_t)maxops + 1, sizeof(struct ch_op));
-  if (!plan->ops) { res = CH_SYSTEM; goto fail; }
+  for (struct ch_task* t = tasks; t; t = t->next) {
+    if (t->func == FUNC_ALLTOALL || t->func == FUNC_GATHER || t->func == FUNC_SCATTER)
+      CHECK(expand_task(t, comm->rank, comm->nranks, &ntasks));
+    else
+      CHECK(push_task(&ntasks, t));
+  }
+  /* Choose algorithm/protocol/channels once per task (kept in the task), and size the plan. */
+  int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks, nops = 0, nused = 0;
+  if (!grow((void**)&bs.lane_n, &bs.lane_cap, nlanes, sizeof(int))) return CH_SYSTEM;
+  memset(bs.lane_n, 0, sizeof(int) * (size_t)nlanes);
+  for (int i = 0; i < ntasks; i++) {
+    struct ch_task* t = &bs.tasks[i];
+    tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->algo, &t->proto, &t->nch);
+    if (!is_coll(t->func) || comm->nranks == 1) t->nch = 1;
+    for (int c = 0; c < t->nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
+    nops += t->nch;
+  }
+  size_t bytes = sizeof(struct ch_plan) + sizeof(struct ch_op) * (size_t)nops +
+                 sizeof(struct ch_lane) * (size_t)nused + sizeof(struct ch_op*) * (size_t)nops +
+                 sizeof(struct red_op) * (size_t)ntasks;
+  char* mem = calloc(1, bytes);
+  if (!mem) {
+    WARN("could not build the execution plan: out of memory (%zu bytes)", bytes);
+    return CH_SYSTEM;
+  }
+  struct ch_plan* plan = (struct ch_plan*)mem;
+  plan->ops = (struct ch_op*)(plan + 1);
+  plan->lanes = (struct ch_lane*)(plan->ops + nops);
+  plan->lane_ops = (struct ch_op**)(plan->lanes + nused);
+  plan->reds = (struct red_op*)(plan->lane_ops + nops);
   plan->comm = comm;
+  plan->nlanes = nused;
+  /* lane_n becomes each used lane's index; lanes share lane_ops in lane-id order. */
+  int* lane_idx = bs.lane_n;
+  for (int l = 0, k = 0, at = 0; l < nlanes; l++) {
+    if (!lane_idx[l]) {
+      lane_idx[l] = -1;
+      continue;
+    }
+    plan->lanes[k].ops = plan->lane_ops + at;
+    at += lane_idx[l];
+    lane_idx[l] = k++;
+  }
 
-  int ti = 0;
-  for (struct ch_task* t = xhead; t; t = t->next, ti++) {
+  ch_status res = CH_OK;
+  for (int i = 0; i < ntasks; i++) {
+    struct ch_task* t = &bs.tasks[i];
     size_t esize = red_type_size(t->type);
     if (is_coll(t->func)) {
-      CHECK_GOTO(enq_red_op(comm, t->op, t->type, &reds[ti]), res, fail);
+      CHECK_GOTO(enq_red_op(comm, t->op, t->type, &plan->reds[i]), res, fail);
       comm->seq++;
     }
-    int algo, proto, nch;
-    size_t bytes = t->count * esize;
-    tune_choose(comm, t->func, bytes, &algo, &proto, &nch);
-    if (!is_coll(t->func) || comm->nranks == 1) nch = 1;
-    size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)nch), 64);
-    for (int c = 0; c < nch; c++) {
+    size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)t->nch), 64);
+    for (int c = 0; c < t->nch; c++) {
       struct ch_op* op = &plan->ops[plan->nops++];
-      op_init(op, comm, t, &reds[ti]);
-      op->algo = algo;
-      op->proto = proto;
-      op->ctx.proto = proto;
+      op_init(op, comm, t, &plan->reds[i]);
+      op->algo = t->algo;
+      op->proto = op->ctx.proto = t->proto;
       op->part_off = UT_MIN(t->count, (size_t)c * per);
       op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
-      int lane;
       if (is_coll(t->func)) {
         struct ch_channel* ch = &comm->channels[c];
         op->ring = ch->ring;
         op->ring_index = ch->ring_index;
         op->ctx.in = &ch->recv;
         op->ctx.out = &ch->send;
-        lane = c;
       } else if (t->func == FUNC_SEND) {
         op->ctx.out = &comm->p2p[t->root].send;
-        lane = CH_MAX_CHANNELS + t->root;
       } else {
         op->ctx.in = &comm->p2p[t->root].recv;
-        lane = CH_MAX_CHANNELS + comm->nranks + t->root;
       }
-      op->chunk = prim_step_elems(proto, comm->sizes.buff[proto] / CH_STEPS, esize ? esize : 1);
-      lane_of[plan->nops - 1] = lane;
-      lane_n[lane]++;
+      op->chunk = prim_step_elems(t->proto, comm->sizes.buff[t->proto] / CH_STEPS, esize ? esize : 1);
+      struct ch_lane* ln = &plan->lanes[lane_idx[lane_of(comm, t, c)]];
+      ln->ops[ln->nops++] = op;
     }
   }
-  /* Keep only the lanes in use; their op lists share one array, in call order. */
-  for (int l = 0; l < nlanes; l++) plan->nlanes += lane_n[l] > 0;
-  plan->lanes = calloc((size_t)plan->nlanes + 1, sizeof(struct ch_lane));
-  plan->lane_ops = calloc((size_t)plan->nops + 1, sizeof(struct ch_op*));
-  if (!plan->lanes || !plan->lane_ops) { res = CH_SYSTEM; goto fail; }
-  for (int l = 0, k = 0, at = 0; l < nlanes; l++) {
-    if (!lane_n[l]) continue;
-    plan->lanes[k].ops = plan->lane_ops + at;
-    for (int i = 0; i < plan->nops; i++)
-      if (lane_of[i] == l) plan->lanes[k].ops[plan->lanes[k].nops++] = &plan->ops[i];
-    at += lane_n[l];
-    k++;
-  }
-  plan->reds = reds;
-  free(lane_of);
-  free(lane_n);
-  while (xhead) { struct ch_task* n = xhead->next; free(xhead); xhead = n; }
   *out = plan;
   return CH_OK;
 fail:
-  while (xhead) { struct ch_task* n = xhead->next; free(xhead); xhead = n; }
-  free(lane_of);
-  free(lane_n);
-  if (plan) {
-    plan->reds = reds;
-    plan_free(plan);
-  } else {
-    free(reds);
-  }
-  if (res == CH_SYSTEM) WARN("could not build the execution plan: out of memory");
+  free(plan);
   return res;
 }
 
-void plan_free(struct ch_plan* plan) {
-  if (!plan) return;
-  free(plan->reds);
-  free(plan->lane_ops);
-  free(plan->lanes);
-  free(plan->ops);
-  free(plan);
-}
+void plan_free(struct ch_plan* plan) { free(plan); }
 
 /* Steps are computed lazily (nidx) when an op first runs: connections exist by then. */
 static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked) {
