@@ -15,7 +15,8 @@ enum ch_func {
   FUNC_SENDRECV = 5, FUNC_SEND = 6, FUNC_RECV = 7, FUNC_ALLTOALL = 8, FUNC_SCATTER = 9, FUNC_GATHER = 10,
   FUNC_COUNT
 };
-enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_COUNT = 2 };
+/* NCCL's numbering for Tree/Ring; Exchange is ours (two ranks only). */
+enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_COUNT = 3 };
 
 /* The share of one collective (or one send/recv) carried by one channel. */
 struct ch_op {
@@ -44,6 +45,8 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 /* One file per algorithm. */
 uint64_t ring_allreduce_nsteps(const struct ch_op* op);
 void ring_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+uint64_t exchange_allreduce_nsteps(const struct ch_op* op);
+void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t ring_allgather_nsteps(const struct ch_op* op);
 void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t ring_reducescatter_nsteps(const struct ch_op* op);

@@ -63,6 +63,7 @@ struct ncclComm {
   char* scratch; /* LL/LL128 staging, one slot payload */
 
   struct ch_redop_slot redops[CH_MAX_REDOPS];
+  size_t exchange_max_bytes;
   unsigned proto_mask, algo_mask; /* allowed by NCCL_PROTO / NCCL_ALGO (tuning.c) */
 
   /* Ordering of work: plans run in ticket order, one at a time per communicator. */

@@ -13,7 +13,7 @@
 #include "enqueue.h"
 
 static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
-static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring"};
+static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring", "Exchange"};
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
 
@@ -46,8 +46,9 @@ void tune_init(struct ncclComm* comm) {
   comm->proto_mask = parse_mask("NCCL_PROTO", param_str(PARAM_PROTO), proto_names, CH_NPROTO);
   /* Only rings exist so far: NCCL_ALGO may name Tree, which falls back to Ring with a note. */
   comm->algo_mask = parse_mask("NCCL_ALGO", param_str(PARAM_ALGO), algo_names, ALGO_COUNT);
-  if (!(comm->algo_mask & (1u << ALGO_RING)) && comm->rank == 0)
-    INFO(LOG_TUNING, "NCCL_ALGO=%s: only Ring is implemented on host memory; using Ring", param_str(PARAM_ALGO));
+  if (!(comm->algo_mask & ((1u << ALGO_RING) | (1u << ALGO_EXCHANGE))) && comm->rank == 0)
+    INFO(LOG_TUNING, "NCCL_ALGO=%s: Tree is not implemented on host memory; using Ring", param_str(PARAM_ALGO));
+  comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
 }
 
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* proto, int* nchannels) {
@@ -65,7 +66,10 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* 
   int minc = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
   int maxc = (int)UT_MIN(comm->nchannels, UT_MAX(minc, param_int(PARAM_MAX_NCHANNELS)));
   int nch = (int)UT_MIN((size_t)maxc, UT_MAX((size_t)minc, bytes >> 20));
-  *algo = ALGO_RING;
+  /* Two ranks: Exchange takes one hop instead of two (see algo/exchange_allreduce.c). */
+  int exch = func == FUNC_ALLREDUCE && comm->nranks == 2 && (comm->algo_mask & (1u << ALGO_EXCHANGE)) &&
+             bytes <= comm->exchange_max_bytes;
+  *algo = exch ? ALGO_EXCHANGE : ALGO_RING;
   *proto = p;
   *nchannels = UT_MAX(1, UT_MIN(nch, comm->nchannels));
   INFO(LOG_TUNING, "%s %zu bytes: algorithm %s, protocol %s (%s), %d channel(s)",

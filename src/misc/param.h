@@ -39,6 +39,8 @@
     "microseconds a rank busy-polls for a peer in a collective before yielding (0 when oversubscribed)") \
   X(YIELD_US, "CHORUS_YIELD_US", P_INT, 5000, "",                                                    \
     "microseconds of yielding after spinning, before a waiting rank sleeps between polls")         \
+  X(EXCHANGE_MAX_BYTES, "CHORUS_EXCHANGE_MAX_BYTES", P_INT, -1, "",                               \
+    "largest AllReduce (bytes) done by Exchange instead of Ring on two ranks (-1 = always)")       \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
     "wire-protocol version announced at init (testing aid: ranks must agree)")
 
