@@ -70,8 +70,25 @@ static _Thread_local int ntasks_, tasks_cap;
 static _Thread_local char* need_buf;
 static _Thread_local size_t need_cap;
 
+static pthread_key_t tl_key;
+static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
+static void tl_release(void* unused) {
+  (void)unused;
+  free(tasks);
+  free(need_buf);
+  tasks = NULL, need_buf = NULL;
+  tasks_cap = 0, need_cap = 0;
+}
+static void tl_key_init(void) { pthread_key_create(&tl_key, tl_release); }
+/* Free this thread's buffers when it exits. */
+static void tl_register(void) {
+  pthread_once(&tl_once, tl_key_init);
+  pthread_setspecific(tl_key, &tasks_cap);
+}
+
 ch_status enq_task(const struct ch_task* t) {
   if (ntasks_ == tasks_cap) {
+    if (!tasks_cap) tl_register();
     int cap = tasks_cap ? 2 * tasks_cap : 16;
     struct ch_task* p = realloc(tasks, sizeof(*p) * (size_t)cap);
     if (!p) {
@@ -132,6 +149,7 @@ static ch_status launch_tasks(void) {
   size_t need = 0;
   for (int i = 0; i < ncomms; i++) need += 2 * ((size_t)comms[i]->nranks + 1);
   if (need > need_cap) {
+    if (!need_cap) tl_register();
     char* p = realloc(need_buf, need);
     if (!p) {
       res = CH_SYSTEM;

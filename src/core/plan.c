@@ -1,5 +1,6 @@
 /* Plans: the tasks of one communicator from one group, split into per-channel operations grouped in
  * lanes, and the engine that runs them. */
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <time.h>
@@ -29,9 +30,24 @@ struct build_scratch {
   int lane_cap;
 };
 static _Thread_local struct build_scratch bs;
+static pthread_key_t bs_key;
+static pthread_once_t bs_once = PTHREAD_ONCE_INIT;
+
+/* Thread-local buffers are freed when their thread exits (a key destructor runs in that thread). */
+static void bs_release(void* unused) {
+  (void)unused;
+  free(bs.tasks);
+  free(bs.lane_n);
+  memset(&bs, 0, sizeof(bs));
+}
+static void bs_key_init(void) { pthread_key_create(&bs_key, bs_release); }
 
 static int grow(void** p, int* cap, int need, size_t elem) {
   if (need <= *cap) return 1;
+  if (!*cap) {
+    pthread_once(&bs_once, bs_key_init);
+    pthread_setspecific(bs_key, &bs);
+  }
   int n = *cap ? *cap : 16;
   while (n < need) n *= 2;
   void* q = realloc(*p, (size_t)n * elem);
