@@ -104,16 +104,21 @@ static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueI
   s = comm_alloc(&comm, nranks, rank, &cfg);
   if (s != CH_OK) return ch_to_nccl(s);
   comm->init_id = *id;
-  *newcomm = comm;
-  if (group_depth() > 0) return ch_to_nccl(group_defer_init(comm));
   atomic_store(&comm->init_caller, 1);
+  /* Published before init runs, as in NCCL, so another thread may abort a blocked init; atomically,
+   * because that thread reads it concurrently. */
+  __atomic_store_n(newcomm, comm, __ATOMIC_RELEASE);
+  if (group_depth() > 0) {
+    atomic_store(&comm->init_caller, 0);
+    return ch_to_nccl(group_defer_init(comm));
+  }
   group_start();
   group_defer_init(comm);
   s = group_end();
   if (s != CH_OK && s != CH_IN_PROGRESS) {
-    *newcomm = NULL;
+    __atomic_store_n(newcomm, NULL, __ATOMIC_RELEASE);
     /* If another thread aborted this comm meanwhile, that thread frees it once we let go. */
-    if (!comm->abort_flag) {
+    if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
       comm_free(comm);
       return ch_to_nccl(s);
     }
@@ -210,7 +215,7 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (comm == NULL) return ncclSuccess;
   ch_status s = comm_check(comm, "ncclCommAbort");
   if (s != CH_OK) return ch_to_nccl(s);
-  comm->abort_flag = 1;
+  __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   /* Every wait in the library polls the flag at least every ~100 ms, so these joins are bounded. */
   if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);

@@ -260,7 +260,7 @@ static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* b
 static void finish_plan(struct ch_plan* pl) {
   pl->done = 1;
   if (pl->status != CH_OK) {
-    if (pl->status == CH_INTERNAL && pl->comm->abort_flag)
+    if (pl->status == CH_INTERNAL && __atomic_load_n(&pl->comm->abort_flag, __ATOMIC_RELAXED))
       INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", pl->comm->rank);
     comm_set_async_error(pl->comm, pl->status);
   }
@@ -283,7 +283,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         pl->started = 1;
       }
       int busy = 0;
-      if (comm->abort_flag) {
+      if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
         pl->status = CH_INTERNAL;
       } else {
         for (int l = 0; l < pl->nlanes; l++) {
