@@ -337,6 +337,11 @@ static void* watchdog_main(void* p) {
  * itself. With reap, a thread waits for the victim at once, as a launcher would; without, the victim
  * stays an unreaped zombie child of the survivors' own process until they return. */
 static void kill_test(int nranks, enum kill_kind kind, int reap) {
+#if defined(__SANITIZE_THREAD__)
+  /* These tests fork ranks from a multi-threaded process, which ThreadSanitizer does not support. */
+  printf("    skipped under ThreadSanitizer (fork after threads)\n");
+  return;
+#endif
   static char before[256][128], after[256][128];
   int nbefore = shm_list(before, 256);
   int fds0 = count_fifo_fds();

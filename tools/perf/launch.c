@@ -198,7 +198,7 @@ static void init_from_env(perf_ctx* ctx) {
 void perf_thread_buffers(perf_thread* th) {
   perf_ctx* ctx = th->ctx;
   size_t bytes = ctx->o.max_bytes + (size_t)ctx->o.unalign * 8 + 64;
-  ctx->buf_bytes = bytes;
+  __atomic_store_n(&ctx->buf_bytes, bytes, __ATOMIC_RELAXED); /* every thread stores the same value */
   for (int i = 0; i < th->nlocal; i++) {
     for (int k = 0; k < 2; k++) {
       void* p = NULL;
