@@ -27,6 +27,7 @@ struct ch_lane {
 
 struct ch_plan {
   struct ncclComm* comm;
+  size_t alloc_bytes;
   uint64_t ticket;
   struct ch_op* ops;
   int nops;

@@ -128,7 +128,7 @@ static ch_status launch_tasks(void) {
   struct ch_plan** plans = big ? calloc((size_t)ntasks, sizeof(*plans)) : plans_s;
   char** need_send = big ? calloc((size_t)ntasks, sizeof(char*)) : send_s;
   char** need_recv = big ? calloc((size_t)ntasks, sizeof(char*)) : recv_s;
-  int ncomms = 0;
+  int ncomms = 0, unconnected = 0;
   if (!comms || !lists || !tails || !plans || !need_send || !need_recv) {
     res = CH_SYSTEM;
     goto out;
@@ -167,14 +167,23 @@ static ch_status launch_tasks(void) {
     at += 2 * (n + 1);
     CHECK_GOTO(comm_ensure_ready(comms[i]), res, out);
     CHECK_GOTO(plan_build(comms[i], lists[i], &plans[i]), res, out);
+    struct ncclComm* c = comms[i];
     for (int k = 0; k < plans[i]->nops; k++) {
       struct ch_op* op = &plans[i]->ops[k];
-      if (op->func == FUNC_SEND) need_send[i][op->root] = 1;
-      else if (op->func == FUNC_RECV) need_recv[i][op->root] = 1;
-      else if (n > 1) need_send[i][n] = 1; /* rings */
+      int peer = op->root;
+      if (op->func == FUNC_SEND) {
+        need_send[i][peer] = 1;
+        unconnected |= !c->p2p[peer].send.connected;
+      } else if (op->func == FUNC_RECV) {
+        need_recv[i][peer] = 1;
+        unconnected |= !c->p2p[peer].recv.connected || (peer != c->rank && !c->p2p[peer].recv_acked);
+      } else if (n > 1) {
+        need_send[i][n] = 1; /* rings */
+        unconnected |= !c->rings_connected;
+      }
     }
   }
-  CHECK_GOTO(comm_connect(comms, ncomms, need_send, need_recv), res, out);
+  if (unconnected) CHECK_GOTO(comm_connect(comms, ncomms, need_send, need_recv), res, out);
 
   /* Tickets keep each communicator's plans in call order across threads and streams. */
   for (int i = 0; i < ncomms; i++) plans[i]->ticket = atomic_fetch_add(&comms[i]->next_ticket, 1);

@@ -37,8 +37,8 @@
     "polls before a waiting rank starts to yield the CPU")                                         \
   X(SPIN_US, "CHORUS_SPIN_US", P_INT, 500, "",                                                      \
     "microseconds a rank busy-polls for a peer in a collective before yielding (0 when oversubscribed)") \
-  X(YIELD_US, "CHORUS_YIELD_US", P_INT, 5000, "",                                                    \
-    "microseconds of yielding after spinning, before a waiting rank sleeps between polls")         \
+  X(YIELD_US, "CHORUS_YIELD_US", P_INT, 2000, "",                                                    \
+    "microseconds a waiting rank yields its CPU (more ranks than CPUs) before sleeping until woken") \
   X(EXCHANGE_MAX_BYTES, "CHORUS_EXCHANGE_MAX_BYTES", P_INT, -1, "",                               \
     "largest AllReduce (bytes) done by Exchange instead of Ring on two ranks (-1 = always)")       \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
