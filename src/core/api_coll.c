@@ -126,7 +126,13 @@ CH_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo) {
     WARN("ncclGroupSimulateEnd: simInfo is NULL");
     return ncclInvalidArgument;
   }
-  /* No cost model is exposed yet: report "unknown" and launch the group as ncclGroupEnd would. */
-  simInfo->estimatedTime = NCCL_UNDEF_FLOAT;
-  return ch_to_nccl(group_end());
+  if (simInfo->magic != 0x74685283) {
+    WARN("ncclGroupSimulateEnd: simInfo not initialized via NCCL_SIM_INFO_INITIALIZER");
+    return ncclInvalidArgument;
+  }
+  /* As in NCCL, the calls of the group are evaluated, not run. */
+  float us = 0;
+  ch_status s = group_simulate_end(&us);
+  if (s == CH_OK) simInfo->estimatedTime = us;
+  return ch_to_nccl(s);
 }

@@ -45,6 +45,8 @@ ch_status enq_task(const struct ch_task* t);
 int group_depth(void);
 ch_status group_start(void);
 ch_status group_end(void);
+/* Close the group without launching anything; estimate its time in microseconds. */
+ch_status group_simulate_end(float* estimated_us);
 /* Remember that a call inside the current group failed its checks (the group then fails). */
 void group_set_error(ch_status s);
 /* Defer a communicator init to the end of the current group. */

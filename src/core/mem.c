@@ -1,10 +1,44 @@
 /* NCCL API: memory, registration and custom reduction operators. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../misc/log.h"
 #include "api.h"
 #include "enqueue.h"
+
+/* Allocations and registrations are tracked so that freeing something we did not hand out is an
+ * error with a message, not a crash in free(). */
+struct ch_block {
+  void* ptr;
+  size_t size;
+  const struct ncclComm* comm; /* registrations only */
+  struct ch_block* next;
+};
+static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ch_block *allocs, *regs;
+
+static void track(struct ch_block** list, struct ch_block* b) {
+  pthread_mutex_lock(&mem_mu);
+  b->next = *list;
+  *list = b;
+  pthread_mutex_unlock(&mem_mu);
+}
+
+/* Remove the block matching ptr (allocations) or the handle itself (registrations). */
+static struct ch_block* untrack(struct ch_block** list, const void* key, int by_handle) {
+  pthread_mutex_lock(&mem_mu);
+  struct ch_block* found = NULL;
+  for (struct ch_block** p = list; *p; p = &(*p)->next) {
+    if ((by_handle ? (const void*)*p : (*p)->ptr) == key) {
+      found = *p;
+      *p = found->next;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&mem_mu);
+  return found;
+}
 
 CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   if (!ptr) {
@@ -13,23 +47,32 @@ CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   }
   *ptr = NULL;
   if (size == 0) return ncclSuccess;
+  struct ch_block* b = malloc(sizeof(*b));
   /* Page-aligned so the kernel can map it efficiently and reductions get aligned vectors. */
-  if (posix_memalign(ptr, 4096, size) != 0) {
+  if (!b || posix_memalign(ptr, 4096, size) != 0) {
+    free(b);
+    *ptr = NULL;
     WARN("ncclMemAlloc: cannot allocate %zu bytes", size);
     return ncclSystemError;
   }
+  b->ptr = *ptr;
+  b->size = size;
+  b->comm = NULL;
+  track(&allocs, b);
   return ncclSuccess;
 }
 
 CH_API(ncclResult_t, ncclMemFree, void* ptr) {
-  free(ptr);
+  if (!ptr) return ncclSuccess;
+  struct ch_block* b = untrack(&allocs, ptr, 0);
+  if (!b) {
+    WARN("ncclMemFree: %p was not returned by ncclMemAlloc (or was already freed)", ptr);
+    return ncclInvalidArgument;
+  }
+  free(b->ptr);
+  free(b);
   return ncclSuccess;
 }
-
-struct ch_reg {
-  void* buff;
-  size_t size;
-};
 
 CH_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t size, void** handle) {
   ch_status s = comm_check(comm, "ncclCommRegister");
@@ -38,19 +81,35 @@ CH_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t
     WARN("ncclCommRegister: handle is NULL");
     return ncclInvalidArgument;
   }
+  if (!buff && size) {
+    WARN("ncclCommRegister: buff is NULL with size %zu", size);
+    return ncclInvalidArgument;
+  }
   /* Host memory needs no pinning; the handle records the range for later single-copy paths. */
-  struct ch_reg* r = malloc(sizeof(*r));
-  if (!r) return ncclSystemError;
-  r->buff = buff;
-  r->size = size;
-  *handle = r;
+  struct ch_block* b = malloc(sizeof(*b));
+  if (!b) return ncclSystemError;
+  b->ptr = buff;
+  b->size = size;
+  b->comm = comm;
+  track(&regs, b);
+  *handle = b;
   return ncclSuccess;
 }
 
 CH_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle) {
   ch_status s = comm_check(comm, "ncclCommDeregister");
   if (s != CH_OK) return ch_to_nccl(s);
-  free(handle);
+  struct ch_block* b = untrack(&regs, handle, 1);
+  if (!b) {
+    WARN("ncclCommDeregister: handle %p was not returned by ncclCommRegister (or was already deregistered)", handle);
+    return ncclInvalidArgument;
+  }
+  if (b->comm != comm) {
+    WARN("ncclCommDeregister: handle %p belongs to another communicator", handle);
+    track(&regs, b);
+    return ncclInvalidArgument;
+  }
+  free(b);
   return ncclSuccess;
 }
 

@@ -1,0 +1,113 @@
+/* Memory and registration API, ncclGroupSimulateEnd, and the two-rank AllReduce algorithms. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "misc/param.h"
+#include "runner.h"
+
+TEST(mem, alloc_free_and_bad_pointers) {
+  void* p = NULL;
+  NCCL_OK(ncclMemAlloc(&p, 1 << 20));
+  ASSERT(p != NULL);
+  EXPECT_EQ((uintptr_t)p % 4096, 0);
+  memset(p, 1, 1 << 20);
+  NCCL_OK(ncclMemFree(p));
+  EXPECT_EQ(ncclMemFree(p), ncclInvalidArgument); /* double free is reported, not a crash */
+  int on_stack;
+  EXPECT_EQ(ncclMemFree(&on_stack), ncclInvalidArgument);
+  EXPECT_EQ(ncclMemFree(NULL), ncclSuccess);
+  EXPECT_EQ(ncclMemAlloc(NULL, 16), ncclInvalidArgument);
+  NCCL_OK(ncclMemAlloc(&p, 0));
+  EXPECT(p == NULL);
+}
+
+static void reg_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float buf[64];
+  void* h = NULL;
+  NCCL_OK(ncclCommRegister(comm, buf, sizeof(buf), &h));
+  ASSERT(h != NULL);
+  for (int i = 0; i < 64; i++) buf[i] = (float)(rank + 1);
+  NCCL_OK(ncclAllReduce(buf, buf, 64, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(buf[63] == (float)(nranks * (nranks + 1) / 2));
+  NCCL_OK(ncclCommDeregister(comm, h));
+  EXPECT_EQ(ncclCommDeregister(comm, h), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommDeregister(comm, buf), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommRegister(comm, buf, sizeof(buf), NULL), ncclInvalidArgument);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST(mem, register_deregister) { rt_run_both(2, reg_body, NULL); }
+
+static void sim_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float in[1024], out[1024];
+  for (int i = 0; i < 1024; i++) in[i] = 1, out[i] = -1;
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(in, out, 1024, ncclFloat, ncclSum, comm, NULL));
+  NCCL_OK(ncclGroupSimulateEnd(&sim));
+  EXPECT(sim.estimatedTime > 0);
+  EXPECT(out[0] == -1 && out[1023] == -1); /* simulated, not run */
+  ncclSimInfo_t bad = {0};
+  NCCL_OK(ncclGroupStart());
+  EXPECT_EQ(ncclGroupSimulateEnd(&bad), ncclInvalidArgument);
+  NCCL_OK(ncclGroupEnd()); /* the group is still open after the rejected call */
+  /* the communicator still works and the next call really runs */
+  NCCL_OK(ncclAllReduce(in, out, 1024, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(out[0] == (float)nranks && out[1023] == (float)nranks);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST(mem, group_simulate_end_does_not_run) { rt_run_threads(2, sim_body, NULL); }
+
+/* Both two-rank algorithms, forced, give the closed-form result for every op, in and out of place,
+ * with counts that leave partial chunks. */
+static void algo_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  const size_t counts[] = {0, 1, 7, 1000, 300001};
+  for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+    size_t n = counts[c];
+    double* a = malloc(sizeof(double) * (n + 1));
+    double* b = malloc(sizeof(double) * (n + 1));
+    for (int op = ncclSum; op <= ncclAvg; op++) {
+      for (int inplace = 0; inplace < 2; inplace++) {
+        for (size_t i = 0; i < n; i++) a[i] = (double)(rank + 1) * (double)(i % 5 + 1);
+        double* out = inplace ? a : b;
+        NCCL_OK(ncclAllReduce(a, out, n, ncclDouble, (ncclRedOp_t)op, comm, NULL));
+        for (size_t i = 0; i < n; i++) {
+          double v = (double)(i % 5 + 1), want;
+          switch (op) {
+            case ncclSum: want = 3 * v; break;
+            case ncclProd: want = 2 * v * v; break;
+            case ncclMax: want = 2 * v; break;
+            case ncclMin: want = v; break;
+            default: want = 1.5 * v; break;
+          }
+          if (out[i] != want) {
+            rt_fail(__FILE__, __LINE__, "%s op %d count %zu inplace %d: [%zu] = %g, want %g", (const char*)arg, op,
+                    n, inplace, i, out[i], want);
+            break;
+          }
+        }
+      }
+    }
+    free(a);
+    free(b);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+static void with_algo(const char* algo) {
+  setenv("NCCL_ALGO", algo, 1); /* before any rank starts: the test child is still single-threaded */
+  param_reset();
+  rt_run_both(2, algo_body, (void*)algo);
+}
+
+TEST(mem, two_rank_ring) { with_algo("Ring"); }
+TEST(mem, two_rank_exchange) { with_algo("Exchange"); }
