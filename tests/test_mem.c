@@ -111,3 +111,36 @@ static void with_algo(const char* algo) {
 
 TEST(mem, two_rank_ring) { with_algo("Ring"); }
 TEST(mem, two_rank_exchange) { with_algo("Exchange"); }
+TEST(mem, two_rank_direct) { with_algo("Direct"); } /* threads: Direct; processes: falls back */
+
+/* PreMulSum scalars are per rank: result = sum over ranks of scalar_r * x_r. Every algorithm must
+ * apply each rank's own scalar to that rank's data. */
+static void premul_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  double scalar = rank + 1, want = 0;
+  for (int r = 0; r < nranks; r++) want += (r + 1) * 2.0 * (r + 1); /* x_r = 2(r+1) */
+  ncclRedOp_t op;
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclDouble, ncclScalarHostImmediate, comm));
+  const size_t counts[] = {1, 1000, 70001};
+  for (int c = 0; c < 3; c++) {
+    size_t n = counts[c];
+    double* a = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) a[i] = 2.0 * (rank + 1);
+    NCCL_OK(ncclAllReduce(a, a, n, ncclDouble, op, comm, NULL));
+    for (size_t i = 0; i < n; i++)
+      if (a[i] != want) {
+        rt_fail(__FILE__, __LINE__, "count %zu: [%zu] = %g, want %g", n, i, a[i], want);
+        break;
+      }
+    free(a);
+  }
+  NCCL_OK(ncclRedOpDestroy(op, comm));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST(mem, premulsum_scalar_per_rank) {
+  rt_run_both(2, premul_body, NULL);
+  rt_run_both(3, premul_body, NULL);
+}

@@ -2,6 +2,7 @@
 #include "algo.h"
 
 uint64_t algo_nsteps(const struct ch_op* op) {
+  if (op->algo == ALGO_DIRECT) return 3;
   if (op->func == FUNC_SEND || op->func == FUNC_RECV) return p2p_nsteps(op);
   if (op->nranks == 1) return local_nsteps(op);
   switch (op->func) {

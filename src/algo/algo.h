@@ -4,7 +4,9 @@
 #ifndef CH_ALGO_H
 #define CH_ALGO_H
 
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdint.h>
 
 #include "../proto/prims.h"
@@ -16,7 +18,24 @@ enum ch_func {
   FUNC_COUNT
 };
 /* NCCL's numbering for Tree/Ring; Exchange is ours (two ranks only). */
-enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_COUNT = 3 };
+enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_COUNT = 4 };
+
+/* Shared by the ranks of one communicator that live in one process (direct_allreduce.c). */
+struct direct_slot {
+  _Alignas(64) _Atomic uint64_t arrive;
+  const char* send;
+  char* recv;
+  const struct red_op* red;
+  _Alignas(64) _Atomic uint64_t done;
+  char pad[56];
+};
+struct direct_clique {
+  _Atomic int refs;
+  int n;
+  _Alignas(64) struct direct_slot slot[];
+};
+struct direct_clique* direct_clique_new(int n);
+void direct_clique_release(struct direct_clique* c);
 
 /* The share of one collective (or one send/recv) carried by one channel. */
 struct ch_op {
@@ -35,6 +54,7 @@ struct ch_op {
   size_t part_off, part_count;
   size_t chunk; /* elements per step */
   struct prim_ctx ctx;
+  struct direct_clique* clique; /* ALGO_DIRECT */
   uint64_t idx, nidx; /* next primitive index, total */
 };
 
@@ -47,6 +67,8 @@ uint64_t ring_allreduce_nsteps(const struct ch_op* op);
 void ring_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t exchange_allreduce_nsteps(const struct ch_op* op);
 void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+/* Direct ops are not made of FIFO primitives: the engine calls this (3 steps; 0 = must wait). */
+int direct_allreduce_try(struct ch_op* op);
 uint64_t ring_allgather_nsteps(const struct ch_op* op);
 void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t ring_reducescatter_nsteps(const struct ch_op* op);

@@ -64,6 +64,8 @@ struct ncclComm {
 
   struct ch_redop_slot redops[CH_MAX_REDOPS];
   size_t exchange_max_bytes;
+  size_t direct_min_bytes;
+  struct direct_clique* clique; /* all ranks are threads of this process: direct algorithms */
   unsigned proto_mask, algo_mask; /* allowed by NCCL_PROTO / NCCL_ALGO (tuning.c) */
 
   /* Ordering of work: plans run in ticket order, one at a time per communicator. */

@@ -66,6 +66,8 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   return CH_OK;
 }
 
+static ch_status direct_setup(struct ncclComm* comm);
+
 /* Everything after the peers are known (shared by init and split). */
 static ch_status comm_setup(struct ncclComm* comm) {
   int n = comm->nranks, me = comm->rank;
@@ -120,6 +122,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
     ch->next = (me + 1) % n;
   }
   tune_init(comm);
+  CHECK(direct_setup(comm));
 
   int shm = 0, local = 0;
   for (int r = 0; r < n; r++) shm |= comm->peer_tp[r] == TP_SHM, local |= r != me && comm->peer_tp[r] == TP_LOCAL;
@@ -128,6 +131,29 @@ static ch_status comm_setup(struct ncclComm* comm) {
        me, n, mine->hostname, mine->pid, comm->local_nranks, comm->nnodes, comm->nchannels, local ? " local" : "",
        shm ? " shm" : "", (!local && !shm) ? " self" : "");
   return CH_OK;
+}
+
+/* When every rank is a thread of this process, rank 0's clique (slots for direct algorithms) is shared
+ * by all: its address travels in one bootstrap allgather. */
+static ch_status direct_setup(struct ncclComm* comm) {
+  int n = comm->nranks, all_local = n > 1;
+  for (int r = 0; r < n; r++) all_local &= comm->peer_tp[r] == TP_LOCAL;
+  if (!all_local || param_int(PARAM_DIRECT_MIN_BYTES) < 0) return CH_OK;
+  uint64_t* ptrs = calloc((size_t)n, sizeof(uint64_t));
+  if (!ptrs) return CH_SYSTEM;
+  if (comm->rank == 0) {
+    struct direct_clique* c = direct_clique_new(n);
+    if (!c) {
+      free(ptrs);
+      return CH_SYSTEM;
+    }
+    ptrs[0] = (uint64_t)(uintptr_t)c;
+  }
+  ch_status s = boot_allgather(comm->boot, ptrs, sizeof(uint64_t));
+  if (s == CH_OK) comm->clique = (struct direct_clique*)(uintptr_t)ptrs[0];
+  else if (comm->rank == 0) free((void*)(uintptr_t)ptrs[0]);
+  free(ptrs);
+  return s;
 }
 
 ch_status comm_init_job(struct ncclComm* comm) {
@@ -149,6 +175,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 
 void comm_free(struct ncclComm* comm) {
   comm_free_connections(comm);
+  direct_clique_release(comm->clique);
   if (comm->boot) boot_close(comm->boot);
   for (int c = 0; c < CH_MAX_CHANNELS; c++) free(comm->channels[c].ring);
   free(comm->peers);

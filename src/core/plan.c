@@ -198,6 +198,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
         op->ring_index = ch->ring_index;
         op->ctx.in = &ch->recv;
         op->ctx.out = &ch->send;
+        op->clique = comm->clique;
       } else if (t->func == FUNC_SEND) {
         op->ctx.out = &comm->p2p[t->root].send;
       } else {
@@ -231,6 +232,12 @@ static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked) {
     struct ch_op* op = ln->ops[ln->cur];
     if (op->nidx == 0 && op->idx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
     if (op->idx + 1 >= op->nidx) { ln->cur++; progressed = 1; continue; }
+    if (op->algo == ALGO_DIRECT) {
+      if (!direct_allreduce_try(op)) break;
+      op->idx++;
+      progressed = 1;
+      continue;
+    }
     struct prim p;
     algo_step(op, op->idx, &p);
     if (!prim_try(&op->ctx, &p)) {

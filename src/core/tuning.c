@@ -13,7 +13,7 @@
 #include "enqueue.h"
 
 static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
-static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring", "Exchange"};
+static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring", "Exchange", "Direct"};
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
 
@@ -46,9 +46,10 @@ void tune_init(struct ncclComm* comm) {
   comm->proto_mask = parse_mask("NCCL_PROTO", param_str(PARAM_PROTO), proto_names, CH_NPROTO);
   /* Only rings exist so far: NCCL_ALGO may name Tree, which falls back to Ring with a note. */
   comm->algo_mask = parse_mask("NCCL_ALGO", param_str(PARAM_ALGO), algo_names, ALGO_COUNT);
-  if (!(comm->algo_mask & ((1u << ALGO_RING) | (1u << ALGO_EXCHANGE))) && comm->rank == 0)
+  if (!(comm->algo_mask & ~(1u << ALGO_TREE)) && comm->rank == 0)
     INFO(LOG_TUNING, "NCCL_ALGO=%s: Tree is not implemented on host memory; using Ring", param_str(PARAM_ALGO));
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
+  comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
 }
 
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* proto, int* nchannels) {
@@ -69,9 +70,12 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* 
   /* Two ranks: Exchange takes one hop instead of two (see algo/exchange_allreduce.c). */
   int exch = func == FUNC_ALLREDUCE && comm->nranks == 2 && (comm->algo_mask & (1u << ALGO_EXCHANGE)) &&
              bytes <= comm->exchange_max_bytes;
-  *algo = exch ? ALGO_EXCHANGE : ALGO_RING;
+  /* Ranks in one process read each other's buffers (see algo/direct_allreduce.c). */
+  int direct = func == FUNC_ALLREDUCE && comm->clique && (comm->algo_mask & (1u << ALGO_DIRECT)) &&
+               bytes >= comm->direct_min_bytes;
+  *algo = direct ? ALGO_DIRECT : exch ? ALGO_EXCHANGE : ALGO_RING;
   *proto = p;
-  *nchannels = UT_MAX(1, UT_MIN(nch, comm->nchannels));
+  *nchannels = direct ? 1 : UT_MAX(1, UT_MIN(nch, comm->nchannels)); /* Direct works on the whole vector */
   INFO(LOG_TUNING, "%s %zu bytes: algorithm %s, protocol %s (%s), %d channel(s)",
        func < FUNC_COUNT ? func_names[func] : "?", bytes, algo_names[*algo], proto_names[p], why, *nchannels);
 }

@@ -41,6 +41,8 @@
     "microseconds a waiting rank yields its CPU (more ranks than CPUs) before sleeping until woken") \
   X(EXCHANGE_MAX_BYTES, "CHORUS_EXCHANGE_MAX_BYTES", P_INT, -1, "",                               \
     "largest AllReduce (bytes) done by Exchange instead of Ring on two ranks (-1 = always)")       \
+  X(DIRECT_MIN_BYTES, "CHORUS_DIRECT_MIN_BYTES", P_INT, 0, "",                                      \
+    "smallest AllReduce (bytes) done Direct when all ranks are threads of one process (-1 = never)") \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
     "wire-protocol version announced at init (testing aid: ranks must agree)")
 
