@@ -50,6 +50,8 @@ void tune_init(struct ncclComm* comm) {
     INFO(LOG_TUNING, "NCCL_ALGO=%s: Tree is not implemented on host memory; using Ring", param_str(PARAM_ALGO));
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
   comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
+  comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
+  comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
 }
 
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* proto, int* nchannels) {
@@ -64,8 +66,7 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* 
     p = (m & (1u << PROTO_LL128)) ? PROTO_LL128 : PROTO_LL, why = "NCCL_PROTO excludes Simple";
   }
   if (m != (1u << CH_NPROTO) - 1) why = "restricted by NCCL_PROTO";
-  int minc = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
-  int maxc = (int)UT_MIN(comm->nchannels, UT_MAX(minc, param_int(PARAM_MAX_NCHANNELS)));
+  int minc = comm->min_nchannels, maxc = comm->max_nchannels;
   int nch = (int)UT_MIN((size_t)maxc, UT_MAX((size_t)minc, bytes >> 20));
   /* Two ranks: Exchange takes one hop instead of two (see algo/exchange_allreduce.c). */
   int exch = func == FUNC_ALLREDUCE && comm->nranks == 2 && (comm->algo_mask & (1u << ALGO_EXCHANGE)) &&
