@@ -192,7 +192,7 @@ TEST_T(coll_args, null_buffers_allowed, 30) {
 
 /* ---- a rank killed in the middle of a collective ---- */
 
-#define KILL_COUNT ((size_t)8 << 20) /* 32 MiB of floats: long enough to be caught in flight */
+#define KILL_COUNT ((size_t)32 << 20) /* 128 MiB of floats: still in flight when the victim dies 3 ms in */
 
 struct kill_shared {
   volatile uint64_t kill_ns; /* CLOCK_MONOTONIC is system-wide: comparable across processes */

@@ -144,3 +144,17 @@ TEST(mem, premulsum_scalar_per_rank) {
   rt_run_both(2, premul_body, NULL);
   rt_run_both(3, premul_body, NULL);
 }
+
+/* An absurd FIFO size is refused at init with a message, before any memory is reserved. */
+static void huge_fifo_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = NULL;
+  EXPECT_EQ(ncclCommInitRank(&comm, nranks, id, rank), ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "NCCL_BUFFSIZE") != NULL);
+}
+
+TEST(mem, absurd_buffsize_is_refused) {
+  setenv("NCCL_BUFFSIZE", "4398046511104", 1); /* 4 TiB per FIFO */
+  param_reset();
+  rt_run_threads(2, huge_fifo_body, NULL);
+}

@@ -59,7 +59,8 @@ struct ncclComm {
   struct ch_channel channels[CH_MAX_CHANNELS];
   int rings_connected;
   struct ch_p2p* p2p; /* [nranks] */
-  struct tp_sizes sizes;
+  struct tp_sizes sizes;     /* ring FIFOs */
+  struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */
   char* scratch; /* LL/LL128 staging, one slot payload */
 
   struct ch_redop_slot redops[CH_MAX_REDOPS];

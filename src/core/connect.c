@@ -10,11 +10,12 @@
 #define TAG_P2P (BOOT_TAG_CONNECT + CH_MAX_CHANNELS)
 #define TAG_ACK (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 1)
 
-static ch_status recv_setup(struct ncclComm* comm, struct conn* c, int peer, struct tp_handle* h) {
+static ch_status recv_setup(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,
+                            struct tp_handle* h) {
   c->peer = peer;
   switch (comm->peer_tp[peer]) {
-    case TP_LOCAL: return tp_local_recv_setup(c, &comm->sizes, h);
-    case TP_SHM: return tp_shm_recv_setup(c, &comm->sizes, h);
+    case TP_LOCAL: return tp_local_recv_setup(c, sz, h);
+    case TP_SHM: return tp_shm_recv_setup(c, sz, h);
     default:
       WARN("rank %d is on another host (%s) than rank %d (%s): the socket transport between hosts is not "
            "available in this version", peer, comm->peers[peer].hostname, comm->rank,
@@ -23,15 +24,16 @@ static ch_status recv_setup(struct ncclComm* comm, struct conn* c, int peer, str
   }
 }
 
-static ch_status send_connect(struct ncclComm* comm, struct conn* c, int peer, const struct tp_handle* h) {
+static ch_status send_connect(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,
+                              const struct tp_handle* h) {
   c->peer = peer;
   if (h->kind != comm->peer_tp[peer]) {
     WARN("rank %d offered a %s FIFO but rank %d expected %s", peer, tp_name(h->kind), comm->rank,
          tp_name(comm->peer_tp[peer]));
     return CH_INTERNAL;
   }
-  if (h->kind == TP_LOCAL) return tp_local_send_connect(c, &comm->sizes, h);
-  return tp_shm_send_connect(c, &comm->sizes, h);
+  if (h->kind == TP_LOCAL) return tp_local_send_connect(c, sz, h);
+  return tp_shm_send_connect(c, sz, h);
 }
 
 /* A rank talking to itself: one local FIFO serves both directions. */
@@ -40,9 +42,9 @@ static ch_status connect_self(struct ncclComm* comm) {
   if (p->recv.connected) return CH_OK;
   struct tp_handle h;
   p->recv.peer = comm->rank;
-  CHECK(tp_local_recv_setup(&p->recv, &comm->sizes, &h));
+  CHECK(tp_local_recv_setup(&p->recv, &comm->p2p_sizes, &h));
   p->send.peer = comm->rank;
-  return tp_local_send_connect(&p->send, &comm->sizes, &h);
+  return tp_local_send_connect(&p->send, &comm->p2p_sizes, &h);
 }
 
 static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const char* need_recv) {
@@ -52,7 +54,7 @@ static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const 
     for (int c = 0; c < comm->nchannels; c++) {
       struct ch_channel* ch = &comm->channels[c];
       if (ch->recv.connected) continue; /* an earlier attempt got this far */
-      CHECK(recv_setup(comm, &ch->recv, ch->prev, &h));
+      CHECK(recv_setup(comm, &comm->sizes, &ch->recv, ch->prev, &h));
       CHECK(boot_send(comm->boot, ch->prev, TAG_RING + c, &h, sizeof(h)));
     }
   }
@@ -62,7 +64,7 @@ static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const 
       continue;
     }
     if (!need_recv[p] || comm->p2p[p].recv.connected) continue;
-    CHECK(recv_setup(comm, &comm->p2p[p].recv, p, &h));
+    CHECK(recv_setup(comm, &comm->p2p_sizes, &comm->p2p[p].recv, p, &h));
     CHECK(boot_send(comm->boot, p, TAG_P2P, &h, sizeof(h)));
   }
   return CH_OK;
@@ -75,7 +77,7 @@ static ch_status phase_send(struct ncclComm* comm, const char* need_send, int ri
     for (int c = 0; c < comm->nchannels; c++) {
       struct ch_channel* ch = &comm->channels[c];
       CHECK(boot_recv(comm->boot, ch->next, TAG_RING + c, &h, sizeof(h)));
-      CHECK(send_connect(comm, &ch->send, ch->next, &h));
+      CHECK(send_connect(comm, &comm->sizes, &ch->send, ch->next, &h));
       CHECK(boot_send(comm->boot, ch->next, TAG_ACK, NULL, 0));
     }
     INFO(LOG_INIT, "rank %d: %d ring channel(s) connected, prev %d via %s, next %d via %s", comm->rank,
@@ -85,7 +87,7 @@ static ch_status phase_send(struct ncclComm* comm, const char* need_send, int ri
   for (int p = 0; p < n; p++) {
     if (p == comm->rank || !need_send[p] || comm->p2p[p].send.connected) continue;
     CHECK(boot_recv(comm->boot, p, TAG_P2P, &h, sizeof(h)));
-    CHECK(send_connect(comm, &comm->p2p[p].send, p, &h));
+    CHECK(send_connect(comm, &comm->p2p_sizes, &comm->p2p[p].send, p, &h));
     CHECK(boot_send(comm->boot, p, TAG_ACK, NULL, 0));
     INFO(LOG_P2P, "rank %d -> rank %d connected via %s", comm->rank, p, tp_name(h.kind));
   }

@@ -68,6 +68,17 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
 
 static ch_status direct_setup(struct ncclComm* comm);
 
+/* A FIFO size; NCCL's "auto" values (-1, -2) mean the default. */
+static size_t fifo_param(enum param_id id) {
+  int64_t v = param_int(id);
+  if (v <= 0) {
+    struct param_info pi;
+    param_describe(id, &pi);
+    v = pi.default_int;
+  }
+  return (size_t)v;
+}
+
 /* Everything after the peers are known (shared by init and split). */
 static ch_status comm_setup(struct ncclComm* comm) {
   int n = comm->nranks, me = comm->rank;
@@ -95,14 +106,24 @@ static ch_status comm_setup(struct ncclComm* comm) {
   comm->nnodes = nhosts;
   comm->oversubscribed = comm->local_nranks > ut_ncpus();
 
-  comm->sizes.buff[PROTO_SIMPLE] = (size_t)param_int(PARAM_BUFFSIZE);
-  comm->sizes.buff[PROTO_LL] = (size_t)param_int(PARAM_LL_BUFFSIZE);
-  comm->sizes.buff[PROTO_LL128] = (size_t)param_int(PARAM_LL128_BUFFSIZE);
+  comm->sizes.buff[PROTO_SIMPLE] = fifo_param(PARAM_BUFFSIZE);
+  comm->sizes.buff[PROTO_LL] = fifo_param(PARAM_LL_BUFFSIZE);
+  comm->sizes.buff[PROTO_LL128] = fifo_param(PARAM_LL128_BUFFSIZE);
+  static const char* names[CH_NPROTO] = {"NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE", "NCCL_BUFFSIZE"};
   for (int p = 0; p < CH_NPROTO; p++) {
+    /* Every connection reserves its FIFO up front: an absurd size would eat the machine's memory. */
+    if (comm->sizes.buff[p] > CH_MAX_FIFO_BYTES) {
+      WARN("%s=%zu is larger than the %d MiB maximum per connection", names[p], comm->sizes.buff[p],
+           (int)(CH_MAX_FIFO_BYTES >> 20));
+      return CH_INVALID_ARG;
+    }
     size_t min = (size_t)CH_STEPS * 4096;
     if (comm->sizes.buff[p] < min) comm->sizes.buff[p] = min;
     comm->sizes.buff[p] = UT_ALIGN_UP(comm->sizes.buff[p], min);
   }
+  /* Send/recv may connect every pair (AlltoAll on 64 ranks): keep those FIFOs small. */
+  static const size_t p2p_cap[CH_NPROTO] = {64u << 10, 256u << 10, 512u << 10};
+  for (int p = 0; p < CH_NPROTO; p++) comm->p2p_sizes.buff[p] = UT_MIN(comm->sizes.buff[p], p2p_cap[p]);
   size_t scratch = 0;
   for (int p = 0; p < CH_NPROTO; p++)
     if (p != PROTO_SIMPLE) scratch = UT_MAX(scratch, prim_slot_payload(p, comm->sizes.buff[p] / CH_STEPS));

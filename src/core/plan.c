@@ -204,7 +204,8 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       } else {
         op->ctx.in = &comm->p2p[t->root].recv;
       }
-      op->chunk = prim_step_elems(t->proto, comm->sizes.buff[t->proto] / CH_STEPS, esize ? esize : 1);
+      const struct tp_sizes* sz = is_coll(t->func) ? &comm->sizes : &comm->p2p_sizes;
+      op->chunk = prim_step_elems(t->proto, sz->buff[t->proto] / CH_STEPS, esize ? esize : 1);
       struct ch_lane* ln = &plan->lanes[lane_idx[lane_of(comm, t, c)]];
       ln->ops[ln->nops++] = op;
     }

@@ -16,6 +16,7 @@
 #include "../misc/status.h"
 
 #define CH_STEPS 8
+#define CH_MAX_FIFO_BYTES ((size_t)1 << 30) /* per protocol and connection */
 enum { PROTO_LL = 0, PROTO_LL128 = 1, PROTO_SIMPLE = 2, CH_NPROTO = 3 };
 
 /* Carried with every Simple step so a receiver can tell which call produced the data (used to detect
