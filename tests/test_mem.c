@@ -158,3 +158,20 @@ TEST(mem, absurd_buffsize_is_refused) {
   param_reset();
   rt_run_threads(2, huge_fifo_body, NULL);
 }
+
+/* Init and a collective on the new communicator in one group is refused (as in NCCL) instead of
+ * waiting for an init that only starts at ncclGroupEnd; the communicator is still created. */
+TEST_T(mem, init_and_collective_in_one_group, 20) {
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = NULL;
+  float x = 2;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, NULL), ncclInvalidUsage);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  ASSERT(comm != NULL);
+  NCCL_OK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(x == 2);
+  NCCL_OK(ncclCommDestroy(comm));
+}

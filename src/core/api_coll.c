@@ -20,6 +20,12 @@ static ch_status check_task(struct ch_task* t) {
   const char* fn = fname(t->func);
   struct ncclComm* comm = t->comm;
   CHECK(comm_check(comm, fn));
+  if (group_init_pending(comm)) {
+    /* Waiting for that init here would wait for ever: it only starts at ncclGroupEnd. */
+    WARN("%s: communicator %p is created in the same group (ncclCommInitRank* and collectives on the new "
+         "communicator cannot share a group, as in NCCL); call ncclGroupEnd first", fn, (void*)comm);
+    return CH_INVALID_USAGE;
+  }
   CHECK(comm_ensure_ready(comm));
   if (t->type < 0 || t->type >= ncclNumTypes) {
     WARN("%s: invalid datatype %d (valid: 0..%d)", fn, t->type, ncclNumTypes - 1);

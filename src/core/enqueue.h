@@ -51,6 +51,8 @@ ch_status group_simulate_end(float* estimated_us);
 void group_set_error(ch_status s);
 /* Defer a communicator init to the end of the current group. */
 ch_status group_defer_init(struct ncclComm* comm);
+/* Is comm's init deferred to the end of this thread's current group? */
+int group_init_pending(const struct ncclComm* comm);
 
 /* Plans (plan.c). */
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out);

@@ -30,6 +30,12 @@ ch_status group_defer_init(struct ncclComm* comm) {
   return CH_OK;
 }
 
+int group_init_pending(const struct ncclComm* comm) {
+  for (int i = 0; i < ninits; i++)
+    if (inits[i] == comm) return 1;
+  return 0;
+}
+
 static void* init_thread_main(void* arg) {
   struct ncclComm* comm = arg;
   comm_init_job(comm);
@@ -240,9 +246,10 @@ static ch_status group_close(float* simulate) {
   ch_status res = group_error;
   group_error = CH_OK;
   if (res != CH_OK) {
-    /* An earlier call in this group failed its checks: drop the whole group. */
+    /* An earlier call in this group failed its checks: drop its calls, but still create the
+     * communicators it asked for, whose handles the caller already holds. */
     drop_tasks();
-    ninits = 0;
+    if (ninits) run_inits();
     return res;
   }
   if (ninits) {
