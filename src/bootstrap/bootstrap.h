@@ -69,7 +69,6 @@ void boot_set_abort(struct boot_state* b, const volatile int* abort);
 void boot_set_deadline(struct boot_state* b, uint64_t deadline_ns);
 void boot_close(struct boot_state* b);
 
-#define BOOT_TAG_SPLIT (1 << 29)
 #define BOOT_TAG_CONNECT (1 << 30)
 
 #endif

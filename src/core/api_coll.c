@@ -31,10 +31,7 @@ static ch_status check_task(struct ch_task* t) {
     WARN("%s: invalid datatype %d (valid: 0..%d)", fn, t->type, ncclNumTypes - 1);
     return CH_INVALID_ARG;
   }
-  if (has_op(t->func)) {
-    struct red_op red;
-    CHECK(enq_red_op(comm, t->op, t->type, &red));
-  }
+  if (has_op(t->func)) CHECK(enq_red_op(comm, t->op, t->type, &t->red));
   if (has_root(t->func) && (t->root < 0 || t->root >= comm->nranks)) {
     WARN("%s: invalid root %d (nranks is %d)", fn, t->root, comm->nranks);
     return CH_INVALID_ARG;

@@ -188,7 +188,7 @@ CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclCom
     s = comm_parse_config(config, &cfg);
     if (s != CH_OK) return ch_to_nccl(s);
   }
-  s = comm_wait_idle(comm, 1);
+  s = comm_wait_idle(comm);
   if (s == CH_OK) s = comm_split(comm, color, key, newcomm, &cfg);
   return ch_to_nccl(s);
 }
@@ -196,7 +196,7 @@ CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclCom
 CH_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
   ch_status s = comm_check(comm, "ncclCommFinalize");
   if (s == CH_OK) s = comm_ensure_ready(comm);
-  if (s == CH_OK) s = comm_wait_idle(comm, 1);
+  if (s == CH_OK) s = comm_wait_idle(comm);
   return ch_to_nccl(s);
 }
 
@@ -206,7 +206,7 @@ CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   if (s != CH_OK) return ch_to_nccl(s);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
-  comm_wait_idle(comm, 1);
+  comm_wait_idle(comm);
   comm_free(comm);
   return ncclSuccess;
 }
@@ -221,7 +221,7 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   while (atomic_load(&comm->init_caller)) ut_backoff(1000000);
-  comm_wait_idle(comm, 0);
+  comm_wait_idle(comm);
   comm_free(comm);
   return ncclSuccess;
 }

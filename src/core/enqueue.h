@@ -14,6 +14,7 @@ struct ch_task {
   int op; /* ncclRedOp_t */
   int root; /* root, or peer for send/recv */
   int algo, proto, nch; /* chosen by plan_build */
+  struct red_op red;    /* built once, when the call is checked */
   struct ncclComm* comm;
   cudaStream_t stream;
   struct ch_task* next;
@@ -68,7 +69,7 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* 
 int stream_is_ours(cudaStream_t s);
 ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan);
 /* Wait until nothing of `comm` is queued or running anywhere. */
-ch_status comm_wait_idle(struct ncclComm* comm, int honor_abort);
+ch_status comm_wait_idle(struct ncclComm* comm);
 
 /* Build the reduction for (op, type) on comm; CH_INVALID_ARG if op is not valid. */
 ch_status enq_red_op(struct ncclComm* comm, int op, int type, struct red_op* out);

@@ -176,12 +176,11 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
     lane_idx[l] = k++;
   }
 
-  ch_status res = CH_OK;
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
     size_t esize = red_type_size(t->type);
     if (is_coll(t->func)) {
-      CHECK_GOTO(enq_red_op(comm, t->op, t->type, &plan->reds[i]), res, fail);
+      plan->reds[i] = t->red;
       comm->seq++;
     }
     size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)t->nch), 64);
@@ -212,9 +211,6 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   }
   *out = plan;
   return CH_OK;
-fail:
-  free(plan);
-  return res;
 }
 
 void plan_free(struct ch_plan* plan) {

@@ -68,8 +68,7 @@ ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan) {
   return CH_OK;
 }
 
-ch_status comm_wait_idle(struct ncclComm* comm, int honor_abort) {
-  (void)honor_abort;
+ch_status comm_wait_idle(struct ncclComm* comm) {
   for (uint64_t i = 0; atomic_load(&comm->done_ticket) != atomic_load(&comm->next_ticket); i++) ut_backoff(i);
   return CH_OK;
 }

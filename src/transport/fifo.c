@@ -1,5 +1,7 @@
-/* FIFO layout shared by every transport, and the local (same-process) transport. */
+/* What every transport shares: the FIFO layout, sleeping/waking on its counters, and teardown; plus
+ * the local (same-process) transport. */
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -46,7 +48,6 @@ ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct 
   atomic_store(&c->ctrl->refs, 1);
   c->map_base = mem;
   c->map_bytes = bytes;
-  c->owner = 1;
   c->fd = -1;
   c->transport = TP_LOCAL;
   c->connected = 1;
@@ -66,7 +67,6 @@ ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const
   tp_fifo_layout(c, (void*)(uintptr_t)h->ptr, sz);
   atomic_fetch_add(&c->ctrl->refs, 1); /* before our ack lets the receiver go on */
   c->map_base = (void*)(uintptr_t)h->ptr;
-  c->owner = 0;
   c->fd = -1;
   c->transport = TP_LOCAL;
   c->connected = 1;
@@ -93,3 +93,21 @@ void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, 
 }
 
 void tp_wake_slow(_Atomic uint64_t* word) { syscall(SYS_futex, futex_word(word), FUTEX_WAKE, 1 << 30, NULL, NULL, 0); }
+
+void tp_conn_free(struct conn* c) {
+  if (!c->connected) return;
+  if (c->transport == TP_LOCAL) {
+    /* A peer thread may still be posting its last step into this block: free it when both are done. */
+    if (atomic_fetch_sub(&c->ctrl->refs, 1) == 1) free(c->map_base);
+  } else if (c->map_base) {
+    munmap(c->map_base, c->map_bytes);
+  }
+  if (c->fd >= 0) close(c->fd);
+  memset(c, 0, sizeof(*c));
+  c->fd = -1;
+}
+
+void tp_conn_release_fd(struct conn* c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+}

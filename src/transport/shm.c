@@ -41,7 +41,6 @@ ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp
   c->map_base = mem;
   c->map_bytes = bytes;
   c->fd = fd;
-  c->owner = 1;
   c->transport = TP_SHM;
   c->connected = 1;
   memset(h, 0, sizeof(*h));
@@ -79,26 +78,7 @@ ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const s
   c->map_base = mem;
   c->map_bytes = bytes;
   c->fd = -1;
-  c->owner = 0;
   c->transport = TP_SHM;
   c->connected = 1;
   return CH_OK;
-}
-
-void tp_conn_free(struct conn* c) {
-  if (!c->connected) return;
-  if (c->transport == TP_LOCAL) {
-    /* A peer thread may still be posting its last step into this block: free it when both are done. */
-    if (atomic_fetch_sub(&c->ctrl->refs, 1) == 1) free(c->map_base);
-  } else if (c->map_base) {
-    munmap(c->map_base, c->map_bytes);
-  }
-  if (c->fd >= 0) close(c->fd);
-  memset(c, 0, sizeof(*c));
-  c->fd = -1;
-}
-
-void tp_conn_release_fd(struct conn* c) {
-  if (c->fd >= 0) close(c->fd);
-  c->fd = -1;
 }

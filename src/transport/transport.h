@@ -60,7 +60,6 @@ struct conn {
   void* map_base;
   size_t map_bytes;
   int fd;
-  int owner;
 };
 
 enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_NET = 2, TP_COUNT };
