@@ -74,6 +74,7 @@ struct ncclComm {
   atomic_uint_fast64_t next_ticket;
   atomic_uint_fast64_t done_ticket;
   uint64_t seq; /* collectives issued (sequence number carried in transfer headers) */
+  struct ch_plan* _Atomic reuse_plan; /* the last single-collective plan, kept for a repeat (plan.c) */
 
   volatile int abort_flag;           /* set by ncclCommAbort; polled everywhere */
   _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */

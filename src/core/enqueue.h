@@ -38,6 +38,9 @@ struct ch_plan {
   struct red_op* reds;     /* one per task */
   int started, done;
   ch_status status;
+  /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
+  int reusable, key_func, key_type, key_root;
+  size_t key_count;
   struct ch_plan* next; /* stream queue */
 };
 
@@ -58,6 +61,11 @@ int group_init_pending(const struct ncclComm* comm);
 /* Plans (plan.c). */
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out);
 void plan_free(struct ch_plan* plan);
+/* The plan of the previous call on comm, re-armed for task t, if it was the same collective with the
+ * same count, type and root; NULL otherwise (then build one). */
+struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t);
+/* Done with a plan run by the calling thread: keep it on its comm for a repeat, or free it. */
+void plan_release(struct ch_plan* plan);
 /* Run plans to completion (plans of several communicators progress together). */
 ch_status plan_exec(struct ch_plan** plans, int n);
 

@@ -122,6 +122,17 @@ static ch_status launch_tasks(void) {
   int ntasks = ntasks_;
   ntasks_ = 0;
   if (!ntasks) return CH_OK;
+  if (ntasks == 1) { /* the common case, a lone repeated collective: its plan is ready and connected */
+    struct ch_plan* pl = plan_reuse(tasks[0].comm, &tasks[0]);
+    if (pl) {
+      pl->ticket = atomic_fetch_add(&pl->comm->next_ticket, 1);
+      cudaStream_t st = tasks[0].stream;
+      if (st && stream_is_ours(st)) return stream_enqueue(st, pl);
+      ch_status r = plan_exec(&pl, 1);
+      plan_release(pl);
+      return r;
+    }
+  }
   ch_status res = CH_OK;
   struct ncclComm* comms_s[SMALL];
   struct ch_task *lists_s[SMALL], *tails_s[SMALL];
@@ -204,7 +215,7 @@ static ch_status launch_tasks(void) {
     res = plan_exec(plans, ncomms);
   }
 out:
-  for (int i = 0; i < ncomms && plans; i++) plan_free(plans[i]);
+  for (int i = 0; i < ncomms && plans; i++) plan_release(plans[i]);
   if (big) {
     free(comms);
     free(lists);

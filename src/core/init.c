@@ -195,6 +195,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 }
 
 void comm_free(struct ncclComm* comm) {
+  plan_free(atomic_load(&comm->reuse_plan));
   comm_free_connections(comm);
   direct_clique_release(comm->clique);
   if (comm->boot) boot_close(comm->boot);

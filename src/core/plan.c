@@ -164,6 +164,11 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   plan->comm = comm;
   plan->alloc_bytes = bytes;
   plan->nlanes = nused;
+  if (ntasks == 1 && is_coll(bs.tasks[0].func)) {
+    plan->reusable = 1;
+    plan->key_func = bs.tasks[0].func, plan->key_type = bs.tasks[0].type, plan->key_root = bs.tasks[0].root;
+    plan->key_count = bs.tasks[0].count;
+  }
   /* lane_n becomes each used lane's index; lanes share lane_ops in lane-id order. */
   int* lane_idx = bs.lane_n;
   for (int l = 0, k = 0, at = 0; l < nlanes; l++) {
@@ -222,12 +227,45 @@ void plan_free(struct ch_plan* plan) {
   cached_plan = plan;
 }
 
+/* Training loops repeat the same call: building its plan again (tuning, lanes, chunking) was most of
+ * the host time of a small collective. Only buffers, reduction, sequence number and progress change. */
+struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
+  struct ch_plan* pl = atomic_load_explicit(&comm->reuse_plan, memory_order_relaxed);
+  if (!pl || pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type ||
+      pl->key_root != t->root)
+    return NULL;
+  if (!atomic_compare_exchange_strong(&comm->reuse_plan, &pl, NULL)) return NULL;
+  comm->seq++;
+  pl->reds[0] = t->red;
+  pl->started = pl->done = 0;
+  pl->status = CH_OK;
+  for (int l = 0; l < pl->nlanes; l++) pl->lanes[l].cur = 0;
+  for (int k = 0; k < pl->nops; k++) {
+    struct ch_op* op = &pl->ops[k];
+    op->sendbuff = t->sendbuff;
+    op->recvbuff = t->recvbuff;
+    op->idx = 0; /* nidx depends only on the key: kept */
+    op->ctx.hdr.seq = comm->seq;
+    op->ctx.hdr.op = (uint32_t)t->op;
+    op->ctx.wait_word = NULL;
+    op->ctx.wait_sleeping = NULL;
+  }
+  return pl;
+}
+
+void plan_release(struct ch_plan* plan) {
+  if (!plan) return;
+  if (plan->reusable && plan->status == CH_OK) /* the newest plan is the likeliest to repeat */
+    plan = atomic_exchange(&plan->comm->reuse_plan, plan);
+  plan_free(plan);
+}
+
 /* Steps are computed lazily (nidx) when an op first runs: connections exist by then. */
 static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked) {
   int progressed = 0;
   while (ln->cur < ln->nops) {
     struct ch_op* op = ln->ops[ln->cur];
-    if (op->nidx == 0 && op->idx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
+    if (op->nidx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
     if (op->idx + 1 >= op->nidx) { ln->cur++; progressed = 1; continue; }
     if (op->algo == ALGO_DIRECT) {
       if (!direct_allreduce_try(op)) break;
@@ -328,13 +366,16 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
     }
     if (progressed) {
-      idle = 0;
+      idle = 0, idle_since = 0;
       continue;
     }
-    /* Reading the clock costs as much as a poll: while spinning, read it every 64th idle pass. */
-    if (idle == 0 || (idle & 63) == 0 || oversubscribed) t = ut_now_ns();
-    if (idle++ == 0) idle_since = check_since = t;
-    engine_wait(t - idle_since, oversubscribed, blocked);
+    /* Reading the clock costs as much as a few polls, and most waits are shorter than that: read it
+     * every 64th idle pass (every pass when oversubscribed, where we yield at once anyway). */
+    if (oversubscribed || (++idle & 63) == 0) {
+      t = ut_now_ns();
+      if (!idle_since) idle_since = check_since = t;
+    }
+    engine_wait(idle_since ? t - idle_since : 0, oversubscribed, blocked);
     if (t - check_since > 1000000000ull) {
       for (int i = 0; i < n; i++) {
         if (plans[i]->done || !plans[i]->started) continue;

@@ -53,6 +53,7 @@ struct conn {
   char* buff[CH_NPROTO];
   size_t slot_bytes[CH_NPROTO];
   uint64_t step; /* next step; both sides walk the same sequence */
+  uint64_t head_seen; /* sender: last head read; the peer's line is only re-read when this looks full */
   int peer;
   int transport; /* enum tp_kind */
   int connected;
