@@ -48,8 +48,9 @@ static void chosen_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   ncclComm_t comm = cu_comm_init(rank, nranks, id);
   const size_t sizes[] = {8, 4096, 65536, 1 << 20, 64 << 20};
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
-    int algo = -1, proto = -1, nch = 0;
-    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &algo, &proto, &nch);
+    struct tune_choice how = {-1, -1, 0, 0};
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &how);
+    int proto = how.proto;
     if (proto != want) rt_fail(__FILE__, __LINE__, "NCCL_PROTO=%s: %zu bytes use protocol %d", cu_proto(), sizes[s], proto);
   }
   NCCL_OK(ncclCommDestroy(comm));
@@ -103,3 +104,15 @@ static void small_fifos(int nranks, int procs, const char* proto) {
 TEST_T(coll_proto, small_fifos_LL_threads_3, 120) { small_fifos(3, 0, "LL"); }
 TEST_T(coll_proto, small_fifos_LL128_threads_3, 120) { small_fifos(3, 0, "LL128"); }
 TEST_T(coll_proto, small_fifos_Simple_procs_3, 120) { small_fifos(3, 1, "Simple"); }
+
+/* Streaming stores forced for every result (CHORUS_STREAM_MIN_BYTES=1): every type and op, odd counts
+ * (unaligned step ends), in-place and out-of-place, through each algorithm's final writes. */
+static void streamed(int nranks, int procs) {
+  setenv("CHORUS_STREAM_MIN_BYTES", "1", 1);
+  cu_force_proto(NULL);
+  struct cu_sweep sw = {.types = few_types, .ntypes = 6, .ops = few_ops, .nops = 4, .big = {70001}};
+  if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
+  else rt_run_threads(nranks, cu_sweep_body, &sw);
+}
+TEST_T(coll_proto, streaming_stores_threads_3, 90) { streamed(3, 0); }
+TEST_T(coll_proto, streaming_stores_procs_2, 90) { streamed(2, 1); }

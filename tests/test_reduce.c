@@ -562,3 +562,24 @@ TEST_T(reduce, convert_rounding_reference, 120) {
   free(xs);
   free(buf);
 }
+
+/* Streaming copy: every destination misalignment and length around the 64-byte line, bytes around
+ * the copied range untouched. */
+TEST(reduce, stream_copy) {
+  static unsigned char src[1024], dst[1024 + 128];
+  for (int i = 0; i < 1024; i++) src[i] = (unsigned char)(i * 7 + 3);
+  for (int off = 0; off < 64; off += 3)
+    for (size_t len = 0; len <= 600; len += len < 140 ? 1 : 37) {
+      memset(dst, 0xee, sizeof dst);
+      red_stream_copy(dst + off, src + (off % 5), len);
+      red_stream_fence();
+      for (int i = 0; i < (int)sizeof dst; i++) {
+        int in = i >= off && (size_t)(i - off) < len;
+        unsigned want = in ? src[i - off + off % 5] : 0xee;
+        if (dst[i] != want) {
+          rt_fail(__FILE__, __LINE__, "off %d len %zu: byte %d = %u, want %u", off, len, i, dst[i], want);
+          return;
+        }
+      }
+    }
+}

@@ -28,6 +28,11 @@ int red_type_is_float(int type);
 
 /* dst[i] = combine(in[i], premul(local[i])). dst may alias in or local. */
 void red_reduce(const struct red_op* op, void* dst, const void* in, const void* local, size_t n);
+/* dst <- src with streaming stores (no read of dst lines first). For large results: on x86 saves a
+ * third of the memory traffic of writing them; elsewhere a memcpy. red_stream_fence must follow
+ * before the data is published to another thread. */
+void red_stream_copy(void* dst, const void* src, size_t bytes);
+void red_stream_fence(void);
 /* dst[i] = premul(src[i]) (a plain copy when premul is the identity). dst may alias src. */
 void red_premul(const struct red_op* op, void* dst, const void* src, size_t n);
 /* dst[i] = postop(src[i]) (a plain copy when postop is the identity). dst may alias src. */

@@ -66,6 +66,7 @@ struct ncclComm {
   struct ch_redop_slot redops[CH_MAX_REDOPS];
   size_t exchange_max_bytes;
   size_t direct_min_bytes;
+  size_t stream_min_bytes;
   int min_nchannels, max_nchannels; /* NCCL_MIN/MAX_NCHANNELS, read once (tuning.c) */
   struct direct_clique* clique; /* all ranks are threads of this process: direct algorithms */
   unsigned proto_mask, algo_mask; /* allowed by NCCL_PROTO / NCCL_ALGO (tuning.c) */

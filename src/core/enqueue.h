@@ -5,6 +5,12 @@
 
 #include "comm.h"
 
+/* What tuning.c chose for one call. */
+struct tune_choice {
+  int algo, proto, nch;
+  int stream; /* write results with streaming stores */
+};
+
 struct ch_task {
   int func;
   const void* sendbuff;
@@ -13,7 +19,7 @@ struct ch_task {
   int type;
   int op; /* ncclRedOp_t */
   int root; /* root, or peer for send/recv */
-  int algo, proto, nch; /* chosen by plan_build */
+  struct tune_choice how; /* chosen by plan_build */
   struct red_op red;    /* built once, when the call is checked */
   struct ncclComm* comm;
   cudaStream_t stream;
@@ -71,7 +77,7 @@ ch_status plan_exec(struct ch_plan** plans, int n);
 
 /* Algorithm and protocol choice (tuning.c): the one place that decides, and logs why. */
 void tune_init(struct ncclComm* comm);
-void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* proto, int* nchannels);
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);

@@ -133,10 +133,10 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   memset(bs.lane_n, 0, sizeof(int) * (size_t)nlanes);
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
-    tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->algo, &t->proto, &t->nch);
-    if (!is_coll(t->func) || comm->nranks == 1) t->nch = 1;
-    for (int c = 0; c < t->nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
-    nops += t->nch;
+    tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
+    if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1;
+    for (int c = 0; c < t->how.nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
+    nops += t->how.nch;
   }
   size_t bytes = sizeof(struct ch_plan) + sizeof(struct ch_op) * (size_t)nops +
                  sizeof(struct ch_lane) * (size_t)nused + sizeof(struct ch_op*) * (size_t)nops +
@@ -188,12 +188,13 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       plan->reds[i] = t->red;
       comm->seq++;
     }
-    size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)t->nch), 64);
-    for (int c = 0; c < t->nch; c++) {
+    size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)t->how.nch), 64);
+    for (int c = 0; c < t->how.nch; c++) {
       struct ch_op* op = &plan->ops[plan->nops++];
       op_init(op, comm, t, &plan->reds[i]);
-      op->algo = t->algo;
-      op->proto = op->ctx.proto = t->proto;
+      op->algo = t->how.algo;
+      op->proto = op->ctx.proto = t->how.proto;
+      op->ctx.stream_dst = t->how.stream;
       op->part_off = UT_MIN(t->count, (size_t)c * per);
       op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
       if (is_coll(t->func)) {
@@ -209,7 +210,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
         op->ctx.in = &comm->p2p[t->root].recv;
       }
       const struct tp_sizes* sz = is_coll(t->func) ? &comm->sizes : &comm->p2p_sizes;
-      op->chunk = prim_step_elems(t->proto, sz->buff[t->proto] / CH_STEPS, esize ? esize : 1);
+      op->chunk = prim_step_elems(t->how.proto, sz->buff[t->how.proto] / CH_STEPS, esize ? esize : 1);
       struct ch_lane* ln = &plan->lanes[lane_idx[lane_of(comm, t, c)]];
       ln->ops[ln->nops++] = op;
     }

@@ -50,11 +50,12 @@ void tune_init(struct ncclComm* comm) {
     INFO(LOG_TUNING, "NCCL_ALGO=%s: Tree is not implemented on host memory; using Ring", param_str(PARAM_ALGO));
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
   comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
+  comm->stream_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
   comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
   comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
 }
 
-void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* proto, int* nchannels) {
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
   unsigned m = comm->proto_mask;
   const char* why;
   int p;
@@ -74,9 +75,13 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, int* algo, int* 
   /* Ranks in one process read each other's buffers (see algo/direct_allreduce.c). */
   int direct = func == FUNC_ALLREDUCE && comm->clique && (comm->algo_mask & (1u << ALGO_DIRECT)) &&
                bytes >= comm->direct_min_bytes;
-  *algo = direct ? ALGO_DIRECT : exch ? ALGO_EXCHANGE : ALGO_RING;
-  *proto = p;
-  *nchannels = direct ? 1 : UT_MAX(1, UT_MIN(nch, comm->nchannels)); /* Direct works on the whole vector */
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s, protocol %s (%s), %d channel(s)",
-       func < FUNC_COUNT ? func_names[func] : "?", bytes, algo_names[*algo], proto_names[p], why, *nchannels);
+  out->algo = direct ? ALGO_DIRECT : exch ? ALGO_EXCHANGE : ALGO_RING;
+  out->proto = p;
+  out->nch = direct ? 1 : UT_MAX(1, UT_MIN(nch, comm->nchannels)); /* Direct works on the whole vector */
+  /* A result larger than the caches is not read back soon: stream it (coll/red_stream.c). */
+  size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)comm->nranks : bytes;
+  out->stream = out_bytes >= comm->stream_min_bytes;
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s, protocol %s (%s), %d channel(s)%s",
+       func < FUNC_COUNT ? func_names[func] : "?", bytes, algo_names[out->algo], proto_names[p], why, out->nch,
+       out->stream ? ", streaming stores" : "");
 }
