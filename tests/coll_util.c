@@ -284,9 +284,17 @@ ncclComm_t cu_comm_init(int rank, int nranks, ncclUniqueId id) {
 #define UNTOUCHED 0xee  /* receive buffers start as this; parts no rank may write keep it */
 
 
+int cu_memalloc;
+
 static char* gbuf_alloc(struct cu_gbuf* g, size_t bytes) {
   g->bytes = bytes;
-  g->base = malloc(bytes + 2 * GUARD);
+  if (cu_memalloc) {
+    void* p = NULL;
+    NCCL_OK(ncclMemAlloc(&p, bytes + 2 * GUARD));
+    g->base = p;
+  } else {
+    g->base = malloc(bytes + 2 * GUARD);
+  }
   ASSERT(g->base != NULL);
   memset(g->base, GUARD_BYTE, GUARD);
   memset(g->base + GUARD, UNTOUCHED, bytes);
@@ -304,7 +312,8 @@ static int gbuf_check_free(struct cu_gbuf* g, const char* what, const char* cs) 
       break;
     }
   }
-  free(g->base);
+  if (cu_memalloc) NCCL_OK(ncclMemFree(g->base));
+  else free(g->base);
   g->base = NULL;
   return bad;
 }

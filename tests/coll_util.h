@@ -110,6 +110,9 @@ void cu_case_str(const struct cu_case* c, char* buf, size_t n);
 void cu_failf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void cu_finish(void);
 
+/* Nonzero: test buffers come from ncclMemAlloc (each a sub-range of its allocation, after a guard). */
+extern int cu_memalloc;
+
 /* ---- environment ---- */
 /* Forces NCCL_PROTO (NULL: unset) for communicators created afterwards in this test process. */
 void cu_force_proto(const char* proto);

@@ -48,7 +48,7 @@ static void chosen_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   ncclComm_t comm = cu_comm_init(rank, nranks, id);
   const size_t sizes[] = {8, 4096, 65536, 1 << 20, 64 << 20};
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
-    struct tune_choice how = {-1, -1, 0, 0};
+    struct tune_choice how = {.proto = -1};
     tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &how);
     int proto = how.proto;
     if (proto != want) rt_fail(__FILE__, __LINE__, "NCCL_PROTO=%s: %zu bytes use protocol %d", cu_proto(), sizes[s], proto);

@@ -20,20 +20,36 @@ enum ch_func {
 /* NCCL's numbering for Tree/Ring; Exchange is ours (two ranks only). */
 enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_COUNT = 4 };
 
-/* Shared by the ranks of one communicator that live in one process (direct_allreduce.c). */
+/* Where a rank's buffer lives, so that peers can reach it (direct_allreduce.c). Threads of one process
+ * use addr. Processes map the memfd behind an ncclMemAlloc allocation through /proc/<pid>/fd/<fd>
+ * (fd < 0: the buffer is not in such an allocation, so only its own process can reach it). */
+struct direct_buf {
+  uint64_t addr;
+  int32_t pid, fd;
+  uint64_t serial;      /* of the allocation: never reused within a process, keys peers' mappings */
+  uint64_t alloc_bytes; /* size of the allocation */
+  uint64_t off;         /* of the buffer in the allocation */
+};
+
+/* One rank's slot: plain data only, as the clique may be shared memory between processes. */
 struct direct_slot {
   _Alignas(64) _Atomic uint64_t arrive;
-  const char* send;
-  char* recv;
-  const struct red_op* red;
+  struct direct_buf send, recv;
+  struct red_op red; /* PreMulSum scalars differ per rank */
   _Alignas(64) _Atomic uint64_t done;
   char pad[56];
 };
+/* Slots of all ranks: on the heap when all ranks are threads of one process, else in a memfd that
+ * every local process maps (procs = 1). */
 struct direct_clique {
   _Atomic int refs;
   int n;
+  int procs;
   _Alignas(64) struct direct_slot slot[];
 };
+static inline size_t direct_clique_bytes(int n) {
+  return sizeof(struct direct_clique) + sizeof(struct direct_slot) * (size_t)n;
+}
 struct direct_clique* direct_clique_new(int n);
 void direct_clique_release(struct direct_clique* c);
 
@@ -55,6 +71,9 @@ struct ch_op {
   size_t chunk; /* elements per step */
   struct prim_ctx ctx;
   struct direct_clique* clique; /* ALGO_DIRECT */
+  struct tp_map_cache* maps;     /* ALGO_DIRECT between processes: this rank's mappings of peer buffers */
+  struct direct_buf dsend, drecv; /* ALGO_DIRECT: this rank's buffers as peers reach them */
+  int fallback_algo;             /* ALGO_DIRECT between processes, when some buffer is not shareable */
   uint64_t idx, nidx; /* next primitive index, total */
 };
 
@@ -67,7 +86,9 @@ uint64_t ring_allreduce_nsteps(const struct ch_op* op);
 void ring_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t exchange_allreduce_nsteps(const struct ch_op* op);
 void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-/* Direct ops are not made of FIFO primitives: the engine calls this (3 steps; 0 = must wait). */
+/* Direct ops are not made of FIFO primitives: the engine calls this (3 steps). Returns 1 when a step
+ * is done, 0 when it must wait, -1 when the ranks' buffers cannot all be reached by peers: then every
+ * rank runs op->fallback_algo instead (all reach the same verdict from the same slots). */
 int direct_allreduce_try(struct ch_op* op);
 uint64_t ring_allgather_nsteps(const struct ch_op* op);
 void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);

@@ -8,6 +8,7 @@
 /* What tuning.c chose for one call. */
 struct tune_choice {
   int algo, proto, nch;
+  int fallback; /* algorithm when Direct finds a buffer other processes cannot reach */
   int stream; /* write results with streaming stores */
 };
 
@@ -46,6 +47,7 @@ struct ch_plan {
   ch_status status;
   /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
   int reusable, key_func, key_type, key_root;
+  int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
   size_t key_count;
   struct ch_plan* next; /* stream queue */
 };
@@ -84,6 +86,10 @@ int stream_is_ours(cudaStream_t s);
 ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan);
 /* Wait until nothing of `comm` is queued or running anywhere. */
 ch_status comm_wait_idle(struct ncclComm* comm);
+
+/* Describe buf for direct algorithms (mem.c): 1 if [buf, buf + bytes) lies in one memfd-backed
+ * ncclMemAlloc allocation that other local processes can map, else 0 (out still has the address). */
+int mem_describe(const void* buf, size_t bytes, struct direct_buf* out);
 
 /* Build the reduction for (op, type) on comm; CH_INVALID_ARG if op is not valid. */
 ch_status enq_red_op(struct ncclComm* comm, int op, int type, struct red_op* out);

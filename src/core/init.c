@@ -1,8 +1,12 @@
 /* Communicator creation and teardown internals: the init job (bootstrap, peers, channels), split,
  * and the state checks every API call makes. */
+#define _GNU_SOURCE /* memfd_create */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "chorus.h"
@@ -57,6 +61,7 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
     return CH_SYSTEM;
   }
   comm->magic = CH_COMM_MAGIC;
+  comm->clique_fd = -1;
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;
@@ -67,6 +72,7 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
 }
 
 static ch_status direct_setup(struct ncclComm* comm);
+static void direct_release(struct ncclComm* comm);
 
 /* A FIFO size; NCCL's "auto" values (-1, -2) mean the default. */
 static size_t fifo_param(enum param_id id) {
@@ -154,27 +160,84 @@ static ch_status comm_setup(struct ncclComm* comm) {
   return CH_OK;
 }
 
-/* When every rank is a thread of this process, rank 0's clique (slots for direct algorithms) is shared
- * by all: its address travels in one bootstrap allgather. */
+/* Direct algorithms need a clique: one slot per rank that all ranks can touch. When every rank is a
+ * thread of this process, rank 0 allocates it on the heap and its address travels in one bootstrap
+ * allgather. When ranks are processes of one host, rank 0 creates a memfd and the others map it
+ * through /proc/<pid>/fd (as the shm transport does); rank 0 keeps the descriptor until it leaves. */
 static ch_status direct_setup(struct ncclComm* comm) {
-  int n = comm->nranks, all_local = n > 1;
-  for (int r = 0; r < n; r++) all_local &= comm->peer_tp[r] == TP_LOCAL;
-  if (!all_local || param_int(PARAM_DIRECT_MIN_BYTES) < 0) return CH_OK;
-  uint64_t* ptrs = calloc((size_t)n, sizeof(uint64_t));
-  if (!ptrs) return CH_SYSTEM;
-  if (comm->rank == 0) {
-    struct direct_clique* c = direct_clique_new(n);
-    if (!c) {
-      free(ptrs);
-      return CH_SYSTEM;
-    }
-    ptrs[0] = (uint64_t)(uintptr_t)c;
+  int n = comm->nranks, threads = n > 1, host = n > 1;
+  for (int r = 0; r < n; r++) {
+    threads &= comm->peer_tp[r] == TP_LOCAL;
+    host &= comm->peer_tp[r] == TP_LOCAL || comm->peer_tp[r] == TP_SHM;
   }
-  ch_status s = boot_allgather(comm->boot, ptrs, sizeof(uint64_t));
-  if (s == CH_OK) comm->clique = (struct direct_clique*)(uintptr_t)ptrs[0];
-  else if (comm->rank == 0) free((void*)(uintptr_t)ptrs[0]);
-  free(ptrs);
+  if (!host || param_int(PARAM_DIRECT_MIN_BYTES) < 0) return CH_OK;
+  if (!threads && param_int(PARAM_SHM_DIRECT_MIN_BYTES) < 0) return CH_OK;
+  struct { uint64_t ptr; int32_t pid, fd; } info = {0, (int32_t)getpid(), -1}, *all = calloc((size_t)n, sizeof(info));
+  if (!all) return CH_SYSTEM;
+  ch_status s = CH_OK;
+  size_t bytes = direct_clique_bytes(n);
+  if (comm->rank == 0 && threads) {
+    struct direct_clique* c = direct_clique_new(n);
+    if (!c) s = CH_SYSTEM;
+    else info.ptr = (uint64_t)(uintptr_t)c;
+  } else if (comm->rank == 0) {
+    int fd = memfd_create("chorus-clique", MFD_CLOEXEC);
+    void* m = fd < 0 || ftruncate(fd, (off_t)bytes) != 0 ? MAP_FAILED
+            : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) { /* not fatal: collectives use FIFOs, as they would without ncclMemAlloc */
+      INFO(LOG_INIT, "cannot create the %zu-byte shared clique (%s): no direct algorithms", bytes, strerror(errno));
+      if (fd >= 0) close(fd);
+    } else {
+      ((struct direct_clique*)m)->n = n;
+      ((struct direct_clique*)m)->procs = 1;
+      info.ptr = (uint64_t)(uintptr_t)m, info.fd = fd;
+      comm->clique_fd = fd;
+    }
+  }
+  all[comm->rank] = info;
+  if (s == CH_OK) s = boot_allgather(comm->boot, all, sizeof(info));
+  if (s == CH_OK && threads) {
+    comm->clique = (struct direct_clique*)(uintptr_t)all[0].ptr;
+  } else if (s == CH_OK && comm->rank == 0) {
+    comm->clique = (struct direct_clique*)(uintptr_t)info.ptr;
+  } else if (s == CH_OK && all[0].fd >= 0) {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)all[0].pid, (int)all[0].fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    void* m = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (m == MAP_FAILED) /* not fatal: collectives use FIFOs, as they would without ncclMemAlloc */
+      INFO(LOG_INIT, "rank %d: cannot map rank 0's clique %s (%s): no direct algorithms", comm->rank, path,
+           strerror(errno));
+    else comm->clique = m;
+  }
+  if (s == CH_OK && comm->clique && comm->clique->procs) {
+    comm->maps = tp_map_cache_new();
+    if (!comm->maps) s = CH_SYSTEM;
+  }
+  /* Every rank must agree on having a clique (tuning picks Direct from it). */
+  int32_t have = comm->clique != NULL, *haves = calloc((size_t)n, sizeof(int32_t));
+  if (s == CH_OK && !haves) s = CH_SYSTEM;
+  if (s == CH_OK) {
+    haves[comm->rank] = have;
+    s = boot_allgather(comm->boot, haves, sizeof(int32_t));
+    for (int r = 0; s == CH_OK && r < n; r++) have &= haves[r];
+    if (s == CH_OK && !have && comm->clique) direct_release(comm);
+  }
+  free(haves);
+  if (s != CH_OK && comm->rank == 0 && threads) free((void*)(uintptr_t)info.ptr);
+  free(all);
   return s;
+}
+
+static void direct_release(struct ncclComm* comm) {
+  if (comm->clique && comm->clique->procs) munmap(comm->clique, direct_clique_bytes(comm->clique->n));
+  else direct_clique_release(comm->clique);
+  comm->clique = NULL;
+  if (comm->clique_fd >= 0) close(comm->clique_fd);
+  comm->clique_fd = -1;
+  tp_map_cache_free(comm->maps);
+  comm->maps = NULL;
 }
 
 ch_status comm_init_job(struct ncclComm* comm) {
@@ -197,7 +260,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 void comm_free(struct ncclComm* comm) {
   plan_free(atomic_load(&comm->reuse_plan));
   comm_free_connections(comm);
-  direct_clique_release(comm->clique);
+  direct_release(comm);
   if (comm->boot) boot_close(comm->boot);
   for (int c = 0; c < CH_MAX_CHANNELS; c++) free(comm->channels[c].ring);
   free(comm->peers);

@@ -1,7 +1,10 @@
 /* NCCL API: memory, registration and custom reduction operators. */
+#define _GNU_SOURCE /* memfd_create */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../misc/log.h"
 #include "api.h"
@@ -13,10 +16,13 @@ struct ch_block {
   void* ptr;
   size_t size;
   const struct ncclComm* comm; /* registrations only */
+  int fd;                      /* allocations: the memfd behind it, -1 for plain memory */
+  uint64_t serial;             /* allocations: never reused, keys peers' mappings */
   struct ch_block* next;
 };
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ch_block *allocs, *regs;
+static uint64_t next_serial = 1;
 
 static void track(struct ch_block** list, struct ch_block* b) {
   pthread_mutex_lock(&mem_mu);
@@ -40,6 +46,42 @@ static struct ch_block* untrack(struct ch_block** list, const void* key, int by_
   return found;
 }
 
+int mem_describe(const void* buf, size_t bytes, struct direct_buf* out) {
+  uintptr_t p = (uintptr_t)buf;
+  memset(out, 0, sizeof(*out));
+  out->addr = (uint64_t)p;
+  out->pid = (int32_t)getpid();
+  out->fd = -1;
+  pthread_mutex_lock(&mem_mu);
+  for (struct ch_block* b = allocs; b; b = b->next) {
+    uintptr_t base = (uintptr_t)b->ptr;
+    if (b->fd >= 0 && p >= base && p - base <= b->size && bytes <= b->size - (p - base)) {
+      out->fd = b->fd;
+      out->serial = b->serial;
+      out->alloc_bytes = b->size;
+      out->off = p - base;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&mem_mu);
+  return out->fd >= 0;
+}
+
+/* A memfd, so that other local processes can map the buffer and collectives on it need no FIFO copy
+ * (algo/direct_allreduce.c). Plain memory if the kernel has no memfd. */
+static void* alloc_shareable(size_t size, int* fd) {
+  *fd = memfd_create("chorus-mem", MFD_CLOEXEC);
+  if (*fd >= 0) {
+    void* p = MAP_FAILED;
+    if (ftruncate(*fd, (off_t)size) == 0) p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    if (p != MAP_FAILED) return p;
+    close(*fd);
+  }
+  *fd = -1;
+  void* p = NULL;
+  return posix_memalign(&p, 4096, size) == 0 ? p : NULL; /* page-aligned like the mapping */
+}
+
 CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   if (!ptr) {
     WARN("ncclMemAlloc: ptr is NULL");
@@ -48,16 +90,21 @@ CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   *ptr = NULL;
   if (size == 0) return ncclSuccess;
   struct ch_block* b = malloc(sizeof(*b));
-  /* Page-aligned so the kernel can map it efficiently and reductions get aligned vectors. */
-  if (!b || posix_memalign(ptr, 4096, size) != 0) {
+  int fd = -1;
+  void* p = b ? alloc_shareable(size, &fd) : NULL;
+  if (!p) {
     free(b);
-    *ptr = NULL;
     WARN("ncclMemAlloc: cannot allocate %zu bytes", size);
     return ncclSystemError;
   }
-  b->ptr = *ptr;
+  *ptr = p;
+  b->ptr = p;
   b->size = size;
   b->comm = NULL;
+  b->fd = fd;
+  pthread_mutex_lock(&mem_mu);
+  b->serial = next_serial++;
+  pthread_mutex_unlock(&mem_mu);
   track(&allocs, b);
   return ncclSuccess;
 }
@@ -69,7 +116,12 @@ CH_API(ncclResult_t, ncclMemFree, void* ptr) {
     WARN("ncclMemFree: %p was not returned by ncclMemAlloc (or was already freed)", ptr);
     return ncclInvalidArgument;
   }
-  free(b->ptr);
+  if (b->fd >= 0) {
+    munmap(b->ptr, b->size);
+    close(b->fd);
+  } else {
+    free(b->ptr);
+  }
   free(b);
   return ncclSuccess;
 }
@@ -85,12 +137,14 @@ CH_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t
     WARN("ncclCommRegister: buff is NULL with size %zu", size);
     return ncclInvalidArgument;
   }
-  /* Host memory needs no pinning; the handle records the range for later single-copy paths. */
+  /* Host memory needs no pinning. What peers can reach is decided per call from ncclMemAlloc's
+   * allocations (mem_describe); the handle records the range so that Deregister can check it. */
   struct ch_block* b = malloc(sizeof(*b));
   if (!b) return ncclSystemError;
   b->ptr = buff;
   b->size = size;
   b->comm = comm;
+  b->fd = -1;
   track(&regs, b);
   *handle = b;
   return ncclSuccess;

@@ -118,6 +118,19 @@ static int lane_of(const struct ncclComm* comm, const struct ch_task* t, int c) 
   return CH_MAX_CHANNELS + (t->func == FUNC_SEND ? 0 : comm->nranks) + t->root;
 }
 
+/* How peers reach this rank's buffers, for Direct: by address for threads; processes look the
+ * buffers up among the ncclMemAlloc allocations they can map. */
+static void direct_describe(struct ch_op* op) {
+  size_t bytes = op->count * op->esize;
+  if (!op->clique->procs) {
+    op->dsend = (struct direct_buf){.addr = (uint64_t)(uintptr_t)op->sendbuff};
+    op->drecv = (struct direct_buf){.addr = (uint64_t)(uintptr_t)op->recvbuff};
+    return;
+  }
+  mem_describe(op->sendbuff, bytes, &op->dsend);
+  mem_describe(op->recvbuff, bytes, &op->drecv);
+}
+
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out) {
   /* Flatten: collectives stay, grouped p2p patterns become send/recv. */
   int ntasks = 0;
@@ -168,6 +181,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
     plan->reusable = 1;
     plan->key_func = bs.tasks[0].func, plan->key_type = bs.tasks[0].type, plan->key_root = bs.tasks[0].root;
     plan->key_count = bs.tasks[0].count;
+    plan->first_algo = bs.tasks[0].how.algo;
   }
   /* lane_n becomes each used lane's index; lanes share lane_ops in lane-id order. */
   int* lane_idx = bs.lane_n;
@@ -204,6 +218,9 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
         op->ctx.in = &ch->recv;
         op->ctx.out = &ch->send;
         op->clique = comm->clique;
+        op->maps = comm->maps;
+        op->fallback_algo = t->how.fallback;
+        if (op->algo == ALGO_DIRECT) direct_describe(op);
       } else if (t->func == FUNC_SEND) {
         op->ctx.out = &comm->p2p[t->root].send;
       } else {
@@ -245,7 +262,9 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     struct ch_op* op = &pl->ops[k];
     op->sendbuff = t->sendbuff;
     op->recvbuff = t->recvbuff;
-    op->idx = 0; /* nidx depends only on the key: kept */
+    op->idx = 0;
+    if (op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back last time */
+    if (op->algo == ALGO_DIRECT) direct_describe(op);
     op->ctx.hdr.seq = comm->seq;
     op->ctx.hdr.op = (uint32_t)t->op;
     op->ctx.wait_word = NULL;
@@ -262,15 +281,23 @@ void plan_release(struct ch_plan* plan) {
 }
 
 /* Steps are computed lazily (nidx) when an op first runs: connections exist by then. */
-static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked) {
+static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked, ch_status* err) {
   int progressed = 0;
   while (ln->cur < ln->nops) {
     struct ch_op* op = ln->ops[ln->cur];
     if (op->nidx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
     if (op->idx + 1 >= op->nidx) { ln->cur++; progressed = 1; continue; }
     if (op->algo == ALGO_DIRECT) {
-      if (!direct_allreduce_try(op)) break;
-      op->idx++;
+      int r = direct_allreduce_try(op);
+      if (r == 0) break;
+      if (r == -2) { /* logged where it happened */
+        *err = CH_SYSTEM;
+        break;
+      }
+      if (r == -1) /* some buffer is unreachable: every rank switches to the FIFO algorithm */
+        op->algo = op->fallback_algo, op->idx = 0, op->nidx = algo_nsteps(op) + 1;
+      else
+        op->idx++;
       progressed = 1;
       continue;
     }
@@ -356,7 +383,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         for (int l = 0; l < pl->nlanes; l++) {
           struct ch_lane* ln = &pl->lanes[l];
           if (ln->cur >= ln->nops) continue;
-          progressed |= lane_progress(ln, &blocked);
+          progressed |= lane_progress(ln, &blocked, &pl->status);
           busy |= ln->cur < ln->nops;
         }
       }

@@ -51,6 +51,7 @@ void tune_init(struct ncclComm* comm) {
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
   comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
   comm->stream_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
+  comm->shm_direct_min_bytes = (size_t)param_int(PARAM_SHM_DIRECT_MIN_BYTES);
   comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
   comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
 }
@@ -72,16 +73,22 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choi
   /* Two ranks: Exchange takes one hop instead of two (see algo/exchange_allreduce.c). */
   int exch = func == FUNC_ALLREDUCE && comm->nranks == 2 && (comm->algo_mask & (1u << ALGO_EXCHANGE)) &&
              bytes <= comm->exchange_max_bytes;
-  /* Ranks in one process read each other's buffers (see algo/direct_allreduce.c). */
+  /* Ranks read each other's buffers (see algo/direct_allreduce.c): threads of one process always;
+   * processes when every rank's buffers come from ncclMemAlloc, which is known only when the call
+   * runs, so the FIFO algorithm is kept as the fallback. That check costs a round trip: only for
+   * sizes where it is small. */
   int direct = func == FUNC_ALLREDUCE && comm->clique && (comm->algo_mask & (1u << ALGO_DIRECT)) &&
-               bytes >= comm->direct_min_bytes;
-  out->algo = direct ? ALGO_DIRECT : exch ? ALGO_EXCHANGE : ALGO_RING;
+               bytes >= (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes);
+  out->fallback = exch ? ALGO_EXCHANGE : ALGO_RING;
+  out->algo = direct ? ALGO_DIRECT : out->fallback;
   out->proto = p;
   out->nch = direct ? 1 : UT_MAX(1, UT_MIN(nch, comm->nchannels)); /* Direct works on the whole vector */
   /* A result larger than the caches is not read back soon: stream it (coll/red_stream.c). */
   size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)comm->nranks : bytes;
   out->stream = out_bytes >= comm->stream_min_bytes;
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s, protocol %s (%s), %d channel(s)%s",
-       func < FUNC_COUNT ? func_names[func] : "?", bytes, algo_names[out->algo], proto_names[p], why, out->nch,
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s%s, protocol %s (%s), %d channel(s)%s",
+       func < FUNC_COUNT ? func_names[func] : "?", bytes, algo_names[out->algo],
+       direct && comm->clique->procs ? " if all buffers are from ncclMemAlloc, else " : "",
+       direct && comm->clique->procs ? algo_names[out->fallback] : "", proto_names[p], why, out->nch,
        out->stream ? ", streaming stores" : "");
 }

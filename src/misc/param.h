@@ -43,6 +43,8 @@
     "largest AllReduce (bytes) done by Exchange instead of Ring on two ranks (-1 = always)")       \
   X(DIRECT_MIN_BYTES, "CHORUS_DIRECT_MIN_BYTES", P_INT, 0, "",                                      \
     "smallest AllReduce (bytes) done Direct when all ranks are threads of one process (-1 = never)") \
+  X(SHM_DIRECT_MIN_BYTES, "CHORUS_SHM_DIRECT_MIN_BYTES", P_INT, 256 << 10, "",                      \
+    "smallest AllReduce (bytes) done Direct between processes of one host on ncclMemAlloc buffers (-1 = never)") \
   X(STREAM_MIN_BYTES, "CHORUS_STREAM_MIN_BYTES", P_INT, 8 << 20, "",                               \
     "smallest result (bytes) written with streaming stores, bypassing the cache (-1 = never)")     \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \

@@ -97,4 +97,14 @@ void tp_conn_free(struct conn* c);
 void tp_conn_release_fd(struct conn* c);
 const char* tp_name(int kind);
 
+/* Memory of other local processes, mapped on demand (direct algorithms): an allocation of process pid
+ * whose memfd is its descriptor fd, opened through /proc/<pid>/fd/<fd>. Mappings stay cached, keyed
+ * by (pid, serial), so a repeated call costs a lookup; the least recently used is unmapped when the
+ * cache is full. */
+struct tp_map_cache;
+struct tp_map_cache* tp_map_cache_new(void);
+void tp_map_cache_free(struct tp_map_cache* mc);
+/* Base address of the mapping, or NULL with a WARN. */
+char* tp_map_peer(struct tp_map_cache* mc, int pid, int fd, uint64_t serial, size_t bytes);
+
 #endif

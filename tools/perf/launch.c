@@ -202,7 +202,9 @@ void perf_thread_buffers(perf_thread* th) {
   for (int i = 0; i < th->nlocal; i++) {
     for (int k = 0; k < 2; k++) {
       void* p = NULL;
-      if (posix_memalign(&p, 64, bytes) != 0) perf_fail_msg(ctx, PERF_INTERNAL, "cannot allocate %zu bytes", bytes);
+      /* With -R, as nccl-tests: ncclMemAlloc, which other processes can map (single-copy collectives). */
+      if (ctx->o.reg) PERF_NCCL_CHECK(ctx, ncclMemAlloc(&p, bytes));
+      else if (posix_memalign(&p, 64, bytes) != 0) perf_fail_msg(ctx, PERF_INTERNAL, "cannot allocate %zu bytes", bytes);
       memset(p, 0, bytes); /* first touch by the thread that uses it */
       th->allocs[2 * i + k] = p;
     }
@@ -237,7 +239,10 @@ static void thread_cleanup(perf_thread* th) {
   for (int i = 0; i < th->nlocal; i++) PERF_NCCL_CHECK(ctx, ncclCommFinalize(th->comms[i]));
   if (th->nlocal > 1) PERF_NCCL_CHECK(ctx, ncclGroupEnd());
   for (int i = 0; i < th->nlocal; i++) PERF_NCCL_CHECK(ctx, ncclCommDestroy(th->comms[i]));
-  for (int i = 0; i < 2 * th->nlocal; i++) free(th->allocs[i]);
+  for (int i = 0; i < 2 * th->nlocal; i++) {
+    if (ctx->o.reg) PERF_NCCL_CHECK(ctx, ncclMemFree(th->allocs[i]));
+    else free(th->allocs[i]);
+  }
 }
 
 static void* thread_entry(void* arg) {

@@ -1,0 +1,89 @@
+/* Direct AllReduce between processes on ncclMemAlloc buffers (algo/direct_allreduce.c): results for
+ * every type and op, the fallback when some rank's buffer is plain memory, more buffers than the
+ * mapping cache holds, and that Direct really ran (its done word moves only on that path). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll_util.h"
+#include "core/comm.h"
+#include "misc/param.h"
+#include "runner.h"
+
+static void direct_everywhere(void) {
+  setenv("CHORUS_SHM_DIRECT_MIN_BYTES", "0", 1);
+  cu_force_proto(NULL); /* also re-reads the parameters */
+}
+
+static void sweep(int nranks) {
+  direct_everywhere();
+  cu_memalloc = 1;
+  struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE, .big = {300007}};
+  rt_run_procs(nranks, cu_sweep_body, &sw);
+}
+TEST_T(direct, procs_2_all_types_ops, 120) { sweep(2); }
+TEST_T(direct, procs_3_all_types_ops, 120) { sweep(3); }
+TEST_T(direct, procs_4_all_types_ops, 180) { sweep(4); }
+
+/* Did the last AllReduce on comm run Direct? */
+static int ran_direct(ncclComm_t comm) {
+  return comm->clique && atomic_load(&comm->clique->slot[comm->rank].done) == comm->seq + 1;
+}
+
+/* arg != NULL: rank 1 receives into plain memory, so every rank must fall back to FIFOs. */
+static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  const size_t n = 100003;
+  float *send = NULL, *recv = NULL;
+  NCCL_OK(ncclMemAlloc((void**)&send, n * sizeof(float)));
+  int plain = arg && rank == 1;
+  if (plain) recv = malloc(n * sizeof(float));
+  else NCCL_OK(ncclMemAlloc((void**)&recv, n * sizeof(float)));
+  for (int rep = 0; rep < 3; rep++) {
+    for (size_t i = 0; i < n; i++) send[i] = (float)(rank + 1 + (int)(i % 5) + rep);
+    NCCL_OK(ncclAllReduce(send, recv, n, ncclFloat, ncclSum, comm, NULL));
+    EXPECT_EQ(ran_direct(comm), !arg);
+    for (size_t i = 0; i < n; i++) {
+      float want = (float)(nranks * (nranks + 1) / 2 + nranks * ((int)(i % 5) + rep));
+      if (recv[i] != want) {
+        rt_fail(__FILE__, __LINE__, "rank %d rep %d [%zu] = %g, want %g", rank, rep, i, recv[i], want);
+        break;
+      }
+    }
+  }
+  if (plain) free(recv);
+  else NCCL_OK(ncclMemFree(recv));
+  NCCL_OK(ncclMemFree(send));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST(direct, all_memalloc_runs_direct) {
+  direct_everywhere();
+  rt_run_procs(2, mixed_body, NULL);
+}
+TEST(direct, one_plain_buffer_falls_back) {
+  direct_everywhere();
+  rt_run_procs(3, mixed_body, (void*)1);
+}
+
+/* 40 allocations, more than the 32 mappings a rank keeps: old ones are unmapped and remapped. */
+static void many_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  enum { NB = 40, N = 4099 };
+  int* bufs[NB];
+  for (int b = 0; b < NB; b++) NCCL_OK(ncclMemAlloc((void**)&bufs[b], N * sizeof(int)));
+  for (int round = 0; round < 2; round++)
+    for (int b = 0; b < NB; b++) {
+      for (int i = 0; i < N; i++) bufs[b][i] = rank * 1000 + b + i;
+      NCCL_OK(ncclAllReduce(bufs[b], bufs[b], N, ncclInt32, ncclSum, comm, NULL));
+      EXPECT(ran_direct(comm));
+      int want0 = 1000 * nranks * (nranks - 1) / 2 + nranks * b;
+      EXPECT_EQ(bufs[b][0], want0);
+      EXPECT_EQ(bufs[b][N - 1], want0 + nranks * (N - 1));
+    }
+  for (int b = 0; b < NB; b++) NCCL_OK(ncclMemFree(bufs[b]));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST(direct, more_buffers_than_mappings) {
+  direct_everywhere();
+  rt_run_procs(2, many_body, NULL);
+}
