@@ -2,7 +2,6 @@
  * and the state checks every API call makes. */
 #define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,15 +200,7 @@ static ch_status direct_setup(struct ncclComm* comm) {
   } else if (s == CH_OK && comm->rank == 0) {
     comm->clique = (struct direct_clique*)(uintptr_t)info.ptr;
   } else if (s == CH_OK && all[0].fd >= 0) {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)all[0].pid, (int)all[0].fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    void* m = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (fd >= 0) close(fd);
-    if (m == MAP_FAILED) /* not fatal: collectives use FIFOs, as they would without ncclMemAlloc */
-      INFO(LOG_INIT, "rank %d: cannot map rank 0's clique %s (%s): no direct algorithms", comm->rank, path,
-           strerror(errno));
-    else comm->clique = m;
+    comm->clique = tp_shm_map_fd((int)all[0].pid, (int)all[0].fd, bytes, 0, "direct-algorithm clique of rank 0");
   }
   if (s == CH_OK && comm->clique && comm->clique->procs) {
     comm->maps = tp_map_cache_new();

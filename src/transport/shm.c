@@ -52,6 +52,34 @@ ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp
   return CH_OK;
 }
 
+/* Map `bytes` of the memfd that process pid holds as descriptor fd. NULL (with a WARN naming `what`)
+ * if it cannot be opened, is smaller than expected, or cannot be mapped. */
+void* tp_shm_map_fd(int pid, int fd, size_t bytes, int populate, const char* what) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+  int f = open(path, O_RDWR | O_CLOEXEC);
+  if (f < 0) {
+    WARN("cannot open %s of pid %d through %s: %s. Both processes must run as the same user and see "
+         "each other's /proc (same PID namespace); set NCCL_SHM_DISABLE=1 to use sockets", what, pid, path,
+         strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(f, &st) != 0 || (uint64_t)st.st_size < bytes) { /* not the memfd we were told about */
+    WARN("%s is not the %zu-byte %s of pid %d", path, bytes, what, pid);
+    close(f);
+    return NULL;
+  }
+  void* mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), f, 0);
+  int saved = errno;
+  close(f);
+  if (mem == MAP_FAILED) {
+    WARN("mmap of %zu bytes of the %s of pid %d failed: %s", bytes, what, pid, strerror(saved));
+    return NULL;
+  }
+  return mem;
+}
+
 ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h) {
   size_t bytes = tp_fifo_bytes(sz);
   if (h->bytes != bytes) {
@@ -59,22 +87,10 @@ ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const s
          (unsigned long long)h->bytes, bytes);
     return CH_INVALID_USAGE;
   }
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h->pid, (int)h->fd);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    WARN("cannot open shared memory of rank %d (pid %d) through %s: %s. Both processes must run as the "
-         "same user and see each other's /proc (same PID namespace); set NCCL_SHM_DISABLE=1 to use sockets",
-         c->peer, (int)h->pid, path, strerror(errno));
-    return CH_SYSTEM;
-  }
-  void* mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int saved = errno;
-  close(fd);
-  if (mem == MAP_FAILED) {
-    WARN("mmap of the FIFO of rank %d failed: %s", c->peer, strerror(saved));
-    return CH_SYSTEM;
-  }
+  char what[64];
+  snprintf(what, sizeof(what), "the FIFO of rank %d", c->peer);
+  void* mem = tp_shm_map_fd((int)h->pid, (int)h->fd, bytes, 0, what);
+  if (!mem) return CH_SYSTEM;
   tp_fifo_layout(c, mem, sz);
   c->map_base = mem;
   c->map_bytes = bytes;
@@ -120,27 +136,9 @@ char* tp_map_peer(struct tp_map_cache* mc, int pid, int fd, uint64_t serial, siz
     }
     if (!e->base || (victim->base && e->used < victim->used)) victim = e;
   }
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
-  int f = open(path, O_RDWR | O_CLOEXEC);
-  if (f < 0) {
-    WARN("cannot open the ncclMemAlloc buffer of pid %d through %s: %s", pid, path, strerror(errno));
-    return NULL;
-  }
-  struct stat st;
-  if (fstat(f, &st) != 0 || (uint64_t)st.st_size < bytes) { /* not the memfd we were told about */
-    WARN("%s is not a %zu-byte ncclMemAlloc buffer of pid %d", path, bytes, pid);
-    close(f);
-    return NULL;
-  }
-  /* Populate now: one call instead of a page fault per 4 KiB on first use. */
-  char* base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
-  int saved = errno;
-  close(f);
-  if (base == MAP_FAILED) {
-    WARN("mmap of %zu bytes of pid %d's ncclMemAlloc buffer failed: %s", bytes, pid, strerror(saved));
-    return NULL;
-  }
+  /* Populated now: one call instead of a page fault per 4 KiB on first use. */
+  char* base = tp_shm_map_fd(pid, fd, bytes, 1, "ncclMemAlloc buffer");
+  if (!base) return NULL;
   if (victim->base) munmap(victim->base, victim->bytes);
   *victim = (struct tp_map_entry){pid, serial, base, bytes, mc->clock};
   return base;

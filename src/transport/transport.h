@@ -104,6 +104,9 @@ const char* tp_name(int kind);
 struct tp_map_cache;
 struct tp_map_cache* tp_map_cache_new(void);
 void tp_map_cache_free(struct tp_map_cache* mc);
+/* Map `bytes` of the memfd that local process pid holds as descriptor fd (through /proc/<pid>/fd),
+ * prefaulted if populate. NULL with a WARN naming `what` on failure. */
+void* tp_shm_map_fd(int pid, int fd, size_t bytes, int populate, const char* what);
 /* Base address of the mapping, or NULL with a WARN. */
 char* tp_map_peer(struct tp_map_cache* mc, int pid, int fd, uint64_t serial, size_t bytes);
 
