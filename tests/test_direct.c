@@ -1,11 +1,14 @@
 /* Direct AllReduce between processes on ncclMemAlloc buffers (algo/direct_allreduce.c): results for
  * every type and op, the fallback when some rank's buffer is plain memory, more buffers than the
  * mapping cache holds, and that Direct really ran (its done word moves only on that path). */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coll_util.h"
 #include "core/comm.h"
+#include "core/enqueue.h"
 #include "misc/param.h"
 #include "runner.h"
 
@@ -86,4 +89,32 @@ static void many_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST(direct, more_buffers_than_mappings) {
   direct_everywhere();
   rt_run_procs(2, many_body, NULL);
+}
+
+/* Rank 1's send buffer stops being reachable (its memfd descriptor now names /dev/null): rank 0
+ * cannot map it, and both ranks must return an error instead of waiting for each other. */
+static void unmappable_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  const size_t n = 1 << 16;
+  float *send = NULL, *recv = NULL;
+  NCCL_OK(ncclMemAlloc((void**)&send, n * sizeof(float)));
+  NCCL_OK(ncclMemAlloc((void**)&recv, n * sizeof(float)));
+  for (size_t i = 0; i < n; i++) send[i] = 1.0f;
+  if (rank == 1) {
+    struct direct_buf d;
+    ASSERT(mem_describe(send, n * sizeof(float), &d));
+    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+    ASSERT(nul >= 0 && dup2(nul, d.fd) == d.fd);
+    close(nul);
+  }
+  ncclResult_t r = ncclAllReduce(send, recv, n, ncclFloat, ncclSum, comm, NULL);
+  EXPECT_EQ(r, ncclSystemError);
+  NCCL_OK(ncclMemFree(recv));
+  NCCL_OK(ncclMemFree(send));
+  ncclCommAbort(comm);
+}
+TEST(direct, unmappable_buffer_fails_on_every_rank) {
+  direct_everywhere();
+  rt_run_procs(2, unmappable_body, NULL);
 }

@@ -99,12 +99,14 @@ int direct_allreduce_try(struct ch_op* op) {
     for (int k = 0; k < n; k++) {
       if (c->procs && (c->slot[k].send.fd < 0 || c->slot[k].recv.fd < 0)) {
         INFO(LOG_COLL, "AllReduce seq %llu: rank %d's buffers are not from ncclMemAlloc, so not reachable by "
-             "other processes: using %s", (unsigned long long)seq, k, op->fallback_algo == ALGO_EXCHANGE ? "Exchange" : "Ring");
+             "other processes: using %s", (unsigned long long)seq, k,
+             op->fallback_algo == ALGO_EXCHANGE ? "Exchange" : "Ring");
         return -1;
       }
     }
     for (int k = 0; k < n; k++) {
-      if (!reach(op, k, &c->slot[k].send, &send[k]) || !reach(op, k, &c->slot[k].recv, &recv[k])) { /* peers may still write into my buffers: wait for them in step 2 */
+      if (!reach(op, k, &c->slot[k].send, &send[k]) || !reach(op, k, &c->slot[k].recv, &recv[k])) {
+        /* Peers may still write into my buffers: fail, but only after waiting for them in step 2. */
         atomic_store_explicit(&me->done, seq | DONE_FAILED, memory_order_release);
         return 1;
       }

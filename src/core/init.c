@@ -216,7 +216,10 @@ static ch_status direct_setup(struct ncclComm* comm) {
     if (s == CH_OK && !have && comm->clique) direct_release(comm);
   }
   free(haves);
-  if (s != CH_OK && comm->rank == 0 && threads) free((void*)(uintptr_t)info.ptr);
+  if (s != CH_OK && !comm->clique && info.ptr) { /* rank 0's clique was never handed over */
+    if (threads) free((void*)(uintptr_t)info.ptr);
+    else munmap((void*)(uintptr_t)info.ptr, bytes);
+  }
   free(all);
   return s;
 }
