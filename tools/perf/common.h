@@ -117,6 +117,11 @@ void perf_zero(void* p, size_t elems, ncclDataType_t t);
 /* Layouts shared by several collectives: n = count for all ranks ("flat"), or b = per-rank count
  * with the full buffer n*b on the gathering/scattering side. */
 void perf_layout_flat(size_t count, int nranks, int elt, perf_layout* l);
+void perf_layout_gather(size_t count, int nranks, int elt, perf_layout* l);  /* send b, recv n*b */
+void perf_layout_scatter(size_t count, int nranks, int elt, perf_layout* l); /* send n*b, recv b */
+/* Gathered data: each rank sends its block of the copy pattern; receivers hold every rank's block. */
+void perf_init_gathered(const perf_buf* b);
+int64_t perf_check_gathered(const perf_buf* b);
 double perf_bytes_flat(size_t count, int elt, int nranks);  /* count*elt */
 double perf_bytes_ranks(size_t count, int elt, int nranks); /* count*nranks*elt */
 double perf_factor_one(int nranks);                         /* 1 */

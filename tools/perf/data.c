@@ -266,6 +266,35 @@ void perf_layout_flat(size_t count, int nranks, int elt, perf_layout* l) {
   l->send_count = l->recv_count = l->param_count = count;
   l->send_inplace = l->recv_inplace = 0;
 }
+void perf_layout_gather(size_t count, int nranks, int elt, perf_layout* l) {
+  size_t b = perf_per_rank_count(count, nranks, elt);
+  l->send_count = l->param_count = b;
+  l->recv_count = b * (size_t)nranks;
+  l->send_inplace = b; /* in place: send = recv + rank*b */
+  l->recv_inplace = 0;
+}
+
+void perf_layout_scatter(size_t count, int nranks, int elt, perf_layout* l) {
+  size_t b = perf_per_rank_count(count, nranks, elt);
+  l->recv_count = l->param_count = b;
+  l->send_count = b * (size_t)nranks;
+  l->send_inplace = 0;
+  l->recv_inplace = b; /* in place: recv = send + rank*b */
+}
+
+void perf_init_gathered(const perf_buf* b) {
+  perf_zero(b->recv_base, b->lay.recv_count, b->type); /* first: in place the input lies inside */
+  perf_fill(b->send, b->count, b->type, PERF_COPY, b->seed, (size_t)b->rank * b->count, b->rank, b->nranks);
+}
+
+int64_t perf_check_gathered(const perf_buf* b) {
+  int64_t wrong = 0;
+  for (int q = 0; q < b->nranks; q++)
+    wrong += perf_check_fill(perf_at(b->recv, (size_t)q * b->count, b->type), b->count, b->type, PERF_COPY, b->seed,
+                             (size_t)q * b->count, q, b->nranks);
+  return wrong;
+}
+
 double perf_bytes_flat(size_t count, int elt, int nranks) { return (void)nranks, (double)count * elt; }
 double perf_bytes_ranks(size_t count, int elt, int nranks) { return (double)count * elt * nranks; }
 double perf_factor_one(int nranks) { return (void)nranks, 1.0; }

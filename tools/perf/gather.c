@@ -2,28 +2,10 @@
  * the root must find their receive buffer untouched. */
 #include "common.h"
 
-static void layout(size_t count, int n, int elt, perf_layout* l) {
-  size_t b = perf_per_rank_count(count, n, elt);
-  l->send_count = l->param_count = b;
-  l->recv_count = b * (size_t)n;
-  l->send_inplace = b; /* in place: send = recv + rank*b */
-  l->recv_inplace = 0;
-}
-
-static void init(const perf_buf* b) {
-  perf_zero(b->recv_base, b->lay.recv_count, b->type);
-  perf_fill(b->send, b->count, b->type, PERF_COPY, b->seed, (size_t)b->rank * b->count, b->rank, b->nranks);
-}
-
 static int64_t check(const perf_buf* b) {
   size_t n = b->count, r = (size_t)b->rank;
   int64_t wrong = 0;
-  if (b->rank == b->root) {
-    for (int q = 0; q < b->nranks; q++)
-      wrong += perf_check_fill(perf_at(b->recv, (size_t)q * n, b->type), n, b->type, PERF_COPY, b->seed, (size_t)q * n,
-                               q, b->nranks);
-    return wrong;
-  }
+  if (b->rank == b->root) return perf_check_gathered(b);
   if (!b->in_place) return perf_check_zero(b->recv, b->lay.recv_count, b->type);
   /* In place on a non-root rank: zeros around our own input. */
   wrong += perf_check_zero(b->recv, r * n, b->type);
@@ -37,7 +19,7 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   return ncclGather(b->send, b->recv, b->count, b->type, b->root, comm, s);
 }
 
-static const perf_coll coll = {"gather", PERF_USES_ROOT, layout, perf_bytes_ranks, perf_factor_ring, init, check, run,
-                               NULL};
+static const perf_coll coll = {"gather", PERF_USES_ROOT, perf_layout_gather, perf_bytes_ranks, perf_factor_ring,
+                               perf_init_gathered, check, run, NULL};
 
 int main(int argc, char** argv) { return perf_main(argc, argv, &coll); }

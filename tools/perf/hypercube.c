@@ -5,28 +5,7 @@
 
 #include "common.h"
 
-static void layout(size_t count, int n, int elt, perf_layout* l) {
-  size_t b = perf_per_rank_count(count, n, elt);
-  l->send_count = l->param_count = b;
-  l->recv_count = b * (size_t)n;
-  l->send_inplace = b;
-  l->recv_inplace = 0;
-}
-
 static double alg_bytes(size_t count, int elt, int n) { return (double)count * elt * (n - 1); }
-
-static void init(const perf_buf* b) {
-  perf_zero(b->recv_base, b->lay.recv_count, b->type);
-  perf_fill(b->send, b->count, b->type, PERF_COPY, b->seed, (size_t)b->rank * b->count, b->rank, b->nranks);
-}
-
-static int64_t check(const perf_buf* b) {
-  int64_t wrong = 0;
-  for (int q = 0; q < b->nranks; q++)
-    wrong += perf_check_fill(perf_at(b->recv, (size_t)q * b->count, b->type), b->count, b->type, PERF_COPY, b->seed,
-                             (size_t)q * b->count, q, b->nranks);
-  return wrong;
-}
 
 static int nrounds(int n) {
   int r = 0;
@@ -58,7 +37,7 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   return r != ncclSuccess ? r : e;
 }
 
-static const perf_coll coll = {"hypercube", PERF_POW2_ONLY | PERF_OP_BLANK, layout, alg_bytes, perf_factor_one,
-                               init, check, run, nrounds};
+static const perf_coll coll = {"hypercube", PERF_POW2_ONLY | PERF_OP_BLANK, perf_layout_gather, alg_bytes,
+                               perf_factor_one, perf_init_gathered, perf_check_gathered, run, nrounds};
 
 int main(int argc, char** argv) { return perf_main(argc, argv, &coll); }

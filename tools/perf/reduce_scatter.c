@@ -2,14 +2,6 @@
  * Size and algbw count the n*b elements; busbw = algbw * (n-1)/n. */
 #include "common.h"
 
-static void layout(size_t count, int n, int elt, perf_layout* l) {
-  size_t b = perf_per_rank_count(count, n, elt);
-  l->recv_count = l->param_count = b;
-  l->send_count = b * (size_t)n;
-  l->send_inplace = 0;
-  l->recv_inplace = b; /* in place: recv = send + rank*b */
-}
-
 static void init(const perf_buf* b) {
   if (!b->in_place) perf_zero(b->recv, b->count, b->type);
   perf_fill(b->send, b->lay.send_count, b->type, b->op, b->seed, 0, b->rank, b->nranks);
@@ -24,7 +16,7 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   return ncclReduceScatter(b->send, b->recv, b->count, b->type, op, comm, s);
 }
 
-static const perf_coll coll = {"reduce_scatter", PERF_USES_OP, layout, perf_bytes_ranks, perf_factor_ring,
+static const perf_coll coll = {"reduce_scatter", PERF_USES_OP, perf_layout_scatter, perf_bytes_ranks, perf_factor_ring,
                                init, check, run, NULL};
 
 int main(int argc, char** argv) { return perf_main(argc, argv, &coll); }

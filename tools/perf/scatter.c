@@ -1,14 +1,6 @@
 /* scatter_perf: ncclScatter of b elements per rank from -r. busbw = algbw * (n-1)/n. */
 #include "common.h"
 
-static void layout(size_t count, int n, int elt, perf_layout* l) {
-  size_t b = perf_per_rank_count(count, n, elt);
-  l->recv_count = l->param_count = b;
-  l->send_count = b * (size_t)n;
-  l->send_inplace = 0;
-  l->recv_inplace = b; /* in place: recv = send + rank*b */
-}
-
 static void init(const perf_buf* b) {
   if (b->rank == b->root) {
     perf_fill(b->send, b->lay.send_count, b->type, PERF_COPY, b->seed, 0, b->root, b->nranks);
@@ -28,7 +20,7 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   return ncclScatter(b->send, b->recv, b->count, b->type, b->root, comm, s);
 }
 
-static const perf_coll coll = {"scatter", PERF_USES_ROOT, layout, perf_bytes_ranks, perf_factor_ring, init, check,
-                               run, NULL};
+static const perf_coll coll = {"scatter", PERF_USES_ROOT, perf_layout_scatter, perf_bytes_ranks, perf_factor_ring, init,
+                               check, run, NULL};
 
 int main(int argc, char** argv) { return perf_main(argc, argv, &coll); }
