@@ -100,17 +100,22 @@ static void many_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
   boot_close(b);
 }
 
-TEST(bootstrap, init_64_ranks) { rt_run_both(64, many_rank, NULL); }
-
-/* NCCL_COMM_ID: rank 0 hosts the root on a fixed port; twice in a row reuses the port. */
-TEST(bootstrap, comm_id_fixed_root) {
+/* "127.0.0.1:<port>" with a port that was free a moment ago (nobody listens on it now). */
+static void free_local_port(char* buf, size_t n) {
   struct sock l;
   union sock_addr lo;
   ASSERT_EQ(sock_parse_addr("127.0.0.1:0", &lo), CH_OK);
   ASSERT_EQ(sock_listen(&lo, &l), CH_OK);
-  char env[64];
-  snprintf(env, sizeof(env), "127.0.0.1:%d", sock_addr_port(&l.addr));
+  snprintf(buf, n, "127.0.0.1:%d", sock_addr_port(&l.addr));
   sock_close(&l);
+}
+
+TEST(bootstrap, init_64_ranks) { rt_run_both(64, many_rank, NULL); }
+
+/* NCCL_COMM_ID: rank 0 hosts the root on a fixed port; twice in a row reuses the port. */
+TEST(bootstrap, comm_id_fixed_root) {
+  char env[64];
+  free_local_port(env, sizeof(env));
   setenv("NCCL_COMM_ID", env, 1);
   param_reset();
   ncclUniqueId id;
@@ -326,13 +331,8 @@ TEST(bootstrap, missing_rank_times_out) {
 
 TEST(bootstrap, unreachable_root) {
   /* A port nobody listens on: the deadline ends the connect retries. */
-  struct sock l;
-  union sock_addr lo;
-  ASSERT_EQ(sock_parse_addr("127.0.0.1:0", &lo), CH_OK);
-  ASSERT_EQ(sock_listen(&lo, &l), CH_OK);
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", sock_addr_port(&l.addr));
-  sock_close(&l);
+  free_local_port(addr, sizeof(addr));
   ncclUniqueId id;
   ASSERT_EQ(boot_id_from_addr(addr, id.internal), CH_OK);
   struct boot_state* b = NULL;
@@ -367,13 +367,8 @@ TEST(bootstrap, abort_unblocks_init) {
   a[1].id = a[0].id;
   a[0].rank = 0;
   a[1].rank = 1;
-  struct sock l;
-  union sock_addr lo;
-  ASSERT_EQ(sock_parse_addr("127.0.0.1:0", &lo), CH_OK);
-  ASSERT_EQ(sock_listen(&lo, &l), CH_OK);
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", sock_addr_port(&l.addr));
-  sock_close(&l);
+  free_local_port(addr, sizeof(addr));
   ASSERT_EQ(boot_id_from_addr(addr, a[2].id.internal), CH_OK);
   a[2].rank = 1;
   pthread_t t[3];
