@@ -83,7 +83,7 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choi
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);
-ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan);
+void stream_enqueue(cudaStream_t s, struct ch_plan* plan); /* cannot fail */
 /* Wait until nothing of `comm` is queued or running anywhere. */
 ch_status comm_wait_idle(struct ncclComm* comm);
 

@@ -116,6 +116,27 @@ ch_status enq_task(const struct ch_task* t) {
 
 static void drop_tasks(void) { ntasks_ = 0; }
 
+/* Connected plans, one per communicator (first[i]: its first task, whose stream decides): queue them
+ * on their host streams, or run them here and release them. Every plans[i] is NULL afterwards. */
+static ch_status launch_plans(struct ch_plan** plans, struct ch_task** first, int n) {
+  /* Tickets keep each communicator's plans in call order across threads and streams. */
+  for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
+  cudaStream_t stream = first[0]->stream;
+  if (stream && stream_is_ours(stream)) {
+    for (int i = 0; i < n; i++) {
+      stream_enqueue(first[i]->stream, plans[i]);
+      plans[i] = NULL;
+    }
+    return CH_OK;
+  }
+  ch_status res = plan_exec(plans, n);
+  for (int i = 0; i < n; i++) {
+    plan_release(plans[i]);
+    plans[i] = NULL;
+  }
+  return res;
+}
+
 #define SMALL 8
 /* Split the group's calls by communicator (keeping call order), plan, connect and run or queue them. */
 static ch_status launch_tasks(void) {
@@ -124,14 +145,8 @@ static ch_status launch_tasks(void) {
   if (!ntasks) return CH_OK;
   if (ntasks == 1) { /* the common case, a lone repeated collective: its plan is ready and connected */
     struct ch_plan* pl = plan_reuse(tasks[0].comm, &tasks[0]);
-    if (pl) {
-      pl->ticket = atomic_fetch_add(&pl->comm->next_ticket, 1);
-      cudaStream_t st = tasks[0].stream;
-      if (st && stream_is_ours(st)) return stream_enqueue(st, pl);
-      ch_status r = plan_exec(&pl, 1);
-      plan_release(pl);
-      return r;
-    }
+    struct ch_task* t0 = &tasks[0];
+    if (pl) return launch_plans(&pl, &t0, 1);
   }
   ch_status res = CH_OK;
   struct ncclComm* comms_s[SMALL];
@@ -202,18 +217,7 @@ static ch_status launch_tasks(void) {
   }
   if (unconnected) CHECK_GOTO(comm_connect(comms, ncomms, need_send, need_recv), res, out);
 
-  /* Tickets keep each communicator's plans in call order across threads and streams. */
-  for (int i = 0; i < ncomms; i++) plans[i]->ticket = atomic_fetch_add(&comms[i]->next_ticket, 1);
-
-  cudaStream_t stream = lists[0]->stream;
-  if (stream && stream_is_ours(stream)) {
-    for (int i = 0; i < ncomms; i++) {
-      CHECK_GOTO(stream_enqueue(lists[i]->stream, plans[i]), res, out);
-      plans[i] = NULL;
-    }
-  } else {
-    res = plan_exec(plans, ncomms);
-  }
+  res = launch_plans(plans, lists, ncomms);
 out:
   for (int i = 0; i < ncomms && plans; i++) plan_release(plans[i]);
   if (big) {

@@ -56,7 +56,7 @@ static void* stream_main(void* arg) {
   return NULL;
 }
 
-ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan) {
+void stream_enqueue(cudaStream_t s, struct ch_plan* plan) {
   struct ch_stream* st = (struct ch_stream*)s;
   plan->next = NULL;
   pthread_mutex_lock(&st->mu);
@@ -65,7 +65,6 @@ ch_status stream_enqueue(cudaStream_t s, struct ch_plan* plan) {
   st->pending++;
   pthread_cond_broadcast(&st->cv);
   pthread_mutex_unlock(&st->mu);
-  return CH_OK;
 }
 
 ch_status comm_wait_idle(struct ncclComm* comm) {
