@@ -11,18 +11,17 @@
 /* Rank r contributes r + 1 + i % 7 + k at element i of repeat k: small integers, exact in float. */
 static float val(int r, int i, int k) { return (float)(r + 1 + i % 7 + k); }
 
-static float expect_op(ncclRedOp_t op, int n, int i, int k, float scalar_of_rank_sum) {
-  float sum = 0, mx = 0, prod = 1;
+/* Element i of repeat k reduced with op over n ranks; premul: sum of (r + 2) * value (the scalars). */
+static float expect(ncclRedOp_t op, int premul, int n, int i, int k) {
+  float acc = op == ncclProd ? 1.0f : 0.0f;
   for (int r = 0; r < n; r++) {
     float v = val(r, i, k);
-    sum += v, prod *= v, mx = v > mx ? v : mx;
+    if (premul) acc += (float)(r + 2) * v;
+    else if (op == ncclMax) acc = v > acc ? v : acc; /* values are positive */
+    else if (op == ncclProd) acc *= v;
+    else acc += v;
   }
-  switch (op) {
-    case ncclMax: return mx;
-    case ncclProd: return prod;
-    case ncclSum: return sum;
-    default: return scalar_of_rank_sum; /* PreMulSum: computed by the caller */
-  }
+  return acc;
 }
 
 static void repeat_body(int rank, int nranks, ncclUniqueId id, void* arg) {
@@ -33,7 +32,8 @@ static void repeat_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   if (use_stream) NCCL_OK(chorusStreamCreate(&stream));
   static _Thread_local float a[2][N], b[2][N], small[8];
   for (int k = 0; k < 24; k++) {
-    cudaStream_t st = use_stream && k % 2 ? stream : NULL; /* a stream call can take a plan made by a NULL-stream one */
+    /* A stream call can take a plan made by a NULL-stream call. */
+    cudaStream_t st = use_stream && k % 2 ? stream : NULL;
     int which = k % 2, in_place = (k / 2) % 2;
     ncclRedOp_t ops[4] = {ncclSum, ncclMax, ncclProd, ncclSum};
     ncclRedOp_t op = ops[(k / 4) % 4];
@@ -49,9 +49,7 @@ static void repeat_body(int rank, int nranks, ncclUniqueId id, void* arg) {
     if (premul) NCCL_OK(ncclRedOpDestroy(op, comm));
     int bad = 0;
     for (int i = 0; i < N && bad < 3; i++) {
-      float pm = 0;
-      for (int r = 0; r < nranks; r++) pm += (float)(r + 2) * val(r, i, k % 3);
-      float want = expect_op(premul ? (ncclRedOp_t)-1 : op, nranks, i, k % 3, pm);
+      float want = expect(ops[(k / 4) % 4], premul, nranks, i, k % 3);
       if (recv[i] != want) {
         rt_fail(__FILE__, __LINE__, "%s repeat %d rank %d [%d] = %g, want %g", rt_mode(), k, rank, i, recv[i], want);
         bad++;
