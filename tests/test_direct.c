@@ -118,3 +118,29 @@ TEST(direct, unmappable_buffer_fails_on_every_rank) {
   direct_everywhere();
   rt_run_procs(2, unmappable_body, NULL);
 }
+
+/* The same call alternating between ncclMemAlloc and plain buffers: Direct, fallback, Direct again
+ * (the reused plan must not stay on the fallback). */
+static void toggle_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  const size_t n = 50001;
+  float *shared = NULL, *plain = malloc(n * sizeof(float));
+  ASSERT(plain != NULL);
+  NCCL_OK(ncclMemAlloc((void**)&shared, n * sizeof(float)));
+  for (int rep = 0; rep < 4; rep++) {
+    float* buf = rep % 2 ? plain : shared;
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(rank + rep);
+    NCCL_OK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, NULL));
+    EXPECT_EQ(ran_direct(comm), rep % 2 == 0);
+    float want = (float)(nranks * (nranks - 1) / 2 + nranks * rep);
+    EXPECT(buf[0] == want && buf[n - 1] == want);
+  }
+  NCCL_OK(ncclMemFree(shared));
+  free(plain);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST(direct, fallback_then_direct_again) {
+  direct_everywhere();
+  rt_run_procs(2, toggle_body, NULL);
+}
