@@ -80,7 +80,7 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
   char* text = NULL;
   ch_status st = sock_connect(&id->root, &root, &w);
   if (st != CH_OK) {
-    if (st == CH_INTERNAL) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while connecting to the root", rank);
+    if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while connecting to the root", rank);
     else WARN("Bootstrap rank %d could not reach bootstrap root at %s%s", rank, root_name,
               st == CH_TIMEOUT ? " before its deadline" : st == CH_REMOTE ? " (connection refused)" : "");
     return st;
@@ -128,7 +128,7 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
   st = CH_OK;
   goto out;
 fail:
-  if (st == CH_INTERNAL) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while waiting at the root", rank);
+  if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while waiting at the root", rank);
   else if (st == CH_TIMEOUT)
     WARN("Bootstrap rank %d timed out waiting at bootstrap root %s for the other %d ranks (no report from the root)",
          rank, root_name, nranks - 1);

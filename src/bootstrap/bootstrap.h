@@ -41,7 +41,7 @@ ch_status boot_id_from_addr(const char* hostport, void* id128);
  * caller frees). Fails with CH_TIMEOUT after deadline_ns (absolute, 0 = none): the root then tells
  * every connected rank which ranks joined and which never arrived, and each rank logs that. On a
  * version/nranks mismatch every rank gets CH_INVALID_USAGE with a WARN naming ranks and values.
- * `abort` (may be NULL) is polled; when set, the call returns CH_INTERNAL within ~100 ms. The returned
+ * `abort` (may be NULL) is polled; when set, the call returns CH_ABORTED within ~100 ms. The returned
  * state keeps `abort` but not the deadline (see boot_set_deadline). */
 ch_status boot_init(const void* id128, int rank, int nranks, const volatile int* abort, uint64_t deadline_ns,
                     struct boot_state** out, struct boot_rank_info** peers);

@@ -264,7 +264,7 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
 /* A wait ended without success: say why (abort is not an error to report loudly). */
 static ch_status wait_failed(struct boot_state* b, ch_status st, const char* what, int peer, int tag) {
   char a[64];
-  if (st == CH_INTERNAL)
+  if (st == CH_ABORTED)
     INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while %s rank %d (tag %d)", b->rank, what, peer, tag);
   else if (st == CH_TIMEOUT)
     WARN("Bootstrap rank %d: timed out %s rank %d at %s (tag %d)", b->rank, what, peer,
@@ -335,7 +335,7 @@ ch_status boot_send(struct boot_state* b, int peer, int tag, const void* data, s
     struct sock s;
     struct sock_wait w = boot_wait(b);
     ch_status st = sock_connect(&b->addrs[peer], &s, &w);
-    if (st == CH_TIMEOUT || st == CH_INTERNAL) return wait_failed(b, st, "connecting to", peer, tag);
+    if (st == CH_TIMEOUT || st == CH_ABORTED) return wait_failed(b, st, "connecting to", peer, tag);
     if (st != CH_OK) {
       WARN("Bootstrap rank %d: cannot connect to rank %d at %s", b->rank, peer,
            sock_addr_str(&b->addrs[peer], a, sizeof(a)));

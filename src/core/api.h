@@ -10,6 +10,8 @@
   __attribute__((visibility("default"))) ret p##name(__VA_ARGS__) __attribute__((alias(#name))); \
   __attribute__((visibility("default"))) ret name(__VA_ARGS__)
 
-static inline ncclResult_t ch_to_nccl(ch_status s) { return (ncclResult_t)s; }
+/* ch_status values equal ncclResult_t, except the internal CH_ABORTED: an aborted call is an expected
+ * outcome of the caller's own ncclCommAbort, reported as invalid usage of an aborted communicator. */
+static inline ncclResult_t ch_to_nccl(ch_status s) { return s == CH_ABORTED ? ncclInvalidUsage : (ncclResult_t)s; }
 
 #endif

@@ -50,7 +50,8 @@ ch_status comm_ensure_ready(struct ncclComm* comm) {
 
 void comm_set_async_error(struct ncclComm* comm, ch_status s) {
   int expected = ncclSuccess;
-  if (s != CH_OK) atomic_compare_exchange_strong(&comm->async_result, &expected, (int)s);
+  /* An abort is the caller's own doing, not an asynchronous failure of the communicator. */
+  if (s != CH_OK && s != CH_ABORTED) atomic_compare_exchange_strong(&comm->async_result, &expected, (int)s);
 }
 
 ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConfig_t* config) {
@@ -247,7 +248,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
   if (res == CH_OK) res = comm_setup(comm);
   if (res == CH_OK)
     INFO(LOG_INIT, "rank %d: init done in %.2f ms", comm->rank, (double)(ut_now_ns() - t0) / 1e6);
-  atomic_store(&comm->init_state, (int)res);
+  atomic_store(&comm->init_state, res == CH_ABORTED ? (int)ncclInvalidUsage : (int)res);
   return res;
 }
 

@@ -354,7 +354,7 @@ static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* b
 static void finish_plan(struct ch_plan* pl) {
   pl->done = 1;
   if (pl->status != CH_OK) {
-    if (pl->status == CH_INTERNAL && __atomic_load_n(&pl->comm->abort_flag, __ATOMIC_RELAXED))
+    if (pl->status == CH_ABORTED)
       INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", pl->comm->rank);
     comm_set_async_error(pl->comm, pl->status);
   }
@@ -378,7 +378,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
       int busy = 0;
       if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
-        pl->status = CH_INTERNAL;
+        pl->status = CH_ABORTED;
       } else {
         for (int l = 0; l < pl->nlanes; l++) {
           struct ch_lane* ln = &pl->lanes[l];

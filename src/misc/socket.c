@@ -116,7 +116,7 @@ bad:
 
 ch_status sock_wait_check(const struct sock_wait* w) {
   if (!w) return CH_OK;
-  if (w->abort && __atomic_load_n(w->abort, __ATOMIC_ACQUIRE)) return CH_INTERNAL;
+  if (w->abort && __atomic_load_n(w->abort, __ATOMIC_ACQUIRE)) return CH_ABORTED;
   if (w->deadline_ns && ut_now_ns() >= w->deadline_ns) return CH_TIMEOUT;
   return CH_OK;
 }

@@ -43,7 +43,7 @@ void sock_list_interfaces(char* buf, size_t len);
 
 /* Listen on addr (port 0 = ephemeral; the bound port is written back into s->addr). */
 ch_status sock_listen(const union sock_addr* addr, struct sock* s);
-/* Accept one connection; CH_TIMEOUT on deadline, CH_INTERNAL on abort. */
+/* Accept one connection; CH_TIMEOUT on deadline, CH_ABORTED on abort. */
 ch_status sock_accept(struct sock* listener, struct sock* out, const struct sock_wait* w);
 /* Connect with NCCL's retry policy (ECONNREFUSED etc. retried NCCL_SOCKET_RETRY_CNT times with linear
  * backoff of NCCL_SOCKET_RETRY_SLEEP_MSEC), bounded by the deadline too. Logs host:port on failure. */
@@ -53,7 +53,7 @@ ch_status sock_send_all(struct sock* s, const void* buf, size_t n, const struct 
 ch_status sock_recv_all(struct sock* s, void* buf, size_t n, const struct sock_wait* w);
 void sock_close(struct sock* s);
 
-/* For callers that run their own poll loops (bootstrap): CH_INTERNAL if the abort flag is set,
+/* For callers that run their own poll loops (bootstrap): CH_ABORTED if the abort flag is set,
  * CH_TIMEOUT if the deadline passed, else CH_OK. Neither is logged here (the caller knows what it
  * was waiting for); sock_accept/connect/send/recv return them unlogged too. */
 ch_status sock_wait_check(const struct sock_wait* w);

@@ -12,6 +12,7 @@ const char* ch_status_str(ch_status s) {
     case CH_REMOTE: return "remote process exited or there was a network error";
     case CH_IN_PROGRESS: return "NCCL operation in progress";
     case CH_TIMEOUT: return "timeout";
+    case CH_ABORTED: return "communicator aborted";
     default: return "unknown result code";
   }
 }

@@ -7,12 +7,16 @@
 typedef enum ch_status {
   CH_OK = 0,
   CH_SYSTEM = 2,        /* a system call failed (errno logged where seen) */
-  CH_INTERNAL = 3,      /* a bug in Chorus, or an abort */
+  CH_INTERNAL = 3,      /* a bug in Chorus */
   CH_INVALID_ARG = 4,   /* the caller passed a bad value */
   CH_INVALID_USAGE = 5, /* the caller used the API in a wrong order/state */
   CH_REMOTE = 6,        /* a peer died, closed a connection or disagreed */
   CH_IN_PROGRESS = 7,   /* nonblocking operation still running */
-  CH_TIMEOUT = 8        /* a deadline passed */
+  CH_TIMEOUT = 8,       /* a deadline passed */
+  /* Internal only, never returned as is: the communicator was aborted (ncclCommAbort) while the call
+   * waited. The API layer turns it into the communicator's earlier error, if it has one, else
+   * ncclInvalidUsage (an expected outcome, not a bug: no "please report"). */
+  CH_ABORTED = 100
 } ch_status;
 
 const char* ch_status_str(ch_status s);
