@@ -379,7 +379,7 @@ TEST(bootstrap, abort_unblocks_init) {
   for (int i = 0; i < 3; i++) __atomic_store_n(&a[i].flag, 1, __ATOMIC_RELEASE);
   for (int i = 0; i < 3; i++) {
     pthread_join(t[i], NULL);
-    EXPECT_EQ(a[i].st, CH_INTERNAL);
+    EXPECT_EQ(a[i].st, CH_ABORTED);
     EXPECT(a[i].returned_ms - t0 < 1000);
   }
 }
