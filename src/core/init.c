@@ -101,7 +101,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
     int same_host = p->host_hash == mine->host_hash;
     if (same_host && r < me) comm->local_rank++;
     if (same_host) comm->local_nranks++;
-    if (same_host && p->pid == mine->pid) comm->peer_tp[r] = TP_LOCAL;
+    if (same_host && p->proc_nonce == mine->proc_nonce) comm->peer_tp[r] = TP_LOCAL;
     else if (same_host && !param_int(PARAM_SHM_DISABLE)) comm->peer_tp[r] = TP_SHM;
     else comm->peer_tp[r] = TP_NET;
     int k = 0;

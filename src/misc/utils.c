@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -53,6 +54,25 @@ ch_status ut_random(void* buf, size_t n) {
     n -= (size_t)r;
   }
   return CH_OK;
+}
+
+/* Written by whichever thread first asks in a process (a lost race draws twice; both draws are
+ * random, the last store wins before anyone compares). Re-drawn in a fork child by the atfork hook. */
+static _Atomic uint64_t proc_nonce;
+static pthread_once_t proc_nonce_once = PTHREAD_ONCE_INIT;
+static void proc_nonce_child(void) { atomic_store(&proc_nonce, 0); }
+static void proc_nonce_hook(void) { pthread_atfork(NULL, NULL, proc_nonce_child); }
+
+uint64_t ut_proc_nonce(void) {
+  pthread_once(&proc_nonce_once, proc_nonce_hook);
+  uint64_t v = atomic_load(&proc_nonce);
+  while (v == 0) {
+    uint64_t fresh = 0;
+    if (ut_random(&fresh, sizeof(fresh)) != CH_OK) fresh = ut_hash(&v, sizeof(v), ut_now_ns() ^ (uint64_t)getpid());
+    if (fresh == 0) continue;
+    if (atomic_compare_exchange_strong(&proc_nonce, &v, fresh)) v = fresh;
+  }
+  return v;
 }
 
 uint64_t ut_hash(const void* data, size_t n, uint64_t seed) {

@@ -13,6 +13,9 @@ uint64_t ut_hash(const void* data, size_t n, uint64_t seed); /* FNV-1a 64 */
 /* Host identity: NCCL_HOSTID if set, else hostname + boot id. Stable for the process. */
 const char* ut_host_id(void);
 uint64_t ut_host_hash(void);
+/* A random 64-bit identity of this process, drawn on first use and again in a forked child. Unlike a
+ * pid it is unique across PID namespaces (containers sharing a host), so it decides "same process". */
+uint64_t ut_proc_nonce(void);
 const char* ut_hostname(void);
 int ut_ncpus(void);
 /* False once the process has exited, including a zombie not yet reaped by its parent. */
