@@ -65,6 +65,7 @@ static void fill_info(struct boot_rank_info* info, int rank, int nranks, const u
   info->pid = (int32_t)getpid();
   info->host_hash = ut_host_hash();
   info->proc_nonce = ut_proc_nonce();
+  info->pid_ns = ut_pid_ns();
   snprintf(info->host_id, sizeof(info->host_id), "%s", ut_host_id());
   snprintf(info->hostname, sizeof(info->hostname), "%s", ut_hostname());
   info->listen_addr = *listen_addr;

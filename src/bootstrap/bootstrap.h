@@ -21,6 +21,7 @@ struct boot_rank_info {
   int32_t wire_version; /* param WIRE_VERSION */
   int32_t pid;
   uint64_t host_hash;
+  uint64_t pid_ns;     /* ut_pid_ns(): `pid` names a process only within this PID namespace */
   uint64_t proc_nonce; /* ut_proc_nonce(): equal only for ranks that are threads of one process */
   char host_id[96];   /* hostname + boot id (or NCCL_HOSTID), truncated */
   char hostname[64];

@@ -317,6 +317,9 @@ static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked, ch_statu
 static ch_status check_peers_alive(struct ncclComm* comm) {
   for (int r = 0; r < comm->nranks; r++) {
     if (comm->peer_tp[r] != TP_SHM) continue;
+    /* A pid from another PID namespace (a container) means nothing here. */
+    uint64_t ns = comm->peers[comm->rank].pid_ns;
+    if (ns == 0 || comm->peers[r].pid_ns != ns) continue;
     if (!ut_pid_alive(comm->peers[r].pid)) {
       WARN("rank %d (pid %d on %s) has exited while rank %d was waiting for it in a collective", r,
            comm->peers[r].pid, comm->peers[r].hostname, comm->rank);

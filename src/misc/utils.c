@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,6 +74,11 @@ uint64_t ut_proc_nonce(void) {
     if (atomic_compare_exchange_strong(&proc_nonce, &v, fresh)) v = fresh;
   }
   return v;
+}
+
+uint64_t ut_pid_ns(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
 uint64_t ut_hash(const void* data, size_t n, uint64_t seed) {

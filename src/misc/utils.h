@@ -16,6 +16,9 @@ uint64_t ut_host_hash(void);
 /* A random 64-bit identity of this process, drawn on first use and again in a forked child. Unlike a
  * pid it is unique across PID namespaces (containers sharing a host), so it decides "same process". */
 uint64_t ut_proc_nonce(void);
+/* Inode of this process's PID namespace (0 if unknown): a pid means the same process only to a peer
+ * in the same namespace. */
+uint64_t ut_pid_ns(void);
 const char* ut_hostname(void);
 int ut_ncpus(void);
 /* False once the process has exited, including a zombie not yet reaped by its parent. */
