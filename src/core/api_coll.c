@@ -18,8 +18,7 @@ static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f
 
 static ch_status check_task(struct ch_task* t) {
   const char* fn = fname(t->func);
-  struct ncclComm* comm = t->comm;
-  CHECK(comm_check(comm, fn));
+  struct ncclComm* comm = t->comm; /* checked and entered by the caller */
   if (group_init_pending(comm)) {
     /* Waiting for that init here would wait for ever: it only starts at ncclGroupEnd. */
     WARN("%s: communicator %p is created in the same group (ncclCommInitRank* and collectives on the new "
@@ -65,15 +64,23 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
                            ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   struct ch_task t = {.func = func, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .type = (int)type,
                       .op = (int)op, .root = root, .comm = comm, .stream = stream};
-  ch_status s = check_task(&t);
-  if (s != CH_OK) {
-    group_set_error(s);
+  struct comm_guard g;
+  ch_status s = comm_check(comm, fname(func));
+  if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
+    s = check_task(&t);
+    if (s == CH_OK) {
+      INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
+           fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
+           (void*)comm, comm->nranks);
+      s = enq_task(&t);
+    } else {
+      group_set_error(s);
+    }
+    comm_leave(&g);
     return ch_to_nccl(s);
   }
-  INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
-       fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root, (void*)comm,
-       comm->nranks);
-  return ch_to_nccl(enq_task(&t));
+  group_set_error(s);
+  return ch_to_nccl(s);
 }
 
 CH_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,

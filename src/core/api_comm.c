@@ -45,9 +45,12 @@ CH_API(const char*, ncclGetErrorString, ncclResult_t code) {
   }
 }
 
+/* Per communicator, as PyTorch reports it per process group: the last WARN of a call on comm (or of
+ * its init); with NULL, the process's last WARN. */
 CH_API(const char*, ncclGetLastError, ncclComm_t comm) {
-  (void)comm;
-  return log_last_error();
+  if (!comm) return log_last_error();
+  if (comm->magic != CH_COMM_MAGIC) return "ncclGetLastError: not a valid communicator (destroyed?)";
+  return log_sink_text(&comm->last_error);
 }
 
 __attribute__((visibility("default"))) void pncclResetDebugInit(void) __attribute__((alias("ncclResetDebugInit")));
@@ -176,27 +179,31 @@ CH_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, 
 CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   ARG_NONNULL(newcomm, "ncclCommSplit");
   *newcomm = NULL;
+  struct comm_guard g;
   ch_status s = comm_check(comm, "ncclCommSplit");
-  if (s == CH_OK) s = comm_ensure_ready(comm);
   if (s != CH_OK) return ch_to_nccl(s);
-  if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
+  if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
+  s = comm_ensure_ready(comm);
+  if (s == CH_OK && color < 0 && color != NCCL_SPLIT_NOCOLOR) {
     WARN("ncclCommSplit: color %d is invalid (must be >= 0 or NCCL_SPLIT_NOCOLOR)", color);
-    return ncclInvalidArgument;
+    s = CH_INVALID_ARG;
   }
   ncclConfig_t cfg = comm->config;
-  if (config) {
-    s = comm_parse_config(config, &cfg);
-    if (s != CH_OK) return ch_to_nccl(s);
-  }
-  s = comm_wait_idle(comm);
+  if (s == CH_OK && config) s = comm_parse_config(config, &cfg);
+  if (s == CH_OK) s = comm_wait_idle(comm);
   if (s == CH_OK) s = comm_split(comm, color, key, newcomm, &cfg);
+  comm_leave(&g);
   return ch_to_nccl(s);
 }
 
 CH_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
+  struct comm_guard g;
   ch_status s = comm_check(comm, "ncclCommFinalize");
-  if (s == CH_OK) s = comm_ensure_ready(comm);
+  if (s != CH_OK) return ch_to_nccl(s);
+  if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
+  s = comm_ensure_ready(comm);
   if (s == CH_OK) s = comm_wait_idle(comm);
+  comm_leave(&g);
   return ch_to_nccl(s);
 }
 
@@ -205,8 +212,10 @@ CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   ch_status s = comm_check(comm, "ncclCommDestroy");
   if (s != CH_OK) return ch_to_nccl(s);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
-  if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
+  comm_join_init(comm);
   comm_wait_idle(comm);
+  /* A watchdog thread may still be in ncclCommGetAsyncError: let it out before freeing. */
+  for (uint64_t i = 0; atomic_load(&comm->users) > 0; i++) ut_backoff(i);
   comm_free(comm);
   return ncclSuccess;
 }
@@ -215,10 +224,15 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (comm == NULL) return ncclSuccess;
   ch_status s = comm_check(comm, "ncclCommAbort");
   if (s != CH_OK) return ch_to_nccl(s);
-  __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  /* Every wait in the library polls the flag at least every ~100 ms, so these joins are bounded. */
-  if (comm->init_thread_live) pthread_join(comm->init_thread, NULL);
+  if (__atomic_exchange_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST)) {
+    WARN("ncclCommAbort: communicator %p is already being aborted by another thread", (void*)comm);
+    return ncclInvalidUsage;
+  }
+  /* Every wait in the library polls the flag at least every ~100 ms, so these waits are bounded:
+   * first every thread inside a call on comm leaves (comm_enter's Dekker pair), then the init
+   * thread, the init caller and queued plans finish. */
+  for (uint64_t i = 0; atomic_load(&comm->users) > 0; i++) ut_backoff(i);
+  comm_join_init(comm);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   while (atomic_load(&comm->init_caller)) ut_backoff(1000000);
   comm_wait_idle(comm);
@@ -243,20 +257,18 @@ CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int
   return ncclInvalidUsage;
 }
 
+/* Safe from any thread at any time (PyTorch's watchdog polls it while the main thread issues calls):
+ * atomic loads only, never a join or a wait; counted in `users` so a concurrent abort waits for it. */
 CH_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError) {
   ch_status s = comm_check(comm, "ncclCommGetAsyncError");
   if (s != CH_OK) return ch_to_nccl(s);
   ARG_NONNULL(asyncError, "ncclCommGetAsyncError");
+  struct comm_guard g;
+  if (!comm_try_enter(comm, &g)) return ncclInvalidUsage; /* aborted: it is being freed */
   int st = atomic_load(&comm->init_state);
-  if (st == ncclInProgress) {
-    *asyncError = ncclInProgress;
-    return ncclSuccess;
-  }
-  if (comm->init_thread_live) {
-    pthread_join(comm->init_thread, NULL);
-    comm->init_thread_live = 0;
-  }
-  *asyncError = st != ncclSuccess ? (ncclResult_t)st : (ncclResult_t)atomic_load(&comm->async_result);
+  if (st == ncclInProgress) *asyncError = ncclInProgress;
+  else *asyncError = st != ncclSuccess ? (ncclResult_t)st : (ncclResult_t)atomic_load(&comm->async_result);
+  comm_leave(&g);
   return ncclSuccess;
 }
 
@@ -264,10 +276,12 @@ static ncclResult_t comm_query(const ncclComm_t comm, int* out, int what, const 
   ch_status s = comm_check(comm, fn);
   if (s != CH_OK) return ch_to_nccl(s);
   ARG_NONNULL(out, fn);
+  struct comm_guard g;
+  if ((s = comm_enter((struct ncclComm*)comm, &g)) != CH_OK) return ch_to_nccl(s);
   s = comm_ensure_ready((struct ncclComm*)comm);
-  if (s != CH_OK) return ch_to_nccl(s);
-  *out = what == 0 ? comm->nranks : what == 1 ? comm->rank : comm->local_rank;
-  return ncclSuccess;
+  if (s == CH_OK) *out = what == 0 ? comm->nranks : what == 1 ? comm->rank : comm->local_rank;
+  comm_leave(&g);
+  return ch_to_nccl(s);
 }
 
 CH_API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count) {

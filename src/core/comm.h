@@ -10,6 +10,7 @@
 #include "../algo/algo.h"
 #include "../bootstrap/bootstrap.h"
 #include "../coll/reduce.h"
+#include "../misc/log.h"
 #include "../misc/status.h"
 #include "../transport/transport.h"
 
@@ -83,8 +84,14 @@ struct ncclComm {
   volatile int abort_flag;           /* set by ncclCommAbort; polled everywhere */
   _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */
   _Atomic int init_state;            /* ncclInProgress until init finishes, then its result */
-  pthread_t init_thread;
-  int init_thread_live;
+  pthread_t init_thread;   /* written before init_thread_live is set */
+  /* 1 while init_thread is to be joined; whoever exchanges it to 0 joins (run_inits for blocking
+   * comms, else ncclCommDestroy / ncclCommAbort): exactly once. ncclCommGetAsyncError never joins. */
+  _Atomic int init_thread_live;
+  /* Threads inside a public call on this comm (comm_enter/comm_leave). ncclCommAbort sets abort_flag,
+   * then waits for this to drop to 0 before freeing anything, so no caller is left on freed memory. */
+  _Atomic int users;
+  struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
   _Atomic int init_caller; /* a blocking ncclCommInitRank* is still inside the library with this comm */
   /* arguments kept for a deferred or background init */
   ncclUniqueId init_id;
@@ -98,6 +105,18 @@ ch_status comm_check(const struct ncclComm* comm, const char* fn);
 /* Wait until a nonblocking init has finished; returns its result. */
 ch_status comm_ensure_ready(struct ncclComm* comm);
 void comm_set_async_error(struct ncclComm* comm, ch_status s);
+
+/* Bracket a public call on comm (after comm_check): counts the caller in `users` and routes its
+ * WARNs to the comm's last-error record. comm_enter fails with CH_ABORTED once abort has begun. */
+struct comm_guard {
+  struct ncclComm* comm;
+  struct log_err_sink* prev_sink;
+};
+ch_status comm_enter(struct ncclComm* comm, struct comm_guard* g);
+int comm_try_enter(struct ncclComm* comm, struct comm_guard* g); /* same, 0 without a WARN */
+void comm_leave(struct comm_guard* g);
+/* Join the background init thread if nobody has (destroy and abort only). */
+void comm_join_init(struct ncclComm* comm);
 
 /* Connect what the next plans need and is not connected yet, for several communicators at once
  * (one thread may drive many ranks). need_send[i][p] / need_recv[i][p] flag peers p of comms[i];

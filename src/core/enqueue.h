@@ -83,7 +83,8 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choi
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);
-void stream_enqueue(cudaStream_t s, struct ch_plan* plan); /* cannot fail */
+/* Queue a group's plans on s as one batch; CH_SYSTEM (out of memory): the caller runs them itself. */
+ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n);
 /* Wait until nothing of `comm` is queued or running anywhere. */
 ch_status comm_wait_idle(struct ncclComm* comm);
 

@@ -48,6 +48,7 @@ static ch_status run_inits(void) {
   int n = ninits;
   ninits = 0;
   if (n == 1 && inits[0]->blocking) return comm_init_job(inits[0]);
+  char started[MAX_GROUP_INITS] = {0};
   for (int i = 0; i < n; i++) {
     if (pthread_create(&inits[i]->init_thread, NULL, init_thread_main, inits[i]) != 0) {
       WARN("cannot start an init thread: %s", strerror(errno));
@@ -55,14 +56,14 @@ static ch_status run_inits(void) {
       res = CH_SYSTEM;
       continue;
     }
-    inits[i]->init_thread_live = 1;
+    started[i] = 1;
+    atomic_store(&inits[i]->init_thread_live, 1);
   }
   int any_nonblocking = 0;
   for (int i = 0; i < n; i++) {
-    if (!inits[i]->init_thread_live) continue;
-    if (!inits[i]->blocking) { any_nonblocking = 1; continue; }
-    pthread_join(inits[i]->init_thread, NULL);
-    inits[i]->init_thread_live = 0;
+    if (!started[i]) continue;
+    if (!inits[i]->blocking) { any_nonblocking = 1; continue; } /* joined by destroy or abort */
+    comm_join_init(inits[i]);
     int st = atomic_load(&inits[i]->init_state);
     if (st != ncclSuccess && res == CH_OK) res = (ch_status)st;
   }
@@ -116,17 +117,26 @@ ch_status enq_task(const struct ch_task* t) {
 
 static void drop_tasks(void) { ntasks_ = 0; }
 
-/* Connected plans, one per communicator (first[i]: its first task, whose stream decides): queue them
- * on their host streams, or run them here and release them. Every plans[i] is NULL afterwards. */
-static ch_status launch_plans(struct ch_plan** plans, struct ch_task** first, int n) {
+/* Where a group runs: on a Chorus host stream when every call of the group names that one stream (the
+ * stream's thread then runs all the group's plans together, so two communicators sharing the stream
+ * progress at once); otherwise (no stream, a foreign one, or several) here, before returning. Tickets
+ * keep each communicator's order behind plans already queued on host streams either way. */
+static cudaStream_t group_stream(struct ch_task** lists, int n) {
+  cudaStream_t s = lists[0]->stream;
+  for (int i = 0; i < n; i++)
+    for (const struct ch_task* t = lists[i]; t; t = t->next)
+      if (t->stream != s) return NULL;
+  return s && stream_is_ours(s) ? s : NULL;
+}
+
+/* Connected plans, one per communicator (lists[i]: its tasks): queue them on their host stream, or
+ * run them here and release them. Every plans[i] is NULL afterwards. */
+static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, int n) {
   /* Tickets keep each communicator's plans in call order across threads and streams. */
   for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
-  cudaStream_t stream = first[0]->stream;
-  if (stream && stream_is_ours(stream)) {
-    for (int i = 0; i < n; i++) {
-      stream_enqueue(first[i]->stream, plans[i]);
-      plans[i] = NULL;
-    }
+  cudaStream_t stream = group_stream(lists, n);
+  if (stream && stream_enqueue(stream, plans, n) == CH_OK) {
+    for (int i = 0; i < n; i++) plans[i] = NULL;
     return CH_OK;
   }
   ch_status res = plan_exec(plans, n);
@@ -144,11 +154,18 @@ static ch_status launch_tasks(void) {
   ntasks_ = 0;
   if (!ntasks) return CH_OK;
   if (ntasks == 1) { /* the common case, a lone repeated collective: its plan is ready and connected */
+    struct comm_guard g;
+    ch_status res = comm_enter(tasks[0].comm, &g);
+    if (res != CH_OK) return res;
     struct ch_plan* pl = plan_reuse(tasks[0].comm, &tasks[0]);
     struct ch_task* t0 = &tasks[0];
-    if (pl) return launch_plans(&pl, &t0, 1);
+    int reused = pl != NULL;
+    if (reused) res = launch_plans(&pl, &t0, 1);
+    comm_leave(&g);
+    if (reused) return res;
   }
   ch_status res = CH_OK;
+  struct comm_guard guards_s[SMALL];
   struct ncclComm* comms_s[SMALL];
   struct ch_task *lists_s[SMALL], *tails_s[SMALL];
   struct ch_plan* plans_s[SMALL];
@@ -158,10 +175,11 @@ static ch_status launch_tasks(void) {
   struct ch_task** lists = big ? calloc((size_t)ntasks, sizeof(*lists)) : lists_s;
   struct ch_task** tails = big ? calloc((size_t)ntasks, sizeof(*tails)) : tails_s;
   struct ch_plan** plans = big ? calloc((size_t)ntasks, sizeof(*plans)) : plans_s;
+  struct comm_guard* guards = big ? calloc((size_t)ntasks, sizeof(*guards)) : guards_s;
   char** need_send = big ? calloc((size_t)ntasks, sizeof(char*)) : send_s;
   char** need_recv = big ? calloc((size_t)ntasks, sizeof(char*)) : recv_s;
-  int ncomms = 0, unconnected = 0;
-  if (!comms || !lists || !tails || !plans || !need_send || !need_recv) {
+  int ncomms = 0, unconnected = 0, entered = 0;
+  if (!comms || !lists || !tails || !plans || !guards || !need_send || !need_recv) {
     res = CH_SYSTEM;
     goto out;
   }
@@ -178,6 +196,8 @@ static ch_status launch_tasks(void) {
     if (tails[i]) tails[i]->next = t; else lists[i] = t;
     tails[i] = t;
   }
+  /* Inside the library on every comm of the group until we return: an abort waits for us. */
+  for (; entered < ncomms; entered++) CHECK_GOTO(comm_enter(comms[entered], &guards[entered]), res, out);
   size_t need = 0;
   for (int i = 0; i < ncomms; i++) need += 2 * ((size_t)comms[i]->nranks + 1);
   if (need > need_cap) {
@@ -220,7 +240,9 @@ static ch_status launch_tasks(void) {
   res = launch_plans(plans, lists, ncomms);
 out:
   for (int i = 0; i < ncomms && plans; i++) plan_release(plans[i]);
+  while (entered > 0) comm_leave(&guards[--entered]);
   if (big) {
+    free(guards);
     free(comms);
     free(lists);
     free(tails);

@@ -27,12 +27,37 @@ ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   return CH_OK;
 }
 
+int comm_try_enter(struct ncclComm* comm, struct comm_guard* g) {
+  /* Dekker pair with ncclCommAbort (both seq_cst): either abort sees us in `users` and waits, or we
+   * see its flag and leave without touching anything else. */
+  atomic_fetch_add(&comm->users, 1);
+  g->comm = comm;
+  g->prev_sink = log_set_error_sink(&comm->last_error);
+  if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) return 1;
+  comm_leave(g);
+  return 0;
+}
+
+ch_status comm_enter(struct ncclComm* comm, struct comm_guard* g) {
+  if (comm_try_enter(comm, g)) return CH_OK;
+  WARN("rank %d: the communicator is being aborted (ncclCommAbort); it cannot be used", comm->rank);
+  return CH_ABORTED;
+}
+
+void comm_leave(struct comm_guard* g) {
+  log_set_error_sink(g->prev_sink);
+  atomic_fetch_sub(&g->comm->users, 1); /* last touch: abort may free comm right after */
+}
+
+void comm_join_init(struct ncclComm* comm) {
+  if (atomic_exchange(&comm->init_thread_live, 0)) pthread_join(comm->init_thread, NULL);
+}
+
 ch_status comm_ensure_ready(struct ncclComm* comm) {
   int st;
-  while ((st = atomic_load(&comm->init_state)) == ncclInProgress) ut_backoff(1000000);
-  if (comm->init_thread_live) {
-    pthread_join(comm->init_thread, NULL);
-    comm->init_thread_live = 0;
+  for (uint64_t i = 0; (st = atomic_load(&comm->init_state)) == ncclInProgress; i++) {
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) return CH_ABORTED;
+    ut_backoff(i);
   }
   if (st != ncclSuccess) {
     WARN("rank %d: communicator initialisation failed earlier (%s); it cannot be used", comm->rank,
@@ -66,6 +91,7 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   comm->rank = rank;
   comm->config = *config;
   comm->blocking = config->blocking;
+  log_sink_init(&comm->last_error);
   atomic_store(&comm->init_state, ncclInProgress);
   *out = comm;
   return CH_OK;
@@ -237,6 +263,7 @@ static void direct_release(struct ncclComm* comm) {
 
 ch_status comm_init_job(struct ncclComm* comm) {
   log_set_thread_rank(comm->rank);
+  struct log_err_sink* prev_sink = log_set_error_sink(&comm->last_error);
   uint64_t deadline = ut_now_ns() + (uint64_t)param_int(PARAM_INIT_TIMEOUT) * 1000000000ull;
   uint64_t t0 = ut_now_ns();
   ch_status res = CH_OK;
@@ -248,6 +275,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
   if (res == CH_OK) res = comm_setup(comm);
   if (res == CH_OK)
     INFO(LOG_INIT, "rank %d: init done in %.2f ms", comm->rank, (double)(ut_now_ns() - t0) / 1e6);
+  log_set_error_sink(prev_sink); /* before init_state: a waiter may free comm once it is set */
   atomic_store(&comm->init_state, res == CH_ABORTED ? (int)ncclInvalidUsage : (int)res);
   return res;
 }
@@ -262,6 +290,7 @@ void comm_free(struct ncclComm* comm) {
   free(comm->peer_tp);
   free(comm->p2p);
   free(comm->scratch);
+  log_sink_destroy(&comm->last_error);
   comm->magic = 0;
   free(comm);
 }

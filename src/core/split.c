@@ -53,10 +53,13 @@ ch_status comm_split(struct ncclComm* parent, int color, int key, struct ncclCom
   }
   uint64_t mix[3] = {parent->comm_hash, (uint64_t)(uint32_t)color, (uint64_t)split_id};
   comm->comm_hash = ut_hash(mix, sizeof(mix), 0x5851f42d4c957f2dull);
-  CHECK_GOTO(boot_init_from_table(me, m, boot_secret(parent->boot), addrs, &lsock, &comm->abort_flag, &comm->boot),
+  /* Until the child exists for the user, only the parent can be aborted: its flag stops the child's
+   * init (the caller is inside ncclCommSplit on the parent, so the parent outlives this). */
+  CHECK_GOTO(boot_init_from_table(me, m, boot_secret(parent->boot), addrs, &lsock, &parent->abort_flag, &comm->boot),
              res, fail);
   lsock.fd = -1; /* owned by the child's bootstrap now */
   CHECK_GOTO(comm_init_job(comm), res, fail);
+  boot_set_abort(comm->boot, &comm->abort_flag);
   INFO(LOG_INIT, "split: parent rank %d color %d key %d -> rank %d of %d", parent->rank, color, key, me, m);
   *out = comm;
   comm = NULL;

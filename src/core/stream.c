@@ -11,26 +11,46 @@
 
 #define STREAM_MAGIC 0x53545245414d4348ULL
 
+/* What one group queued: plans run together by one plan_exec (they may wait on each other). */
+struct ch_batch {
+  struct ch_batch* next;
+  int n;
+  struct ch_plan* plans[];
+};
+
 struct ch_stream {
   uint64_t magic;
   pthread_t thread;
-  pthread_mutex_t mu;
+  pthread_mutex_t mu; /* guards everything below */
   pthread_cond_t cv;
-  struct ch_plan *head, *tail;
-  int pending; /* plans queued or running */
+  struct ch_batch *head, *tail;
+  int pending; /* batches queued or running */
   int stop;
   ch_status err;
-  struct ch_stream* next_live;
+  struct ch_stream* next_live; /* under live_mu */
 };
 
+/* The streams alive in this process. Every call with a stream asks whether it is ours; a global mutex
+ * there is a convoy when several threads issue calls, so each thread remembers its last answer,
+ * valid while `live_gen` (bumped under live_mu by every create and destroy) has not moved. */
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ch_stream* live;
+static _Atomic uint64_t live_gen = 1;
+static _Thread_local struct {
+  cudaStream_t s;
+  uint64_t gen;
+  int ours;
+} last_lookup;
 
 int stream_is_ours(cudaStream_t s) {
+  uint64_t gen = atomic_load_explicit(&live_gen, memory_order_acquire);
+  if (last_lookup.s == s && last_lookup.gen == gen) return last_lookup.ours;
   int found = 0;
   pthread_mutex_lock(&live_mu);
+  gen = atomic_load_explicit(&live_gen, memory_order_relaxed);
   for (struct ch_stream* p = live; p; p = p->next_live) found |= (void*)p == (void*)s;
   pthread_mutex_unlock(&live_mu);
+  last_lookup.s = s, last_lookup.gen = gen, last_lookup.ours = found;
   return found;
 }
 
@@ -40,13 +60,14 @@ static void* stream_main(void* arg) {
   for (;;) {
     while (!st->head && !st->stop) pthread_cond_wait(&st->cv, &st->mu);
     if (!st->head && st->stop) break;
-    struct ch_plan* pl = st->head;
-    st->head = pl->next;
+    struct ch_batch* b = st->head;
+    st->head = b->next;
     if (!st->head) st->tail = NULL;
     pthread_mutex_unlock(&st->mu);
-    log_set_thread_rank(pl->comm->rank);
-    ch_status s = plan_exec(&pl, 1);
-    plan_free(pl);
+    log_set_thread_rank(b->plans[0]->comm->rank);
+    ch_status s = plan_exec(b->plans, b->n);
+    for (int i = 0; i < b->n; i++) plan_free(b->plans[i]);
+    free(b);
     pthread_mutex_lock(&st->mu);
     if (s != CH_OK && st->err == CH_OK) st->err = s;
     st->pending--;
@@ -56,15 +77,20 @@ static void* stream_main(void* arg) {
   return NULL;
 }
 
-void stream_enqueue(cudaStream_t s, struct ch_plan* plan) {
+ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n) {
   struct ch_stream* st = (struct ch_stream*)s;
-  plan->next = NULL;
+  struct ch_batch* b = malloc(sizeof(*b) + (size_t)n * sizeof(b->plans[0]));
+  if (!b) return CH_SYSTEM; /* the caller runs the plans itself */
+  b->next = NULL;
+  b->n = n;
+  memcpy(b->plans, plans, (size_t)n * sizeof(b->plans[0]));
   pthread_mutex_lock(&st->mu);
-  if (st->tail) st->tail->next = plan; else st->head = plan;
-  st->tail = plan;
+  if (st->tail) st->tail->next = b; else st->head = b;
+  st->tail = b;
   st->pending++;
   pthread_cond_broadcast(&st->cv);
   pthread_mutex_unlock(&st->mu);
+  return CH_OK;
 }
 
 ch_status comm_wait_idle(struct ncclComm* comm) {
@@ -99,6 +125,7 @@ CH_API(ncclResult_t, chorusStreamCreate, cudaStream_t* stream) {
   pthread_mutex_lock(&live_mu);
   st->next_live = live;
   live = st;
+  atomic_fetch_add_explicit(&live_gen, 1, memory_order_release);
   pthread_mutex_unlock(&live_mu);
   *stream = (cudaStream_t)st;
   return ncclSuccess;
@@ -130,6 +157,7 @@ CH_API(ncclResult_t, chorusStreamDestroy, cudaStream_t stream) {
   pthread_mutex_lock(&live_mu);
   for (struct ch_stream** p = &live; *p; p = &(*p)->next_live)
     if (*p == st) { *p = st->next_live; break; }
+  atomic_fetch_add_explicit(&live_gen, 1, memory_order_release);
   pthread_mutex_unlock(&live_mu);
   pthread_mutex_lock(&st->mu);
   st->stop = 1;

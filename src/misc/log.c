@@ -29,6 +29,7 @@ static char last_error[2048];
 
 static __thread int in_init; /* reading parameters from log_init may log; do not recurse */
 static __thread int thread_rank = -1;
+static __thread struct log_err_sink* thread_sink; /* owner thread only */
 
 static const struct {
   const char* name;
@@ -171,6 +172,14 @@ void log_msg(int level, unsigned subsys, const char* file, int line, const char*
     pthread_mutex_lock(&err_lock);
     snprintf(last_error, sizeof(last_error), "%s", msg);
     pthread_mutex_unlock(&err_lock);
+    struct log_err_sink* sink = thread_sink;
+    if (sink) {
+      pthread_mutex_lock(&sink->mu);
+      size_t len = strnlen(msg, sizeof(sink->text) - 1); /* truncated like the process record */
+      memcpy(sink->text, msg, len);
+      sink->text[len] = '\0';
+      pthread_mutex_unlock(&sink->mu);
+    }
   }
   if (!print) return;
 
@@ -207,6 +216,30 @@ const char* log_last_error(void) {
   pthread_mutex_lock(&err_lock);
   memcpy(copy, last_error, sizeof(copy));
   pthread_mutex_unlock(&err_lock);
+  return copy;
+}
+
+void log_sink_init(struct log_err_sink* s) {
+  pthread_mutex_init(&s->mu, NULL);
+  s->text[0] = '\0';
+}
+
+void log_sink_destroy(struct log_err_sink* s) {
+  if (thread_sink == s) thread_sink = NULL;
+  pthread_mutex_destroy(&s->mu);
+}
+
+struct log_err_sink* log_set_error_sink(struct log_err_sink* s) {
+  struct log_err_sink* prev = thread_sink;
+  thread_sink = s;
+  return prev;
+}
+
+const char* log_sink_text(struct log_err_sink* s) {
+  static __thread char copy[sizeof(s->text)];
+  pthread_mutex_lock(&s->mu);
+  memcpy(copy, s->text, sizeof(copy));
+  pthread_mutex_unlock(&s->mu);
   return copy;
 }
 

@@ -2,6 +2,7 @@
 #ifndef CH_LOG_H
 #define CH_LOG_H
 
+#include <pthread.h>
 #include <string.h>
 
 enum log_level { LOG_NONE = 0, LOG_VERSION = 1, LOG_WARN = 2, LOG_INFO = 3, LOG_ABORT = 4, LOG_TRACE = 5 };
@@ -25,6 +26,19 @@ void log_msg(int level, unsigned subsys, const char* file, int line, const char*
     __attribute__((format(printf, 5, 6)));
 /* Text of the most recent WARN, whether printed or not (ncclGetLastError). */
 const char* log_last_error(void);
+/* Per-communicator record of the last WARN (ncclGetLastError(comm)). A thread inside a call on a
+ * communicator points its sink there, so each WARN lands in the process record and in that comm's.
+ * The mutex guards `text`: any thread may write (the one in a call) or read (ncclGetLastError). */
+struct log_err_sink {
+  pthread_mutex_t mu;
+  char text[1024];
+};
+void log_sink_init(struct log_err_sink* s);
+void log_sink_destroy(struct log_err_sink* s);
+/* Make s this thread's sink (NULL: none); returns the previous one, for nesting. */
+struct log_err_sink* log_set_error_sink(struct log_err_sink* s);
+/* A copy of s's text, valid until this thread's next call. */
+const char* log_sink_text(struct log_err_sink* s);
 /* Rank/device shown in every line of this thread, like NCCL's [cudaDev]; -1 hides it. */
 void log_set_thread_rank(int rank);
 
