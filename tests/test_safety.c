@@ -1,0 +1,214 @@
+/* Multi-threaded use and lifetime: ncclCommAbort from another thread while a call is connecting, in a
+ * split, or blocked on a peer; a watchdog thread polling ncclCommGetAsyncError (PyTorch's pattern);
+ * groups mixing streams and two communicators sharing one host stream; ncclGetLastError per
+ * communicator. Run under ASan and TSan in CI: the defects these catch were use-after-free and races. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chorus.h"
+#include "runner.h"
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- abort from another thread ---- */
+
+struct aborter {
+  ncclComm_t comm;
+  int delay_ms;
+  uint64_t took_ms;
+};
+
+static void* abort_later(void* arg) {
+  struct aborter* a = arg;
+  usleep((useconds_t)a->delay_ms * 1000);
+  uint64_t t0 = now_ms();
+  ncclResult_t r = ncclCommAbort(a->comm);
+  a->took_ms = now_ms() - t0;
+  if (r != ncclSuccess) rt_fail(__FILE__, __LINE__, "ncclCommAbort -> %d", (int)r);
+  return NULL;
+}
+
+enum stuck { STUCK_CONNECT, STUCK_SPLIT, STUCK_COLL };
+
+/* Rank 0 enters a call that cannot finish because rank 1 never makes its side of it; another thread
+ * aborts rank 0's comm. The call must return (not crash, not hang) and the abort must be prompt. */
+static void abort_stuck_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  enum stuck what = (enum stuck)(intptr_t)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  if (rank != 0) {
+    usleep(1500 * 1000); /* alive, but never joins rank 0's call */
+    NCCL_OK(ncclCommAbort(comm));
+    return;
+  }
+  float buf[16] = {0};
+  struct aborter a = {comm, 300, 0};
+  pthread_t t;
+  ASSERT(pthread_create(&t, NULL, abort_later, &a) == 0);
+  uint64_t t0 = now_ms();
+  ncclResult_t r;
+  ncclComm_t child = (ncclComm_t)0x1;
+  if (what == STUCK_CONNECT) r = ncclSend(buf, 16, ncclFloat, 1, comm, NULL);
+  else if (what == STUCK_SPLIT) r = ncclCommSplit(comm, 0, rank, &child, NULL);
+  else r = ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, comm, NULL);
+  uint64_t took = now_ms() - t0;
+  pthread_join(t, NULL);
+  EXPECT(r != ncclSuccess);
+  EXPECT(r == ncclInvalidUsage); /* the abort's own outcome, not "internal error" */
+  if (what == STUCK_SPLIT) EXPECT(child == NULL);
+  if (took > 2000) rt_fail(__FILE__, __LINE__, "the aborted call returned after %llu ms", (unsigned long long)took);
+  if (a.took_ms > 2000) rt_fail(__FILE__, __LINE__, "ncclCommAbort took %llu ms", (unsigned long long)a.took_ms);
+}
+
+TEST_T(safety, abort_during_connect, 30) { rt_run_both(2, abort_stuck_body, (void*)(intptr_t)STUCK_CONNECT); }
+TEST_T(safety, abort_during_split, 30) { rt_run_both(2, abort_stuck_body, (void*)(intptr_t)STUCK_SPLIT); }
+TEST_T(safety, abort_during_collective, 30) { rt_run_both(2, abort_stuck_body, (void*)(intptr_t)STUCK_COLL); }
+
+/* ---- a watchdog polling ncclCommGetAsyncError ---- */
+
+struct watchdog {
+  ncclComm_t comm;
+  atomic_int stop;
+  long polls;
+};
+
+static void* watchdog_main(void* arg) {
+  struct watchdog* w = arg;
+  while (!atomic_load(&w->stop)) {
+    ncclResult_t as = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(w->comm, &as);
+    if (r != ncclSuccess || (as != ncclSuccess && as != ncclInProgress))
+      rt_fail(__FILE__, __LINE__, "watchdog: GetAsyncError -> %d, async %d", (int)r, (int)as);
+    w->polls++;
+    sched_yield(); /* tight, but lets the ranks run on a small machine */
+  }
+  return NULL;
+}
+
+/* Nonblocking init while a watchdog thread polls from the first moment (the init thread's join used to
+ * race between the poller and the caller: a second pthread_join hung), then calls, then destroy. */
+static void watchdog_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int iters = (int)(intptr_t)arg;
+  (void)id;
+  for (int it = 0; it < iters; it++) {
+    ncclUniqueId uid;
+    /* Each iteration needs its own id: rank 0 makes it, the others read it from the shared slot. */
+    static ncclUniqueId ids[2];
+    static atomic_int ready[2];
+    if (rank == 0) {
+      NCCL_OK(ncclGetUniqueId(&ids[it & 1]));
+      atomic_store(&ready[it & 1], it + 1);
+    }
+    while (atomic_load(&ready[it & 1]) != it + 1) sched_yield();
+    uid = ids[it & 1];
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, uid, rank, &cfg);
+    ASSERT(r == ncclSuccess || r == ncclInProgress);
+    struct watchdog w = {comm, 0, 0};
+    pthread_t t;
+    ASSERT(pthread_create(&t, NULL, watchdog_main, &w) == 0);
+    ncclResult_t as;
+    do NCCL_OK(ncclCommGetAsyncError(comm, &as)); while (as == ncclInProgress);
+    ASSERT_EQ(as, ncclSuccess);
+    int v = rank + 1;
+    r = ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL);
+    EXPECT(r == ncclSuccess || r == ncclInProgress);
+    do NCCL_OK(ncclCommGetAsyncError(comm, &as)); while (as == ncclInProgress);
+    EXPECT_EQ(v, nranks * (nranks + 1) / 2);
+    atomic_store(&w.stop, 1);
+    pthread_join(t, NULL);
+    NCCL_OK(ncclCommDestroy(comm));
+    if (rt_failures()) return;
+  }
+}
+
+/* Threads only: the shared id slots are process memory. */
+TEST_T(safety, watchdog_polling_1000, 300) { rt_run_threads(2, watchdog_body, (void*)(intptr_t)1000); }
+
+/* ---- streams in groups ---- */
+
+/* One thread drives both ranks of ncclCommInitAll in one group, each call on a different kind of
+ * stream: a host stream and none (the first call's stream used to decide for the group, and NULL
+ * was then dereferenced as a host stream), or a foreign pointer (never to be touched: run inline). */
+static void mixed_streams(int kind0, int kind1) {
+  ncclComm_t comms[2];
+  NCCL_OK(ncclCommInitAll(comms, 2, NULL));
+  cudaStream_t s;
+  NCCL_OK(chorusStreamCreate(&s));
+  static int foreign_stream_object;
+  cudaStream_t pick[3] = {NULL, s, (cudaStream_t)&foreign_stream_object};
+  int x[2][64];
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 64; i++) x[r][i] = r + i;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(x[0], x[0], 64, ncclInt32, ncclSum, comms[0], pick[kind0]));
+  NCCL_OK(ncclAllReduce(x[1], x[1], 64, ncclInt32, ncclSum, comms[1], pick[kind1]));
+  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(chorusStreamSynchronize(s));
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 64; i++)
+      if (x[r][i] != 2 * i + 1) rt_fail_fatal(__FILE__, __LINE__, "rank %d [%d] = %d, want %d", r, i, x[r][i], 2 * i + 1);
+  NCCL_OK(chorusStreamDestroy(s));
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
+}
+
+TEST_T(safety, group_host_then_null_stream, 30) { mixed_streams(1, 0); }
+TEST_T(safety, group_null_then_host_stream, 30) { mixed_streams(0, 1); }
+TEST_T(safety, group_host_then_foreign_stream, 30) { mixed_streams(1, 2); }
+
+/* ncclCommInitAll and one thread driving both ranks on one host stream: the two plans must run
+ * together (one after the other, each waits for the other for ever). */
+TEST_T(safety, group_shared_host_stream, 30) {
+  ncclComm_t comms[2];
+  NCCL_OK(ncclCommInitAll(comms, 2, NULL));
+  cudaStream_t s;
+  NCCL_OK(chorusStreamCreate(&s));
+  float x[2][256];
+  for (int iter = 0; iter < 20; iter++) {
+    for (int r = 0; r < 2; r++)
+      for (int i = 0; i < 256; i++) x[r][i] = (float)(r + i);
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; r++) NCCL_OK(ncclAllReduce(x[r], x[r], 256, ncclFloat, ncclSum, comms[r], s));
+    NCCL_OK(ncclGroupEnd());
+    NCCL_OK(chorusStreamSynchronize(s));
+    for (int r = 0; r < 2; r++)
+      for (int i = 0; i < 256; i++)
+        if (x[r][i] != (float)(2 * i + 1)) {
+          rt_fail_fatal(__FILE__, __LINE__, "iter %d rank %d [%d] = %g, want %d", iter, r, i, (double)x[r][i], 2 * i + 1);
+        }
+  }
+  NCCL_OK(chorusStreamDestroy(s));
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
+}
+
+/* ---- ncclGetLastError per communicator ---- */
+
+TEST_T(safety, last_error_per_comm, 30) {
+  ncclComm_t a, b;
+  ncclUniqueId ia, ib;
+  NCCL_OK(ncclGetUniqueId(&ia));
+  NCCL_OK(ncclGetUniqueId(&ib));
+  NCCL_OK(ncclCommInitRank(&a, 1, ia, 0));
+  NCCL_OK(ncclCommInitRank(&b, 1, ib, 0));
+  float v = 1;
+  EXPECT_EQ(ncclBroadcast(&v, &v, 1, ncclFloat, 7, a, NULL), ncclInvalidArgument);
+  const char* ea = ncclGetLastError(a);
+  EXPECT(strstr(ea, "invalid root 7") != NULL);
+  EXPECT(strstr(ncclGetLastError(NULL), "invalid root 7") != NULL); /* the process's record too */
+  EXPECT(strstr(ncclGetLastError(b), "invalid root") == NULL);
+  EXPECT_EQ(ncclAllReduce(&v, &v, 1, (ncclDataType_t)99, ncclSum, b, NULL), ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(b), "invalid datatype 99") != NULL);
+  EXPECT(strstr(ncclGetLastError(a), "invalid root 7") != NULL); /* a's record is a's */
+  NCCL_OK(ncclCommDestroy(a));
+  NCCL_OK(ncclCommDestroy(b));
+}
