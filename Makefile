@@ -3,6 +3,8 @@ BUILD ?= build
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
+# ctest -R regex: `make test SUITES='^(safety|comm)$$'` runs only those suites (default: all).
+SUITES ?=
 
 .PHONY: all test run install clean test-asan test-tsan
 
@@ -11,7 +13,7 @@ all:
 	@cmake --build $(BUILD) -j $(JOBS)
 
 test: all
-	cd $(BUILD) && ctest --output-on-failure -j 2
+	cd $(BUILD) && ctest --output-on-failure -j 2 $(if $(SUITES),-R '$(SUITES)')
 
 run: all
 	$(BUILD)/bin/chorusrun -n 4 $(BUILD)/bin/all_reduce_perf -b 8 -e 128M -f 2
