@@ -77,8 +77,13 @@ struct ncclComm {
   /* Ordering of work: plans run in ticket order, one at a time per communicator. */
   atomic_uint_fast64_t next_ticket;
   atomic_uint_fast64_t done_ticket;
-  uint64_t seq; /* collectives issued (sequence number carried in transfer headers) */
-  struct ch_plan* _Atomic reuse_plan; /* the last single-collective plan, kept for a repeat (plan.c) */
+  /* Collectives run (sequence number carried in transfer headers). Advanced when a plan starts, by
+   * the thread running the plan whose ticket is current (plan.c); others may only read it (logs). */
+  _Atomic uint64_t seq;
+  /* The last single-collective plan that ran to completion, kept for a repeat (plan.c). Stored by
+   * plan_release before the plan's done_ticket moves; taken by plan_reuse (compare-exchange) or
+   * freed by comm_free once no ticket is outstanding. */
+  struct ch_plan* _Atomic reuse_plan;
 
   volatile int abort_flag;           /* set by ncclCommAbort; polled everywhere */
   _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */
