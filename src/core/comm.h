@@ -109,6 +109,10 @@ void comm_set_async_error(struct ncclComm* comm, ch_status s);
  * need_send[i][nranks] asks for the rings. Two phases (all receivers publish their FIFOs, then all
  * senders attach), so no order of peers can deadlock. */
 ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, char** need_recv);
+/* Test hook: the next `count` connection setups of comm fail at this rank's receiving
+ * (CONNECT_FAULT_RECV) or sending (CONNECT_FAULT_SEND) end with `status`, as a failed allocation would. */
+enum { CONNECT_FAULT_RECV = 1, CONNECT_FAULT_SEND = 2 };
+void comm_connect_inject_fault(struct ncclComm* comm, int where, int count, ch_status status);
 /* Free every connection. */
 void comm_free_connections(struct ncclComm* comm);
 
