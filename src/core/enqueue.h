@@ -86,6 +86,8 @@ ch_status plan_exec(struct ch_plan** plans, int n);
 /* Algorithm and protocol choice (tuning.c): the one place that decides, and logs why. */
 void tune_init(struct ncclComm* comm);
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
+const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
+const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct" */
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);
