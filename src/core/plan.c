@@ -250,11 +250,15 @@ void plan_free(struct ch_plan* plan) {
 /* Training loops repeat the same call: building its plan again (tuning, lanes, chunking) was most of
  * the host time of a small collective. Only buffers, reduction, sequence number and progress change. */
 struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
-  struct ch_plan* pl = atomic_load_explicit(&comm->reuse_plan, memory_order_relaxed);
-  if (!pl || pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type ||
-      pl->key_root != t->root)
+  if (!atomic_load_explicit(&comm->reuse_plan, memory_order_relaxed)) return NULL;
+  /* Take the plan before reading it: a stream thread finishing a newer plan may replace and free it. */
+  struct ch_plan* pl = atomic_exchange(&comm->reuse_plan, NULL);
+  if (!pl) return NULL;
+  if (pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type || pl->key_root != t->root) {
+    struct ch_plan* none = NULL;
+    if (!atomic_compare_exchange_strong(&comm->reuse_plan, &none, pl)) plan_free(pl); /* a newer one came */
     return NULL;
-  if (!atomic_compare_exchange_strong(&comm->reuse_plan, &pl, NULL)) return NULL;
+  }
   pl->reds[0] = t->red;
   pl->started = pl->done = 0;
   pl->status = CH_OK;
