@@ -15,6 +15,7 @@
 
 #include "chorus.h"
 #include "coll_util.h"
+#include "core/comm.h"
 #include "runner.h"
 
 static uint64_t now_ns(void) {
@@ -409,3 +410,123 @@ TEST_T(coll_fault, killed_stream_sync, 60) { kill_test(2, KILL_STREAM, 1); }
 /* A dead peer that is this process's own child and not yet reaped is a zombie: it still answers
  * kill(pid, 0), but it is as dead as any other (a program that forks its ranks and is rank 0 itself). */
 TEST_T(coll_fault, killed_unreaped_child, 20) { kill_test(2, KILL_ALLREDUCE, 0); }
+
+/* ---- a rank whose end of a connection fails locally (issue 9, items 7 and 9) ----
+ * The failing rank still answers its peers, marked failed: every rank of the failed setup returns an
+ * error (the failing one its own, its peers ncclRemoteError), nobody waits for ever. The error stays
+ * on the communicator; once a test clears it, the retry must connect again (the failed call's plan
+ * was not kept) and compute the right values. */
+struct connect_fault {
+  int where; /* CONNECT_FAULT_RECV / CONNECT_FAULT_SEND */
+  int rank;  /* the rank that fails */
+  int p2p;   /* rank 0 sends to rank 1 (else an AllReduce over rings) */
+};
+
+static ncclResult_t fault_call(const struct connect_fault* fc, int rank, int nranks, ncclComm_t comm, float* v, int k) {
+  for (int i = 0; i < 64; i++) v[i] = (float)(rank + i + k);
+  if (!fc->p2p) return ncclAllReduce(v, v, 64, ncclFloat, ncclSum, comm, NULL);
+  if (rank == 0) return ncclSend(v, 64, ncclFloat, 1, comm, NULL);
+  if (rank == 1) return ncclRecv(v, 64, ncclFloat, 0, comm, NULL);
+  return ncclSuccess;
+}
+
+static void fault_check(const struct connect_fault* fc, int rank, int nranks, const float* v, int k) {
+  for (int i = 0; i < 64; i++) {
+    float want = fc->p2p ? (rank == 1 ? (float)(i + k) : (float)(rank + i + k))
+                         : (float)(nranks * (i + k) + nranks * (nranks - 1) / 2);
+    if (v[i] != want) {
+      rt_fail(__FILE__, __LINE__, "%s rank %d: v[%d] = %g after the retry, want %g", rt_mode(), rank, i, v[i], want);
+      return;
+    }
+  }
+}
+
+static void connect_fault_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct connect_fault* fc = arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  int involved = !fc->p2p || rank < 2;
+  if (rank == fc->rank) comm_connect_inject_fault(comm, fc->where, 1, CH_SYSTEM);
+  float v[64];
+  ncclResult_t r = fault_call(fc, rank, nranks, comm, v, 0);
+  if (involved) {
+    ncclResult_t want = rank == fc->rank ? ncclSystemError : ncclRemoteError;
+    if (r != want)
+      rt_fail(__FILE__, __LINE__, "%s rank %d: the call whose connection failed -> %d (%s), want %d", rt_mode(), rank,
+              (int)r, ncclGetErrorString(r), (int)want);
+    ncclResult_t async = ncclSuccess;
+    NCCL_OK(ncclCommGetAsyncError(comm, &async));
+    EXPECT_EQ(async, want);
+    /* The communicator keeps its error: a retry fails at once, cleanly. */
+    EXPECT_EQ(fault_call(fc, rank, nranks, comm, v, 1), want);
+    /* A test can clear it (internal field): then the retry connects again and runs. */
+    atomic_store(&comm->async_result, ncclSuccess);
+  }
+  NCCL_OK(fault_call(fc, rank, nranks, comm, v, 2));
+  fault_check(fc, rank, nranks, v, 2);
+  NCCL_OK(fault_call(fc, rank, nranks, comm, v, 3)); /* a repeat, through the reused plan */
+  fault_check(fc, rank, nranks, v, 3);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(coll_fault, connect_fails_at_receiver_then_retry, 60) {
+  struct connect_fault fc = {CONNECT_FAULT_RECV, 1, 0};
+  rt_run_both(2, connect_fault_body, &fc);
+  rt_run_both(3, connect_fault_body, &fc); /* the failing rank's other neighbour learns it too */
+}
+TEST_T(coll_fault, connect_fails_at_sender_then_retry, 60) {
+  struct connect_fault fc = {CONNECT_FAULT_SEND, 0, 0};
+  rt_run_both(2, connect_fault_body, &fc);
+}
+/* The receiver used to wait for ever for the sender's acknowledgement. */
+TEST_T(coll_fault, p2p_sender_fails_receiver_returns, 60) {
+  struct connect_fault fc = {CONNECT_FAULT_SEND, 0, 1};
+  rt_run_both(3, connect_fault_body, &fc);
+}
+TEST_T(coll_fault, p2p_receiver_fails_sender_returns, 60) {
+  struct connect_fault fc = {CONNECT_FAULT_RECV, 1, 1};
+  rt_run_both(2, connect_fault_body, &fc);
+}
+
+/* ---- a call that fails before it is launched does not count (issue 9, item 7) ----
+ * Rank 0 groups an AllReduce on communicator A with a call on B, and B fails between the calls'
+ * checks and their launch: the AllReduce on A never ran, on any rank. The next AllReduce on A must
+ * match its peers' (sequence numbers are checked by Direct between threads and carried in headers):
+ * the right sum, and A's sequence number equal to the calls that ran. */
+static void seq_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  ncclUniqueId* id_b = arg;
+  ncclComm_t a = cu_comm_init(rank, nranks, id);
+  ncclComm_t b = cu_comm_init(rank, nranks, *id_b);
+  float v[256];
+  for (int i = 0; i < 256; i++) v[i] = (float)(rank + i);
+  NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat, ncclSum, a, NULL));
+  if (rank == 0) {
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat, ncclSum, a, NULL));
+    NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat, ncclSum, b, NULL));
+    comm_set_async_error(b, CH_REMOTE); /* as if B failed meanwhile (another thread's call) */
+    ncclResult_t r = ncclGroupEnd();
+    EXPECT_EQ(r, ncclRemoteError);
+  }
+  for (int k = 0; k < 3; k++) {
+    for (int i = 0; i < 256; i++) v[i] = (float)(rank + i + k);
+    NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat, ncclSum, a, NULL));
+    for (int i = 0; i < 256; i++) {
+      float want = (float)(nranks * (i + k) + nranks * (nranks - 1) / 2);
+      if (v[i] != want) {
+        rt_fail(__FILE__, __LINE__, "%s rank %d call %d: v[%d] = %g, want %g", rt_mode(), rank, k, i, v[i], want);
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(atomic_load(&a->seq), 4); /* the calls that ran */
+  NCCL_OK(ncclCommDestroy(a));
+  ncclCommAbort(b); /* rank 0's B has an error; the others' B did nothing */
+}
+
+TEST_T(coll_fault, failed_call_does_not_advance_sequence, 30) {
+  ncclUniqueId id_b;
+  NCCL_OK(ncclGetUniqueId(&id_b));
+  rt_run_threads(2, seq_body, &id_b);
+  NCCL_OK(ncclGetUniqueId(&id_b));
+  rt_run_procs(2, seq_body, &id_b);
+}

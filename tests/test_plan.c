@@ -1,9 +1,11 @@
 /* Plan reuse: a repeated call runs the previous call's plan again (src/core/plan.c). What may change
  * between repeats (buffers, in-place or not, op, PreMulSum scalar) must change the result; what is
  * in the key (count, type, root) must not be confused; a call in between must not break the cache. */
+#include <pthread.h>
 #include <string.h>
 
 #include "chorus.h"
+#include "core/comm.h"
 #include "runner.h"
 
 #define N 1000 /* not a multiple of 2, 3 or 64: every algorithm has ragged parts */
@@ -76,3 +78,54 @@ TEST(plan, repeated_call_two_ranks) { rt_run_both(2, repeat_body, NULL); }
 TEST(plan, repeated_call_three_ranks) { rt_run_both(3, repeat_body, NULL); }
 TEST(plan, repeated_call_one_rank) { rt_run_threads(1, repeat_body, NULL); }
 TEST(plan, repeated_call_on_stream) { rt_run_both(2, repeat_body, (void*)1); }
+
+/* ---- ncclCommAbort racing a call that completes (issue 9, item 5) ----
+ * A caller thread runs one AllReduce on a one-rank communicator; as soon as that call holds its
+ * ticket, another thread aborts the communicator, which frees it once the ticket is done. The call
+ * must not touch the communicator after that (it used to store its plan into comm->reuse_plan just
+ * after: heap-use-after-free under ASan, a race with the free under TSan, or a leaked plan). */
+struct abort_race {
+  ncclComm_t comm;
+  int warm; /* run one call first, so the racing call takes the reuse path */
+  ncclResult_t res;
+};
+
+static void* race_call(void* p) {
+  struct abort_race* r = p;
+  float v[4] = {1, 2, 3, 4};
+  r->res = ncclAllReduce(v, v, 4, ncclFloat, ncclSum, r->comm, NULL);
+  return NULL;
+}
+
+static void* race_abort(void* p) {
+  struct abort_race* r = p;
+  /* Abort waits only for calls that hold a ticket; entering the library later is the caller's bug. */
+  while (atomic_load(&r->comm->next_ticket) == (uint64_t)r->warm) {}
+  NCCL_OK(ncclCommAbort(r->comm));
+  return NULL;
+}
+
+TEST_T(plan, abort_races_finishing_call, 120) {
+  for (int it = 0; it < 2000; it++) {
+    ncclUniqueId id;
+    struct abort_race r = {NULL, it % 2, ncclSuccess};
+    NCCL_OK(ncclGetUniqueId(&id));
+    NCCL_OK(ncclCommInitRank(&r.comm, 1, id, 0));
+    if (r.warm) {
+      float w = 1;
+      NCCL_OK(ncclAllReduce(&w, &w, 1, ncclFloat, ncclSum, r.comm, NULL));
+      /* same key as the racing call below, so that one reuses this plan */
+      float v[4] = {0};
+      NCCL_OK(ncclAllReduce(v, v, 4, ncclFloat, ncclSum, r.comm, NULL));
+      r.warm = 2; /* tickets taken so far */
+    }
+    pthread_t a, b;
+    ASSERT(pthread_create(&a, NULL, race_call, &r) == 0);
+    ASSERT(pthread_create(&b, NULL, race_abort, &r) == 0);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    /* Either the call finished first, or it saw the abort (reported as invalid usage). */
+    if (r.res != ncclSuccess && r.res != ncclInvalidUsage)
+      rt_fail(__FILE__, __LINE__, "iteration %d: the racing call -> %d (%s)", it, (int)r.res, ncclGetErrorString(r.res));
+  }
+}

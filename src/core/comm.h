@@ -78,8 +78,13 @@ struct ncclComm {
   /* Ordering of work: plans run in ticket order, one at a time per communicator. */
   atomic_uint_fast64_t next_ticket;
   atomic_uint_fast64_t done_ticket;
-  uint64_t seq; /* collectives issued (sequence number carried in transfer headers) */
-  struct ch_plan* _Atomic reuse_plan; /* the last single-collective plan, kept for a repeat (plan.c) */
+  /* Collectives run (sequence number carried in transfer headers). Advanced when a plan starts, by
+   * the thread running the plan whose ticket is current (plan.c); others may only read it (logs). */
+  _Atomic uint64_t seq;
+  /* The last single-collective plan that ran to completion, kept for a repeat (plan.c). Stored by
+   * plan_release before the plan's done_ticket moves; taken by plan_reuse (compare-exchange) or
+   * freed by comm_free once no ticket is outstanding. */
+  struct ch_plan* _Atomic reuse_plan;
 
   volatile int abort_flag;           /* set by ncclCommAbort; polled everywhere */
   _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */
@@ -123,6 +128,10 @@ void comm_join_init(struct ncclComm* comm);
  * need_send[i][nranks] asks for the rings. Two phases (all receivers publish their FIFOs, then all
  * senders attach), so no order of peers can deadlock. */
 ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, char** need_recv);
+/* Test hook: the next `count` connection setups of comm fail at this rank's receiving
+ * (CONNECT_FAULT_RECV) or sending (CONNECT_FAULT_SEND) end with `status`, as a failed allocation would. */
+enum { CONNECT_FAULT_RECV = 1, CONNECT_FAULT_SEND = 2 };
+void comm_connect_inject_fault(struct ncclComm* comm, int where, int count, ch_status status);
 /* Free every connection. */
 void comm_free_connections(struct ncclComm* comm);
 

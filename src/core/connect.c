@@ -27,11 +27,6 @@ static ch_status recv_setup(struct ncclComm* comm, const struct tp_sizes* sz, st
 static ch_status send_connect(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,
                               const struct tp_handle* h) {
   c->peer = peer;
-  if (h->kind != comm->peer_tp[peer]) {
-    WARN("rank %d offered a %s FIFO but rank %d expected %s", peer, tp_name(h->kind), comm->rank,
-         tp_name(comm->peer_tp[peer]));
-    return CH_INTERNAL;
-  }
   if (h->kind == TP_LOCAL) return tp_local_send_connect(c, sz, h);
   return tp_shm_send_connect(c, sz, h);
 }
@@ -47,83 +42,228 @@ static ch_status connect_self(struct ncclComm* comm) {
   return tp_local_send_connect(&p->send, &comm->p2p_sizes, &h);
 }
 
-static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const char* need_recv) {
+/* ---- wire messages ----
+ * A rank that fails its end of a connection still sends everything its peer waits for, marked
+ * failed: otherwise the peer would wait for ever in the bootstrap. Both come from the wire: every
+ * field is checked before use. */
+struct conn_offer { /* receiver -> sender */
+  int32_t status;   /* CH_OK, or why the receiver has no FIFO to offer */
+  int32_t pad;
+  struct tp_handle h; /* valid when status is CH_OK */
+};
+struct conn_ack { /* sender -> receiver, once it has attached (or failed to) */
+  int32_t status;
+  int32_t pad;
+};
+
+/* The status a rank reports for its peer's failure: the peer's own kind when the configuration was
+ * wrong (the same on every rank), otherwise a remote error. */
+static ch_status remote_status(int32_t peer_status) {
+  return peer_status == CH_INVALID_USAGE || peer_status == CH_INVALID_ARG ? CH_INVALID_USAGE : CH_REMOTE;
+}
+
+static const char* status_text(int32_t s) {
+  return s == CH_OK || (s >= CH_SYSTEM && s <= CH_TIMEOUT) || s == CH_ABORTED ? ch_status_str((ch_status)s)
+                                                                              : "unknown status";
+}
+
+/* ---- fault injection (tests only) ---- */
+static struct ncclComm* _Atomic fault_comm;
+static _Atomic int fault_where, fault_left, fault_status;
+
+void comm_connect_inject_fault(struct ncclComm* comm, int where, int count, ch_status status) {
+  atomic_store(&fault_where, where);
+  atomic_store(&fault_status, (int)status);
+  atomic_store(&fault_left, count);
+  atomic_store(&fault_comm, comm);
+}
+
+static ch_status injected_fault(struct ncclComm* comm, int where, int peer) {
+  if (atomic_load_explicit(&fault_comm, memory_order_relaxed) != comm || atomic_load(&fault_where) != where)
+    return CH_OK;
+  int left = atomic_load(&fault_left);
+  while (left > 0 && !atomic_compare_exchange_weak(&fault_left, &left, left - 1)) {}
+  if (left <= 0) return CH_OK;
+  WARN("rank %d: injected fault in the %s end of the connection with rank %d (test hook)", comm->rank,
+       where == CONNECT_FAULT_RECV ? "receiving" : "sending", peer);
+  return (ch_status)atomic_load(&fault_status);
+}
+
+/* Receiver: create the FIFO for `peer` and offer it, or (this rank has failed) offer nothing. *st is
+ * this communicator's status in this setup; the return value only says whether the bootstrap works. */
+static ch_status offer(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer, int tag,
+                       ch_status* st) {
+  struct conn_offer o;
+  memset(&o, 0, sizeof(o));
+  if (*st == CH_OK) {
+    ch_status s = injected_fault(comm, CONNECT_FAULT_RECV, peer);
+    if (s == CH_OK) s = recv_setup(comm, sz, c, peer, &o.h); /* WARNs itself */
+    if (s != CH_OK) *st = s;
+  }
+  if (*st != CH_OK) memset(&o.h, 0, sizeof(o.h));
+  o.status = (int32_t)*st;
+  return boot_send(comm->boot, peer, tag, &o, sizeof(o));
+}
+
+/* Sender: is this offer from `peer` usable? WARNs and returns the failure if not. */
+static ch_status check_offer(struct ncclComm* comm, const struct tp_sizes* sz, int peer,
+                             const struct conn_offer* o) {
+  int me = comm->rank;
+  if (o->status != CH_OK) {
+    WARN("rank %d: rank %d could not set up its end of the connection from rank %d (%s); its log says why", me,
+         peer, me, status_text(o->status));
+    return remote_status(o->status);
+  }
+  if (o->h.kind < 0 || o->h.kind >= TP_COUNT || o->h.kind != comm->peer_tp[peer]) {
+    WARN("rank %d: rank %d offered a FIFO of transport kind %d (%s), but rank %d reaches it by %s", me, peer,
+         (int)o->h.kind, tp_name(o->h.kind), me, tp_name(comm->peer_tp[peer]));
+    return CH_REMOTE;
+  }
+  size_t want = tp_fifo_bytes(sz);
+  if (o->h.bytes != want) {
+    WARN("rank %d: rank %d offered a %llu-byte FIFO, rank %d expects %zu bytes (NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE "
+         "or NCCL_LL128_BUFFSIZE differs between them?)", me, peer, (unsigned long long)o->h.bytes, me, want);
+    return CH_INVALID_USAGE;
+  }
+  return CH_OK;
+}
+
+/* Sender: take the offer of `peer`, attach to its FIFO unless something failed, and always answer. */
+static ch_status attach(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer, int tag,
+                        ch_status* st) {
+  struct conn_offer o;
+  CHECK(boot_recv(comm->boot, peer, tag, &o, sizeof(o)));
+  ch_status s = *st; /* this rank failed earlier: attach to nothing more, but answer */
+  if (s == CH_OK) s = check_offer(comm, sz, peer, &o);
+  if (s == CH_OK) s = injected_fault(comm, CONNECT_FAULT_SEND, peer);
+  if (s == CH_OK) s = send_connect(comm, sz, c, peer, &o.h); /* WARNs itself */
+  if (*st == CH_OK) *st = s;
+  struct conn_ack a = {(int32_t)s, 0};
+  return boot_send(comm->boot, peer, TAG_ACK, &a, sizeof(a));
+}
+
+/* Receiver: the sender's answer. The FIFO's descriptor is dropped once the sender has mapped it (or
+ * will not); the memory lives as long as the mappings. Returns through *ok whether this connection
+ * is complete. */
+static ch_status take_ack(struct ncclComm* comm, int peer, struct conn* c, ch_status* st, int* ok) {
+  struct conn_ack a;
+  *ok = 0;
+  CHECK(boot_recv(comm->boot, peer, TAG_ACK, &a, sizeof(a)));
+  if (!c->connected) return CH_OK; /* we offered nothing: our failure, logged already */
+  tp_conn_release_fd(c);
+  if (a.status == CH_OK) {
+    *ok = 1;
+  } else if (*st == CH_OK) {
+    WARN("rank %d: rank %d could not attach to rank %d's FIFO (%s); its log says why", comm->rank, peer,
+         comm->rank, status_text(a.status));
+    *st = remote_status(a.status);
+  }
+  return CH_OK;
+}
+
+/* Phase 1: every receiver offers its FIFOs (or their failure). */
+static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const char* need_recv, int rings,
+                            ch_status* st) {
   int n = comm->nranks;
-  struct tp_handle h;
-  if (need_send[n] && !comm->rings_connected) {
-    for (int c = 0; c < comm->nchannels; c++) {
-      struct ch_channel* ch = &comm->channels[c];
-      if (ch->recv.connected) continue; /* an earlier attempt got this far */
-      CHECK(recv_setup(comm, &comm->sizes, &ch->recv, ch->prev, &h));
-      CHECK(boot_send(comm->boot, ch->prev, TAG_RING + c, &h, sizeof(h)));
-    }
+  for (int c = 0; rings && c < comm->nchannels; c++) {
+    struct ch_channel* ch = &comm->channels[c];
+    tp_conn_free(&ch->recv); /* the sender expects a new offer for every channel */
+    CHECK(offer(comm, &comm->sizes, &ch->recv, ch->prev, TAG_RING + c, st));
   }
   for (int p = 0; p < n; p++) {
     if (p == comm->rank) {
-      if (need_send[p] || need_recv[p]) CHECK(connect_self(comm));
+      if (*st == CH_OK && (need_send[p] || need_recv[p])) *st = connect_self(comm);
       continue;
     }
     if (!need_recv[p] || comm->p2p[p].recv.connected) continue;
-    CHECK(recv_setup(comm, &comm->p2p_sizes, &comm->p2p[p].recv, p, &h));
-    CHECK(boot_send(comm->boot, p, TAG_P2P, &h, sizeof(h)));
+    CHECK(offer(comm, &comm->p2p_sizes, &comm->p2p[p].recv, p, TAG_P2P, st));
   }
   return CH_OK;
 }
 
-static ch_status phase_send(struct ncclComm* comm, const char* need_send, int rings) {
-  int n = comm->nranks;
-  struct tp_handle h;
-  if (rings) {
-    for (int c = 0; c < comm->nchannels; c++) {
-      struct ch_channel* ch = &comm->channels[c];
-      CHECK(boot_recv(comm->boot, ch->next, TAG_RING + c, &h, sizeof(h)));
-      CHECK(send_connect(comm, &comm->sizes, &ch->send, ch->next, &h));
-      CHECK(boot_send(comm->boot, ch->next, TAG_ACK, NULL, 0));
-    }
+/* Phase 2: every sender takes its offers, attaches and answers. */
+static ch_status phase_send(struct ncclComm* comm, const char* need_send, int rings, ch_status* st) {
+  for (int c = 0; rings && c < comm->nchannels; c++) {
+    struct ch_channel* ch = &comm->channels[c];
+    tp_conn_free(&ch->send); /* from an earlier attempt that failed */
+    CHECK(attach(comm, &comm->sizes, &ch->send, ch->next, TAG_RING + c, st));
+  }
+  if (rings && *st == CH_OK)
     INFO(LOG_INIT, "rank %d: %d ring channel(s) connected, prev %d via %s, next %d via %s", comm->rank,
          comm->nchannels, comm->channels[0].prev, tp_name(comm->peer_tp[comm->channels[0].prev]),
          comm->channels[0].next, tp_name(comm->peer_tp[comm->channels[0].next]));
-  }
-  for (int p = 0; p < n; p++) {
+  for (int p = 0; p < comm->nranks; p++) {
     if (p == comm->rank || !need_send[p] || comm->p2p[p].send.connected) continue;
-    CHECK(boot_recv(comm->boot, p, TAG_P2P, &h, sizeof(h)));
-    CHECK(send_connect(comm, &comm->p2p_sizes, &comm->p2p[p].send, p, &h));
-    CHECK(boot_send(comm->boot, p, TAG_ACK, NULL, 0));
-    INFO(LOG_P2P, "rank %d -> rank %d connected via %s", comm->rank, p, tp_name(h.kind));
+    CHECK(attach(comm, &comm->p2p_sizes, &comm->p2p[p].send, p, TAG_P2P, st));
+    if (comm->p2p[p].send.connected)
+      INFO(LOG_P2P, "rank %d -> rank %d connected via %s", comm->rank, p, tp_name(comm->peer_tp[p]));
   }
   return CH_OK;
 }
 
-/* Receivers wait until their senders have mapped the FIFO: a rank that finishes its part early (a
- * broadcast root only sends) must not close the segment before its peer has opened it. Once mapped,
- * the receiver drops its descriptor: the memory lives as long as the mappings. */
-static ch_status phase_ack(struct ncclComm* comm, const char* need_send, const char* need_recv, int rings) {
-  if (rings) {
-    for (int c = 0; c < comm->nchannels; c++) {
-      struct ch_channel* ch = &comm->channels[c];
-      CHECK(boot_recv(comm->boot, ch->prev, TAG_ACK, NULL, 0));
-      tp_conn_release_fd(&ch->recv);
-    }
-    comm->rings_connected = 1;
+/* Phase 3: receivers wait until their senders have mapped the FIFO: a rank that finishes its part
+ * early (a broadcast root only sends) must not close the segment before its peer has opened it. */
+static ch_status phase_ack(struct ncclComm* comm, const char* need_recv, int rings, ch_status* st) {
+  int all = 1, ok;
+  for (int c = 0; rings && c < comm->nchannels; c++) {
+    CHECK(take_ack(comm, comm->channels[c].prev, &comm->channels[c].recv, st, &ok));
+    all &= ok;
   }
+  if (rings && all && *st == CH_OK) comm->rings_connected = 1;
   for (int p = 0; p < comm->nranks; p++) {
     if (p == comm->rank || !need_recv[p] || comm->p2p[p].recv_acked) continue;
-    CHECK(boot_recv(comm->boot, p, TAG_ACK, NULL, 0));
-    tp_conn_release_fd(&comm->p2p[p].recv);
-    comm->p2p[p].recv_acked = 1;
+    CHECK(take_ack(comm, p, &comm->p2p[p].recv, st, &ok));
+    comm->p2p[p].recv_acked = ok;
   }
   return CH_OK;
 }
 
+/* After a failed setup, drop what is half made, so that a later attempt starts over: rings that
+ * did not all connect, and receive FIFOs that no sender attached to. Connections that completed stay. */
+static void drop_incomplete(struct ncclComm* comm, int rings) {
+  for (int c = 0; rings && !comm->rings_connected && c < comm->nchannels; c++) {
+    tp_conn_free(&comm->channels[c].send);
+    tp_conn_free(&comm->channels[c].recv);
+  }
+  for (int p = 0; p < comm->nranks; p++)
+    if (p != comm->rank && !comm->p2p[p].recv_acked) tp_conn_free(&comm->p2p[p].recv);
+}
+
+/* Each communicator goes through all three phases even when its own part failed (so its peers get
+ * their answers); one whose bootstrap fails (a peer gone, an abort) stops there. A communicator whose
+ * setup failed keeps the error (ncclCommGetAsyncError), as its peers may now be out of step. */
 ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, char** need_recv) {
   int* rings = calloc((size_t)ncomms + 1, sizeof(int));
-  if (!rings) return CH_SYSTEM;
-  ch_status res = CH_OK;
+  ch_status* st = calloc((size_t)ncomms + 1, sizeof(ch_status));
+  int* broken = calloc((size_t)ncomms + 1, sizeof(int));
+  if (!rings || !st || !broken) {
+    free(rings), free(st), free(broken);
+    WARN("out of memory setting up connections");
+    return CH_SYSTEM;
+  }
   for (int i = 0; i < ncomms; i++) rings[i] = need_send[i][comms[i]->nranks] && !comms[i]->rings_connected;
-  for (int i = 0; i < ncomms && res == CH_OK; i++) res = phase_recv(comms[i], need_send[i], need_recv[i]);
-  for (int i = 0; i < ncomms && res == CH_OK; i++) res = phase_send(comms[i], need_send[i], rings[i]);
-  for (int i = 0; i < ncomms && res == CH_OK; i++) res = phase_ack(comms[i], need_send[i], need_recv[i], rings[i]);
-  free(rings);
+  for (int i = 0; i < ncomms; i++) {
+    ch_status h = phase_recv(comms[i], need_send[i], need_recv[i], rings[i], &st[i]);
+    if (h != CH_OK) broken[i] = 1, st[i] = h;
+  }
+  for (int i = 0; i < ncomms; i++) {
+    if (broken[i]) continue;
+    ch_status h = phase_send(comms[i], need_send[i], rings[i], &st[i]);
+    if (h != CH_OK) broken[i] = 1, st[i] = h;
+  }
+  for (int i = 0; i < ncomms; i++) {
+    if (broken[i]) continue;
+    ch_status h = phase_ack(comms[i], need_recv[i], rings[i], &st[i]);
+    if (h != CH_OK) st[i] = h;
+  }
+  ch_status res = CH_OK;
+  for (int i = 0; i < ncomms; i++) {
+    if (st[i] == CH_OK) continue;
+    drop_incomplete(comms[i], rings[i]);
+    comm_set_async_error(comms[i], st[i]);
+    if (res == CH_OK) res = st[i];
+  }
+  free(rings), free(st), free(broken);
   return res;
 }
 

@@ -33,6 +33,9 @@ struct ch_lane {
   int nops, cur;
 };
 
+/* Ownership: the building thread owns a plan until launch; then plan_exec (the calling thread, or
+ * the stream thread) owns it until it finishes, when plan_exec releases it: kept in comm->reuse_plan
+ * (taken back only by plan_reuse's compare-exchange) or freed. */
 struct ch_plan {
   struct ncclComm* comm;
   size_t alloc_bytes;
@@ -43,7 +46,8 @@ struct ch_plan {
   int nlanes;
   struct ch_op** lane_ops; /* storage for every lane's op list */
   struct red_op* reds;     /* one per task */
-  int started, done;
+  int ncoll;               /* collectives in the plan: comm->seq advances by this when it starts */
+  int started, done;       /* done: ran to the end (only such a plan is kept for reuse) */
   ch_status status;
   /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
   int reusable, key_func, key_type, key_root;
@@ -72,14 +76,18 @@ void plan_free(struct ch_plan* plan);
 /* The plan of the previous call on comm, re-armed for task t, if it was the same collective with the
  * same count, type and root; NULL otherwise (then build one). */
 struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t);
-/* Done with a plan run by the calling thread: keep it on its comm for a repeat, or free it. */
+/* Done with a plan: keep it on its comm for a repeat if it ran to completion, else free it. NULL is
+ * a no-op. Not for a plan whose completion was published (plan_exec releases those itself). */
 void plan_release(struct ch_plan* plan);
-/* Run plans to completion (plans of several communicators progress together). */
+/* Run plans to completion (plans of several communicators progress together). Takes ownership:
+ * each plan is released before its completion is published, and plans[i] is set to NULL. */
 ch_status plan_exec(struct ch_plan** plans, int n);
 
 /* Algorithm and protocol choice (tuning.c): the one place that decides, and logs why. */
 void tune_init(struct ncclComm* comm);
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
+const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
+const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct" */
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);

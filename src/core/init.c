@@ -12,6 +12,7 @@
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
+#include "agree.h"
 #include "enqueue.h"
 #include "init.h"
 
@@ -175,6 +176,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
     ch->next = (me + 1) % n;
   }
   tune_init(comm);
+  CHECK(comm_agree(comm)); /* before anything whose steps depend on those settings (direct_setup) */
   CHECK(direct_setup(comm));
 
   int shm = 0, local = 0;

@@ -109,7 +109,8 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
   op->ctx.esize = op->esize;
   op->ctx.red = red;
   op->ctx.scratch = comm->scratch;
-  op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, comm->seq, (uint32_t)t->func, (uint32_t)t->type, t->count,
+  /* hdr.seq is filled when the plan starts (plan_start): a call counts only once it runs. */
+  op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
                                   (uint32_t)t->op, t->root};
 }
 
@@ -200,12 +201,13 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
     size_t esize = red_type_size(t->type);
     if (is_coll(t->func)) {
       plan->reds[i] = t->red;
-      comm->seq++;
+      plan->ncoll++;
     }
     size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)t->how.nch), 64);
     for (int c = 0; c < t->how.nch; c++) {
       struct ch_op* op = &plan->ops[plan->nops++];
       op_init(op, comm, t, &plan->reds[i]);
+      if (is_coll(t->func)) op->ctx.hdr.seq = (uint64_t)plan->ncoll; /* 1-based, relative to the start */
       op->algo = t->how.algo;
       op->proto = op->ctx.proto = t->how.proto;
       op->ctx.stream_dst = t->how.stream;
@@ -248,12 +250,15 @@ void plan_free(struct ch_plan* plan) {
 /* Training loops repeat the same call: building its plan again (tuning, lanes, chunking) was most of
  * the host time of a small collective. Only buffers, reduction, sequence number and progress change. */
 struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
-  struct ch_plan* pl = atomic_load_explicit(&comm->reuse_plan, memory_order_relaxed);
-  if (!pl || pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type ||
-      pl->key_root != t->root)
+  if (!atomic_load_explicit(&comm->reuse_plan, memory_order_relaxed)) return NULL;
+  /* Take the plan before reading it: a stream thread finishing a newer plan may replace and free it. */
+  struct ch_plan* pl = atomic_exchange(&comm->reuse_plan, NULL);
+  if (!pl) return NULL;
+  if (pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type || pl->key_root != t->root) {
+    struct ch_plan* none = NULL;
+    if (!atomic_compare_exchange_strong(&comm->reuse_plan, &none, pl)) plan_free(pl); /* a newer one came */
     return NULL;
-  if (!atomic_compare_exchange_strong(&comm->reuse_plan, &pl, NULL)) return NULL;
-  comm->seq++;
+  }
   pl->reds[0] = t->red;
   pl->started = pl->done = 0;
   pl->status = CH_OK;
@@ -265,7 +270,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     op->idx = 0;
     if (op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back last time */
     if (op->algo == ALGO_DIRECT) direct_describe(op);
-    op->ctx.hdr.seq = comm->seq;
+    op->ctx.hdr.seq = 1; /* the plan's only collective; made absolute by plan_start */
     op->ctx.hdr.op = (uint32_t)t->op;
     op->ctx.wait_word = NULL;
     op->ctx.wait_sleeping = NULL;
@@ -273,9 +278,11 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
   return pl;
 }
 
+/* Only a plan that ran to completion is known to be connected and correct: one that was built but
+ * never launched (its connection setup failed, or another call of its group failed) is freed. */
 void plan_release(struct ch_plan* plan) {
   if (!plan) return;
-  if (plan->reusable && plan->status == CH_OK) /* the newest plan is the likeliest to repeat */
+  if (plan->reusable && plan->done && plan->status == CH_OK) /* the newest plan is the likeliest to repeat */
     plan = atomic_exchange(&plan->comm->reuse_plan, plan);
   plan_free(plan);
 }
@@ -353,19 +360,44 @@ static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* b
   }
 }
 
-/* The last touch of a plan's communicator: after done_ticket moves, the comm may be freed. */
-static void finish_plan(struct ch_plan* pl) {
-  pl->done = 1;
-  if (pl->status != CH_OK) {
-    if (pl->status == CH_ABORTED)
-      INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", pl->comm->rank);
-    comm_set_async_error(pl->comm, pl->status);
-  }
-  atomic_fetch_add(&pl->comm->done_ticket, 1);
+/* The plan's ticket came up: from here on the call counts. Sequence numbers are taken in ticket
+ * order, so a call that fails before it is launched (connection setup, another call of its group)
+ * leaves this rank's count where its peers' is. comm->seq is touched only by the thread running the
+ * plan whose ticket is current (tickets serialize them; done_ticket carries the ordering). */
+static void plan_start(struct ch_plan* pl) {
+  struct ncclComm* comm = pl->comm;
+  uint64_t base = atomic_load_explicit(&comm->seq, memory_order_relaxed);
+  for (int k = 0; k < pl->nops; k++)
+    if (is_coll(pl->ops[k].func)) pl->ops[k].ctx.hdr.seq += base;
+  atomic_store_explicit(&comm->seq, base + (uint64_t)pl->ncoll, memory_order_relaxed);
+  pl->started = 1;
 }
 
+/* Hand a finished plan back and publish its completion. Once done_ticket moves, a thread waiting in
+ * ncclCommAbort/ncclCommDestroy may free the comm together with the plan kept on it: so the plan is
+ * released (kept on its comm for a repeat, or freed) before that store, and neither is touched after
+ * it. *slot is cleared; returns the plan's status. */
+static ch_status finish_plan(struct ch_plan** slot) {
+  struct ch_plan* pl = *slot;
+  struct ncclComm* comm = pl->comm;
+  ch_status st = pl->status;
+  pl->done = 1;
+  if (st != CH_OK) {
+    if (st == CH_ABORTED) INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", comm->rank);
+    comm_set_async_error(comm, st);
+  }
+  *slot = NULL;
+  plan_release(pl);
+  atomic_fetch_add(&comm->done_ticket, 1); /* the last touch of comm */
+  return st;
+}
+
+/* Plans are owned by plan_exec from the call on: each is released as it finishes and plans[i] becomes
+ * NULL (callers' later plan_release/plan_free of plans[i] are no-ops). Returns the status of the first
+ * plan (in array order) that failed. */
 ch_status plan_exec(struct ch_plan** plans, int n) {
-  int remaining = n;
+  int remaining = n, err_at = n;
+  ch_status err = CH_OK;
   int oversubscribed = plans[0]->comm->oversubscribed;
   uint64_t idle = 0, idle_since = 0, check_since = 0, t = 0;
   while (remaining > 0) {
@@ -373,11 +405,11 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     struct prim_ctx* blocked = NULL;
     for (int i = 0; i < n; i++) {
       struct ch_plan* pl = plans[i];
-      if (pl->done) continue;
+      if (!pl) continue; /* finished and released */
       struct ncclComm* comm = pl->comm;
       if (!pl->started) {
         if (atomic_load(&comm->done_ticket) != pl->ticket) continue;
-        pl->started = 1;
+        plan_start(pl);
       }
       int busy = 0;
       if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
@@ -391,7 +423,8 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         }
       }
       if (!busy || pl->status != CH_OK) {
-        finish_plan(pl);
+        ch_status st = finish_plan(&plans[i]);
+        if (st != CH_OK && i < err_at) err = st, err_at = i;
         remaining--;
         progressed = 1;
       }
@@ -409,17 +442,16 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     engine_wait(idle_since ? t - idle_since : 0, oversubscribed, blocked);
     if (t - check_since > 1000000000ull) {
       for (int i = 0; i < n; i++) {
-        if (plans[i]->done || !plans[i]->started) continue;
+        if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = check_peers_alive(plans[i]->comm);
         if (plans[i]->status != CH_OK) {
-          finish_plan(plans[i]);
+          ch_status st = finish_plan(&plans[i]);
+          if (i < err_at) err = st, err_at = i;
           remaining--;
         }
       }
       check_since = t;
     }
   }
-  for (int i = 0; i < n; i++)
-    if (plans[i]->status != CH_OK) return plans[i]->status;
-  return CH_OK;
+  return err;
 }

@@ -17,6 +17,9 @@ static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring", "Exchange", "Direct
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
 
+const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? proto_names[p] : "?"; }
+const char* tune_algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
+
 #define LL_MAX_BYTES 64u
 
 /* NCCL syntax: comma list of names, a leading ^ excludes them. Unknown names are reported. */

@@ -1,0 +1,160 @@
+/* Settings that decide how ranks talk to each other (FIFO sizes, protocols, algorithms, channels,
+ * size thresholds) must be equal on every rank: a difference hangs or corrupts a call, far from its
+ * cause. They are compared once at init, in one bootstrap allgather, and a difference is reported
+ * by name on every rank. Settings that only shape this rank's own work (spinning, streaming stores,
+ * logging) may differ and are not compared. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "agree.h"
+#include "enqueue.h"
+
+enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
+
+/* One row per setting: the name a user can act on, how to print it, and its value as this rank uses
+ * it (after defaults and rounding, so equivalent spellings agree). Add new settings here only. */
+#define AGREE_TABLE(X)                                                                              \
+  X("NCCL_PROTO", AG_PROTO_MASK, c->proto_mask)                                                     \
+  X("NCCL_ALGO", AG_ALGO_MASK, c->algo_mask)                                                        \
+  X("NCCL_MAX_NCHANNELS/NCCL_MIN_NCHANNELS (channel count)", AG_INT, c->nchannels)                  \
+  X("NCCL_MIN_NCHANNELS", AG_INT, UT_MIN(c->min_nchannels, c->nchannels))                           \
+  X("NCCL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_SIMPLE])                                           \
+  X("NCCL_LL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL])                                            \
+  X("NCCL_LL128_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL128])                                      \
+  X("NCCL_SHM_DISABLE", AG_INT, param_int(PARAM_SHM_DISABLE) != 0)                                  \
+  X("CHORUS_EXCHANGE_MAX_BYTES", AG_INT, c->exchange_max_bytes)                                     \
+  X("CHORUS_DIRECT_MIN_BYTES", AG_INT, c->direct_min_bytes)                                         \
+  X("CHORUS_SHM_DIRECT_MIN_BYTES", AG_INT, c->shm_direct_min_bytes)
+
+#define AG_COUNT_ROW(name, fmt, expr) +1
+enum { AGREE_NROWS = 0 AGREE_TABLE(AG_COUNT_ROW) };
+
+struct agree_row {
+  const char* name;
+  int fmt;
+};
+static const struct agree_row rows[AGREE_NROWS] = {
+#define AG_ROW(name, fmt, expr) {name, fmt},
+    AGREE_TABLE(AG_ROW)
+#undef AG_ROW
+};
+
+/* What each rank sends: the number of rows (a build with another table is told apart) and values.
+ * Values from peers are only compared and printed. */
+struct agree_msg {
+  uint32_t nrows;
+  uint32_t pad;
+  int64_t v[AGREE_NROWS];
+};
+
+static void fill(const struct ncclComm* c, struct agree_msg* m) {
+  memset(m, 0, sizeof(*m));
+  m->nrows = AGREE_NROWS;
+  int i = 0;
+  /* size_t thresholds of -1 ("never"/"always") print as -1 through the int64_t cast */
+#define AG_FILL(name, fmt, expr) m->v[i++] = (int64_t)(expr);
+  AGREE_TABLE(AG_FILL)
+#undef AG_FILL
+}
+
+/* Bounded append to out[cap] at *len. */
+static void put(char* out, size_t cap, size_t* len, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
+static void put(char* out, size_t cap, size_t* len, const char* fmt, ...) {
+  if (*len >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(out + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len = UT_MIN(cap, *len + (size_t)n);
+}
+
+static void put_value(char* out, size_t cap, size_t* len, int fmt, int64_t v) {
+  if (fmt == AG_INT) {
+    put(out, cap, len, "%lld", (long long)v);
+    return;
+  }
+  int n = fmt == AG_PROTO_MASK ? CH_NPROTO : ALGO_COUNT;
+  const char* sep = "";
+  for (int b = 0; b < n; b++) {
+    if (!(v & (1ll << b))) continue;
+    put(out, cap, len, "%s%s", sep, fmt == AG_PROTO_MASK ? tune_proto_name(b) : tune_algo_name(b));
+    sep = ",";
+  }
+  if (!*sep) put(out, cap, len, "(none)");
+}
+
+/* "0,2-3": the ranks whose row `row` holds value v. */
+static int put_ranks(char* out, size_t cap, size_t* len, const struct agree_msg* all, int n, int row, int64_t v) {
+  int count = 0;
+  const char* sep = "";
+  for (int r = 0; r < n; r++) {
+    if (all[r].v[row] != v) continue;
+    int e = r;
+    while (e + 1 < n && all[e + 1].v[row] == v) e++;
+    if (e == r) put(out, cap, len, "%s%d", sep, r);
+    else put(out, cap, len, "%s%d-%d", sep, r, e);
+    count += e - r + 1;
+    sep = ",";
+    r = e;
+  }
+  return count;
+}
+
+/* One WARN for a differing row: each distinct value (in order of first appearance) and its ranks. */
+static void report(int row, const struct agree_msg* all, int n) {
+  char text[1024], ranks[512];
+  size_t len = 0, cap = sizeof(text);
+  put(text, cap, &len, "%s differs across ranks:", rows[row].name);
+  int shown = 0;
+  for (int r = 0; r < n; r++) {
+    int seen = 0;
+    for (int q = 0; q < r && !seen; q++) seen = all[q].v[row] == all[r].v[row];
+    if (seen) continue;
+    if (shown == 8) {
+      put(text, cap, &len, ", and more values");
+      break;
+    }
+    put(text, cap, &len, "%s ", shown ? "," : "");
+    put_value(text, cap, &len, rows[row].fmt, all[r].v[row]);
+    size_t rlen = 0;
+    int count = put_ranks(ranks, sizeof(ranks), &rlen, all, n, row, all[r].v[row]);
+    put(text, cap, &len, " on rank%s %s", count == 1 ? "" : "s", ranks);
+    shown++;
+  }
+  put(text, cap, &len, "; it must be the same on every rank");
+  if (len >= cap - 1) memcpy(text + cap - 4, "...", 4);
+  WARN("%s", text);
+}
+
+ch_status comm_agree(struct ncclComm* comm) {
+  int n = comm->nranks;
+  if (n == 1) return CH_OK;
+  struct agree_msg* all = calloc((size_t)n, sizeof(*all));
+  if (!all) {
+    WARN("out of memory comparing settings across %d ranks", n);
+    return CH_SYSTEM;
+  }
+  fill(comm, &all[comm->rank]);
+  ch_status s = boot_allgather(comm->boot, all, sizeof(*all));
+  int bad = 0;
+  for (int r = 0; s == CH_OK && r < n; r++) {
+    if (all[r].nrows != AGREE_NROWS) {
+      WARN("rank %d: rank %d compares %u settings at init, this rank %d: different Chorus builds?", comm->rank, r,
+           all[r].nrows, AGREE_NROWS);
+      s = CH_INVALID_USAGE;
+    }
+  }
+  for (int i = 0; s == CH_OK && i < AGREE_NROWS; i++) {
+    int differs = 0;
+    for (int r = 1; r < n && !differs; r++) differs = all[r].v[i] != all[0].v[i];
+    if (differs) report(i, all, n);
+    bad |= differs;
+  }
+  free(all);
+  return s == CH_OK && bad ? CH_INVALID_USAGE : s;
+}
