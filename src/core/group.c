@@ -139,12 +139,7 @@ static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, in
     for (int i = 0; i < n; i++) plans[i] = NULL;
     return CH_OK;
   }
-  ch_status res = plan_exec(plans, n);
-  for (int i = 0; i < n; i++) {
-    plan_release(plans[i]);
-    plans[i] = NULL;
-  }
-  return res;
+  return plan_exec(plans, n); /* takes the plans: each is kept for reuse or freed, and NULLed */
 }
 
 #define SMALL 8

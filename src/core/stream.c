@@ -65,8 +65,7 @@ static void* stream_main(void* arg) {
     if (!st->head) st->tail = NULL;
     pthread_mutex_unlock(&st->mu);
     log_set_thread_rank(b->plans[0]->comm->rank);
-    ch_status s = plan_exec(b->plans, b->n);
-    for (int i = 0; i < b->n; i++) plan_free(b->plans[i]);
+    ch_status s = plan_exec(b->plans, b->n); /* takes the plans */
     free(b);
     pthread_mutex_lock(&st->mu);
     if (s != CH_OK && st->err == CH_OK) st->err = s;
