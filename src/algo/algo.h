@@ -102,11 +102,12 @@ uint64_t ring_allreduce_nsteps(const struct ch_op* op);
 void ring_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t exchange_allreduce_nsteps(const struct ch_op* op);
 void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-/* Direct ops are not made of FIFO primitives: the engine calls this (3 steps). Returns 1 when a step
- * is done, 0 when it must wait, -1 when the ranks' buffers cannot all be reached by peers: then every
- * rank runs op->fallback_algo instead (all reach the same verdict from the same slots); -2 when a rank
- * could not map a peer's buffer (CH_SYSTEM), -3 when the ranks' calls do not match (CH_INVALID_USAGE):
- * both on every rank, logged where seen. */
+/* Direct ops are not made of FIFO primitives: the engine calls this (3 steps) and gets one of these.
+ * FALLBACK: the ranks' buffers cannot all be reached by peers, every rank runs op->fallback_algo
+ * instead (all reach the same verdict from the same slots). FAILED (CH_SYSTEM): a rank could not map
+ * a peer's buffer. MISMATCH (CH_INVALID_USAGE): the ranks' calls differ; nobody touched peer memory.
+ * Both end the call on every rank, logged where seen. */
+enum direct_result { DIRECT_MISMATCH = -3, DIRECT_FAILED = -2, DIRECT_FALLBACK = -1, DIRECT_WAIT = 0, DIRECT_STEP = 1 };
 int direct_allreduce_try(struct ch_op* op);
 uint64_t ring_allgather_nsteps(const struct ch_op* op);
 void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);

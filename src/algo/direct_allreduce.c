@@ -147,20 +147,20 @@ int direct_allreduce_try(struct ch_op* op) {
     me->recv = op->drecv;
     me->red = *op->ctx.red;
     atomic_store_explicit(&me->arrive, seq, memory_order_release);
-    return 1;
+    return DIRECT_STEP;
   }
   if (op->idx == 1) {
-    if (!all_reached(c, n, 0, seq)) return 0;
+    if (!all_reached(c, n, 0, seq)) return DIRECT_WAIT;
     if (!shapes_match(op, &mine)) {
       atomic_store_explicit(&me->done, seq | DONE_MISMATCH, memory_order_release);
-      return 1;
+      return DIRECT_STEP;
     }
     for (int k = 0; k < n; k++) {
       if (op->maps && (c->slot[k].send.token == 0 || c->slot[k].recv.token == 0)) {
         INFO(LOG_COLL, "AllReduce seq %llu: rank %d's buffers are not from ncclMemAlloc, so not reachable by "
              "other processes: using %s", (unsigned long long)seq, k,
              op->fallback_algo == ALGO_EXCHANGE ? "Exchange" : "Ring");
-        return -1;
+        return DIRECT_FALLBACK;
       }
     }
     size_t bytes = op->count * op->esize;
@@ -173,7 +173,7 @@ int direct_allreduce_try(struct ch_op* op) {
           !reach(op, k, &c->slot[k].recv, op->recvbuff, bytes, &recv[k])) {
         /* Peers may still write into my buffers: fail, but only after waiting for them in step 2. */
         atomic_store_explicit(&me->done, seq | DONE_FAILED, memory_order_release);
-        return 1;
+        return DIRECT_STEP;
       }
     }
     size_t per = (op->count + n - 1) / n;
@@ -182,14 +182,14 @@ int direct_allreduce_try(struct ch_op* op) {
     size_t len = algo_min(op->count, off + per) - off;
     if (len) reduce_scatter_segment(op, red, send, recv, off, len);
     atomic_store_explicit(&me->done, seq, memory_order_release);
-    return 1;
+    return DIRECT_STEP;
   }
   int r = all_reached(c, n, 1, seq);
-  if (r == -2) return -3; /* every rank logged it in step 1 */
+  if (r == -2) return DIRECT_MISMATCH; /* every rank logged it in step 1 */
   if (r < 0) {
     WARN("AllReduce seq %llu on rank %d: a rank could not map a peer's buffers (see its WARN); the call "
          "failed on every rank", (unsigned long long)seq, op->rank);
-    return -2;
+    return DIRECT_FAILED;
   }
-  return r;
+  return r ? DIRECT_STEP : DIRECT_WAIT;
 }
