@@ -53,8 +53,11 @@ struct local_ent {
 };
 static pthread_mutex_t local_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct local_ent* local_list; /* local_mu */
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+static void install_fork_hooks(void);
 
 uint64_t tp_local_publish(void* mem, _Atomic int* refs) {
+  pthread_once(&hooks_once, install_fork_hooks);
   struct local_ent* e = malloc(sizeof(*e));
   if (!e) return 0;
   e->token = fresh_token();
@@ -126,7 +129,6 @@ static struct fd_ent* fd_list; /* fd_mu */
 static int srv_live;           /* srv_mu: a server thread runs */
 static int srv_listen = -1, srv_stop = -1; /* srv_mu; the thread only reads them */
 static pthread_t srv_thread;
-static pthread_once_t srv_once = PTHREAD_ONCE_INIT;
 
 static void sock_name(uint64_t nonce, struct sockaddr_un* a, socklen_t* len) {
   memset(a, 0, sizeof(*a));
@@ -143,7 +145,7 @@ static void set_timeouts(int s, int ms) {
 
 static void serve_one(int c) {
   set_timeouts(c, 1000); /* a client that sends nothing cannot hold the server */
-  struct ucred cr;
+  struct ucred cr = {0, (uid_t)-1, (gid_t)-1};
   socklen_t cl = sizeof(cr);
   if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid()) {
     WARN("shared-memory descriptor request from pid %d uid %d refused: only processes of user %d are served",
@@ -193,7 +195,7 @@ static void* serve(void* arg) {
     if (p[1].revents) break;
     int c = accept4(srv_listen, NULL, NULL, SOCK_CLOEXEC);
     if (c < 0) {
-      if (errno == EMFILE || errno == ENFILE) usleep(10000); /* do not spin on a full table */
+      if (errno != EINTR && errno != ECONNABORTED) usleep(10000); /* do not spin (full descriptor table) */
       continue;
     }
     serve_one(c);
@@ -244,17 +246,22 @@ static void srv_halt(void) {
   srv_live = 0;
 }
 
-/* A fork child has no server thread and must not answer under its parent's name: it keeps the
- * exports (its copies of the descriptors are valid) and starts its own server when it next exports. */
-static void at_prepare(void) { pthread_mutex_lock(&srv_mu), pthread_mutex_lock(&fd_mu); }
-static void at_parent(void) { pthread_mutex_unlock(&fd_mu), pthread_mutex_unlock(&srv_mu); }
+/* No lock may be held by a thread that does not exist in a fork child. The child has no server
+ * thread and must not answer under its parent's name: it keeps the exports (its copies of the
+ * descriptors are valid) and starts its own server, under its own nonce, when it next exports. */
+static void at_prepare(void) {
+  pthread_mutex_lock(&srv_mu), pthread_mutex_lock(&fd_mu), pthread_mutex_lock(&local_mu);
+}
+static void at_parent(void) {
+  pthread_mutex_unlock(&local_mu), pthread_mutex_unlock(&fd_mu), pthread_mutex_unlock(&srv_mu);
+}
 static void at_child(void) {
   if (srv_live) close(srv_listen), close(srv_stop);
   srv_listen = srv_stop = -1;
   srv_live = 0;
-  pthread_mutex_unlock(&fd_mu), pthread_mutex_unlock(&srv_mu);
+  at_parent();
 }
-static void srv_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void install_fork_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
 
 __attribute__((destructor)) static void srv_unload(void) {
   pthread_mutex_lock(&srv_mu);
@@ -263,7 +270,7 @@ __attribute__((destructor)) static void srv_unload(void) {
 }
 
 uint64_t tp_fd_export(int fd, uint64_t bytes) {
-  pthread_once(&srv_once, srv_hooks);
+  pthread_once(&hooks_once, install_fork_hooks);
   struct fd_ent* e = malloc(sizeof(*e));
   if (!e) return 0;
   e->token = fresh_token();
@@ -320,7 +327,7 @@ static int fetch_fd(uint64_t nonce, uint64_t token, int peer, const char* what) 
     close(s);
     return -1;
   }
-  struct ucred cr;
+  struct ucred cr = {0, (uid_t)-1, (gid_t)-1};
   socklen_t cl = sizeof(cr);
   if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid()) {
     WARN("the descriptor server claiming to be rank %d's runs as uid %d, not as our uid %d: %s refused", peer,
@@ -359,6 +366,7 @@ static int fetch_fd(uint64_t nonce, uint64_t token, int peer, const char* what) 
 /* A sealed (no shrinking) Chorus memfd of exactly `bytes`: anything else is refused. */
 static int check_fd(int fd, size_t bytes, int peer, const char* what) {
   struct stat st;
+  memset(&st, 0, sizeof(st));
   char path[64], link[128] = "";
   snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
   ssize_t n = readlink(path, link, sizeof(link) - 1);
