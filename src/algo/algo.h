@@ -26,7 +26,7 @@ enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3,
  * (token 0: not in such an allocation, so only its own process can reach the buffer). */
 struct direct_buf {
   uint64_t addr;        /* threads only */
-  uint64_t token;       /* processes: export token of the allocation (mem.c, transport/registry.c) */
+  uint64_t token;       /* processes: export token of the allocation (mem.c, transport/fdpass.c) */
   uint64_t alloc_bytes; /* size of the allocation */
   uint64_t off;         /* of the buffer in the allocation */
 };

@@ -140,7 +140,8 @@ int direct_allreduce_try(struct ch_op* op) {
   struct direct_slot* me = &c->slot[op->rank];
   uint64_t seq = op->ctx.hdr.seq + 1;
   int n = op->nranks;
-  struct direct_shape mine = {op->ctx.hdr.seq, op->count, op->ctx.hdr.type, op->ctx.hdr.op < OP_CUSTOM ? op->ctx.hdr.op : OP_CUSTOM};
+  uint32_t opc = op->ctx.hdr.op < OP_CUSTOM ? op->ctx.hdr.op : OP_CUSTOM;
+  struct direct_shape mine = {op->ctx.hdr.seq, op->count, op->ctx.hdr.type, opc};
   if (op->idx == 0) {
     me->shape = mine;
     me->send = op->dsend;

@@ -164,7 +164,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
 /* Direct algorithms need a clique: one slot per rank that all ranks can touch. When every rank is a
  * thread of this process, rank 0 allocates it on the heap and publishes it in the process-local
  * registry; when ranks are processes of one host, rank 0 creates a sealed memfd and exports it through
- * its descriptor server (transport/registry.c). Either way only a random token travels in the
+ * its descriptor server (transport/fdpass.c). Either way only a random token travels in the
  * bootstrap allgather: no address, pid or descriptor number. Rank 0 withdraws the token once every
  * rank has said whether it got the clique. */
 static int clique_on_heap(const struct ncclComm* comm) {

@@ -2,7 +2,7 @@
  *
  * The receiver creates an anonymous sealed memfd (owner-only, never visible in /dev/shm), reserves its
  * pages with fallocate so a too-small tmpfs fails now with a clear message instead of SIGBUS later,
- * maps it, and exports it under a token (registry.c) until the sender has it. The sender fetches the
+ * maps it, and exports it under a token (fdpass.c) until the sender has it. The sender fetches the
  * descriptor from the receiver's descriptor server, checks it and maps it. Because the segment has no
  * name, nothing survives the processes, even after SIGKILL. */
 #define _GNU_SOURCE

@@ -4,9 +4,9 @@
  *
  *   local : both ranks are threads of one process; the FIFO is ordinary heap memory.
  *   shm   : ranks are processes on one host; the FIFO is a memfd segment (never named in /dev/shm),
- *           handed to the peer by descriptor passing (registry.c), so nothing is left behind by a crash.
+ *           handed to the peer by descriptor passing (fdpass.c), so nothing is left behind by a crash.
  * Nothing pointer-like crosses the bootstrap: handles carry random tokens that only the process that
- * made them can resolve (registry.c).
+ * made them can resolve (registry.c, fdpass.c).
  *   (net  : sockets through a proxy thread; a later stage.) */
 #ifndef CH_TRANSPORT_H
 #define CH_TRANSPORT_H
@@ -100,6 +100,8 @@ void tp_conn_free(struct conn* c);
 void tp_conn_release_fd(struct conn* c);
 const char* tp_name(int kind);
 
+/* A fresh random token, never 0 (registry.c). */
+uint64_t tp_fresh_token(void);
 /* Process-local registry (registry.c). Publish mem under a fresh random token (0 if out of memory);
  * lookup returns mem and adds a reference to *refs (under the registry lock, so the publisher cannot
  * free it in between), or NULL for a token this process did not publish; take also withdraws it. */
@@ -107,7 +109,7 @@ uint64_t tp_local_publish(void* mem, _Atomic int* refs);
 void* tp_local_lookup(uint64_t token, int take);
 void tp_local_withdraw(uint64_t token);
 
-/* Descriptor passing between processes of one host (registry.c). tp_memfd_new makes a sealed memfd
+/* Descriptor passing between processes of one host (fdpass.c). tp_memfd_new makes a sealed memfd
  * named `name` (must start with "chorus") of `bytes` (reserve: fallocate), or -1 with errno.
  * tp_fd_export makes fd (which the caller keeps open until it withdraws) fetchable by processes of our
  * user under a fresh token; 0 with a WARN on failure. tp_fd_map fetches the descriptor exported under
