@@ -1,7 +1,9 @@
 /* Direct AllReduce between processes on ncclMemAlloc buffers (algo/direct_allreduce.c): results for
  * every type and op, the fallback when some rank's buffer is plain memory, more buffers than the
  * mapping cache holds, and that Direct really ran (its done word moves only on that path). */
+#include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -91,8 +93,28 @@ TEST(direct, more_buffers_than_mappings) {
   rt_run_procs(2, many_body, NULL);
 }
 
-/* Rank 1's send buffer stops being reachable (its memfd descriptor now names /dev/null): rank 0
- * cannot map it, and both ranks must return an error instead of waiting for each other. */
+/* Replace every ncclMemAlloc memfd of this process by /dev/null (same descriptor numbers). */
+static void poison_memfds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  ASSERT(d != NULL);
+  int nul = open("/dev/null", O_RDWR | O_CLOEXEC), hit = 0;
+  ASSERT(nul >= 0);
+  for (struct dirent* e; (e = readdir(d));) {
+    char path[300], link[128];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(path, link, sizeof(link) - 1);
+    if (k <= 0) continue;
+    link[k] = '\0';
+    if (strncmp(link, "/memfd:chorus-mem", 17) == 0) hit += dup2(nul, atoi(e->d_name)) >= 0;
+  }
+  closedir(d);
+  close(nul);
+  ASSERT(hit >= 2);
+}
+
+/* Rank 1's buffers stop being reachable (their memfd descriptors now name /dev/null, which rank 1's
+ * descriptor server hands over): rank 0 refuses what it gets, and both ranks must return an error
+ * instead of waiting for each other. */
 static void unmappable_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   ncclComm_t comm = cu_comm_init(rank, nranks, id);
@@ -101,13 +123,7 @@ static void unmappable_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclMemAlloc((void**)&send, n * sizeof(float)));
   NCCL_OK(ncclMemAlloc((void**)&recv, n * sizeof(float)));
   for (size_t i = 0; i < n; i++) send[i] = 1.0f;
-  if (rank == 1) {
-    struct direct_buf d;
-    ASSERT(mem_describe(send, n * sizeof(float), &d));
-    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
-    ASSERT(nul >= 0 && dup2(nul, d.fd) == d.fd);
-    close(nul);
-  }
+  if (rank == 1) poison_memfds();
   ncclResult_t r = ncclAllReduce(send, recv, n, ncclFloat, ncclSum, comm, NULL);
   EXPECT_EQ(r, ncclSystemError);
   NCCL_OK(ncclMemFree(recv));
@@ -144,3 +160,57 @@ TEST(direct, fallback_then_direct_again) {
   direct_everywhere();
   rt_run_procs(2, toggle_body, NULL);
 }
+
+/* Item 11: calls that do not match across ranks (rank 1 passes twice the count, or doubles instead of
+ * floats). Each rank's buffers hold exactly its own call: a Direct rank that used its own shape on a
+ * peer's buffers would read and write past them (ASan: heap-buffer-overflow; processes: SIGSEGV or
+ * silent corruption). Both ranks must return ncclInvalidUsage without touching the peer's memory,
+ * and the bytes just past each receive buffer stay as they were. */
+struct mismatch { int memalloc, by_type; };
+
+static void mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct mismatch* mm = arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  size_t count = 4096 * (mm->by_type ? 1 : (size_t)(rank + 1));
+  ncclDataType_t type = mm->by_type && rank == 1 ? ncclFloat64 : ncclFloat32;
+  size_t es = type == ncclFloat64 ? 8 : 4, bytes = count * es;
+  char *send = NULL, *recv = NULL;
+  if (mm->memalloc) {
+    NCCL_OK(ncclMemAlloc((void**)&send, bytes));
+    NCCL_OK(ncclMemAlloc((void**)&recv, bytes + 64));
+  } else {
+    send = malloc(bytes);
+    recv = malloc(bytes + 64);
+    ASSERT(send && recv);
+  }
+  memset(send, 1, bytes);
+  memset(recv, 0x5a, bytes + 64);
+  ncclResult_t r = ncclAllReduce(send, recv, count, type, ncclSum, comm, NULL);
+  EXPECT_EQ(r, ncclInvalidUsage);
+  for (size_t i = 0; i < bytes + 64; i++)
+    if ((unsigned char)recv[i] != 0x5a) {
+      rt_fail(__FILE__, __LINE__, "rank %d: recv[%zu] was written by a mismatched call", rank, i);
+      break;
+    }
+  if (mm->memalloc) {
+    NCCL_OK(ncclMemFree(send));
+    NCCL_OK(ncclMemFree(recv));
+  } else {
+    free(send);
+    free(recv);
+  }
+  ncclCommAbort(comm);
+}
+
+static void run_mismatch(int procs, int memalloc, int by_type) {
+  setenv("CHORUS_DIRECT_MIN_BYTES", "0", 1);
+  direct_everywhere();
+  struct mismatch mm = {memalloc, by_type};
+  if (procs) rt_run_procs(2, mismatch_body, &mm);
+  else rt_run_threads(2, mismatch_body, &mm);
+  unsetenv("CHORUS_DIRECT_MIN_BYTES");
+}
+TEST(direct, mismatch_count_threads) { run_mismatch(0, 0, 0); }
+TEST(direct, mismatch_type_threads) { run_mismatch(0, 0, 1); }
+TEST(direct, mismatch_count_procs) { run_mismatch(1, 1, 0); }
+TEST(direct, mismatch_type_procs) { run_mismatch(1, 1, 1); }

@@ -1,7 +1,11 @@
 /* Memory and registration API, ncclGroupSimulateEnd, and the two-rank AllReduce algorithms. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/comm.h"
+#include "core/enqueue.h"
 #include "misc/param.h"
 #include "runner.h"
 
@@ -174,4 +178,63 @@ TEST_T(mem, init_and_collective_in_one_group, 20) {
   NCCL_OK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, NULL));
   EXPECT(x == 2);
   NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* mem_describe (every Direct call between processes) answers from a per-thread cache: it must follow
+ * allocations and frees, describe only ranges inside one allocation, and never hand out an address. */
+TEST(mem, describe_follows_alloc_and_free) {
+  char* p = NULL;
+  NCCL_OK(ncclMemAlloc((void**)&p, 10000));
+  struct direct_buf d, d2;
+  for (int rep = 0; rep < 2; rep++) { /* the second answer comes from the cache */
+    ASSERT(mem_describe(p + 100, 900, &d));
+    EXPECT(d.token != 0);
+    EXPECT_EQ(d.off, 100);
+    EXPECT_EQ(d.alloc_bytes, 10000);
+  }
+  EXPECT(!mem_describe(p + 9000, 1001, &d2)); /* runs past the end */
+  EXPECT_EQ(d2.token, 0);
+  int on_stack[4];
+  EXPECT(!mem_describe(on_stack, sizeof(on_stack), &d2));
+  NCCL_OK(ncclMemFree(p));
+  EXPECT(!mem_describe(p + 100, 900, &d2)); /* freed: the cached answer is gone */
+  char* q = NULL;
+  NCCL_OK(ncclMemAlloc((void**)&q, 10000));
+  if (q == p) { /* the same range again: a new allocation, a new token */
+    ASSERT(mem_describe(q + 100, 900, &d2));
+    EXPECT(d2.token != d.token);
+  }
+  NCCL_OK(ncclMemFree(q));
+}
+
+/* Several threads describing while another allocates and frees (TSan: no race; every answer right). */
+struct desc_arg { char* buf; _Atomic int* stop; int bad; };
+static void* describe_loop(void* arg) {
+  struct desc_arg* a = arg;
+  struct direct_buf d;
+  while (!atomic_load(a->stop))
+    if (!mem_describe(a->buf + 64, 4096, &d) || d.off != 64 || d.alloc_bytes != 1 << 16) a->bad++;
+  return NULL;
+}
+TEST(mem, describe_from_threads) {
+  char* buf = NULL;
+  NCCL_OK(ncclMemAlloc((void**)&buf, 1 << 16));
+  _Atomic int stop = 0;
+  pthread_t t[4];
+  struct desc_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (struct desc_arg){buf, &stop, 0};
+    ASSERT(pthread_create(&t[i], NULL, describe_loop, &args[i]) == 0);
+  }
+  for (int i = 0; i < 200; i++) {
+    void* p = NULL;
+    NCCL_OK(ncclMemAlloc(&p, 4096));
+    NCCL_OK(ncclMemFree(p));
+  }
+  atomic_store(&stop, 1);
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    EXPECT_EQ(args[i].bad, 0);
+  }
+  NCCL_OK(ncclMemFree(buf));
 }

@@ -21,30 +21,45 @@ enum ch_func {
 enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_COUNT = 4 };
 
 /* Where a rank's buffer lives, so that peers can reach it (direct_allreduce.c). Threads of one process
- * use addr. Processes map the memfd behind an ncclMemAlloc allocation through /proc/<pid>/fd/<fd>
- * (fd < 0: the buffer is not in such an allocation, so only its own process can reach it). */
+ * use addr (the thread clique is this process's heap, written only by its threads). Processes never
+ * use an address from the clique: they map the ncclMemAlloc allocation exported under token
+ * (token 0: not in such an allocation, so only its own process can reach the buffer). */
 struct direct_buf {
-  uint64_t addr;
-  int32_t pid, fd;
-  uint64_t serial;      /* of the allocation: never reused within a process, keys peers' mappings */
+  uint64_t addr;        /* threads only */
+  uint64_t token;       /* processes: export token of the allocation (mem.c, transport/fdpass.c) */
   uint64_t alloc_bytes; /* size of the allocation */
   uint64_t off;         /* of the buffer in the allocation */
 };
 
-/* One rank's slot: plain data only, as the clique may be shared memory between processes. */
+/* The call as its rank issued it: published before any peer memory is touched, so that a call that
+ * does not match across ranks touches nothing (every rank checks every slot). */
+struct direct_shape {
+  uint64_t seq;
+  uint64_t count;
+  uint32_t type;
+  uint32_t op; /* ncclRedOp_t; every PreMulSum op counts as ncclNumOps */
+};
+
+/* One rank's slot: plain data only, as the clique may be shared memory between processes. Each rank
+ * writes only its own slot; peers read it after an acquire of arrive / done. Between processes a
+ * peer's slot is untrusted input: copied once, validated, never dereferenced as an address. */
 struct direct_slot {
   _Alignas(64) _Atomic uint64_t arrive;
+  struct direct_shape shape; /* in arrive's line: checking it costs no extra miss */
   struct direct_buf send, recv;
   struct red_op red; /* PreMulSum scalars differ per rank */
   _Alignas(64) _Atomic uint64_t done;
   char pad[56];
 };
-/* Slots of all ranks: on the heap when all ranks are threads of one process, else in a memfd that
- * every local process maps (procs = 1). */
+/* Slots of all ranks: on the heap when all ranks are threads of one process (handed to the other
+ * threads through the local registry), else in a memfd that every local process maps (procs = 1;
+ * token: its export token, checked by importers). n and procs are informative only: code uses the
+ * communicator's own values, since peers may write this memory. */
 struct direct_clique {
   _Atomic int refs;
   int n;
   int procs;
+  uint64_t token;
   _Alignas(64) struct direct_slot slot[];
 };
 static inline size_t direct_clique_bytes(int n) {
@@ -71,7 +86,8 @@ struct ch_op {
   size_t chunk; /* elements per step */
   struct prim_ctx ctx;
   struct direct_clique* clique; /* ALGO_DIRECT */
-  struct tp_map_cache* maps;     /* ALGO_DIRECT between processes: this rank's mappings of peer buffers */
+  struct tp_map_cache* maps;     /* ALGO_DIRECT between processes (NULL between threads): this rank's
+                                  * mappings of peer buffers */
   struct direct_buf dsend, drecv; /* ALGO_DIRECT: this rank's buffers as peers reach them */
   int fallback_algo;             /* ALGO_DIRECT between processes, when some buffer is not shareable */
   uint64_t idx, nidx; /* next primitive index, total */
@@ -86,9 +102,12 @@ uint64_t ring_allreduce_nsteps(const struct ch_op* op);
 void ring_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t exchange_allreduce_nsteps(const struct ch_op* op);
 void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-/* Direct ops are not made of FIFO primitives: the engine calls this (3 steps). Returns 1 when a step
- * is done, 0 when it must wait, -1 when the ranks' buffers cannot all be reached by peers: then every
- * rank runs op->fallback_algo instead (all reach the same verdict from the same slots). */
+/* Direct ops are not made of FIFO primitives: the engine calls this (3 steps) and gets one of these.
+ * FALLBACK: the ranks' buffers cannot all be reached by peers, every rank runs op->fallback_algo
+ * instead (all reach the same verdict from the same slots). FAILED (CH_SYSTEM): a rank could not map
+ * a peer's buffer. MISMATCH (CH_INVALID_USAGE): the ranks' calls differ; nobody touched peer memory.
+ * Both end the call on every rank, logged where seen. */
+enum direct_result { DIRECT_MISMATCH = -3, DIRECT_FAILED = -2, DIRECT_FALLBACK = -1, DIRECT_WAIT = 0, DIRECT_STEP = 1 };
 int direct_allreduce_try(struct ch_op* op);
 uint64_t ring_allgather_nsteps(const struct ch_op* op);
 void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);

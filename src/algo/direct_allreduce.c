@@ -10,11 +10,13 @@
  * Each rank's contribution goes through that rank's own premul (ncclRedOpCreatePreMulSum scalars are
  * per rank).
  *
- * Steps (op->idx): 0 publish buffers and arrive; 1 wait until all arrived, then reduce and scatter my
- * segment, then mark done; 2 wait until all are done (nobody still reads my send buffer or writes my
- * receive buffer). In-place is safe: only the owner of a segment reads or writes it. A rank that
- * cannot map a peer's buffer marks its done word failed, so every rank ends the call with an error
- * instead of waiting for ever. */
+ * Steps (op->idx): 0 publish the call's shape and buffers and arrive; 1 wait until all arrived, check
+ * that every rank made the same call (else nobody touches a peer's memory: every rank marks its done
+ * word mismatched), then reduce and scatter my segment, then mark done; 2 wait until all are done
+ * (nobody still reads my send buffer or writes my receive buffer). In-place is safe: only the owner of
+ * a segment reads or writes it. A rank that cannot map a peer's buffer marks its done word failed, so
+ * every rank ends the call with an error instead of waiting for ever. */
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -22,57 +24,109 @@
 #include "algo.h"
 
 #define DONE_FAILED (1ull << 63)
+#define DONE_MISMATCH (1ull << 62)
+#define DONE_FLAGS (DONE_FAILED | DONE_MISMATCH)
+#define OP_CUSTOM 5 /* ncclNumOps: every PreMulSum op (their numbers are per rank) */
 
 struct direct_clique* direct_clique_new(int n) {
   struct direct_clique* c = aligned_alloc(64, direct_clique_bytes(n));
   if (!c) return NULL;
   memset(c, 0, direct_clique_bytes(n));
-  atomic_store(&c->refs, n);
+  atomic_store(&c->refs, 1); /* the creator; each thread that finds it in the registry adds one */
   c->n = n;
   return c;
 }
 
 void direct_clique_release(struct direct_clique* c) {
-  if (c && !c->procs && atomic_fetch_sub(&c->refs, 1) == 1) free(c);
+  if (c && atomic_fetch_sub(&c->refs, 1) == 1) free(c);
 }
 
-/* 0 until every rank has reached seq; then 1, or -1 if one of them failed this call. */
-static int all_reached(const struct direct_clique* c, int done, uint64_t seq) {
-  int failed = 0;
-  for (int k = 0; k < c->n; k++) {
+/* 0 until every rank has reached seq; then 1, -1 if one of them failed this call, -2 if they found
+ * the calls mismatched. */
+static int all_reached(const struct direct_clique* c, int n, int done, uint64_t seq) {
+  uint64_t flags = 0;
+  for (int k = 0; k < n; k++) {
     uint64_t v = atomic_load_explicit(done ? &c->slot[k].done : &c->slot[k].arrive, memory_order_acquire);
-    if ((v & ~DONE_FAILED) < seq) return 0;
-    failed |= v == (seq | DONE_FAILED);
+    if ((v & ~DONE_FLAGS) < seq) return 0;
+    if ((v & ~DONE_FLAGS) == seq) flags |= v & DONE_FLAGS;
   }
-  return failed ? -1 : 1;
+  return flags & DONE_MISMATCH ? -2 : flags & DONE_FAILED ? -1 : 1;
 }
 
-/* Where rank k's buffer is in this process: its address when we share the address space, else our
- * mapping of its allocation. 0 if that mapping failed (logged). */
-static int reach(struct ch_op* op, int k, const struct direct_buf* b, char** at) {
-  if (k == op->rank || !op->clique->procs || b->pid == (int32_t)getpid()) {
-    *at = (char*)(uintptr_t)b->addr;
+static const char* type_name(uint32_t t) {
+  static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",     "int64",     "uint64",
+                                "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"};
+  return t < sizeof(names) / sizeof(names[0]) ? names[t] : "invalid-type";
+}
+static const char* op_name(uint32_t o) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  return o < sizeof(names) / sizeof(names[0]) ? names[o] : "invalid-op";
+}
+static void shape_text(const struct direct_shape* s, char* out, size_t len) {
+  snprintf(out, len, "AllReduce(%llu x %s, %s) as call %llu", (unsigned long long)s->count, type_name(s->type),
+           op_name(s->op), (unsigned long long)s->seq);
+}
+
+/* 1 if every rank published my shape (and a reduction of my kind and type). Else log once which rank
+ * differs and how, and return 0. Reads only the slots (peer memory is untouched). */
+static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
+  const struct direct_clique* c = op->clique;
+  for (int k = 0; k < op->nranks; k++) {
+    struct direct_shape s;
+    memcpy(&s, &c->slot[k].shape, sizeof(s));
+    struct red_op r = c->slot[k].red;
+    if (s.seq == mine->seq && s.count == mine->count && s.type == mine->type && s.op == mine->op &&
+        r.kind == op->ctx.red->kind && r.type == op->ctx.red->type)
+      continue;
+    char a[96], b[96];
+    shape_text(mine, a, sizeof(a));
+    shape_text(&s, b, sizeof(b));
+    WARN("rank %d called %s but rank %d called %s: the call does not match across ranks; no rank touched "
+         "another's buffers, every rank returns ncclInvalidUsage", op->rank, a, k, b);
+    return 0;
+  }
+  return 1;
+}
+
+/* Where rank k's buffer (bytes long; mine is this rank's own pointer to it) is in this process: my
+ * own pointer for my rank; an address from the clique between threads of this process; else our
+ * mapping of its allocation, bounded by the allocation. 0 if that fails (logged). */
+static int reach(struct ch_op* op, int k, const struct direct_buf* shared, const void* mine, size_t bytes,
+                 char** at) {
+  if (k == op->rank) {
+    *at = (char*)mine;
     return 1;
   }
-  char* base = tp_map_peer(op->maps, b->pid, b->fd, b->serial, b->alloc_bytes);
-  *at = base ? base + b->off : NULL;
+  if (!op->maps) {
+    *at = (char*)(uintptr_t)shared->addr;
+    return 1;
+  }
+  struct direct_buf b;
+  memcpy(&b, shared, sizeof(b)); /* read once: the peer may write its slot at any time */
+  if (b.off > b.alloc_bytes || bytes > b.alloc_bytes - b.off) {
+    WARN("rank %d described a buffer of %zu bytes at offset %llu of a %llu-byte allocation: refused", k, bytes,
+         (unsigned long long)b.off, (unsigned long long)b.alloc_bytes);
+    return 0;
+  }
+  char* base = tp_map_peer(op->maps, k, b.token, b.alloc_bytes);
+  *at = base ? base + b.off : NULL;
   return base != NULL;
 }
 
 /* My segment: reduce through an L1-sized block, then write the block to every rank's receive buffer
  * (streaming stores for large results, coll/red_stream.c). One pass over everything. */
-static void reduce_scatter_segment(struct ch_op* op, char** send, char** recv, size_t at, size_t len) {
-  const struct direct_clique* c = op->clique;
+static void reduce_scatter_segment(struct ch_op* op, const struct red_op* red, char** send, char** recv, size_t at,
+                                   size_t len) {
   int n = op->nranks, me = op->rank;
   size_t es = op->esize;
   _Alignas(64) char block[4096];
   size_t per = sizeof(block) / es;
   for (size_t o = 0; o < len; o += per) {
     size_t m = len - o < per ? len - o : per, b = (at + o) * es;
-    red_premul(&c->slot[me].red, block, send[me] + b, m);
+    red_premul(&red[me], block, send[me] + b, m);
     for (int k = 0; k < n; k++)
-      if (k != me) red_reduce(&c->slot[k].red, block, block, send[k] + b, m);
-    if (red_has_postop(&c->slot[me].red)) red_postop(&c->slot[me].red, block, block, m);
+      if (k != me) red_reduce(&red[k], block, block, send[k] + b, m);
+    if (red_has_postop(&red[me])) red_postop(&red[me], block, block, m);
     for (int k = 0; k < n; k++) {
       if (op->ctx.stream_dst) red_stream_copy(recv[k] + b, block, m * es);
       else memcpy(recv[k] + b, block, m * es);
@@ -86,44 +140,57 @@ int direct_allreduce_try(struct ch_op* op) {
   struct direct_slot* me = &c->slot[op->rank];
   uint64_t seq = op->ctx.hdr.seq + 1;
   int n = op->nranks;
+  uint32_t opc = op->ctx.hdr.op < OP_CUSTOM ? op->ctx.hdr.op : OP_CUSTOM;
+  struct direct_shape mine = {op->ctx.hdr.seq, op->count, op->ctx.hdr.type, opc};
   if (op->idx == 0) {
+    me->shape = mine;
     me->send = op->dsend;
     me->recv = op->drecv;
     me->red = *op->ctx.red;
     atomic_store_explicit(&me->arrive, seq, memory_order_release);
-    return 1;
+    return DIRECT_STEP;
   }
   if (op->idx == 1) {
-    if (!all_reached(c, 0, seq)) return 0;
-    char *send[n], *recv[n];
+    if (!all_reached(c, n, 0, seq)) return DIRECT_WAIT;
+    if (!shapes_match(op, &mine)) {
+      atomic_store_explicit(&me->done, seq | DONE_MISMATCH, memory_order_release);
+      return DIRECT_STEP;
+    }
     for (int k = 0; k < n; k++) {
-      if (c->procs && (c->slot[k].send.fd < 0 || c->slot[k].recv.fd < 0)) {
+      if (op->maps && (c->slot[k].send.token == 0 || c->slot[k].recv.token == 0)) {
         INFO(LOG_COLL, "AllReduce seq %llu: rank %d's buffers are not from ncclMemAlloc, so not reachable by "
              "other processes: using %s", (unsigned long long)seq, k,
              op->fallback_algo == ALGO_EXCHANGE ? "Exchange" : "Ring");
-        return -1;
+        return DIRECT_FALLBACK;
       }
     }
+    size_t bytes = op->count * op->esize;
+    char *send[n], *recv[n];
+    struct red_op red[n];
     for (int k = 0; k < n; k++) {
-      if (!reach(op, k, &c->slot[k].send, &send[k]) || !reach(op, k, &c->slot[k].recv, &recv[k])) {
+      red[k] = c->slot[k].red;
+      red[k].kind = op->ctx.red->kind, red[k].type = op->ctx.red->type; /* as checked: the scalars are theirs */
+      if (!reach(op, k, &c->slot[k].send, op->sendbuff, bytes, &send[k]) ||
+          !reach(op, k, &c->slot[k].recv, op->recvbuff, bytes, &recv[k])) {
         /* Peers may still write into my buffers: fail, but only after waiting for them in step 2. */
         atomic_store_explicit(&me->done, seq | DONE_FAILED, memory_order_release);
-        return 1;
+        return DIRECT_STEP;
       }
     }
     size_t per = (op->count + n - 1) / n;
     per = (per + 15) & ~(size_t)15;
     size_t off = algo_min(op->count, (size_t)op->rank * per);
     size_t len = algo_min(op->count, off + per) - off;
-    if (len) reduce_scatter_segment(op, send, recv, off, len);
+    if (len) reduce_scatter_segment(op, red, send, recv, off, len);
     atomic_store_explicit(&me->done, seq, memory_order_release);
-    return 1;
+    return DIRECT_STEP;
   }
-  int r = all_reached(c, 1, seq);
+  int r = all_reached(c, n, 1, seq);
+  if (r == -2) return DIRECT_MISMATCH; /* every rank logged it in step 1 */
   if (r < 0) {
     WARN("AllReduce seq %llu on rank %d: a rank could not map a peer's buffers (see its WARN); the call "
          "failed on every rank", (unsigned long long)seq, op->rank);
-    return -2;
+    return DIRECT_FAILED;
   }
-  return r;
+  return r ? DIRECT_STEP : DIRECT_WAIT;
 }

@@ -2,6 +2,7 @@
  * and the state checks every API call makes. */
 #define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,50 +190,65 @@ static ch_status comm_setup(struct ncclComm* comm) {
 }
 
 /* Direct algorithms need a clique: one slot per rank that all ranks can touch. When every rank is a
- * thread of this process, rank 0 allocates it on the heap and its address travels in one bootstrap
- * allgather. When ranks are processes of one host, rank 0 creates a memfd and the others map it
- * through /proc/<pid>/fd (as the shm transport does); rank 0 keeps the descriptor until it leaves. */
+ * thread of this process, rank 0 allocates it on the heap and publishes it in the process-local
+ * registry; when ranks are processes of one host, rank 0 creates a sealed memfd and exports it through
+ * its descriptor server (transport/fdpass.c). Either way only a random token travels in the
+ * bootstrap allgather: no address, pid or descriptor number. Rank 0 withdraws the token once every
+ * rank has said whether it got the clique. */
+static int clique_on_heap(const struct ncclComm* comm) {
+  int threads = comm->nranks > 1;
+  for (int r = 0; r < comm->nranks; r++) threads &= comm->peer_tp[r] == TP_LOCAL;
+  return threads;
+}
+
 static ch_status direct_setup(struct ncclComm* comm) {
-  int n = comm->nranks, threads = n > 1, host = n > 1;
-  for (int r = 0; r < n; r++) {
-    threads &= comm->peer_tp[r] == TP_LOCAL;
-    host &= comm->peer_tp[r] == TP_LOCAL || comm->peer_tp[r] == TP_SHM;
-  }
+  int n = comm->nranks, threads = clique_on_heap(comm), host = n > 1;
+  for (int r = 0; r < n; r++) host &= comm->peer_tp[r] == TP_LOCAL || comm->peer_tp[r] == TP_SHM;
   if (!host || param_int(PARAM_DIRECT_MIN_BYTES) < 0) return CH_OK;
   if (!threads && param_int(PARAM_SHM_DIRECT_MIN_BYTES) < 0) return CH_OK;
-  struct { uint64_t ptr; int32_t pid, fd; } info = {0, (int32_t)getpid(), -1}, *all = calloc((size_t)n, sizeof(info));
+  uint64_t token = 0, *all = calloc((size_t)n, sizeof(uint64_t));
   if (!all) return CH_SYSTEM;
   ch_status s = CH_OK;
   size_t bytes = direct_clique_bytes(n);
+  struct direct_clique* made = NULL; /* rank 0: the clique it created */
+  int made_fd = -1;
   if (comm->rank == 0 && threads) {
-    struct direct_clique* c = direct_clique_new(n);
-    if (!c) s = CH_SYSTEM;
-    else info.ptr = (uint64_t)(uintptr_t)c;
+    made = direct_clique_new(n);
+    token = made ? tp_local_publish(made, &made->refs) : 0;
+    if (!token) s = CH_SYSTEM;
   } else if (comm->rank == 0) {
-    int fd = memfd_create("chorus-clique", MFD_CLOEXEC);
-    void* m = fd < 0 || ftruncate(fd, (off_t)bytes) != 0 ? MAP_FAILED
-            : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int fd = tp_memfd_new("chorus-clique", bytes, 0);
+    void* m = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) { /* not fatal: collectives use FIFOs, as they would without ncclMemAlloc */
       INFO(LOG_INIT, "cannot create the %zu-byte shared clique (%s): no direct algorithms", bytes, strerror(errno));
       if (fd >= 0) close(fd);
+    } else if (!(token = tp_fd_export(fd, bytes))) { /* logged */
+      munmap(m, bytes);
+      close(fd);
     } else {
-      ((struct direct_clique*)m)->n = n;
-      ((struct direct_clique*)m)->procs = 1;
-      info.ptr = (uint64_t)(uintptr_t)m, info.fd = fd;
-      comm->clique_fd = fd;
+      made = m;
+      made->n = n;
+      made->procs = 1;
+      made->token = token;
+      made_fd = fd;
     }
   }
-  all[comm->rank] = info;
-  if (s == CH_OK) s = boot_allgather(comm->boot, all, sizeof(info));
-  if (s == CH_OK && threads) {
-    comm->clique = (struct direct_clique*)(uintptr_t)all[0].ptr;
-  } else if (s == CH_OK && comm->rank == 0) {
-    comm->clique = (struct direct_clique*)(uintptr_t)info.ptr;
-  } else if (s == CH_OK && all[0].fd >= 0) {
-    comm->clique = tp_shm_map_fd((int)all[0].pid, (int)all[0].fd, bytes, 0, "direct-algorithm clique of rank 0");
+  all[comm->rank] = token;
+  if (s == CH_OK) s = boot_allgather(comm->boot, all, sizeof(uint64_t));
+  if (s == CH_OK && comm->rank == 0) {
+    comm->clique = made;
+  } else if (s == CH_OK && all[0] && threads) {
+    comm->clique = tp_local_lookup(all[0], 0);
+    if (!comm->clique)
+      WARN("rank 0 offered a direct-algorithm clique that no thread of this process published: ignored; is "
+           "another process claiming to be rank 0?");
+  } else if (s == CH_OK && all[0]) {
+    comm->clique = tp_fd_map(comm->peers[0].proc_nonce, all[0], bytes, offsetof(struct direct_clique, token), 0, 0,
+                             "the direct-algorithm clique");
   }
-  if (s == CH_OK && comm->clique && comm->clique->procs) {
-    comm->maps = tp_map_cache_new();
+  if (s == CH_OK && comm->clique && !threads) {
+    for (int r = 0; r < n; r++) all[r] = comm->peers[r].proc_nonce;
+    comm->maps = tp_map_cache_new(n, all);
     if (!comm->maps) s = CH_SYSTEM;
   }
   /* Every rank must agree on having a clique (tuning picks Direct from it). */
@@ -242,19 +258,23 @@ static ch_status direct_setup(struct ncclComm* comm) {
     haves[comm->rank] = have;
     s = boot_allgather(comm->boot, haves, sizeof(int32_t));
     for (int r = 0; s == CH_OK && r < n; r++) have &= haves[r];
-    if (s == CH_OK && !have && comm->clique) direct_release(comm);
   }
   free(haves);
-  if (s != CH_OK && !comm->clique && info.ptr) { /* rank 0's clique was never handed over */
-    if (threads) free((void*)(uintptr_t)info.ptr);
-    else munmap((void*)(uintptr_t)info.ptr, bytes);
+  /* Everyone who will get the clique has it now. */
+  if (threads) tp_local_withdraw(token);
+  else tp_fd_withdraw(token);
+  if (made_fd >= 0) close(made_fd);
+  if (made && comm->clique != made) { /* rank 0's clique was never handed over */
+    if (threads) direct_clique_release(made);
+    else munmap(made, bytes);
   }
+  if ((s != CH_OK || !have) && comm->clique) direct_release(comm);
   free(all);
   return s;
 }
 
 static void direct_release(struct ncclComm* comm) {
-  if (comm->clique && comm->clique->procs) munmap(comm->clique, direct_clique_bytes(comm->clique->n));
+  if (comm->clique && !clique_on_heap(comm)) munmap(comm->clique, direct_clique_bytes(comm->nranks));
   else direct_clique_release(comm->clique);
   comm->clique = NULL;
   if (comm->clique_fd >= 0) close(comm->clique_fd);

@@ -17,17 +17,32 @@ struct ch_block {
   size_t size;
   const struct ncclComm* comm; /* registrations only */
   int fd;                      /* allocations: the memfd behind it, -1 for plain memory */
-  uint64_t serial;             /* allocations: never reused, keys peers' mappings */
+  size_t seg;                  /* allocations: bytes mapped (the user's, then the token page) */
+  uint64_t token;              /* allocations: export token once a peer process may need it (0: not yet) */
   struct ch_block* next;
 };
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct ch_block *allocs, *regs;
-static uint64_t next_serial = 1;
+static struct ch_block *allocs, *regs; /* mem_mu */
+
+/* mem_describe runs on every Direct call between processes, from any number of threads: each thread
+ * remembers its last answers (hits and misses) and trusts them while alloc_gen is unchanged. Every
+ * ncclMemAlloc and ncclMemFree bumps it (under mem_mu), so the common path reads one shared,
+ * rarely written word and takes no lock. */
+static _Atomic uint64_t alloc_gen = 1;
+#define DESC_CACHE 4
+struct desc_cache {
+  uint64_t gen; /* 0: empty */
+  uintptr_t lo, hi; /* the range asked about: [lo, hi) */
+  struct direct_buf d;
+};
+static _Thread_local struct desc_cache desc_cache[DESC_CACHE];
+static _Thread_local unsigned desc_next;
 
 static void track(struct ch_block** list, struct ch_block* b) {
   pthread_mutex_lock(&mem_mu);
   b->next = *list;
   *list = b;
+  if (list == &allocs) atomic_fetch_add_explicit(&alloc_gen, 1, memory_order_release);
   pthread_mutex_unlock(&mem_mu);
 }
 
@@ -42,42 +57,55 @@ static struct ch_block* untrack(struct ch_block** list, const void* key, int by_
       break;
     }
   }
+  if (found && list == &allocs) atomic_fetch_add_explicit(&alloc_gen, 1, memory_order_release);
   pthread_mutex_unlock(&mem_mu);
   return found;
 }
 
 int mem_describe(const void* buf, size_t bytes, struct direct_buf* out) {
   uintptr_t p = (uintptr_t)buf;
+  uint64_t gen = atomic_load_explicit(&alloc_gen, memory_order_acquire);
+  for (int i = 0; i < DESC_CACHE; i++) {
+    struct desc_cache* e = &desc_cache[i];
+    if (e->gen == gen && e->lo == p && e->hi == p + bytes) {
+      *out = e->d;
+      return out->token != 0;
+    }
+  }
   memset(out, 0, sizeof(*out));
   out->addr = (uint64_t)p;
-  out->pid = (int32_t)getpid();
-  out->fd = -1;
   pthread_mutex_lock(&mem_mu);
   for (struct ch_block* b = allocs; b; b = b->next) {
     uintptr_t base = (uintptr_t)b->ptr;
     if (b->fd >= 0 && p >= base && p - base <= b->size && bytes <= b->size - (p - base)) {
-      out->fd = b->fd;
-      out->serial = b->serial;
+      if (!b->token) { /* first use by a peer process: export it (starts the descriptor server) */
+        b->token = tp_fd_export(b->fd, b->seg);
+        memcpy((char*)b->ptr + tp_mem_token_off(b->size), &b->token, sizeof(b->token));
+      }
+      out->token = b->token;
       out->alloc_bytes = b->size;
       out->off = p - base;
       break;
     }
   }
   pthread_mutex_unlock(&mem_mu);
-  return out->fd >= 0;
+  /* Stamped with the generation read before the lookup: a change since then makes it stale at once. */
+  desc_cache[desc_next++ % DESC_CACHE] = (struct desc_cache){gen, p, p + bytes, *out};
+  return out->token != 0;
 }
 
-/* A memfd, so that other local processes can map the buffer and collectives on it need no FIFO copy
- * (algo/direct_allreduce.c). Plain memory if the kernel has no memfd. */
-static void* alloc_shareable(size_t size, int* fd) {
-  *fd = memfd_create("chorus-mem", MFD_CLOEXEC);
+/* A sealed memfd plus a token page, so that other local processes can map the buffer and collectives
+ * on it need no FIFO copy (algo/direct_allreduce.c). Plain memory if the kernel has no memfd. */
+static void* alloc_shareable(size_t size, int* fd, size_t* seg) {
+  *seg = tp_mem_segment_bytes(size);
+  *fd = tp_memfd_new("chorus-mem", *seg, 0);
   if (*fd >= 0) {
-    void* p = MAP_FAILED;
-    if (ftruncate(*fd, (off_t)size) == 0) p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    void* p = mmap(NULL, *seg, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
     if (p != MAP_FAILED) return p;
     close(*fd);
   }
   *fd = -1;
+  *seg = 0;
   void* p = NULL;
   return posix_memalign(&p, 4096, size) == 0 ? p : NULL; /* page-aligned like the mapping */
 }
@@ -89,9 +117,14 @@ CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   }
   *ptr = NULL;
   if (size == 0) return ncclSuccess;
+  if (size > ((size_t)1 << 48)) {
+    WARN("ncclMemAlloc: %zu bytes is more than any host has", size);
+    return ncclInvalidArgument;
+  }
   struct ch_block* b = malloc(sizeof(*b));
   int fd = -1;
-  void* p = b ? alloc_shareable(size, &fd) : NULL;
+  size_t seg = 0;
+  void* p = b ? alloc_shareable(size, &fd, &seg) : NULL;
   if (!p) {
     free(b);
     WARN("ncclMemAlloc: cannot allocate %zu bytes", size);
@@ -102,9 +135,8 @@ CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   b->size = size;
   b->comm = NULL;
   b->fd = fd;
-  pthread_mutex_lock(&mem_mu);
-  b->serial = next_serial++;
-  pthread_mutex_unlock(&mem_mu);
+  b->seg = seg;
+  b->token = 0;
   track(&allocs, b);
   return ncclSuccess;
 }
@@ -117,7 +149,8 @@ CH_API(ncclResult_t, ncclMemFree, void* ptr) {
     return ncclInvalidArgument;
   }
   if (b->fd >= 0) {
-    munmap(b->ptr, b->size);
+    tp_fd_withdraw(b->token); /* peers that mapped it keep their mappings; nobody new gets it */
+    munmap(b->ptr, b->seg);
     close(b->fd);
   } else {
     free(b->ptr);
@@ -145,6 +178,8 @@ CH_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t
   b->size = size;
   b->comm = comm;
   b->fd = -1;
+  b->seg = 0;
+  b->token = 0;
   track(&regs, b);
   *handle = b;
   return ncclSuccess;

@@ -297,8 +297,8 @@ static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked, ch_statu
     if (op->algo == ALGO_DIRECT) {
       int r = direct_allreduce_try(op);
       if (r == 0) break;
-      if (r == -2) { /* logged where it happened */
-        *err = CH_SYSTEM;
+      if (r <= -2) { /* logged where it happened */
+        *err = r == -3 ? CH_INVALID_USAGE : CH_SYSTEM;
         break;
       }
       if (r == -1) /* some buffer is unreachable: every rank switches to the FIFO algorithm */

@@ -46,15 +46,23 @@ ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct 
   memset(mem, 0, bytes);
   tp_fifo_layout(c, mem, sz);
   atomic_store(&c->ctrl->refs, 1);
+  /* The sender finds the block by a token that only this process can resolve, never by an address. */
+  uint64_t token = tp_local_publish(mem, &c->ctrl->refs);
+  if (!token) {
+    free(mem);
+    WARN("out of memory publishing a FIFO for rank %d", c->peer);
+    return CH_SYSTEM;
+  }
   c->map_base = mem;
   c->map_bytes = bytes;
   c->fd = -1;
+  c->token = token;
   c->transport = TP_LOCAL;
   c->connected = 1;
   memset(h, 0, sizeof(*h));
   h->kind = TP_LOCAL;
   h->bytes = bytes;
-  h->ptr = (uint64_t)(uintptr_t)mem;
+  h->token = token;
   return CH_OK;
 }
 
@@ -64,10 +72,17 @@ ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const
          (unsigned long long)h->bytes, tp_fifo_bytes(sz));
     return CH_INVALID_USAGE;
   }
-  tp_fifo_layout(c, (void*)(uintptr_t)h->ptr, sz);
-  atomic_fetch_add(&c->ctrl->refs, 1); /* before our ack lets the receiver go on */
-  c->map_base = (void*)(uintptr_t)h->ptr;
+  /* Takes a reference (before our ack lets the receiver go on) and withdraws the token. */
+  void* mem = tp_local_lookup(h->token, 1);
+  if (!mem) {
+    WARN("rank %d offered a local FIFO that no thread of this process published (token %016llx): refused; "
+         "is another process claiming to be rank %d?", c->peer, (unsigned long long)h->token, c->peer);
+    return CH_INVALID_USAGE;
+  }
+  tp_fifo_layout(c, mem, sz);
+  c->map_base = mem;
   c->fd = -1;
+  c->token = 0;
   c->transport = TP_LOCAL;
   c->connected = 1;
   return CH_OK;
@@ -97,9 +112,11 @@ void tp_wake_slow(_Atomic uint64_t* word) { syscall(SYS_futex, futex_word(word),
 void tp_conn_free(struct conn* c) {
   if (!c->connected) return;
   if (c->transport == TP_LOCAL) {
+    tp_local_withdraw(c->token); /* first: a sender can no longer take a reference after this */
     /* A peer thread may still be posting its last step into this block: free it when both are done. */
     if (atomic_fetch_sub(&c->ctrl->refs, 1) == 1) free(c->map_base);
   } else if (c->map_base) {
+    tp_fd_withdraw(c->token);
     munmap(c->map_base, c->map_bytes);
   }
   if (c->fd >= 0) close(c->fd);
@@ -108,6 +125,9 @@ void tp_conn_free(struct conn* c) {
 }
 
 void tp_conn_release_fd(struct conn* c) {
+  if (c->transport == TP_LOCAL) tp_local_withdraw(c->token);
+  else tp_fd_withdraw(c->token);
+  c->token = 0;
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
 }

@@ -4,7 +4,9 @@
  *
  *   local : both ranks are threads of one process; the FIFO is ordinary heap memory.
  *   shm   : ranks are processes on one host; the FIFO is a memfd segment (never named in /dev/shm),
- *           mapped by the peer through /proc/<pid>/fd, so nothing is left behind by a crash.
+ *           handed to the peer by descriptor passing (fdpass.c), so nothing is left behind by a crash.
+ * Nothing pointer-like crosses the bootstrap: handles carry random tokens that only the process that
+ * made them can resolve (registry.c, fdpass.c).
  *   (net  : sockets through a proxy thread; a later stage.) */
 #ifndef CH_TRANSPORT_H
 #define CH_TRANSPORT_H
@@ -39,6 +41,7 @@ struct fifo_ctrl {
   _Atomic uint32_t send_sleeping;     /* sender is (about to be) asleep on head */
   char pad1[52];
   _Atomic int refs; /* local transport: both ends share the heap block; the last to leave frees it */
+  uint64_t token;   /* shm: the export token, written once by the receiver; the sender checks it */
   _Alignas(64) uint64_t size[CH_STEPS];
   struct xfer_hdr hdr[CH_STEPS];
 };
@@ -61,18 +64,18 @@ struct conn {
   void* map_base;
   size_t map_bytes;
   int fd;
+  uint64_t token; /* receiver: registry token of the FIFO until the sender has it (0: none) */
 };
 
 enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_NET = 2, TP_COUNT };
 
-/* What the receiver tells the sender so it can reach the FIFO. */
+/* What the receiver tells the sender so it can reach the FIFO: no address, no descriptor. */
 struct tp_handle {
   int32_t kind;
-  int32_t pid;
-  int32_t fd;
   int32_t pad;
   uint64_t bytes;
-  uint64_t ptr; /* local transport: address in the shared address space */
+  uint64_t token; /* local: tp_local_publish token; shm: tp_fd_export token */
+  uint64_t nonce; /* shm: the receiver's process nonce, naming its descriptor server */
 };
 
 /* Sleeping on a counter (futex on its low 32 bits, valid between processes) and waking sleepers.
@@ -97,17 +100,39 @@ void tp_conn_free(struct conn* c);
 void tp_conn_release_fd(struct conn* c);
 const char* tp_name(int kind);
 
-/* Memory of other local processes, mapped on demand (direct algorithms): an allocation of process pid
- * whose memfd is its descriptor fd, opened through /proc/<pid>/fd/<fd>. Mappings stay cached, keyed
- * by (pid, serial), so a repeated call costs a lookup; the least recently used is unmapped when the
- * cache is full. */
+/* A fresh random token, never 0 (registry.c). */
+uint64_t tp_fresh_token(void);
+/* Process-local registry (registry.c). Publish mem under a fresh random token (0 if out of memory);
+ * lookup returns mem and adds a reference to *refs (under the registry lock, so the publisher cannot
+ * free it in between), or NULL for a token this process did not publish; take also withdraws it. */
+uint64_t tp_local_publish(void* mem, _Atomic int* refs);
+void* tp_local_lookup(uint64_t token, int take);
+void tp_local_withdraw(uint64_t token);
+
+/* Descriptor passing between processes of one host (fdpass.c). tp_memfd_new makes a sealed memfd
+ * named `name` (must start with "chorus") of `bytes` (reserve: fallocate), or -1 with errno.
+ * tp_fd_export makes fd (which the caller keeps open until it withdraws) fetchable by processes of our
+ * user under a fresh token; 0 with a WARN on failure. tp_fd_map fetches the descriptor exported under
+ * token by the process whose nonce is `nonce`, checks it is a sealed Chorus memfd of exactly bytes
+ * whose uint64 at token_off equals the token, and maps it; NULL with a WARN naming peer and what. */
+int tp_memfd_new(const char* name, size_t bytes, int reserve);
+uint64_t tp_fd_export(int fd, uint64_t bytes);
+void tp_fd_withdraw(uint64_t token);
+void* tp_fd_map(uint64_t nonce, uint64_t token, size_t bytes, size_t token_off, int populate, int peer,
+                const char* what);
+
+/* ncclMemAlloc segments: the user's bytes, then one page whose first word is the export token. */
+static inline size_t tp_mem_segment_bytes(size_t user) { return ((user + 4095) & ~(size_t)4095) + 4096; }
+static inline size_t tp_mem_token_off(size_t user) { return (user + 4095) & ~(size_t)4095; }
+
+/* Memory of other local processes, mapped on demand (direct algorithms): rank r's ncclMemAlloc
+ * allocation exported under token, fetched from rank r's descriptor server (nonces[r]). Mappings stay
+ * cached, keyed by (rank, token), so a repeated call costs a lookup; the least recently used is
+ * unmapped when the cache is full. */
 struct tp_map_cache;
-struct tp_map_cache* tp_map_cache_new(void);
+struct tp_map_cache* tp_map_cache_new(int nranks, const uint64_t* nonces);
 void tp_map_cache_free(struct tp_map_cache* mc);
-/* Map `bytes` of the memfd that local process pid holds as descriptor fd (through /proc/<pid>/fd),
- * prefaulted if populate. NULL with a WARN naming `what` on failure. */
-void* tp_shm_map_fd(int pid, int fd, size_t bytes, int populate, const char* what);
-/* Base address of the mapping, or NULL with a WARN. */
-char* tp_map_peer(struct tp_map_cache* mc, int pid, int fd, uint64_t serial, size_t bytes);
+/* Base of the mapping of rank's allocation of user_bytes exported under token, or NULL with a WARN. */
+char* tp_map_peer(struct tp_map_cache* mc, int rank, uint64_t token, size_t user_bytes);
 
 #endif
