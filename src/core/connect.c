@@ -119,6 +119,11 @@ static ch_status check_offer(struct ncclComm* comm, const struct tp_sizes* sz, i
          (int)o->h.kind, tp_name(o->h.kind), me, tp_name(comm->peer_tp[peer]));
     return CH_REMOTE;
   }
+  if (o->h.kind == TP_SHM && o->h.nonce != comm->peers[peer].proc_nonce) {
+    /* Its descriptor server is named by the nonce: only the one rank `peer` announced at init counts. */
+    WARN("rank %d: rank %d offered a FIFO held by another process than the one it joined from", me, peer);
+    return CH_REMOTE;
+  }
   size_t want = tp_fifo_bytes(sz);
   if (o->h.bytes != want) {
     WARN("rank %d: rank %d offered a %llu-byte FIFO, rank %d expects %zu bytes (NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE "
