@@ -129,6 +129,28 @@ int boot_mac_ok(const struct boot_key* key, int server, const struct boot_hello*
   return ct_memcmp(want, mac, BOOT_MAC) == 0;
 }
 
+void boot_peer_mac(const struct boot_key* key, int server, const struct boot_hello* h, const union sock_addr* server_addr,
+                   unsigned char mac[BOOT_MAC]) {
+  static const char srv[] = "chorus-peer-v1 server", cli[] = "chorus-peer-v1 client";
+  unsigned char where[20] = {0}; /* family, port, address: no scope id (it differs between hosts) */
+  where[0] = (unsigned char)server_addr->sa.sa_family;
+  int port = sock_addr_port(server_addr);
+  where[1] = (unsigned char)(port >> 8);
+  where[2] = (unsigned char)port;
+  if (server_addr->sa.sa_family == AF_INET) memcpy(where + 4, &server_addr->sin.sin_addr, 4);
+  else if (server_addr->sa.sa_family == AF_INET6) memcpy(where + 4, &server_addr->sin6.sin6_addr, 16);
+  const void* parts[3] = {server ? srv : cli, h, where};
+  size_t lens[3] = {sizeof(srv), sizeof(*h), sizeof(where)};
+  hmac_sha256(key->k, sizeof(key->k), 3, parts, lens, mac);
+}
+
+int boot_peer_mac_ok(const struct boot_key* key, int server, const struct boot_hello* h,
+                     const union sock_addr* server_addr, const unsigned char mac[BOOT_MAC]) {
+  unsigned char want[BOOT_MAC];
+  boot_peer_mac(key, server, h, server_addr, want);
+  return ct_memcmp(want, mac, BOOT_MAC) == 0;
+}
+
 int boot_uid_check(const struct boot_key* key, int fd, const union sock_addr* remote, char* why, size_t len) {
   if (key->mode != BOOT_AUTH_UID || !sock_addr_is_local(remote)) return 0;
   uid_t uid;

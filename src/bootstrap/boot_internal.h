@@ -39,10 +39,19 @@ struct boot_id {
   uint32_t mode;  /* BOOT_AUTH_* */
 };
 
-/* Handshake. The client sends a hello with its nonce; the server answers with its nonce and
- * HMAC(key, "server" || hello || nonce_s); the client checks it and answers with
- * HMAC(key, "client" || hello || nonce_s). Nothing else is read from either side before its proof
- * checked out, and the key itself never travels. */
+/* Handshakes; the key itself never travels, and nothing else is read from a side before its proof
+ * checked out.
+ * Rank to root (the root is a thread of its own, so a round trip is cheap): the client sends a
+ * hello with its nonce; the root answers {nonce_s, HMAC(key, "server" || hello || nonce_s)}; the
+ * client checks it and answers HMAC(key, "client" || hello || nonce_s), then its join.
+ * Rank to rank: a sender must not wait for the receiver (one thread may drive several ranks of a
+ * group, and small sends always completed at once), so the client proves itself in its first
+ * flight: hello (fresh nonce, from/to ranks) + HMAC(key, "client" || hello || server address), and
+ * may send messages right behind it. The server checks it, then answers
+ * HMAC(key, "server" || hello || server address), which the client checks before it reads
+ * anything else from that connection. The server's listen address in the MAC binds the proof to
+ * one listener, and a rank claimed once cannot connect again, so a recorded flight cannot be
+ * replayed. */
 struct boot_hello {
   uint64_t magic;
   uint32_t kind;
@@ -56,6 +65,9 @@ struct boot_srv_proof {
   unsigned char mac[BOOT_MAC];
 };
 struct boot_cli_proof {
+  unsigned char mac[BOOT_MAC];
+};
+struct boot_peer_proof { /* rank to rank, either direction */
   unsigned char mac[BOOT_MAC];
 };
 
@@ -89,6 +101,11 @@ void boot_mac(const struct boot_key* key, int server, const struct boot_hello* h
               const unsigned char nonce_s[BOOT_NONCE], unsigned char mac[BOOT_MAC]);
 int boot_mac_ok(const struct boot_key* key, int server, const struct boot_hello* h,
                 const unsigned char nonce_s[BOOT_NONCE], const unsigned char mac[BOOT_MAC]);
+/* Rank-to-rank proof over the hello and the server's listen address (IP and port). */
+void boot_peer_mac(const struct boot_key* key, int server, const struct boot_hello* h, const union sock_addr* server_addr,
+                   unsigned char mac[BOOT_MAC]);
+int boot_peer_mac_ok(const struct boot_key* key, int server, const struct boot_hello* h,
+                     const union sock_addr* server_addr, const unsigned char mac[BOOT_MAC]);
 /* BOOT_AUTH_UID: 0 if the other end of fd is on another host or is owned by our uid; else -1
  * with *why filled. Always 0 for BOOT_AUTH_SECRET. */
 int boot_uid_check(const struct boot_key* key, int fd, const union sock_addr* remote, char* why, size_t len);

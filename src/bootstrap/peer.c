@@ -7,11 +7,12 @@
  * or recv) accepts new connections and reads everything that arrives, queueing messages per peer.
  * Reading while sending also means two ranks sending large messages to each other cannot deadlock.
  *
- * Every connection starts with the handshake of boot_internal.h; a connection is used for messages
- * only once both sides proved the key (state CS_OPEN). An incoming connection must claim a rank in
- * range, addressed to us, not already connected; it is closed if it has not proved the key within
- * BOOT_HELLO_TIMEOUT_NS. A client whose connection the server closed for slowness (we were away
- * from the bootstrap that long) reconnects; one refused or closed at once reports the peer lost.
+ * Every connection starts with the rank-to-rank handshake of boot_internal.h: the caller proves
+ * the key in its first flight and may send right behind it (a send never waits for the receiver);
+ * the callee reads nothing past that proof unless it checks out, and answers with its own proof,
+ * which the caller checks before reading anything else there (state CS_OPEN). An incoming
+ * connection must claim a rank in range, addressed to us, not already connected; it is closed if
+ * it has not proved the key within BOOT_HELLO_TIMEOUT_NS.
  *
  * Liveness: a receive that has waited BOOT_LIVENESS_NS for a peer it has no connection with opens
  * one; a refused connection (the peer's listener existed, so it is gone) or an EOF on an open one
@@ -49,9 +50,7 @@ struct boot_conn {
   uint64_t t0;
   union sock_addr addr;
   struct boot_hello hello;           /* ours (client) or theirs (server) */
-  unsigned char nonce_s[BOOT_NONCE]; /* server's nonce */
-  struct boot_srv_proof sp;          /* client: being read */
-  struct boot_cli_proof cp;          /* server: being read */
+  struct boot_peer_proof proof;      /* the other side's proof, being read */
   size_t got;                        /* bytes of the handshake record being read */
   size_t hdr_got;
   struct boot_msg_hdr hdr;
@@ -187,15 +186,10 @@ static void handshake_step(struct boot_state* b, struct boot_conn* c) {
                h->to_rank, b->rank, b->nranks);
       return reject(b, c, why);
     }
-    struct boot_srv_proof sp;
-    if (ut_random(c->nonce_s, sizeof(c->nonce_s)) != CH_OK) return conn_kill(b, c);
-    memcpy(sp.nonce, c->nonce_s, sizeof(sp.nonce));
-    boot_mac(&b->key, 1, h, c->nonce_s, sp.mac);
-    if (send_small(c->fd, &sp, sizeof(sp)) != 0) return conn_kill(b, c);
     c->state = CS_SRV_PROOF;
   } else if (c->state == CS_SRV_PROOF) {
     int from = (int)c->hello.arg;
-    if (!boot_mac_ok(&b->key, 0, &c->hello, c->nonce_s, c->cp.mac)) {
+    if (!boot_peer_mac_ok(&b->key, 0, &c->hello, &b->listener.addr, c->proof.mac)) {
       snprintf(why, sizeof(why), "it claims rank %d but does not know this job's secret", from);
       return reject(b, c, why);
     }
@@ -204,23 +198,19 @@ static void handshake_step(struct boot_state* b, struct boot_conn* c) {
       snprintf(why, sizeof(why), "it claims rank %d, which is already connected", from);
       return reject(b, c, why);
     }
+    struct boot_peer_proof sp;
+    boot_peer_mac(&b->key, 1, &c->hello, &b->listener.addr, sp.mac);
+    if (send_small(c->fd, &sp, sizeof(sp)) != 0) return conn_kill(b, c);
     p->authed_in = 1;
     c->peer = from;
     c->state = CS_OPEN;
     if (!p->send) p->send = c;
   } else if (c->state == CS_CLI_WAIT) {
-    if (!boot_mac_ok(&b->key, 1, &c->hello, c->sp.nonce, c->sp.mac)) {
+    if (!boot_peer_mac_ok(&b->key, 1, &c->hello, &b->addrs[c->peer], c->proof.mac)) {
       WARN("Bootstrap rank %d: rank %d at %s does not know this job's secret: the ranks run with different secrets "
            "(CHORUS_SECRET / CHORUS_SECRET_FILE), or another program now listens there",
            b->rank, c->peer, sock_addr_str(&c->addr, a, sizeof(a)));
       peer_lost(b, c->peer, "failed the handshake (different secret, or not a rank of this job)");
-      return conn_kill(b, c);
-    }
-    struct boot_cli_proof cp;
-    boot_mac(&b->key, 0, &c->hello, c->sp.nonce, cp.mac);
-    if (send_small(c->fd, &cp, sizeof(cp)) != 0) {
-      snprintf(why, sizeof(why), "broke its bootstrap connection during the handshake (%s)", strerror(errno));
-      peer_lost(b, c->peer, why);
       return conn_kill(b, c);
     }
     c->state = CS_OPEN;
@@ -234,15 +224,9 @@ static void conn_eof(struct boot_state* b, struct boot_conn* c, int e) {
     INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: ignoring connection from %s (closed during the handshake)", b->rank,
          sock_addr_str(&c->addr, a, sizeof(a)));
   } else if (c->state == CS_CLI_WAIT) {
-    if (ut_now_ns() - c->t0 >= BOOT_HELLO_TIMEOUT_NS) {
-      /* The peer dropped us for answering too late (we were away from the bootstrap): the next
-       * use reconnects. A dead peer refuses that. */
-      INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: rank %d closed a slow handshake; will reconnect", b->rank, c->peer);
-    } else {
-      snprintf(why, sizeof(why), "closed the connection during the handshake (%s; it rejected us: see its log)",
-               e ? strerror(e) : "EOF");
-      peer_lost(b, c->peer, why);
-    }
+    snprintf(why, sizeof(why), "closed the connection before proving itself (%s: it exited, or rejected us: see its log)",
+             e ? strerror(e) : "EOF");
+    peer_lost(b, c->peer, why);
   } else if (e == 0 && c->hdr_got == 0) {
     peer_lost(b, c->peer, "closed its bootstrap connection (exited, or finished with the bootstrap)");
   } else {
@@ -259,8 +243,8 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
     void* dst;
     size_t want;
     if (c->state != CS_OPEN) {
-      void* rec = c->state == CS_SRV_HELLO ? (void*)&c->hello : c->state == CS_SRV_PROOF ? (void*)&c->cp : (void*)&c->sp;
-      size_t n = c->state == CS_SRV_HELLO ? sizeof(c->hello) : c->state == CS_SRV_PROOF ? sizeof(c->cp) : sizeof(c->sp);
+      void* rec = c->state == CS_SRV_HELLO ? (void*)&c->hello : (void*)&c->proof;
+      size_t n = c->state == CS_SRV_HELLO ? sizeof(c->hello) : sizeof(c->proof);
       dst = (char*)rec + c->got;
       want = n - c->got;
     } else if (c->hdr_got < sizeof(c->hdr)) {
@@ -279,7 +263,7 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
     }
     if (c->state != CS_OPEN) {
       c->got += (size_t)n;
-      size_t need = c->state == CS_SRV_HELLO ? sizeof(c->hello) : c->state == CS_SRV_PROOF ? sizeof(c->cp) : sizeof(c->sp);
+      size_t need = c->state == CS_SRV_HELLO ? sizeof(c->hello) : sizeof(c->proof);
       if (c->got == need) {
         c->got = 0;
         handshake_step(b, c);
@@ -437,7 +421,7 @@ static ch_status wait_failed(struct boot_state* b, ch_status st, const char* wha
   return st;
 }
 
-/* Open a client connection to peer and send our hello; it becomes the peer's send connection.
+/* Open a client connection to peer and send our hello and proof; it becomes the peer's send connection.
  * Refused (after a short grace) means the peer is gone: recorded as lost, CH_REMOTE. */
 static ch_status conn_open(struct boot_state* b, int peer, int tag) {
   char a[64], why[200];
@@ -464,8 +448,14 @@ static ch_status conn_open(struct boot_state* b, int peer, int tag) {
     WARN("Bootstrap rank %d: out of memory", b->rank);
     return CH_SYSTEM;
   }
-  if (boot_hello_init(&c->hello, BOOT_KIND_PEER, (uint32_t)b->rank, (uint32_t)peer, (uint32_t)b->nranks) != CH_OK ||
-      send_small(c->fd, &c->hello, sizeof(c->hello)) != 0) {
+  struct {
+    struct boot_hello h;
+    struct boot_peer_proof p;
+  } first;
+  int bad = boot_hello_init(&c->hello, BOOT_KIND_PEER, (uint32_t)b->rank, (uint32_t)peer, (uint32_t)b->nranks) != CH_OK;
+  first.h = c->hello;
+  boot_peer_mac(&b->key, 0, &c->hello, &b->addrs[peer], first.p.mac);
+  if (bad || send_small(c->fd, &first, sizeof(first)) != 0) {
     conn_kill(b, c);
     snprintf(why, sizeof(why), "broke the connection at once (%s)", strerror(errno));
     peer_lost(b, peer, why);
@@ -482,23 +472,15 @@ static ch_status report_lost(struct boot_state* b, int peer, int tag, const char
   return CH_REMOTE;
 }
 
-/* Wait until we have an authenticated connection to send to peer on, opening one if needed. */
+/* A connection to send to peer on: ours (its proof may still be on the way), or an authenticated
+ * one it opened; opened here if there is none. */
 static ch_status wait_open(struct boot_state* b, int peer, int tag) {
   struct boot_peer* p = &b->peers[peer];
-  for (;;) {
-    reap(b);
-    if (p->lost) return report_lost(b, peer, tag, "sending to");
-    if (p->send && p->send->state == CS_OPEN) return CH_OK;
-    if (!p->send) {
-      ch_status st = conn_open(b, peer, tag);
-      if (st == CH_REMOTE) return report_lost(b, peer, tag, "sending to");
-      if (st != CH_OK) return st;
-    }
-    struct sock_wait w = boot_wait(b);
-    ch_status st = sock_wait_check(&w);
-    if (st != CH_OK) return wait_failed(b, st, "connecting to", peer, tag);
-    CHECK(progress(b, NULL, NULL));
-  }
+  if (p->lost) return report_lost(b, peer, tag, "sending to");
+  if (p->send) return CH_OK;
+  ch_status st = conn_open(b, peer, tag);
+  if (st == CH_REMOTE) return report_lost(b, peer, tag, "sending to");
+  return st;
 }
 
 static ch_status conn_write(struct boot_state* b, struct boot_conn* c, const void* buf, size_t n, int tag) {
