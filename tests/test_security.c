@@ -598,12 +598,14 @@ static void peer_hostile_rank(int rank, int nranks, ncclUniqueId id, void* arg) 
     EXPECT(now_ms() - t0 < 10000);
     x = 3;
     EXPECT_EQ(boot_send(b, 2, 9, &x, sizeof(x)), CH_OK); /* and everyone else is fine */
+    EXPECT_EQ(boot_recv(b, 2, 10, &x, sizeof(x)), CH_OK); /* stay until rank 0 is done with us */
   } else {
     int x = 0;
     EXPECT_EQ(boot_recv(b, 0, 9, &x, sizeof(x)), CH_OK);
     EXPECT_EQ(x, 1);
     EXPECT_EQ(boot_recv(b, 1, 9, &x, sizeof(x)), CH_OK);
     EXPECT_EQ(x, 3);
+    EXPECT_EQ(boot_send(b, 1, 10, &x, sizeof(x)), CH_OK);
   }
   boot_close(b);
   free(peers);
