@@ -409,7 +409,8 @@ static void secrets_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
   ncclUniqueId mine;
   ASSERT_EQ(boot_id_from_addr(addr, mine.internal), CH_OK);
   struct boot_state* b = NULL;
-  ch_status st = boot_init(mine.internal, rank, nranks, NULL, ut_now_ns() + 2 * SEC, &b, NULL);
+  /* Rank 2 fails at once when it reaches the root; the others report it missing at their deadline. */
+  ch_status st = boot_init(mine.internal, rank, nranks, NULL, ut_now_ns() + (rank == 2 ? 20 : 3) * SEC, &b, NULL);
   if (rank == 2) {
     EXPECT_EQ(st, CH_INVALID_USAGE);
     if (!strstr(log_last_error(), "different secrets")) rt_fail(__FILE__, __LINE__, "rank 2 said: %s", log_last_error());
@@ -519,12 +520,22 @@ TEST_T(security, root_out_of_descriptors, 60) {
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
   int base = rt_count_fds();
   low = old;
-  low.rlim_cur = (rlim_t)base + 40;
+  low.rlim_cur = (rlim_t)base + 20;
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  int fds[80], n = 0;
-  /* Our side of each connection takes one descriptor, the root's side another: the root runs out first. */
-  for (int i = 0; i < 30; i++)
-    if ((fds[n] = raw_connect(&bid.root)) >= 0) n++;
+  /* Another process (its own descriptor table) connects 60 times: the root, limited to ~20 more
+   * descriptors, runs out with connections still queued, so its listener stays readable. */
+  pid_t kid = fork();
+  if (kid == 0) {
+    setrlimit(RLIMIT_NOFILE, &old);
+    int fds[60];
+    for (int i = 0; i < 60; i++) fds[i] = raw_connect(&bid.root);
+    usleep(2500000);
+    for (int i = 0; i < 60; i++)
+      if (fds[i] >= 0) close(fds[i]);
+    _exit(0);
+  }
+  ASSERT(kid > 0);
+  usleep(500000);
   struct rusage r0, r1;
   getrusage(RUSAGE_SELF, &r0);
   uint64_t t0 = now_ms();
@@ -534,7 +545,8 @@ TEST_T(security, root_out_of_descriptors, 60) {
                (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
   double wall = (double)(now_ms() - t0) / 1e3;
   EXPECT(cpu < 0.5 * wall); /* a spinning poll loop takes a whole core */
-  for (int i = 0; i < n; i++) close(fds[i]);
+  int st;
+  waitpid(kid, &st, 0);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
   rt_run_threads(2, plain_rank, &id);
 }
@@ -612,6 +624,50 @@ static void peer_hostile_rank(int rank, int nranks, ncclUniqueId id, void* arg) 
 }
 
 TEST_T(security, hostile_peer_clients, 60) { rt_run_both(3, peer_hostile_rank, NULL); }
+
+/* A peer that floods unexpected messages is cut off at BOOT_MAX_QUEUED_MSGS, not queued forever. */
+static void flood_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct boot_state* b = NULL;
+  struct boot_rank_info* peers = NULL;
+  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, &peers), CH_OK);
+  boot_set_deadline(b, ut_now_ns() + 20 * SEC);
+  if (rank == 0) {
+    int fd = raw_connect(&peers[1].listen_addr);
+    ASSERT(fd >= 0);
+    struct {
+      struct boot_hello h;
+      struct boot_peer_proof p;
+    } first;
+    boot_hello_init(&first.h, BOOT_KIND_PEER, 0, 1, (uint32_t)nranks);
+    boot_peer_mac(boot_secret(b), 0, &first.h, &peers[1].listen_addr, first.p.mac);
+    EXPECT(send(fd, &first, sizeof(first), MSG_NOSIGNAL) == (ssize_t)sizeof(first));
+    struct boot_peer_proof sp; /* read it: closing with unread data would reset the connection */
+    EXPECT(read_within(fd, &sp, sizeof(sp), 5000) == sizeof(sp));
+    enum { N = BOOT_MAX_QUEUED_MSGS + 100 };
+    struct boot_msg_hdr* h = calloc(N, sizeof(*h));
+    ASSERT(h);
+    for (int i = 0; i < N; i++) h[i].tag = 1000 + i; /* empty messages nobody waits for */
+    size_t off = 0, len = N * sizeof(*h);
+    while (off < len) { /* the receiver may cut us off part way */
+      struct pollfd p = {fd, POLLOUT, 0};
+      if (poll(&p, 1, 5000) <= 0) break;
+      ssize_t w = send(fd, (char*)h + off, len - off, MSG_NOSIGNAL);
+      if (w <= 0) break;
+      off += (size_t)w;
+    }
+    free(h);
+    close(fd); /* whatever rank 1 has not read by now comes after the limit */
+  } else {
+    int x = 0;
+    EXPECT_EQ(boot_recv(b, 0, 5, &x, sizeof(x)), CH_REMOTE);
+    if (!strstr(log_last_error(), "more unexpected bootstrap messages than we queue"))
+      rt_fail(__FILE__, __LINE__, "rank 1 said: %s", log_last_error());
+  }
+  boot_close(b);
+  free(peers);
+}
+
+TEST_T(security, unexpected_message_flood, 60) { rt_run_both(2, flood_rank, NULL); }
 
 /* ---- first contact with a rank that has exited (issue item 9) ---- */
 
