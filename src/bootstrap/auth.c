@@ -155,7 +155,8 @@ int boot_uid_check(const struct boot_key* key, int fd, const union sock_addr* re
   if (key->mode != BOOT_AUTH_UID || !sock_addr_is_local(remote)) return 0;
   uid_t uid;
   if (sock_peer_uid(fd, &uid) != 0) {
-    snprintf(why, len, "a connection from this host whose owner cannot be found in /proc/net/tcp");
+    snprintf(why, len, "a connection from this host whose owner cannot be found in /proc/net/tcp "
+             "(give the job a CHORUS_SECRET to run without this check)");
     return -1;
   }
   if (uid != geteuid()) {
