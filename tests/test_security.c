@@ -278,9 +278,9 @@ static void* job_rank0(void* p) {
   struct boot_rank_info* peers = NULL;
   __atomic_store_n(&j->phase, 1, __ATOMIC_RELEASE);
   j->st[0] = boot_init(j->id.internal, 0, 2, NULL, ut_now_ns() + 30 * SEC, &b, &peers);
-  if (j->st[0] != CH_OK) return NULL;
-  j->peers = peers;
+  j->peers = peers; /* NULL on failure; published by phase 2 */
   __atomic_store_n(&j->phase, 2, __ATOMIC_RELEASE);
+  if (j->st[0] != CH_OK) return NULL;
   /* Keep the bootstrap progressing (so the impostor's connection is seen) until it is done. */
   int x = 0;
   boot_set_deadline(b, ut_now_ns() + 30 * SEC);
@@ -376,7 +376,7 @@ static void impostor_job(int with_secret) {
     EXPECT_EQ(rc, 0); /* rejected at the root */
   }
   ASSERT(pthread_create(&t1, NULL, job_rank1, &j) == 0);
-  while (__atomic_load_n(&j.phase, __ATOMIC_ACQUIRE) < 2 && j.st[0] == CH_OK) usleep(1000);
+  while (__atomic_load_n(&j.phase, __ATOMIC_ACQUIRE) < 2) usleep(1000);
   if (rc != 77 && j.peers) {
     im.at_root = 0;
     im.peer = j.peers[0].listen_addr;
