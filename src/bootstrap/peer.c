@@ -116,7 +116,14 @@ static struct boot_conn* conn_add(struct boot_state* b, int fd, const union sock
 static void conn_free(struct boot_state* b, int i) {
   struct boot_conn* c = b->conns[i];
   if (c->peer >= 0 && b->peers[c->peer].send == c) b->peers[c->peer].send = NULL;
-  if (c->fd >= 0) close(c->fd);
+  if (c->fd >= 0) {
+    /* Closing with unread input (a handshake answer we never needed) would reset the connection,
+     * and the other side could take that for a failure: read it away first. */
+    char junk[256];
+    for (int k = 0; k < 64 && recv(c->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; k++) {
+    }
+    close(c->fd);
+  }
   free(c->cur);
   free(c);
   b->conns[i] = b->conns[--b->nconns];
@@ -198,13 +205,15 @@ static void handshake_step(struct boot_state* b, struct boot_conn* c) {
       snprintf(why, sizeof(why), "it claims rank %d, which is already connected", from);
       return reject(b, c, why);
     }
+    /* If our answer cannot be sent, the caller has already sent and closed: what it sent before
+     * its proof checked out is still read (then EOF), only this connection is not used to send. */
     struct boot_peer_proof sp;
     boot_peer_mac(&b->key, 1, &c->hello, &b->listener.addr, sp.mac);
-    if (send_small(c->fd, &sp, sizeof(sp)) != 0) return conn_kill(b, c);
+    int answered = send_small(c->fd, &sp, sizeof(sp)) == 0;
     p->authed_in = 1;
     c->peer = from;
     c->state = CS_OPEN;
-    if (!p->send) p->send = c;
+    if (!p->send && answered) p->send = c;
   } else if (c->state == CS_CLI_WAIT) {
     if (!boot_peer_mac_ok(&b->key, 1, &c->hello, &b->addrs[c->peer], c->proof.mac)) {
       WARN("Bootstrap rank %d: rank %d at %s does not know this job's secret: the ranks run with different secrets "
@@ -227,7 +236,8 @@ static void conn_eof(struct boot_state* b, struct boot_conn* c, int e) {
     snprintf(why, sizeof(why), "closed the connection before proving itself (%s: it exited, or rejected us: see its log)",
              e ? strerror(e) : "EOF");
     peer_lost(b, c->peer, why);
-  } else if (e == 0 && c->hdr_got == 0) {
+  } else if ((e == 0 || e == ECONNRESET) && c->hdr_got == 0) {
+    /* A reset between messages: the peer closed with our handshake answer unread. */
     peer_lost(b, c->peer, "closed its bootstrap connection (exited, or finished with the bootstrap)");
   } else {
     snprintf(why, sizeof(why), "broke its bootstrap connection (%s)",
