@@ -4,7 +4,10 @@
  *   chorusrun --hosts a,b[,...] [--per-host K] [--port P] prog [args...]   (prints per-host commands)
  *
  * Each rank gets NCCL_COMM_ID=127.0.0.1:<free port> (rank 0 hosts the bootstrap root there), RANK,
- * WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; chorusInitFromEnv() reads them. Every rank runs in its
+ * WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; chorusInitFromEnv() reads them. A local job also gets
+ * CHORUS_SECRET, 256 random bits drawn per job, so that no other process can join it (only the
+ * same uid can read a process's environment); an inherited CHORUS_SECRET / CHORUS_SECRET_FILE is
+ * kept (several hosts must share one: docs/SECURITY.md). Every rank runs in its
  * own process group so that signals reach whatever it started. The first rank to fail (non-zero exit
  * or a signal) is reported, the others get SIGTERM and, 2 s later, SIGKILL, and chorusrun exits with
  * the failed rank's status (128+signal for a signal). --timeout ends a run that takes too long with
@@ -26,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -92,7 +96,8 @@ static int usage_error(const char* fmt, ...) {
 static void usage(void) {
   printf("usage: chorusrun -n N [options] prog [args...]\n"
          "Start N ranks of prog on this machine. Each rank gets NCCL_COMM_ID=127.0.0.1:<free port>, RANK,\n"
-         "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (read by chorusInitFromEnv).\n"
+         "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (read by chorusInitFromEnv), and a random per-job\n"
+         "CHORUS_SECRET unless CHORUS_SECRET or CHORUS_SECRET_FILE is set already (see docs/SECURITY.md).\n"
          "  -n, --np N            number of ranks to start\n"
          "  --bind none|core|numa pin rank i to core i (mod cores) or to NUMA node i (mod nodes)\n"
          "  --tag-output          prefix each line the ranks print with [rank]\n"
@@ -244,6 +249,8 @@ static int print_hosts(void) {
   printf("# %d hosts x %d ranks = %d ranks. Rank 0 (on %s) hosts the rendezvous at %s:%d%s.\n", nh, opt.per_host, world,
          hosts[0], hosts[0], port, opt.port ? "" : " (port checked free on this machine only; choose one with --port)");
   printf("# Run each line on its host, for example with ssh HOST '<line>'.\n");
+  printf("# Protect the job: put one random secret in a file of mode 0600 on every host (e.g. head -c 32\n"
+         "# /dev/urandom | od -An -tx1 | tr -d ' \\n' > ~/.chorus-secret) and set CHORUS_SECRET_FILE to it.\n");
   for (int h = 0; h < nh; h++) {
     int r0 = h * opt.per_host;
     printf("# on %s: ranks %d-%d\n", hosts[h], r0, r0 + opt.per_host - 1);
@@ -382,7 +389,22 @@ static void read_pipe(struct rank* r, struct linebuf* lb) {
   emit_lines(r, lb, 0);
 }
 
-static void child(struct rank* ranks, int i, const char* comm_id) {
+/* 256 random bits as 64 hex digits; 0 on success. */
+static int make_secret(char out[65]) {
+  unsigned char r[32];
+  size_t got = 0;
+  while (got < sizeof r) {
+    ssize_t n = getrandom(r + got, sizeof r - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    got += (size_t)n;
+  }
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
+  memset(r, 0, sizeof r);
+  return 0;
+}
+
+static void child(struct rank* ranks, int i, const char* comm_id, const char* secret) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* chorusrun killed: take the rank down too */
   struct sigaction dfl = {.sa_handler = SIG_DFL};
@@ -401,6 +423,7 @@ static void child(struct rank* ranks, int i, const char* comm_id) {
   }
   char v[32];
   setenv("NCCL_COMM_ID", comm_id, 1);
+  if (secret[0]) setenv("CHORUS_SECRET", secret, 1);
   snprintf(v, sizeof v, "%d", opt.first + i), setenv("RANK", v, 1);
   snprintf(v, sizeof v, "%d", opt.world), setenv("WORLD_SIZE", v, 1);
   snprintf(v, sizeof v, "%d", i), setenv("LOCAL_RANK", v, 1);
@@ -446,6 +469,21 @@ int main(int argc, char** argv) {
     snprintf(comm_id, sizeof comm_id, "127.0.0.1:%d", port);
   }
 
+  /* The job's secret: inherited (shared with other hosts), else drawn now for a local job. */
+  char secret[65] = "";
+  const char* env_secret = getenv("CHORUS_SECRET");
+  const char* env_file = getenv("CHORUS_SECRET_FILE");
+  int have_secret = (env_secret && *env_secret) || (env_file && *env_file);
+  if (!have_secret && opt.world == opt.n && opt.first == 0) {
+    if (make_secret(secret) != 0) {
+      fprintf(stderr, "chorusrun: cannot draw a random job secret: %s\n", strerror(errno));
+      return 1;
+    }
+  } else if (!have_secret) {
+    fprintf(stderr, "chorusrun: warning: no CHORUS_SECRET_FILE or CHORUS_SECRET for this part of a multi-host job: "
+                    "ranks on other hosts are admitted without proof (see docs/SECURITY.md)\n");
+  }
+
   if (pipe2(sigpipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     fprintf(stderr, "chorusrun: pipe: %s\n", strerror(errno));
     return 1;
@@ -480,7 +518,7 @@ int main(int argc, char** argv) {
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
     pid_t pid = fork();
-    if (pid == 0) child(ranks, i, comm_id);
+    if (pid == 0) child(ranks, i, comm_id, secret);
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
       fprintf(stderr, "chorusrun: fork: %s\n", strerror(errno));
@@ -599,6 +637,7 @@ int main(int argc, char** argv) {
       kill_at = 0;
     }
   }
+  memset(secret, 0, sizeof secret);
   for (int i = 0; i < opt.n; i++) free(ranks[i].lb[0].buf), free(ranks[i].lb[1].buf);
   free(ranks), free(pfd), free(pl), free(pr);
   if (failed >= 0) return fail_code;

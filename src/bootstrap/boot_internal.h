@@ -1,6 +1,6 @@
-/* Bootstrap internals shared by bootstrap.c (rank side), root.c (rendezvous) and peer.c (messages
- * between ranks). Wire structures are exchanged between processes of the same build only: the
- * root rejects joins whose sizes or versions differ. */
+/* Bootstrap internals shared by bootstrap.c (rank side), root.c (rendezvous), peer.c (messages
+ * between ranks) and auth.c (keys and the handshake). Wire structures are exchanged between
+ * processes of the same build only: the root rejects joins whose sizes or versions differ. */
 #ifndef CH_BOOT_INTERNAL_H
 #define CH_BOOT_INTERNAL_H
 
@@ -9,10 +9,22 @@
 
 #include "bootstrap.h"
 
-#define BOOT_ID_MAGIC 0x4348524253310001ull /* "CHRBS1" + unique id format 1 */
+#define BOOT_ID_MAGIC 0x4348524253310002ull /* "CHRBS1" + unique id format 2 (key + handshake) */
 #define BOOT_KIND_JOIN 1u                   /* a rank joining at the root */
 #define BOOT_KIND_PEER 2u                   /* a rank connecting to another rank */
-#define BOOT_HELLO_TIMEOUT_NS (5ull * 1000000000ull) /* slower hellos are dropped */
+#define BOOT_HELLO_TIMEOUT_NS (5ull * 1000000000ull) /* connections not authenticated by then are closed */
+#define BOOT_MAX_RANKS (1 << 18)
+/* Largest bootstrap message: the library sends small records (rank infos, addresses, connection
+ * handles, a few hundred bytes per rank); 16 MiB leaves room for tables of every rank while
+ * keeping what a broken peer can make us allocate small. */
+#define BOOT_MAX_MSG (16ull << 20)
+/* Unexpected messages queued per peer; beyond either bound the peer is dropped. */
+#define BOOT_MAX_QUEUED_BYTES (64ull << 20)
+#define BOOT_MAX_QUEUED_MSGS 16384
+#define BOOT_LIVENESS_NS 1000000000ull /* waiting this long for a silent peer probes its listener */
+#define BOOT_REFUSED_GRACE_MS 1000     /* a refused connection to a listener known to exist is retried this long */
+#define BOOT_NONCE 32
+#define BOOT_MAC 32
 
 /* Internal tags; user tags (BOOT_TAG_*, transport tags) are non-negative. */
 #define BOOT_TAG_ALLGATHER (-1)
@@ -21,31 +33,48 @@
 /* Layout of the 128-byte unique id. */
 struct boot_id {
   uint64_t magic;
-  uint64_t secret;
+  unsigned char key[32];
   union sock_addr root;
   uint32_t fixed; /* 1: NCCL_COMM_ID address; rank 0 runs the root inside boot_init */
+  uint32_t mode;  /* BOOT_AUTH_* */
 };
 
-/* First bytes of every bootstrap connection. */
+/* Handshakes; the key itself never travels, and nothing else is read from a side before its proof
+ * checked out.
+ * Rank to root (the root is a thread of its own, so a round trip is cheap): the client sends a
+ * hello with its nonce; the root answers {nonce_s, HMAC(key, "server" || hello || nonce_s)}; the
+ * client checks it and answers HMAC(key, "client" || hello || nonce_s), then its join.
+ * Rank to rank: a sender must not wait for the receiver (one thread may drive several ranks of a
+ * group, and small sends always completed at once), so the client proves itself in its first
+ * flight: hello (fresh nonce, from/to ranks) + HMAC(key, "client" || hello || server address), and
+ * may send messages right behind it. The server checks it, then answers
+ * HMAC(key, "server" || hello || server address), which the client checks before it reads
+ * anything else from that connection. The server's listen address in the MAC binds the proof to
+ * one listener, and a rank claimed once cannot connect again, so a recorded flight cannot be
+ * replayed. */
 struct boot_hello {
   uint64_t magic;
-  uint64_t secret;
   uint32_t kind;
-  uint32_t arg; /* JOIN: sizeof(struct boot_rank_info); PEER: sender rank */
+  uint32_t arg;     /* JOIN: sizeof(struct boot_rank_info); PEER: sender rank */
+  uint32_t to_rank; /* PEER: the rank meant (guards against stale addresses); JOIN: 0 */
+  uint32_t nranks;
+  unsigned char nonce[BOOT_NONCE];
+};
+struct boot_srv_proof {
+  unsigned char nonce[BOOT_NONCE];
+  unsigned char mac[BOOT_MAC];
+};
+struct boot_cli_proof {
+  unsigned char mac[BOOT_MAC];
+};
+struct boot_peer_proof { /* rank to rank, either direction */
+  unsigned char mac[BOOT_MAC];
 };
 
-/* Follows a JOIN hello. */
+/* Follows the client proof of a JOIN. */
 struct boot_join {
   uint64_t timeout_ms; /* time left before this rank's deadline (0 = none): the root reports by then */
-  uint32_t to_rank;    /* unused by JOIN (0) */
-  uint32_t pad;
   struct boot_rank_info info;
-};
-
-/* Follows a PEER hello: who the connection is meant for (guards against stale addresses). */
-struct boot_peer_hello {
-  uint32_t to_rank;
-  uint32_t nranks;
 };
 
 /* Root → rank answer. */
@@ -63,15 +92,38 @@ struct boot_msg_hdr {
   uint64_t size;
 };
 
+/* auth.c */
+ch_status boot_key_random(struct boot_key* key);
+/* Key for an NCCL_COMM_ID job: CHORUS_SECRET_FILE, else CHORUS_SECRET, else public (BOOT_AUTH_UID). */
+ch_status boot_key_from_env(const char* hostport, struct boot_key* key);
+ch_status boot_hello_init(struct boot_hello* h, uint32_t kind, uint32_t arg, uint32_t to_rank, uint32_t nranks);
+void boot_mac(const struct boot_key* key, int server, const struct boot_hello* h,
+              const unsigned char nonce_s[BOOT_NONCE], unsigned char mac[BOOT_MAC]);
+int boot_mac_ok(const struct boot_key* key, int server, const struct boot_hello* h,
+                const unsigned char nonce_s[BOOT_NONCE], const unsigned char mac[BOOT_MAC]);
+/* Rank-to-rank proof over the hello and the server's listen address (IP and port). */
+void boot_peer_mac(const struct boot_key* key, int server, const struct boot_hello* h, const union sock_addr* server_addr,
+                   unsigned char mac[BOOT_MAC]);
+int boot_peer_mac_ok(const struct boot_key* key, int server, const struct boot_hello* h,
+                     const union sock_addr* server_addr, const unsigned char mac[BOOT_MAC]);
+/* BOOT_AUTH_UID: 0 if the other end of fd is on another host or is owned by our uid; else -1
+ * with *why filled. Always 0 for BOOT_AUTH_SECRET. */
+int boot_uid_check(const struct boot_key* key, int fd, const union sock_addr* remote, char* why, size_t len);
+/* WARN once per remote host address per minute (INFO otherwise), so a scanner cannot flood logs. */
+void boot_warn_reject(const char* who, const union sock_addr* remote, const char* why);
+/* NUL-terminate a fixed-size text field received from the wire; -1 if it holds non-printable bytes. */
+int boot_text_field(char* s, size_t size);
+
 /* Start the root on `addr` (port 0 = ephemeral) in a detached thread; the bound address is
  * returned in *bound. It serves one job, then exits. */
-ch_status boot_root_start(const union sock_addr* addr, uint64_t magic, uint64_t secret, union sock_addr* bound);
+ch_status boot_root_start(const union sock_addr* addr, uint64_t magic, const struct boot_key* key,
+                          union sock_addr* bound);
 
 /* "3,5-7" for the ranks i < n with flags[i] == want; truncated with "..." if buf is short. */
 void boot_format_ranks(const unsigned char* flags, int n, unsigned char want, char* buf, size_t len);
 
 /* Peer layer (peer.c). */
-ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint64_t magic, uint64_t secret,
+ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint64_t magic, const struct boot_key* key,
                             const union sock_addr* addrs, struct sock* listener, const volatile int* abort,
                             uint64_t deadline_ns);
 

@@ -1,10 +1,10 @@
 /* Rank side of the rendezvous: the unique id, joining at the root, and building the peer state.
  *
- * Unique id (128 bytes): {magic, 64-bit secret, root address, fixed flag}. Normally the process
- * calling boot_get_unique_id hosts the root and the secret is random. With NCCL_COMM_ID every
- * process must compute the same id without talking to the others, so the secret is a hash of the
- * NCCL_COMM_ID string: such a job is only as private as its address (anyone who knows host:port
- * can join it), which is also true of NCCL. */
+ * Unique id (128 bytes): {magic, 256-bit key, root address, fixed flag, key mode}. Normally the
+ * process calling boot_get_unique_id hosts the root and the key is random. With NCCL_COMM_ID every
+ * process computes the id on its own, so the key comes from CHORUS_SECRET_FILE / CHORUS_SECRET
+ * (the same on every rank), or, without them, from the address: then the key is public and only
+ * the same-uid rule protects the job on this host (docs/SECURITY.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,14 +18,17 @@
 
 _Static_assert(sizeof(struct boot_id) <= 128, "unique id must fit in NCCL_UNIQUE_ID_BYTES");
 
-#define BOOT_COMM_ID_SEED 0x6e63636c5f636f6dull
 #define BOOT_REPORT_GRACE_NS 1000000000ull /* wait this long past our deadline for the root's report */
 
-/* Fixed root address: the secret is derived from the address string so every process agrees. */
+/* Fixed root address: the key comes from the environment so every process agrees. */
 static ch_status id_fixed(const char* hostport, struct boot_id* id) {
   char a[64];
+  struct boot_key key;
   CHECK(sock_parse_addr(hostport, &id->root));
-  id->secret = ut_hash(hostport, strlen(hostport), BOOT_COMM_ID_SEED);
+  CHECK(boot_key_from_env(hostport, &key));
+  memcpy(id->key, key.k, sizeof(id->key));
+  id->mode = key.mode;
+  memset(&key, 0, sizeof(key));
   id->fixed = 1;
   INFO(LOG_BOOTSTRAP, "Bootstrap root at %s (%s); rank 0 will host it", hostport, sock_addr_str(&id->root, a, sizeof(a)));
   return CH_OK;
@@ -48,9 +51,13 @@ ch_status boot_get_unique_id(void* id128) {
   memset(&id, 0, sizeof(id));
   id.magic = BOOT_ID_MAGIC;
   union sock_addr addr;
-  CHECK(ut_random(&id.secret, sizeof(id.secret)));
+  struct boot_key key;
+  CHECK(boot_key_random(&key));
+  memcpy(id.key, key.k, sizeof(id.key));
+  id.mode = key.mode;
   CHECK(sock_find_interface(NULL, NULL, 0, &addr));
-  CHECK(boot_root_start(&addr, id.magic, id.secret, &id.root));
+  CHECK(boot_root_start(&addr, id.magic, &key, &id.root));
+  memset(&key, 0, sizeof(key));
   memset(id128, 0, 128);
   memcpy(id128, &id, sizeof(id));
   return CH_OK;
@@ -71,6 +78,49 @@ static void fill_info(struct boot_rank_info* info, int rank, int nranks, const u
   info->listen_addr = *listen_addr;
 }
 
+static void id_key(const struct boot_id* id, struct boot_key* key) {
+  memcpy(key->k, id->key, sizeof(key->k));
+  key->mode = id->mode;
+}
+
+/* Check the table the root sent: every field later code relies on, every string terminated. */
+static ch_status check_table(struct boot_rank_info* t, int nranks, int rank, const char* root_name) {
+  for (int i = 0; i < nranks; i++) {
+    int fam = t[i].listen_addr.sa.sa_family;
+    int bad = t[i].rank != i || t[i].nranks != nranks || (fam != AF_INET && fam != AF_INET6) ||
+              sock_addr_port(&t[i].listen_addr) == 0;
+    bad |= boot_text_field(t[i].hostname, sizeof(t[i].hostname)) != 0;
+    bad |= boot_text_field(t[i].host_id, sizeof(t[i].host_id)) != 0;
+    if (bad) {
+      WARN("Bootstrap rank %d: the rank table from root %s has an invalid entry for rank %d", rank, root_name, i);
+      return CH_INTERNAL;
+    }
+  }
+  return CH_OK;
+}
+
+/* Client half of the handshake on a blocking-style socket (rank to root). */
+static ch_status handshake_root(struct sock* s, const struct boot_key* key, const struct boot_hello* h,
+                                const struct sock_wait* w, int rank, const char* root_name) {
+  char why[160];
+  if (boot_uid_check(key, s->fd, &s->addr, why, sizeof(why)) != 0) {
+    WARN("Bootstrap rank %d: the bootstrap root at %s is not ours: it is %s", rank, root_name, why);
+    return CH_INVALID_USAGE;
+  }
+  CHECK(sock_send_all(s, h, sizeof(*h), w));
+  struct boot_srv_proof sp;
+  CHECK(sock_recv_all(s, &sp, sizeof(sp), w));
+  if (!boot_mac_ok(key, 1, h, sp.nonce, sp.mac)) {
+    WARN("Bootstrap rank %d: the bootstrap root at %s does not know this job's secret: the ranks were started with "
+         "different secrets (CHORUS_SECRET / CHORUS_SECRET_FILE set on some ranks only, or to different values), "
+         "or another program listens there", rank, root_name);
+    return CH_INVALID_USAGE;
+  }
+  struct boot_cli_proof cp;
+  boot_mac(key, 0, h, sp.nonce, cp.mac);
+  return sock_send_all(s, &cp, sizeof(cp), w);
+}
+
 /* Join at the root and receive the table (or the root's error report). */
 static ch_status join_root(const struct boot_id* id, const struct boot_rank_info* me, const volatile int* abort,
                            uint64_t deadline_ns, struct boot_rank_info** table) {
@@ -80,6 +130,8 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
   struct sock root = {.fd = -1};
   struct sock_wait w = {abort, deadline_ns};
   char* text = NULL;
+  struct boot_key key;
+  id_key(id, &key);
   ch_status st = sock_connect(&id->root, &root, &w);
   if (st != CH_OK) {
     if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while connecting to the root", rank);
@@ -88,15 +140,17 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
     return st;
   }
   uint64_t now = ut_now_ns();
-  struct {
-    struct boot_hello h;
-    struct boot_join j;
-  } msg;
-  memset(&msg, 0, sizeof(msg));
-  msg.h = (struct boot_hello){id->magic, id->secret, BOOT_KIND_JOIN, (uint32_t)sizeof(struct boot_rank_info)};
-  msg.j.timeout_ms = deadline_ns ? (deadline_ns > now ? (deadline_ns - now) / 1000000 : 0) + 1 : 0;
-  msg.j.info = *me;
-  CHECK_GOTO(sock_send_all(&root, &msg, sizeof(msg), &w), st, fail);
+  struct boot_hello h;
+  CHECK_GOTO(boot_hello_init(&h, BOOT_KIND_JOIN, (uint32_t)sizeof(struct boot_rank_info), 0, (uint32_t)nranks), st,
+             fail);
+  st = handshake_root(&root, &key, &h, &w, rank, root_name);
+  if (st == CH_INVALID_USAGE) goto out;
+  if (st != CH_OK) goto fail;
+  struct boot_join j;
+  memset(&j, 0, sizeof(j));
+  j.timeout_ms = deadline_ns ? (deadline_ns > now ? (deadline_ns - now) / 1000000 : 0) + 1 : 0;
+  j.info = *me;
+  CHECK_GOTO(sock_send_all(&root, &j, sizeof(j), &w), st, fail);
 
   /* The root reports a timeout by our deadline: give its report a moment to arrive. */
   struct sock_wait wr = {abort, deadline_ns ? deadline_ns + BOOT_REPORT_GRACE_NS : 0};
@@ -109,6 +163,8 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
       goto fail;
     }
     CHECK_GOTO(sock_recv_all(&root, text, rep.len, &wr), st, fail);
+    for (char* c = text; *c; c++)
+      if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
     WARN("%s", text); /* the same report on every rank */
     st = (rep.status == CH_INVALID_USAGE || rep.status == CH_TIMEOUT || rep.status == CH_REMOTE) ? (ch_status)rep.status
                                                                                                 : CH_INTERNAL;
@@ -127,7 +183,7 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
     goto out;
   }
   CHECK_GOTO(sock_recv_all(&root, *table, rep.len, &wr), st, fail);
-  st = CH_OK;
+  st = check_table(*table, nranks, rank, root_name);
   goto out;
 fail:
   if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while waiting at the root", rank);
@@ -135,12 +191,14 @@ fail:
     WARN("Bootstrap rank %d timed out waiting at bootstrap root %s for the other %d ranks (no report from the root)",
          rank, root_name, nranks - 1);
   else
-    WARN("Bootstrap rank %d: lost the connection to bootstrap root %s before all ranks joined", rank, root_name);
+    WARN("Bootstrap rank %d: lost the connection to bootstrap root %s before all ranks joined (a rejected "
+         "connection: see the root's log)", rank, root_name);
 out:
   if (st != CH_OK && table && *table) {
     free(*table);
     *table = NULL;
   }
+  memset(&key, 0, sizeof(key));
   free(text);
   sock_close(&root);
   return st;
@@ -150,13 +208,13 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
                     struct boot_state** out, struct boot_rank_info** peers) {
   *out = NULL;
   if (peers) *peers = NULL;
-  if (nranks <= 0 || rank < 0 || rank >= nranks) {
-    WARN("Bootstrap: invalid rank %d for nranks %d", rank, nranks);
+  if (nranks <= 0 || nranks > BOOT_MAX_RANKS || rank < 0 || rank >= nranks) {
+    WARN("Bootstrap: invalid rank %d for nranks %d (at most %d ranks)", rank, nranks, BOOT_MAX_RANKS);
     return CH_INVALID_ARG;
   }
   struct boot_id id;
   memcpy(&id, id128, sizeof(id));
-  if (id.magic != BOOT_ID_MAGIC) {
+  if (id.magic != BOOT_ID_MAGIC || (id.mode != BOOT_AUTH_SECRET && id.mode != BOOT_AUTH_UID)) {
     WARN("Bootstrap rank %d: invalid unique id (not made by ncclGetUniqueId of this Chorus version, or corrupted)",
          rank);
     return CH_INVALID_ARG;
@@ -168,11 +226,13 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
   union sock_addr addr;
   struct boot_rank_info me;
   union sock_addr* addrs = NULL;
+  struct boot_key key;
+  id_key(&id, &key);
   CHECK_GOTO(sock_find_interface(&id.root, NULL, 0, &addr), st, out);
   CHECK_GOTO(sock_listen(&addr, &listener), st, out);
   if (id.fixed && rank == 0) {
     union sock_addr bound;
-    CHECK_GOTO(boot_root_start(&id.root, id.magic, id.secret, &bound), st, out);
+    CHECK_GOTO(boot_root_start(&id.root, id.magic, &key, &bound), st, out);
   }
   fill_info(&me, rank, nranks, &listener.addr);
   CHECK_GOTO(join_root(&id, &me, abort, deadline_ns, &table), st, out);
@@ -185,28 +245,29 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
   }
   for (int i = 0; i < nranks; i++) addrs[i] = table[i].listen_addr;
   /* The init deadline covers boot_init only; later calls get one through boot_set_deadline. */
-  CHECK_GOTO(boot_peers_create(out, rank, nranks, id.magic, id.secret, addrs, &listener, abort, 0), st, out);
+  CHECK_GOTO(boot_peers_create(out, rank, nranks, id.magic, &key, addrs, &listener, abort, 0), st, out);
   INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms", rank, nranks, (double)(ut_now_ns() - t0) / 1e6);
   if (peers) {
     *peers = table;
     table = NULL;
   }
 out:
+  memset(&key, 0, sizeof(key));
   free(addrs);
   free(table);
   sock_close(&listener);
   return st;
 }
 
-ch_status boot_init_from_table(int rank, int nranks, uint64_t secret, const union sock_addr* addrs,
+ch_status boot_init_from_table(int rank, int nranks, const struct boot_key* key, const union sock_addr* addrs,
                                struct sock* listener, const volatile int* abort, struct boot_state** out) {
   *out = NULL;
-  if (nranks <= 0 || rank < 0 || rank >= nranks) {
+  if (nranks <= 0 || nranks > BOOT_MAX_RANKS || rank < 0 || rank >= nranks) {
     WARN("Bootstrap: invalid rank %d for nranks %d", rank, nranks);
     sock_close(listener);
     return CH_INVALID_ARG;
   }
-  ch_status st = boot_peers_create(out, rank, nranks, BOOT_ID_MAGIC, secret, addrs, listener, abort, 0);
+  ch_status st = boot_peers_create(out, rank, nranks, BOOT_ID_MAGIC, key, addrs, listener, abort, 0);
   if (st != CH_OK) sock_close(listener);
   return st;
 }

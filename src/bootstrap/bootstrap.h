@@ -1,8 +1,16 @@
 /* Out-of-band bootstrap over TCP: rendezvous at a root, then peer-to-peer messages between ranks.
  *
- * The unique id carries the root's address and a random 64-bit secret. Every connection (to the
- * root or between ranks) begins with the secret; a connection that does not is closed and ignored,
- * so port scanners, garbage and stale jobs cannot disturb a job. */
+ * Trust (docs/SECURITY.md): every job has a 256-bit key. From ncclGetUniqueId it is random and
+ * travels in the unique id; with NCCL_COMM_ID it comes from CHORUS_SECRET / CHORUS_SECRET_FILE
+ * (chorusrun sets one per job), or, without either, from the public address, in which case only
+ * connections from processes of our own uid are admitted on this host. The key is never sent:
+ * every connection (rank to root, rank to rank) starts with a mutual challenge-response (both
+ * sides send a nonce and prove the key with HMAC-SHA256 over both nonces and the claimed ranks).
+ * A connection that fails it is closed with one rate-limited WARN naming the remote address, and
+ * the job goes on. Every field read from the wire is bounded and validated.
+ *
+ * Liveness: a blocking call that waits for a peer it has no connection with probes the peer's
+ * listener after ~1 s; a refused connection or an EOF on an established one is CH_REMOTE. */
 #ifndef CH_BOOTSTRAP_H
 #define CH_BOOTSTRAP_H
 
@@ -30,6 +38,14 @@ struct boot_rank_info {
 
 struct boot_state; /* opaque */
 
+/* The job's key. mode says how far it can be trusted. */
+enum { BOOT_AUTH_SECRET = 1, /* random or from CHORUS_SECRET*: knowing it proves membership */
+       BOOT_AUTH_UID = 2 };  /* derived from public data: admit only our uid on this host */
+struct boot_key {
+  unsigned char k[32];
+  uint32_t mode;
+};
+
 /* Fill the 128-byte unique id. Without NCCL_COMM_ID this starts the root listener thread in this
  * process (as NCCL does); with NCCL_COMM_ID the id only names that address, and rank 0 starts the
  * root inside boot_init. */
@@ -51,15 +67,18 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
 /* Build a bootstrap for a subset of ranks without any root (ncclCommSplit): `addrs` are the members'
  * listen addresses in new-rank order, exchanged over the parent beforehand; `listener` is the
  * already-listening socket of this rank for the new bootstrap (ownership passes to the state). */
-ch_status boot_init_from_table(int rank, int nranks, uint64_t secret, const union sock_addr* addrs,
+ch_status boot_init_from_table(int rank, int nranks, const struct boot_key* key, const union sock_addr* addrs,
                                struct sock* listener, const volatile int* abort, struct boot_state** out);
 
 /* Create a listening socket on this rank's bootstrap interface (for boot_init_from_table). */
 ch_status boot_new_listener(struct boot_state* parent, struct sock* listener);
-uint64_t boot_secret(struct boot_state* b);
+/* The key of b (a child bootstrap made by ncclCommSplit inherits it). */
+const struct boot_key* boot_secret(struct boot_state* b);
 
-/* Messages between ranks, matched by (peer, tag); messages arriving early are queued. Sizes must
- * match exactly, otherwise CH_INTERNAL with a WARN naming both sizes. */
+/* Messages between ranks, matched by (peer, tag); messages arriving early are queued (at most
+ * BOOT_MAX_QUEUED_BYTES / _MSGS per peer). Sizes must match exactly, otherwise CH_INTERNAL with a
+ * WARN naming both sizes; a message is at most BOOT_MAX_MSG bytes. A peer that has exited gives
+ * CH_REMOTE (with a WARN naming rank, host:port and the error) within a few seconds. */
 ch_status boot_send(struct boot_state* b, int peer, int tag, const void* data, size_t size);
 ch_status boot_recv(struct boot_state* b, int peer, int tag, void* data, size_t size);
 /* data holds nranks slots of `size` bytes; slot[rank] is ours on entry, all filled on return. */

@@ -5,7 +5,18 @@
  * from every connection, so all messages from one peer arrive in order and two ranks that connect
  * to each other at the same time still work. There is no background thread: whoever waits (send
  * or recv) accepts new connections and reads everything that arrives, queueing messages per peer.
- * Reading while sending also means two ranks sending large messages to each other cannot deadlock. */
+ * Reading while sending also means two ranks sending large messages to each other cannot deadlock.
+ *
+ * Every connection starts with the rank-to-rank handshake of boot_internal.h: the caller proves
+ * the key in its first flight and may send right behind it (a send never waits for the receiver);
+ * the callee reads nothing past that proof unless it checks out, and answers with its own proof,
+ * which the caller checks before reading anything else there (state CS_OPEN). An incoming
+ * connection must claim a rank in range, addressed to us, not already connected; it is closed if
+ * it has not proved the key within BOOT_HELLO_TIMEOUT_NS.
+ *
+ * Liveness: a receive that has waited BOOT_LIVENESS_NS for a peer it has no connection with opens
+ * one; a refused connection (the peer's listener existed, so it is gone) or an EOF on an open one
+ * ends every wait for that peer with CH_REMOTE. */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
 #include <poll.h>
@@ -18,7 +29,8 @@
 #include "../misc/utils.h"
 #include "boot_internal.h"
 
-#define BOOT_MAX_MSG (1ull << 40) /* larger sizes mean a corrupt header */
+#define BOOT_MAX_PENDING 64                /* incoming connections not yet authenticated */
+#define BOOT_ACCEPT_PAUSE_NS 100000000ull  /* out of descriptors: stop accepting this long */
 
 struct boot_msg {
   struct boot_msg* next;
@@ -27,14 +39,19 @@ struct boot_msg {
   char data[];
 };
 
+enum { CS_SRV_HELLO, CS_SRV_PROOF, CS_CLI_WAIT, CS_OPEN };
+
+/* Owned by the thread calling into the boot_state (bootstrap calls on one state are serialized). */
 struct boot_conn {
   int fd;
-  int peer; /* -1 until the hello is read */
-  int dead; /* EOF or error seen; closed and freed by reap() outside of send loops */
+  int peer;  /* client side: the rank we called; server side: -1 until authenticated */
+  int state; /* CS_* */
+  int dead;  /* EOF or error seen; closed and freed by reap() outside of send loops */
   uint64_t t0;
   union sock_addr addr;
-  size_t hello_got;
-  unsigned char hello[sizeof(struct boot_hello) + sizeof(struct boot_peer_hello)];
+  struct boot_hello hello;           /* ours (client) or theirs (server) */
+  struct boot_peer_proof proof;      /* the other side's proof, being read */
+  size_t got;                        /* bytes of the handshake record being read */
   size_t hdr_got;
   struct boot_msg_hdr hdr;
   struct boot_msg* cur; /* message whose payload is arriving */
@@ -44,13 +61,17 @@ struct boot_conn {
 struct boot_peer {
   struct boot_conn* send;
   struct boot_msg *head, *tail;
-  int lost; /* a connection with it closed or failed: nothing more will come */
-  char why[160];
+  size_t qbytes; /* queued, not yet received */
+  int qcount;
+  int authed_in; /* authenticated connections it opened to us (at most one) */
+  int lost;      /* a connection with it closed or failed: nothing more will come */
+  char why[200];
 };
 
 struct boot_state {
   int rank, nranks;
-  uint64_t magic, secret;
+  uint64_t magic;
+  struct boot_key key;
   struct sock listener;
   union sock_addr* addrs;
   struct boot_peer* peers;
@@ -58,6 +79,8 @@ struct boot_state {
   int nconns, cap;
   struct pollfd* pfds;
   int pcap;
+  uint64_t accept_paused_until;
+  int warned_emfile;
   const volatile int* abort;
   uint64_t deadline;
 };
@@ -67,7 +90,11 @@ static struct sock_wait boot_wait(struct boot_state* b) {
   return w;
 }
 
-static struct boot_conn* conn_add(struct boot_state* b, int fd, const union sock_addr* addr, int peer) {
+static const char* peer_addr(struct boot_state* b, int peer, char* buf, size_t len) {
+  return sock_addr_str(&b->addrs[peer], buf, len);
+}
+
+static struct boot_conn* conn_add(struct boot_state* b, int fd, const union sock_addr* addr, int peer, int state) {
   if (b->nconns == b->cap) {
     int cap = b->cap ? b->cap * 2 : 8;
     struct boot_conn** c = realloc(b->conns, (size_t)cap * sizeof(*c));
@@ -79,6 +106,7 @@ static struct boot_conn* conn_add(struct boot_state* b, int fd, const union sock
   if (!c) return NULL;
   c->fd = fd;
   c->peer = peer;
+  c->state = state;
   c->t0 = ut_now_ns();
   c->addr = *addr;
   b->conns[b->nconns++] = c;
@@ -88,7 +116,14 @@ static struct boot_conn* conn_add(struct boot_state* b, int fd, const union sock
 static void conn_free(struct boot_state* b, int i) {
   struct boot_conn* c = b->conns[i];
   if (c->peer >= 0 && b->peers[c->peer].send == c) b->peers[c->peer].send = NULL;
-  if (c->fd >= 0) close(c->fd);
+  if (c->fd >= 0) {
+    /* Closing with unread input (a handshake answer we never needed) would reset the connection,
+     * and the other side could take that for a failure: read it away first. */
+    char junk[256];
+    for (int k = 0; k < 64 && recv(c->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; k++) {
+    }
+    close(c->fd);
+  }
   free(c->cur);
   free(c);
   b->conns[i] = b->conns[--b->nconns];
@@ -97,6 +132,11 @@ static void conn_free(struct boot_state* b, int i) {
 static void reap(struct boot_state* b) {
   for (int i = b->nconns - 1; i >= 0; i--)
     if (b->conns[i]->dead) conn_free(b, i);
+}
+
+static void conn_kill(struct boot_state* b, struct boot_conn* c) {
+  c->dead = 1;
+  if (c->peer >= 0 && b->peers[c->peer].send == c) b->peers[c->peer].send = NULL;
 }
 
 static void peer_lost(struct boot_state* b, int p, const char* why) {
@@ -109,6 +149,8 @@ static void enqueue(struct boot_peer* p, struct boot_msg* m) {
   if (p->tail) p->tail->next = m;
   else p->head = m;
   p->tail = m;
+  p->qbytes += m->size;
+  p->qcount++;
 }
 
 static struct boot_msg* take(struct boot_peer* p, int tag) {
@@ -117,35 +159,104 @@ static struct boot_msg* take(struct boot_peer* p, int tag) {
     if (m->tag != tag) continue;
     *pp = m->next;
     if (p->tail == m) p->tail = prev;
+    p->qbytes -= m->size;
+    p->qcount--;
     return m;
   }
   return NULL;
 }
 
-/* Check a complete hello; returns 0 and sets c->peer when it is one of our job's ranks. */
-static int check_hello(struct boot_state* b, struct boot_conn* c) {
-  struct boot_hello h;
-  struct boot_peer_hello ph;
-  memcpy(&h, c->hello, sizeof(h));
-  memcpy(&ph, c->hello + sizeof(h), sizeof(ph));
-  if (h.magic != b->magic || h.secret != b->secret || h.kind != BOOT_KIND_PEER) return -1;
-  if (h.arg >= (uint32_t)b->nranks || (int)h.arg == b->rank || ph.to_rank != (uint32_t)b->rank ||
-      ph.nranks != (uint32_t)b->nranks)
-    return -1;
-  c->peer = (int)h.arg;
-  if (!b->peers[c->peer].send) b->peers[c->peer].send = c;
-  return 0;
+/* Handshake records are small and go out on fresh sockets: they fit the send buffer at once. */
+static int send_small(int fd, const void* buf, size_t n) {
+  ssize_t w;
+  do w = send(fd, buf, n, MSG_NOSIGNAL);
+  while (w < 0 && errno == EINTR);
+  return w == (ssize_t)n ? 0 : -1;
+}
+
+static void reject(struct boot_state* b, struct boot_conn* c, const char* why) {
+  char who[64];
+  snprintf(who, sizeof(who), "Bootstrap rank %d", b->rank);
+  boot_warn_reject(who, &c->addr, why);
+  conn_kill(b, c);
+}
+
+/* A complete handshake record arrived on c: advance its state. */
+static void handshake_step(struct boot_state* b, struct boot_conn* c) {
+  char a[64], why[200];
+  if (c->state == CS_SRV_HELLO) {
+    struct boot_hello* h = &c->hello;
+    if (h->magic != b->magic || h->kind != BOOT_KIND_PEER) return reject(b, c, "not a Chorus peer hello of this version");
+    if (h->arg >= (uint32_t)b->nranks || (int)h->arg == b->rank || h->to_rank != (uint32_t)b->rank ||
+        h->nranks != (uint32_t)b->nranks) {
+      snprintf(why, sizeof(why), "it claims rank %u of %u calling rank %u, but we are rank %d of %d", h->arg, h->nranks,
+               h->to_rank, b->rank, b->nranks);
+      return reject(b, c, why);
+    }
+    c->state = CS_SRV_PROOF;
+  } else if (c->state == CS_SRV_PROOF) {
+    int from = (int)c->hello.arg;
+    if (!boot_peer_mac_ok(&b->key, 0, &c->hello, &b->listener.addr, c->proof.mac)) {
+      snprintf(why, sizeof(why), "it claims rank %d but does not know this job's secret", from);
+      return reject(b, c, why);
+    }
+    struct boot_peer* p = &b->peers[from];
+    if (p->authed_in) {
+      snprintf(why, sizeof(why), "it claims rank %d, which is already connected", from);
+      return reject(b, c, why);
+    }
+    /* If our answer cannot be sent, the caller has already sent and closed: what it sent before
+     * its proof checked out is still read (then EOF), only this connection is not used to send. */
+    struct boot_peer_proof sp;
+    boot_peer_mac(&b->key, 1, &c->hello, &b->listener.addr, sp.mac);
+    int answered = send_small(c->fd, &sp, sizeof(sp)) == 0;
+    p->authed_in = 1;
+    c->peer = from;
+    c->state = CS_OPEN;
+    if (!p->send && answered) p->send = c;
+  } else if (c->state == CS_CLI_WAIT) {
+    if (!boot_peer_mac_ok(&b->key, 1, &c->hello, &b->addrs[c->peer], c->proof.mac)) {
+      WARN("Bootstrap rank %d: rank %d at %s does not know this job's secret: the ranks run with different secrets "
+           "(CHORUS_SECRET / CHORUS_SECRET_FILE), or another program now listens there",
+           b->rank, c->peer, sock_addr_str(&c->addr, a, sizeof(a)));
+      peer_lost(b, c->peer, "failed the handshake (different secret, or not a rank of this job)");
+      return conn_kill(b, c);
+    }
+    c->state = CS_OPEN;
+  }
+}
+
+/* EOF or error on c (errno in e, 0 for EOF). */
+static void conn_eof(struct boot_state* b, struct boot_conn* c, int e) {
+  char a[64], why[200];
+  if (c->state == CS_SRV_HELLO || c->state == CS_SRV_PROOF) {
+    INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: ignoring connection from %s (closed during the handshake)", b->rank,
+         sock_addr_str(&c->addr, a, sizeof(a)));
+  } else if (c->state == CS_CLI_WAIT) {
+    snprintf(why, sizeof(why), "closed the connection before proving itself (%s: it exited, or rejected us: see its log)",
+             e ? strerror(e) : "EOF");
+    peer_lost(b, c->peer, why);
+  } else if ((e == 0 || e == ECONNRESET) && c->hdr_got == 0) {
+    /* A reset between messages: the peer closed with our handshake answer unread. */
+    peer_lost(b, c->peer, "closed its bootstrap connection (exited, or finished with the bootstrap)");
+  } else {
+    snprintf(why, sizeof(why), "broke its bootstrap connection (%s)",
+             e == 0 ? "closed in the middle of a message" : strerror(e));
+    peer_lost(b, c->peer, why);
+  }
+  conn_kill(b, c);
 }
 
 /* Read everything available on c, queueing complete messages. Never frees c. */
 static void conn_read(struct boot_state* b, struct boot_conn* c) {
-  char a[64];
-  for (;;) {
+  while (!c->dead) {
     void* dst;
     size_t want;
-    if (c->peer < 0) {
-      dst = c->hello + c->hello_got;
-      want = sizeof(c->hello) - c->hello_got;
+    if (c->state != CS_OPEN) {
+      void* rec = c->state == CS_SRV_HELLO ? (void*)&c->hello : (void*)&c->proof;
+      size_t n = c->state == CS_SRV_HELLO ? sizeof(c->hello) : sizeof(c->proof);
+      dst = (char*)rec + c->got;
+      want = n - c->got;
     } else if (c->hdr_got < sizeof(c->hdr)) {
       dst = (char*)&c->hdr + c->hdr_got;
       want = sizeof(c->hdr) - c->hdr_got;
@@ -156,35 +267,40 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
     ssize_t n = want ? recv(c->fd, dst, want, 0) : 0;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n <= 0 && want) { /* EOF or error */
-      c->dead = 1;
-      if (c->peer < 0) {
-        INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: ignoring connection from %s (closed before its hello)", b->rank,
-             sock_addr_str(&c->addr, a, sizeof(a)));
-      } else if (n == 0 && c->hdr_got == 0) {
-        peer_lost(b, c->peer, "closed its bootstrap connection");
-      } else {
-        char why[160];
-        snprintf(why, sizeof(why), "broke its bootstrap connection (%s)",
-                 n == 0 ? "closed in the middle of a message" : strerror(errno));
-        peer_lost(b, c->peer, why);
-      }
+    if (n <= 0 && want) {
+      conn_eof(b, c, n < 0 ? errno : 0);
       return;
     }
-    if (c->peer < 0) {
-      c->hello_got += (size_t)n;
-      if (c->hello_got == sizeof(c->hello) && check_hello(b, c) != 0) {
-        INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: ignoring connection from %s (not this job's hello)", b->rank,
-             sock_addr_str(&c->addr, a, sizeof(a)));
-        c->dead = 1;
-        return;
+    if (c->state != CS_OPEN) {
+      c->got += (size_t)n;
+      size_t need = c->state == CS_SRV_HELLO ? sizeof(c->hello) : sizeof(c->proof);
+      if (c->got == need) {
+        c->got = 0;
+        handshake_step(b, c);
       }
-    } else if (c->hdr_got < sizeof(c->hdr)) {
+      continue;
+    }
+    if (c->hdr_got < sizeof(c->hdr)) {
       c->hdr_got += (size_t)n;
       if (c->hdr_got == sizeof(c->hdr)) {
-        if (c->hdr.size > BOOT_MAX_MSG || !(c->cur = malloc(sizeof(struct boot_msg) + c->hdr.size))) {
-          peer_lost(b, c->peer, "sent a corrupt or oversized bootstrap message");
-          c->dead = 1;
+        struct boot_peer* p = &b->peers[c->peer];
+        char why[200];
+        why[0] = '\0';
+        if (c->hdr.size > BOOT_MAX_MSG)
+          snprintf(why, sizeof(why), "sent a bootstrap message of %llu bytes (at most %llu)",
+                   (unsigned long long)c->hdr.size, (unsigned long long)BOOT_MAX_MSG);
+        else if (p->qbytes + c->hdr.size > BOOT_MAX_QUEUED_BYTES || p->qcount >= BOOT_MAX_QUEUED_MSGS)
+          snprintf(why, sizeof(why), "sent more unexpected bootstrap messages than we queue (%d messages, %zu bytes)",
+                   p->qcount, p->qbytes);
+        else if (!(c->cur = malloc(sizeof(struct boot_msg) + c->hdr.size)))
+          snprintf(why, sizeof(why), "sent a message we have no memory for (%llu bytes)",
+                   (unsigned long long)c->hdr.size);
+        if (why[0]) {
+          char a[64];
+          WARN("Bootstrap rank %d: rank %d at %s %s; dropping its connection", b->rank, c->peer,
+               sock_addr_str(&c->addr, a, sizeof(a)), why);
+          peer_lost(b, c->peer, why);
+          conn_kill(b, c);
           return;
         }
         c->cur->tag = c->hdr.tag;
@@ -194,11 +310,65 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
     } else {
       c->cur_got += (size_t)n;
     }
-    if (c->peer >= 0 && c->cur && c->cur_got == c->cur->size) {
+    if (c->cur && c->cur_got == c->cur->size) {
       enqueue(&b->peers[c->peer], c->cur);
       c->cur = NULL;
       c->hdr_got = 0;
     }
+  }
+}
+
+static int pending_count(struct boot_state* b) {
+  int n = 0;
+  for (int i = 0; i < b->nconns; i++)
+    n += !b->conns[i]->dead && (b->conns[i]->state == CS_SRV_HELLO || b->conns[i]->state == CS_SRV_PROOF);
+  return n;
+}
+
+/* Drop the oldest incoming connection that has not authenticated. */
+static void evict_pending(struct boot_state* b, const char* why) {
+  struct boot_conn* old = NULL;
+  for (int i = 0; i < b->nconns; i++) {
+    struct boot_conn* c = b->conns[i];
+    if (!c->dead && (c->state == CS_SRV_HELLO || c->state == CS_SRV_PROOF) && (!old || c->t0 < old->t0)) old = c;
+  }
+  if (!old) return;
+  char a[64];
+  INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: dropping connection from %s (%s)", b->rank,
+       sock_addr_str(&old->addr, a, sizeof(a)), why);
+  conn_kill(b, old);
+}
+
+static void accept_new(struct boot_state* b) {
+  char who[64];
+  snprintf(who, sizeof(who), "Bootstrap rank %d", b->rank);
+  for (int k = 0; k < 256; k++) {
+    union sock_addr addr;
+    socklen_t len = sizeof(addr);
+    memset(&addr, 0, sizeof(addr));
+    int fd = accept4(b->listener.fd, &addr.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        if (!b->warned_emfile++)
+          WARN("Bootstrap rank %d: cannot accept connections: %s; pausing", b->rank, strerror(errno));
+        b->accept_paused_until = ut_now_ns() + BOOT_ACCEPT_PAUSE_NS;
+        evict_pending(b, "out of descriptors");
+      }
+      return;
+    }
+    char why[160];
+    if (boot_uid_check(&b->key, fd, &addr, why, sizeof(why)) != 0) {
+      boot_warn_reject(who, &addr, why);
+      close(fd);
+      continue;
+    }
+    if (pending_count(b) >= BOOT_MAX_PENDING) evict_pending(b, "too many unauthenticated connections");
+    struct boot_conn* c = conn_add(b, fd, &addr, -1, CS_SRV_HELLO);
+    if (!c) {
+      close(fd);
+      return;
+    }
+    conn_read(b, c); /* the hello is usually there already */
   }
 }
 
@@ -216,7 +386,9 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
     b->pfds = p;
     b->pcap = np * 2;
   }
-  b->pfds[0] = (struct pollfd){b->listener.fd, POLLIN, 0};
+  uint64_t now = ut_now_ns();
+  int paused = b->accept_paused_until && now < b->accept_paused_until;
+  b->pfds[0] = (struct pollfd){paused ? -1 : b->listener.fd, POLLIN, 0};
   for (int i = 0; i < b->nconns; i++) {
     struct boot_conn* c = b->conns[i];
     b->pfds[i + 1] = (struct pollfd){c->dead ? -1 : c->fd, (short)(POLLIN | (c == want ? POLLOUT : 0)), 0};
@@ -234,28 +406,15 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
     if (c == want && writable && (ev & (POLLOUT | POLLERR | POLLHUP))) *writable = 1;
     if (ev & (POLLIN | POLLERR | POLLHUP)) conn_read(b, c);
   }
-  if (r > 0 && (b->pfds[0].revents & POLLIN)) {
-    for (;;) {
-      union sock_addr addr;
-      socklen_t len = sizeof(addr);
-      int fd = accept4(b->listener.fd, &addr.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) break;
-      struct boot_conn* c = conn_add(b, fd, &addr, -1);
-      if (!c) {
-        close(fd);
-        break;
-      }
-      conn_read(b, c); /* the hello is usually there already */
-    }
-  }
-  uint64_t now = ut_now_ns();
+  if (r > 0 && (b->pfds[0].revents & POLLIN)) accept_new(b);
+  now = ut_now_ns();
   for (int i = 0; i < b->nconns; i++) {
     struct boot_conn* c = b->conns[i];
-    if (c->peer < 0 && !c->dead && now - c->t0 > BOOT_HELLO_TIMEOUT_NS) {
+    if ((c->state == CS_SRV_HELLO || c->state == CS_SRV_PROOF) && !c->dead && now - c->t0 > BOOT_HELLO_TIMEOUT_NS) {
       char a[64];
-      INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: dropping connection from %s (no hello within 5 s)", b->rank,
+      INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: dropping connection from %s (no handshake within 5 s)", b->rank,
            sock_addr_str(&c->addr, a, sizeof(a)));
-      c->dead = 1;
+      conn_kill(b, c);
     }
   }
   return CH_OK;
@@ -267,8 +426,70 @@ static ch_status wait_failed(struct boot_state* b, ch_status st, const char* wha
   if (st == CH_ABORTED)
     INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while %s rank %d (tag %d)", b->rank, what, peer, tag);
   else if (st == CH_TIMEOUT)
-    WARN("Bootstrap rank %d: timed out %s rank %d at %s (tag %d)", b->rank, what, peer,
-         sock_addr_str(&b->addrs[peer], a, sizeof(a)), tag);
+    WARN("Bootstrap rank %d: timed out %s rank %d at %s (tag %d)", b->rank, what, peer, peer_addr(b, peer, a, sizeof(a)),
+         tag);
+  return st;
+}
+
+/* Open a client connection to peer and send our hello and proof; it becomes the peer's send connection.
+ * Refused (after a short grace) means the peer is gone: recorded as lost, CH_REMOTE. */
+static ch_status conn_open(struct boot_state* b, int peer, int tag) {
+  char a[64], why[200];
+  struct sock s;
+  struct sock_wait w = boot_wait(b);
+  int err = 0;
+  ch_status st = sock_connect_brief(&b->addrs[peer], &s, &w, BOOT_REFUSED_GRACE_MS, &err);
+  if (st == CH_TIMEOUT || st == CH_ABORTED) return wait_failed(b, st, "connecting to", peer, tag);
+  if (st != CH_OK) {
+    snprintf(why, sizeof(why), "is gone: connecting to its bootstrap listener failed: %s", strerror(err));
+    peer_lost(b, peer, why);
+    return CH_REMOTE;
+  }
+  if (boot_uid_check(&b->key, s.fd, &s.addr, why, sizeof(why)) != 0) {
+    WARN("Bootstrap rank %d: the listener of rank %d at %s is not ours: it is %s", b->rank, peer,
+         peer_addr(b, peer, a, sizeof(a)), why);
+    sock_close(&s);
+    peer_lost(b, peer, "listens on an address now held by another user");
+    return CH_REMOTE;
+  }
+  struct boot_conn* c = conn_add(b, s.fd, &s.addr, peer, CS_CLI_WAIT);
+  if (!c) {
+    sock_close(&s);
+    WARN("Bootstrap rank %d: out of memory", b->rank);
+    return CH_SYSTEM;
+  }
+  struct {
+    struct boot_hello h;
+    struct boot_peer_proof p;
+  } first;
+  int bad = boot_hello_init(&c->hello, BOOT_KIND_PEER, (uint32_t)b->rank, (uint32_t)peer, (uint32_t)b->nranks) != CH_OK;
+  first.h = c->hello;
+  boot_peer_mac(&b->key, 0, &c->hello, &b->addrs[peer], first.p.mac);
+  if (bad || send_small(c->fd, &first, sizeof(first)) != 0) {
+    conn_kill(b, c);
+    snprintf(why, sizeof(why), "broke the connection at once (%s)", strerror(errno));
+    peer_lost(b, peer, why);
+    return CH_REMOTE;
+  }
+  if (!b->peers[peer].send) b->peers[peer].send = c;
+  return CH_OK;
+}
+
+static ch_status report_lost(struct boot_state* b, int peer, int tag, const char* what) {
+  char a[64];
+  WARN("Bootstrap rank %d: %s rank %d at %s (tag %d) failed: it %s", b->rank, what, peer,
+       peer_addr(b, peer, a, sizeof(a)), tag, b->peers[peer].why);
+  return CH_REMOTE;
+}
+
+/* A connection to send to peer on: ours (its proof may still be on the way), or an authenticated
+ * one it opened; opened here if there is none. */
+static ch_status wait_open(struct boot_state* b, int peer, int tag) {
+  struct boot_peer* p = &b->peers[peer];
+  if (p->lost) return report_lost(b, peer, tag, "sending to");
+  if (p->send) return CH_OK;
+  ch_status st = conn_open(b, peer, tag);
+  if (st == CH_REMOTE) return report_lost(b, peer, tag, "sending to");
   return st;
 }
 
@@ -276,6 +497,7 @@ static ch_status conn_write(struct boot_state* b, struct boot_conn* c, const voi
   const char* p = buf;
   char a[64];
   while (n > 0) {
+    if (c->dead) return report_lost(b, c->peer, tag, "sending to"); /* progress saw it break */
     ssize_t r = send(c->fd, p, n, MSG_NOSIGNAL);
     if (r > 0) {
       p += r;
@@ -291,11 +513,10 @@ static ch_status conn_write(struct boot_state* b, struct boot_conn* c, const voi
       continue;
     }
     int e = r < 0 ? errno : EPIPE;
-    c->dead = 1;
+    conn_kill(b, c);
     peer_lost(b, c->peer, e == EPIPE || e == ECONNRESET ? "closed its bootstrap connection" : strerror(e));
     WARN("Bootstrap rank %d: sending to rank %d at %s failed: %s", b->rank, c->peer,
-         sock_addr_str(&b->addrs[c->peer], a, sizeof(a)),
-         e == EPIPE || e == ECONNRESET ? "connection closed by the peer" : strerror(e));
+         peer_addr(b, c->peer, a, sizeof(a)), e == EPIPE || e == ECONNRESET ? "connection closed by the peer" : strerror(e));
     return CH_REMOTE;
   }
   return CH_OK;
@@ -310,8 +531,12 @@ static ch_status check_peer(struct boot_state* b, int peer, const char* what) {
 }
 
 ch_status boot_send(struct boot_state* b, int peer, int tag, const void* data, size_t size) {
-  char a[64];
   CHECK(check_peer(b, peer, "send to"));
+  if (size > BOOT_MAX_MSG) {
+    WARN("Bootstrap rank %d: a %zu-byte message to rank %d exceeds the bootstrap's limit of %llu bytes", b->rank, size,
+         peer, (unsigned long long)BOOT_MAX_MSG);
+    return CH_INTERNAL;
+  }
   reap(b);
   struct boot_msg_hdr hdr = {tag, 0, size};
   if (peer == b->rank) {
@@ -326,48 +551,29 @@ ch_status boot_send(struct boot_state* b, int peer, int tag, const void* data, s
     enqueue(&b->peers[peer], m);
     return CH_OK;
   }
-  struct boot_peer* p = &b->peers[peer];
-  if (p->lost) {
-    WARN("Bootstrap rank %d: cannot send to rank %d (tag %d): it %s", b->rank, peer, tag, p->why);
-    return CH_REMOTE;
-  }
-  if (!p->send) {
-    struct sock s;
-    struct sock_wait w = boot_wait(b);
-    ch_status st = sock_connect(&b->addrs[peer], &s, &w);
-    if (st == CH_TIMEOUT || st == CH_ABORTED) return wait_failed(b, st, "connecting to", peer, tag);
-    if (st != CH_OK) {
-      WARN("Bootstrap rank %d: cannot connect to rank %d at %s", b->rank, peer,
-           sock_addr_str(&b->addrs[peer], a, sizeof(a)));
-      return st;
-    }
-    struct boot_conn* c = conn_add(b, s.fd, &s.addr, peer);
-    if (!c) {
-      sock_close(&s);
-      WARN("Bootstrap rank %d: out of memory", b->rank);
-      return CH_SYSTEM;
-    }
-    p->send = c;
-    struct {
-      struct boot_hello h;
-      struct boot_peer_hello ph;
-    } hello = {{b->magic, b->secret, BOOT_KIND_PEER, (uint32_t)b->rank}, {(uint32_t)peer, (uint32_t)b->nranks}};
-    CHECK(conn_write(b, c, &hello, sizeof(hello), tag));
-  }
+  CHECK(wait_open(b, peer, tag));
+  struct boot_conn* c = b->peers[peer].send;
   if (size <= 4096) { /* one segment for the common small message */
     char buf[sizeof(hdr) + 4096];
     memcpy(buf, &hdr, sizeof(hdr));
     if (size) memcpy(buf + sizeof(hdr), data, size);
-    return conn_write(b, p->send, buf, sizeof(hdr) + size, tag);
+    return conn_write(b, c, buf, sizeof(hdr) + size, tag);
   }
-  CHECK(conn_write(b, p->send, &hdr, sizeof(hdr), tag));
-  return conn_write(b, p->send, data, size, tag);
+  CHECK(conn_write(b, c, &hdr, sizeof(hdr), tag));
+  return conn_write(b, c, data, size, tag);
+}
+
+static int has_conn(struct boot_state* b, int peer) {
+  for (int i = 0; i < b->nconns; i++)
+    if (!b->conns[i]->dead && b->conns[i]->peer == peer) return 1;
+  return 0;
 }
 
 ch_status boot_recv(struct boot_state* b, int peer, int tag, void* data, size_t size) {
   CHECK(check_peer(b, peer, "receive from"));
   reap(b);
   struct boot_peer* p = &b->peers[peer];
+  uint64_t t0 = ut_now_ns();
   for (;;) {
     struct boot_msg* m = take(p, tag);
     if (m) {
@@ -382,14 +588,18 @@ ch_status boot_recv(struct boot_state* b, int peer, int tag, void* data, size_t 
       free(m);
       return st;
     }
-    if (p->lost) {
-      WARN("Bootstrap rank %d: rank %d %s before sending the expected message (tag %d)", b->rank, peer, p->why, tag);
-      return CH_REMOTE;
-    }
+    if (p->lost) return report_lost(b, peer, tag, "waiting for a message from");
     struct sock_wait w = boot_wait(b);
     ch_status st = sock_wait_check(&w);
     if (st != CH_OK) return wait_failed(b, st, "waiting for a message from", peer, tag);
+    /* Liveness: with no connection to a silent peer, an EOF could never tell us it died. */
+    if (peer != b->rank && ut_now_ns() - t0 > BOOT_LIVENESS_NS && !has_conn(b, peer)) {
+      st = conn_open(b, peer, tag);
+      if (st == CH_REMOTE) return report_lost(b, peer, tag, "waiting for a message from");
+      if (st != CH_OK) return st;
+    }
     CHECK(progress(b, NULL, NULL));
+    reap(b);
   }
 }
 
@@ -418,7 +628,7 @@ ch_status boot_barrier(struct boot_state* b) {
   return CH_OK;
 }
 
-ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint64_t magic, uint64_t secret,
+ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint64_t magic, const struct boot_key* key,
                             const union sock_addr* addrs, struct sock* listener, const volatile int* abort,
                             uint64_t deadline_ns) {
   struct boot_state* b = calloc(1, sizeof(*b));
@@ -439,7 +649,7 @@ ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint6
   b->rank = rank;
   b->nranks = nranks;
   b->magic = magic;
-  b->secret = secret;
+  b->key = *key;
   b->listener = *listener;
   listener->fd = -1; /* ours now */
   b->abort = abort;
@@ -455,7 +665,7 @@ ch_status boot_new_listener(struct boot_state* parent, struct sock* listener) {
   return sock_listen(&a, listener);
 }
 
-uint64_t boot_secret(struct boot_state* b) { return b->secret; }
+const struct boot_key* boot_secret(struct boot_state* b) { return &b->key; }
 void boot_set_abort(struct boot_state* b, const volatile int* abort) { b->abort = abort; }
 void boot_set_deadline(struct boot_state* b, uint64_t deadline_ns) { b->deadline = deadline_ns; }
 
@@ -475,5 +685,6 @@ void boot_close(struct boot_state* b) {
   free(b->pfds);
   free(b->addrs);
   free(b->peers);
+  memset(&b->key, 0, sizeof(b->key));
   free(b);
 }

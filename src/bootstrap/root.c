@@ -1,7 +1,10 @@
 /* The bootstrap root: a detached thread that collects one boot_rank_info per rank, checks that the
  * ranks agree (nranks, library and wire versions) and sends everyone the full table, or one error
- * record that every rank prints. It serves one job and exits. Connections that do not start with
- * the job's secret are dropped quietly (INFO), so scanners and stale jobs cannot disturb it. */
+ * record that every rank prints. It serves one job and exits. A connection must pass the handshake
+ * (boot_internal.h) within BOOT_HELLO_TIMEOUT_NS before anything else it sends is read; one that
+ * fails is closed with a rate-limited WARN, so scanners and stale jobs cannot disturb the job.
+ * Everything is bounded: pending connections (the oldest is evicted), descriptors (EMFILE pauses
+ * accepting instead of spinning), field values and text. */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
 #include <poll.h>
@@ -20,19 +23,31 @@
 #define ROOT_SEND_TIMEOUT_NS (5ull * 1000000000ull)
 #define ROOT_FAILED_LINGER_NS (30ull * 1000000000ull) /* keep telling late joiners about a failure */
 #define ROOT_MSG_LEN 1536
+#define ROOT_MAX_PENDING 64                   /* connections not yet joined; beyond, the oldest goes */
+#define ROOT_ACCEPT_PAUSE_NS 100000000ull     /* out of descriptors: stop accepting this long */
+#define ROOT_MAX_TIMEOUT_MS (30ull * 86400000ull) /* a join's timeout is clamped to 30 days */
+
+enum { RC_HELLO, RC_PROOF, RC_JOIN };
 
 struct root_conn {
   int fd;
   int rank; /* -1 until its join is accepted */
+  int state; /* RC_*: what is being read */
   uint64_t t0;
   union sock_addr peer;
-  size_t got;
-  unsigned char buf[sizeof(struct boot_hello) + sizeof(struct boot_join)];
+  size_t got; /* bytes of the current state's record */
+  struct boot_hello hello;
+  unsigned char nonce_s[BOOT_NONCE];
+  struct boot_cli_proof proof;
+  struct boot_join join;
 };
 
 struct root {
   struct sock listener;
-  uint64_t magic, secret;
+  uint64_t magic;
+  struct boot_key key;
+  uint64_t accept_paused_until;
+  int warned_emfile;
   int64_t timeout_s;
   uint64_t start, deadline; /* deadline: 0 until the first join */
   struct root_conn** conns;
@@ -214,8 +229,7 @@ static void root_timeout(struct root* r) {
 }
 
 static void root_join(struct root* r, struct root_conn* c) {
-  struct boot_join j;
-  memcpy(&j, c->buf + sizeof(struct boot_hello), sizeof(j));
+  struct boot_join j = c->join;
   struct boot_rank_info* in = &j.info;
   char a[64], msg[ROOT_MSG_LEN];
   sock_addr_str(&c->peer, a, sizeof(a));
@@ -224,9 +238,21 @@ static void root_join(struct root* r, struct root_conn* c) {
     root_fail(r, r->fail_status, r->fail_msg, c);
     return;
   }
-  if (in->nranks <= 0 || in->rank < 0 || in->rank >= in->nranks) {
-    snprintf(msg, sizeof(msg), "Bootstrap: rank %d (host %s pid %d) is out of range for nranks %d", in->rank,
-             in->hostname, in->pid, in->nranks);
+  /* Text is printed and sent back: terminated and printable, or the join is refused. */
+  int bad_text = boot_text_field(in->hostname, sizeof(in->hostname)) != 0;
+  bad_text |= boot_text_field(in->host_id, sizeof(in->host_id)) != 0;
+  int fam = in->listen_addr.sa.sa_family;
+  if (bad_text || (fam != AF_INET && fam != AF_INET6) || sock_addr_port(&in->listen_addr) == 0) {
+    WARN("Bootstrap root %s: rank %d at %s sent a malformed join (%s); dropping it", r->name, in->rank, a,
+         bad_text ? "non-printable host name" : "bad listen address");
+    snprintf(msg, sizeof(msg), "Bootstrap: root %s refused a malformed join from %s", r->name, a);
+    root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
+    root_drop_conn(r, c);
+    return;
+  }
+  if (in->nranks <= 0 || in->nranks > BOOT_MAX_RANKS || in->rank < 0 || in->rank >= in->nranks) {
+    snprintf(msg, sizeof(msg), "Bootstrap: rank %d (host %s pid %d) is out of range for nranks %d (at most %d ranks)",
+             in->rank, in->hostname, in->pid, in->nranks, BOOT_MAX_RANKS);
     root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
     root_drop_conn(r, c);
     return;
@@ -266,6 +292,7 @@ static void root_join(struct root* r, struct root_conn* c) {
     return;
   }
   if (j.timeout_ms) { /* report before the earliest rank gives up on its own */
+    if (j.timeout_ms > ROOT_MAX_TIMEOUT_MS) j.timeout_ms = ROOT_MAX_TIMEOUT_MS;
     uint64_t d = now + j.timeout_ms * 1000000ull;
     if (!r->deadline || d < r->deadline) r->deadline = d;
   }
@@ -289,36 +316,117 @@ static int root_read(struct root* r, struct root_conn* c) {
     return -1;
   }
   for (;;) {
-    size_t need = sizeof(struct boot_hello);
-    if (c->got >= need) need += sizeof(struct boot_join);
-    ssize_t n = recv(c->fd, c->buf + c->got, need - c->got, 0);
+    void* dst = c->state == RC_HELLO ? (void*)&c->hello : c->state == RC_PROOF ? (void*)&c->proof : (void*)&c->join;
+    size_t need = c->state == RC_HELLO ? sizeof(c->hello) : c->state == RC_PROOF ? sizeof(c->proof) : sizeof(c->join);
+    ssize_t n = recv(c->fd, (char*)dst + c->got, need - c->got, 0);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      INFO(LOG_BOOTSTRAP, "Bootstrap root %s: ignoring connection from %s (closed after %zu bytes)", r->name,
-           sock_addr_str(&c->peer, a, sizeof(a)), c->got);
+      INFO(LOG_BOOTSTRAP, "Bootstrap root %s: ignoring connection from %s (closed %s)", r->name,
+           sock_addr_str(&c->peer, a, sizeof(a)), c->state == RC_JOIN ? "before its join" : "during the handshake");
       return -1;
     }
     c->got += (size_t)n;
-    if (c->got == sizeof(struct boot_hello)) {
-      struct boot_hello h;
-      memcpy(&h, c->buf, sizeof(h));
-      if (h.magic != r->magic || h.secret != r->secret || h.kind != BOOT_KIND_JOIN) {
-        INFO(LOG_BOOTSTRAP, "Bootstrap root %s: ignoring connection from %s (not this job's hello)", r->name,
-             sock_addr_str(&c->peer, a, sizeof(a)));
+    if (c->got < need) continue;
+    c->got = 0;
+    char who[96];
+    snprintf(who, sizeof(who), "Bootstrap root %s", r->name);
+    if (c->state == RC_HELLO) {
+      if (c->hello.magic != r->magic || c->hello.kind != BOOT_KIND_JOIN) {
+        boot_warn_reject(who, &c->peer, "not a Chorus join of this version");
         return -1;
       }
-      if (h.arg != sizeof(struct boot_rank_info)) {
+      struct boot_srv_proof sp;
+      if (ut_random(c->nonce_s, sizeof(c->nonce_s)) != CH_OK) return -1;
+      memcpy(sp.nonce, c->nonce_s, sizeof(sp.nonce));
+      boot_mac(&r->key, 1, &c->hello, c->nonce_s, sp.mac);
+      if (root_send(c->fd, &sp, sizeof(sp)) != 0) return -1;
+      c->state = RC_PROOF;
+    } else if (c->state == RC_PROOF) {
+      if (!boot_mac_ok(&r->key, 0, &c->hello, c->nonce_s, c->proof.mac)) {
+        boot_warn_reject(who, &c->peer, "it does not know this job's secret (a different job or secret, or an impostor)");
+        return -1;
+      }
+      if (c->hello.arg != sizeof(struct boot_rank_info)) {
         char msg[256];
         snprintf(msg, sizeof(msg), "Bootstrap: incompatible Chorus builds: rank info of %u bytes, root expects %zu",
-                 h.arg, sizeof(struct boot_rank_info));
+                 c->hello.arg, sizeof(struct boot_rank_info));
         root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
         return -1;
       }
-    } else if (c->got == sizeof(c->buf)) {
+      c->state = RC_JOIN;
+    } else {
       root_join(r, c); /* may drop c itself */
       return 1;
     }
+  }
+}
+
+/* Make room for one more pending connection: drop the oldest one that has not joined. */
+static void root_evict_pending(struct root* r, const char* why) {
+  int oldest = -1;
+  for (int i = 0; i < r->nconns; i++)
+    if (r->conns[i]->rank < 0 && (oldest < 0 || r->conns[i]->t0 < r->conns[oldest]->t0)) oldest = i;
+  if (oldest < 0) return;
+  char a[64];
+  INFO(LOG_BOOTSTRAP, "Bootstrap root %s: dropping pending connection from %s (%s)", r->name,
+       sock_addr_str(&r->conns[oldest]->peer, a, sizeof(a)), why);
+  root_drop(r, oldest);
+}
+
+static int root_pending(struct root* r) {
+  int n = 0;
+  for (int i = 0; i < r->nconns; i++) n += r->conns[i]->rank < 0;
+  return n;
+}
+
+static void root_accept(struct root* r) {
+  char who[96];
+  snprintf(who, sizeof(who), "Bootstrap root %s", r->name);
+  for (int k = 0; k < 256; k++) {
+    union sock_addr peer;
+    socklen_t len = sizeof(peer);
+    memset(&peer, 0, sizeof(peer));
+    int fd = accept4(r->listener.fd, &peer.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        /* The connection stays queued and the listener readable: pause instead of spinning, and
+         * free a descriptor held by a connection that has not joined. */
+        if (!r->warned_emfile++)
+          WARN("Bootstrap root %s: cannot accept connections: %s; pausing and dropping idle connections", r->name,
+               strerror(errno));
+        r->accept_paused_until = ut_now_ns() + ROOT_ACCEPT_PAUSE_NS;
+        root_evict_pending(r, "out of descriptors");
+      }
+      return;
+    }
+    char why[160];
+    if (boot_uid_check(&r->key, fd, &peer, why, sizeof(why)) != 0) {
+      boot_warn_reject(who, &peer, why);
+      close(fd);
+      continue;
+    }
+    if (root_pending(r) >= ROOT_MAX_PENDING) root_evict_pending(r, "too many pending connections");
+    struct root_conn* c = calloc(1, sizeof(*c));
+    if (r->nconns == r->cap) {
+      int cap = r->cap ? r->cap * 2 : 16;
+      struct root_conn** nc = realloc(r->conns, (size_t)cap * sizeof(*nc));
+      if (nc) {
+        r->conns = nc;
+        r->cap = cap;
+      }
+    }
+    if (!c || r->nconns == r->cap) {
+      free(c);
+      close(fd);
+      continue;
+    }
+    c->fd = fd;
+    c->rank = -1;
+    c->state = RC_HELLO;
+    c->t0 = ut_now_ns();
+    c->peer = peer;
+    r->conns[r->nconns++] = c;
   }
 }
 
@@ -335,7 +443,7 @@ static void* root_main(void* arg) {
     for (int i = r->nconns - 1; i >= 0; i--) /* hellos must come promptly */
       if (r->conns[i]->rank < 0 && now - r->conns[i]->t0 > BOOT_HELLO_TIMEOUT_NS) {
         char a[64];
-        INFO(LOG_BOOTSTRAP, "Bootstrap root %s: dropping connection from %s (no hello within 5 s)", r->name,
+        INFO(LOG_BOOTSTRAP, "Bootstrap root %s: dropping connection from %s (no join within 5 s)", r->name,
              sock_addr_str(&r->conns[i]->peer, a, sizeof(a)));
         root_drop(r, i);
       }
@@ -346,7 +454,8 @@ static void* root_main(void* arg) {
       pfds = p;
       pcap = np * 2;
     }
-    pfds[0] = (struct pollfd){r->listener.fd, POLLIN, 0};
+    int paused = r->accept_paused_until && now < r->accept_paused_until;
+    pfds[0] = (struct pollfd){paused ? -1 : r->listener.fd, POLLIN, 0};
     struct root_conn** snap = r->conns; /* conns may be dropped while we walk; poll order = index order */
     int nsnap = r->nconns;
     for (int i = 0; i < nsnap; i++) pfds[i + 1] = (struct pollfd){snap[i]->fd, POLLIN, 0};
@@ -375,33 +484,7 @@ static void* root_main(void* arg) {
       if (root_read(r, ready[k]) < 0) root_drop_conn(r, ready[k]);
     }
     free(ready);
-    if (r->listener.fd >= 0 && (pfds[0].revents & POLLIN) && !r->done) {
-      for (int k = 0; k < 256; k++) {
-        union sock_addr peer;
-        socklen_t len = sizeof(peer);
-        int fd = accept4(r->listener.fd, &peer.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
-        struct root_conn* c = calloc(1, sizeof(*c));
-        if (r->nconns == r->cap) {
-          int cap = r->cap ? r->cap * 2 : 16;
-          struct root_conn** nc = realloc(r->conns, (size_t)cap * sizeof(*nc));
-          if (nc) {
-            r->conns = nc;
-            r->cap = cap;
-          }
-        }
-        if (!c || r->nconns == r->cap) {
-          free(c);
-          close(fd);
-          continue;
-        }
-        c->fd = fd;
-        c->rank = -1;
-        c->t0 = ut_now_ns();
-        c->peer = peer;
-        r->conns[r->nconns++] = c;
-      }
-    }
+    if (r->listener.fd >= 0 && (pfds[0].revents & POLLIN) && !r->done) root_accept(r);
   }
   while (r->nconns > 0) root_drop(r, r->nconns - 1);
   sock_close(&r->listener);
@@ -409,18 +492,20 @@ static void* root_main(void* arg) {
   free(r->conns);
   free(r->infos);
   free(r->by_rank);
+  memset(&r->key, 0, sizeof(r->key));
   free(r);
   return NULL;
 }
 
-ch_status boot_root_start(const union sock_addr* addr, uint64_t magic, uint64_t secret, union sock_addr* bound) {
+ch_status boot_root_start(const union sock_addr* addr, uint64_t magic, const struct boot_key* key,
+                          union sock_addr* bound) {
   struct root* r = calloc(1, sizeof(*r));
   if (!r) {
     WARN("Bootstrap root: out of memory");
     return CH_SYSTEM;
   }
   r->magic = magic;
-  r->secret = secret;
+  r->key = *key;
   r->nranks = -1;
   r->timeout_s = param_int(PARAM_INIT_TIMEOUT);
   r->start = ut_now_ns();

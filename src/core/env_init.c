@@ -105,5 +105,9 @@ CH_API(ncclResult_t, chorusInitFromEnv, ncclComm_t* comm) {
   ch_status s = boot_id_from_addr(addr, id.internal);
   if (s != CH_OK) return ch_to_nccl(s);
   INFO(LOG_INIT, "chorusInitFromEnv: rank %d of %d (local %d of %d), root %s", rank, nranks, lr, ln, addr);
+  const char* secret = getenv("CHORUS_SECRET");
+  if (nranks != ln && !(secret && *secret) && !param_str(PARAM_SECRET_FILE)[0])
+    INFO(LOG_INIT, "chorusInitFromEnv: this job spans hosts and has no CHORUS_SECRET or CHORUS_SECRET_FILE: ranks on "
+         "other hosts are admitted without proof (docs/SECURITY.md)");
   return ncclCommInitRank(comm, nranks, id, rank);
 }

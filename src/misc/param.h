@@ -48,7 +48,9 @@
   X(STREAM_MIN_BYTES, "CHORUS_STREAM_MIN_BYTES", P_INT, 8 << 20, "",                               \
     "smallest result (bytes) written with streaming stores, bypassing the cache (-1 = never)")     \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
-    "wire-protocol version announced at init (testing aid: ranks must agree)")
+    "wire-protocol version announced at init (testing aid: ranks must agree)")                    \
+  X(SECRET_FILE, "CHORUS_SECRET_FILE", P_STR, 0, "",                                               \
+    "file (mode 0600) holding the job secret for NCCL_COMM_ID jobs; CHORUS_SECRET (environment only, never printed) is the alternative")
 
 enum param_kind { P_INT, P_STR };
 

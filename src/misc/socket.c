@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
@@ -298,6 +299,95 @@ ch_status sock_connect(const union sock_addr* addr, struct sock* out, const stru
     }
     CHECK(sleep_ms(sleep, w));
   }
+}
+
+ch_status sock_connect_brief(const union sock_addr* addr, struct sock* out, const struct sock_wait* w,
+                             uint64_t give_up_ms, int* err) {
+  uint64_t end = ut_now_ns() + give_up_ms * 1000000ull, sleep = 1;
+  out->fd = -1;
+  *err = 0;
+  for (;;) {
+    CHECK(sock_wait_check(w));
+    int fd = -1;
+    ch_status st;
+    int e = connect_once(addr, &fd, w, &st);
+    if (st != CH_OK) return st;
+    if (e == 0) {
+      out->fd = fd;
+      out->addr = *addr;
+      return CH_OK;
+    }
+    *err = e;
+    if (!connect_transient(e) || ut_now_ns() >= end) return CH_REMOTE;
+    CHECK(sleep_ms(sleep, w));
+    if (sleep < 100) sleep *= 2;
+  }
+}
+
+int sock_addr_is_local(const union sock_addr* a) {
+  if (a->sa.sa_family == AF_INET && (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127) return 1;
+  if (a->sa.sa_family == AF_INET6) {
+    if (IN6_IS_ADDR_LOOPBACK(&a->sin6.sin6_addr)) return 1;
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6.sin6_addr) && a->sin6.sin6_addr.s6_addr[12] == 127) return 1;
+  }
+  struct ifaddrs* list = NULL;
+  if (getifaddrs(&list) != 0) return 1; /* cannot tell: treat as local, so the stricter check applies */
+  int local = 0;
+  for (struct ifaddrs* i = list; i && !local; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != a->sa.sa_family) continue;
+    if (a->sa.sa_family == AF_INET)
+      local = ((struct sockaddr_in*)i->ifa_addr)->sin_addr.s_addr == a->sin.sin_addr.s_addr;
+    else
+      local = !memcmp(&((struct sockaddr_in6*)i->ifa_addr)->sin6_addr, &a->sin6.sin6_addr, 16);
+  }
+  freeifaddrs(list);
+  return local;
+}
+
+/* /proc/net/tcp prints each address as native-endian 32-bit words of the network-order bytes. */
+static int proc_addr_eq(const char* hex, unsigned port, const union sock_addr* a) {
+  if (port != (unsigned)sock_addr_port(a)) return 0;
+  size_t n = a->sa.sa_family == AF_INET ? 4 : 16;
+  if (strlen(hex) != 2 * n) return 0;
+  const unsigned char* bytes = a->sa.sa_family == AF_INET ? (const unsigned char*)&a->sin.sin_addr
+                                                          : (const unsigned char*)&a->sin6.sin6_addr;
+  for (size_t w = 0; w < n / 4; w++) {
+    char word[9];
+    memcpy(word, hex + 8 * w, 8);
+    word[8] = '\0';
+    uint32_t v = (uint32_t)strtoul(word, NULL, 16), mine;
+    memcpy(&mine, bytes + 4 * w, 4);
+    if (v != mine) return 0;
+  }
+  return 1;
+}
+
+int sock_peer_uid(int fd, uid_t* uid) {
+  union sock_addr me, peer;
+  socklen_t l1 = sizeof(me), l2 = sizeof(peer);
+  memset(&me, 0, sizeof(me));
+  memset(&peer, 0, sizeof(peer));
+  if (getsockname(fd, &me.sa, &l1) != 0 || getpeername(fd, &peer.sa, &l2) != 0) return -1;
+  if (me.sa.sa_family != peer.sa.sa_family) return -1;
+  FILE* f = fopen(me.sa.sa_family == AF_INET ? "/proc/net/tcp" : "/proc/net/tcp6", "r");
+  if (!f) return -1;
+  char line[512];
+  int found = -1;
+  while (found < 0 && fgets(line, sizeof(line), f)) {
+    char la[40], ra[40];
+    unsigned lp, rp, st, u;
+    /* sl local rem st tx:rx tr:when retrnsmt uid */
+    if (sscanf(line, " %*d: %39[0-9A-Fa-f]:%x %39[0-9A-Fa-f]:%x %x %*x:%*x %*x:%*x %*x %u", la, &lp, ra, &rp, &st,
+               &u) != 6)
+      continue;
+    /* The other end's socket: its local address is our peer and its remote address is us. */
+    if (proc_addr_eq(la, lp, &peer) && proc_addr_eq(ra, rp, &me)) {
+      *uid = (uid_t)u;
+      found = 0;
+    }
+  }
+  fclose(f);
+  return found;
 }
 
 ch_status sock_send_all(struct sock* s, const void* buf, size_t n, const struct sock_wait* w) {

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "status.h"
 
@@ -52,6 +53,18 @@ ch_status sock_connect(const union sock_addr* addr, struct sock* out, const stru
 ch_status sock_send_all(struct sock* s, const void* buf, size_t n, const struct sock_wait* w);
 ch_status sock_recv_all(struct sock* s, void* buf, size_t n, const struct sock_wait* w);
 void sock_close(struct sock* s);
+
+/* Connect, retrying transient failures (refused, reset) for at most give_up_ms: for peers whose
+ * listener is known to have existed, so a refusal means the peer is gone. Nothing is logged: on
+ * failure *err holds the errno (CH_REMOTE), or the call returns CH_TIMEOUT / CH_ABORTED. */
+ch_status sock_connect_brief(const union sock_addr* addr, struct sock* out, const struct sock_wait* w,
+                             uint64_t give_up_ms, int* err);
+
+/* Whether a is a loopback address or one of this host's interface addresses. */
+int sock_addr_is_local(const union sock_addr* a);
+/* The owner uid of the socket at the other end of the connected TCP socket fd, found in
+ * /proc/net/tcp{,6} (only meaningful when that end is on this host). 0 on success, -1 if not found. */
+int sock_peer_uid(int fd, uid_t* uid);
 
 /* For callers that run their own poll loops (bootstrap): CH_ABORTED if the abort flag is set,
  * CH_TIMEOUT if the deadline passed, else CH_OK. Neither is logged here (the caller knows what it
