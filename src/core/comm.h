@@ -93,16 +93,17 @@ struct ncclComm {
   /* 1 while init_thread is to be joined; whoever exchanges it to 0 joins (run_inits for blocking
    * comms, else ncclCommDestroy / ncclCommAbort): exactly once. ncclCommGetAsyncError never joins. */
   _Atomic int init_thread_live;
-  /* Threads inside a public call on this comm (comm_enter/comm_leave). ncclCommAbort sets abort_flag,
-   * then waits for this to drop to 0 before freeing anything, so no caller is left on freed memory. */
-  _Atomic int users;
-  struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
   _Atomic int init_caller; /* a blocking ncclCommInitRank* is still inside the library with this comm */
   /* arguments kept for a deferred or background init */
   ncclUniqueId init_id;
   int nsplits; /* splits made from this comm (all ranks count alike) */
 
   int destroyed;
+
+  /* Threads inside a public call on this comm (comm_enter/comm_leave). ncclCommAbort sets abort_flag,
+   * then waits for this to drop to 0 before freeing anything, so no caller is left on freed memory. */
+  _Atomic int users;
+  struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
 };
 
 /* Validate a handle passed by the user; WARNs and returns CH_INVALID_ARG if bad. */
@@ -115,7 +116,9 @@ void comm_set_async_error(struct ncclComm* comm, ch_status s);
  * WARNs to the comm's last-error record. comm_enter fails with CH_ABORTED once abort has begun. */
 struct comm_guard {
   struct ncclComm* comm;
+  struct ncclComm* prev_comm; /* the thread's entered comm before this one */
   struct log_err_sink* prev_sink;
+  int nested; /* comm was already entered by this thread: nothing to undo */
 };
 ch_status comm_enter(struct ncclComm* comm, struct comm_guard* g);
 int comm_try_enter(struct ncclComm* comm, struct comm_guard* g); /* same, 0 without a WARN */

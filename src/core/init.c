@@ -29,12 +29,20 @@ ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   return CH_OK;
 }
 
+/* The comm this thread has entered outermost (owner thread only): a nested enter of the same comm (a
+ * call outside a group enters in the API and again at launch) costs no atomic. */
+static _Thread_local struct ncclComm* entered_comm;
+
 int comm_try_enter(struct ncclComm* comm, struct comm_guard* g) {
+  g->comm = comm;
+  g->nested = entered_comm == comm;
+  if (g->nested) return 1; /* already counted, and abort waits for the outer leave */
   /* Dekker pair with ncclCommAbort (both seq_cst): either abort sees us in `users` and waits, or we
    * see its flag and leave without touching anything else. */
   atomic_fetch_add(&comm->users, 1);
-  g->comm = comm;
+  g->prev_comm = entered_comm;
   g->prev_sink = log_set_error_sink(&comm->last_error);
+  entered_comm = comm;
   if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) return 1;
   comm_leave(g);
   return 0;
@@ -47,6 +55,8 @@ ch_status comm_enter(struct ncclComm* comm, struct comm_guard* g) {
 }
 
 void comm_leave(struct comm_guard* g) {
+  if (g->nested) return;
+  entered_comm = g->prev_comm;
   log_set_error_sink(g->prev_sink);
   atomic_fetch_sub(&g->comm->users, 1); /* last touch: abort may free comm right after */
 }
