@@ -250,10 +250,8 @@ static int64_t scalar_as_int(const void* p, int type) {
   return 0;
 }
 
-CH_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
-       ncclScalarResidence_t residence, ncclComm_t comm) {
-  ch_status s = comm_check(comm, "ncclRedOpCreatePreMulSum");
-  if (s != CH_OK) return ch_to_nccl(s);
+static ncclResult_t redop_create(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                 ncclScalarResidence_t residence, ncclComm_t comm) {
   if (!op || !scalar) {
     WARN("ncclRedOpCreatePreMulSum: %s is NULL", op ? "scalar" : "op");
     return ncclInvalidArgument;
@@ -283,9 +281,7 @@ CH_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, nc
   return ncclInvalidUsage;
 }
 
-CH_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
-  ch_status s = comm_check(comm, "ncclRedOpDestroy");
-  if (s != CH_OK) return ch_to_nccl(s);
+static ncclResult_t redop_destroy(ncclRedOp_t op, ncclComm_t comm) {
   int i = (int)op - ncclNumOps;
   if (i < 0 || i >= CH_MAX_REDOPS || !comm->redops[i].used) {
     WARN("ncclRedOpDestroy: op %d was not created by ncclRedOpCreatePreMulSum on this communicator", (int)op);
@@ -293,6 +289,28 @@ CH_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
   }
   comm->redops[i].used = 0;
   return ncclSuccess;
+}
+
+/* Both touch comm->redops: counted in comm->users so a concurrent ncclCommAbort waits for them. */
+CH_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+       ncclScalarResidence_t residence, ncclComm_t comm) {
+  struct comm_guard g;
+  ch_status s = comm_check(comm, "ncclRedOpCreatePreMulSum");
+  if (s == CH_OK) s = comm_enter(comm, &g);
+  if (s != CH_OK) return ch_to_nccl(s);
+  ncclResult_t r = redop_create(op, scalar, datatype, residence, comm);
+  comm_leave(&g);
+  return r;
+}
+
+CH_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
+  struct comm_guard g;
+  ch_status s = comm_check(comm, "ncclRedOpDestroy");
+  if (s == CH_OK) s = comm_enter(comm, &g);
+  if (s != CH_OK) return ch_to_nccl(s);
+  ncclResult_t r = redop_destroy(op, comm);
+  comm_leave(&g);
+  return r;
 }
 
 ch_status enq_red_op(struct ncclComm* comm, int op, int type, struct red_op* out) {
