@@ -30,6 +30,11 @@ ncclResult_t chorusStreamDestroy(cudaStream_t stream);
  * (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*), PMI/Slurm (PMI_RANK,
  * PMI_SIZE, SLURM_PROCID, SLURM_NTASKS). Rank 0 hosts the bootstrap root at the given address. */
 ncclResult_t chorusInitFromEnv(ncclComm_t* comm);
+
+/* How long a call on comm may wait without any progress before it fails with ncclTimeout, sets the
+ * communicator's asynchronous error and prints a report of what each rank waits for (default:
+ * CHORUS_TIMEOUT, 1800 s; 0 = never). Applies to calls issued afterwards, and to connection setup. */
+ncclResult_t chorusCommSetTimeout(ncclComm_t comm, double seconds);
 /* Rank and world size the environment describes, without creating a communicator. */
 ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
 

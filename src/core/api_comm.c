@@ -257,6 +257,17 @@ CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int
   return ncclInvalidUsage;
 }
 
+CH_API(ncclResult_t, chorusCommSetTimeout, ncclComm_t comm, double seconds) {
+  ch_status s = comm_check(comm, "chorusCommSetTimeout");
+  if (s != CH_OK) return ch_to_nccl(s);
+  if (!(seconds >= 0 && seconds <= 1e9)) { /* also rejects NaN */
+    WARN("chorusCommSetTimeout: %g seconds is not a valid timeout (0 = none, up to 1e9)", seconds);
+    return ncclInvalidArgument;
+  }
+  atomic_store(&comm->timeout_ns, (uint64_t)(seconds * 1e9));
+  return ncclSuccess;
+}
+
 /* Safe from any thread at any time (PyTorch's watchdog polls it while the main thread issues calls):
  * atomic loads only, never a join or a wait; counted in `users` so a concurrent abort waits for it. */
 CH_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError) {

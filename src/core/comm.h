@@ -99,6 +99,8 @@ struct ncclComm {
   int nsplits; /* splits made from this comm (all ranks count alike) */
 
   int destroyed;
+  /* CHORUS_TIMEOUT or chorusCommSetTimeout, in ns (0 = none): read by whichever thread runs a plan. */
+  _Atomic uint64_t timeout_ns;
 
   /* Threads inside a public call on this comm (comm_enter/comm_leave). ncclCommAbort sets abort_flag,
    * then waits for this to drop to 0 before freeing anything, so no caller is left on freed memory. */

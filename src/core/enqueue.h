@@ -88,6 +88,10 @@ void tune_init(struct ncclComm* comm);
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
 const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
 const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct" */
+const char* tune_func_name(int func);   /* "AllReduce", ... */
+
+/* Stall report (stall.c): one WARN per pending operation of pl: what it waits for, and from whom. */
+void stall_report(const struct ch_plan* pl, double idle_s);
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../misc/log.h"
+#include "../misc/utils.h"
 #include "enqueue.h"
 
 #define MAX_GROUP_INITS 1024
@@ -230,7 +231,17 @@ static ch_status launch_tasks(void) {
       }
     }
   }
-  if (unconnected) CHECK_GOTO(comm_connect(comms, ncomms, need_send, need_recv), res, out);
+  if (unconnected) {
+    /* Connection setup waits on peers over the bootstrap: bound it by the comms' timeouts. */
+    uint64_t now = ut_now_ns();
+    for (int i = 0; i < ncomms; i++) {
+      uint64_t to = atomic_load(&comms[i]->timeout_ns);
+      boot_set_deadline(comms[i]->boot, to ? now + to : 0);
+    }
+    res = comm_connect(comms, ncomms, need_send, need_recv);
+    for (int i = 0; i < ncomms; i++) boot_set_deadline(comms[i]->boot, 0);
+    if (res != CH_OK) goto out;
+  }
 
   res = launch_plans(plans, lists, ncomms);
 out:

@@ -104,6 +104,8 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   comm->config = *config;
   comm->blocking = config->blocking;
   log_sink_init(&comm->last_error);
+  int64_t timeout_s = param_int(PARAM_TIMEOUT);
+  atomic_store(&comm->timeout_ns, timeout_s > 0 ? (uint64_t)timeout_s * 1000000000ull : 0);
   atomic_store(&comm->init_state, ncclInProgress);
   *out = comm;
   return CH_OK;

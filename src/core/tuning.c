@@ -19,6 +19,7 @@ static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather",
 
 const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? proto_names[p] : "?"; }
 const char* tune_algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
+const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? func_names[f] : "?"; }
 
 #define LL_MAX_BYTES 64u
 

@@ -33,6 +33,8 @@
   X(COMM_BLOCKING, "NCCL_COMM_BLOCKING", P_INT, -1, "", "0 = nonblocking communicators (-1 = config)") \
   X(INIT_TIMEOUT, "CHORUS_INIT_TIMEOUT", P_INT, 120, "",                                           \
     "seconds a rank waits for all ranks to join at init before reporting who is missing")          \
+  X(TIMEOUT, "CHORUS_TIMEOUT", P_INT, 1800, "",                                                    \
+    "seconds a call may wait without any progress before it fails with ncclTimeout and reports what it waits for (0 = never)") \
   X(SPIN_COUNT, "CHORUS_SPIN_COUNT", P_INT, 2000, "",                                              \
     "polls before a waiting rank starts to yield the CPU")                                         \
   X(SPIN_US, "CHORUS_SPIN_US", P_INT, 500, "",                                                      \
