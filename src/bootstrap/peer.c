@@ -226,6 +226,15 @@ static void handshake_step(struct boot_state* b, struct boot_conn* c) {
   }
 }
 
+/* Another live connection with c's peer, past the handshake (it can still deliver messages). */
+static int other_conn(struct boot_state* b, const struct boot_conn* c) {
+  for (int i = 0; i < b->nconns; i++) {
+    const struct boot_conn* o = b->conns[i];
+    if (o != c && !o->dead && o->peer == c->peer && (o->state == CS_OPEN || o->state == CS_CLI_WAIT)) return 1;
+  }
+  return 0;
+}
+
 /* EOF or error on c (errno in e, 0 for EOF). */
 static void conn_eof(struct boot_state* b, struct boot_conn* c, int e) {
   char a[64], why[200];
@@ -236,6 +245,11 @@ static void conn_eof(struct boot_state* b, struct boot_conn* c, int e) {
     snprintf(why, sizeof(why), "closed the connection before proving itself (%s: it exited, or rejected us: see its log)",
              e ? strerror(e) : "EOF");
     peer_lost(b, c->peer, why);
+  } else if ((e == 0 || e == ECONNRESET) && c->hdr_got == 0 && other_conn(b, c)) {
+    /* Two ranks that connected to each other have two connections. A peer that finished closes both;
+     * what it sent on the other one (in order there) may still be on its way: only the last close
+     * says the peer is gone. */
+    INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: rank %d closed one of its connections", b->rank, c->peer);
   } else if ((e == 0 || e == ECONNRESET) && c->hdr_got == 0) {
     /* A reset between messages: the peer closed with our handshake answer unread. */
     peer_lost(b, c->peer, "closed its bootstrap connection (exited, or finished with the bootstrap)");
