@@ -6,7 +6,7 @@ CMAKE_FLAGS ?=
 # ctest -R regex: `make test SUITES='^(safety|comm)$$'` runs only those suites (default: all).
 SUITES ?=
 
-.PHONY: all test run install clean test-asan test-tsan
+.PHONY: all test run install clean test-asan test-tsan fuzz
 
 all:
 	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
@@ -32,5 +32,18 @@ test-tsan:
 	TSAN_OPTIONS=$${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
 	$(MAKE) test BUILD=build-tsan CMAKE_FLAGS="$(CMAKE_FLAGS) -DCHORUS_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug"
 
+# libFuzzer targets (fuzz/fuzz_*.c), built with clang + ASan/UBSan; each runs FUZZ_SECONDS from an
+# empty corpus (a crash, leak or timeout fails; the reproducer is left in build-fuzz/).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@CC=clang cmake -S . -B build-fuzz -DCHORUS_FUZZ=ON -DCHORUS_SANITIZE=address,undefined \
+	  -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target $(notdir $(basename $(wildcard fuzz/fuzz_*.c)))
+	@for f in $(notdir $(basename $(wildcard fuzz/fuzz_*.c))); do \
+	  echo "== $$f for $(FUZZ_SECONDS) s"; \
+	  (cd build-fuzz && ASAN_OPTIONS=detect_leaks=$${FUZZ_LEAKS:-1} ./bin/$$f -max_total_time=$(FUZZ_SECONDS) \
+	    -timeout=10 -max_len=4096 -print_final_stats=1 2>&1 | tail -n 12) || exit 1; \
+	done
+
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz
