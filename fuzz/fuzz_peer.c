@@ -1,0 +1,64 @@
+/* libFuzzer target: bytes sent to a rank's bootstrap listener, by a stranger (raw) or by a rank of the
+ * job (authenticated first flight, then the rest as messages: headers with any tag and size). The rank
+ * drives its peer layer with a short receive after each input. It must reject, bound or queue what
+ * arrives, never crash, leak or allocate without bound, and keep serving.
+ *   first byte even: raw bytes;  odd: authenticated as the next rank of a large job */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "bootstrap/boot_internal.h"
+#include "misc/utils.h"
+
+#define NRANKS 4096 /* each authenticated input claims a fresh rank: a rank may connect only once */
+
+static struct boot_key key;
+static struct boot_state* me;
+static union sock_addr* addrs;
+static int next_rank = 1;
+
+static void setup(void) {
+  setenv("NCCL_DEBUG", getenv("FUZZ_DEBUG") ? getenv("FUZZ_DEBUG") : "", 1); /* quiet by default */
+  if (boot_key_random(&key) != CH_OK) abort();
+  union sock_addr any;
+  struct sock l = {.fd = -1};
+  if (sock_parse_addr("127.0.0.1:0", &any) != CH_OK || sock_listen(&any, &l) != CH_OK) abort();
+  addrs = calloc(NRANKS, sizeof(*addrs));
+  if (!addrs) abort();
+  /* Other ranks "listen" on port 1 of loopback: nothing does, so a probe finds them gone. */
+  for (int r = 1; r < NRANKS; r++)
+    if (sock_parse_addr("127.0.0.1:1", &addrs[r]) != CH_OK) abort();
+  addrs[0] = l.addr;
+  if (boot_peers_create(&me, 0, NRANKS, BOOT_ID_MAGIC, &key, addrs, &l, NULL, 0) != CH_OK) abort();
+}
+
+int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
+  static int ready;
+  if (!ready) setup(), ready = 1;
+  if (size == 0) return 0;
+  struct sock s = {.fd = -1};
+  struct sock_wait w = {NULL, ut_now_ns() + 2000000000ull};
+  if (sock_connect(&addrs[0], &s, &w) != CH_OK) abort(); /* a listener that stops accepting is a bug */
+  int from = 0;
+  if (data[0] & 1) {
+    from = next_rank;
+    next_rank = next_rank + 1 < NRANKS ? next_rank + 1 : 1; /* wrapped: "already connected" paths */
+    struct {
+      struct boot_hello h;
+      struct boot_peer_proof p;
+    } first;
+    if (boot_hello_init(&first.h, BOOT_KIND_PEER, (uint32_t)from, 0, NRANKS) != CH_OK) abort();
+    boot_peer_mac(&key, 0, &first.h, &addrs[0], first.p.mac);
+    (void)!send(s.fd, &first, sizeof(first), MSG_NOSIGNAL);
+  }
+  if (size > 1) (void)!send(s.fd, data + 1, size - 1, MSG_NOSIGNAL);
+  /* Let rank 0's peer layer read it: a short receive from that rank (any outcome is fine). */
+  char buf[64];
+  boot_set_deadline(me, ut_now_ns() + 5000000ull);
+  (void)boot_recv(me, from ? from : 1, 0, buf, sizeof(buf));
+  sock_close(&s);
+  boot_set_deadline(me, ut_now_ns() + 5000000ull);
+  (void)boot_recv(me, from ? from : 1, 0, buf, sizeof(buf)); /* and see the close */
+  return 0;
+}
