@@ -212,3 +212,49 @@ TEST_T(safety, last_error_per_comm, 30) {
   NCCL_OK(ncclCommDestroy(a));
   NCCL_OK(ncclCommDestroy(b));
 }
+
+/* ---- one communicator, two threads at once ---- */
+
+struct first_caller {
+  ncclComm_t comm;
+  float* buf;
+  ncclResult_t r;
+};
+
+static void* first_call(void* arg) {
+  struct first_caller* f = arg;
+  f->r = ncclAllReduce(f->buf, f->buf, 64, ncclFloat, ncclSum, f->comm, NULL);
+  return NULL;
+}
+
+/* On rank 0 one thread is inside an AllReduce (rank 1 joins late); a second thread calling on the same
+ * comm is refused at once with a WARN saying so, and the first call completes correctly. */
+static void two_threads_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float buf[64];
+  for (int i = 0; i < 64; i++) buf[i] = (float)(rank + i);
+  if (rank == 1) {
+    usleep(800 * 1000);
+    NCCL_OK(ncclAllReduce(buf, buf, 64, ncclFloat, ncclSum, comm, NULL));
+  } else {
+    struct first_caller f = {comm, buf, ncclInternalError};
+    pthread_t t;
+    ASSERT(pthread_create(&t, NULL, first_call, &f) == 0);
+    usleep(300 * 1000); /* the first thread is waiting for rank 1 by now */
+    float v = 1;
+    EXPECT_EQ(ncclAllReduce(&v, &v, 1, ncclFloat, ncclSum, comm, NULL), ncclInvalidUsage);
+    EXPECT(strstr(ncclGetLastError(NULL), "two threads at once") != NULL);
+    pthread_join(t, NULL);
+    EXPECT_EQ(f.r, ncclSuccess);
+  }
+  for (int i = 0; i < 64; i++)
+    if (buf[i] != (float)(2 * i + 1)) {
+      rt_fail(__FILE__, __LINE__, "rank %d [%d] = %g, want %d", rank, i, (double)buf[i], 2 * i + 1);
+      break;
+    }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(safety, one_comm_two_threads_refused, 30) { rt_run_both(2, two_threads_body, NULL); }

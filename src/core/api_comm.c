@@ -215,7 +215,7 @@ CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   comm_join_init(comm);
   comm_wait_idle(comm);
   /* A watchdog thread may still be in ncclCommGetAsyncError: let it out before freeing. */
-  for (uint64_t i = 0; atomic_load(&comm->users) > 0; i++) ut_backoff(i);
+  for (uint64_t i = 0; atomic_load(&comm->users) > 0 || atomic_load(&comm->owner); i++) ut_backoff(i);
   comm_free(comm);
   return ncclSuccess;
 }
@@ -231,7 +231,7 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   /* Every wait in the library polls the flag at least every ~100 ms, so these waits are bounded:
    * first every thread inside a call on comm leaves (comm_enter's Dekker pair), then the init
    * thread, the init caller and queued plans finish. */
-  for (uint64_t i = 0; atomic_load(&comm->users) > 0; i++) ut_backoff(i);
+  for (uint64_t i = 0; atomic_load(&comm->users) > 0 || atomic_load(&comm->owner); i++) ut_backoff(i);
   comm_join_init(comm);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   while (atomic_load(&comm->init_caller)) ut_backoff(1000000);
@@ -288,7 +288,7 @@ static ncclResult_t comm_query(const ncclComm_t comm, int* out, int what, const 
   if (s != CH_OK) return ch_to_nccl(s);
   ARG_NONNULL(out, fn);
   struct comm_guard g;
-  if ((s = comm_enter((struct ncclComm*)comm, &g)) != CH_OK) return ch_to_nccl(s);
+  if (!comm_try_enter((struct ncclComm*)comm, &g)) return ncclInvalidUsage; /* being aborted */
   s = comm_ensure_ready((struct ncclComm*)comm);
   if (s == CH_OK) *out = what == 0 ? comm->nranks : what == 1 ? comm->rank : comm->local_rank;
   comm_leave(&g);

@@ -102,8 +102,11 @@ struct ncclComm {
   /* CHORUS_TIMEOUT or chorusCommSetTimeout, in ns (0 = none): read by whichever thread runs a plan. */
   _Atomic uint64_t timeout_ns;
 
-  /* Threads inside a public call on this comm (comm_enter/comm_leave). ncclCommAbort sets abort_flag,
-   * then waits for this to drop to 0 before freeing anything, so no caller is left on freed memory. */
+  /* Who is inside a public call on this comm: `owner` names the one thread in a call that uses it
+   * (comm_enter: collectives, groups, split, finalize; 0 = none), `users` counts threads in queries
+   * that may run beside it (comm_try_enter: ncclCommGetAsyncError, ncclCommCount...). ncclCommAbort
+   * sets abort_flag, then waits for both to drop to 0 before freeing anything. */
+  _Atomic uintptr_t owner;
   _Atomic int users;
   struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
 };
@@ -120,10 +123,14 @@ struct comm_guard {
   struct ncclComm* comm;
   struct ncclComm* prev_comm; /* the thread's entered comm before this one */
   struct log_err_sink* prev_sink;
-  int nested; /* comm was already entered by this thread: nothing to undo */
+  int nested;    /* comm was already entered by this thread: nothing to undo */
+  int exclusive; /* holds comm->owner (else counted in comm->users) */
 };
+/* A call that uses the comm: CH_ABORTED once abort has begun, CH_INVALID_USAGE (with a WARN) while
+ * another thread is inside such a call. */
 ch_status comm_enter(struct ncclComm* comm, struct comm_guard* g);
-int comm_try_enter(struct ncclComm* comm, struct comm_guard* g); /* same, 0 without a WARN */
+/* A query that may run beside such a call (any thread): 0, without a WARN, once abort has begun. */
+int comm_try_enter(struct ncclComm* comm, struct comm_guard* g);
 void comm_leave(struct comm_guard* g);
 /* Join the background init thread if nobody has (destroy and abort only). */
 void comm_join_init(struct ncclComm* comm);

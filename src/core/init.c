@@ -29,27 +29,57 @@ ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   return CH_OK;
 }
 
-/* The comm this thread has entered outermost (owner thread only): a nested enter of the same comm (a
- * call outside a group enters in the API and again at launch) costs no atomic. */
+/* The comm this thread entered last (owner thread only): a nested enter of it costs no atomic. */
 static _Thread_local struct ncclComm* entered_comm;
+static _Thread_local char thread_token; /* its address names this thread in comm->owner */
 
-int comm_try_enter(struct ncclComm* comm, struct comm_guard* g) {
-  g->comm = comm;
-  g->nested = entered_comm == comm;
-  if (g->nested) return 1; /* already counted, and abort waits for the outer leave */
+static int enter_shared(struct ncclComm* comm, struct comm_guard* g) {
   /* Dekker pair with ncclCommAbort (both seq_cst): either abort sees us in `users` and waits, or we
    * see its flag and leave without touching anything else. */
   atomic_fetch_add(&comm->users, 1);
-  g->prev_comm = entered_comm;
-  g->prev_sink = log_set_error_sink(&comm->last_error);
-  entered_comm = comm;
+  g->exclusive = 0;
   if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) return 1;
-  comm_leave(g);
+  atomic_fetch_sub(&comm->users, 1);
   return 0;
 }
 
+static void enter_done(struct ncclComm* comm, struct comm_guard* g) {
+  g->prev_comm = entered_comm;
+  g->prev_sink = log_set_error_sink(&comm->last_error);
+  entered_comm = comm;
+}
+
+int comm_try_enter(struct ncclComm* comm, struct comm_guard* g) {
+  g->comm = comm;
+  g->nested = entered_comm == comm || atomic_load_explicit(&comm->owner, memory_order_relaxed) == (uintptr_t)&thread_token;
+  if (g->nested) return 1; /* already counted, and abort waits for the outer leave */
+  if (!enter_shared(comm, g)) return 0;
+  enter_done(comm, g);
+  return 1;
+}
+
 ch_status comm_enter(struct ncclComm* comm, struct comm_guard* g) {
-  if (comm_try_enter(comm, g)) return CH_OK;
+  uintptr_t me = (uintptr_t)&thread_token, prev = 0;
+  g->comm = comm;
+  g->nested = atomic_load_explicit(&comm->owner, memory_order_relaxed) == me;
+  if (g->nested) return CH_OK;
+  /* The same Dekker pair as enter_shared, on `owner`; the compare-exchange also tells a second thread
+   * using the comm at the same time (NCCL communicators are not thread-safe, except for abort and
+   * the queries) from the owner. */
+  if (!atomic_compare_exchange_strong(&comm->owner, &prev, me)) {
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) goto aborted;
+    WARN("rank %d: communicator %p is used by two threads at once; a communicator takes calls from one thread "
+         "at a time (any thread may call ncclCommAbort and ncclCommGetAsyncError)", comm->rank, (void*)comm);
+    return CH_INVALID_USAGE;
+  }
+  g->exclusive = 1;
+  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) {
+    atomic_store_explicit(&comm->owner, 0, memory_order_release);
+    goto aborted;
+  }
+  enter_done(comm, g);
+  return CH_OK;
+aborted:
   WARN("rank %d: the communicator is being aborted (ncclCommAbort); it cannot be used", comm->rank);
   return CH_ABORTED;
 }
@@ -58,7 +88,9 @@ void comm_leave(struct comm_guard* g) {
   if (g->nested) return;
   entered_comm = g->prev_comm;
   log_set_error_sink(g->prev_sink);
-  atomic_fetch_sub(&g->comm->users, 1); /* last touch: abort may free comm right after */
+  /* Last touch: abort may free comm right after. */
+  if (g->exclusive) atomic_store_explicit(&g->comm->owner, 0, memory_order_release);
+  else atomic_fetch_sub(&g->comm->users, 1);
 }
 
 void comm_join_init(struct ncclComm* comm) {
