@@ -80,6 +80,12 @@ cmd_up() {
   if ! ip netns add "$PREFIX-probe" 2>/dev/null; then
     skip "network namespaces are not permitted here ('ip netns add' failed)"
   fi
+  # Bridges and veth pairs need their kernel modules (a container may lack them).
+  if ! ip -n "$PREFIX-probe" link add br0 type bridge 2>/dev/null ||
+     ! ip -n "$PREFIX-probe" link add v0 type veth peer name v1 2>/dev/null; then
+    ip netns del "$PREFIX-probe"
+    skip "bridge or veth interfaces cannot be created here (kernel modules bridge and veth)"
+  fi
   ip netns del "$PREFIX-probe"
   cmd_down
   set -e
