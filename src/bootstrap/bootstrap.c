@@ -96,6 +96,20 @@ static ch_status check_table(struct boot_rank_info* t, int nranks, int rank, con
       return CH_INTERNAL;
     }
   }
+  /* A loopback address only reaches ranks of its own host: with ranks elsewhere the job cannot
+   * connect. Every rank sees the same table, so every rank fails here, at once, with one message. */
+  for (int i = 0; i < nranks; i++) {
+    if (!sock_addr_is_loopback(&t[i].listen_addr)) continue;
+    for (int j = 0; j < nranks; j++) {
+      if (t[j].host_hash == t[i].host_hash) continue;
+      char a[64];
+      WARN("Bootstrap rank %d: rank %d (host %s, id %.48s) advertises the loopback address %s, which rank %d on "
+           "another host (%s, id %.48s) cannot reach: set NCCL_SOCKET_IFNAME for rank %d to an interface the other "
+           "hosts can reach", rank, i, t[i].hostname, t[i].host_id, sock_addr_str(&t[i].listen_addr, a, sizeof(a)), j,
+           t[j].hostname, t[j].host_id, i);
+      return CH_INVALID_USAGE;
+    }
+  }
   return CH_OK;
 }
 

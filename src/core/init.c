@@ -16,6 +16,7 @@
 #include "agree.h"
 #include "enqueue.h"
 #include "init.h"
+#include "topo.h"
 
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   if (!comm) {
@@ -210,16 +211,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
 
   int maxc = (int)UT_MAX(1, UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MAX_NCHANNELS)));
   comm->nchannels = UT_MAX(maxc, (int)UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MIN_NCHANNELS)));
-  for (int c = 0; c < comm->nchannels; c++) {
-    struct ch_channel* ch = &comm->channels[c];
-    ch->id = c;
-    ch->ring = malloc(sizeof(int) * (size_t)n);
-    if (!ch->ring) return CH_SYSTEM;
-    for (int i = 0; i < n; i++) ch->ring[i] = i;
-    ch->ring_index = me;
-    ch->prev = (me + n - 1) % n;
-    ch->next = (me + 1) % n;
-  }
+  CHECK(comm_build_rings(comm)); /* topo.c: ranks of one host contiguous */
   tune_init(comm);
   CHECK(comm_agree(comm)); /* before anything whose steps depend on those settings (direct_setup) */
   CHECK(direct_setup(comm));

@@ -1,27 +1,25 @@
 /* Which network interface the bootstrap and socket transport use, with NCCL's rules:
  * NCCL_SOCKET_IFNAME is a comma list of name prefixes ("eth,ib"), "^" excludes ("^docker,lo"),
  * "=" asks for exact names ("=eth0"; "^=docker0" combines both); NCCL_SOCKET_FAMILY keeps only
- * AF_INET or AF_INET6. Without NCCL_SOCKET_IFNAME: ib*, then the interface in the same subnet as
- * the root address, then anything but docker*, lo, virbr*, then docker*, then lo, then virbr*. */
+ * AF_INET or AF_INET6. Without NCCL_SOCKET_IFNAME, a rank joining a root uses the interface its
+ * route to the root leaves by (what the kernel would pick; a UDP connect sends nothing); failing
+ * that: ib*, then the interface in the same subnet as the root address, then anything but docker*,
+ * lo, virbr*, then docker*, then lo, then virbr*. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "param.h"
 #include "socket.h"
 
-#define IF_MAX 64
+#define IF_MAX 128 /* (interface, address) entries */
 #define IF_LIST_MAX 16
-
-struct iface {
-  char name[IF_NAMESIZE + 1];
-  union sock_addr addr;
-  union sock_addr mask;
-};
 
 struct if_list {
   int exclude, exact, n;
@@ -61,8 +59,15 @@ static int family_wanted(int family) {
   return 1; /* other strings are ignored, as in NCCL */
 }
 
-/* Up interfaces with an IPv4/IPv6 address, one address per name (the first seen, usually IPv4). */
-static int if_collect(struct iface* out, int max) {
+/* 0 IPv4, 1 global IPv6, 2 link-local IPv6 (needs a scope; a last resort). */
+static int addr_class(const union sock_addr* a) {
+  if (a->sa.sa_family == AF_INET) return 0;
+  return IN6_IS_ADDR_LINKLOCAL(&a->sin6.sin6_addr) ? 2 : 1;
+}
+
+/* Up interfaces and their IPv4/IPv6 addresses, ordered per interface (in the order getifaddrs first
+ * names it) by addr_class, so the first entry of a name is its IPv4 address where it has one. */
+static int if_collect(struct sock_iface* out, int max) {
   struct ifaddrs* all;
   if (getifaddrs(&all) != 0) {
     WARN("getifaddrs failed: %s", strerror(errno));
@@ -73,22 +78,61 @@ static int if_collect(struct iface* out, int max) {
     if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) || !(i->ifa_flags & IFF_RUNNING)) continue;
     int fam = i->ifa_addr->sa_family;
     if ((fam != AF_INET && fam != AF_INET6) || !family_wanted(fam)) continue;
-    if (fam == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6*)(void*)i->ifa_addr)->sin6_addr)) continue;
-    int dup = 0;
-    for (int k = 0; k < n && !dup; k++) dup = !strcmp(out[k].name, i->ifa_name);
-    if (dup) continue;
-    struct iface* f = &out[n++];
-    memset(f, 0, sizeof(*f));
-    snprintf(f->name, sizeof(f->name), "%s", i->ifa_name);
+    if (strlen(i->ifa_name) >= sizeof(out->name)) continue;
+    struct sock_iface f;
+    memset(&f, 0, sizeof(f));
+    snprintf(f.name, sizeof(f.name), "%s", i->ifa_name);
     size_t sz = fam == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
-    memcpy(&f->addr, i->ifa_addr, sz);
-    if (i->ifa_netmask) memcpy(&f->mask, i->ifa_netmask, sz);
+    memcpy(&f.addr, i->ifa_addr, sz);
+    if (i->ifa_netmask) memcpy(&f.mask, i->ifa_netmask, sz);
+    /* Insert after the last entry of the same name with a class <= ours, else at the end. */
+    int at = n, last_same = -1;
+    for (int k = 0; k < n; k++)
+      if (!strcmp(out[k].name, f.name)) {
+        last_same = k;
+        if (addr_class(&out[k].addr) > addr_class(&f.addr) && at == n) at = k;
+      }
+    if (at == n && last_same >= 0) at = last_same + 1;
+    memmove(&out[at + 1], &out[at], sizeof(out[0]) * (size_t)(n - at));
+    out[at] = f;
+    n++;
   }
   freeifaddrs(all);
   return n;
 }
 
-static int same_subnet(const struct iface* f, const union sock_addr* a) {
+static int addr_equal(const union sock_addr* a, const union sock_addr* b) {
+  if (a->sa.sa_family != b->sa.sa_family) return 0;
+  if (a->sa.sa_family == AF_INET) return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+  return !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, 16);
+}
+
+int sock_addr_is_loopback(const union sock_addr* a) {
+  if (a->sa.sa_family == AF_INET) return (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127;
+  if (a->sa.sa_family != AF_INET6) return 0;
+  if (IN6_IS_ADDR_LOOPBACK(&a->sin6.sin6_addr)) return 1;
+  return IN6_IS_ADDR_V4MAPPED(&a->sin6.sin6_addr) && a->sin6.sin6_addr.s6_addr[12] == 127;
+}
+
+int sock_route_source(const union sock_addr* dst, union sock_addr* src) {
+  int fam = dst->sa.sa_family;
+  if (fam != AF_INET && fam != AF_INET6) return -1;
+  int fd = socket(fam, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  union sock_addr d = *dst;
+  if (sock_addr_port(&d) == 0) { /* connect() on UDP needs a port; none is ever used */
+    if (fam == AF_INET) d.sin.sin_port = htons(9);
+    else d.sin6.sin6_port = htons(9);
+  }
+  socklen_t len = sizeof(*src);
+  memset(src, 0, sizeof(*src));
+  int rc = connect(fd, &d.sa, fam == AF_INET ? sizeof(d.sin) : sizeof(d.sin6));
+  if (rc == 0) rc = getsockname(fd, &src->sa, &len);
+  close(fd);
+  return rc == 0 ? 0 : -1;
+}
+
+static int same_subnet(const struct sock_iface* f, const union sock_addr* a) {
   if (f->addr.sa.sa_family != a->sa.sa_family) return 0;
   const unsigned char *x, *y, *m;
   size_t len;
@@ -108,7 +152,7 @@ static int same_subnet(const struct iface* f, const union sock_addr* a) {
   return 1;
 }
 
-static int pick_by_list(const struct iface* ifs, int n, const char* spec) {
+static int pick_by_list(const struct sock_iface* ifs, int n, const char* spec) {
   struct if_list l;
   if_list_parse(spec, &l);
   for (int i = 0; i < n; i++)
@@ -116,7 +160,31 @@ static int pick_by_list(const struct iface* ifs, int n, const char* spec) {
   return -1;
 }
 
-static void list_into(const struct iface* ifs, int n, char* buf, size_t len) {
+static int pick_by_addr(const struct sock_iface* ifs, int n, const union sock_addr* a, const struct if_list* l) {
+  for (int i = 0; a && i < n; i++)
+    if ((!l || if_list_match(l, ifs[i].name)) && addr_equal(&ifs[i].addr, a)) return i;
+  return -1;
+}
+
+int sock_iface_pick(const struct sock_iface* ifs, int n, const char* spec, const union sock_addr* route_src,
+                    const union sock_addr* match) {
+  if (spec && spec[0]) {
+    /* Among the interfaces asked for, the one the root's route leaves by, else the first. */
+    struct if_list l;
+    if_list_parse(spec, &l);
+    int pick = pick_by_addr(ifs, n, route_src, &l);
+    return pick >= 0 ? pick : pick_by_list(ifs, n, spec);
+  }
+  int pick = pick_by_addr(ifs, n, route_src, NULL);
+  if (pick < 0) pick = pick_by_list(ifs, n, "ib");
+  for (int i = 0; pick < 0 && match && i < n; i++)
+    if (same_subnet(&ifs[i], match)) pick = i;
+  static const char* const order[] = {"^docker,lo,virbr", "docker", "lo", "virbr"};
+  for (size_t k = 0; pick < 0 && k < sizeof(order) / sizeof(order[0]); k++) pick = pick_by_list(ifs, n, order[k]);
+  return pick;
+}
+
+static void list_into(const struct sock_iface* ifs, int n, char* buf, size_t len) {
   size_t o = 0;
   buf[0] = '\0';
   for (int i = 0; i < n && o < len; i++) {
@@ -128,40 +196,43 @@ static void list_into(const struct iface* ifs, int n, char* buf, size_t len) {
 }
 
 ch_status sock_find_interface(const union sock_addr* match, char* ifname, size_t ifname_len, union sock_addr* addr) {
-  struct iface ifs[IF_MAX];
+  struct sock_iface ifs[IF_MAX];
   int n = if_collect(ifs, IF_MAX);
   const char* spec = param_str(PARAM_SOCKET_IFNAME);
-  int pick = -1;
-  if (spec[0]) {
-    pick = pick_by_list(ifs, n, spec);
-  } else {
-    pick = pick_by_list(ifs, n, "ib");
-    for (int i = 0; pick < 0 && match && i < n; i++)
-      if (same_subnet(&ifs[i], match)) pick = i;
-    static const char* const order[] = {"^docker,lo,virbr", "docker", "lo", "virbr"};
-    for (size_t k = 0; pick < 0 && k < sizeof(order) / sizeof(order[0]); k++) pick = pick_by_list(ifs, n, order[k]);
-  }
+  union sock_addr src;
+  int routed = match && sock_route_source(match, &src) == 0;
+  int pick = sock_iface_pick(ifs, n, spec, routed ? &src : NULL, match);
+  char avail[1024], a[64], r[64];
   if (pick < 0) {
-    char avail[1024];
     list_into(ifs, n, avail, sizeof(avail));
     WARN("No usable network interface found (NCCL_SOCKET_IFNAME=\"%s\", NCCL_SOCKET_FAMILY=\"%s\"); interfaces "
          "that are up: %s",
          spec, param_str(PARAM_SOCKET_FAMILY), n ? avail : "none");
     return spec[0] ? CH_INVALID_USAGE : CH_SYSTEM;
   }
+  /* A loopback address is reachable from this host only: never advertise one when the root (and so,
+   * likely, other ranks) is elsewhere. Ranks on this host could use it, but the root's address
+   * says the job spans hosts; the table check at join catches a mix that gets past this. */
+  if (match && sock_addr_is_loopback(&ifs[pick].addr) && !sock_addr_is_local(match)) {
+    list_into(ifs, n, avail, sizeof(avail));
+    WARN("The bootstrap root %s is on another host, but the interface chosen here is loopback (%s:%s%s), which no "
+         "other host can reach: set NCCL_SOCKET_IFNAME to an interface that reaches the root; interfaces that are up: %s",
+         sock_addr_str(match, r, sizeof(r)), ifs[pick].name, sock_addr_str(&ifs[pick].addr, a, sizeof(a)),
+         spec[0] ? ", from NCCL_SOCKET_IFNAME" : "", avail);
+    return CH_INVALID_USAGE;
+  }
   if (ifname) snprintf(ifname, ifname_len, "%s", ifs[pick].name);
   *addr = ifs[pick].addr;
   if (addr->sa.sa_family == AF_INET) addr->sin.sin_port = 0;
   else addr->sin6.sin6_port = 0;
-  char a[64];
   INFO(LOG_NET, "Using interface %s:%s%s", ifs[pick].name, sock_addr_str(addr, a, sizeof(a)),
-       spec[0] ? " (NCCL_SOCKET_IFNAME)" : "");
+       spec[0] ? " (NCCL_SOCKET_IFNAME)" : routed && addr_equal(&ifs[pick].addr, &src) ? " (routes to the root)" : "");
   return CH_OK;
 }
 
 void sock_list_interfaces(char* buf, size_t len) {
   if (len == 0) return;
-  struct iface ifs[IF_MAX];
+  struct sock_iface ifs[IF_MAX];
   int n = if_collect(ifs, IF_MAX);
   size_t o = 0;
   buf[0] = '\0';

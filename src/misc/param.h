@@ -51,6 +51,8 @@
     "smallest result (bytes) written with streaming stores, bypassing the cache (-1 = never)")     \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
     "wire-protocol version announced at init (testing aid: ranks must agree)")                    \
+  X(RING_ORDER, "CHORUS_RING_ORDER", P_STR, 0, "",                                                \
+    "testing aid: ring order after grouping by host: hosts (default), reverse, interleave; ranks must agree") \
   X(SECRET_FILE, "CHORUS_SECRET_FILE", P_STR, 0, "",                                               \
     "file (mode 0600) holding the job secret for NCCL_COMM_ID jobs; CHORUS_SECRET (environment only, never printed) is the alternative")
 

@@ -325,11 +325,7 @@ ch_status sock_connect_brief(const union sock_addr* addr, struct sock* out, cons
 }
 
 int sock_addr_is_local(const union sock_addr* a) {
-  if (a->sa.sa_family == AF_INET && (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127) return 1;
-  if (a->sa.sa_family == AF_INET6) {
-    if (IN6_IS_ADDR_LOOPBACK(&a->sin6.sin6_addr)) return 1;
-    if (IN6_IS_ADDR_V4MAPPED(&a->sin6.sin6_addr) && a->sin6.sin6_addr.s6_addr[12] == 127) return 1;
-  }
+  if (sock_addr_is_loopback(a)) return 1;
   struct ifaddrs* list = NULL;
   if (getifaddrs(&list) != 0) return 1; /* cannot tell: treat as local, so the stricter check applies */
   int local = 0;

@@ -34,14 +34,33 @@ ch_status sock_parse_addr(const char* str, union sock_addr* out);
 const char* sock_addr_str(const union sock_addr* a, char* buf, size_t len);
 int sock_addr_port(const union sock_addr* a);
 
-/* Pick the interface for this host per NCCL_SOCKET_IFNAME / NCCL_SOCKET_FAMILY rules (default:
- * first non-loopback, non-docker interface that is up, else loopback). If `match` is given, prefer an
- * interface in the same subnet as that address (NCCL_COMM_ID case). Fills name and address (port 0). */
+/* Pick the interface for this host per NCCL_SOCKET_IFNAME / NCCL_SOCKET_FAMILY rules. With `match` (the
+ * bootstrap root's address) and no NCCL_SOCKET_IFNAME: the interface holding the address this host's
+ * routing table would send from to reach `match`; a loopback choice while `match` is not on this
+ * host fails (no rank elsewhere could reach it). Otherwise, and without a route: ib*, the interface in
+ * the root's subnet, anything but docker*, lo, virbr*, then docker*, lo, virbr*. A NCCL_SOCKET_IFNAME
+ * that matches nothing fails with CH_INVALID_USAGE and a WARN listing the interfaces that are up.
+ * Fills name and address (port 0). */
 ch_status sock_find_interface(const union sock_addr* match, char* ifname, size_t ifname_len,
                               union sock_addr* addr);
 /* List every usable interface as "name:addr" lines into buf (chorus-info). */
 void sock_list_interfaces(char* buf, size_t len);
 
+/* The pure part of the choice, for tests: one entry per (interface, address), each interface's IPv4
+ * addresses first, then global IPv6, then link-local. */
+struct sock_iface {
+  char name[16];
+  union sock_addr addr;
+  union sock_addr mask;
+};
+/* Index into ifs[n] of the choice described above, or -1. `spec` is NCCL_SOCKET_IFNAME ("" = unset);
+ * `route_src` (may be NULL) the local address the route to the root uses; `match` the root. */
+int sock_iface_pick(const struct sock_iface* ifs, int n, const char* spec, const union sock_addr* route_src,
+                    const union sock_addr* match);
+/* The source address the kernel would use to reach dst (a UDP connect: nothing is sent). 0 on success. */
+int sock_route_source(const union sock_addr* dst, union sock_addr* src);
+/* Loopback address (127/8, ::1, v4-mapped 127/8). */
+int sock_addr_is_loopback(const union sock_addr* a);
 /* Listen on addr (port 0 = ephemeral; the bound port is written back into s->addr). */
 ch_status sock_listen(const union sock_addr* addr, struct sock* s);
 /* Accept one connection; CH_TIMEOUT on deadline, CH_ABORTED on abort. */

@@ -1,0 +1,379 @@
+/* Several hosts on one machine (tools/netns-cluster.sh: network namespaces on one bridge). Suite
+ * "cluster" brings the hosts up, runs this same binary as the ranks (suite "cluster_rank", whose
+ * bodies do nothing unless started by the script) and always tears the hosts down.
+ *
+ * Without root, without `ip`, or where namespaces are not permitted, the cluster tests print SKIP and
+ * pass. Tests that move data between hosts need the network transport: they first try one AllReduce
+ * between two hosts and skip when the build says it has none (CHORUS_TEST_NET=1 runs them without
+ * asking, =0 skips them). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap/bootstrap.h"
+#include "chorus.h"
+#include "coll_util.h"
+#include "core/comm.h"
+#include "misc/param.h"
+#include "runner.h"
+
+/* ---- the test side: hosts up, ranks run, hosts down ---- */
+
+static char cl_script[PATH_MAX], cl_exe[PATH_MAX], cl_dir[64];
+static int cl_is_up;
+
+static int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char* fmt, ...) {
+  char cmd[PATH_MAX + 512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof(cmd), fmt, ap);
+  va_end(ap);
+  fflush(stdout);
+  int st = system(cmd);
+  return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void cl_down(void) {
+  if (!cl_is_up) return;
+  cl_is_up = 0;
+  sh("%s down", cl_script);
+  if (cl_dir[0]) sh("rm -rf %s", cl_dir);
+}
+
+/* Bring up `hosts` hosts; 0 when the test cannot run here (SKIP printed). ASSERT/exit tear down too. */
+static int cl_up(int hosts) {
+  /* the script sits in tools/ next to this file's tests/ (CMake compiles with absolute paths) */
+  const char* env = getenv("CHORUS_NETNS_SCRIPT");
+  if (env) snprintf(cl_script, sizeof(cl_script), "%s", env);
+  else {
+    const char* slash = strrchr(__FILE__, '/');
+    int dir = slash ? (int)(slash - __FILE__) + 1 : 0;
+    snprintf(cl_script, sizeof(cl_script), "%.*s../tools/netns-cluster.sh", dir, __FILE__);
+  }
+  if (access(cl_script, X_OK) != 0) {
+    printf("    SKIP: %s not found (set CHORUS_NETNS_SCRIPT)\n", cl_script);
+    return 0;
+  }
+  ssize_t k = readlink("/proc/self/exe", cl_exe, sizeof(cl_exe) - 1);
+  ASSERT(k > 0);
+  cl_exe[k] = 0;
+  if (geteuid() != 0) {
+    printf("    SKIP: network namespaces need root\n");
+    return 0;
+  }
+  char prefix[16];
+  snprintf(prefix, sizeof(prefix), "ct%d", (int)(getpid() % 1000000));
+  setenv("CHORUS_NETNS_PREFIX", prefix, 1);
+  snprintf(cl_dir, sizeof(cl_dir), "/tmp/chorus-cluster-%s", prefix);
+  mkdir(cl_dir, 0700);
+  setenv("CHORUS_CLUSTER_DIR", cl_dir, 1);
+  setenv("NCCL_DEBUG", "WARN", 1);
+  cl_is_up = 1;
+  atexit(cl_down);
+  int st = sh("%s up %d", cl_script, hosts);
+  if (st == 77) {
+    cl_down();
+    printf("    SKIP: the cluster script cannot make network namespaces here (see above)\n");
+    return 0;
+  }
+  ASSERT_EQ(st, 0);
+  return 1;
+}
+
+/* Whether data can move between hosts: CHORUS_TEST_NET=1 says yes, =0 no; unset, a 2-rank AllReduce
+ * finds out (a build without the network transport says so at connect). */
+static pid_t cl_start(const char* opts, int n, const char* body);
+static int cl_wait(pid_t pid);
+
+static int net_said_absent(const char* path) {
+  int absent = access(path, F_OK) == 0;
+  unlink(path);
+  if (absent) printf("    SKIP: this build has no network transport between hosts (CHORUS_TEST_NET=1 forces the test)\n");
+  return absent;
+}
+
+static int cl_net_enabled(void) {
+  const char* e = getenv("CHORUS_TEST_NET");
+  if (e && *e == '0') {
+    printf("    SKIP: CHORUS_TEST_NET=0\n");
+    return 0;
+  }
+  if (e && *e == '1') return 1;
+  cl_wait(cl_start("", 2, "net_probe"));
+  char path[128];
+  snprintf(path, sizeof(path), "%s/nonet0", cl_dir);
+  return !net_said_absent(path);
+}
+
+/* Start `run` in the background; returns its pid. */
+static pid_t cl_start(const char* opts, int n, const char* body) {
+  char cmd[2 * PATH_MAX + 512];
+  snprintf(cmd, sizeof(cmd), "%s run %d --tag --timeout 200 %s %s cluster_rank.%s", cl_script, n, opts, cl_exe, body);
+  fflush(stdout);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd, (char*)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+static int cl_wait(pid_t pid) {
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int cl_run(const char* opts, int n, const char* body) { return cl_wait(cl_start(opts, n, body)); }
+
+static int count_files(const char* stem, int n) {
+  int c = 0;
+  for (int r = 0; r < n; r++) {
+    char p[256];
+    snprintf(p, sizeof(p), "%s/%s%d", cl_dir, stem, r);
+    c += access(p, F_OK) == 0;
+  }
+  return c;
+}
+
+static void wait_files(const char* stem, int n, int seconds) {
+  for (int i = 0; i < seconds * 10 && count_files(stem, n) < n; i++) usleep(100000);
+  ASSERT_EQ(count_files(stem, n), n);
+}
+
+TEST_T(cluster, init_barrier_3x2_interleaved, 240) {
+  if (!cl_up(3)) return;
+  setenv("CHORUS_CLUSTER_LAYOUT", "interleaved", 1);
+  EXPECT_EQ(cl_run("", 6, "init_barrier"), 0);
+  setenv("CHORUS_CLUSTER_LAYOUT", "blocked", 1);
+  EXPECT_EQ(cl_run("--blocked", 6, "init_barrier"), 0);
+  setenv("CHORUS_CLUSTER_LAYOUT", "interleaved", 1);
+  setenv("CHORUS_CLUSTER_FAMILY", "6", 1);
+  EXPECT_EQ(cl_run("--ipv6", 6, "init_barrier"), 0); /* NCCL_COMM_ID=[fd77::1]:port */
+  cl_down();
+}
+
+TEST_T(cluster, wrong_socket_ifname, 240) {
+  if (!cl_up(3)) return;
+  setenv("NCCL_SOCKET_IFNAME", "=chorus-no-such-if", 1);
+  EXPECT_EQ(cl_run("", 6, "init_fails"), 0);
+  unsetenv("NCCL_SOCKET_IFNAME");
+  cl_down();
+}
+
+/* The full collective x type x op matrix, 3 hosts x 2 ranks, ranks interleaved over hosts. */
+TEST_T(cluster, coll_matrix_3x2_interleaved, 900) {
+  if (!cl_up(3)) return;
+  if (!cl_net_enabled()) {
+    cl_down();
+    return;
+  }
+  EXPECT_EQ(cl_run("", 6, "coll_matrix"), 0);
+  cl_down();
+}
+
+/* Host 2's link goes down in the middle of an AllReduce loop: every rank returns an error naming a
+ * peer within the timeout. */
+TEST_T(cluster, link_cut_mid_allreduce, 400) {
+  if (!cl_up(3)) return;
+  if (!cl_net_enabled()) {
+    cl_down();
+    return;
+  }
+  pid_t run = cl_start("", 6, "allreduce_until_error");
+  wait_files("looping", 6, 120);
+  sleep(1);
+  EXPECT_EQ(sh("%s link 2 down", cl_script), 0);
+  EXPECT_EQ(cl_wait(run), 0);
+  cl_down();
+}
+
+/* A rank on host 2 dies by SIGKILL mid-loop: the others return an error naming a peer. */
+TEST_T(cluster, sigkill_rank_on_other_host, 400) {
+  if (!cl_up(3)) return;
+  if (!cl_net_enabled()) {
+    cl_down();
+    return;
+  }
+  setenv("CHORUS_CLUSTER_KILL_RANK", "5", 1); /* host 5 mod 3 = 2 */
+  pid_t run = cl_start("", 6, "allreduce_until_error");
+  EXPECT(cl_wait(run) != 0); /* rank 5 was killed */
+  EXPECT_EQ(count_files("ok", 6), 5);
+  cl_down();
+}
+
+/* Every collective with the network forced between ranks of one host (NCCL's NCCL_SHM_DISABLE=1 with
+ * NCCL_P2P_DISABLE=1); no namespaces needed. */
+static void local_probe(int rank, int nranks, ncclUniqueId id, void* arg) {
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  float x = 1;
+  if (ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, NULL) != ncclSuccess &&
+      strstr(ncclGetLastError(comm), "not available in this version")) {
+    int fd = open((const char*)arg, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
+  ncclCommAbort(comm);
+}
+
+TEST_T(cluster, net_forced_between_local_procs, 600) {
+  setenv("NCCL_SHM_DISABLE", "1", 1);
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  param_reset();
+  const char* e = getenv("CHORUS_TEST_NET");
+  if (e && *e == '0') return;
+  if (!e || *e != '1') {
+    char path[128];
+    snprintf(path, sizeof(path), "/tmp/chorus-nonet-%d", (int)getpid());
+    rt_run_procs(2, local_probe, path);
+    if (net_said_absent(path)) return;
+  }
+  struct cu_sweep sw = {.big = {1 << 20}};
+  rt_run_procs(4, cu_sweep_body, &sw);
+}
+
+/* ---- the rank side: run by the script inside a host; nothing to do elsewhere ---- */
+
+static int cl_rank(int* rank, int* nranks, int* host) {
+  const char* h = getenv("CHORUS_NETNS_HOST");
+  if (!h) {
+    printf("    (a rank body of suite \"cluster\": runs under tools/netns-cluster.sh only)\n");
+    return 0;
+  }
+  *host = atoi(h);
+  ASSERT_EQ(chorusEnvRankInfo(rank, nranks, NULL, NULL), ncclSuccess);
+  return 1;
+}
+
+static void mark(const char* stem, int rank) {
+  char p[256];
+  snprintf(p, sizeof(p), "%s/%s%d", getenv("CHORUS_CLUSTER_DIR"), stem, rank);
+  int fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd >= 0) close(fd);
+}
+
+TEST_T(cluster_rank, init_barrier, 120) {
+  int rank, n, host;
+  if (!cl_rank(&rank, &n, &host)) return;
+  ncclComm_t comm;
+  NCCL_OK(chorusInitFromEnv(&comm));
+  int lr = atoi(getenv("LOCAL_RANK"));
+  EXPECT_EQ(comm->local_rank, lr);
+  EXPECT_EQ(comm->local_nranks, atoi(getenv("LOCAL_WORLD_SIZE")));
+  int32_t* hosts = calloc((size_t)n, sizeof(int32_t));
+  ASSERT(hosts);
+  hosts[rank] = host;
+  ASSERT_EQ(boot_allgather(comm->boot, hosts, sizeof(int32_t)), CH_OK);
+  int nhosts = 0;
+  for (int r = 0; r < n; r++) nhosts = hosts[r] + 1 > nhosts ? hosts[r] + 1 : nhosts;
+  EXPECT_EQ(comm->nnodes, nhosts);
+  int interleaved = !strcmp(getenv("CHORUS_CLUSTER_LAYOUT"), "interleaved");
+  for (int r = 0; r < n; r++) EXPECT_EQ(hosts[r], interleaved ? r % nhosts : r / ((n + nhosts - 1) / nhosts));
+  /* the ring crosses each host boundary once: as many crossings as hosts, whatever the numbering */
+  const struct ch_channel* ch = &comm->channels[0];
+  int crossings = 0;
+  for (int i = 0; i < n; i++) crossings += hosts[ch->ring[i]] != hosts[ch->ring[(i + 1) % n]];
+  EXPECT_EQ(crossings, nhosts);
+  EXPECT_EQ(ch->ring[ch->ring_index], rank);
+  /* what each rank advertises is its own host's address on the cluster, never loopback */
+  const char* fam = getenv("CHORUS_CLUSTER_FAMILY");
+  for (int r = 0; r < n; r++) {
+    const union sock_addr* a = &comm->peers[r].listen_addr;
+    char s[64];
+    sock_addr_str(a, s, sizeof(s));
+    if (fam && !strcmp(fam, "6")) {
+      char want[32];
+      snprintf(want, sizeof(want), "[fd77::%x]:", hosts[r] + 1);
+      if (strncmp(s, want, strlen(want))) rt_fail(__FILE__, __LINE__, "rank %d advertises %s, want %s*", r, s, want);
+    } else {
+      char want[32];
+      snprintf(want, sizeof(want), "10.77.0.%d:", hosts[r] + 1);
+      if (strncmp(s, want, strlen(want))) rt_fail(__FILE__, __LINE__, "rank %d advertises %s, want %s*", r, s, want);
+    }
+  }
+  ASSERT_EQ(boot_barrier(comm->boot), CH_OK);
+  free(hosts);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cluster_rank, init_fails, 120) {
+  int rank, n, host;
+  if (!cl_rank(&rank, &n, &host)) return;
+  ncclComm_t comm = NULL;
+  ncclResult_t r = chorusInitFromEnv(&comm);
+  EXPECT_EQ(r, ncclInvalidUsage);
+  const char* e = ncclGetLastError(NULL);
+  if (!strstr(e, "interfaces that are up") || !strstr(e, "eth0:"))
+    rt_fail(__FILE__, __LINE__, "rank %d: the error does not list the interfaces: %s", rank, e);
+  if (comm) ncclCommDestroy(comm);
+}
+
+TEST_T(cluster_rank, coll_matrix, 800) {
+  int rank, n, host;
+  if (!cl_rank(&rank, &n, &host)) return;
+  ncclUniqueId id;
+  memset(&id, 0, sizeof(id));
+  ASSERT_EQ(boot_id_from_addr(getenv("NCCL_COMM_ID"), id.internal), CH_OK);
+  struct cu_sweep sw = {.big = {1 << 20}};
+  cu_sweep_body(rank, n, id, &sw);
+}
+
+/* AllReduce in a loop until a call fails (a cut link or a dead peer): the failure must come within
+ * 60 s of the last success and name a peer rank. Writes ok<rank> when it did. */
+TEST_T(cluster_rank, allreduce_until_error, 180) {
+  int rank, n, host;
+  if (!cl_rank(&rank, &n, &host)) return;
+  const char* kill_rank = getenv("CHORUS_CLUSTER_KILL_RANK");
+  ncclComm_t comm;
+  NCCL_OK(chorusInitFromEnv(&comm));
+  size_t count = 1 << 18;
+  float* v = malloc(count * sizeof(float));
+  ASSERT(v);
+  for (size_t i = 0; i < count; i++) v[i] = 1.0f;
+  mark("looping", rank);
+  ncclResult_t r = ncclSuccess;
+  time_t last_ok = time(NULL);
+  for (int it = 0; r == ncclSuccess && time(NULL) - last_ok < 60; it++) {
+    if (kill_rank && atoi(kill_rank) == rank && it == 20) raise(SIGKILL);
+    r = ncclAllReduce(v, v, count, ncclFloat, ncclMax, comm, NULL);
+    if (r == ncclSuccess) last_ok = time(NULL);
+  }
+  if (r == ncclSuccess) {
+    rt_fail(__FILE__, __LINE__, "rank %d: no error within 60 s of the failure", rank);
+  } else {
+    const char* e = ncclGetLastError(comm);
+    ncclResult_t as = ncclSuccess;
+    ncclCommGetAsyncError(comm, &as);
+    printf("rank %d: %s; async error %s; last error: %s\n", rank, ncclGetErrorString(r), ncclGetErrorString(as), e);
+    EXPECT(strstr(e, "rank") != NULL);
+    EXPECT_EQ(r, ncclRemoteError);
+    if (!rt_failures()) mark("ok", rank);
+  }
+  free(v);
+  ncclCommAbort(comm);
+}
+
+/* Whether the network carries a collective between two hosts: writes nonet when the build says it
+ * has no transport; any other failure is left to the real test to report. */
+TEST_T(cluster_rank, net_probe, 120) {
+  int rank, n, host;
+  if (!cl_rank(&rank, &n, &host)) return;
+  ncclComm_t comm;
+  NCCL_OK(chorusInitFromEnv(&comm));
+  float x = 1;
+  if (ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, NULL) != ncclSuccess &&
+      strstr(ncclGetLastError(comm), "not available in this version"))
+    mark("nonet", 0);
+  ncclCommAbort(comm);
+}
