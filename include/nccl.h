@@ -70,6 +70,7 @@ typedef enum {
 
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
+#define NCCL_REVOKE_DEFAULT 0x00
 
 /* Communicator configuration (NCCL 2.28 layout). Always start from NCCL_CONFIG_INITIALIZER:
  * the first three fields let the library accept structs from older headers. */

@@ -26,6 +26,10 @@ static ch_status check_task(struct ch_task* t) {
     return CH_INVALID_USAGE;
   }
   CHECK(comm_ensure_ready(comm));
+  if (atomic_load_explicit(&comm->revoked, memory_order_relaxed)) {
+    WARN("%s: communicator %p was revoked (ncclCommRevoke); shrink, split or destroy it", fn, (void*)comm);
+    return CH_INVALID_USAGE;
+  }
   if (t->type < 0 || t->type >= ncclNumTypes) {
     WARN("%s: invalid datatype %d (valid: 0..%d)", fn, t->type, ncclNumTypes - 1);
     return CH_INVALID_ARG;

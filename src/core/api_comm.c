@@ -240,21 +240,81 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   return ncclSuccess;
 }
 
+/* Stop every call on comm without freeing it: raise the abort flag, wait until no thread is inside a
+ * call and nothing is queued, then lower the flag. Calls that were blocked return ncclInvalidUsage. */
+static ch_status comm_quiesce(struct ncclComm* comm, const char* fn) {
+  if (__atomic_exchange_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST)) {
+    WARN("%s: communicator %p is being aborted or revoked by another thread", fn, (void*)comm);
+    return CH_INVALID_USAGE;
+  }
+  for (uint64_t i = 0; atomic_load(&comm->users) > 0 || atomic_load(&comm->owner); i++) ut_backoff(i);
+  comm_wait_idle(comm);
+  __atomic_store_n(&comm->abort_flag, 0, __ATOMIC_SEQ_CST);
+  return CH_OK;
+}
+
+/* NCCL 2.28 semantics: outstanding calls end, later collectives fail with ncclInvalidUsage; the comm
+ * can still be split, shrunk and destroyed. Safe from any thread, like ncclCommAbort. */
 CH_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
-  (void)revokeFlags;
   ch_status s = comm_check(comm, "ncclCommRevoke");
   if (s != CH_OK) return ch_to_nccl(s);
-  WARN("ncclCommRevoke is not supported yet; use ncclCommAbort");
-  return ncclInvalidUsage;
+  if (revokeFlags != NCCL_REVOKE_DEFAULT) {
+    WARN("ncclCommRevoke: unknown revokeFlags 0x%x (only NCCL_REVOKE_DEFAULT)", (unsigned)revokeFlags);
+    return ncclInvalidArgument;
+  }
+  atomic_store(&comm->revoked, 1); /* first: a call entering from now on is refused */
+  s = comm_quiesce(comm, "ncclCommRevoke");
+  if (s == CH_OK) INFO(LOG_INIT, "rank %d: communicator %p revoked", comm->rank, (void*)comm);
+  return ch_to_nccl(s);
 }
 
 CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
        ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)excludeRanksList, (void)excludeRanksCount, (void)newcomm, (void)config, (void)shrinkFlags;
+  ARG_NONNULL(newcomm, "ncclCommShrink");
+  *newcomm = NULL;
   ch_status s = comm_check(comm, "ncclCommShrink");
   if (s != CH_OK) return ch_to_nccl(s);
-  WARN("ncclCommShrink is not supported yet; ncclCommSplit with NCCL_SPLIT_NOCOLOR on excluded ranks does the same");
-  return ncclInvalidUsage;
+  if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT) {
+    WARN("ncclCommShrink: unknown shrinkFlags 0x%x (NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT)", (unsigned)shrinkFlags);
+    return ncclInvalidArgument;
+  }
+  if (excludeRanksCount < 0 || excludeRanksCount >= comm->nranks || (excludeRanksCount > 0 && !excludeRanksList)) {
+    WARN("ncclCommShrink: excludeRanksCount %d is invalid for %d ranks (list %p)", excludeRanksCount, comm->nranks,
+         (void*)excludeRanksList);
+    return ncclInvalidArgument;
+  }
+  for (int i = 0; i < excludeRanksCount; i++) {
+    int r = excludeRanksList[i];
+    if (r < 0 || r >= comm->nranks) {
+      WARN("ncclCommShrink: excluded rank %d is out of range (nranks %d)", r, comm->nranks);
+      return ncclInvalidArgument;
+    }
+    if (r == comm->rank) {
+      WARN("ncclCommShrink: rank %d is in its own exclude list; excluded ranks must not call ncclCommShrink", r);
+      return ncclInvalidUsage;
+    }
+    for (int k = 0; k < i; k++)
+      if (excludeRanksList[k] == r) {
+        WARN("ncclCommShrink: rank %d is excluded twice", r);
+        return ncclInvalidArgument;
+      }
+  }
+  ncclConfig_t cfg = comm->config;
+  if (config && (s = comm_parse_config(config, &cfg)) != CH_OK) return ch_to_nccl(s);
+  /* NCCL_SHRINK_ABORT: calls still blocked on the dead ranks end first (this thread is not in one). */
+  if (shrinkFlags == NCCL_SHRINK_ABORT && (s = comm_quiesce(comm, "ncclCommShrink")) != CH_OK) return ch_to_nccl(s);
+  struct comm_guard g;
+  if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
+  /* Not comm_ensure_ready: a comm with an asynchronous error (a dead peer) is what shrink is for. */
+  int st = atomic_load(&comm->init_state);
+  if (st != ncclSuccess) {
+    WARN("ncclCommShrink: the communicator's initialisation %s", st == ncclInProgress ? "is still running" : "failed");
+    s = CH_INVALID_USAGE;
+  }
+  if (s == CH_OK) s = comm_wait_idle(comm);
+  if (s == CH_OK) s = comm_shrink(comm, excludeRanksList, excludeRanksCount, newcomm, &cfg);
+  comm_leave(&g);
+  return ch_to_nccl(s);
 }
 
 CH_API(ncclResult_t, chorusCommSetTimeout, ncclComm_t comm, double seconds) {
