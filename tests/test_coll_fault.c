@@ -121,6 +121,13 @@ static void bad_args_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   BAD(ncclSend(NULL, k, ncclFloat32, rank, comm, NULL));
   BAD(ncclRecv(NULL, k, ncclFloat32, rank, comm, NULL));
 
+  /* Counts whose byte size cannot be addressed (a count from a corrupted size computation). */
+  size_t huge = (size_t)-1 / 2;
+  BAD(ncclAllReduce(s, d, huge, ncclFloat32, ncclSum, comm, NULL));
+  BAD(ncclBroadcast(s, d, (size_t)-1, ncclInt8, rank, comm, NULL));
+  BAD(ncclAllGather(s, d, huge / 4 / (size_t)nranks + 1, ncclFloat32, comm, NULL));
+  BAD(ncclSend(s, huge, ncclFloat64, rank, comm, NULL));
+
   /* A bad call inside a group fails at once and makes ncclGroupEnd fail; the group's other calls are
    * dropped on every rank alike, so nothing is left half-matched. */
   NCCL_OK(ncclGroupStart());

@@ -1,5 +1,6 @@
 /* NCCL API: collectives, send/recv and groups. Every call is checked here, once, with a WARN that
  * names the function and the bad value; then it becomes a task for the group layer. */
+#include <stdint.h>
 #include <string.h>
 
 #include "../misc/log.h"
@@ -44,6 +45,15 @@ static ch_status check_task(struct ch_task* t) {
     return CH_INVALID_ARG;
   }
   if (t->count == 0) return CH_OK;
+  /* The largest buffer the call spans (a block per rank for the gathering kinds) must be addressable. */
+  int per_rank = t->func == FUNC_ALLGATHER || t->func == FUNC_REDUCESCATTER || t->func == FUNC_ALLTOALL ||
+                 t->func == FUNC_GATHER || t->func == FUNC_SCATTER;
+  size_t esize = red_type_size(t->type), limit = (size_t)PTRDIFF_MAX / esize / (per_rank ? (size_t)comm->nranks : 1);
+  if (t->count > limit) {
+    WARN("%s: count %zu x %zu-byte %s%s overflows the address space (rank %d)", fn, t->count, esize,
+         red_type_name(t->type), per_rank ? " per rank" : "", comm->rank);
+    return CH_INVALID_ARG;
+  }
   /* Which buffers this rank actually touches. */
   int rank = comm->rank;
   int needs_send = t->func != FUNC_RECV && !(t->func == FUNC_BROADCAST && rank != t->root) &&
