@@ -1,6 +1,8 @@
 /* Timeouts: a call that makes no progress for the communicator's timeout (chorusCommSetTimeout or
  * CHORUS_TIMEOUT) returns ncclTimeout, sets the async error and leaves a stall report naming what it
  * waits for, instead of hanging. Rank 1 is alive but never makes its side of the call. */
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -67,3 +69,36 @@ TEST_T(timeout, bad_values_refused, 20) {
   EXPECT(v == 2);
   NCCL_OK(ncclCommDestroy(comm));
 }
+
+/* CHORUS_DUMP_SIGNAL: a rank blocked in a call logs what it waits for when signalled, and goes on. */
+static void* signal_later(void* arg) {
+  (void)arg;
+  usleep(300 * 1000);
+  kill(getpid(), SIGUSR1);
+  return NULL;
+}
+
+static void dump_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  setenv("CHORUS_DUMP_SIGNAL", "SIGUSR1", 1);
+  param_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float buf[256];
+  for (int i = 0; i < 256; i++) buf[i] = 1;
+  NCCL_OK(ncclAllReduce(buf, buf, 256, ncclFloat, ncclSum, comm, NULL)); /* connected */
+  if (rank == 1) usleep(1000 * 1000);
+  pthread_t t;
+  if (rank == 0) ASSERT(pthread_create(&t, NULL, signal_later, NULL) == 0);
+  NCCL_OK(ncclAllReduce(buf, buf, 256, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(buf[0] == 4.0f);
+  if (rank == 0) {
+    pthread_join(t, NULL);
+    const char* e = ncclGetLastError(comm);
+    if (!strstr(e, "report on request") || !strstr(e, "rank 1"))
+      rt_fail(__FILE__, __LINE__, "no report naming rank 1; last error: %s", e);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(timeout, dump_on_signal, 40) { rt_run_procs(2, dump_body, NULL); }

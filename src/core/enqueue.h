@@ -91,7 +91,10 @@ const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct" 
 const char* tune_func_name(int func);   /* "AllReduce", ... */
 
 /* Stall report (stall.c): one WARN per pending operation of pl: what it waits for, and from whom. */
-void stall_report(const struct ch_plan* pl, double idle_s);
+void stall_report(const struct ch_plan* pl, double idle_s, int on_request);
+/* CHORUS_DUMP_SIGNAL: install the handler once per process; requests counted so far. */
+void stall_install_signal(void);
+unsigned stall_dump_requests(void);
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);

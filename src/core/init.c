@@ -322,6 +322,7 @@ static void direct_release(struct ncclComm* comm) {
 ch_status comm_init_job(struct ncclComm* comm) {
   log_set_thread_rank(comm->rank);
   struct log_err_sink* prev_sink = log_set_error_sink(&comm->last_error);
+  stall_install_signal();
   uint64_t deadline = ut_now_ns() + (uint64_t)param_int(PARAM_INIT_TIMEOUT) * 1000000000ull;
   uint64_t t0 = ut_now_ns();
   ch_status res = CH_OK;

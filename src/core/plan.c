@@ -399,6 +399,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
   int remaining = n, err_at = n;
   ch_status err = CH_OK;
   int oversubscribed = plans[0]->comm->oversubscribed;
+  unsigned dumps = stall_dump_requests();
   uint64_t timeout_ns = UINT64_MAX; /* the shortest of the plans' communicators (0 = none) */
   for (int i = 0; i < n; i++) {
     uint64_t c = atomic_load_explicit(&plans[i]->comm->timeout_ns, memory_order_relaxed);
@@ -445,13 +446,18 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       if (!idle_since) idle_since = check_since = t;
     }
     engine_wait(idle_since ? t - idle_since : 0, oversubscribed, blocked);
+    if (stall_dump_requests() != dumps) { /* CHORUS_DUMP_SIGNAL */
+      dumps = stall_dump_requests();
+      for (int i = 0; i < n; i++)
+        if (plans[i] && plans[i]->started) stall_report(plans[i], idle_since ? (double)(t - idle_since) / 1e9 : 0, 1);
+    }
     if (idle_since && t - idle_since > timeout_ns) {
       /* Nothing moved for the timeout: every started plan reports what it waits for and fails. A plan
        * still waiting for its ticket is behind one of those (or another thread's, which times out
        * itself); it must not finish out of ticket order, so it waits on. */
       for (int i = 0; i < n; i++) {
         if (!plans[i] || !plans[i]->started) continue;
-        stall_report(plans[i], (double)(t - idle_since) / 1e9);
+        stall_report(plans[i], (double)(t - idle_since) / 1e9, 0);
         plans[i]->status = CH_TIMEOUT;
         ch_status st = finish_plan(&plans[i]);
         if (i < err_at) err = st, err_at = i;

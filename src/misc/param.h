@@ -35,6 +35,8 @@
     "seconds a rank waits for all ranks to join at init before reporting who is missing")          \
   X(TIMEOUT, "CHORUS_TIMEOUT", P_INT, 1800, "",                                                    \
     "seconds a call may wait without any progress before it fails with ncclTimeout and reports what it waits for (0 = never)") \
+  X(DUMP_SIGNAL, "CHORUS_DUMP_SIGNAL", P_STR, 0, "",                                              \
+    "signal (e.g. SIGUSR1) on which every rank blocked in a call logs what it waits for (empty = none)") \
   X(SPIN_COUNT, "CHORUS_SPIN_COUNT", P_INT, 2000, "",                                              \
     "polls before a waiting rank starts to yield the CPU")                                         \
   X(SPIN_US, "CHORUS_SPIN_US", P_INT, 500, "",                                                      \
