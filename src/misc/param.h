@@ -50,7 +50,15 @@
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
     "wire-protocol version announced at init (testing aid: ranks must agree)")                    \
   X(SECRET_FILE, "CHORUS_SECRET_FILE", P_STR, 0, "",                                               \
-    "file (mode 0600) holding the job secret for NCCL_COMM_ID jobs; CHORUS_SECRET (environment only, never printed) is the alternative")
+    "file (mode 0600) holding the job secret for NCCL_COMM_ID jobs; CHORUS_SECRET (environment only, never printed) is the alternative") \
+  X(P2P_DISABLE, "NCCL_P2P_DISABLE", P_INT, 0, "",                                                 \
+    "1 = no direct transport between threads of one process (with NCCL_SHM_DISABLE=1: the network)") \
+  X(SOCKET_NTHREADS, "NCCL_SOCKET_NTHREADS", P_INT, 1, "",                                         \
+    "socket transport: helper threads per connection (accepted; this version uses the one proxy thread)") \
+  X(NSOCKS_PERTHREAD, "NCCL_NSOCKS_PERTHREAD", P_INT, 1, "",                                       \
+    "socket transport: sockets per helper thread (accepted; this version uses one socket per connection)") \
+  X(NET_SPIN_US, "CHORUS_NET_SPIN_US", P_INT, 200, "",                                             \
+    "microseconds the network proxy thread busy-polls after its last progress before sleeping in epoll")
 
 enum param_kind { P_INT, P_STR };
 
