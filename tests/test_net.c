@@ -302,3 +302,11 @@ TEST_T(net, peer_killed, 90) {
   EXPECT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
   printf("    survivors returned %.2f s after starting\n", (double)(now_ns() - t0) / 1e9);
 }
+
+/* NCCL_P2P_DISABLE=1 alone: threads of one process talk through shared memory, as in NCCL. */
+TEST_T(net_threads, p2p_disable_uses_shm, 120) {
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  param_reset();
+  struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 1, .big = {300000, 0}};
+  rt_run_threads(3, cu_sweep_body, &sw);
+}

@@ -86,10 +86,9 @@ void tp_proxy_kick(void) {
 static void atfork_prepare(void) { pthread_mutex_lock(&px.lock); }
 static void atfork_parent(void) { pthread_mutex_unlock(&px.lock); }
 /* The child has no proxy thread: forget the parent's records (its communicators are unusable there),
- * close what is shared with the parent and let the next registration start over. */
+ * close what is shared with the parent and let the next registration start over. px.lock is held
+ * (atfork_prepare), so no record was half-way through a change. */
 static void atfork_child(void) {
-  pthread_mutex_init(&px.lock, NULL);
-  pthread_cond_init(&px.cond, NULL);
   if (px.listener.fd >= 0) close(px.listener.fd);
   for (int i = 0; i < MAX_ACCEPTS; i++)
     if (px.nacc && px.acc[i].fd > 0) close(px.acc[i].fd);
@@ -98,6 +97,7 @@ static void atfork_child(void) {
   if (ev >= 0) close(ev);
   px.listener.fd = -1, px.epfd = -1, px.state = PX_NONE, px.incoming = NULL, px.conns = NULL, px.nacc = 0;
   atomic_store(&px_changes, 0);
+  pthread_mutex_unlock(&px.lock); /* taken by this (the forking) thread in atfork_prepare */
 }
 static void px_init_once(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
