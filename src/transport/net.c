@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "../misc/log.h"
+#include "../misc/param.h"
 #include "../misc/sha256.h"
 #include "../misc/utils.h"
 #include "net.h"
@@ -148,7 +149,12 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
   if (!n) return sock_close(&s), fail_free(c, NULL), CH_SYSTEM;
   n->fd = s.fd;
   n->remote = h->addr;
+  int64_t dmax = param_int(PARAM_NET_DIRECT_MAX_BYTES);
+  n->direct_max = dmax > 0 ? (uint64_t)dmax : 0;
   atomic_store(&n->state, NET_BOUND);
+  /* tp_wake of every post finds the record through the FIFO (token is unused by net FIFOs). */
+  c->ctrl->token = (uint64_t)(uintptr_t)n;
+  atomic_store(&c->ctrl->recv_sleeping, TP_SLEEP_DIRECT);
   if ((st = proxy_register(n, x->listen_hint, NULL)) != CH_OK) return sock_close(&s), fail_free(c, n), st;
   c->net = n;
   c->transport = TP_NET;

@@ -59,7 +59,12 @@ struct net_conn {
   int closing;
   int released;
 
-  /* Proxy thread only (the sender thread sets fd before registration). */
+  /* Sender: steps up to direct_max payload bytes are sent by the posting rank thread (0: never). */
+  uint64_t direct_max;
+  /* Sender: step, off and cur belong to whoever holds busy (the proxy, or the rank in tp_proxy_post). */
+  _Atomic int busy;
+
+  /* Proxy thread only (the sender thread sets fd before registration), but see busy. */
   int fd;
   struct net_conn* next;
   uint64_t step;       /* next step to send / to fill */

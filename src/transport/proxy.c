@@ -21,6 +21,7 @@
  * starts afresh. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stddef.h>
 #include <netinet/tcp.h>
 #include <stdint.h>
 #include <pthread.h>
@@ -75,6 +76,7 @@ static struct {
 } px = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .listener = {.fd = -1}, .epfd = -1};
 static _Atomic int px_evfd = -1;  /* eventfd: any thread may write it */
 static _Atomic int px_changes;    /* incoming or closing records wait in sync_lists */
+static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
 
 void tp_proxy_kick(void) {
@@ -97,6 +99,7 @@ static void atfork_child(void) {
   if (ev >= 0) close(ev);
   px.listener.fd = -1, px.epfd = -1, px.state = PX_NONE, px.incoming = NULL, px.conns = NULL, px.nacc = 0;
   atomic_store(&px_changes, 0);
+  atomic_store(&px_sleeping, 0);
   pthread_mutex_unlock(&px.lock); /* taken by this (the forking) thread in atfork_prepare */
 }
 static void px_init_once(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
@@ -138,23 +141,32 @@ static int recv_ok(struct net_conn* n, ssize_t r) {
   return 0;
 }
 
-static int progress_send(struct net_conn* n) {
+/* Send what the rank posted, one step after the other. Caller holds n->busy. direct: called by the
+ * rank thread right after its post (small steps only, up to max bytes); it leaves every error and
+ * every EAGAIN to the proxy (the only one to touch wr_ready or fail a link), so no epoll edge is lost.
+ * Returns 1 if bytes moved (or the link failed), 0 otherwise; *rest: posted steps are left. */
+static int send_steps(struct net_conn* n, int direct, uint64_t max, int* rest) {
   int did = 0;
   const size_t hs = sizeof(n->cur);
-  while (n->wr_ready) {
+  *rest = 0;
+  for (;;) {
     uint64_t tail = atomic_load_explicit(&n->ctrl->tail, memory_order_acquire);
     if (n->step >= tail) break;
+    *rest = 1;
+    if (!direct && !n->wr_ready) break;
     int slot = (int)(n->step % CH_STEPS);
     char* data = n->buf + (size_t)slot * n->slot_bytes;
     if (n->off == 0) {
+      if (direct && n->ctrl->size[slot] > max) break;
       n->cur.bytes = n->ctrl->size[slot];
       n->cur.hdr = n->ctrl->hdr[slot];
-      if (n->cur.bytes > n->slot_bytes) { /* only Simple records sizes: another protocol reached net */
-        WARN("rank %d: step of %llu bytes for a %zu-byte slot on the network connection to rank %d (internal)",
-             n->rank, (unsigned long long)n->cur.bytes, n->slot_bytes, n->peer);
-        conn_fail(n, "send", EPROTO);
-        return 1;
-      }
+    }
+    if (n->cur.bytes > n->slot_bytes) { /* only Simple records sizes: another protocol reached net */
+      if (direct) break;
+      WARN("rank %d: step of %llu bytes for a %zu-byte slot on the network connection to rank %d (internal)",
+           n->rank, (unsigned long long)n->cur.bytes, n->slot_bytes, n->peer);
+      conn_fail(n, "send", EPROTO);
+      return 1;
     }
     size_t total = hs + n->cur.bytes;
     struct iovec iov[2];
@@ -169,6 +181,7 @@ static int progress_send(struct net_conn* n) {
     ssize_t r = sendmsg(n->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EINTR) continue;
+      if (direct) break;
       if (errno == EAGAIN || errno == EWOULDBLOCK) n->wr_ready = 0;
       else conn_fail(n, "send", errno);
       break;
@@ -178,9 +191,20 @@ static int progress_send(struct net_conn* n) {
     if (n->off == total) { /* in the kernel now: the slot is free again */
       n->off = 0;
       n->step++;
+      *rest = 0;
       atomic_store_explicit(&n->ctrl->head, n->step, memory_order_release);
       tp_wake(&n->ctrl->head, &n->ctrl->send_sleeping);
     }
+  }
+  return did;
+}
+
+static int progress_send(struct net_conn* n) {
+  int did = 0, rest;
+  /* The rank may be sending a small step itself (tp_proxy_post): then it is its turn. */
+  if (!atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
+    did = send_steps(n, 0, 0, &rest);
+    atomic_store_explicit(&n->busy, 0, memory_order_release);
   }
   /* The receiver only ever writes its goodbye; EOF without it means it died. */
   while (n->rd_ready) {
@@ -260,7 +284,8 @@ static int can_progress(void) {
   for (struct net_conn* n = px.conns; n; n = n->next) {
     if (atomic_load_explicit(&n->state, memory_order_relaxed) != NET_BOUND) continue;
     if (n->is_send) {
-      if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > n->step)) return 1;
+      /* head, not step: the rank may be moving step (direct send); head == step between steps */
+      if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > atomic_load(&n->ctrl->head))) return 1;
     } else if (n->rd_ready && n->step - atomic_load(&n->ctrl->head) < CH_STEPS) {
       return 1;
     }
@@ -268,9 +293,32 @@ static int can_progress(void) {
   return 0;
 }
 
+/* Send FIFOs keep recv_sleeping = TP_SLEEP_DIRECT for good (every post calls tp_proxy_post, which
+ * kicks only while px_sleeping); receive FIFOs get TP_SLEEP_PROXY in send_sleeping while we sleep. */
 static void set_sleeping(uint32_t v) {
+  atomic_store_explicit(&px_sleeping, v != 0, memory_order_relaxed);
   for (struct net_conn* n = px.conns; n; n = n->next)
-    atomic_store_explicit(n->is_send ? &n->ctrl->recv_sleeping : &n->ctrl->send_sleeping, v, memory_order_relaxed);
+    if (!n->is_send) atomic_store_explicit(&n->ctrl->send_sleeping, v, memory_order_relaxed);
+}
+
+/* tp_wake's slow path for sleeping words >= TP_SLEEP_PROXY. TP_SLEEP_DIRECT: `word` is the tail of a
+ * net send FIFO the rank just posted: send small steps from this thread (one thread wake-up less per
+ * hop), leave the rest to the proxy and wake it if it sleeps. */
+void tp_proxy_post(_Atomic uint64_t* word, uint32_t how) {
+  if (how == TP_SLEEP_DIRECT) {
+    struct fifo_ctrl* ctrl = (struct fifo_ctrl*)((char*)word - offsetof(struct fifo_ctrl, tail));
+    struct net_conn* n = (struct net_conn*)(uintptr_t)ctrl->token;
+    int rest = 1;
+    if (n->direct_max && atomic_load_explicit(&n->state, memory_order_relaxed) == NET_BOUND &&
+        !atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
+      send_steps(n, 1, n->direct_max, &rest);
+      atomic_store_explicit(&n->busy, 0, memory_order_release);
+    }
+    if (!rest) return;
+    atomic_thread_fence(memory_order_seq_cst); /* our posts, then px_sleeping: pairs with the proxy */
+    if (!atomic_load_explicit(&px_sleeping, memory_order_relaxed)) return;
+  }
+  tp_proxy_kick();
 }
 
 /* ---- accepting and authenticating ---- */

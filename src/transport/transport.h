@@ -88,14 +88,17 @@ struct tp_handle {
 /* Sleeping on a counter (futex on its low 32 bits, valid between processes) and waking sleepers.
  * Wakers pay one fence and one load per post; a syscall only when someone sleeps. */
 void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, int timeout_us);
-/* A sleeping word of TP_SLEEP_PROXY means the net proxy thread sleeps in epoll_wait: poke its eventfd. */
+/* Sleeping words above 1 belong to the net proxy (proxy.c): TP_SLEEP_PROXY, it sleeps in epoll_wait:
+ * poke its eventfd; TP_SLEEP_DIRECT (kept for good on net send FIFOs' recv_sleeping): `word` is the
+ * tail just posted: the poster may send the step itself, or poke the proxy if it sleeps. */
 #define TP_SLEEP_PROXY 2u
+#define TP_SLEEP_DIRECT 3u
 static inline void tp_wake(_Atomic uint64_t* word, _Atomic uint32_t* sleeping) {
   void tp_wake_slow(_Atomic uint64_t * word);
-  void tp_proxy_kick(void);
+  void tp_proxy_post(_Atomic uint64_t * word, uint32_t how);
   atomic_thread_fence(memory_order_seq_cst);
   uint32_t s = atomic_load_explicit(sleeping, memory_order_relaxed);
-  if (s == TP_SLEEP_PROXY) tp_proxy_kick();
+  if (s >= TP_SLEEP_PROXY) tp_proxy_post(word, s);
   else if (s) tp_wake_slow(word);
 }
 
