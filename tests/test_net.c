@@ -239,13 +239,15 @@ TEST_T(net, idle_cpu, 60) {
 /* ---- a peer killed in the middle of an AllReduce ---- */
 
 #define KILL_COUNT ((size_t)4 << 20)
+/* Rank 1 is no ring neighbour of the victim (3): it learns of the death only through the others. */
+#define KILL_RANKS 4
 
 static void* survivor(void* arg) {
   void** a = arg;
   int rank = (int)(intptr_t)a[0];
   ncclUniqueId* id = a[1];
   ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, 3, *id, rank));
+  NCCL_OK(ncclCommInitRank(&comm, KILL_RANKS, *id, rank));
   float* buf = calloc(KILL_COUNT, sizeof(float));
   ASSERT(buf);
   ncclResult_t r = ncclSuccess;
@@ -275,7 +277,7 @@ TEST_T(net, peer_killed, 90) {
   ASSERT(victim >= 0);
   if (victim == 0) {
     ncclComm_t comm;
-    if (ncclCommInitRank(&comm, 3, id, 2) != ncclSuccess) _exit(3);
+    if (ncclCommInitRank(&comm, KILL_RANKS, id, KILL_RANKS - 1) != ncclSuccess) _exit(3);
     float* buf = calloc(KILL_COUNT, sizeof(float));
     for (int i = 0; i < 2; i++)
       if (ncclAllReduce(buf, buf, KILL_COUNT, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess) _exit(3);
@@ -289,14 +291,14 @@ TEST_T(net, peer_killed, 90) {
     sleep(30);
     _exit(4);
   }
-  pthread_t th[2];
-  void* args[2][2];
+  pthread_t th[KILL_RANKS - 1];
+  void* args[KILL_RANKS - 1][2];
   uint64_t t0 = now_ns();
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < KILL_RANKS - 1; r++) {
     args[r][0] = (void*)(intptr_t)r, args[r][1] = &id;
     ASSERT(pthread_create(&th[r], NULL, survivor, args[r]) == 0);
   }
-  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < KILL_RANKS - 1; r++) pthread_join(th[r], NULL);
   int st;
   ASSERT(waitpid(victim, &st, 0) == victim);
   EXPECT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);

@@ -170,7 +170,21 @@ static ch_status comm_setup(struct ncclComm* comm) {
   }
   free(hosts);
   comm->nnodes = nhosts;
-  comm->oversubscribed = comm->local_nranks > ut_ncpus();
+  /* A process that talks over the network also runs a proxy thread, which a spinning rank starves:
+   * measured on 2 CPUs, 2 ranks over loopback, 8 B AllReduce: ~600 us with ranks spinning, ~22 us
+   * with them yielding. Count one proxy per local process. */
+  int threads = comm->local_nranks;
+  for (int r = 0; r < n; r++) {
+    if (comm->peer_tp[r] != TP_NET) continue;
+    for (int q = 0; q < n; q++) { /* local processes: one proxy each */
+      int first = comm->peers[q].host_hash == mine->host_hash;
+      for (int o = 0; o < q && first; o++)
+        first = !(comm->peers[o].host_hash == mine->host_hash && comm->peers[o].proc_nonce == comm->peers[q].proc_nonce);
+      threads += first;
+    }
+    break;
+  }
+  comm->oversubscribed = threads > ut_ncpus();
 
   comm->sizes.buff[PROTO_SIMPLE] = fifo_param(PARAM_BUFFSIZE);
   comm->sizes.buff[PROTO_LL] = fifo_param(PARAM_LL_BUFFSIZE);

@@ -57,7 +57,7 @@
     "socket transport: helper threads per connection (accepted; this version uses the one proxy thread)") \
   X(NSOCKS_PERTHREAD, "NCCL_NSOCKS_PERTHREAD", P_INT, 1, "",                                       \
     "socket transport: sockets per helper thread (accepted; this version uses one socket per connection)") \
-  X(NET_SPIN_US, "CHORUS_NET_SPIN_US", P_INT, 200, "",                                             \
+  X(NET_SPIN_US, "CHORUS_NET_SPIN_US", P_INT, 0, "",                                               \
     "microseconds the network proxy thread busy-polls after its last progress before sleeping in epoll") \
   X(NET_DIRECT_MAX_BYTES, "CHORUS_NET_DIRECT_MAX_BYTES", P_INT, 0, "",                             \
     "network steps up to this many bytes are sent by the rank's thread, not the proxy (0 = never)")

@@ -111,6 +111,7 @@ static void ep_add(int fd, void* tag, uint32_t events) {
 static void ep_del(int fd) { epoll_ctl(px.epfd, EPOLL_CTL_DEL, fd, NULL); }
 
 static const char* conn_dir(const struct net_conn* n) { return n->is_send ? "to" : "from"; }
+static void fail_comm(struct net_conn* failed);
 
 /* The link is gone: mark it (once), tell the communicator, wake the rank so it looks. err 0: EOF. */
 static void conn_fail(struct net_conn* n, const char* op, int err) {
@@ -130,6 +131,27 @@ static void conn_fail(struct net_conn* n, const char* op, int err) {
   n->rd_ready = n->wr_ready = 0;
   tp_wake_slow(&n->ctrl->tail);
   tp_wake_slow(&n->ctrl->head);
+  if (atomic_load_explicit(&n->state, memory_order_relaxed) == NET_FAILED) fail_comm(n);
+}
+
+/* One link of a communicator failed, so the communicator is unusable (its async error is set): shut
+ * its other links down without a goodbye, so that every rank of it sees a failure within one hop per
+ * rank instead of waiting for ever on a rank that is itself stuck (ring neighbours of a dead rank
+ * are not its only waiters). */
+static void fail_comm(struct net_conn* failed) {
+  for (struct net_conn* n = px.conns; n; n = n->next) {
+    if (n == failed || n->async_err != failed->async_err || n->fd < 0) continue;
+    int st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    if (st != NET_BOUND) continue;
+    INFO(LOG_NET, "rank %d: shutting down the network connection %s rank %d: the communicator failed", n->rank,
+         conn_dir(n), n->peer);
+    shutdown(n->fd, SHUT_RDWR);
+    atomic_store_explicit(&n->state, NET_FAILED, memory_order_release);
+    ep_del(n->fd);
+    n->rd_ready = n->wr_ready = 0;
+    tp_wake_slow(&n->ctrl->tail);
+    tp_wake_slow(&n->ctrl->head);
+  }
 }
 
 /* recv() result: 1 if bytes came, else 0 (EAGAIN clears rd_ready; EOF and errors fail the link). */
@@ -459,7 +481,9 @@ static int let_go(struct net_conn* n, uint64_t now) {
          (unsigned long long)(atomic_load(&n->ctrl->tail) - n->step));
   }
   if (n->fd >= 0) {
-    if (st == NET_BOUND && n->off == 0) { /* goodbye, so the peer knows this close is orderly */
+    /* Goodbye, so the peer knows this close is orderly; none after an abort, so that ranks still
+     * waiting on this one see a failure (and spread it) instead of waiting for ever. */
+    if (st == NET_BOUND && n->off == 0 && !__atomic_load_n(n->abort, __ATOMIC_RELAXED)) {
       struct net_step bye = {.bytes = NET_BYE};
       if (n->is_send) (void)!send(n->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
       else (void)!send(n->fd, "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
