@@ -60,7 +60,9 @@
   X(NET_SPIN_US, "CHORUS_NET_SPIN_US", P_INT, 0, "",                                               \
     "microseconds the network proxy thread busy-polls after its last progress before sleeping in epoll") \
   X(NET_DIRECT_MAX_BYTES, "CHORUS_NET_DIRECT_MAX_BYTES", P_INT, 0, "",                             \
-    "network steps up to this many bytes are sent by the rank's thread, not the proxy (0 = never)")
+    "network steps up to this many bytes are sent by the rank's thread, not the proxy (0 = never)") \
+  X(NET_SOCKBUF_BYTES, "CHORUS_NET_SOCKBUF_BYTES", P_INT, 0, "",                                   \
+    "SO_SNDBUF/SO_RCVBUF of network transport sockets (0 = kernel autotuning)")
 
 enum param_kind { P_INT, P_STR };
 

@@ -128,6 +128,7 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
            sock_addr_str(&h->addr, a, sizeof(a)), ch_status_str(st));
     return st == CH_ABORTED ? st : CH_REMOTE;
   }
+  net_sockbuf(s.fd);
   struct net_hello hello;
   memset(&hello, 0, sizeof(hello));
   hello.magic = NET_MAGIC;

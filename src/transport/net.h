@@ -78,6 +78,7 @@ struct net_conn {
 void tp_wake_slow(_Atomic uint64_t* word); /* fifo.c */
 
 /* proxy.c */
+void net_sockbuf(int fd); /* CHORUS_NET_SOCKBUF_BYTES */
 /* Make sure the proxy runs and its listener exists (bound on hint's IP, port 0), then hand n over.
  * *listener receives the listener's address. */
 ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener);

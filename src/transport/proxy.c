@@ -79,6 +79,14 @@ static _Atomic int px_changes;    /* incoming or closing records wait in sync_li
 static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
 
+void net_sockbuf(int fd) {
+  int64_t b = param_int(PARAM_NET_SOCKBUF_BYTES);
+  if (b <= 0) return; /* autotuning: an explicit size switches it off */
+  int v = (int)(b > (1 << 30) ? (1 << 30) : b);
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+}
+
 void tp_proxy_kick(void) {
   int fd = atomic_load_explicit(&px_evfd, memory_order_relaxed);
   uint64_t one = 1;
@@ -429,6 +437,7 @@ static void accept_all(void) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    net_sockbuf(fd);
     memset(p, 0, sizeof(*p));
     p->fd = fd;
     p->remote = ra;
