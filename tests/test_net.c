@@ -107,9 +107,9 @@ TEST_T(net, impostor_rejected, 60) {
   unsigned char key[32], bad[32];
   memset(key, 7, sizeof(key));
   memset(bad, 8, sizeof(bad));
-  struct tp_net_ctx rx = {0, &lo, key, 0, &dummy_err, &no_abort};
-  struct tp_net_ctx tx = {1, &lo, key, 0, &dummy_err, &no_abort};
-  struct tp_net_ctx evil = {1, &lo, bad, 0, &dummy_err, &no_abort};
+  struct tp_net_ctx rx = {0, &lo, key, 0, &dummy_err, &no_abort, NULL};
+  struct tp_net_ctx tx = {1, &lo, key, 0, &dummy_err, &no_abort, NULL};
+  struct tp_net_ctx evil = {1, &lo, bad, 0, &dummy_err, &no_abort, NULL};
   struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
   struct conn rc = {0}, sc = {0}, ic = {0};
   struct tp_handle h;

@@ -18,6 +18,7 @@ static void net_ctx(struct ncclComm* comm, struct tp_net_ctx* x) {
   x->uid_mode = key->mode == BOOT_AUTH_UID;
   x->async_err = &comm->async_result;
   x->abort = &comm->abort_flag;
+  x->sink = &comm->last_error;
 }
 
 static ch_status recv_setup(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,

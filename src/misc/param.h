@@ -62,7 +62,9 @@
   X(NET_DIRECT_MAX_BYTES, "CHORUS_NET_DIRECT_MAX_BYTES", P_INT, 0, "",                             \
     "network steps up to this many bytes are sent by the rank's thread, not the proxy (0 = never)") \
   X(NET_SOCKBUF_BYTES, "CHORUS_NET_SOCKBUF_BYTES", P_INT, 0, "",                                   \
-    "SO_SNDBUF/SO_RCVBUF of network transport sockets (0 = kernel autotuning)")
+    "SO_SNDBUF/SO_RCVBUF of network transport sockets (0 = kernel autotuning)") \
+  X(NET_LINK_TIMEOUT_MS, "CHORUS_NET_LINK_TIMEOUT_MS", P_INT, 20000, "",                          \
+    "a network connection whose peer host stops answering (data or keepalive probes unacknowledged) fails after this long (0 = kernel defaults)")
 
 enum param_kind { P_INT, P_STR };
 

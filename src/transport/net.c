@@ -64,6 +64,7 @@ static struct net_conn* record_new(struct conn* c, const struct tp_net_ctx* x, i
   n->uid_mode = x->uid_mode;
   n->async_err = x->async_err;
   n->abort = x->abort;
+  n->sink = x->sink;
   n->fd = -1;
   atomic_store(&n->state, NET_PENDING);
   return n;
@@ -128,7 +129,7 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
            sock_addr_str(&h->addr, a, sizeof(a)), ch_status_str(st));
     return st == CH_ABORTED ? st : CH_REMOTE;
   }
-  net_sockbuf(s.fd);
+  net_sockopts(s.fd);
   struct net_hello hello;
   memset(&hello, 0, sizeof(hello));
   hello.magic = NET_MAGIC;

@@ -51,6 +51,7 @@ struct net_conn {
   int uid_mode;
   _Atomic int* async_err; /* the communicator's; valid until released (destroy waits for that) */
   const volatile int* abort; /* the communicator's abort flag: a closing sender stops flushing */
+  struct log_err_sink* sink; /* the communicator's ncclGetLastError record (has its own lock) */
   union sock_addr remote; /* sender: set before registration; receiver: set by the proxy when bound */
 
   /* Shared. state: proxy writes (release), ranks read. closing: rank sets under px lock. released:
@@ -78,7 +79,7 @@ struct net_conn {
 void tp_wake_slow(_Atomic uint64_t* word); /* fifo.c */
 
 /* proxy.c */
-void net_sockbuf(int fd); /* CHORUS_NET_SOCKBUF_BYTES */
+void net_sockopts(int fd); /* buffers (CHORUS_NET_SOCKBUF_BYTES), link timeout, keepalive */
 /* Make sure the proxy runs and its listener exists (bound on hint's IP, port 0), then hand n over.
  * *listener receives the listener's address. */
 ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener);

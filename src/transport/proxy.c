@@ -79,12 +79,26 @@ static _Atomic int px_changes;    /* incoming or closing records wait in sync_li
 static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
 
-void net_sockbuf(int fd) {
+void net_sockopts(int fd) {
   int64_t b = param_int(PARAM_NET_SOCKBUF_BYTES);
-  if (b <= 0) return; /* autotuning: an explicit size switches it off */
-  int v = (int)(b > (1 << 30) ? (1 << 30) : b);
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+  if (b > 0) { /* autotuning otherwise: an explicit size switches it off */
+    int v = (int)(b > (1 << 30) ? (1 << 30) : b);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+  }
+  /* A cut link gives no EOF: the sender's unacknowledged data (TCP_USER_TIMEOUT) or the receiver's
+   * unanswered keepalive probes turn it into ETIMEDOUT, hence a failure, in bounded time. A peer
+   * host that is alive acknowledges both, however long its rank takes. */
+  int64_t ms = param_int(PARAM_NET_LINK_TIMEOUT_MS);
+  if (ms > 0) {
+    unsigned ut = (unsigned)(ms > 3600000 ? 3600000 : ms);
+    int on = 1, idle = (int)UT_MAX(1, ut / 4000), intvl = (int)UT_MAX(1, ut / 8000), cnt = 4;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  }
 }
 
 void tp_proxy_kick(void) {
@@ -129,8 +143,10 @@ static void conn_fail(struct net_conn* n, const char* op, int err) {
     atomic_store_explicit(&n->state, NET_CLOSED, memory_order_release);
   } else {
     char a[64];
+    struct log_err_sink* prev = log_set_error_sink(n->sink); /* ncclGetLastError(comm) says it too */
     WARN("rank %d: network connection %s rank %d (%s) failed in %s: %s", n->rank, conn_dir(n), n->peer,
          sock_addr_str(&n->remote, a, sizeof(a)), op, err ? strerror(err) : "connection closed by the peer");
+    log_set_error_sink(prev);
     atomic_store_explicit(&n->state, NET_FAILED, memory_order_release);
     int expected = 0;
     atomic_compare_exchange_strong(n->async_err, &expected, (int)CH_REMOTE);
@@ -437,7 +453,7 @@ static void accept_all(void) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    net_sockbuf(fd);
+    net_sockopts(fd);
     memset(p, 0, sizeof(*p));
     p->fd = fd;
     p->remote = ra;

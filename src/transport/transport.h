@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../misc/log.h"
 #include "../misc/socket.h"
 #include "../misc/status.h"
 
@@ -120,6 +121,7 @@ struct tp_net_ctx {
   int uid_mode;                       /* key derived from public data: local peers must be our uid */
   _Atomic int* async_err;             /* the communicator's async error: CH_REMOTE when the link fails */
   const volatile int* abort;
+  struct log_err_sink* sink; /* the communicator's last-error record: the proxy's WARNs about it go there */
 };
 ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h,
                             const struct tp_net_ctx* x);
