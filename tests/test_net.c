@@ -315,3 +315,16 @@ TEST_T(net_threads, p2p_disable_uses_shm, 120) {
   struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 1, .big = {300000, 0}};
   rt_run_threads(3, cu_sweep_body, &sw);
 }
+
+/* The rank's own send and receive path (CHORUS_NET_DIRECT_MAX_BYTES): small steps skip the proxy,
+ * large ones still go through it, on the same connections. */
+static void direct_sweep(int nranks, int procs) {
+  force_net();
+  setenv("CHORUS_NET_DIRECT_MAX_BYTES", "4096", 1);
+  param_reset();
+  struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 2, .big = {1 << 20, 0}};
+  if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
+  else rt_run_threads(nranks, cu_sweep_body, &sw);
+}
+TEST_T(net_threads, direct_3, 240) { direct_sweep(3, 0); }
+TEST_T(net_procs, direct_2, 240) { direct_sweep(2, 1); }

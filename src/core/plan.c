@@ -365,6 +365,10 @@ static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx*
  * costs ~100 us per call (a wake-up per hop), yielding first ~20 us. */
 static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* blocked) {
   static _Thread_local int64_t spin_ns = -1, yield_ns;
+  /* Waiting for data over the network: read the socket here rather than wait for the proxy's hop. */
+  if (blocked && blocked->in && blocked->in->transport == TP_NET && blocked->in->ctrl &&
+      blocked->wait_word == &blocked->in->ctrl->tail && tp_net_poll(blocked->in))
+    return;
   if (spin_ns < 0) {
     spin_ns = param_int(PARAM_SPIN_US) * 1000;
     yield_ns = param_int(PARAM_YIELD_US) * 1000;

@@ -85,6 +85,8 @@ ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp
   struct net_conn* n = record_new(c, x, 0);
   if (!n) return fail_free(c, NULL), CH_SYSTEM;
   n->token = tp_fresh_token();
+  int64_t dmax = param_int(PARAM_NET_DIRECT_MAX_BYTES);
+  n->direct_max = dmax > 0 ? (uint64_t)dmax : 0;
   if (ut_random(&n->challenge, sizeof(n->challenge)) != CH_OK) return fail_free(c, n), CH_SYSTEM;
   union sock_addr listener;
   ch_status s = proxy_register(n, x->listen_hint, &listener);

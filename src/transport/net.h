@@ -60,9 +60,11 @@ struct net_conn {
   int closing;
   int released;
 
-  /* Sender: steps up to direct_max payload bytes are sent by the posting rank thread (0: never). */
+  /* Steps up to direct_max payload bytes are sent by the posting rank thread, and a waiting rank
+   * receives from its socket itself (0: only the proxy moves data). */
   uint64_t direct_max;
-  /* Sender: step, off and cur belong to whoever holds busy (the proxy, or the rank in tp_proxy_post). */
+  /* step, off and cur belong to whoever holds busy: the proxy, or the rank (tp_proxy_post sending,
+   * tp_net_poll receiving). */
   _Atomic int busy;
 
   /* Proxy thread only (the sender thread sets fd before registration), but see busy. */

@@ -269,29 +269,35 @@ static int progress_send(struct net_conn* n) {
   return did;
 }
 
-static int progress_recv(struct net_conn* n) {
+/* Receive steps into free slots. Caller holds n->rbusy. direct: called by the waiting rank thread
+ * (tp_net_poll); it leaves EOF, errors, goodbyes and bad headers to the proxy (the only one to touch
+ * rd_ready, epoll or the link state), so no edge is lost. */
+static int recv_steps(struct net_conn* n, int direct) {
   int did = 0;
   const size_t hs = sizeof(n->cur);
-  while (n->rd_ready) {
+  while (direct || n->rd_ready) {
     if (n->off < hs) {
       ssize_t r = recv(n->fd, (char*)&n->cur + n->off, hs - n->off, MSG_DONTWAIT);
-      if (!recv_ok(n, r)) break;
+      if (direct ? r <= 0 : !recv_ok(n, r)) break;
       did = 1;
       n->off += (size_t)r;
       if (n->off < hs) continue;
+    }
+    if (n->cur.bytes == NET_BYE || n->cur.bytes > n->slot_bytes) {
+      if (direct) break;
       if (n->cur.bytes == NET_BYE) {
         n->bye_seen = 1;
         atomic_store_explicit(&n->state, NET_CLOSED, memory_order_release);
         ep_del(n->fd);
         n->rd_ready = n->wr_ready = 0;
-        break;
-      }
-      if (n->cur.bytes > n->slot_bytes) { /* never trust the wire */
+      } else { /* never trust the wire */
+        struct log_err_sink* prev = log_set_error_sink(n->sink);
         WARN("rank %d: rank %d announced a %llu-byte step on the network connection, more than the %zu-byte slot: "
              "closing it", n->rank, n->peer, (unsigned long long)n->cur.bytes, n->slot_bytes);
+        log_set_error_sink(prev);
         conn_fail(n, "receive", EPROTO);
-        break;
       }
+      return 1;
     }
     uint64_t head = atomic_load_explicit(&n->ctrl->head, memory_order_acquire);
     if (n->step - head >= CH_STEPS) break; /* no free slot: the rank's head post wakes us */
@@ -300,7 +306,7 @@ static int progress_recv(struct net_conn* n) {
     if (n->off < total) {
       char* data = n->buf + (size_t)slot * n->slot_bytes;
       ssize_t r = recv(n->fd, data + (n->off - hs), total - n->off, MSG_DONTWAIT);
-      if (!recv_ok(n, r)) break;
+      if (direct ? r <= 0 : !recv_ok(n, r)) break;
       did = 1;
       n->off += (size_t)r;
       if (n->off < total) continue;
@@ -311,8 +317,29 @@ static int progress_recv(struct net_conn* n) {
     n->step++;
     did = 1;
     atomic_store_explicit(&n->ctrl->tail, n->step, memory_order_release); /* after every byte */
-    tp_wake(&n->ctrl->tail, &n->ctrl->recv_sleeping);
+    if (!direct) tp_wake(&n->ctrl->tail, &n->ctrl->recv_sleeping);
   }
+  return did;
+}
+
+static int progress_recv(struct net_conn* n) {
+  int did = 0;
+  /* The rank may be receiving itself while it waits (tp_net_poll): then it is its turn. */
+  if (!atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
+    did = recv_steps(n, 0);
+    atomic_store_explicit(&n->busy, 0, memory_order_release);
+  }
+  return did;
+}
+
+int tp_net_poll(struct conn* c) {
+  struct net_conn* n = c->net;
+  if (c->transport != TP_NET || !n || n->is_send || !n->direct_max ||
+      atomic_load_explicit(&n->state, memory_order_acquire) != NET_BOUND)
+    return 0;
+  if (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) return 0;
+  int did = recv_steps(n, 1);
+  atomic_store_explicit(&n->busy, 0, memory_order_release);
   return did;
 }
 
@@ -332,7 +359,7 @@ static int can_progress(void) {
     if (n->is_send) {
       /* head, not step: the rank may be moving step (direct send); head == step between steps */
       if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > atomic_load(&n->ctrl->head))) return 1;
-    } else if (n->rd_ready && n->step - atomic_load(&n->ctrl->head) < CH_STEPS) {
+    } else if (n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS) {
       return 1;
     }
   }

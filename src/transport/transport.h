@@ -132,6 +132,9 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
 ch_status tp_net_wait_bound(struct conn* c, const struct tp_net_ctx* x);
 /* 0: fine; 1: the peer closed gracefully (destroyed its communicator); 2: the link failed (logged). */
 int tp_net_state(const struct conn* c);
+/* A rank waiting for data on c (CHORUS_NET_DIRECT_MAX_BYTES > 0): receive from the socket itself
+ * instead of waiting for the proxy. Returns 1 if a step (or part of one) arrived. Cheap for others. */
+int tp_net_poll(struct conn* c);
 void tp_net_free(struct conn* c);
 /* The peer has mapped the FIFO: the receiver no longer needs its descriptor. */
 void tp_conn_release_fd(struct conn* c);
