@@ -45,7 +45,7 @@
 #define PX_RELAX() __asm__ volatile("" ::: "memory")
 #endif
 
-#define MAX_ACCEPTS 64
+#define MAX_ACCEPTS 256 /* sockets accepted and still authenticating; more wait in the backlog */
 #define ACCEPT_TIMEOUT_NS (10ull * 1000000000ull) /* an accepted socket must authenticate by then */
 #define DRAIN_TIMEOUT_NS (30ull * 1000000000ull)  /* a closing sender flushes posted steps this long */
 #define TAG_LISTENER ((void*)1)
@@ -77,6 +77,7 @@ static struct {
 static _Atomic int px_evfd = -1;  /* eventfd: any thread may write it */
 static _Atomic int px_changes;    /* incoming or closing records wait in sync_lists */
 static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
+static int accept_blocked;        /* proxy (reset before it starts): accepts wait in the backlog */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
 
 void net_sockopts(int fd) {
@@ -463,6 +464,10 @@ static void read_hello(struct pending* p) {
 
 static void accept_all(void) {
   for (;;) {
+    if (px.nacc >= MAX_ACCEPTS) { /* leave the rest in the kernel's backlog until a slot frees */
+      accept_blocked = 1;
+      return;
+    }
     union sock_addr ra;
     socklen_t len = sizeof(ra);
     memset(&ra, 0, sizeof(ra));
@@ -474,7 +479,7 @@ static void accept_all(void) {
     struct pending* p = NULL;
     for (int i = 0; i < MAX_ACCEPTS && !p; i++)
       if (px.acc[i].fd < 0) p = &px.acc[i];
-    if (!p) { /* flooded: drop the newcomer, keep those in progress */
+    if (!p) { /* cannot happen (nacc counts the used slots) */
       close(fd);
       continue;
     }
@@ -603,6 +608,10 @@ static void* proxy_main(void* arg) {
   for (;;) {
     if (atomic_load_explicit(&px_changes, memory_order_acquire) && sync_lists()) break;
     if (px.nacc) expire_accepts();
+    if (accept_blocked && px.nacc < MAX_ACCEPTS) {
+      accept_blocked = 0;
+      accept_all();
+    }
     int ne = epoll_wait(px.epfd, ev, 64, 0);
     handle_events(ev, ne);
     if (progress_all() || ne > 0) {
@@ -656,6 +665,7 @@ ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union 
   if (px.state == PX_NONE) {
     for (int i = 0; i < MAX_ACCEPTS; i++) px.acc[i].fd = -1;
     px.nacc = 0;
+    accept_blocked = 0;
     s = ensure_epoll();
     union sock_addr a = *hint;
     if (a.sa.sa_family == AF_INET6) a.sin6.sin6_port = 0;
