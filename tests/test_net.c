@@ -255,7 +255,8 @@ static void* survivor(void* arg) {
   ASSERT(buf);
   ncclResult_t r = ncclSuccess;
   uint64_t t0 = now_ns(), t_err = 0;
-  for (int i = 0; i < 1000 && r == ncclSuccess; i++) r = ncclAllReduce(buf, buf, KILL_COUNT, ncclFloat32, ncclSum, comm, NULL);
+  for (int i = 0; i < 1000 && r == ncclSuccess; i++)
+    r = ncclAllReduce(buf, buf, KILL_COUNT, ncclFloat32, ncclSum, comm, NULL);
   t_err = now_ns();
   ncclResult_t async = ncclSuccess;
   NCCL_OK(ncclCommGetAsyncError(comm, &async));

@@ -179,7 +179,8 @@ static ch_status comm_setup(struct ncclComm* comm) {
     for (int q = 0; q < n; q++) { /* local processes: one proxy each */
       int first = comm->peers[q].host_hash == mine->host_hash;
       for (int o = 0; o < q && first; o++)
-        first = !(comm->peers[o].host_hash == mine->host_hash && comm->peers[o].proc_nonce == comm->peers[q].proc_nonce);
+        first = !(comm->peers[o].host_hash == mine->host_hash &&
+                  comm->peers[o].proc_nonce == comm->peers[q].proc_nonce);
       threads += first;
     }
     break;
@@ -227,8 +228,10 @@ static ch_status comm_setup(struct ncclComm* comm) {
   CHECK(direct_setup(comm));
 
   int shm = 0, local = 0, net = 0;
-  for (int r = 0; r < n; r++)
-    shm |= comm->peer_tp[r] == TP_SHM, local |= r != me && comm->peer_tp[r] == TP_LOCAL, net |= comm->peer_tp[r] == TP_NET;
+  for (int r = 0; r < n; r++) {
+    shm |= comm->peer_tp[r] == TP_SHM, net |= comm->peer_tp[r] == TP_NET;
+    local |= r != me && comm->peer_tp[r] == TP_LOCAL;
+  }
   log_peer_transports(comm);
   INFO(LOG_INIT, "Chorus %s (NCCL API %d.%d.%d): comm %p rank %d/%d on %s pid %d, %d local rank(s), %d host(s), "
        "%d channel(s), transports:%s%s%s%s", CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm,
