@@ -28,6 +28,7 @@ enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
   X("NCCL_LL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL])                                            \
   X("NCCL_LL128_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL128])                                      \
   X("NCCL_SHM_DISABLE", AG_INT, param_int(PARAM_SHM_DISABLE) != 0)                                  \
+  X("NCCL_P2P_DISABLE", AG_INT, param_int(PARAM_P2P_DISABLE) != 0)                                  \
   X("CHORUS_EXCHANGE_MAX_BYTES", AG_INT, c->exchange_max_bytes)                                     \
   X("CHORUS_DIRECT_MIN_BYTES", AG_INT, c->direct_min_bytes)                                         \
   X("CHORUS_SHM_DIRECT_MIN_BYTES", AG_INT, c->shm_direct_min_bytes)                                 \

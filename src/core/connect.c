@@ -10,25 +10,36 @@
 #define TAG_P2P (BOOT_TAG_CONNECT + CH_MAX_CHANNELS)
 #define TAG_ACK (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 1)
 
+static void net_ctx(struct ncclComm* comm, struct tp_net_ctx* x) {
+  const struct boot_key* key = boot_secret(comm->boot);
+  x->rank = comm->rank;
+  x->listen_hint = &comm->peers[comm->rank].listen_addr;
+  x->key = key->k;
+  x->uid_mode = key->mode == BOOT_AUTH_UID;
+  x->async_err = &comm->async_result;
+  x->abort = &comm->abort_flag;
+  x->sink = &comm->last_error;
+}
+
 static ch_status recv_setup(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,
                             struct tp_handle* h) {
+  struct tp_net_ctx x;
   c->peer = peer;
   switch (comm->peer_tp[peer]) {
     case TP_LOCAL: return tp_local_recv_setup(c, sz, h);
     case TP_SHM: return tp_shm_recv_setup(c, sz, h);
-    default:
-      WARN("rank %d is on another host (%s) than rank %d (%s): the socket transport between hosts is not "
-           "available in this version", peer, comm->peers[peer].hostname, comm->rank,
-           comm->peers[comm->rank].hostname);
-      return CH_INVALID_USAGE;
+    default: net_ctx(comm, &x); return tp_net_recv_setup(c, sz, h, &x);
   }
 }
 
 static ch_status send_connect(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,
                               const struct tp_handle* h) {
+  struct tp_net_ctx x;
   c->peer = peer;
   if (h->kind == TP_LOCAL) return tp_local_send_connect(c, sz, h);
-  return tp_shm_send_connect(c, sz, h);
+  if (h->kind == TP_SHM) return tp_shm_send_connect(c, sz, h);
+  net_ctx(comm, &x);
+  return tp_net_send_connect(c, sz, h, &x, &comm->peers[peer].listen_addr);
 }
 
 /* A rank talking to itself: one local FIFO serves both directions. */
@@ -155,8 +166,14 @@ static ch_status take_ack(struct ncclComm* comm, int peer, struct conn* c, ch_st
   *ok = 0;
   CHECK(boot_recv(comm->boot, peer, TAG_ACK, &a, sizeof(a)));
   if (!c->connected) return CH_OK; /* we offered nothing: our failure, logged already */
-  tp_conn_release_fd(c);
-  if (a.status == CH_OK) {
+  if (c->transport != TP_NET) tp_conn_release_fd(c);
+  if (a.status == CH_OK && c->transport == TP_NET) { /* our proxy must have bound its socket */
+    struct tp_net_ctx x;
+    net_ctx(comm, &x);
+    ch_status s = tp_net_wait_bound(c, &x);
+    if (s == CH_OK) *ok = 1;
+    else if (*st == CH_OK) *st = s;
+  } else if (a.status == CH_OK) {
     *ok = 1;
   } else if (*st == CH_OK) {
     WARN("rank %d: rank %d could not attach to rank %d's FIFO (%s); its log says why", comm->rank, peer,

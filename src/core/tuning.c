@@ -46,8 +46,30 @@ static unsigned parse_mask(const char* env, const char* value, const char** name
   return mask;
 }
 
+/* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
+ * what all know: hosts, processes, and NCCL_SHM_DISABLE / NCCL_P2P_DISABLE (agreed at init). */
+static int uses_net(const struct ncclComm* comm) {
+  int n = comm->nranks, procs = 0;
+  if (n < 2) return 0;
+  for (int r = 1; r < n; r++) {
+    if (comm->peers[r].host_hash != comm->peers[0].host_hash) return 1;
+    procs |= comm->peers[r].proc_nonce != comm->peers[0].proc_nonce;
+  }
+  int shm_off = param_int(PARAM_SHM_DISABLE) != 0, p2p_off = param_int(PARAM_P2P_DISABLE) != 0;
+  return shm_off && (procs || p2p_off);
+}
+
 void tune_init(struct ncclComm* comm) {
   comm->proto_mask = parse_mask("NCCL_PROTO", param_str(PARAM_PROTO), proto_names, CH_NPROTO);
+  /* LL/LL128 readiness rests on flags stored last with release order; a recv() into a slot gives no
+   * such order (the proxy publishes whole slots through tail), and only Simple steps record their
+   * size for the proxy. So a communicator that uses the network runs Simple only. */
+  if (uses_net(comm)) {
+    if (!(comm->proto_mask & (1u << PROTO_SIMPLE)) && comm->rank == 0)
+      WARN("NCCL_PROTO=%s: the network transport carries only the Simple protocol; using Simple",
+           param_str(PARAM_PROTO));
+    comm->proto_mask = 1u << PROTO_SIMPLE;
+  }
   /* Only rings exist so far: NCCL_ALGO may name Tree, which falls back to Ring with a note. */
   comm->algo_mask = parse_mask("NCCL_ALGO", param_str(PARAM_ALGO), algo_names, ALGO_COUNT);
   if (!(comm->algo_mask & ~(1u << ALGO_TREE)) && comm->rank == 0)

@@ -56,7 +56,21 @@
   X(RING_ORDER, "CHORUS_RING_ORDER", P_STR, 0, "",                                                \
     "testing aid: ring order after grouping by host: hosts (default), reverse, interleave; ranks must agree") \
   X(SECRET_FILE, "CHORUS_SECRET_FILE", P_STR, 0, "",                                               \
-    "file (mode 0600) holding the job secret for NCCL_COMM_ID jobs; CHORUS_SECRET (environment only, never printed) is the alternative")
+    "file (mode 0600) holding the job secret for NCCL_COMM_ID jobs; CHORUS_SECRET (environment only, never printed) is the alternative") \
+  X(P2P_DISABLE, "NCCL_P2P_DISABLE", P_INT, 0, "",                                                 \
+    "1 = no direct transport between threads of one process (with NCCL_SHM_DISABLE=1: the network)") \
+  X(SOCKET_NTHREADS, "NCCL_SOCKET_NTHREADS", P_INT, 1, "",                                         \
+    "socket transport: helper threads per connection (accepted; this version uses the one proxy thread)") \
+  X(NSOCKS_PERTHREAD, "NCCL_NSOCKS_PERTHREAD", P_INT, 1, "",                                       \
+    "socket transport: sockets per helper thread (accepted; this version uses one socket per connection)") \
+  X(NET_SPIN_US, "CHORUS_NET_SPIN_US", P_INT, 0, "",                                               \
+    "microseconds the network proxy thread busy-polls after its last progress before sleeping in epoll") \
+  X(NET_DIRECT_MAX_BYTES, "CHORUS_NET_DIRECT_MAX_BYTES", P_INT, 0, "",                             \
+    "network steps up to this many bytes are sent by the rank's thread, not the proxy (0 = never)") \
+  X(NET_SOCKBUF_BYTES, "CHORUS_NET_SOCKBUF_BYTES", P_INT, 0, "",                                   \
+    "SO_SNDBUF/SO_RCVBUF of network transport sockets (0 = kernel autotuning)") \
+  X(NET_LINK_TIMEOUT_MS, "CHORUS_NET_LINK_TIMEOUT_MS", P_INT, 20000, "",                          \
+    "a network connection whose peer host stops answering (data or keepalive probes unacknowledged) fails after this long (0 = kernel defaults)")
 
 enum param_kind { P_INT, P_STR };
 

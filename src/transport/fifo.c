@@ -111,6 +111,10 @@ void tp_wake_slow(_Atomic uint64_t* word) { syscall(SYS_futex, futex_word(word),
 
 void tp_conn_free(struct conn* c) {
   if (!c->connected) return;
+  if (c->transport == TP_NET) { /* net.c: the proxy lets go first */
+    tp_net_free(c);
+    return;
+  }
   if (c->transport == TP_LOCAL) {
     tp_local_withdraw(c->token); /* first: a sender can no longer take a reference after this */
     /* A peer thread may still be posting its last step into this block: free it when both are done. */

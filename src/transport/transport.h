@@ -7,7 +7,9 @@
  *           handed to the peer by descriptor passing (fdpass.c), so nothing is left behind by a crash.
  * Nothing pointer-like crosses the bootstrap: handles carry random tokens that only the process that
  * made them can resolve (registry.c, fdpass.c).
- *   (net  : sockets through a proxy thread; a later stage.) */
+ *   net   : each side has its own FIFO in its own heap; the process's proxy thread (proxy.c) sends the
+ *           sender's posted slots over a TCP socket and receives them into the receiver's FIFO,
+ *           mirroring tail/head on each side (net.c). Only Simple steps cross the network. */
 #ifndef CH_TRANSPORT_H
 #define CH_TRANSPORT_H
 
@@ -15,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../misc/log.h"
+#include "../misc/socket.h"
 #include "../misc/status.h"
 
 #define CH_STEPS 8
@@ -50,6 +54,8 @@ struct tp_sizes {
   size_t buff[CH_NPROTO]; /* bytes of each protocol's FIFO (CH_STEPS slots) */
 };
 
+struct net_conn; /* net.h */
+
 /* One direction of one connection with one peer. */
 struct conn {
   struct fifo_ctrl* ctrl;
@@ -65,6 +71,7 @@ struct conn {
   size_t map_bytes;
   int fd;
   uint64_t token; /* receiver: registry token of the FIFO until the sender has it (0: none) */
+  struct net_conn* net; /* TP_NET: the proxy's record of this connection (net.h) */
 };
 
 enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_NET = 2, TP_COUNT };
@@ -75,16 +82,25 @@ struct tp_handle {
   int32_t pad;
   uint64_t bytes;
   uint64_t token; /* local: tp_local_publish token; shm: tp_fd_export token */
-  uint64_t nonce; /* shm: the receiver's process nonce, naming its descriptor server */
+  uint64_t nonce; /* shm: the receiver's process nonce, naming its descriptor server; net: challenge */
+  union sock_addr addr; /* net: the receiver's process listener (same IP as its bootstrap listener) */
 };
 
 /* Sleeping on a counter (futex on its low 32 bits, valid between processes) and waking sleepers.
  * Wakers pay one fence and one load per post; a syscall only when someone sleeps. */
 void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, int timeout_us);
+/* Sleeping words above 1 belong to the net proxy (proxy.c): TP_SLEEP_PROXY, it sleeps in epoll_wait:
+ * poke its eventfd; TP_SLEEP_DIRECT (kept for good on net send FIFOs' recv_sleeping): `word` is the
+ * tail just posted: the poster may send the step itself, or poke the proxy if it sleeps. */
+#define TP_SLEEP_PROXY 2u
+#define TP_SLEEP_DIRECT 3u
 static inline void tp_wake(_Atomic uint64_t* word, _Atomic uint32_t* sleeping) {
   void tp_wake_slow(_Atomic uint64_t * word);
+  void tp_proxy_post(_Atomic uint64_t * word, uint32_t how);
   atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(sleeping, memory_order_relaxed)) tp_wake_slow(word);
+  uint32_t s = atomic_load_explicit(sleeping, memory_order_relaxed);
+  if (s >= TP_SLEEP_PROXY) tp_proxy_post(word, s);
+  else if (s) tp_wake_slow(word);
 }
 
 size_t tp_fifo_bytes(const struct tp_sizes* sz);
@@ -96,6 +112,30 @@ ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const
 ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h);
 ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h);
 void tp_conn_free(struct conn* c);
+
+/* Network transport (net.c). What a rank hands the transport about itself. */
+struct tp_net_ctx {
+  int rank;
+  const union sock_addr* listen_hint; /* this rank's bootstrap listen address: the net listener's interface */
+  const unsigned char* key;           /* the job's 32-byte key (boot_secret); never sent */
+  int uid_mode;                       /* key derived from public data: local peers must be our uid */
+  _Atomic int* async_err;             /* the communicator's async error: CH_REMOTE when the link fails */
+  const volatile int* abort;
+  struct log_err_sink* sink; /* the communicator's last-error record: the proxy's WARNs about it go there */
+};
+ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h,
+                            const struct tp_net_ctx* x);
+/* expect_ip: the peer's bootstrap address; the offered listener must be on that IP. */
+ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+                              const struct tp_net_ctx* x, const union sock_addr* expect_ip);
+/* Receiver: wait (bounded, abortable) until the sender's socket has authenticated and been bound. */
+ch_status tp_net_wait_bound(struct conn* c, const struct tp_net_ctx* x);
+/* 0: fine; 1: the peer closed gracefully (destroyed its communicator); 2: the link failed (logged). */
+int tp_net_state(const struct conn* c);
+/* A rank waiting for data on c (CHORUS_NET_DIRECT_MAX_BYTES > 0): receive from the socket itself
+ * instead of waiting for the proxy. Returns 1 if a step (or part of one) arrived. Cheap for others. */
+int tp_net_poll(struct conn* c);
+void tp_net_free(struct conn* c);
 /* The peer has mapped the FIFO: the receiver no longer needs its descriptor. */
 void tp_conn_release_fd(struct conn* c);
 const char* tp_name(int kind);

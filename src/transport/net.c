@@ -1,0 +1,200 @@
+/* Network transport: connection setup and teardown, run by rank threads (the data moves in proxy.c).
+ *
+ * Each side of a connection has its own FIFO (struct fifo_ctrl + slots, as shm/local) in its own
+ * heap. The receiver registers its FIFO with the process's proxy under a random token and offers
+ * {listener address, token, challenge} through the (authenticated) bootstrap. The sender checks the
+ * offered listener is on the IP its peer joined from, connects (NCCL_SOCKET_RETRY_* backoff), sends
+ * one flight {token, ranks, nonce, HMAC proof of the job key} and hands the socket to its own proxy.
+ * The receiver's proxy accepts, verifies and binds the socket to the FIFO; the receiver waits for
+ * that before it reports the connection made. One socket per connection; each channel and each
+ * send/recv peer has its own. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/sha256.h"
+#include "../misc/utils.h"
+#include "net.h"
+
+#define NET_CONNECT_TIMEOUT_NS (60ull * 1000000000ull) /* connect + hello, on top of the retry policy */
+#define NET_BIND_TIMEOUT_NS (60ull * 1000000000ull)    /* receiver: the sender's hello must arrive by then */
+
+void net_hello_mac(const unsigned char* key, const struct net_hello* h, uint64_t challenge,
+                   const union sock_addr* listener, unsigned char mac[NET_MAC]) {
+  static const char label[] = "chorus-net-v1";
+  const void* parts[4] = {label, h, &challenge, listener};
+  size_t lens[4] = {sizeof(label), offsetof(struct net_hello, mac), sizeof(challenge), sizeof(*listener)};
+  hmac_sha256(key, 32, 4, parts, lens, mac);
+}
+
+static ch_status fifo_alloc(struct conn* c, const struct tp_sizes* sz) {
+  size_t bytes = tp_fifo_bytes(sz);
+  void* mem = NULL;
+  if (posix_memalign(&mem, 4096, bytes) != 0) {
+    WARN("cannot allocate %zu bytes for a network FIFO with rank %d", bytes, c->peer);
+    return CH_SYSTEM;
+  }
+  memset(mem, 0, bytes);
+  tp_fifo_layout(c, mem, sz);
+  c->map_base = mem;
+  c->map_bytes = bytes;
+  c->fd = -1;
+  c->token = 0;
+  return CH_OK;
+}
+
+static struct net_conn* record_new(struct conn* c, const struct tp_net_ctx* x, int is_send) {
+  struct net_conn* n = calloc(1, sizeof(*n));
+  if (!n) {
+    WARN("out of memory for a network connection with rank %d", c->peer);
+    return NULL;
+  }
+  n->is_send = is_send;
+  n->rank = x->rank;
+  n->peer = c->peer;
+  n->ctrl = c->ctrl;
+  n->buf = c->buff[PROTO_SIMPLE];
+  n->slot_bytes = c->slot_bytes[PROTO_SIMPLE];
+  memcpy(n->key, x->key, sizeof(n->key));
+  n->uid_mode = x->uid_mode;
+  n->async_err = x->async_err;
+  n->abort = x->abort;
+  n->sink = x->sink;
+  n->fd = -1;
+  atomic_store(&n->state, NET_PENDING);
+  return n;
+}
+
+static void fail_free(struct conn* c, struct net_conn* n) {
+  free(n);
+  free(c->map_base);
+  int peer = c->peer;
+  memset(c, 0, sizeof(*c));
+  c->fd = -1;
+  c->peer = peer;
+}
+
+ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h,
+                            const struct tp_net_ctx* x) {
+  CHECK(fifo_alloc(c, sz));
+  struct net_conn* n = record_new(c, x, 0);
+  if (!n) return fail_free(c, NULL), CH_SYSTEM;
+  n->token = tp_fresh_token();
+  int64_t dmax = param_int(PARAM_NET_DIRECT_MAX_BYTES);
+  n->direct_max = dmax > 0 ? (uint64_t)dmax : 0;
+  if (ut_random(&n->challenge, sizeof(n->challenge)) != CH_OK) return fail_free(c, n), CH_SYSTEM;
+  union sock_addr listener;
+  ch_status s = proxy_register(n, x->listen_hint, &listener);
+  if (s != CH_OK) {
+    WARN("rank %d: cannot listen for the network connection from rank %d", x->rank, c->peer);
+    return fail_free(c, n), s;
+  }
+  c->net = n;
+  c->transport = TP_NET;
+  c->connected = 1;
+  memset(h, 0, sizeof(*h));
+  h->kind = TP_NET;
+  h->bytes = tp_fifo_bytes(sz);
+  h->token = n->token;
+  h->nonce = n->challenge;
+  h->addr = listener;
+  return CH_OK;
+}
+
+static int same_ip(const union sock_addr* a, const union sock_addr* b) {
+  if (a->sa.sa_family != b->sa.sa_family) return 0;
+  if (a->sa.sa_family == AF_INET) return a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+  if (a->sa.sa_family == AF_INET6) return memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, 16) == 0;
+  return 0;
+}
+
+ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+                              const struct tp_net_ctx* x, const union sock_addr* expect_ip) {
+  char a[64], b[64];
+  /* The address comes from the peer: accept only its own bootstrap IP, with a real port. */
+  if (!same_ip(&h->addr, expect_ip) || sock_addr_port(&h->addr) == 0) {
+    WARN("rank %d: rank %d offered a network listener at %s, not on the address it joined from (%s): refused",
+         x->rank, c->peer, sock_addr_str(&h->addr, a, sizeof(a)), sock_addr_str(expect_ip, b, sizeof(b)));
+    return CH_REMOTE;
+  }
+  struct sock s = {.fd = -1};
+  struct sock_wait w = {x->abort, ut_now_ns() + NET_CONNECT_TIMEOUT_NS};
+  ch_status st = sock_connect(&h->addr, &s, &w);
+  if (st != CH_OK) {
+    if (st != CH_ABORTED)
+      WARN("rank %d: cannot connect to rank %d's network listener %s (%s)", x->rank, c->peer,
+           sock_addr_str(&h->addr, a, sizeof(a)), ch_status_str(st));
+    return st == CH_ABORTED ? st : CH_REMOTE;
+  }
+  net_sockopts(s.fd);
+  struct net_hello hello;
+  memset(&hello, 0, sizeof(hello));
+  hello.magic = NET_MAGIC;
+  hello.token = h->token;
+  hello.from_rank = x->rank;
+  hello.to_rank = c->peer;
+  st = ut_random(hello.nonce, sizeof(hello.nonce));
+  net_hello_mac(x->key, &hello, h->nonce, &h->addr, hello.mac);
+  if (st == CH_OK) st = sock_send_all(&s, &hello, sizeof(hello), &w);
+  if (st != CH_OK) {
+    if (st != CH_ABORTED)
+      WARN("rank %d: sending the handshake to rank %d at %s failed (%s)", x->rank, c->peer,
+           sock_addr_str(&h->addr, a, sizeof(a)), ch_status_str(st));
+    sock_close(&s);
+    return st == CH_ABORTED ? st : CH_REMOTE;
+  }
+  if ((st = fifo_alloc(c, sz)) != CH_OK) return sock_close(&s), st;
+  struct net_conn* n = record_new(c, x, 1);
+  if (!n) return sock_close(&s), fail_free(c, NULL), CH_SYSTEM;
+  n->fd = s.fd;
+  n->remote = h->addr;
+  int64_t dmax = param_int(PARAM_NET_DIRECT_MAX_BYTES);
+  n->direct_max = dmax > 0 ? (uint64_t)dmax : 0;
+  atomic_store(&n->state, NET_BOUND);
+  /* tp_wake of every post finds the record through the FIFO (token is unused by net FIFOs). */
+  c->ctrl->token = (uint64_t)(uintptr_t)n;
+  atomic_store(&c->ctrl->recv_sleeping, TP_SLEEP_DIRECT);
+  if ((st = proxy_register(n, x->listen_hint, NULL)) != CH_OK) return sock_close(&s), fail_free(c, n), st;
+  c->net = n;
+  c->transport = TP_NET;
+  c->connected = 1;
+  return CH_OK;
+}
+
+ch_status tp_net_wait_bound(struct conn* c, const struct tp_net_ctx* x) {
+  uint64_t end = ut_now_ns() + NET_BIND_TIMEOUT_NS;
+  long ns = 20000;
+  for (;;) {
+    int st = atomic_load_explicit(&c->net->state, memory_order_acquire);
+    if (st == NET_BOUND) return CH_OK;
+    if (st != NET_PENDING) return CH_REMOTE; /* logged by the proxy */
+    if (__atomic_load_n(x->abort, __ATOMIC_RELAXED)) return CH_ABORTED;
+    if (ut_now_ns() > end) {
+      WARN("rank %d: rank %d said it connected to our network listener, but no authenticated connection "
+           "arrived within %llu s", x->rank, c->peer, NET_BIND_TIMEOUT_NS / 1000000000ull);
+      return CH_REMOTE;
+    }
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+    if (ns < 1000000) ns *= 2;
+  }
+}
+
+int tp_net_state(const struct conn* c) {
+  if (c->transport != TP_NET || !c->net) return 0;
+  int st = atomic_load_explicit(&c->net->state, memory_order_acquire);
+  return st == NET_FAILED ? 2 : st == NET_CLOSED ? 1 : 0;
+}
+
+void tp_net_free(struct conn* c) {
+  if (c->net) proxy_unregister(c->net); /* the proxy no longer touches the record or the FIFO */
+  free(c->net);
+  free(c->map_base);
+  memset(c, 0, sizeof(*c));
+  c->fd = -1;
+}

@@ -1,0 +1,93 @@
+/* Network transport internals shared by net.c (setup, teardown, run by rank threads) and proxy.c
+ * (the one progress thread of the process). */
+#ifndef CH_NET_H
+#define CH_NET_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../misc/socket.h"
+#include "transport.h"
+
+enum { NET_PENDING = 0, NET_BOUND = 1, NET_CLOSED = 2, NET_FAILED = 3 };
+
+#define NET_MAGIC 0x31307674656e6863ull /* "chnetv01" */
+#define NET_NONCE 16
+#define NET_MAC 32
+#define NET_BYE UINT64_MAX /* net_step.bytes of a sender that closes gracefully */
+#define NET_BYE_BYTE 'B'   /* what a receiver that closes gracefully writes back */
+
+/* The sender's first and only flight of setup: it proves the job key without waiting for the
+ * receiver (one thread may drive both ends). mac = HMAC(key, "chorus-net-v1" || hello up to mac ||
+ * the offer's challenge || the receiver's listener address). The token is single-use (taken when
+ * bound), so a recorded flight cannot be replayed. */
+struct net_hello {
+  uint64_t magic;
+  uint64_t token; /* names the receiver's FIFO (from its offer) */
+  int32_t from_rank, to_rank;
+  unsigned char nonce[NET_NONCE];
+  unsigned char mac[NET_MAC];
+};
+void net_hello_mac(const unsigned char* key, const struct net_hello* h, uint64_t challenge,
+                   const union sock_addr* listener, unsigned char mac[NET_MAC]);
+
+/* Before every step's payload on the wire. */
+struct net_step {
+  uint64_t bytes; /* payload bytes (<= slot size), or NET_BYE */
+  struct xfer_hdr hdr;
+};
+
+/* One direction of one connection, as the proxy sees it. */
+struct net_conn {
+  /* Written by the creating rank thread before registration, read-only afterwards. */
+  int is_send;
+  int rank, peer;
+  struct fifo_ctrl* ctrl; /* this side's FIFO (heap of this process, owned by struct conn) */
+  char* buf;              /* Simple slots */
+  size_t slot_bytes;
+  uint64_t token, challenge; /* receiver: name of the FIFO and the sender's MAC challenge */
+  union sock_addr listener;  /* receiver: our listener at setup (part of the MAC) */
+  unsigned char key[32];
+  int uid_mode;
+  _Atomic int* async_err; /* the communicator's; valid until released (destroy waits for that) */
+  const volatile int* abort; /* the communicator's abort flag: a closing sender stops flushing */
+  struct log_err_sink* sink; /* the communicator's ncclGetLastError record (has its own lock) */
+  union sock_addr remote; /* sender: set before registration; receiver: set by the proxy when bound */
+
+  /* Shared. state: proxy writes (release), ranks read. closing: rank sets under px lock. released:
+   * proxy sets under px lock (cond broadcast); from then on the proxy never touches this record. */
+  _Atomic int state;
+  int closing;
+  int released;
+
+  /* Steps up to direct_max payload bytes are sent by the posting rank thread, and a waiting rank
+   * receives from its socket itself (0: only the proxy moves data). */
+  uint64_t direct_max;
+  /* step, off and cur belong to whoever holds busy: the proxy, or the rank (tp_proxy_post sending,
+   * tp_net_poll receiving). */
+  _Atomic int busy;
+
+  /* Proxy thread only (the sender thread sets fd before registration), but see busy. */
+  int fd;
+  struct net_conn* next;
+  uint64_t step;       /* next step to send / to fill */
+  size_t off;          /* bytes of the current step moved (header + payload) */
+  struct net_step cur; /* header of the current step */
+  int rd_ready, wr_ready; /* no EAGAIN seen since the last epoll edge */
+  int bye_seen;
+  uint64_t drain_deadline; /* closing sender: give up flushing then */
+};
+
+void tp_wake_slow(_Atomic uint64_t* word); /* fifo.c */
+
+/* proxy.c */
+void net_sockopts(int fd); /* buffers (CHORUS_NET_SOCKBUF_BYTES), link timeout, keepalive */
+/* Make sure the proxy runs and its listener exists (bound on hint's IP, port 0), then hand n over.
+ * *listener receives the listener's address. */
+ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener);
+/* Ask the proxy to drop n (graceful bye, close) and wait until it no longer touches n or its FIFO. */
+void proxy_unregister(struct net_conn* n);
+/* The process's net listener address, if a proxy runs (tests). */
+int proxy_listener_addr(union sock_addr* out);
+
+#endif

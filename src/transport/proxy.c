@@ -1,0 +1,719 @@
+/* The network proxy: one thread per process moves Simple steps between this process's local FIFOs and
+ * TCP sockets, for every communicator of the process.
+ *
+ *   sender side  : a rank posts `tail` on its local FIFO; the proxy sends each posted slot (a
+ *                  net_step header, then the payload) and advances `head` (credit back to the rank).
+ *   receiver side: the proxy reads a step into a free slot of the receiver's FIFO (only when
+ *                  tail - head < CH_STEPS), fills size[]/hdr[] and publishes `tail` (release) after all
+ *                  bytes are in, then wakes the rank. Counters never cross the wire.
+ *
+ * Sleeping: after CHORUS_NET_SPIN_US without progress the proxy stores TP_SLEEP_PROXY into the
+ * sleeping word it would be woken by on each FIFO (recv_sleeping of send FIFOs, send_sleeping of
+ * receive FIFOs), re-checks the counters (Dekker pair with tp_wake) and blocks in epoll_wait on its
+ * sockets and an eventfd; tp_wake of a rank writes the eventfd. Sockets are edge-triggered: rd_ready /
+ * wr_ready stay set until a call returns EAGAIN, so no pass wastes a syscall on an idle socket.
+ *
+ * Ownership: a record (struct net_conn) is built by a rank thread and handed over through
+ * px.incoming; from then on only this thread touches its progress fields. Teardown (destroy or abort)
+ * sets `closing` under px.lock and waits on px.cond until the proxy sets `released`, after which the
+ * proxy never touches the record or its FIFO again and the rank frees both. The thread starts with the
+ * first record, exits when none remain (the last unregistering thread joins it), and a forked child
+ * starts afresh. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/sha256.h"
+#include "../misc/utils.h"
+#include "net.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PX_RELAX() __builtin_ia32_pause()
+#else
+#define PX_RELAX() __asm__ volatile("" ::: "memory")
+#endif
+
+#define MAX_ACCEPTS 256 /* sockets accepted and still authenticating; more wait in the backlog */
+#define ACCEPT_TIMEOUT_NS (10ull * 1000000000ull) /* an accepted socket must authenticate by then */
+#define DRAIN_TIMEOUT_NS (30ull * 1000000000ull)  /* a closing sender flushes posted steps this long */
+#define TAG_LISTENER ((void*)1)
+#define TAG_EVENTFD ((void*)2)
+
+struct pending { /* an accepted socket that has not authenticated yet (proxy thread only) */
+  int fd;
+  union sock_addr remote;
+  uint64_t deadline;
+  size_t got;
+  struct net_hello h;
+};
+
+enum { PX_NONE, PX_RUNNING, PX_EXITED };
+
+/* Fields under px.lock unless marked "proxy". */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* a record was released, or the thread exited */
+  int state;           /* PX_* */
+  pthread_t thread;
+  struct net_conn* incoming; /* registered, not yet taken by the proxy */
+  struct sock listener;      /* made by the registering thread; closed by the proxy when it exits */
+  int epfd;                  /* process lifetime (recreated in a forked child) */
+  struct net_conn* conns;    /* proxy */
+  struct pending acc[MAX_ACCEPTS]; /* proxy; fd -1: free */
+  int nacc;                        /* proxy */
+} px = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .listener = {.fd = -1}, .epfd = -1};
+static _Atomic int px_evfd = -1;  /* eventfd: any thread may write it */
+static _Atomic int px_changes;    /* incoming or closing records wait in sync_lists */
+static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
+static int accept_blocked;        /* proxy (reset before it starts): accepts wait in the backlog */
+static pthread_once_t px_once = PTHREAD_ONCE_INIT;
+
+void net_sockopts(int fd) {
+  int64_t b = param_int(PARAM_NET_SOCKBUF_BYTES);
+  if (b > 0) { /* autotuning otherwise: an explicit size switches it off */
+    int v = (int)(b > (1 << 30) ? (1 << 30) : b);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+  }
+  /* A cut link gives no EOF: the sender's unacknowledged data (TCP_USER_TIMEOUT) or the receiver's
+   * unanswered keepalive probes turn it into ETIMEDOUT, hence a failure, in bounded time. A peer
+   * host that is alive acknowledges both, however long its rank takes. */
+  int64_t ms = param_int(PARAM_NET_LINK_TIMEOUT_MS);
+  if (ms > 0) {
+    unsigned ut = (unsigned)(ms > 3600000 ? 3600000 : ms);
+    int on = 1, idle = (int)UT_MAX(1, ut / 4000), intvl = (int)UT_MAX(1, ut / 8000), cnt = 4;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  }
+}
+
+void tp_proxy_kick(void) {
+  int fd = atomic_load_explicit(&px_evfd, memory_order_relaxed);
+  uint64_t one = 1;
+  if (fd >= 0 && write(fd, &one, sizeof(one)) < 0) { /* EAGAIN: a wake-up is pending anyway */ }
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&px.lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&px.lock); }
+/* The child has no proxy thread: forget the parent's records (its communicators are unusable there),
+ * close what is shared with the parent and let the next registration start over. px.lock is held
+ * (atfork_prepare), so no record was half-way through a change. */
+static void atfork_child(void) {
+  if (px.listener.fd >= 0) close(px.listener.fd);
+  for (int i = 0; i < MAX_ACCEPTS; i++)
+    if (px.nacc && px.acc[i].fd > 0) close(px.acc[i].fd);
+  if (px.epfd >= 0) close(px.epfd);
+  int ev = atomic_exchange(&px_evfd, -1);
+  if (ev >= 0) close(ev);
+  px.listener.fd = -1, px.epfd = -1, px.state = PX_NONE, px.incoming = NULL, px.conns = NULL, px.nacc = 0;
+  atomic_store(&px_changes, 0);
+  atomic_store(&px_sleeping, 0);
+  pthread_mutex_unlock(&px.lock); /* taken by this (the forking) thread in atfork_prepare */
+}
+static void px_init_once(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+static void ep_add(int fd, void* tag, uint32_t events) {
+  struct epoll_event e = {.events = events, .data.ptr = tag};
+  if (epoll_ctl(px.epfd, EPOLL_CTL_ADD, fd, &e) != 0) WARN("net proxy: epoll_ctl ADD failed: %s", strerror(errno));
+}
+static void ep_del(int fd) { epoll_ctl(px.epfd, EPOLL_CTL_DEL, fd, NULL); }
+
+static const char* conn_dir(const struct net_conn* n) { return n->is_send ? "to" : "from"; }
+static void fail_comm(struct net_conn* failed);
+
+/* The link is gone: mark it (once), tell the communicator, wake the rank so it looks. err 0: EOF. */
+static void conn_fail(struct net_conn* n, const char* op, int err) {
+  int st = atomic_load_explicit(&n->state, memory_order_relaxed);
+  if (st == NET_FAILED || st == NET_CLOSED) return;
+  if (n->bye_seen) { /* the peer said goodbye first: an orderly close */
+    atomic_store_explicit(&n->state, NET_CLOSED, memory_order_release);
+  } else {
+    char a[64];
+    struct log_err_sink* prev = log_set_error_sink(n->sink); /* ncclGetLastError(comm) says it too */
+    WARN("rank %d: network connection %s rank %d (%s) failed in %s: %s", n->rank, conn_dir(n), n->peer,
+         sock_addr_str(&n->remote, a, sizeof(a)), op, err ? strerror(err) : "connection closed by the peer");
+    log_set_error_sink(prev);
+    atomic_store_explicit(&n->state, NET_FAILED, memory_order_release);
+    int expected = 0;
+    atomic_compare_exchange_strong(n->async_err, &expected, (int)CH_REMOTE);
+  }
+  if (n->fd >= 0) ep_del(n->fd);
+  n->rd_ready = n->wr_ready = 0;
+  tp_wake_slow(&n->ctrl->tail);
+  tp_wake_slow(&n->ctrl->head);
+  if (atomic_load_explicit(&n->state, memory_order_relaxed) == NET_FAILED) fail_comm(n);
+}
+
+/* One link of a communicator failed, so the communicator is unusable (its async error is set): shut
+ * its other links down without a goodbye, so that every rank of it sees a failure within one hop per
+ * rank instead of waiting for ever on a rank that is itself stuck (ring neighbours of a dead rank
+ * are not its only waiters). */
+static void fail_comm(struct net_conn* failed) {
+  for (struct net_conn* n = px.conns; n; n = n->next) {
+    if (n == failed || n->async_err != failed->async_err || n->fd < 0) continue;
+    int st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    if (st != NET_BOUND) continue;
+    INFO(LOG_NET, "rank %d: shutting down the network connection %s rank %d: the communicator failed", n->rank,
+         conn_dir(n), n->peer);
+    shutdown(n->fd, SHUT_RDWR);
+    atomic_store_explicit(&n->state, NET_FAILED, memory_order_release);
+    ep_del(n->fd);
+    n->rd_ready = n->wr_ready = 0;
+    tp_wake_slow(&n->ctrl->tail);
+    tp_wake_slow(&n->ctrl->head);
+  }
+}
+
+/* recv() result: 1 if bytes came, else 0 (EAGAIN clears rd_ready; EOF and errors fail the link). */
+static int recv_ok(struct net_conn* n, ssize_t r) {
+  if (r > 0) return 1;
+  if (r == 0) conn_fail(n, "receive", 0);
+  else if (errno == EAGAIN || errno == EWOULDBLOCK) n->rd_ready = 0;
+  else if (errno != EINTR) conn_fail(n, "receive", errno);
+  return 0;
+}
+
+/* Send what the rank posted, one step after the other. Caller holds n->busy. direct: called by the
+ * rank thread right after its post (small steps only, up to max bytes); it leaves every error and
+ * every EAGAIN to the proxy (the only one to touch wr_ready or fail a link), so no epoll edge is lost.
+ * Returns 1 if bytes moved (or the link failed), 0 otherwise; *rest: posted steps are left. */
+static int send_steps(struct net_conn* n, int direct, uint64_t max, int* rest) {
+  int did = 0;
+  const size_t hs = sizeof(n->cur);
+  *rest = 0;
+  for (;;) {
+    uint64_t tail = atomic_load_explicit(&n->ctrl->tail, memory_order_acquire);
+    if (n->step >= tail) break;
+    *rest = 1;
+    if (!direct && !n->wr_ready) break;
+    int slot = (int)(n->step % CH_STEPS);
+    char* data = n->buf + (size_t)slot * n->slot_bytes;
+    if (n->off == 0) {
+      if (direct && n->ctrl->size[slot] > max) break;
+      n->cur.bytes = n->ctrl->size[slot];
+      n->cur.hdr = n->ctrl->hdr[slot];
+    }
+    if (n->cur.bytes > n->slot_bytes) { /* only Simple records sizes: another protocol reached net */
+      if (direct) break;
+      WARN("rank %d: step of %llu bytes for a %zu-byte slot on the network connection to rank %d (internal)",
+           n->rank, (unsigned long long)n->cur.bytes, n->slot_bytes, n->peer);
+      conn_fail(n, "send", EPROTO);
+      return 1;
+    }
+    size_t total = hs + n->cur.bytes;
+    struct iovec iov[2];
+    int k = 0;
+    if (n->off < hs) {
+      iov[k++] = (struct iovec){(char*)&n->cur + n->off, hs - n->off};
+      if (n->cur.bytes) iov[k++] = (struct iovec){data, n->cur.bytes};
+    } else {
+      iov[k++] = (struct iovec){data + (n->off - hs), total - n->off};
+    }
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+    ssize_t r = sendmsg(n->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (direct) break;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) n->wr_ready = 0;
+      else conn_fail(n, "send", errno);
+      break;
+    }
+    did = 1;
+    n->off += (size_t)r;
+    if (n->off == total) { /* in the kernel now: the slot is free again */
+      n->off = 0;
+      n->step++;
+      *rest = 0;
+      atomic_store_explicit(&n->ctrl->head, n->step, memory_order_release);
+      tp_wake(&n->ctrl->head, &n->ctrl->send_sleeping);
+    }
+  }
+  return did;
+}
+
+static int progress_send(struct net_conn* n) {
+  int did = 0, rest;
+  /* The rank may be sending a small step itself (tp_proxy_post): then it is its turn. */
+  if (!atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
+    did = send_steps(n, 0, 0, &rest);
+    atomic_store_explicit(&n->busy, 0, memory_order_release);
+  }
+  /* The receiver only ever writes its goodbye; EOF without it means it died. */
+  while (n->rd_ready) {
+    char b[16];
+    ssize_t r = recv(n->fd, b, sizeof(b), MSG_DONTWAIT);
+    if (!recv_ok(n, r)) break;
+    did = 1;
+    for (ssize_t i = 0; i < r; i++) {
+      if (b[i] != NET_BYE_BYTE) {
+        conn_fail(n, "receive (unexpected data from the receiver)", EPROTO);
+        return 1;
+      }
+    }
+    n->bye_seen = 1;
+  }
+  return did;
+}
+
+/* Receive steps into free slots. Caller holds n->rbusy. direct: called by the waiting rank thread
+ * (tp_net_poll); it leaves EOF, errors, goodbyes and bad headers to the proxy (the only one to touch
+ * rd_ready, epoll or the link state), so no edge is lost. */
+static int recv_steps(struct net_conn* n, int direct) {
+  int did = 0;
+  const size_t hs = sizeof(n->cur);
+  while (direct || n->rd_ready) {
+    if (n->off < hs) {
+      ssize_t r = recv(n->fd, (char*)&n->cur + n->off, hs - n->off, MSG_DONTWAIT);
+      if (direct ? r <= 0 : !recv_ok(n, r)) break;
+      did = 1;
+      n->off += (size_t)r;
+      if (n->off < hs) continue;
+    }
+    if (n->cur.bytes == NET_BYE || n->cur.bytes > n->slot_bytes) {
+      if (direct) break;
+      if (n->cur.bytes == NET_BYE) {
+        n->bye_seen = 1;
+        atomic_store_explicit(&n->state, NET_CLOSED, memory_order_release);
+        ep_del(n->fd);
+        n->rd_ready = n->wr_ready = 0;
+      } else { /* never trust the wire */
+        struct log_err_sink* prev = log_set_error_sink(n->sink);
+        WARN("rank %d: rank %d announced a %llu-byte step on the network connection, more than the %zu-byte slot: "
+             "closing it", n->rank, n->peer, (unsigned long long)n->cur.bytes, n->slot_bytes);
+        log_set_error_sink(prev);
+        conn_fail(n, "receive", EPROTO);
+      }
+      return 1;
+    }
+    uint64_t head = atomic_load_explicit(&n->ctrl->head, memory_order_acquire);
+    if (n->step - head >= CH_STEPS) break; /* no free slot: the rank's head post wakes us */
+    int slot = (int)(n->step % CH_STEPS);
+    size_t total = hs + n->cur.bytes;
+    if (n->off < total) {
+      char* data = n->buf + (size_t)slot * n->slot_bytes;
+      ssize_t r = recv(n->fd, data + (n->off - hs), total - n->off, MSG_DONTWAIT);
+      if (direct ? r <= 0 : !recv_ok(n, r)) break;
+      did = 1;
+      n->off += (size_t)r;
+      if (n->off < total) continue;
+    }
+    n->ctrl->size[slot] = n->cur.bytes;
+    n->ctrl->hdr[slot] = n->cur.hdr;
+    n->off = 0;
+    n->step++;
+    did = 1;
+    atomic_store_explicit(&n->ctrl->tail, n->step, memory_order_release); /* after every byte */
+    if (!direct) tp_wake(&n->ctrl->tail, &n->ctrl->recv_sleeping);
+  }
+  return did;
+}
+
+static int progress_recv(struct net_conn* n) {
+  int did = 0;
+  /* The rank may be receiving itself while it waits (tp_net_poll): then it is its turn. */
+  if (!atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
+    did = recv_steps(n, 0);
+    atomic_store_explicit(&n->busy, 0, memory_order_release);
+  }
+  return did;
+}
+
+int tp_net_poll(struct conn* c) {
+  struct net_conn* n = c->net;
+  if (c->transport != TP_NET || !n || n->is_send || !n->direct_max ||
+      atomic_load_explicit(&n->state, memory_order_acquire) != NET_BOUND)
+    return 0;
+  if (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) return 0;
+  int did = recv_steps(n, 1);
+  atomic_store_explicit(&n->busy, 0, memory_order_release);
+  return did;
+}
+
+static int progress_all(void) {
+  int did = 0;
+  for (struct net_conn* n = px.conns; n; n = n->next) {
+    if (atomic_load_explicit(&n->state, memory_order_relaxed) != NET_BOUND) continue;
+    did |= n->is_send ? progress_send(n) : progress_recv(n);
+  }
+  return did;
+}
+
+/* After a pass without progress, with the sleeping words set: would a pass now do something? */
+static int can_progress(void) {
+  for (struct net_conn* n = px.conns; n; n = n->next) {
+    if (atomic_load_explicit(&n->state, memory_order_relaxed) != NET_BOUND) continue;
+    if (n->is_send) {
+      /* head, not step: the rank may be moving step (direct send); head == step between steps */
+      if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > atomic_load(&n->ctrl->head))) return 1;
+    } else if (n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS) {
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Send FIFOs keep recv_sleeping = TP_SLEEP_DIRECT for good (every post calls tp_proxy_post, which
+ * kicks only while px_sleeping); receive FIFOs get TP_SLEEP_PROXY in send_sleeping while we sleep. */
+static void set_sleeping(uint32_t v) {
+  atomic_store_explicit(&px_sleeping, v != 0, memory_order_relaxed);
+  for (struct net_conn* n = px.conns; n; n = n->next)
+    if (!n->is_send) atomic_store_explicit(&n->ctrl->send_sleeping, v, memory_order_relaxed);
+}
+
+/* tp_wake's slow path for sleeping words >= TP_SLEEP_PROXY. TP_SLEEP_DIRECT: `word` is the tail of a
+ * net send FIFO the rank just posted: send small steps from this thread (one thread wake-up less per
+ * hop), leave the rest to the proxy and wake it if it sleeps. */
+void tp_proxy_post(_Atomic uint64_t* word, uint32_t how) {
+  if (how == TP_SLEEP_DIRECT) {
+    struct fifo_ctrl* ctrl = (struct fifo_ctrl*)((char*)word - offsetof(struct fifo_ctrl, tail));
+    struct net_conn* n = (struct net_conn*)(uintptr_t)ctrl->token;
+    int rest = 1;
+    if (n->direct_max && atomic_load_explicit(&n->state, memory_order_relaxed) == NET_BOUND &&
+        !atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
+      send_steps(n, 1, n->direct_max, &rest);
+      atomic_store_explicit(&n->busy, 0, memory_order_release);
+    }
+    if (!rest) return;
+    atomic_thread_fence(memory_order_seq_cst); /* our posts, then px_sleeping: pairs with the proxy */
+    if (!atomic_load_explicit(&px_sleeping, memory_order_relaxed)) return;
+  }
+  tp_proxy_kick();
+}
+
+/* ---- accepting and authenticating ---- */
+
+static void take_incoming_locked(void);
+
+static void reject(struct pending* p, const char* why) {
+  static uint64_t last_warn;
+  char a[64];
+  uint64_t now = ut_now_ns();
+  if (now - last_warn > 1000000000ull || !last_warn) { /* a scanner cannot flood the log */
+    last_warn = now;
+    WARN("net listener: rejected a connection from %s: %s", sock_addr_str(&p->remote, a, sizeof(a)), why);
+  } else {
+    INFO(LOG_NET, "net listener: rejected a connection from %s: %s", sock_addr_str(&p->remote, a, sizeof(a)), why);
+  }
+  ep_del(p->fd);
+  close(p->fd);
+  p->fd = -1;
+  px.nacc--;
+}
+
+static void authenticate(struct pending* p) {
+  struct net_hello* h = &p->h;
+  if (h->magic != NET_MAGIC) return reject(p, "not a Chorus network connection (bad magic)");
+  struct net_conn* n = NULL;
+  for (int pass = 0; pass < 2 && !n; pass++) {
+    if (pass) { /* the hello may beat the proxy to the record its receiver just registered */
+      pthread_mutex_lock(&px.lock);
+      take_incoming_locked();
+      pthread_mutex_unlock(&px.lock);
+    }
+    for (n = px.conns; n; n = n->next)
+      if (!n->is_send && n->token == h->token && atomic_load(&n->state) == NET_PENDING) break;
+  }
+  if (!n) return reject(p, "unknown or already used connection token");
+  if (h->from_rank != n->peer || h->to_rank != n->rank) return reject(p, "ranks do not match the offer");
+  unsigned char mac[NET_MAC];
+  net_hello_mac(n->key, h, n->challenge, &n->listener, mac);
+  if (ct_memcmp(mac, h->mac, NET_MAC) != 0) return reject(p, "authentication failed (not this job's key)");
+  if (n->uid_mode && sock_addr_is_local(&p->remote)) {
+    uid_t uid;
+    if (sock_peer_uid(p->fd, &uid) != 0 || uid != geteuid())
+      return reject(p, "a local connection from another user (job without a secret admits only our uid)");
+  }
+  struct epoll_event e = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = n};
+  epoll_ctl(px.epfd, EPOLL_CTL_MOD, p->fd, &e);
+  n->fd = p->fd;
+  n->remote = p->remote;
+  n->rd_ready = n->wr_ready = 1;
+  p->fd = -1;
+  px.nacc--;
+  atomic_store_explicit(&n->state, NET_BOUND, memory_order_release);
+}
+
+static void read_hello(struct pending* p) {
+  for (;;) {
+    ssize_t r = recv(p->fd, (char*)&p->h + p->got, sizeof(p->h) - p->got, MSG_DONTWAIT);
+    if (r == 0) return reject(p, "closed before authenticating");
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) reject(p, strerror(errno));
+      return;
+    }
+    p->got += (size_t)r;
+    if (p->got == sizeof(p->h)) return authenticate(p);
+  }
+}
+
+static void accept_all(void) {
+  for (;;) {
+    if (px.nacc >= MAX_ACCEPTS) { /* leave the rest in the kernel's backlog until a slot frees */
+      accept_blocked = 1;
+      return;
+    }
+    union sock_addr ra;
+    socklen_t len = sizeof(ra);
+    memset(&ra, 0, sizeof(ra));
+    int fd = accept4(px.listener.fd, &ra.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return; /* EAGAIN, or a transient error: the next edge retries */
+    }
+    struct pending* p = NULL;
+    for (int i = 0; i < MAX_ACCEPTS && !p; i++)
+      if (px.acc[i].fd < 0) p = &px.acc[i];
+    if (!p) { /* cannot happen (nacc counts the used slots) */
+      close(fd);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    net_sockopts(fd);
+    memset(p, 0, sizeof(*p));
+    p->fd = fd;
+    p->remote = ra;
+    p->deadline = ut_now_ns() + ACCEPT_TIMEOUT_NS;
+    px.nacc++;
+    ep_add(fd, p, EPOLLIN | EPOLLRDHUP | EPOLLET);
+    read_hello(p);
+  }
+}
+
+static void expire_accepts(void) {
+  if (!px.nacc) return;
+  uint64_t now = ut_now_ns();
+  for (int i = 0; i < MAX_ACCEPTS; i++)
+    if (px.acc[i].fd >= 0 && now > px.acc[i].deadline) reject(&px.acc[i], "did not authenticate in time");
+}
+
+static void handle_events(const struct epoll_event* ev, int ne) {
+  for (int i = 0; i < ne; i++) {
+    void* tag = ev[i].data.ptr;
+    uint32_t e = ev[i].events;
+    if (tag == TAG_EVENTFD) {
+      uint64_t v;
+      if (read(atomic_load(&px_evfd), &v, sizeof(v)) < 0) { /* EAGAIN: drained already */ }
+    } else if (tag == TAG_LISTENER) {
+      accept_all();
+    } else if ((uintptr_t)tag >= (uintptr_t)px.acc && (uintptr_t)tag < (uintptr_t)(px.acc + MAX_ACCEPTS)) {
+      struct pending* p = tag;
+      if (p->fd >= 0) read_hello(p);
+    } else {
+      struct net_conn* n = tag;
+      if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) n->rd_ready = 1;
+      if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) n->wr_ready = 1;
+    }
+  }
+}
+
+/* ---- registration and teardown ---- */
+
+/* Let a closing record go: a sender first flushes what its rank posted (the rank may have returned
+ * from its last collective before the proxy sent it), unless aborted or the link is gone. Returns 0
+ * while it must stay. Under px.lock. */
+static int let_go(struct net_conn* n, uint64_t now) {
+  int st = atomic_load(&n->state);
+  if (n->is_send && st == NET_BOUND && !__atomic_load_n(n->abort, __ATOMIC_RELAXED) &&
+      (n->off || atomic_load(&n->ctrl->tail) > n->step)) {
+    if (!n->drain_deadline) n->drain_deadline = now + DRAIN_TIMEOUT_NS;
+    if (now < n->drain_deadline) return 0;
+    WARN("rank %d: closing the network connection to rank %d with %llu step(s) it never took", n->rank, n->peer,
+         (unsigned long long)(atomic_load(&n->ctrl->tail) - n->step));
+  }
+  if (n->fd >= 0) {
+    /* Goodbye, so the peer knows this close is orderly; none after an abort, so that ranks still
+     * waiting on this one see a failure (and spread it) instead of waiting for ever. */
+    if (st == NET_BOUND && n->off == 0 && !__atomic_load_n(n->abort, __ATOMIC_RELAXED)) {
+      struct net_step bye = {.bytes = NET_BYE};
+      if (n->is_send) (void)!send(n->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
+      else (void)!send(n->fd, "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    ep_del(n->fd);
+    close(n->fd);
+    n->fd = -1;
+  }
+  return 1;
+}
+
+/* Move registered records into the proxy's list. Under px.lock. */
+static void take_incoming_locked(void) {
+  while (px.incoming) {
+    struct net_conn* n = px.incoming;
+    px.incoming = n->next;
+    n->next = px.conns;
+    px.conns = n;
+    if (n->fd >= 0) {
+      n->rd_ready = n->wr_ready = 1;
+      ep_add(n->fd, n, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET);
+    }
+  }
+}
+
+/* Take new records, release closing ones. Returns 1 when the thread must exit (nothing left). */
+static int sync_lists(void) {
+  pthread_mutex_lock(&px.lock);
+  atomic_store(&px_changes, 0);
+  take_incoming_locked();
+  int draining = 0, released = 0;
+  uint64_t now = ut_now_ns();
+  for (struct net_conn** pp = &px.conns; *pp;) {
+    struct net_conn* n = *pp;
+    if (n->closing && let_go(n, now)) {
+      *pp = n->next;
+      n->released = 1;
+      released = 1;
+    } else {
+      draining |= n->closing;
+      pp = &n->next;
+    }
+  }
+  int exiting = !px.conns;
+  if (exiting) {
+    for (int i = 0; i < MAX_ACCEPTS; i++)
+      if (px.acc[i].fd >= 0) ep_del(px.acc[i].fd), close(px.acc[i].fd), px.acc[i].fd = -1;
+    px.nacc = 0;
+    ep_del(px.listener.fd);
+    close(px.listener.fd);
+    px.listener.fd = -1;
+    px.state = PX_EXITED;
+  }
+  if (released || exiting) pthread_cond_broadcast(&px.cond);
+  if (draining) atomic_store(&px_changes, 1); /* look again next pass */
+  pthread_mutex_unlock(&px.lock);
+  return exiting;
+}
+
+static void* proxy_main(void* arg) {
+  (void)arg;
+  struct epoll_event ev[64];
+  int64_t spin_ns = param_int(PARAM_NET_SPIN_US) * 1000;
+  uint64_t idle_since = 0;
+  for (;;) {
+    if (atomic_load_explicit(&px_changes, memory_order_acquire) && sync_lists()) break;
+    if (px.nacc) expire_accepts();
+    if (accept_blocked && px.nacc < MAX_ACCEPTS) {
+      accept_blocked = 0;
+      accept_all();
+    }
+    int ne = epoll_wait(px.epfd, ev, 64, 0);
+    handle_events(ev, ne);
+    if (progress_all() || ne > 0) {
+      idle_since = 0;
+      continue;
+    }
+    uint64_t now = ut_now_ns();
+    if (!idle_since) idle_since = now;
+    if ((int64_t)(now - idle_since) < spin_ns) {
+      PX_RELAX();
+      continue;
+    }
+    set_sleeping(TP_SLEEP_PROXY);
+    atomic_thread_fence(memory_order_seq_cst); /* pairs with tp_wake's fence */
+    if (!atomic_load(&px_changes) && !can_progress()) {
+      ne = epoll_wait(px.epfd, ev, 64, px.nacc ? 200 : -1);
+      set_sleeping(0);
+      handle_events(ev, ne > 0 ? ne : 0);
+    } else {
+      set_sleeping(0);
+    }
+    idle_since = 0;
+  }
+  return NULL;
+}
+
+/* Under px.lock: the process-lifetime epoll set and eventfd. */
+static ch_status ensure_epoll(void) {
+  if (px.epfd >= 0) return CH_OK;
+  int ep = epoll_create1(EPOLL_CLOEXEC), ev = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (ep < 0 || ev < 0) {
+    WARN("net proxy: cannot create its epoll set or eventfd: %s", strerror(errno));
+    if (ep >= 0) close(ep);
+    if (ev >= 0) close(ev);
+    return CH_SYSTEM;
+  }
+  px.epfd = ep;
+  atomic_store(&px_evfd, ev);
+  ep_add(ev, TAG_EVENTFD, EPOLLIN | EPOLLET);
+  return CH_OK;
+}
+
+ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener) {
+  pthread_once(&px_once, px_init_once);
+  pthread_mutex_lock(&px.lock);
+  ch_status s = CH_OK;
+  if (px.state == PX_EXITED) { /* it let go of the lock for good before setting this */
+    pthread_join(px.thread, NULL);
+    px.state = PX_NONE;
+  }
+  if (px.state == PX_NONE) {
+    for (int i = 0; i < MAX_ACCEPTS; i++) px.acc[i].fd = -1;
+    px.nacc = 0;
+    accept_blocked = 0;
+    s = ensure_epoll();
+    union sock_addr a = *hint;
+    if (a.sa.sa_family == AF_INET6) a.sin6.sin6_port = 0;
+    else a.sin.sin_port = 0;
+    if (s == CH_OK) s = sock_listen(&a, &px.listener); /* WARNs */
+    if (s == CH_OK) ep_add(px.listener.fd, TAG_LISTENER, EPOLLIN | EPOLLET);
+    if (s == CH_OK && pthread_create(&px.thread, NULL, proxy_main, NULL) != 0) {
+      WARN("cannot start the network proxy thread: %s", strerror(errno));
+      s = CH_SYSTEM;
+    }
+    if (s != CH_OK && px.listener.fd >= 0) {
+      ep_del(px.listener.fd);
+      close(px.listener.fd);
+      px.listener.fd = -1;
+    }
+    if (s == CH_OK) px.state = PX_RUNNING;
+  }
+  if (s == CH_OK) {
+    n->listener = px.listener.addr; /* before the proxy can see n: part of the hello's MAC */
+    n->next = px.incoming;
+    px.incoming = n;
+    atomic_store(&px_changes, 1);
+    if (listener) *listener = px.listener.addr;
+  }
+  pthread_mutex_unlock(&px.lock);
+  if (s == CH_OK) tp_proxy_kick();
+  return s;
+}
+
+void proxy_unregister(struct net_conn* n) {
+  pthread_mutex_lock(&px.lock);
+  n->closing = 1;
+  atomic_store(&px_changes, 1);
+  pthread_mutex_unlock(&px.lock);
+  tp_proxy_kick();
+  pthread_mutex_lock(&px.lock);
+  while (!n->released) pthread_cond_wait(&px.cond, &px.lock);
+  if (px.state == PX_EXITED) {
+    pthread_join(px.thread, NULL);
+    px.state = PX_NONE;
+  }
+  pthread_mutex_unlock(&px.lock);
+}
+
+int proxy_listener_addr(union sock_addr* out) {
+  pthread_mutex_lock(&px.lock);
+  int ok = px.state == PX_RUNNING && px.listener.fd >= 0;
+  if (ok) *out = px.listener.addr;
+  pthread_mutex_unlock(&px.lock);
+  return ok;
+}

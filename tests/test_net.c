@@ -1,0 +1,331 @@
+/* The network transport (TCP through the per-process proxy), forced between local ranks with
+ * NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the collective matrix as threads and processes, split
+ * communicators, the transport's handshake against an impostor, a peer killed mid-AllReduce, and the
+ * CPU an idle communicator's proxy uses. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll_util.h"
+#include "misc/param.h"
+#include "runner.h"
+#include "transport/net.h"
+
+static void force_net(void) {
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  setenv("NCCL_SHM_DISABLE", "1", 1);
+  param_reset();
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the collective matrix over the network ---- */
+
+static const int net_types[] = {ncclFloat32, ncclInt8, ncclBfloat16};
+static const int net_ops[] = {CU_SUM, CU_MAX, CU_AVG, CU_PREMUL_HOST};
+
+#define NET_SWEEP(n)                                                                            \
+  TEST_T(net_threads, all_colls_##n, 240) {                                                     \
+    force_net();                                                                                \
+    struct cu_sweep sw = {.types = net_types, .ntypes = 3, .ops = net_ops, .nops = 4,           \
+                          .big = {300000, 0}};                                                  \
+    rt_run_threads(n, cu_sweep_body, &sw);                                                      \
+  }                                                                                             \
+  TEST_T(net_procs, all_colls_##n, 240) {                                                       \
+    force_net();                                                                                \
+    struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 2,           \
+                          .big = {1 << 20, 0}};                                                 \
+    rt_run_procs(n, cu_sweep_body, &sw);                                                        \
+  }
+NET_SWEEP(2)
+NET_SWEEP(3)
+NET_SWEEP(4)
+
+/* Several channels: each ring has its own sockets. */
+TEST_T(net_procs, four_channels, 120) {
+  force_net();
+  setenv("NCCL_MIN_NCHANNELS", "4", 1);
+  setenv("NCCL_MAX_NCHANNELS", "4", 1);
+  param_reset();
+  struct cu_sweep sw = {.colls = (1u << CU_ALLREDUCE) | (1u << CU_ALLGATHER) | (1u << CU_REDUCESCATTER),
+                        .types = net_types, .ntypes = 1, .ops = net_ops, .nops = 1, .big = {3 << 20, 0}};
+  rt_run_procs(3, cu_sweep_body, &sw);
+}
+
+/* ---- split ---- */
+
+static void split_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm, sub;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  NCCL_OK(ncclCommSplit(comm, rank % 2, rank, &sub, NULL));
+  int sn, sr;
+  NCCL_OK(ncclCommCount(sub, &sn));
+  NCCL_OK(ncclCommUserRank(sub, &sr));
+  const size_t count = 100003;
+  float* buf = malloc(count * sizeof(float));
+  ASSERT(buf);
+  for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + (int)(i % 7));
+  NCCL_OK(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, sub, NULL));
+  /* members of my color: ranks rank%2, rank%2+2, ... */
+  float base = 0;
+  for (int r = rank % 2; r < nranks; r += 2) base += (float)r;
+  for (size_t i = 0; i < count; i++)
+    if (buf[i] != base + (float)(sn * (int)(i % 7))) {
+      rt_fail(__FILE__, __LINE__, "rank %d: split AllReduce element %zu = %g", rank, i, buf[i]);
+      break;
+    }
+  free(buf);
+  NCCL_OK(ncclCommDestroy(sub));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(net, split, 120) {
+  force_net();
+  rt_run_both(4, split_body, NULL);
+}
+
+/* ---- the handshake: an impostor without the key is refused, the real sender gets through ---- */
+
+static _Atomic int dummy_err;
+static volatile int no_abort;
+
+TEST_T(net, impostor_rejected, 60) {
+  union sock_addr lo;
+  ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
+  unsigned char key[32], bad[32];
+  memset(key, 7, sizeof(key));
+  memset(bad, 8, sizeof(bad));
+  struct tp_net_ctx rx = {0, &lo, key, 0, &dummy_err, &no_abort, NULL};
+  struct tp_net_ctx tx = {1, &lo, key, 0, &dummy_err, &no_abort, NULL};
+  struct tp_net_ctx evil = {1, &lo, bad, 0, &dummy_err, &no_abort, NULL};
+  struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
+  struct conn rc = {0}, sc = {0}, ic = {0};
+  struct tp_handle h;
+  rc.peer = 1, sc.peer = 0, ic.peer = 0;
+  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
+  /* Wrong key, right token: the sender side cannot tell (one flight), the receiver refuses it. */
+  ASSERT(tp_net_send_connect(&ic, &sz, &h, &evil, &lo) == CH_OK);
+  /* An offer pointing at another IP is refused before connecting. */
+  union sock_addr other;
+  ASSERT(sock_parse_addr("127.0.0.2:1", &other) == CH_OK);
+  struct conn oc = {0};
+  oc.peer = 0;
+  EXPECT(tp_net_send_connect(&oc, &sz, &h, &tx, &other) != CH_OK);
+  usleep(200000);
+  EXPECT_EQ(tp_net_state(&rc), 0);
+  EXPECT_EQ(atomic_load(&rc.net->state), NET_PENDING);
+  /* The impostor's socket was closed on it: its side fails. */
+  for (int i = 0; i < 100 && tp_net_state(&ic) != 2; i++) usleep(10000);
+  EXPECT_EQ(tp_net_state(&ic), 2);
+  atomic_store(&dummy_err, 0);
+  /* The real sender. */
+  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx, &lo) == CH_OK);
+  ASSERT(tp_net_wait_bound(&rc, &rx) == CH_OK);
+  /* One step across: payload, size and header arrive, tail published after them. */
+  char* slot = sc.buff[PROTO_SIMPLE];
+  for (int i = 0; i < 1000; i++) slot[i] = (char)(i * 7);
+  sc.ctrl->size[0] = 1000;
+  sc.ctrl->hdr[0].seq = 42;
+  atomic_store(&sc.ctrl->tail, 1);
+  tp_wake(&sc.ctrl->tail, &sc.ctrl->recv_sleeping);
+  uint64_t t0 = now_ns();
+  while (atomic_load(&rc.ctrl->tail) < 1 && now_ns() - t0 < 5000000000ull) usleep(100);
+  ASSERT_EQ(atomic_load(&rc.ctrl->tail), 1);
+  EXPECT_EQ(rc.ctrl->size[0], 1000);
+  EXPECT_EQ(rc.ctrl->hdr[0].seq, 42);
+  EXPECT(memcmp(rc.buff[PROTO_SIMPLE], slot, 1000) == 0);
+  while (atomic_load(&sc.ctrl->head) < 1 && now_ns() - t0 < 5000000000ull) usleep(100);
+  EXPECT_EQ(atomic_load(&sc.ctrl->head), 1);
+  EXPECT_EQ(atomic_load(&dummy_err), 0);
+  tp_conn_free(&sc);
+  for (int i = 0; i < 100 && tp_net_state(&rc) != 1; i++) usleep(10000);
+  EXPECT_EQ(tp_net_state(&rc), 1); /* an orderly goodbye, not a failure */
+  EXPECT_EQ(atomic_load(&dummy_err), 0);
+  tp_conn_free(&rc);
+  tp_conn_free(&ic);
+}
+
+/* Garbage sent to a running job's listener does not disturb it. */
+static void garbage_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v = 1;
+  NCCL_OK(ncclAllReduce(&v, &v, 1, ncclFloat32, ncclSum, comm, NULL));
+  if (rank == 0) {
+    union sock_addr a;
+    ASSERT(proxy_listener_addr(&a));
+    for (int k = 0; k < 3; k++) {
+      struct sock s;
+      struct sock_wait w = {NULL, 0};
+      if (sock_connect(&a, &s, &w) != CH_OK) continue;
+      char junk[sizeof(struct net_hello)];
+      memset(junk, k == 0 ? 0 : 0x41, sizeof(junk));
+      if (k == 1) { /* right magic, made-up token */
+        uint64_t m = NET_MAGIC;
+        memcpy(junk, &m, sizeof(m));
+      }
+      if (k < 2) sock_send_all(&s, junk, sizeof(junk), &w);
+      sock_close(&s);
+    }
+  }
+  for (int i = 0; i < 20; i++) {
+    v = (float)rank;
+    NCCL_OK(ncclAllReduce(&v, &v, 1, ncclFloat32, ncclSum, comm, NULL));
+    EXPECT(v == (float)(nranks * (nranks - 1) / 2));
+  }
+  ncclResult_t async;
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  EXPECT_EQ(async, ncclSuccess);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(net, garbage_to_listener, 60) {
+  force_net();
+  rt_run_threads(2, garbage_body, NULL);
+}
+
+/* ---- idle CPU ---- */
+
+static double proc_cpu_s(void) {
+  FILE* f = fopen("/proc/self/stat", "r");
+  if (!f) return -1;
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char* p = strrchr(buf, ')');
+  unsigned long ut = 0, st = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static void idle_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v[256] = {0};
+  for (int i = 0; i < 10; i++) NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat32, ncclSum, comm, NULL));
+  usleep(300000); /* let everyone's spinning end */
+  double t0 = proc_cpu_s();
+  uint64_t w0 = now_ns();
+  const char* secs = getenv("CHORUS_TEST_IDLE_S"); /* a longer look by hand */
+  sleep(secs && atoi(secs) > 0 ? (unsigned)atoi(secs) : 2);
+  double used = proc_cpu_s() - t0, wall = (double)(now_ns() - w0) / 1e9;
+  if (rank == 0) {
+    printf("    idle, %d ranks as %s over the network: rank 0's process used %.1f%% of a core over %.1f s\n", nranks,
+           rt_mode(), 100 * used / wall, wall);
+    EXPECT(used < 0.2 * wall); /* generous: only a spinning proxy fails this */
+  }
+  NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat32, ncclSum, comm, NULL)); /* wakes up fine */
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(net, idle_cpu, 60) {
+  force_net();
+  rt_run_threads(2, idle_body, NULL);
+  rt_run_procs(2, idle_body, NULL);
+}
+
+/* ---- a peer killed in the middle of an AllReduce ---- */
+
+#define KILL_COUNT ((size_t)4 << 20)
+/* Rank 1 is no ring neighbour of the victim (3): it learns of the death only through the others. */
+#define KILL_RANKS 4
+
+static void* survivor(void* arg) {
+  void** a = arg;
+  int rank = (int)(intptr_t)a[0];
+  ncclUniqueId* id = a[1];
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, KILL_RANKS, *id, rank));
+  float* buf = calloc(KILL_COUNT, sizeof(float));
+  ASSERT(buf);
+  ncclResult_t r = ncclSuccess;
+  uint64_t t0 = now_ns(), t_err = 0;
+  for (int i = 0; i < 1000 && r == ncclSuccess; i++)
+    r = ncclAllReduce(buf, buf, KILL_COUNT, ncclFloat32, ncclSum, comm, NULL);
+  t_err = now_ns();
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  EXPECT_EQ(r, ncclRemoteError);
+  EXPECT_EQ(async, ncclRemoteError);
+  EXPECT(t_err - t0 < 30000000000ull);
+  free(buf);
+  ncclCommAbort(comm);
+  return NULL;
+}
+
+TEST_T(net, peer_killed, 90) {
+#if defined(__SANITIZE_THREAD__)
+  printf("    skipped under ThreadSanitizer (fork after threads)\n");
+  return;
+#endif
+  force_net();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  fflush(stdout);
+  pid_t victim = fork();
+  ASSERT(victim >= 0);
+  if (victim == 0) {
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, KILL_RANKS, id, KILL_RANKS - 1) != ncclSuccess) _exit(3);
+    float* buf = calloc(KILL_COUNT, sizeof(float));
+    for (int i = 0; i < 2; i++)
+      if (ncclAllReduce(buf, buf, KILL_COUNT, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess) _exit(3);
+    pid_t me = getpid();
+    if (fork() == 0) { /* kill the rank while it is inside the next call */
+      usleep(20000);
+      kill(me, SIGKILL);
+      _exit(0);
+    }
+    ncclAllReduce(buf, buf, KILL_COUNT, ncclFloat32, ncclSum, comm, NULL);
+    sleep(30);
+    _exit(4);
+  }
+  pthread_t th[KILL_RANKS - 1];
+  void* args[KILL_RANKS - 1][2];
+  uint64_t t0 = now_ns();
+  for (int r = 0; r < KILL_RANKS - 1; r++) {
+    args[r][0] = (void*)(intptr_t)r, args[r][1] = &id;
+    ASSERT(pthread_create(&th[r], NULL, survivor, args[r]) == 0);
+  }
+  for (int r = 0; r < KILL_RANKS - 1; r++) pthread_join(th[r], NULL);
+  int st;
+  ASSERT(waitpid(victim, &st, 0) == victim);
+  EXPECT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  printf("    survivors returned %.2f s after starting\n", (double)(now_ns() - t0) / 1e9);
+}
+
+/* NCCL_P2P_DISABLE=1 alone: threads of one process talk through shared memory, as in NCCL. */
+TEST_T(net_threads, p2p_disable_uses_shm, 120) {
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  param_reset();
+  struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 1, .big = {300000, 0}};
+  rt_run_threads(3, cu_sweep_body, &sw);
+}
+
+/* The rank's own send and receive path (CHORUS_NET_DIRECT_MAX_BYTES): small steps skip the proxy,
+ * large ones still go through it, on the same connections. */
+static void direct_sweep(int nranks, int procs) {
+  force_net();
+  setenv("CHORUS_NET_DIRECT_MAX_BYTES", "4096", 1);
+  param_reset();
+  struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 2, .big = {1 << 20, 0}};
+  if (procs) rt_run_procs(nranks, cu_sweep_body, &sw);
+  else rt_run_threads(nranks, cu_sweep_body, &sw);
+}
+TEST_T(net_threads, direct_3, 240) { direct_sweep(3, 0); }
+TEST_T(net_procs, direct_2, 240) { direct_sweep(2, 1); }
