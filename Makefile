@@ -33,7 +33,8 @@ test-tsan:
 	$(MAKE) test BUILD=build-tsan CMAKE_FLAGS="$(CMAKE_FLAGS) -DCHORUS_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug"
 
 # libFuzzer targets (fuzz/fuzz_*.c), built with clang + ASan/UBSan; each runs FUZZ_SECONDS from an
-# empty corpus (a crash, leak or timeout fails; the reproducer is left in build-fuzz/).
+# empty corpus (a crash, leak or timeout fails: its report is printed, the reproducer and the whole log
+# are left in build-fuzz/).
 FUZZ_SECONDS ?= 60
 fuzz:
 	@CC=clang cmake -S . -B build-fuzz -DCHORUS_FUZZ=ON -DCHORUS_SANITIZE=address,undefined \
@@ -42,7 +43,8 @@ fuzz:
 	@for f in $(notdir $(basename $(wildcard fuzz/fuzz_*.c))); do \
 	  echo "== $$f for $(FUZZ_SECONDS) s"; \
 	  (cd build-fuzz && ASAN_OPTIONS=detect_leaks=$${FUZZ_LEAKS:-1} ./bin/$$f -max_total_time=$(FUZZ_SECONDS) \
-	    -timeout=10 -max_len=4096 -print_final_stats=1 2>&1 | tail -n 12) || exit 1; \
+	    -timeout=10 -max_len=4096 -print_final_stats=1 >$$f.log 2>&1; rc=$$?; \
+	    grep -E -A40 'ERROR|SUMMARY|deadly' $$f.log | head -n 60; tail -n 6 $$f.log; exit $$rc) || exit 1; \
 	done
 
 clean:
