@@ -70,7 +70,6 @@ struct ncclComm {
   size_t stream_min_bytes;
   int min_nchannels, max_nchannels; /* NCCL_MIN/MAX_NCHANNELS, read once (tuning.c) */
   struct direct_clique* clique; /* all ranks on this host: direct algorithms (init.c, direct_allreduce.c) */
-  int clique_fd;                /* rank 0 of processes: the clique's memfd */
   struct tp_map_cache* maps;    /* processes: peers' ncclMemAlloc buffers mapped here */
   size_t shm_direct_min_bytes;
   unsigned proto_mask, algo_mask; /* allowed by NCCL_PROTO / NCCL_ALGO (tuning.c) */

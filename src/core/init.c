@@ -131,7 +131,6 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
     return CH_SYSTEM;
   }
   comm->magic = CH_COMM_MAGIC;
-  comm->clique_fd = -1;
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;
@@ -354,8 +353,6 @@ static void direct_release(struct ncclComm* comm) {
   if (comm->clique && !clique_on_heap(comm)) munmap(comm->clique, direct_clique_bytes(comm->nranks));
   else direct_clique_release(comm->clique);
   comm->clique = NULL;
-  if (comm->clique_fd >= 0) close(comm->clique_fd);
-  comm->clique_fd = -1;
   tp_map_cache_free(comm->maps);
   comm->maps = NULL;
 }
