@@ -50,6 +50,16 @@ struct direct_slot {
   struct red_op red; /* PreMulSum scalars differ per rank */
   _Alignas(64) _Atomic uint64_t done;
   char pad[56];
+  /* The collective this rank runs now, published for every collective (not only Direct) when its
+   * plan starts: ranks that wait compare it in their slow path (core/mismatch.c), so two calls that
+   * exchange no FIFO data with each other (Direct against a ring) still meet. A seqlock (ver odd while
+   * written) over atomic words: readers skip a torn copy. */
+  _Alignas(64) _Atomic uint64_t call_ver;
+  _Atomic uint64_t call[(sizeof(struct xfer_hdr) + 7) / 8];
+  /* This rank failed a call that did not match (struct xfer_poison, written once, then the flag):
+   * local ranks learn it here even when no FIFO connects them (Direct only). */
+  _Atomic uint32_t poisoned;
+  _Atomic uint64_t poison[(sizeof(struct xfer_poison) + 7) / 8];
 };
 /* Slots of all ranks: on the heap when all ranks are threads of one process (handed to the other
  * threads through the local registry), else in a memfd that every local process maps (procs = 1;
@@ -62,6 +72,13 @@ struct direct_clique {
   uint64_t token;
   _Alignas(64) struct direct_slot slot[];
 };
+/* Publish in my slot that I failed a call that did not match (after logging it). */
+static inline void direct_slot_poison(struct direct_slot* sl, const struct xfer_poison* rec) {
+  uint64_t w[sizeof(sl->poison) / 8] = {0};
+  __builtin_memcpy(w, rec, sizeof(*rec));
+  for (size_t i = 0; i < sizeof(w) / 8; i++) atomic_store_explicit(&sl->poison[i], w[i], memory_order_relaxed);
+  atomic_store_explicit(&sl->poisoned, 1, memory_order_release);
+}
 static inline size_t direct_clique_bytes(int n) {
   return sizeof(struct direct_clique) + sizeof(struct direct_slot) * (size_t)n;
 }

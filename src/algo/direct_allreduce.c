@@ -63,14 +63,14 @@ static const char* op_name(uint32_t o) {
   return o < sizeof(names) / sizeof(names[0]) ? names[o] : "invalid-op";
 }
 static void shape_text(const struct direct_shape* s, char* out, size_t len) {
-  snprintf(out, len, "AllReduce(%llu x %s, %s) as call %llu", (unsigned long long)s->count, type_name(s->type),
+  snprintf(out, len, "AllReduce(%llu x %s, %s) #%llu", (unsigned long long)s->count, type_name(s->type),
            op_name(s->op), (unsigned long long)s->seq);
 }
 
 /* 1 if every rank published my shape (and a reduction of my kind and type). Else log once which rank
  * differs and how, and return 0. Reads only the slots (peer memory is untouched). */
 static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
-  const struct direct_clique* c = op->clique;
+  struct direct_clique* c = op->clique;
   for (int k = 0; k < op->nranks; k++) {
     struct direct_shape s;
     memcpy(&s, &c->slot[k].shape, sizeof(s));
@@ -83,6 +83,10 @@ static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
     shape_text(&s, b, sizeof(b));
     WARN("rank %d called %s but rank %d called %s: the call does not match across ranks; no rank touched "
          "another's buffers, every rank returns ncclInvalidUsage", op->rank, a, k, b);
+    /* Logged: local ranks that are not in Direct learn it from my slot (core/mismatch.c). */
+    struct xfer_poison rec = {.finder = op->rank, .other = k, .mine = op->ctx.hdr, .theirs = op->ctx.hdr};
+    rec.theirs.seq = s.seq, rec.theirs.count = s.count, rec.theirs.type = s.type, rec.theirs.op = s.op;
+    direct_slot_poison(&c->slot[op->rank], &rec);
     return 0;
   }
   return 1;

@@ -107,6 +107,7 @@ struct ncclComm {
    * sets abort_flag, then waits for both to drop to 0 before freeing anything. */
   _Atomic uintptr_t owner;
   _Atomic int revoked; /* ncclCommRevoke: no more collectives; split, shrink and destroy still work */
+  _Atomic int poisoned; /* a call did not match across ranks; its connections are poisoned (mismatch.c) */
   _Atomic int users;
   struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
 };

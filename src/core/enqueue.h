@@ -20,6 +20,8 @@ struct ch_task {
   int type;
   int op; /* ncclRedOp_t */
   int root; /* root, or peer for send/recv */
+  /* send/recv made by expand_task: the call they come from and its root (0 / -1 for ncclSend/Recv) */
+  int origin, origin_root;
   struct tune_choice how; /* chosen by plan_build */
   struct red_op red;    /* built once, when the call is checked */
   struct ncclComm* comm;
@@ -95,6 +97,14 @@ void stall_report(const struct ch_plan* pl, double idle_s, int on_request);
 /* CHORUS_DUMP_SIGNAL: install the handler once per process; requests counted so far. */
 void stall_install_signal(void);
 unsigned stall_dump_requests(void);
+
+/* Calls that differ across ranks (mismatch.c): CH_INVALID_USAGE, logged once per rank, and every
+ * connection of comm poisoned so that the other ranks fail the call too. mm_found: op's receive met a
+ * step of another call; mm_poll: slow-path check of a waiting plan. */
+ch_status mm_found(struct ncclComm* comm, const struct ch_op* op);
+ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl);
+/* Publish the collective this rank starts (h), for local peers' slow-path checks. */
+void mm_publish(struct ncclComm* comm, const struct xfer_hdr* h);
 
 /* Host streams (stream.c). */
 int stream_is_ours(cudaStream_t s);

@@ -74,6 +74,8 @@ static ch_status expand_task(const struct ch_task* t, int rank, int nranks, int*
   char* rb = t->recvbuff;
   struct ch_task send = *t, recv = *t;
   send.func = FUNC_SEND, recv.func = FUNC_RECV;
+  send.origin = recv.origin = t->func; /* both ends of each pair put the same call in the header */
+  send.origin_root = recv.origin_root = t->func == FUNC_ALLTOALL ? -1 : t->root;
   for (int p = 0; p < nranks; p++) {
     send.root = recv.root = p;
     switch (t->func) {
@@ -109,9 +111,14 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
   op->ctx.esize = op->esize;
   op->ctx.red = red;
   op->ctx.scratch = comm->scratch;
-  /* hdr.seq is filled when the plan starts (plan_start): a call counts only once it runs. */
-  op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
-                                  (uint32_t)t->op, t->root};
+  /* hdr.seq is filled when the plan starts (plan_start): a call counts only once it runs. A send and
+   * its recv describe the same thing, the call that made them (see struct xfer_hdr). */
+  if (is_coll(t->func))
+    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
+                                    (uint32_t)t->op, t->root};
+  else
+    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)(t->origin ? t->origin : FUNC_SENDRECV),
+                                    (uint32_t)t->type, t->count, 0, t->origin ? t->origin_root : -1};
 }
 
 static int lane_of(const struct ncclComm* comm, const struct ch_task* t, int c) {
@@ -288,7 +295,7 @@ void plan_release(struct ch_plan* plan) {
 }
 
 /* Steps are computed lazily (nidx) when an op first runs: connections exist by then. */
-static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked, ch_status* err) {
+static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_ctx** blocked, ch_status* err) {
   int progressed = 0;
   while (ln->cur < ln->nops) {
     struct ch_op* op = ln->ops[ln->cur];
@@ -299,6 +306,7 @@ static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked, ch_statu
       if (r == 0) break;
       if (r <= -2) { /* logged where it happened */
         *err = r == -3 ? CH_INVALID_USAGE : CH_SYSTEM;
+        if (r == -3) atomic_store(&comm->poisoned, 1); /* every rank logged it: no second WARN */
         break;
       }
       if (r == -1) /* some buffer is unreachable: every rank switches to the FIFO algorithm */
@@ -310,7 +318,12 @@ static int lane_progress(struct ch_lane* ln, struct prim_ctx** blocked, ch_statu
     }
     struct prim p;
     algo_step(op, op->idx, &p);
-    if (!prim_try(&op->ctx, &p)) {
+    int r = prim_try(&op->ctx, &p);
+    if (r == PRIM_MISMATCH) {
+      *err = mm_found(comm, op);
+      break;
+    }
+    if (!r) {
       if (!*blocked) *blocked = &op->ctx;
       break;
     }
@@ -392,8 +405,16 @@ static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* b
 static void plan_start(struct ch_plan* pl) {
   struct ncclComm* comm = pl->comm;
   uint64_t base = atomic_load_explicit(&comm->seq, memory_order_relaxed);
-  for (int k = 0; k < pl->nops; k++)
-    if (is_coll(pl->ops[k].func)) pl->ops[k].ctx.hdr.seq += base;
+  const struct xfer_hdr* first = NULL;
+  for (int k = 0; k < pl->nops; k++) {
+    struct ch_op* op = &pl->ops[k];
+    if (is_coll(op->func)) {
+      op->ctx.hdr.seq += base;
+      if (!first) first = &op->ctx.hdr;
+    }
+    op->ctx.tag = xfer_tag(&op->ctx.hdr);
+  }
+  if (first) mm_publish(comm, first); /* the group's first collective stands for it */
   atomic_store_explicit(&comm->seq, base + (uint64_t)pl->ncoll, memory_order_relaxed);
   pl->started = 1;
 }
@@ -449,7 +470,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         for (int l = 0; l < pl->nlanes; l++) {
           struct ch_lane* ln = &pl->lanes[l];
           if (ln->cur >= ln->nops) continue;
-          progressed |= lane_progress(ln, &blocked, &pl->status);
+          progressed |= lane_progress(comm, ln, &blocked, &pl->status);
           busy |= ln->cur < ln->nops;
         }
       }
@@ -469,6 +490,17 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     if (oversubscribed || (++idle & 63) == 0) {
       t = ut_now_ns();
       if (!idle_since) idle_since = check_since = t;
+      /* Not per poll: a mismatch or a poisoned connection only matters once we wait. */
+      for (int i = 0; i < n; i++) {
+        if (!plans[i] || !plans[i]->started) continue;
+        plans[i]->status = mm_poll(plans[i]->comm, plans[i]);
+        if (plans[i]->status != CH_OK) {
+          ch_status st = finish_plan(&plans[i]);
+          if (i < err_at) err = st, err_at = i;
+          remaining--;
+        }
+      }
+      if (!remaining) break;
     }
     engine_wait(idle_since ? t - idle_since : 0, oversubscribed, blocked);
     if (stall_dump_requests() != dumps) { /* CHORUS_DUMP_SIGNAL */

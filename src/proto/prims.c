@@ -1,6 +1,7 @@
 /* The primitive executor, written once; protocols differ only in how a slot is tested, read and
  * written (Simple: raw bytes + tail counter; LL: 8 data bytes + 8-byte flag per 16-byte line;
- * LL128: 120 data bytes + 8-byte flag per 128-byte line). A flag equals step+1, and the writer stores
+ * LL128: 120 data bytes + 8-byte flag per 128-byte line). A flag is the call's tag above step+1
+ * (a receiver never takes another call's data for its own), and the writer stores
  * the last line's flag with release order, so seeing that flag (acquire) proves the whole slot is
  * visible on any architecture. */
 #include <string.h>
@@ -25,9 +26,13 @@ static inline char* slot_ptr(struct conn* c, int proto, uint64_t step) {
   return c->buff[proto] + (step % CH_STEPS) * c->slot_bytes[proto];
 }
 
-static int in_ready(struct conn* c, int proto, size_t bytes) {
+/* LL/LL128 flags carry the call's tag above the step, so data of another call never looks ready;
+ * the low half tells the step apart from the one CH_STEPS earlier in the same slot. */
+static inline uint64_t line_flag(uint32_t tag, uint64_t step) { return (uint64_t)tag << 32 | (uint32_t)(step + 1); }
+
+static int in_ready(struct conn* c, int proto, size_t bytes, uint32_t tag) {
   if (proto == PROTO_SIMPLE) return atomic_load_explicit(&c->ctrl->tail, memory_order_acquire) > c->step;
-  return proto_flag_ready(proto, slot_ptr(c, proto, c->step), bytes, c->step + 1);
+  return proto_flag_ready(proto, slot_ptr(c, proto, c->step), bytes, line_flag(tag, c->step));
 }
 
 /* Reading head pulls a line the receiver owns into our cache: a cross-core miss on every send.
@@ -79,7 +84,7 @@ static void compute_streamed(const struct prim_ctx* ctx, const struct prim* p, c
 int prim_try(struct prim_ctx* ctx, const struct prim* p) {
   int proto = ctx->proto;
   size_t bytes = p->nelem * ctx->esize;
-  if (p->recv && !in_ready(ctx->in, proto, bytes)) {
+  if (p->recv && !in_ready(ctx->in, proto, bytes, ctx->tag)) {
     /* tail is posted after the data (and flags), for every protocol: sleep on it */
     ctx->wait_word = &ctx->in->ctrl->tail;
     ctx->wait_sleeping = &ctx->in->ctrl->recv_sleeping;
@@ -97,6 +102,8 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
   if (p->recv) {
     char* s = slot_ptr(ctx->in, proto, ctx->in->step);
     if (proto == PROTO_SIMPLE) {
+      /* tag[] shares tail's line, just read: the check costs no miss. */
+      if (ctx->in->ctrl->tag[ctx->in->step % CH_STEPS] != ctx->tag) return PRIM_MISMATCH;
       in = s;
     } else {
       proto_unpack(proto, s, ctx->scratch, bytes);
@@ -111,7 +118,7 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
     compute(ctx, p, in, p->dst);
     if (p->send) {
       if (proto == PROTO_SIMPLE) memcpy(out_slot, p->dst, bytes);
-      else proto_pack(proto, out_slot, p->dst, bytes, ctx->out->step + 1);
+      else proto_pack(proto, out_slot, p->dst, bytes, line_flag(ctx->tag, ctx->out->step));
     }
   } else if (p->send) {
     if (proto == PROTO_SIMPLE) {
@@ -119,7 +126,7 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
     } else {
       /* LL lines interleave flags with data: compute into scratch (which may already hold `in`). */
       compute(ctx, p, in, ctx->scratch);
-      proto_pack(proto, out_slot, ctx->scratch, bytes, ctx->out->step + 1);
+      proto_pack(proto, out_slot, ctx->scratch, bytes, line_flag(ctx->tag, ctx->out->step));
     }
   }
 
@@ -131,16 +138,28 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
   }
   if (p->send) {
     struct conn* c = ctx->out;
-    if (proto == PROTO_SIMPLE) {
-      int slot = (int)(c->step % CH_STEPS);
-      c->ctrl->size[slot] = bytes;
-      c->ctrl->hdr[slot] = ctx->hdr;
-    }
+    int slot = (int)(c->step % CH_STEPS);
+    /* Every protocol: a receiver that expects another protocol (its call differs) still finds out. */
+    if (proto == PROTO_SIMPLE) c->ctrl->size[slot] = bytes;
+    c->ctrl->tag[slot] = ctx->tag;
+    c->ctrl->hdr[slot] = ctx->hdr;
     c->step++;
     atomic_store_explicit(&c->ctrl->tail, c->step, memory_order_release);
     tp_wake(&c->ctrl->tail, &c->ctrl->recv_sleeping);
   }
   return 1;
+}
+
+int prim_check(struct prim_ctx* ctx) {
+  struct conn* c = ctx->in;
+  if (!c || !c->ctrl || ctx->wait_word != &c->ctrl->tail) return 0;
+  /* tail is posted after tag[] and the data: a posted step with another tag came from another call. */
+  if (atomic_load_explicit(&c->ctrl->tail, memory_order_acquire) <= c->step) return 0;
+  return c->ctrl->tag[c->step % CH_STEPS] != ctx->tag ? PRIM_MISMATCH : 0;
+}
+
+void prim_their_hdr(const struct prim_ctx* ctx, struct xfer_hdr* out) {
+  *out = ctx->in->ctrl->hdr[ctx->in->step % CH_STEPS];
 }
 
 void prim_wait(struct prim_ctx* ctx, int timeout_us) {

@@ -44,14 +44,23 @@ struct prim_ctx {
   _Atomic uint64_t* wait_word;
   _Atomic uint32_t* wait_sleeping;
   uint64_t wait_seen;
-  struct xfer_hdr hdr;
+  struct xfer_hdr hdr; /* this rank's call, sent with every step */
+  uint32_t tag;        /* xfer_tag(&hdr): set when the call's sequence number is known */
 };
 
 /* Elements that fit in one step of `proto` with slots of `slot_bytes`. */
 size_t prim_step_elems(int proto, size_t slot_bytes, size_t esize);
 /* Payload bytes that fit in one slot of `proto` (scratch sizing). */
 size_t prim_slot_payload(int proto, size_t slot_bytes);
+/* 1: done; 0: must wait; PRIM_MISMATCH: the step that arrived was sent by a different call (nothing
+ * of it was consumed; prim_their_hdr describes that call). */
+#define PRIM_MISMATCH (-1)
 int prim_try(struct prim_ctx* ctx, const struct prim* p);
+/* Slow path of a blocked receive (call it when idle, not per poll): PRIM_MISMATCH if the peer posted
+ * the step we wait for from a different call (e.g. with another protocol, or a different size), else 0. */
+int prim_check(struct prim_ctx* ctx);
+/* The header of the step waiting in ctx->in (after PRIM_MISMATCH). */
+void prim_their_hdr(const struct prim_ctx* ctx, struct xfer_hdr* out);
 /* Sleep until what blocked the last prim_try may have changed, or timeout_us passed. */
 void prim_wait(struct prim_ctx* ctx, int timeout_us);
 

@@ -16,6 +16,8 @@ enum { NET_PENDING = 0, NET_BOUND = 1, NET_CLOSED = 2, NET_FAILED = 3 };
 #define NET_MAC 32
 #define NET_BYE UINT64_MAX /* net_step.bytes of a sender that closes gracefully */
 #define NET_BYE_BYTE 'B'   /* what a receiver that closes gracefully writes back */
+#define NET_POISON (UINT64_MAX - 1) /* net_step.bytes: a struct xfer_poison follows (the call failed) */
+#define NET_POISON_BYTE 'P' /* what a receiver whose call failed writes back (fifo_ctrl.up) */
 
 /* The sender's first and only flight of setup: it proves the job key without waiting for the
  * receiver (one thread may drive both ends). mac = HMAC(key, "chorus-net-v1" || hello up to mac ||
@@ -76,6 +78,10 @@ struct net_conn {
   int rd_ready, wr_ready; /* no EAGAIN seen since the last epoll edge */
   int bye_seen;
   uint64_t drain_deadline; /* closing sender: give up flushing then */
+  /* Poison (struct xfer_poison): sender side 0 none, 1 sending the rank's `down` record, 2 sent (no
+   * more steps go out); receiver side 1 once the rank's `up` record went out as NET_POISON_BYTE. */
+  int poison_state;
+  struct xfer_poison pbuf; /* the record on its way out or in */
 };
 
 void tp_wake_slow(_Atomic uint64_t* word); /* fifo.c */

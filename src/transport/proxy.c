@@ -197,30 +197,47 @@ static int send_steps(struct net_conn* n, int direct, uint64_t max, int* rest) {
   const size_t hs = sizeof(n->cur);
   *rest = 0;
   for (;;) {
-    uint64_t tail = atomic_load_explicit(&n->ctrl->tail, memory_order_acquire);
-    if (n->step >= tail) break;
-    *rest = 1;
-    if (!direct && !n->wr_ready) break;
-    int slot = (int)(n->step % CH_STEPS);
-    char* data = n->buf + (size_t)slot * n->slot_bytes;
-    if (n->off == 0) {
-      if (direct && n->ctrl->size[slot] > max) break;
-      n->cur.bytes = n->ctrl->size[slot];
-      n->cur.hdr = n->ctrl->hdr[slot];
+    if (n->poison_state == 2) break; /* the communicator failed: nothing follows the poison */
+    /* The rank's call failed (mismatch.c): the record goes out before any further step. */
+    if (!direct && !n->poison_state && n->off == 0 && atomic_load_explicit(&n->ctrl->down.set, memory_order_acquire)) {
+      const struct xfer_poison* d = &n->ctrl->down;
+      n->pbuf.finder = d->finder, n->pbuf.other = d->other, n->pbuf.mine = d->mine, n->pbuf.theirs = d->theirs;
+      n->cur.bytes = NET_POISON;
+      memset(&n->cur.hdr, 0, sizeof(n->cur.hdr));
+      n->poison_state = 1;
     }
-    if (n->cur.bytes > n->slot_bytes) { /* only Simple records sizes: another protocol reached net */
+    char* data;
+    if (n->poison_state == 1) {
       if (direct) break;
-      WARN("rank %d: step of %llu bytes for a %zu-byte slot on the network connection to rank %d (internal)",
-           n->rank, (unsigned long long)n->cur.bytes, n->slot_bytes, n->peer);
-      conn_fail(n, "send", EPROTO);
-      return 1;
+      *rest = 1;
+      if (!n->wr_ready) break;
+      data = (char*)&n->pbuf;
+    } else {
+      uint64_t tail = atomic_load_explicit(&n->ctrl->tail, memory_order_acquire);
+      if (n->step >= tail) break;
+      *rest = 1;
+      if (!direct && !n->wr_ready) break;
+      int slot = (int)(n->step % CH_STEPS);
+      data = n->buf + (size_t)slot * n->slot_bytes;
+      if (n->off == 0) {
+        if (direct && n->ctrl->size[slot] > max) break;
+        n->cur.bytes = n->ctrl->size[slot];
+        n->cur.hdr = n->ctrl->hdr[slot];
+      }
+      if (n->cur.bytes > n->slot_bytes) { /* only Simple records sizes: another protocol reached net */
+        if (direct) break;
+        WARN("rank %d: step of %llu bytes for a %zu-byte slot on the network connection to rank %d (internal)",
+             n->rank, (unsigned long long)n->cur.bytes, n->slot_bytes, n->peer);
+        conn_fail(n, "send", EPROTO);
+        return 1;
+      }
     }
-    size_t total = hs + n->cur.bytes;
+    size_t payload = n->poison_state == 1 ? sizeof(n->pbuf) : n->cur.bytes, total = hs + payload;
     struct iovec iov[2];
     int k = 0;
     if (n->off < hs) {
       iov[k++] = (struct iovec){(char*)&n->cur + n->off, hs - n->off};
-      if (n->cur.bytes) iov[k++] = (struct iovec){data, n->cur.bytes};
+      if (payload) iov[k++] = (struct iovec){data, payload};
     } else {
       iov[k++] = (struct iovec){data + (n->off - hs), total - n->off};
     }
@@ -235,6 +252,10 @@ static int send_steps(struct net_conn* n, int direct, uint64_t max, int* rest) {
     }
     did = 1;
     n->off += (size_t)r;
+    if (n->off == total && n->poison_state == 1) {
+      n->off = 0, n->poison_state = 2, *rest = 0;
+      break;
+    }
     if (n->off == total) { /* in the kernel now: the slot is free again */
       n->off = 0;
       n->step++;
@@ -260,6 +281,17 @@ static int progress_send(struct net_conn* n) {
     if (!recv_ok(n, r)) break;
     did = 1;
     for (ssize_t i = 0; i < r; i++) {
+      if (b[i] == NET_POISON_BYTE) { /* the receiver's call failed: tell our rank (once) */
+        struct xfer_poison* u = &n->ctrl->up;
+        if (!atomic_load_explicit(&u->set, memory_order_relaxed)) {
+          u->finder = -1, u->other = n->peer;
+          memset(&u->mine, 0, sizeof(u->mine));
+          memset(&u->theirs, 0, sizeof(u->theirs));
+          atomic_store_explicit(&u->set, 1, memory_order_release);
+          tp_wake_slow(&n->ctrl->head);
+        }
+        continue;
+      }
       if (b[i] != NET_BYE_BYTE) {
         conn_fail(n, "receive (unexpected data from the receiver)", EPROTO);
         return 1;
@@ -283,6 +315,23 @@ static int recv_steps(struct net_conn* n, int direct) {
       did = 1;
       n->off += (size_t)r;
       if (n->off < hs) continue;
+    }
+    if (n->cur.bytes == NET_POISON) { /* the sender's call failed: a record, not a step */
+      if (direct) break;
+      size_t total = hs + sizeof(n->pbuf);
+      ssize_t r = recv(n->fd, (char*)&n->pbuf + (n->off - hs), total - n->off, MSG_DONTWAIT);
+      if (!recv_ok(n, r)) break;
+      n->off += (size_t)r;
+      did = 1;
+      if (n->off < total) continue;
+      n->off = 0;
+      struct xfer_poison* d = &n->ctrl->down;
+      if (!atomic_load_explicit(&d->set, memory_order_relaxed)) { /* only printed by the rank: no checks */
+        d->finder = n->pbuf.finder, d->other = n->pbuf.other, d->mine = n->pbuf.mine, d->theirs = n->pbuf.theirs;
+        atomic_store_explicit(&d->set, 1, memory_order_release);
+        tp_wake_slow(&n->ctrl->tail);
+      }
+      continue;
     }
     if (n->cur.bytes == NET_BYE || n->cur.bytes > n->slot_bytes) {
       if (direct) break;
@@ -314,6 +363,7 @@ static int recv_steps(struct net_conn* n, int direct) {
     }
     n->ctrl->size[slot] = n->cur.bytes;
     n->ctrl->hdr[slot] = n->cur.hdr;
+    n->ctrl->tag[slot] = xfer_tag(&n->cur.hdr); /* from the header: the rank compares it with its own */
     n->off = 0;
     n->step++;
     did = 1;
@@ -325,6 +375,13 @@ static int recv_steps(struct net_conn* n, int direct) {
 
 static int progress_recv(struct net_conn* n) {
   int did = 0;
+  /* Our rank's call failed: tell the sender (the data direction carries no records back). */
+  if (!n->poison_state && atomic_load_explicit(&n->ctrl->up.set, memory_order_acquire)) {
+    char b = NET_POISON_BYTE;
+    ssize_t r = send(n->fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r == 1) n->poison_state = 1, did = 1;
+    else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) n->poison_state = 1;
+  }
   /* The rank may be receiving itself while it waits (tp_net_poll): then it is its turn. */
   if (!atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
     did = recv_steps(n, 0);
@@ -360,7 +417,10 @@ static int can_progress(void) {
     if (n->is_send) {
       /* head, not step: the rank may be moving step (direct send); head == step between steps */
       if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > atomic_load(&n->ctrl->head))) return 1;
+      if (n->poison_state < 2 && n->wr_ready && atomic_load(&n->ctrl->down.set)) return 1;
     } else if (n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS) {
+      return 1;
+    } else if (!n->poison_state && atomic_load(&n->ctrl->up.set)) {
       return 1;
     }
   }

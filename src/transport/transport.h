@@ -25,8 +25,10 @@
 #define CH_MAX_FIFO_BYTES ((size_t)1 << 30) /* per protocol and connection */
 enum { PROTO_LL = 0, PROTO_LL128 = 1, PROTO_SIMPLE = 2, CH_NPROTO = 3 };
 
-/* Carried with every Simple step so a receiver can tell which call produced the data (used to detect
- * collectives that do not match across ranks). */
+/* Carried with every step (every protocol) so a receiver can tell which call produced the data: the
+ * shape of the call, alike on every rank that takes part in it. Collectives: their own call and
+ * sequence number. Send/recv: func is the call that made them (SendRecv, AlltoAll, Gather, Scatter),
+ * root that call's root (-1 if none), seq and op 0, so both ends of a pair build the same header. */
 struct xfer_hdr {
   uint64_t comm_hash;
   uint64_t seq;
@@ -37,10 +39,42 @@ struct xfer_hdr {
   int32_t root;
 };
 
+/* A 32-bit digest of a header: what a receiver compares on every step, at no extra cache miss (it
+ * sits in the line of `tail`, and LL/LL128 fold it into their flags). Never 0, so a zeroed slot never
+ * matches. A 2^-31 chance that two different calls collide is accepted. */
+static inline uint64_t xfer_mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+static inline uint32_t xfer_tag(const struct xfer_hdr* h) {
+  uint64_t x = xfer_mix(h->comm_hash ^ h->seq);
+  x = xfer_mix(x ^ ((uint64_t)h->func << 32 | h->type));
+  x = xfer_mix(x ^ h->count);
+  x = xfer_mix(x ^ ((uint64_t)h->op << 32 | (uint32_t)h->root));
+  return (uint32_t)(x >> 32) | 1u;
+}
+
+/* A failed call (its ranks' calls did not match) poisons every connection of its communicator so
+ * that every rank fails the call instead of waiting for ever: `down` travels with the data (sender to
+ * receiver), `up` against it (receiver to sender). One writer each: the rank at that end of the FIFO
+ * (or, over the network, the proxy that received it); `set` is stored last (release). The content
+ * comes from a peer: ranks and call fields are only printed, never used as indices. */
+struct xfer_poison {
+  _Atomic uint32_t set;
+  int32_t finder; /* rank that saw two calls differ (-1: unknown, e.g. relayed over the network) */
+  int32_t other;  /* rank whose data it saw (-1: unknown) */
+  int32_t pad;
+  struct xfer_hdr mine, theirs; /* the finder's call, the other rank's call */
+};
+
 struct fifo_ctrl {
   _Alignas(64) _Atomic uint64_t tail; /* sender: steps posted (every protocol) */
   _Atomic uint32_t recv_sleeping;     /* receiver is (about to be) asleep on tail: wake it */
-  char pad0[52];
+  uint32_t tag[CH_STEPS];             /* sender: xfer_tag of each posted step (stored before tail) */
+  char pad0[20];
   _Alignas(64) _Atomic uint64_t head; /* receiver: steps consumed (credits back to the sender) */
   _Atomic uint32_t send_sleeping;     /* sender is (about to be) asleep on head */
   char pad1[52];
@@ -48,6 +82,8 @@ struct fifo_ctrl {
   uint64_t token;   /* shm: the export token, written once by the receiver; the sender checks it */
   _Alignas(64) uint64_t size[CH_STEPS];
   struct xfer_hdr hdr[CH_STEPS];
+  _Alignas(64) struct xfer_poison down;
+  _Alignas(64) struct xfer_poison up;
 };
 
 struct tp_sizes {
@@ -94,6 +130,7 @@ void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, 
  * tail just posted: the poster may send the step itself, or poke the proxy if it sleeps. */
 #define TP_SLEEP_PROXY 2u
 #define TP_SLEEP_DIRECT 3u
+void tp_wake_slow(_Atomic uint64_t* word); /* futex wake, whoever sleeps */
 static inline void tp_wake(_Atomic uint64_t* word, _Atomic uint32_t* sleeping) {
   void tp_wake_slow(_Atomic uint64_t * word);
   void tp_proxy_post(_Atomic uint64_t * word, uint32_t how);
@@ -139,6 +176,12 @@ void tp_net_free(struct conn* c);
 /* The peer has mapped the FIFO: the receiver no longer needs its descriptor. */
 void tp_conn_release_fd(struct conn* c);
 const char* tp_name(int kind);
+/* Poison a connection (fifo.c): write rec into its `down` (we send on c) or `up` (we receive on c)
+ * record, once, and wake whoever waits at the other end (the proxy, for the network). */
+void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec);
+void tp_proxy_kick(void); /* proxy.c: wake the network proxy */
+/* Has the other end poisoned c? Copies the record (set = 1) and returns 1. */
+int tp_conn_poisoned(const struct conn* c, int we_send, struct xfer_poison* out);
 
 /* A fresh random token, never 0 (registry.c). */
 uint64_t tp_fresh_token(void);

@@ -1,0 +1,175 @@
+/* Calls that do not match across ranks. Every step carries its call's header (struct xfer_hdr) and a
+ * digest of it that receivers compare as they take the step (proto/prims.c), so a rank that receives
+ * data of a different call finds out before it uses any of it. It then fails the call with
+ * ncclInvalidUsage, names both calls, and poisons every connection of the communicator: a rank that
+ * waits on a poisoned connection fails too and poisons its own, so the failure floods the rings and
+ * pairs and no rank waits for ever. Calls whose ranks exchange no data at all (each rank names itself
+ * the root of a Broadcast) leave steps that the next call on the communicator finds.
+ *
+ * Runs on the thread that runs the plan (plan_exec): comm->poisoned is the only shared field touched
+ * here (atomic exchange, so one WARN per rank); the FIFO records have one writer each (fifo.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "enqueue.h"
+
+static const char* type_name(uint32_t t) {
+  static const char* names[] = {"int8",    "uint8",   "int32",   "uint32",   "int64",     "uint64",
+                                "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
+  return t < sizeof(names) / sizeof(names[0]) ? names[t] : "invalid type";
+}
+
+static const char* op_name(uint32_t op) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "premulsum or user-defined op";
+}
+
+/* "AllReduce(1048576 x float32, sum) #17", "Broadcast(4 x int32, root 1) #3", "Send/Recv(8 x float32)". */
+static void fmt_call(char* b, size_t n, const struct xfer_hdr* h) {
+  unsigned long long cnt = (unsigned long long)h->count, seq = (unsigned long long)h->seq;
+  const char* ty = type_name(h->type);
+  int f = h->func < FUNC_COUNT ? (int)h->func : -1;
+  switch (f) {
+    case FUNC_ALLREDUCE:
+    case FUNC_REDUCESCATTER:
+      snprintf(b, n, "%s(%llu x %s, %s) #%llu", tune_func_name(f), cnt, ty, op_name(h->op), seq);
+      break;
+    case FUNC_REDUCE:
+      snprintf(b, n, "Reduce(%llu x %s, %s, root %d) #%llu", cnt, ty, op_name(h->op), h->root, seq);
+      break;
+    case FUNC_BROADCAST: snprintf(b, n, "Broadcast(%llu x %s, root %d) #%llu", cnt, ty, h->root, seq); break;
+    case FUNC_ALLGATHER: snprintf(b, n, "AllGather(%llu x %s) #%llu", cnt, ty, seq); break;
+    case FUNC_SENDRECV: snprintf(b, n, "Send/Recv(%llu x %s)", cnt, ty); break;
+    case FUNC_ALLTOALL: snprintf(b, n, "AlltoAll(%llu x %s per rank)", cnt, ty); break;
+    case FUNC_GATHER:
+    case FUNC_SCATTER: snprintf(b, n, "%s(%llu x %s, root %d)", tune_func_name(f), cnt, ty, h->root); break;
+    default: snprintf(b, n, "an unknown call (%u)", (unsigned)h->func); break;
+  }
+}
+
+static void say(const struct ncclComm* comm, const struct xfer_poison* r) {
+  char mine[160], theirs[160], other[24] = "a peer", finder[48] = "";
+  fmt_call(mine, sizeof(mine), &r->mine);
+  fmt_call(theirs, sizeof(theirs), &r->theirs);
+  if (r->other >= 0) snprintf(other, sizeof(other), "rank %d", r->other);
+  if (r->finder != comm->rank) {
+    if (r->finder >= 0) snprintf(finder, sizeof(finder), " (found by rank %d)", r->finder);
+    else snprintf(finder, sizeof(finder), " (reported over the network)");
+  }
+  if (r->finder < 0 && r->other < 0) {
+    WARN("rank %d: the call failed on another rank because the ranks' calls do not match (see that rank's "
+         "log); this communicator cannot be used any more", comm->rank);
+    return;
+  }
+  const char* later = r->mine.seq != r->theirs.seq && r->theirs.func <= FUNC_ALLREDUCE && r->mine.func <= FUNC_ALLREDUCE
+                          ? "; the calls differ at that sequence number or earlier (an earlier call may have "
+                            "exchanged no data and returned)"
+                          : "";
+  WARN("%s called %s but rank %d called %s%s: calls on a communicator must match on every rank%s",
+       other, theirs, r->finder >= 0 ? r->finder : comm->rank, mine, finder, later);
+}
+
+/* Tell every connection of the communicator (each direction the way the other end reads it), and the
+ * local ranks through the clique. */
+static void poison_all(struct ncclComm* comm, const struct xfer_poison* rec) {
+  if (comm->clique) direct_slot_poison(&comm->clique->slot[comm->rank], rec);
+  for (int c = 0; c < comm->nchannels; c++) {
+    tp_conn_poison(&comm->channels[c].send, 1, rec);
+    tp_conn_poison(&comm->channels[c].recv, 0, rec);
+  }
+  for (int r = 0; comm->p2p && r < comm->nranks; r++) {
+    tp_conn_poison(&comm->p2p[r].send, 1, rec);
+    tp_conn_poison(&comm->p2p[r].recv, 0, rec);
+  }
+}
+
+void mm_publish(struct ncclComm* comm, const struct xfer_hdr* h) {
+  if (!comm->clique) return;
+  struct direct_slot* sl = &comm->clique->slot[comm->rank];
+  uint64_t w[sizeof(sl->call) / 8] = {0}, v = atomic_load_explicit(&sl->call_ver, memory_order_relaxed);
+  memcpy(w, h, sizeof(*h));
+  atomic_store_explicit(&sl->call_ver, v + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  for (size_t i = 0; i < sizeof(w) / 8; i++) atomic_store_explicit(&sl->call[i], w[i], memory_order_relaxed);
+  atomic_store_explicit(&sl->call_ver, v + 2, memory_order_release);
+}
+
+/* Rank r's published call, or 0 if it is being rewritten. */
+static int peer_call(const struct ncclComm* comm, int r, struct xfer_hdr* out) {
+  struct direct_slot* sl = &comm->clique->slot[r];
+  uint64_t w[sizeof(sl->call) / 8], v = atomic_load_explicit(&sl->call_ver, memory_order_acquire);
+  if (v & 1 || !v) return 0;
+  for (size_t i = 0; i < sizeof(w) / 8; i++) w[i] = atomic_load_explicit(&sl->call[i], memory_order_relaxed);
+  atomic_thread_fence(memory_order_acquire);
+  if (atomic_load_explicit(&sl->call_ver, memory_order_relaxed) != v) return 0;
+  memcpy(out, w, sizeof(*out));
+  return 1;
+}
+
+/* A local rank that runs a different call under the same sequence number, or that failed a call
+ * (2: this rank did, in Direct, and logged it). */
+static int clique_mismatch(const struct ncclComm* comm, const struct ch_plan* pl, struct xfer_poison* rec) {
+  if (!comm->clique) return 0;
+  if (atomic_load_explicit(&comm->clique->slot[comm->rank].poisoned, memory_order_acquire)) return 2;
+  for (int r = 0; r < comm->nranks; r++) {
+    struct direct_slot* sl = &comm->clique->slot[r];
+    if (r == comm->rank || !atomic_load_explicit(&sl->poisoned, memory_order_acquire)) continue;
+    uint64_t w[sizeof(sl->poison) / 8];
+    for (size_t i = 0; i < sizeof(w) / 8; i++) w[i] = atomic_load_explicit(&sl->poison[i], memory_order_relaxed);
+    memcpy(rec, w, sizeof(*rec));
+    return 1;
+  }
+  const struct xfer_hdr* mine = NULL;
+  for (int l = 0; l < pl->nlanes; l++) { /* Direct past its own shape check (step 1) needs none */
+    const struct ch_lane* ln = &pl->lanes[l];
+    if (ln->cur < ln->nops && ln->ops[ln->cur]->algo == ALGO_DIRECT && ln->ops[ln->cur]->idx >= 2) return 0;
+  }
+  for (int k = 0; k < pl->nops && !mine; k++)
+    if (pl->ops[k].func <= FUNC_ALLREDUCE) mine = &pl->ops[k].ctx.hdr;
+  if (!mine) return 0;
+  for (int r = 0; r < comm->nranks; r++) {
+    struct xfer_hdr h;
+    if (r == comm->rank || !peer_call(comm, r, &h) || h.seq != mine->seq) continue;
+    if (xfer_tag(&h) == xfer_tag(mine)) continue;
+    *rec = (struct xfer_poison){.finder = comm->rank, .other = r, .mine = *mine, .theirs = h};
+    return 1;
+  }
+  return 0;
+}
+
+ch_status mm_found(struct ncclComm* comm, const struct ch_op* op) {
+  struct xfer_poison rec = {.finder = comm->rank, .other = op->ctx.in->peer, .mine = op->ctx.hdr};
+  prim_their_hdr(&op->ctx, &rec.theirs);
+  if (!atomic_exchange(&comm->poisoned, 1)) {
+    say(comm, &rec);
+    poison_all(comm, &rec);
+  }
+  return CH_INVALID_USAGE;
+}
+
+/* Slow path of a waiting plan: a poisoned connection, or a blocked receive whose peer posted a step
+ * of another call (which the fast path cannot see when the protocols differ). */
+ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
+  for (int l = 0; l < pl->nlanes; l++) {
+    struct ch_lane* ln = &pl->lanes[l];
+    if (ln->cur < ln->nops && ln->ops[ln->cur]->algo != ALGO_DIRECT && prim_check(&ln->ops[ln->cur]->ctx))
+      return mm_found(comm, ln->ops[ln->cur]);
+  }
+  struct xfer_poison rec;
+  int hit = clique_mismatch(comm, pl, &rec);
+  if (hit == 2) {
+    atomic_store(&comm->poisoned, 1);
+    return CH_INVALID_USAGE;
+  }
+  for (int c = 0; c < comm->nchannels && !hit; c++)
+    hit = tp_conn_poisoned(&comm->channels[c].send, 1, &rec) || tp_conn_poisoned(&comm->channels[c].recv, 0, &rec);
+  for (int r = 0; comm->p2p && r < comm->nranks && !hit; r++)
+    hit = tp_conn_poisoned(&comm->p2p[r].send, 1, &rec) || tp_conn_poisoned(&comm->p2p[r].recv, 0, &rec);
+  if (!hit) return CH_OK;
+  if (!atomic_exchange(&comm->poisoned, 1)) {
+    say(comm, &rec);
+    poison_all(comm, &rec);
+  }
+  return CH_INVALID_USAGE;
+}
