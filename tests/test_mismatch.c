@@ -129,3 +129,23 @@ TEST_T(mismatch, broadcast_roots_found_next_call, 60) { run(2, NULL, (struct mm)
 TEST_T(mismatch, sendrecv_count, 60) { run(2, NULL, (struct mm){K_SENDRECV, 100, {"Send/Recv(99 x float", "Send/Recv(100 x float"}, 0}); }
 TEST_T(mismatch, sendrecv_type_3ranks, 60) { run(3, NULL, (struct mm){K_SENDRECV_TYPE, 10, {"int32", "float"}, 0}); }
 TEST_T(mismatch, gather_vs_send, 60) { run(2, NULL, (struct mm){K_GATHER_ROOT_VS_SEND, 10, {"Gather(10 x float", "Send/Recv(11"}, 2}); }
+
+/* The same over the network transport (loopback TCP, every peer through the proxy): the headers cross
+ * the wire with each step, and the poison of a failed call is relayed by the proxies. */
+static void run_net(int nranks, struct mm m) {
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  setenv("NCCL_SHM_DISABLE", "1", 1);
+  run(nranks, NULL, m);
+  unsetenv("NCCL_P2P_DISABLE");
+  unsetenv("NCCL_SHM_DISABLE");
+  param_reset();
+}
+TEST_T(mismatch_net, count_1m_3ranks, 90) { run_net(3, (struct mm){K_COUNT, 1048576, COUNT_WANT, 0}); }
+TEST_T(mismatch_net, count_4_3, 90) { run_net(2, (struct mm){K_COUNT, 4, {"3 x float", "4 x float"}, 0}); }
+TEST_T(mismatch_net, broadcast_vs_allreduce_3ranks, 90) {
+  run_net(3, (struct mm){K_COLL, 8, {"Broadcast", "AllReduce"}, 0});
+}
+TEST_T(mismatch_net, reduce_roots, 90) { run_net(3, (struct mm){K_ROOT_REDUCE, 100, {"Reduce(100 x float", "root 0"}, 1}); }
+TEST_T(mismatch_net, sendrecv_count, 90) {
+  run_net(2, (struct mm){K_SENDRECV, 100, {"Send/Recv(99 x float", "Send/Recv(100 x float"}, 0});
+}

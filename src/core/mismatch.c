@@ -57,7 +57,7 @@ static void say(const struct ncclComm* comm, const struct xfer_poison* r) {
     if (r->finder >= 0) snprintf(finder, sizeof(finder), " (found by rank %d)", r->finder);
     else snprintf(finder, sizeof(finder), " (reported over the network)");
   }
-  if (r->finder < 0 && r->other < 0) {
+  if (r->finder < 0 || r->mine.comm_hash == 0) {
     WARN("rank %d: the call failed on another rank because the ranks' calls do not match (see that rank's "
          "log); this communicator cannot be used any more", comm->rank);
     return;

@@ -171,7 +171,9 @@ ch_status tp_net_wait_bound(struct conn* c, const struct tp_net_ctx* x) {
   long ns = 20000;
   for (;;) {
     int st = atomic_load_explicit(&c->net->state, memory_order_acquire);
-    if (st == NET_BOUND) return CH_OK;
+    /* Closed in order: it was bound, and the peer may have sent everything and left before we looked
+     * (its steps, or the poison of a failed call, are in our FIFO). */
+    if (st == NET_BOUND || st == NET_CLOSED) return CH_OK;
     if (st != NET_PENDING) return CH_REMOTE; /* logged by the proxy */
     if (__atomic_load_n(x->abort, __ATOMIC_RELAXED)) return CH_ABORTED;
     if (ut_now_ns() > end) {

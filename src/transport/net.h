@@ -78,10 +78,14 @@ struct net_conn {
   int rd_ready, wr_ready; /* no EAGAIN seen since the last epoll edge */
   int bye_seen;
   uint64_t drain_deadline; /* closing sender: give up flushing then */
-  /* Poison (struct xfer_poison): sender side 0 none, 1 sending the rank's `down` record, 2 sent (no
-   * more steps go out); receiver side 1 once the rank's `up` record went out as NET_POISON_BYTE. */
+  /* Poison (struct xfer_poison) of a failed call: 0 none, 1 sending our rank's record (sender side:
+   * `down` as a NET_POISON step; receiver side: `up` as NET_POISON_BYTE + the record), 2 sent (a
+   * sender sends no more steps). */
   int poison_state;
-  struct xfer_poison pbuf; /* the record on its way out or in */
+  struct xfer_poison pbuf; /* down record on its way out (sender) or in (receiver) */
+  struct xfer_poison pup;  /* up record on its way out (receiver) or in (sender) */
+  size_t pup_off;          /* bytes of 'P' + pup moved */
+  int pup_in;              /* sender: reading an up record */
 };
 
 void tp_wake_slow(_Atomic uint64_t* word); /* fifo.c */

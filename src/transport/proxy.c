@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <netinet/tcp.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,30 +275,33 @@ static int progress_send(struct net_conn* n) {
     did = send_steps(n, 0, 0, &rest);
     atomic_store_explicit(&n->busy, 0, memory_order_release);
   }
-  /* The receiver only ever writes its goodbye; EOF without it means it died. */
+  /* The receiver only ever writes its goodbye, or the record of a failed call; EOF without a goodbye
+   * means it died. */
   while (n->rd_ready) {
-    char b[16];
+    char b[128];
     ssize_t r = recv(n->fd, b, sizeof(b), MSG_DONTWAIT);
     if (!recv_ok(n, r)) break;
     did = 1;
     for (ssize_t i = 0; i < r; i++) {
-      if (b[i] == NET_POISON_BYTE) { /* the receiver's call failed: tell our rank (once) */
-        struct xfer_poison* u = &n->ctrl->up;
+      if (n->pup_in) {
+        ((char*)&n->pup)[n->pup_off++] = b[i];
+        if (n->pup_off < sizeof(n->pup)) continue;
+        n->pup_in = 0;
+        struct xfer_poison* u = &n->ctrl->up; /* only printed by the rank: no checks */
         if (!atomic_load_explicit(&u->set, memory_order_relaxed)) {
-          u->finder = -1, u->other = n->peer;
-          memset(&u->mine, 0, sizeof(u->mine));
-          memset(&u->theirs, 0, sizeof(u->theirs));
+          u->finder = n->pup.finder, u->other = n->pup.other, u->mine = n->pup.mine, u->theirs = n->pup.theirs;
           atomic_store_explicit(&u->set, 1, memory_order_release);
           tp_wake_slow(&n->ctrl->head);
         }
-        continue;
-      }
-      if (b[i] != NET_BYE_BYTE) {
+      } else if (b[i] == NET_POISON_BYTE) {
+        n->pup_in = 1, n->pup_off = 0;
+      } else if (b[i] == NET_BYE_BYTE) {
+        n->bye_seen = 1;
+      } else {
         conn_fail(n, "receive (unexpected data from the receiver)", EPROTO);
         return 1;
       }
     }
-    n->bye_seen = 1;
   }
   return did;
 }
@@ -375,12 +379,27 @@ static int recv_steps(struct net_conn* n, int direct) {
 
 static int progress_recv(struct net_conn* n) {
   int did = 0;
-  /* Our rank's call failed: tell the sender (the data direction carries no records back). */
-  if (!n->poison_state && atomic_load_explicit(&n->ctrl->up.set, memory_order_acquire)) {
-    char b = NET_POISON_BYTE;
-    ssize_t r = send(n->fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (r == 1) n->poison_state = 1, did = 1;
-    else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) n->poison_state = 1;
+  /* Our rank's call failed: tell the sender, against the data direction. */
+  if (n->poison_state != 2 && atomic_load_explicit(&n->ctrl->up.set, memory_order_acquire)) {
+    if (!n->poison_state) {
+      const struct xfer_poison* u = &n->ctrl->up;
+      n->pup.finder = u->finder, n->pup.other = u->other, n->pup.mine = u->mine, n->pup.theirs = u->theirs;
+      n->poison_state = 1, n->pup_off = 0;
+    }
+    while (n->pup_off < 1 + sizeof(n->pup)) {
+      char p = NET_POISON_BYTE;
+      const char* src = n->pup_off ? (const char*)&n->pup + n->pup_off - 1 : &p;
+      size_t len = n->pup_off ? sizeof(n->pup) - (n->pup_off - 1) : 1;
+      ssize_t r = send(n->fd, src, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (r <= 0) { /* the link is going anyway: nothing more to tell */
+        n->pup_off = 1 + sizeof(n->pup);
+        break;
+      }
+      n->pup_off += (size_t)r, did = 1;
+    }
+    if (n->pup_off == 1 + sizeof(n->pup)) n->poison_state = 2;
   }
   /* The rank may be receiving itself while it waits (tp_net_poll): then it is its turn. */
   if (!atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
@@ -420,7 +439,7 @@ static int can_progress(void) {
       if (n->poison_state < 2 && n->wr_ready && atomic_load(&n->ctrl->down.set)) return 1;
     } else if (n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS) {
       return 1;
-    } else if (!n->poison_state && atomic_load(&n->ctrl->up.set)) {
+    } else if (n->poison_state != 2 && atomic_load(&n->ctrl->up.set)) {
       return 1;
     }
   }
@@ -590,8 +609,11 @@ static void handle_events(const struct epoll_event* ev, int ne) {
  * while it must stay. Under px.lock. */
 static int let_go(struct net_conn* n, uint64_t now) {
   int st = atomic_load(&n->state);
-  if (n->is_send && st == NET_BOUND && !__atomic_load_n(n->abort, __ATOMIC_RELAXED) &&
-      (n->off || atomic_load(&n->ctrl->tail) > n->step)) {
+  /* After a failed call's poison only the poison is flushed: its steps will never be taken. */
+  int unsent = n->poison_state == 2 ? 0
+               : n->is_send  ? n->off || atomic_load(&n->ctrl->tail) > n->step || atomic_load(&n->ctrl->down.set)
+                             : atomic_load(&n->ctrl->up.set) != 0;
+  if (st == NET_BOUND && !__atomic_load_n(n->abort, __ATOMIC_RELAXED) && unsent) {
     if (!n->drain_deadline) n->drain_deadline = now + DRAIN_TIMEOUT_NS;
     if (now < n->drain_deadline) return 0;
     WARN("rank %d: closing the network connection to rank %d with %llu step(s) it never took", n->rank, n->peer,
@@ -600,7 +622,7 @@ static int let_go(struct net_conn* n, uint64_t now) {
   if (n->fd >= 0) {
     /* Goodbye, so the peer knows this close is orderly; none after an abort, so that ranks still
      * waiting on this one see a failure (and spread it) instead of waiting for ever. */
-    if (st == NET_BOUND && n->off == 0 && !__atomic_load_n(n->abort, __ATOMIC_RELAXED)) {
+    if (st == NET_BOUND && n->off == 0 && n->poison_state != 1 && !__atomic_load_n(n->abort, __ATOMIC_RELAXED)) {
       struct net_step bye = {.bytes = NET_BYE};
       if (n->is_send) (void)!send(n->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
       else (void)!send(n->fd, "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
