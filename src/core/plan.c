@@ -451,7 +451,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     uint64_t c = atomic_load_explicit(&plans[i]->comm->timeout_ns, memory_order_relaxed);
     if (c && c < timeout_ns) timeout_ns = c;
   }
-  uint64_t idle = 0, idle_since = 0, check_since = 0, t = 0;
+  uint64_t idle = 0, idle_since = 0, check_since = 0, mm_since = 0, t = 0;
   while (remaining > 0) {
     int progressed = 0;
     struct prim_ctx* blocked = NULL;
@@ -489,8 +489,12 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
      * every 64th idle pass (every pass when oversubscribed, where we yield at once anyway). */
     if (oversubscribed || (++idle & 63) == 0) {
       t = ut_now_ns();
-      if (!idle_since) idle_since = check_since = t;
-      /* Not per poll: a mismatch or a poisoned connection only matters once we wait. */
+      if (!idle_since) idle_since = check_since = mm_since = t;
+    }
+    /* Not per poll: a mismatch or a poisoned connection only matters once we have waited a while,
+     * and the check reads lines that peers write. */
+    if (idle_since && t - mm_since > 20000) {
+      mm_since = t;
       for (int i = 0; i < n; i++) {
         if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = mm_poll(plans[i]->comm, plans[i]);
