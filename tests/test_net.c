@@ -107,22 +107,23 @@ TEST_T(net, impostor_rejected, 60) {
   unsigned char key[32], bad[32];
   memset(key, 7, sizeof(key));
   memset(bad, 8, sizeof(bad));
-  struct tp_net_ctx rx = {0, &lo, key, 0, &dummy_err, &no_abort, NULL};
-  struct tp_net_ctx tx = {1, &lo, key, 0, &dummy_err, &no_abort, NULL};
-  struct tp_net_ctx evil = {1, &lo, bad, 0, &dummy_err, &no_abort, NULL};
+  union sock_addr other;
+  ASSERT(sock_parse_addr("127.0.0.2:1", &other) == CH_OK);
+  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL};
+  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL};
+  struct tp_ctx evil = {1, &lo, &lo, 0, bad, 0, &dummy_err, &no_abort, NULL};
+  struct tp_ctx elsewhere = {1, &lo, &other, 0, key, 0, &dummy_err, &no_abort, NULL};
   struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
   struct conn rc = {0}, sc = {0}, ic = {0};
   struct tp_handle h;
   rc.peer = 1, sc.peer = 0, ic.peer = 0;
   ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
   /* Wrong key, right token: the sender side cannot tell (one flight), the receiver refuses it. */
-  ASSERT(tp_net_send_connect(&ic, &sz, &h, &evil, &lo) == CH_OK);
-  /* An offer pointing at another IP is refused before connecting. */
-  union sock_addr other;
-  ASSERT(sock_parse_addr("127.0.0.2:1", &other) == CH_OK);
+  ASSERT(tp_net_send_connect(&ic, &sz, &h, &evil) == CH_OK);
+  /* An offer on another IP than the peer joined from is refused before connecting. */
   struct conn oc = {0};
   oc.peer = 0;
-  EXPECT(tp_net_send_connect(&oc, &sz, &h, &tx, &other) != CH_OK);
+  EXPECT(tp_net_send_connect(&oc, &sz, &h, &elsewhere) != CH_OK);
   usleep(200000);
   EXPECT_EQ(tp_net_state(&rc), 0);
   EXPECT_EQ(atomic_load(&rc.net->state), NET_PENDING);
@@ -131,7 +132,7 @@ TEST_T(net, impostor_rejected, 60) {
   EXPECT_EQ(tp_net_state(&ic), 2);
   atomic_store(&dummy_err, 0);
   /* The real sender. */
-  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx, &lo) == CH_OK);
+  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
   ASSERT(tp_net_wait_bound(&rc, &rx) == CH_OK);
   /* One step across: payload, size and header arrive, tail published after them. */
   char* slot = sc.buff[PROTO_SIMPLE];

@@ -23,23 +23,27 @@
 
 static const struct tp_sizes small = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
 
+/* Both ends are this process (the peer's nonce is ours). */
+static struct tp_ctx ctx_self(void) { return (struct tp_ctx){.peer_nonce = ut_proc_nonce()}; }
+
 /* The impostor of the review sent ptr = 0x4141414141410000; the sender dereferenced it. Now such a
  * value is a token nobody published. */
 TEST(trust, local_forged_token_refused) {
   struct conn recv = {0}, send = {0}, again = {0};
+  struct tp_ctx x = ctx_self();
   struct tp_handle h, forged;
   recv.peer = 1, send.peer = 0, again.peer = 0;
-  ASSERT_EQ(tp_local_recv_setup(&recv, &small, &h), CH_OK);
+  ASSERT_EQ(tp_local_recv_setup(&recv, &small, &h, &x), CH_OK);
   forged = h;
   forged.token = 0x4141414141410000ull;
-  EXPECT_EQ(tp_local_send_connect(&send, &small, &forged), CH_INVALID_USAGE);
+  EXPECT_EQ(tp_local_send_connect(&send, &small, &forged, &x), CH_INVALID_USAGE);
   EXPECT(!send.connected);
   forged.token = 0;
-  EXPECT_EQ(tp_local_send_connect(&send, &small, &forged), CH_INVALID_USAGE);
+  EXPECT_EQ(tp_local_send_connect(&send, &small, &forged, &x), CH_INVALID_USAGE);
   /* The real token works, once. */
-  ASSERT_EQ(tp_local_send_connect(&send, &small, &h), CH_OK);
+  ASSERT_EQ(tp_local_send_connect(&send, &small, &h, &x), CH_OK);
   EXPECT(send.ctrl == recv.ctrl);
-  EXPECT_EQ(tp_local_send_connect(&again, &small, &h), CH_INVALID_USAGE);
+  EXPECT_EQ(tp_local_send_connect(&again, &small, &h, &x), CH_INVALID_USAGE);
   tp_conn_free(&send);
   tp_conn_free(&recv);
 }
@@ -47,28 +51,30 @@ TEST(trust, local_forged_token_refused) {
 /* A FIFO that was withdrawn (its receiver left) is not found either: no use after free. */
 TEST(trust, local_withdrawn_token_refused) {
   struct conn recv = {0}, send = {0};
+  struct tp_ctx x = ctx_self();
   struct tp_handle h;
-  ASSERT_EQ(tp_local_recv_setup(&recv, &small, &h), CH_OK);
+  ASSERT_EQ(tp_local_recv_setup(&recv, &small, &h, &x), CH_OK);
   tp_conn_free(&recv);
-  EXPECT_EQ(tp_local_send_connect(&send, &small, &h), CH_INVALID_USAGE);
+  EXPECT_EQ(tp_local_send_connect(&send, &small, &h, &x), CH_INVALID_USAGE);
 }
 
 TEST(trust, shm_forged_token_refused) {
   struct conn recv = {0}, send = {0};
+  struct tp_ctx x = ctx_self();
   struct tp_handle h, forged;
   recv.peer = 1, send.peer = 0;
-  ASSERT_EQ(tp_shm_recv_setup(&recv, &small, &h), CH_OK);
+  ASSERT_EQ(tp_shm_recv_setup(&recv, &small, &h, &x), CH_OK);
   forged = h;
   forged.token ^= 1; /* a token the server never exported */
-  EXPECT_EQ(tp_shm_send_connect(&send, &small, &forged), CH_SYSTEM);
+  EXPECT_EQ(tp_shm_send_connect(&send, &small, &forged, &x), CH_SYSTEM);
   forged = h;
-  forged.nonce ^= 1; /* no such server */
-  EXPECT_EQ(tp_shm_send_connect(&send, &small, &forged), CH_SYSTEM);
+  forged.nonce ^= 1; /* not the process the peer joined from */
+  EXPECT_EQ(tp_shm_send_connect(&send, &small, &forged, &x), CH_REMOTE);
   EXPECT(!send.connected);
-  ASSERT_EQ(tp_shm_send_connect(&send, &small, &h), CH_OK);
+  ASSERT_EQ(tp_shm_send_connect(&send, &small, &h, &x), CH_OK);
   send.ctrl->size[3] = 12345; /* one segment, two mappings */
   EXPECT_EQ(recv.ctrl->size[3], 12345);
-  tp_conn_release_fd(&recv);
+  tp_shm_ops.recv_done(&recv, 1, &x);
   tp_conn_free(&send);
   tp_conn_free(&recv);
 }

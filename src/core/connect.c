@@ -10,10 +10,12 @@
 #define TAG_P2P (BOOT_TAG_CONNECT + CH_MAX_CHANNELS)
 #define TAG_ACK (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 1)
 
-static void net_ctx(struct ncclComm* comm, struct tp_net_ctx* x) {
+static void tp_ctx_of(struct ncclComm* comm, int peer, struct tp_ctx* x) {
   const struct boot_key* key = boot_secret(comm->boot);
   x->rank = comm->rank;
   x->listen_hint = &comm->peers[comm->rank].listen_addr;
+  x->peer_addr = &comm->peers[peer].listen_addr;
+  x->peer_nonce = comm->peers[peer].proc_nonce;
   x->key = key->k;
   x->uid_mode = key->mode == BOOT_AUTH_UID;
   x->async_err = &comm->async_result;
@@ -23,23 +25,19 @@ static void net_ctx(struct ncclComm* comm, struct tp_net_ctx* x) {
 
 static ch_status recv_setup(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,
                             struct tp_handle* h) {
-  struct tp_net_ctx x;
+  struct tp_ctx x;
+  tp_ctx_of(comm, peer, &x);
   c->peer = peer;
-  switch (comm->peer_tp[peer]) {
-    case TP_LOCAL: return tp_local_recv_setup(c, sz, h);
-    case TP_SHM: return tp_shm_recv_setup(c, sz, h);
-    default: net_ctx(comm, &x); return tp_net_recv_setup(c, sz, h, &x);
-  }
+  return tp_ops_of(comm->peer_tp[peer])->recv_setup(c, sz, h, &x);
 }
 
+/* h->kind was checked against the transport this rank chose for the peer (check_offer). */
 static ch_status send_connect(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,
                               const struct tp_handle* h) {
-  struct tp_net_ctx x;
+  struct tp_ctx x;
+  tp_ctx_of(comm, peer, &x);
   c->peer = peer;
-  if (h->kind == TP_LOCAL) return tp_local_send_connect(c, sz, h);
-  if (h->kind == TP_SHM) return tp_shm_send_connect(c, sz, h);
-  net_ctx(comm, &x);
-  return tp_net_send_connect(c, sz, h, &x, &comm->peers[peer].listen_addr);
+  return tp_ops_of(h->kind)->send_connect(c, sz, h, &x);
 }
 
 /* A rank talking to itself: one local FIFO serves both directions. */
@@ -47,10 +45,12 @@ static ch_status connect_self(struct ncclComm* comm) {
   struct ch_p2p* p = &comm->p2p[comm->rank];
   if (p->recv.connected) return CH_OK;
   struct tp_handle h;
+  struct tp_ctx x;
+  tp_ctx_of(comm, comm->rank, &x);
   p->recv.peer = comm->rank;
-  CHECK(tp_local_recv_setup(&p->recv, &comm->p2p_sizes, &h));
+  CHECK(tp_local_recv_setup(&p->recv, &comm->p2p_sizes, &h, &x));
   p->send.peer = comm->rank;
-  return tp_local_send_connect(&p->send, &comm->p2p_sizes, &h);
+  return tp_local_send_connect(&p->send, &comm->p2p_sizes, &h, &x);
 }
 
 /* ---- wire messages ----
@@ -130,11 +130,6 @@ static ch_status check_offer(struct ncclComm* comm, const struct tp_sizes* sz, i
          (int)o->h.kind, tp_name(o->h.kind), me, tp_name(comm->peer_tp[peer]));
     return CH_REMOTE;
   }
-  if (o->h.kind == TP_SHM && o->h.nonce != comm->peers[peer].proc_nonce) {
-    /* Its descriptor server is named by the nonce: only the one rank `peer` announced at init counts. */
-    WARN("rank %d: rank %d offered a FIFO held by another process than the one it joined from", me, peer);
-    return CH_REMOTE;
-  }
   size_t want = tp_fifo_bytes(sz);
   if (o->h.bytes != want) {
     WARN("rank %d: rank %d offered a %llu-byte FIFO, rank %d expects %zu bytes (NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE "
@@ -166,15 +161,12 @@ static ch_status take_ack(struct ncclComm* comm, int peer, struct conn* c, ch_st
   *ok = 0;
   CHECK(boot_recv(comm->boot, peer, TAG_ACK, &a, sizeof(a)));
   if (!c->connected) return CH_OK; /* we offered nothing: our failure, logged already */
-  if (c->transport != TP_NET) tp_conn_release_fd(c);
-  if (a.status == CH_OK && c->transport == TP_NET) { /* our proxy must have bound its socket */
-    struct tp_net_ctx x;
-    net_ctx(comm, &x);
-    ch_status s = tp_net_wait_bound(c, &x);
+  struct tp_ctx x;
+  tp_ctx_of(comm, peer, &x);
+  ch_status s = tp_ops_of(c->transport)->recv_done(c, a.status == CH_OK, &x);
+  if (a.status == CH_OK) {
     if (s == CH_OK) *ok = 1;
     else if (*st == CH_OK) *st = s;
-  } else if (a.status == CH_OK) {
-    *ok = 1;
   } else if (*st == CH_OK) {
     WARN("rank %d: rank %d could not attach to rank %d's FIFO (%s); its log says why", comm->rank, peer,
          comm->rank, status_text(a.status));

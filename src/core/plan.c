@@ -334,13 +334,13 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
 }
 
 /* A peer process that has died never advances its FIFOs: look for it when we stop making progress. */
-static ch_status check_net(struct ncclComm* comm, const struct conn* c, const struct prim_ctx* blocked) {
-  int st = tp_net_state(c);
-  /* A failure was logged and set as the async error by the proxy; an orderly close matters only to
-   * an operation waiting on that very connection. */
+static ch_status check_conn(struct ncclComm* comm, const struct conn* c, const struct prim_ctx* blocked) {
+  int st = tp_conn_health(c);
+  /* A failure was logged and set as the async error by the transport; an orderly close matters only
+   * to an operation waiting on that very connection. */
   if (st == 1 && blocked && (blocked->in == c || blocked->out == c)) {
-    WARN("rank %d: rank %d closed its network connection (destroyed or aborted its communicator) while "
-         "rank %d was waiting for it", comm->rank, c->peer, comm->rank);
+    WARN("rank %d: rank %d closed its connection (destroyed or aborted its communicator) while rank %d was "
+         "waiting for it", comm->rank, c->peer, comm->rank);
     return CH_REMOTE;
   }
   return st == 2 ? CH_REMOTE : CH_OK;
@@ -348,13 +348,12 @@ static ch_status check_net(struct ncclComm* comm, const struct conn* c, const st
 
 static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx* blocked) {
   for (int c = 0; c < comm->nchannels; c++) {
-    CHECK(check_net(comm, &comm->channels[c].send, blocked));
-    CHECK(check_net(comm, &comm->channels[c].recv, blocked));
+    CHECK(check_conn(comm, &comm->channels[c].send, blocked));
+    CHECK(check_conn(comm, &comm->channels[c].recv, blocked));
   }
-  for (int r = 0; r < comm->nranks; r++) {
-    if (comm->peer_tp[r] != TP_NET) continue;
-    CHECK(check_net(comm, &comm->p2p[r].send, blocked));
-    CHECK(check_net(comm, &comm->p2p[r].recv, blocked));
+  for (int r = 0; comm->p2p && r < comm->nranks; r++) {
+    CHECK(check_conn(comm, &comm->p2p[r].send, blocked));
+    CHECK(check_conn(comm, &comm->p2p[r].recv, blocked));
   }
   for (int r = 0; r < comm->nranks; r++) {
     if (comm->peer_tp[r] != TP_SHM) continue;
@@ -378,9 +377,10 @@ static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx*
  * costs ~100 us per call (a wake-up per hop), yielding first ~20 us. */
 static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* blocked) {
   static _Thread_local int64_t spin_ns = -1, yield_ns;
-  /* Waiting for data over the network: read the socket here rather than wait for the proxy's hop. */
-  if (blocked && blocked->in && blocked->in->transport == TP_NET && blocked->in->ctrl &&
-      blocked->wait_word == &blocked->in->ctrl->tail && tp_net_poll(blocked->in))
+  /* Waiting for data: a transport may move it from this thread (the network: read the socket here
+   * rather than wait for the proxy's hop). */
+  if (blocked && blocked->in && blocked->in->ctrl && blocked->wait_word == &blocked->in->ctrl->tail &&
+      tp_conn_poll(blocked->in))
     return;
   if (spin_ns < 0) {
     spin_ns = param_int(PARAM_SPIN_US) * 1000;

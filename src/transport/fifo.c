@@ -38,8 +38,7 @@ void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec) 
   p->finder = rec->finder, p->other = rec->other, p->mine = rec->mine, p->theirs = rec->theirs;
   atomic_store_explicit(&p->set, 1, memory_order_release);
   /* The other end may sleep on the counter it waits for; over the network the proxy carries it. */
-  if (c->transport == TP_NET) tp_proxy_kick();
-  else tp_wake_slow(we_send ? &c->ctrl->tail : &c->ctrl->head);
+  tp_ops_of(c->transport)->wake(c, we_send);
 }
 
 int tp_conn_poisoned(const struct conn* c, int we_send, struct xfer_poison* out) {
@@ -56,7 +55,8 @@ const char* tp_name(int kind) {
   return kind >= 0 && kind < TP_COUNT ? names[kind] : "?";
 }
 
-ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h) {
+ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x) {
+  (void)x;
   size_t bytes = tp_fifo_bytes(sz);
   void* mem = NULL;
   if (posix_memalign(&mem, 4096, bytes) != 0) {
@@ -86,7 +86,9 @@ ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct 
   return CH_OK;
 }
 
-ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h) {
+ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+                                const struct tp_ctx* x) {
+  (void)x;
   if (h->bytes != tp_fifo_bytes(sz)) {
     WARN("FIFO size mismatch with rank %d: %llu vs %zu bytes (NCCL_BUFFSIZE differs between ranks?)", c->peer,
          (unsigned long long)h->bytes, tp_fifo_bytes(sz));
@@ -130,11 +132,23 @@ void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, 
 void tp_wake_slow(_Atomic uint64_t* word) { syscall(SYS_futex, futex_word(word), FUTEX_WAKE, 1 << 30, NULL, NULL, 0); }
 
 void tp_conn_free(struct conn* c) {
-  if (!c->connected) return;
-  if (c->transport == TP_NET) { /* net.c: the proxy lets go first */
-    tp_net_free(c);
-    return;
-  }
+  if (c->connected) tp_ops_of(c->transport)->free(c);
+}
+
+/* Local and shm FIFOs: the receiver's token (and shm descriptor) served only the handshake. */
+static ch_status fifo_recv_done(struct conn* c, int attached, const struct tp_ctx* x) {
+  (void)attached, (void)x;
+  if (c->transport == TP_LOCAL) tp_local_withdraw(c->token);
+  else tp_fd_withdraw(c->token);
+  c->token = 0;
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  return CH_OK;
+}
+
+static void fifo_wake(struct conn* c, int we_send) { tp_wake_slow(we_send ? &c->ctrl->tail : &c->ctrl->head); }
+
+static void fifo_free(struct conn* c) {
   if (c->transport == TP_LOCAL) {
     tp_local_withdraw(c->token); /* first: a sender can no longer take a reference after this */
     /* A peer thread may still be posting its last step into this block: free it when both are done. */
@@ -148,10 +162,7 @@ void tp_conn_free(struct conn* c) {
   c->fd = -1;
 }
 
-void tp_conn_release_fd(struct conn* c) {
-  if (c->transport == TP_LOCAL) tp_local_withdraw(c->token);
-  else tp_fd_withdraw(c->token);
-  c->token = 0;
-  if (c->fd >= 0) close(c->fd);
-  c->fd = -1;
-}
+const struct tp_ops tp_local_ops = {"local", tp_local_recv_setup, tp_local_send_connect, fifo_recv_done, NULL, NULL,
+                                    fifo_wake, fifo_free};
+const struct tp_ops tp_shm_ops = {"shm", tp_shm_recv_setup, tp_shm_send_connect, fifo_recv_done, NULL, NULL,
+                                  fifo_wake, fifo_free};

@@ -48,7 +48,7 @@ static ch_status fifo_alloc(struct conn* c, const struct tp_sizes* sz) {
   return CH_OK;
 }
 
-static struct net_conn* record_new(struct conn* c, const struct tp_net_ctx* x, int is_send) {
+static struct net_conn* record_new(struct conn* c, const struct tp_ctx* x, int is_send) {
   struct net_conn* n = calloc(1, sizeof(*n));
   if (!n) {
     WARN("out of memory for a network connection with rank %d", c->peer);
@@ -80,7 +80,7 @@ static void fail_free(struct conn* c, struct net_conn* n) {
 }
 
 ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h,
-                            const struct tp_net_ctx* x) {
+                            const struct tp_ctx* x) {
   CHECK(fifo_alloc(c, sz));
   struct net_conn* n = record_new(c, x, 0);
   if (!n) return fail_free(c, NULL), CH_SYSTEM;
@@ -114,7 +114,8 @@ static int same_ip(const union sock_addr* a, const union sock_addr* b) {
 }
 
 ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
-                              const struct tp_net_ctx* x, const union sock_addr* expect_ip) {
+                              const struct tp_ctx* x) {
+  const union sock_addr* expect_ip = x->peer_addr;
   char a[64], b[64];
   /* The address comes from the peer: accept only its own bootstrap IP, with a real port. */
   if (!same_ip(&h->addr, expect_ip) || sock_addr_port(&h->addr) == 0) {
@@ -166,7 +167,7 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
   return CH_OK;
 }
 
-ch_status tp_net_wait_bound(struct conn* c, const struct tp_net_ctx* x) {
+ch_status tp_net_wait_bound(struct conn* c, const struct tp_ctx* x) {
   uint64_t end = ut_now_ns() + NET_BIND_TIMEOUT_NS;
   long ns = 20000;
   for (;;) {
@@ -187,16 +188,28 @@ ch_status tp_net_wait_bound(struct conn* c, const struct tp_net_ctx* x) {
   }
 }
 
+static ch_status net_recv_done(struct conn* c, int attached, const struct tp_ctx* x) {
+  return attached ? tp_net_wait_bound(c, x) : CH_OK;
+}
+
+static void net_wake(struct conn* c, int we_send) {
+  (void)c, (void)we_send;
+  tp_proxy_kick(); /* the proxy relays to the other host */
+}
+
 int tp_net_state(const struct conn* c) {
   if (c->transport != TP_NET || !c->net) return 0;
   int st = atomic_load_explicit(&c->net->state, memory_order_acquire);
   return st == NET_FAILED ? 2 : st == NET_CLOSED ? 1 : 0;
 }
 
-void tp_net_free(struct conn* c) {
+static void net_free(struct conn* c) {
   if (c->net) proxy_unregister(c->net); /* the proxy no longer touches the record or the FIFO */
   free(c->net);
   free(c->map_base);
   memset(c, 0, sizeof(*c));
   c->fd = -1;
 }
+
+const struct tp_ops tp_net_ops = {"net", tp_net_recv_setup, tp_net_send_connect, net_recv_done, tp_net_state,
+                                  tp_net_poll, net_wake, net_free};

@@ -88,7 +88,9 @@ struct net_conn {
   int pup_in;              /* sender: reading an up record */
 };
 
-void tp_wake_slow(_Atomic uint64_t* word); /* fifo.c */
+/* A rank waiting for data on c receives from the socket itself (CHORUS_NET_DIRECT_MAX_BYTES > 0)
+ * instead of waiting for the proxy; 1 if a step (or part of one) arrived (proxy.c). */
+int tp_net_poll(struct conn* c);
 
 /* proxy.c */
 void net_sockopts(int fd); /* buffers (CHORUS_NET_SOCKBUF_BYTES), link timeout, keepalive */

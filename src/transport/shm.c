@@ -18,7 +18,8 @@
 #include "../misc/utils.h"
 #include "transport.h"
 
-ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h) {
+ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x) {
+  (void)x;
   size_t bytes = tp_fifo_bytes(sz);
   int fd = tp_memfd_new("chorus-fifo", bytes, 1);
   if (fd < 0) {
@@ -55,8 +56,14 @@ ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp
   return CH_OK;
 }
 
-ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h) {
+ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+                              const struct tp_ctx* x) {
   size_t bytes = tp_fifo_bytes(sz);
+  if (h->nonce != x->peer_nonce) {
+    /* Its descriptor server is named by the nonce: only the one process the peer joined from counts. */
+    WARN("rank %d: rank %d offered a FIFO held by another process than the one it joined from", x->rank, c->peer);
+    return CH_REMOTE;
+  }
   if (h->bytes != bytes) {
     WARN("FIFO size mismatch with rank %d: %llu vs %zu bytes (NCCL_BUFFSIZE differs between ranks?)", c->peer,
          (unsigned long long)h->bytes, bytes);

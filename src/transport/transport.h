@@ -144,37 +144,68 @@ size_t tp_fifo_bytes(const struct tp_sizes* sz);
 /* Lay out ctrl + buffers in `mem` (receiver side) or over a mapping (sender side). */
 void tp_fifo_layout(struct conn* c, void* mem, const struct tp_sizes* sz);
 
-ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h);
-ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h);
-ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h);
-ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h);
-void tp_conn_free(struct conn* c);
-
-/* Network transport (net.c). What a rank hands the transport about itself. */
-struct tp_net_ctx {
+/* What a transport is told about the two ends of a connection (core/connect.c fills it). The
+ * transport keeps what it needs; none of it comes from the wire except through the bootstrap's
+ * authenticated exchange at init. */
+struct tp_ctx {
   int rank;
   const union sock_addr* listen_hint; /* this rank's bootstrap listen address: the net listener's interface */
+  const union sock_addr* peer_addr;   /* the peer's bootstrap address: an offered net listener must be on its IP */
+  uint64_t peer_nonce;                /* the peer's process nonce: whose descriptor server holds a shm FIFO */
   const unsigned char* key;           /* the job's 32-byte key (boot_secret); never sent */
   int uid_mode;                       /* key derived from public data: local peers must be our uid */
-  _Atomic int* async_err;             /* the communicator's async error: CH_REMOTE when the link fails */
+  _Atomic int* async_err;             /* the communicator's async error: CH_REMOTE when a link fails */
   const volatile int* abort;
   struct log_err_sink* sink; /* the communicator's last-error record: the proxy's WARNs about it go there */
 };
-ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h,
-                            const struct tp_net_ctx* x);
-/* expect_ip: the peer's bootstrap address; the offered listener must be on that IP. */
+
+/* A transport: how a receiver makes a FIFO and describes it (struct tp_handle: no address, no
+ * descriptor), how a sender attaches to it (checking everything in the handle: it comes from the
+ * peer), and what the engine asks of a live connection. Core never looks inside a connection's kind. */
+struct tp_ops {
+  const char* name;
+  ch_status (*recv_setup)(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
+  ch_status (*send_connect)(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+                            const struct tp_ctx* x);
+  /* Receiver, after the sender's answer (attached: it said it attached): drop what only served the
+   * handshake; the network waits until the sender's socket has authenticated. */
+  ch_status (*recv_done)(struct conn* c, int attached, const struct tp_ctx* x);
+  /* 0: fine; 1: the peer closed in order (destroyed its communicator); 2: the link failed (logged).
+   * NULL: the transport cannot fail on its own (a dead peer process is found by pid, core/plan.c). */
+  int (*health)(const struct conn* c);
+  /* A rank waiting for data on c may move it itself; 1 if something arrived. NULL: nothing to do. */
+  int (*poll)(struct conn* c);
+  /* Wake whoever waits at the other end of c (after a poison: fifo_ctrl up/down records). */
+  void (*wake)(struct conn* c, int we_send);
+  void (*free)(struct conn* c);
+};
+extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_net_ops;
+static inline const struct tp_ops* tp_ops_of(int kind) {
+  return kind == TP_SHM ? &tp_shm_ops : kind == TP_NET ? &tp_net_ops : &tp_local_ops;
+}
+static inline int tp_conn_health(const struct conn* c) {
+  const struct tp_ops* o = tp_ops_of(c->transport);
+  return c->connected && o->health ? o->health(c) : 0;
+}
+static inline int tp_conn_poll(struct conn* c) {
+  const struct tp_ops* o = tp_ops_of(c->transport);
+  return c->connected && o->poll ? o->poll(c) : 0;
+}
+void tp_conn_free(struct conn* c);
+
+/* The implementations (fifo.c, shm.c, net.c), also called by tests. */
+ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
+ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+                                const struct tp_ctx* x);
+ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
+ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+                              const struct tp_ctx* x);
+ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
 ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
-                              const struct tp_net_ctx* x, const union sock_addr* expect_ip);
+                              const struct tp_ctx* x);
 /* Receiver: wait (bounded, abortable) until the sender's socket has authenticated and been bound. */
-ch_status tp_net_wait_bound(struct conn* c, const struct tp_net_ctx* x);
-/* 0: fine; 1: the peer closed gracefully (destroyed its communicator); 2: the link failed (logged). */
+ch_status tp_net_wait_bound(struct conn* c, const struct tp_ctx* x);
 int tp_net_state(const struct conn* c);
-/* A rank waiting for data on c (CHORUS_NET_DIRECT_MAX_BYTES > 0): receive from the socket itself
- * instead of waiting for the proxy. Returns 1 if a step (or part of one) arrived. Cheap for others. */
-int tp_net_poll(struct conn* c);
-void tp_net_free(struct conn* c);
-/* The peer has mapped the FIFO: the receiver no longer needs its descriptor. */
-void tp_conn_release_fd(struct conn* c);
 const char* tp_name(int kind);
 /* Poison a connection (fifo.c): write rec into its `down` (we send on c) or `up` (we receive on c)
  * record, once, and wake whoever waits at the other end (the proxy, for the network). */
