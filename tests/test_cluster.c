@@ -193,7 +193,7 @@ TEST_T(cluster, coll_matrix_3x2_interleaved, 900) {
     cl_down();
     return;
   }
-  EXPECT_EQ(cl_run("", 6, "coll_matrix"), 0);
+  EXPECT_EQ(cl_run("--timeout 800", 6, "coll_matrix"), 0); /* 6 ranks on few cores: minutes */
   cl_down();
 }
 

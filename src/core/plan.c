@@ -462,11 +462,15 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       if (!pl->started) {
         if (atomic_load(&comm->done_ticket) != pl->ticket) continue;
         plan_start(pl);
+        /* A plan queued on a stream behind one that failed: the peers are out of step (a dead rank,
+         * a poisoned call), so running it could only misreport or hang. It fails with that error. */
+        int as = atomic_load(&comm->async_result);
+        if (as != ncclSuccess) pl->status = (ch_status)as;
       }
       int busy = 0;
       if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
         pl->status = CH_ABORTED;
-      } else {
+      } else if (pl->status == CH_OK) {
         for (int l = 0; l < pl->nlanes; l++) {
           struct ch_lane* ln = &pl->lanes[l];
           if (ln->cur >= ln->nops) continue;
