@@ -54,7 +54,7 @@ static int stall(const char* hostport) {
   char why[200];
   if (!out) return 1;
   ch_status st = boot_query(&a, keyed ? &key : NULL, STALL_Q_SUMMARY, NULL, 0, out, cap, &got,
-                            ut_now_ns() + 5000000000ull, why, sizeof(why));
+                            ut_now_ns() + 5000000000ull, NULL, why, sizeof(why));
   memset(&key, 0, sizeof(key));
   if (st != CH_OK) {
     fprintf(stderr, "chorus-info: stall query to %s failed: %s\n", hostport, why);

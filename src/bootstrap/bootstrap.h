@@ -115,10 +115,11 @@ void boot_query_key(const struct boot_key* key, int delta);
 /* The service's address on near's interface, started on first use; AF_UNSPEC when disabled
  * (CHORUS_STALL_QUERY=0) or it could not start (logged at INFO). */
 void boot_query_addr(const union sock_addr* near, union sock_addr* out);
-/* Ask the service at addr (client side), proving key (NULL: none, for a local service of our uid).
- * Nothing is logged: on failure *why says what happened. The reply is authenticated (MAC, or the
+/* Ask the service at addr (client side), proving key (NULL: none, for a local service of our uid), by
+ * deadline_ns; `abort` (may be NULL) is polled every 100 ms. Nothing is logged: on failure *why says what happened. The reply is authenticated (MAC, or the
  * server's uid) before it is returned; its content is still the caller's to validate. */
 ch_status boot_query(const union sock_addr* addr, const struct boot_key* key, uint32_t kind, const void* req, size_t len,
-                     char* out, size_t cap, size_t* got, uint64_t deadline_ns, char* why, size_t whylen);
+                     char* out, size_t cap, size_t* got, uint64_t deadline_ns, const volatile int* abort, char* why,
+                     size_t whylen);
 
 #endif

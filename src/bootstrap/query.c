@@ -79,8 +79,8 @@ static void mac_of(const struct boot_key* key, int server, const struct boot_hel
   hmac_sha256(key->k, sizeof(key->k), 4, parts, lens, mac);
 }
 
-/* Exactly n bytes, by the deadline; -1 on EOF, error or time out (nothing logged: callers say what). */
-static int io_all(int fd, void* buf, size_t n, uint64_t deadline, int out) {
+/* Exactly n bytes, by the deadline; -1 on EOF, error, time out or abort (nothing logged: callers say what). */
+static int io_all(int fd, void* buf, size_t n, uint64_t deadline, int out, const volatile int* abort) {
   char* p = buf;
   while (n > 0) {
     ssize_t r = out ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
@@ -93,7 +93,7 @@ static int io_all(int fd, void* buf, size_t n, uint64_t deadline, int out) {
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
     uint64_t now = ut_now_ns();
-    if (now >= deadline) return -1;
+    if (now >= deadline || (abort && __atomic_load_n(abort, __ATOMIC_RELAXED))) return -1;
     uint64_t left_ms = (deadline - now) / 1000000 + 1;
     struct pollfd pf = {fd, (short)(out ? POLLOUT : POLLIN), 0};
     if (poll(&pf, 1, (int)(left_ms > 100 ? 100 : left_ms)) < 0 && errno != EINTR) return -1;
@@ -117,13 +117,13 @@ static void* worker(void* argp) {
   char* reply = NULL;
   struct boot_key key;
   int keyed = 0;
-  if (io_all(a.fd, &h, sizeof(h), deadline, 0) != 0) goto quiet; /* closed or silent: nothing to say */
+  if (io_all(a.fd, &h, sizeof(h), deadline, 0, NULL) != 0) goto quiet; /* closed or silent: nothing to say */
   if (h.magic != BOOT_ID_MAGIC || h.kind != BOOT_KIND_QUERY || h.to_rank > 1 || h.nranks > BOOT_QUERY_MAX_REQ) {
     snprintf(why, sizeof(why), "not a Chorus stall query of this version");
     goto reject;
   }
-  if (ut_random(nonce_s, sizeof(nonce_s)) != CH_OK || io_all(a.fd, nonce_s, sizeof(nonce_s), deadline, 1) != 0 ||
-      io_all(a.fd, mac, sizeof(mac), deadline, 0) != 0 || io_all(a.fd, req, h.nranks, deadline, 0) != 0)
+  if (ut_random(nonce_s, sizeof(nonce_s)) != CH_OK || io_all(a.fd, nonce_s, sizeof(nonce_s), deadline, 1, NULL) != 0 ||
+      io_all(a.fd, mac, sizeof(mac), deadline, 0, NULL) != 0 || io_all(a.fd, req, h.nranks, deadline, 0, NULL) != 0)
     goto quiet;
   if (h.to_rank == 1) { /* the client proves a key: one we serve, or it is out */
     pthread_mutex_lock(&q_lock);
@@ -162,7 +162,7 @@ static void* worker(void* argp) {
   rh.len = (uint32_t)len;
   if (keyed) mac_of(&key, 1, &h, nonce_s, reply, len, rh.mac);
   deadline = ut_now_ns() + QUERY_REPLY_NS;
-  if (io_all(a.fd, &rh, sizeof(rh), deadline, 1) == 0) io_all(a.fd, reply, len, deadline, 1);
+  if (io_all(a.fd, &rh, sizeof(rh), deadline, 1, NULL) == 0) io_all(a.fd, reply, len, deadline, 1, NULL);
   goto quiet;
 reject:
   boot_warn_reject("Stall query service", &a.remote, why);
@@ -273,12 +273,13 @@ void boot_query_addr(const union sock_addr* near, union sock_addr* out) {
   }
   pthread_mutex_unlock(&q_lock);
   if (out->sa.sa_family == AF_UNSPEC)
-    INFO(LOG_INIT | LOG_BOOTSTRAP, "Stall query service not started on %s: stall reports show this process's ranks only",
-         sock_addr_str(&a, s, sizeof(s)));
+    INFO(LOG_INIT | LOG_BOOTSTRAP, "Stall query service not started on %s: stall reports show this process's "
+         "ranks only", sock_addr_str(&a, s, sizeof(s)));
 }
 
 ch_status boot_query(const union sock_addr* addr, const struct boot_key* key, uint32_t kind, const void* req, size_t len,
-                     char* out, size_t cap, size_t* got, uint64_t deadline_ns, char* why, size_t whylen) {
+                     char* out, size_t cap, size_t* got, uint64_t deadline_ns, const volatile int* abort, char* why,
+                     size_t whylen) {
   *got = 0;
   why[0] = '\0';
   if (len > BOOT_QUERY_MAX_REQ || (addr->sa.sa_family != AF_INET && addr->sa.sa_family != AF_INET6)) {
@@ -286,11 +287,11 @@ ch_status boot_query(const union sock_addr* addr, const struct boot_key* key, ui
     return CH_INVALID_ARG;
   }
   struct sock s = {.fd = -1};
-  struct sock_wait w = {NULL, deadline_ns};
+  struct sock_wait w = {abort, deadline_ns};
   int err = 0;
   ch_status st = sock_connect_brief(addr, &s, &w, 200, &err);
   if (st != CH_OK) {
-    snprintf(why, whylen, "%s", st == CH_TIMEOUT ? "no answer in time" : strerror(err));
+    snprintf(why, whylen, "%s", st == CH_TIMEOUT ? "no answer in time" : st == CH_ABORTED ? "aborted" : strerror(err));
     return st == CH_TIMEOUT ? CH_TIMEOUT : CH_REMOTE;
   }
   struct boot_hello h;
@@ -298,13 +299,15 @@ ch_status boot_query(const union sock_addr* addr, const struct boot_key* key, ui
   struct query_reply_hdr rh;
   st = CH_REMOTE;
   if (boot_hello_init(&h, BOOT_KIND_QUERY, kind, key ? 1 : 0, (uint32_t)len) != CH_OK) goto out;
-  if (io_all(s.fd, &h, sizeof(h), deadline_ns, 1) != 0 || io_all(s.fd, nonce_s, sizeof(nonce_s), deadline_ns, 0) != 0) {
+  if (io_all(s.fd, &h, sizeof(h), deadline_ns, 1, abort) != 0 ||
+      io_all(s.fd, nonce_s, sizeof(nonce_s), deadline_ns, 0, abort) != 0) {
     snprintf(why, whylen, "closed the connection or did not answer (not a Chorus stall query service?)");
     goto out;
   }
   if (key) mac_of(key, 0, &h, nonce_s, NULL, 0, mac);
-  if (io_all(s.fd, mac, sizeof(mac), deadline_ns, 1) != 0 || (len && io_all(s.fd, (void*)req, len, deadline_ns, 1) != 0) ||
-      io_all(s.fd, &rh, sizeof(rh), deadline_ns, 0) != 0) {
+  if (io_all(s.fd, mac, sizeof(mac), deadline_ns, 1, abort) != 0 ||
+      (len && io_all(s.fd, (void*)req, len, deadline_ns, 1, abort) != 0) ||
+      io_all(s.fd, &rh, sizeof(rh), deadline_ns, 0, abort) != 0) {
     snprintf(why, whylen, key ? "rejected the query: it does not know this secret (or no answer in time)"
                               : "rejected the query: without a secret only processes of the same user on the "
                                 "same host may ask (set CHORUS_SECRET or CHORUS_SECRET_FILE)");
@@ -315,7 +318,7 @@ ch_status boot_query(const union sock_addr* addr, const struct boot_key* key, ui
     snprintf(why, whylen, "sent an invalid answer (status %u, %u bytes)", rh.status, rh.len);
     goto out;
   }
-  if (io_all(s.fd, out, rh.len, deadline_ns, 0) != 0) {
+  if (io_all(s.fd, out, rh.len, deadline_ns, 0, abort) != 0) {
     snprintf(why, whylen, "closed the connection in the middle of its answer");
     goto out;
   }

@@ -29,6 +29,7 @@ enum { STALL_ST_IDLE = 1,     /* not in a call: every call so far returned */
 struct stall_wire {
   uint32_t magic;
   int32_t state, func, type, peer, wait, algo, proto, pid, rank, nranks, async;
+  int32_t gone, pad; /* gone: the communicator was destroyed since; this was its last state */
   uint64_t comm_hash, seq, last_done, bytes_total, bytes_done, idle_ms;
   char host[64];
   char note[160]; /* local only */
@@ -45,8 +46,10 @@ void stall_unregister(struct ncclComm* comm);
 void stall_note_plan(const struct ch_plan* pl, uint64_t idle_ns, int gave_up);
 /* Every rank's state for comm `hash` (a comm of this process; key NULL: any), formatted: a headline
  * ("AllReduce #5 (1 KiB): ranks 0-1 waiting, rank 2 last completed #4") then one line per rank.
- * `why` prefixes the headline. Returns the length written (text NUL-terminated, truncated to cap). */
-size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, char* out, size_t cap);
+ * `why` prefixes the headline; asking other processes stops after 2 s or once *abort is set. Returns
+ * the length written (text NUL-terminated, truncated to cap). */
+size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, char* out,
+                      size_t cap);
 /* The same from explicit states (tests). */
 size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char* why, char* out, size_t cap);
 /* Gather and WARN it, details first, headline last (so ncclGetLastError shows the headline). */

@@ -48,6 +48,19 @@ struct stall_ent {
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct stall_ent* reg;
 
+/* A destroyed communicator's last state, kept a while (under reg_lock, with its key still served):
+ * ranks that time out a little later then learn that this rank timed out too (or had finished),
+ * rather than that it has no such communicator. */
+#define STALL_GONE_MAX 16
+#define STALL_GONE_NS (300ull * 1000000000ull)
+struct stall_gone {
+  struct stall_wire w;
+  struct boot_key key;
+  uint64_t when;
+  struct stall_gone* next;
+};
+static struct stall_gone* gone;
+
 static struct stall_ent* find_comm(const struct ncclComm* comm) {
   for (struct stall_ent* e = reg; e; e = e->next)
     if (e->comm == comm) return e;
@@ -59,6 +72,14 @@ static struct stall_ent* find_rank(uint64_t hash, int rank, const struct boot_ke
     if (e->hash == hash && e->rank == rank &&
         (!key || (e->key.mode == key->mode && !memcmp(e->key.k, key->k, sizeof(key->k)))))
       return e;
+  return NULL;
+}
+
+static const struct stall_wire* find_gone(uint64_t hash, int rank, int nranks, const struct boot_key* key) {
+  for (struct stall_gone* g = gone; g; g = g->next)
+    if (g->w.comm_hash == hash && g->w.rank == rank && g->w.nranks == nranks &&
+        (!key || (g->key.mode == key->mode && !memcmp(g->key.k, key->k, sizeof(key->k)))))
+      return &g->w;
   return NULL;
 }
 
@@ -85,15 +106,50 @@ void stall_register(struct ncclComm* comm) {
          (unsigned long long)comm->comm_hash, sock_addr_str(q, a, sizeof(a)));
 }
 
+static void read_state(struct stall_ent* e, struct stall_wire* w);
+
 void stall_unregister(struct ncclComm* comm) {
+  struct stall_gone* g = calloc(1, sizeof(*g));
+  struct stall_gone* drop = NULL; /* expired, or beyond STALL_GONE_MAX: freed outside the lock */
   pthread_mutex_lock(&reg_lock);
   struct stall_ent** pp = &reg;
   while (*pp && (*pp)->comm != comm) pp = &(*pp)->next;
   struct stall_ent* e = *pp;
   if (e) *pp = e->next;
+  uint64_t now = ut_now_ns();
+  int kept = 0;
+  if (e && g) {
+    read_state(e, &g->w);
+    g->w.gone = 1;
+    g->key = e->key; /* its reference on the key passes to the tombstone */
+    g->when = now;
+    g->next = gone;
+    gone = g;
+    g = NULL;
+    kept = 1;
+  }
+  int k = 0;
+  for (struct stall_gone** q = &gone; *q;) {
+    if (++k > STALL_GONE_MAX || now - (*q)->when > STALL_GONE_NS) {
+      struct stall_gone* x = *q;
+      *q = x->next;
+      x->next = drop;
+      drop = x;
+    } else {
+      q = &(*q)->next;
+    }
+  }
   pthread_mutex_unlock(&reg_lock);
+  free(g);
+  if (e && !kept) boot_query_key(&e->key, -1);
+  while (drop) {
+    struct stall_gone* x = drop;
+    drop = x->next;
+    boot_query_key(&x->key, -1);
+    memset(&x->key, 0, sizeof(x->key));
+    free(x);
+  }
   if (!e) return;
-  boot_query_key(&e->key, -1);
   memset(&e->key, 0, sizeof(e->key));
   free(e);
 }
@@ -218,7 +274,7 @@ int stall_wire_ok(struct stall_wire* w, uint64_t hash, int rank, int nranks) {
                   w->proto >= CH_NPROTO || w->wait < 0 || w->wait >= STALL_WAIT_COUNT || w->type < -1 ||
                   w->type >= 64 || w->bytes_done > w->bytes_total))
     return 0;
-  if (w->peer < -1 || w->peer >= nranks) return 0;
+  if (w->peer < -1 || w->peer >= nranks || (w->gone != 0 && w->gone != 1)) return 0;
   if (boot_text_field(w->host, sizeof(w->host)) != 0) return 0;
   return 1;
 }
@@ -238,8 +294,12 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
     size_t n = 0;
     pthread_mutex_lock(&reg_lock);
     struct stall_ent* e = find_rank(q.hash, q.rank, key);
+    const struct stall_wire* g = find_gone(q.hash, q.rank, q.nranks, key);
     if (e && e->nranks == q.nranks) {
       read_state(e, (struct stall_wire*)(void*)out);
+      n = sizeof(struct stall_wire);
+    } else if (g) {
+      memcpy(out, g, sizeof(*g));
       n = sizeof(struct stall_wire);
     }
     pthread_mutex_unlock(&reg_lock);
@@ -263,7 +323,7 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
   pthread_mutex_unlock(&reg_lock);
   size_t at = 0;
   if (!nh) at = (size_t)snprintf(out, cap, "no communicator of this job in process %d\n", (int)getpid());
-  for (int i = 0; i < nh && at + 1 < cap; i++) at += stall_job_text(hashes[i], key, NULL, out + at, cap - at);
+  for (int i = 0; i < nh && at + 1 < cap; i++) at += stall_job_text(hashes[i], key, NULL, NULL, out + at, cap - at);
   return at < cap ? at : cap - 1;
 }
 
@@ -271,7 +331,8 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
 
 /* Every rank's state for comm `hash` as seen from this process; the caller frees. *me: a rank of
  * it in this process. NULL if this process has no such communicator. */
-static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int* nranks_out, union sock_addr* self) {
+static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int* nranks_out, union sock_addr* self,
+                                 const volatile int* abort) {
   pthread_mutex_lock(&reg_lock);
   struct stall_ent* e = NULL;
   for (struct stall_ent* x = reg; x && !e; x = x->next)
@@ -296,7 +357,9 @@ static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int*
     w[r].pid = e->comm->peers[r].pid;
     snprintf(w[r].host, sizeof(w[r].host), "%s", e->comm->peers[r].hostname);
     struct stall_ent* x = find_rank(hash, r, &k);
+    const struct stall_wire* g = find_gone(hash, r, n, &k);
     if (x && x->nranks == n) read_state(x, &w[r]), have[r] = 1;
+    else if (g) w[r] = *g, have[r] = 1;
   }
   pthread_mutex_unlock(&reg_lock);
   uint64_t end = ut_now_ns() + STALL_GATHER_NS;
@@ -307,7 +370,9 @@ static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int*
     w[r].func = w[r].peer = -1;
     char why[160] = "its process serves no stall queries (CHORUS_STALL_QUERY=0)";
     uint64_t now = ut_now_ns();
-    if (now >= end) {
+    if (abort && __atomic_load_n(abort, __ATOMIC_RELAXED)) {
+      snprintf(why, sizeof(why), "not asked: the communicator is being aborted");
+    } else if (now >= end) {
       snprintf(why, sizeof(why), "not asked: the report's %llu s were spent", STALL_GATHER_NS / 1000000000ull);
     } else if (qa[r].sa.sa_family != AF_UNSPEC) {
       struct stall_query_req q = {hash, r, n};
@@ -315,7 +380,7 @@ static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int*
       size_t len = 0;
       uint64_t dl = now + STALL_ASK_NS < end ? now + STALL_ASK_NS : end;
       char a[64];
-      if (boot_query(&qa[r], &k, STALL_Q_RECORD, &q, sizeof(q), (char*)&got, sizeof(got), &len, dl, why,
+      if (boot_query(&qa[r], &k, STALL_Q_RECORD, &q, sizeof(q), (char*)&got, sizeof(got), &len, dl, abort, why,
                      sizeof(why)) == CH_OK) {
         if (len == sizeof(got) && stall_wire_ok(&got, hash, r, n)) {
           w[r] = got;
@@ -418,9 +483,11 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
       const char* s = count > 1 ? "ranks" : "rank";
       at = put(out, cap, at, "%s", ngroups > 1 ? ", " : "");
       if (c == C_FOCUS) at = put(out, cap, at, "%s %s waiting", s, list);
-      else if (c == C_IDLE && w[r].async) at = put(out, cap, at, "%s %s not in a call (communicator failed: %s), last call #%llu", s, list,
-                                                ch_status_str((ch_status)w[r].async), (unsigned long long)w[r].last_done);
-      else if (c == C_IDLE) at = put(out, cap, at, "%s %s last completed #%llu", s, list, (unsigned long long)w[r].last_done);
+      else if (c == C_IDLE && w[r].async)
+        at = put(out, cap, at, "%s %s not in a call (communicator failed: %s), last call #%llu", s, list,
+                 ch_status_str((ch_status)w[r].async), (unsigned long long)w[r].last_done);
+      else if (c == C_IDLE)
+        at = put(out, cap, at, "%s %s last completed #%llu", s, list, (unsigned long long)w[r].last_done);
       else if (c == C_OTHER) {
         fmt_call(&w[r], call, sizeof(call));
         at = put(out, cap, at, "%s %s waiting in %s", s, list, call);
@@ -443,11 +510,12 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
                x->state == STALL_ST_GAVE_UP ? "timed out in" : "in", call, b2, red_type_name(x->type),
                x->algo >= 0 ? tune_algo_name(x->algo) : "?", x->proto >= 0 ? tune_proto_name(x->proto) : "?", b1,
                wait_text[x->wait], who, (double)x->idle_ms / 1000.0);
-      at = put(out, cap, at, "; last completed #%llu\n", (unsigned long long)x->last_done);
+      at = put(out, cap, at, "; last completed #%llu%s\n", (unsigned long long)x->last_done,
+               x->gone ? " (communicator since destroyed)" : "");
     } else if (x->state == STALL_ST_IDLE) {
-      at = put(out, cap, at, "not in a call; last %s #%llu%s%s\n", x->async ? "call" : "completed",
+      at = put(out, cap, at, "not in a call; last %s #%llu%s%s%s\n", x->async ? "call" : "completed",
                (unsigned long long)x->last_done, x->async ? "; communicator failed: " : "",
-               x->async ? ch_status_str((ch_status)x->async) : "");
+               x->async ? ch_status_str((ch_status)x->async) : "", x->gone ? " (communicator since destroyed)" : "");
     } else if (x->state == STALL_ST_BUSY) {
       at = put(out, cap, at, "in a call and making progress (calls started: %llu)\n", (unsigned long long)x->last_done);
     } else {
@@ -460,10 +528,11 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
   return at;
 }
 
-size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, char* out, size_t cap) {
+size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, char* out,
+                      size_t cap) {
   int n = 0;
   union sock_addr self;
-  struct stall_wire* w = gather(hash, key, &n, &self);
+  struct stall_wire* w = gather(hash, key, &n, &self, abort);
   if (!w) return put(out, cap, 0, "comm %016llx: not found in process %d\n", (unsigned long long)hash, (int)getpid());
   size_t at = stall_format(w, n, hash, why ? why : "", out, cap);
   char a[64];
@@ -478,7 +547,7 @@ void stall_job_report(const struct ncclComm* comm, const char* why) {
   size_t cap = 16384;
   char* text = malloc(cap);
   if (!text) return;
-  stall_job_text(comm->comm_hash, NULL, why, text, cap);
+  stall_job_text(comm->comm_hash, NULL, why, &comm->abort_flag, text, cap);
   /* Details first, the headline last: it is what ncclGetLastError shows. */
   char* nl = strchr(text, '\n');
   char* details = nl ? nl + 1 : NULL;
