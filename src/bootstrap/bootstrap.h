@@ -112,7 +112,10 @@ typedef size_t (*boot_query_handler)(const struct boot_key* key, uint32_t kind, 
 void boot_query_set_handler(boot_query_handler fn);
 /* Serve (delta 1) or stop serving (delta -1) queries proving key; counted per key. */
 void boot_query_key(const struct boot_key* key, int delta);
-/* The service's address on near's interface, started on first use; AF_UNSPEC when disabled
+/* One more (1) or one less (-1) communicator to serve: the listener threads run while there is one. */
+void boot_query_run(int delta);
+/* The service's address on near's interface (its socket made on first use, kept for the process's
+ * life; connections queue there while no communicator is served); AF_UNSPEC when disabled
  * (CHORUS_STALL_QUERY=0) or it could not start (logged at INFO). */
 void boot_query_addr(const union sock_addr* near, union sock_addr* out);
 /* Ask the service at addr (client side), proving key (NULL: none, for a local service of our uid), by

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "../misc/log.h"
@@ -44,13 +45,19 @@ struct query_reply_hdr {
   unsigned char mac[BOOT_MAC];
 };
 
-/* Under q_lock: listeners (fixed once started; closed only in a fork child), keys (refcounted by the
- * communicators that serve them), the handler. Workers count themselves in q_workers. */
-static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Under q_lock: listeners (sockets kept for the process's life, so an advertised address stays
+ * valid; closed only in a fork child), keys (refcounted by the communicators that serve them), the
+ * handler, the number of communicators served (q_users: listener threads run while it is above 0,
+ * so a process without communicators has no thread of ours). q_life serializes starting and
+ * stopping the threads. Workers count themselves in q_workers. */
+static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER, q_life = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   struct sock s;
+  pthread_t thread;
+  int running;
 } q_listen[QUERY_MAX_LISTENERS];
-static int q_nlisten;
+static int q_nlisten, q_users;
+static int q_stop_fd = -1; /* eventfd: readable while listener threads are to exit */
 static struct {
   struct boot_key key;
   int refs;
@@ -59,17 +66,28 @@ static boot_query_handler q_handler;
 static _Atomic int q_workers;
 static pthread_once_t q_once = PTHREAD_ONCE_INIT;
 
-static void at_prepare(void) { pthread_mutex_lock(&q_lock); }
-static void at_parent(void) { pthread_mutex_unlock(&q_lock); }
+static void at_prepare(void) {
+  pthread_mutex_lock(&q_life);
+  pthread_mutex_lock(&q_lock);
+}
+static void at_parent(void) {
+  pthread_mutex_unlock(&q_lock);
+  pthread_mutex_unlock(&q_life);
+}
 /* A fork child has none of our threads: its inherited listeners would never be served (and the
  * parent's threads would answer for them), so it forgets them and starts its own when needed. */
 static void at_child(void) {
-  for (int i = 0; i < q_nlisten; i++) sock_close(&q_listen[i].s);
+  for (int i = 0; i < q_nlisten; i++) sock_close(&q_listen[i].s), q_listen[i].running = 0;
   q_nlisten = 0;
+  q_users = 0;
   atomic_store(&q_workers, 0);
   pthread_mutex_unlock(&q_lock);
+  pthread_mutex_unlock(&q_life);
 }
-static void q_init(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void q_init(void) {
+  q_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  pthread_atfork(at_prepare, at_parent, at_child);
+}
 
 static void mac_of(const struct boot_key* key, int server, const struct boot_hello* h, const unsigned char* nonce_s,
                    const void* body, size_t len, unsigned char mac[BOOT_MAC]) {
@@ -180,8 +198,10 @@ static void* listener_main(void* arg) {
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   for (;;) {
-    struct pollfd pf = {fd, POLLIN, 0};
-    if (poll(&pf, 1, -1) < 0 && errno != EINTR) break;
+    struct pollfd pf[2] = {{fd, POLLIN, 0}, {q_stop_fd, POLLIN, 0}};
+    if (poll(pf, 2, -1) < 0 && errno != EINTR) break;
+    if (pf[1].revents) break; /* boot_query_run: no communicator left to serve */
+    if (!(pf[0].revents & POLLIN)) continue;
     union sock_addr remote;
     socklen_t len = sizeof(remote);
     memset(&remote, 0, sizeof(remote));
@@ -207,6 +227,44 @@ static void* listener_main(void* arg) {
   }
   pthread_attr_destroy(&attr);
   return NULL;
+}
+
+/* Under q_lock. A listener whose thread cannot start queues connections until the next try. */
+static void start_threads(void) {
+  for (int i = 0; i < q_nlisten; i++) {
+    if (q_listen[i].running) continue;
+    void* fd = (void*)(intptr_t)q_listen[i].s.fd;
+    q_listen[i].running = pthread_create(&q_listen[i].thread, NULL, listener_main, fd) == 0;
+  }
+}
+
+void boot_query_run(int delta) {
+  pthread_once(&q_once, q_init);
+  pthread_mutex_lock(&q_life);
+  pthread_mutex_lock(&q_lock);
+  q_users += delta;
+  pthread_t join[QUERY_MAX_LISTENERS];
+  int njoin = 0;
+  if (q_users > 0) start_threads();
+  if (q_users <= 0) {
+    q_users = 0;
+    for (int i = 0; i < q_nlisten; i++)
+      if (q_listen[i].running) join[njoin++] = q_listen[i].thread, q_listen[i].running = 0;
+    uint64_t one = 1;
+    if (njoin && write(q_stop_fd, &one, sizeof(one)) != sizeof(one)) /* cannot fail: counter far from full */
+      WARN("Stall query service: cannot stop its threads: %s", strerror(errno));
+  }
+  pthread_mutex_unlock(&q_lock);
+  for (int i = 0; i < njoin; i++) pthread_join(join[i], NULL);
+  if (njoin) {
+    uint64_t v;
+    ssize_t r = read(q_stop_fd, &v, sizeof(v)); /* re-armed: no listener thread runs to see it */
+    (void)r;
+    /* Workers end within their deadlines; give those answering right now a moment to finish, so a
+     * process whose last communicator is gone soon has no thread of ours (fork-safe again). */
+    for (int i = 0; i < 20 && atomic_load(&q_workers) > 0; i++) usleep(10000);
+  }
+  pthread_mutex_unlock(&q_life);
 }
 
 void boot_query_set_handler(boot_query_handler fn) {
@@ -255,21 +313,14 @@ void boot_query_addr(const union sock_addr* near, union sock_addr* out) {
     }
   }
   char s[64];
-  if (q_nlisten < QUERY_MAX_LISTENERS && sock_listen(&a, &q_listen[q_nlisten].s) == CH_OK) {
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
+  if (q_stop_fd >= 0 && q_nlisten < QUERY_MAX_LISTENERS && sock_listen(&a, &q_listen[q_nlisten].s) == CH_OK) {
     struct sock* ls = &q_listen[q_nlisten].s;
-    if (pthread_create(&t, &attr, listener_main, (void*)(intptr_t)ls->fd) == 0) {
-      *out = ls->addr;
-      q_nlisten++;
-      INFO(LOG_INIT | LOG_BOOTSTRAP, "Stall query service of pid %d listening on %s (chorus-info --stall %s)",
-           (int)getpid(), sock_addr_str(out, s, sizeof(s)), s);
-    } else {
-      sock_close(ls);
-    }
-    pthread_attr_destroy(&attr);
+    q_listen[q_nlisten].running = 0;
+    *out = ls->addr;
+    q_nlisten++;
+    if (q_users > 0) start_threads(); /* else the first communicator served starts it */
+    INFO(LOG_INIT | LOG_BOOTSTRAP, "Stall query service of pid %d listening on %s (chorus-info --stall %s)",
+         (int)getpid(), sock_addr_str(out, s, sizeof(s)), s);
   }
   pthread_mutex_unlock(&q_lock);
   if (out->sa.sa_family == AF_UNSPEC)

@@ -95,6 +95,7 @@ void stall_register(struct ncclComm* comm) {
   e->key = *boot_secret(comm->boot);
   boot_query_set_handler(on_query);
   boot_query_key(&e->key, 1);
+  boot_query_run(1);
   pthread_mutex_lock(&reg_lock);
   e->next = reg;
   reg = e;
@@ -142,6 +143,7 @@ void stall_unregister(struct ncclComm* comm) {
   pthread_mutex_unlock(&reg_lock);
   free(g);
   if (e && !kept) boot_query_key(&e->key, -1);
+  if (e) boot_query_run(-1); /* the last one stops the service's threads */
   while (drop) {
     struct stall_gone* x = drop;
     drop = x->next;
