@@ -81,6 +81,10 @@ static void at_child(void) {
   q_nlisten = 0;
   q_users = 0;
   atomic_store(&q_workers, 0);
+  /* The eventfd is shared with the parent (and its other children): a stop written there would
+   * wake, or be consumed by, the wrong process's threads. */
+  if (q_stop_fd >= 0) close(q_stop_fd);
+  q_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   pthread_mutex_unlock(&q_lock);
   pthread_mutex_unlock(&q_life);
 }
