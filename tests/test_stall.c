@@ -185,6 +185,43 @@ static void info_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(stall, chorus_info_live_job, 90) { rt_run_both(3, info_body, NULL); }
 
+/* A job named by NCCL_COMM_ID with CHORUS_SECRET (as chorusrun starts one): chorus-info proves the
+ * same secret; a wrong one is refused. 2 ranks: rank 1 is the late one. */
+static void secret_body(int rank, int nranks, ncclUniqueId unused, void* arg) {
+  (void)unused;
+  char hostport[64];
+  snprintf(hostport, sizeof hostport, "127.0.0.1:%d", (int)(intptr_t)arg);
+  setenv("CHORUS_SECRET", "stall-test-secret-0123456789abcdef", 1);
+  setenv("NCCL_COMM_ID", hostport, 1);
+  param_reset();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id)); /* with NCCL_COMM_ID: the key comes from CHORUS_SECRET */
+  float buf[COUNT];
+  ncclComm_t comm = warm_comm(rank, nranks, id, buf);
+  if (rank == 1) {
+    usleep(500 * 1000);
+    char addr[64], out[16384];
+    sock_addr_str(&comm->peers[0].query_addr, addr, sizeof addr);
+    EXPECT_EQ(run_info(addr, "CHORUS_SECRET=stall-test-secret-0123456789abcdef", out, sizeof out), 0);
+    if (!strstr(out, "AllReduce #2 (1 KiB): rank 0 waiting, rank 1 last completed #1"))
+      rt_fail(__FILE__, __LINE__, "chorus-info --stall %s with the job's secret printed:\n%s", addr, out);
+    EXPECT(run_info(addr, "CHORUS_SECRET=stall-test-secret-0123456789abcdeX", out, sizeof out) != 0);
+    if (!strstr(out, "rejected the query")) rt_fail(__FILE__, __LINE__, "with a wrong secret:\n%s", out);
+  }
+  NCCL_OK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(stall, chorus_info_with_job_secret, 60) {
+  union sock_addr a; /* a free loopback port for the root rank 0 hosts */
+  struct sock l = {.fd = -1};
+  ASSERT_EQ(sock_parse_addr("127.0.0.1:0", &a), CH_OK);
+  ASSERT_EQ(sock_listen(&a, &l), CH_OK);
+  int port = sock_addr_port(&l.addr);
+  sock_close(&l);
+  rt_run_procs(2, secret_body, (void*)(intptr_t)port);
+}
+
 /* ---- hostile input to the service ---- */
 
 static int raw_connect(const union sock_addr* a) {
