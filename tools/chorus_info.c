@@ -1,12 +1,16 @@
 /* chorus-info: version, every tunable with its value, default and source, and what this host offers
  * (CPUs, NUMA nodes, network interfaces, shared memory). Links the library's internals for the
- * parameter table. */
+ * parameter table. `chorus-info --stall HOST:PORT` asks a running job's process for the stall report
+ * of its communicators (the address each rank logs at NCCL_DEBUG=INFO, and every stall report names). */
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
 
 #include "chorus.h"
+#include "../src/bootstrap/boot_internal.h"
+#include "../src/core/stall.h"
 #include "../src/misc/param.h"
 #include "../src/misc/socket.h"
 #include "../src/misc/utils.h"
@@ -34,10 +38,46 @@ static void print_numa(void) {
   if (!found) printf("  numa: not reported by this kernel (one node assumed)\n");
 }
 
+/* Job key for --stall: CHORUS_SECRET_FILE / CHORUS_SECRET as the ranks read them; else, with
+ * NCCL_COMM_ID, that job's public key; else none (the service then admits only our uid, locally). */
+static int stall(const char* hostport) {
+  union sock_addr a;
+  if (sock_parse_addr(hostport, &a) != CH_OK) {
+    fprintf(stderr, "chorus-info: cannot parse address %s (HOST:PORT expected)\n", hostport);
+    return 2;
+  }
+  struct boot_key key;
+  int keyed = getenv("CHORUS_SECRET") || param_str(PARAM_SECRET_FILE)[0] || param_str(PARAM_COMM_ID)[0];
+  if (keyed && boot_key_from_env(param_str(PARAM_COMM_ID), &key) != CH_OK) return 2; /* logged */
+  size_t cap = BOOT_QUERY_MAX_REPLY, got = 0;
+  char* out = malloc(cap + 1);
+  char why[200];
+  if (!out) return 1;
+  ch_status st = boot_query(&a, keyed ? &key : NULL, STALL_Q_SUMMARY, NULL, 0, out, cap, &got,
+                            ut_now_ns() + 5000000000ull, NULL, why, sizeof(why));
+  memset(&key, 0, sizeof(key));
+  if (st != CH_OK) {
+    fprintf(stderr, "chorus-info: stall query to %s failed: %s\n", hostport, why);
+    free(out);
+    return 1;
+  }
+  for (size_t i = 0; i < got; i++) /* text from another process: printable lines only */
+    if (out[i] != '\n' && ((unsigned char)out[i] < 0x20 || (unsigned char)out[i] > 0x7e)) out[i] = '?';
+  out[got] = '\0';
+  fputs(out, stdout);
+  free(out);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int brief = argc > 1 && strcmp(argv[1], "--brief") == 0;
+  if (argc == 3 && strcmp(argv[1], "--stall") == 0) return stall(argv[2]);
   if (argc > 1 && !brief) {
-    printf("usage: chorus-info [--brief]\n  Prints Chorus's version, configuration and host topology.\n");
+    printf("usage: chorus-info [--brief]\n  Prints Chorus's version, configuration and host topology.\n"
+           "       chorus-info --stall HOST:PORT\n  Prints the stall report of a running job: HOST:PORT is a "
+           "process's stall query address\n  (logged by each rank at NCCL_DEBUG=INFO, named in every stall "
+           "report). The job's secret\n  comes from CHORUS_SECRET / CHORUS_SECRET_FILE; without one only the "
+           "job's own user\n  on the same host may ask.\n");
     return strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ? 0 : 2;
   }
   int v = 0, nv = 0;

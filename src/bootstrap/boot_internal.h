@@ -12,6 +12,7 @@
 #define BOOT_ID_MAGIC 0x4348524253310002ull /* "CHRBS1" + unique id format 2 (key + handshake) */
 #define BOOT_KIND_JOIN 1u                   /* a rank joining at the root */
 #define BOOT_KIND_PEER 2u                   /* a rank connecting to another rank */
+#define BOOT_KIND_QUERY 3u                  /* a stall query (query.c) */
 #define BOOT_HELLO_TIMEOUT_NS (5ull * 1000000000ull) /* connections not authenticated by then are closed */
 #define BOOT_MAX_RANKS (1 << 18)
 /* Largest bootstrap message: the library sends small records (rank infos, addresses, connection
@@ -111,16 +112,12 @@ int boot_peer_mac_ok(const struct boot_key* key, int server, const struct boot_h
 int boot_uid_check(const struct boot_key* key, int fd, const union sock_addr* remote, char* why, size_t len);
 /* WARN once per remote host address per minute (INFO otherwise), so a scanner cannot flood logs. */
 void boot_warn_reject(const char* who, const union sock_addr* remote, const char* why);
-/* NUL-terminate a fixed-size text field received from the wire; -1 if it holds non-printable bytes. */
-int boot_text_field(char* s, size_t size);
 
 /* Start the root on `addr` (port 0 = ephemeral) in a detached thread; the bound address is
  * returned in *bound. It serves one job, then exits. */
 ch_status boot_root_start(const union sock_addr* addr, uint64_t magic, const struct boot_key* key,
                           union sock_addr* bound);
 
-/* "3,5-7" for the ranks i < n with flags[i] == want; truncated with "..." if buf is short. */
-void boot_format_ranks(const unsigned char* flags, int n, unsigned char want, char* buf, size_t len);
 
 /* Peer layer (peer.c). */
 ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint64_t magic, const struct boot_key* key,

@@ -76,6 +76,7 @@ static void fill_info(struct boot_rank_info* info, int rank, int nranks, const u
   snprintf(info->host_id, sizeof(info->host_id), "%s", ut_host_id());
   snprintf(info->hostname, sizeof(info->hostname), "%s", ut_hostname());
   info->listen_addr = *listen_addr;
+  boot_query_addr(listen_addr, &info->query_addr); /* same interface: wherever peers reach us */
 }
 
 static void id_key(const struct boot_id* id, struct boot_key* key) {
@@ -89,6 +90,8 @@ static ch_status check_table(struct boot_rank_info* t, int nranks, int rank, con
     int fam = t[i].listen_addr.sa.sa_family;
     int bad = t[i].rank != i || t[i].nranks != nranks || (fam != AF_INET && fam != AF_INET6) ||
               sock_addr_port(&t[i].listen_addr) == 0;
+    int qfam = t[i].query_addr.sa.sa_family; /* AF_UNSPEC: that process serves no stall queries */
+    bad |= qfam != AF_UNSPEC && ((qfam != AF_INET && qfam != AF_INET6) || sock_addr_port(&t[i].query_addr) == 0);
     bad |= boot_text_field(t[i].hostname, sizeof(t[i].hostname)) != 0;
     bad |= boot_text_field(t[i].host_id, sizeof(t[i].host_id)) != 0;
     if (bad) {

@@ -34,6 +34,7 @@ struct boot_rank_info {
   char host_id[96];   /* hostname + boot id (or NCCL_HOSTID), truncated */
   char hostname[64];
   union sock_addr listen_addr; /* where this rank accepts peer connections */
+  union sock_addr query_addr;  /* its process's stall query service (AF_UNSPEC: none; query.c) */
 };
 
 struct boot_state; /* opaque */
@@ -91,5 +92,37 @@ void boot_set_deadline(struct boot_state* b, uint64_t deadline_ns);
 void boot_close(struct boot_state* b);
 
 #define BOOT_TAG_CONNECT (1 << 30)
+
+/* NUL-terminate a fixed-size text field received from the wire; -1 if it holds non-printable bytes. */
+int boot_text_field(char* s, size_t size);
+/* "3,5-7" for the ranks i < n with flags[i] == want; truncated with "..." if buf is short. */
+void boot_format_ranks(const unsigned char* flags, int n, unsigned char want, char* buf, size_t len);
+
+/* Stall queries (query.c): one service per process and bootstrap interface, served by threads of its
+ * own, so it answers while every rank of the process is blocked in a call. Connections are
+ * authenticated with the key of a job the process serves, or, without a key, admitted only from a
+ * process of our uid on this host. */
+#define BOOT_QUERY_MAX_REQ 256
+#define BOOT_QUERY_MAX_REPLY (64u << 10)
+/* Answers an authenticated request (kind and body as the client sent them, untrusted) into out (at
+ * most cap bytes); returns the reply length. key: the job key the client proved, NULL for a local
+ * client of our uid without one (it may see every job). Runs on a worker thread. */
+typedef size_t (*boot_query_handler)(const struct boot_key* key, uint32_t kind, const void* req, size_t len, char* out,
+                                     size_t cap);
+void boot_query_set_handler(boot_query_handler fn);
+/* Serve (delta 1) or stop serving (delta -1) queries proving key; counted per key. */
+void boot_query_key(const struct boot_key* key, int delta);
+/* One more (1) or one less (-1) communicator to serve: the listener threads run while there is one. */
+void boot_query_run(int delta);
+/* The service's address on near's interface (its socket made on first use, kept for the process's
+ * life; connections queue there while no communicator is served); AF_UNSPEC when disabled
+ * (CHORUS_STALL_QUERY=0) or it could not start (logged at INFO). */
+void boot_query_addr(const union sock_addr* near, union sock_addr* out);
+/* Ask the service at addr (client side), proving key (NULL: none, for a local service of our uid), by
+ * deadline_ns; `abort` (may be NULL) is polled every 100 ms. Nothing is logged: on failure *why says what happened. The reply is authenticated (MAC, or the
+ * server's uid) before it is returned; its content is still the caller's to validate. */
+ch_status boot_query(const union sock_addr* addr, const struct boot_key* key, uint32_t kind, const void* req, size_t len,
+                     char* out, size_t cap, size_t* got, uint64_t deadline_ns, const volatile int* abort, char* why,
+                     size_t whylen);
 
 #endif

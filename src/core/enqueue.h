@@ -97,6 +97,9 @@ void stall_report(const struct ch_plan* pl, double idle_s, int on_request);
 /* CHORUS_DUMP_SIGNAL: install the handler once per process; requests counted so far. */
 void stall_install_signal(void);
 unsigned stall_dump_requests(void);
+/* plan_exec, on every idle pass: publishes what its started plans wait for, once they have been idle
+ * for 10 ms, then every 100 ms (stall_job.c), for other ranks' stall reports. */
+void stall_note(struct ch_plan* const* plans, int n, uint64_t idle_ns, uint64_t now);
 
 /* Calls that differ across ranks (mismatch.c): CH_INVALID_USAGE, logged once per rank, and every
  * connection of comm poisoned so that the other ranks fail the call too. mm_found: op's receive met a

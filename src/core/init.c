@@ -16,6 +16,7 @@
 #include "agree.h"
 #include "enqueue.h"
 #include "init.h"
+#include "stall.h"
 #include "topo.h"
 
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
@@ -370,6 +371,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
                     &comm->peers);
   }
   if (res == CH_OK) res = comm_setup(comm);
+  if (res == CH_OK) stall_register(comm); /* answers stall queries from here on (stall_job.c) */
   if (res == CH_OK)
     INFO(LOG_INIT, "rank %d: init done in %.2f ms", comm->rank, (double)(ut_now_ns() - t0) / 1e6);
   log_set_error_sink(prev_sink); /* before init_state: a waiter may free comm once it is set */
@@ -378,6 +380,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 }
 
 void comm_free(struct ncclComm* comm) {
+  stall_unregister(comm); /* before anything it reads goes */
   plan_free(atomic_load(&comm->reuse_plan));
   comm_free_connections(comm);
   direct_release(comm);

@@ -511,6 +511,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       if (!remaining) break;
     }
     engine_wait(idle_since ? t - idle_since : 0, oversubscribed, blocked);
+    if (idle_since) stall_note(plans, n, t - idle_since, t); /* stall reports: what we wait for */
     if (stall_dump_requests() != dumps) { /* CHORUS_DUMP_SIGNAL */
       dumps = stall_dump_requests();
       for (int i = 0; i < n; i++)

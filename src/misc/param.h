@@ -37,6 +37,8 @@
     "seconds a call may wait without any progress before it fails with ncclTimeout and reports what it waits for (0 = never)") \
   X(DUMP_SIGNAL, "CHORUS_DUMP_SIGNAL", P_STR, 0, "",                                              \
     "signal (e.g. SIGUSR1) on which every rank blocked in a call logs what it waits for (empty = none)") \
+  X(STALL_QUERY, "CHORUS_STALL_QUERY", P_INT, 1, "",                                               \
+    "1 = each process answers stall queries (peers' stall reports, chorus-info --stall) on its bootstrap interface; 0 = no such listener (reports show this process's ranks only)") \
   X(SPIN_COUNT, "CHORUS_SPIN_COUNT", P_INT, 2000, "",                                              \
     "polls before a waiting rank starts to yield the CPU")                                         \
   X(SPIN_US, "CHORUS_SPIN_US", P_INT, 500, "",                                                      \

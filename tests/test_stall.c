@@ -1,0 +1,373 @@
+/* Job-wide stall reports: the ranks exchange their progress records over the stall query service, so
+ * a report says which ranks reached the stalled call and which did not. In every multi-rank test rank
+ * 2 is alive but busy in its own code while ranks 0 and 1 wait in AllReduce #2 (call #1 connects),
+ * so the expected headline is, in closed form,
+ *   "AllReduce #2 (1 KiB): ranks 0-1 waiting, rank 2 last completed #1"   (256 floats = 1 KiB). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap/boot_internal.h"
+#include "chorus.h"
+#include "core/comm.h"
+#include "core/stall.h"
+#include "misc/param.h"
+#include "misc/utils.h"
+#include "runner.h"
+
+#define COUNT 256
+static const char HEADLINE[] = "AllReduce #2 (1 KiB): ranks 0-1 waiting, rank 2 last completed #1";
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static ncclComm_t warm_comm(int rank, int nranks, ncclUniqueId id, float* buf) {
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  for (int i = 0; i < COUNT; i++) buf[i] = 1;
+  NCCL_OK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL)); /* #1: connected */
+  EXPECT(buf[0] == (float)nranks);
+  return comm;
+}
+
+/* ---- the report a timed-out rank prints ---- */
+
+static void timeout_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  float buf[COUNT];
+  ncclComm_t comm = warm_comm(rank, nranks, id, buf);
+  if (rank == 2) {
+    usleep(3 * 1000 * 1000); /* alive, busy elsewhere: never joins #2 */
+    NCCL_OK(ncclCommAbort(comm));
+    return;
+  }
+  NCCL_OK(chorusCommSetTimeout(comm, 1.0));
+  EXPECT_EQ(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL), ncclTimeout);
+  const char* e = ncclGetLastError(comm);
+  if (!strstr(e, HEADLINE) || !strstr(e, "no progress for"))
+    rt_fail(__FILE__, __LINE__, "rank %d (%s): the report lacks \"%s\"; last error: %s", rank, rt_mode(), HEADLINE, e);
+  if (!strcmp(rt_mode(), "procs")) usleep(1000 * 1000); /* a process that exits answers nothing: let the */
+  NCCL_OK(ncclCommAbort(comm));                         /* other waiting rank finish its report first */
+}
+
+TEST_T(stall, timeout_names_the_late_rank, 60) { rt_run_both(3, timeout_body, NULL); }
+
+/* ---- CHORUS_DUMP_SIGNAL: the same summary on request, and the call goes on ---- */
+
+static void* signal_later(void* arg) {
+  (void)arg;
+  usleep(1000 * 1000); /* ranks 0 and 1 have published what they wait for by then */
+  kill(getpid(), SIGUSR1);
+  return NULL;
+}
+
+static void dump_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  setenv("CHORUS_DUMP_SIGNAL", "SIGUSR1", 1);
+  param_reset();
+  float buf[COUNT];
+  ncclComm_t comm = warm_comm(rank, nranks, id, buf);
+  pthread_t t;
+  if (rank == 2) usleep(2500 * 1000);
+  if (rank == 0) ASSERT(pthread_create(&t, NULL, signal_later, NULL) == 0);
+  for (int i = 0; i < COUNT; i++) buf[i] = 1;
+  NCCL_OK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(buf[0] == (float)nranks);
+  if (rank == 0) {
+    pthread_join(t, NULL);
+    const char* e = ncclGetLastError(comm);
+    if (!strstr(e, HEADLINE) || !strstr(e, "on request"))
+      rt_fail(__FILE__, __LINE__, "%s: no summary \"%s\" on request; last error: %s", rt_mode(), HEADLINE, e);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(stall, dump_on_signal_summary, 60) { rt_run_procs(3, dump_body, NULL); }
+
+/* ---- chorus-info --stall against a live job, and the query's authentication ---- */
+
+static const char* chorus_info_path(void) {
+  static char p[PATH_MAX + 32];
+  const char* dir = getenv("CHORUS_BIN_DIR");
+  char self[PATH_MAX];
+  if (!dir || !*dir) {
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = '\0';
+    char* slash = strrchr(self, '/');
+    if (slash) *slash = '\0';
+    dir = n > 0 ? self : "build/bin";
+  }
+  snprintf(p, sizeof p, "%.*s/chorus-info", PATH_MAX - 1, dir);
+  return p;
+}
+
+/* A rank publishes what it waits for once it has been idle ~10 ms, noticed on the engine's next clock
+ * read (tens of ms, more on a loaded machine): ask again until the report says `want` (at most 15 s).
+ * Returns chorus-info's exit status of the last try. */
+static int run_info(const char* addr, const char* env, char* out, size_t cap);
+static int info_until(const char* addr, const char* env, const char* want, char* out, size_t cap) {
+  int rc = -1;
+  for (double end = now_s() + 15; now_s() < end; usleep(200 * 1000)) {
+    rc = run_info(addr, env, out, cap);
+    if (rc == 0 && strstr(out, want)) break;
+  }
+  return rc;
+}
+
+/* Run chorus-info --stall addr (env: one extra NAME=VALUE or NULL); stdout and stderr into out. Exit status. */
+static int run_info(const char* addr, const char* env, char* out, size_t cap) {
+  int p[2];
+  ASSERT(pipe(p) == 0);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    dup2(p[1], 1), dup2(p[1], 2);
+    close(p[0]), close(p[1]);
+    unsetenv("CHORUS_SECRET"), unsetenv("CHORUS_SECRET_FILE"), unsetenv("NCCL_COMM_ID");
+    if (env) putenv((char*)env);
+    execl(chorus_info_path(), "chorus-info", "--stall", addr, (char*)NULL);
+    _exit(127);
+  }
+  close(p[1]);
+  size_t got = 0;
+  double end = now_s() + 20;
+  while (got + 1 < cap && now_s() < end) {
+    struct pollfd pf = {p[0], POLLIN, 0};
+    if (poll(&pf, 1, 100) <= 0) continue;
+    ssize_t n = read(p[0], out + got, cap - 1 - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  out[got] = '\0';
+  close(p[0]);
+  if (now_s() >= end) kill(pid, SIGKILL);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void info_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  float buf[COUNT];
+  ncclComm_t comm = warm_comm(rank, nranks, id, buf);
+  NCCL_OK(chorusCommSetTimeout(comm, 30.0));
+  if (rank == 2) {
+    usleep(500 * 1000); /* ranks 0 and 1 are blocked in #2 by now */
+    char addr[64], out[16384];
+    sock_addr_str(&comm->peers[0].query_addr, addr, sizeof addr);
+    double t0 = now_s();
+    int rc = info_until(addr, NULL, HEADLINE, out, sizeof out); /* no secret: same uid, same host */
+    EXPECT_EQ(rc, 0);
+    if (!strstr(out, HEADLINE)) rt_fail(__FILE__, __LINE__, "%s: chorus-info --stall %s printed:\n%s", rt_mode(), addr, out);
+    if (now_s() - t0 > 16) rt_fail(__FILE__, __LINE__, "chorus-info --stall took %.1f s", now_s() - t0);
+    /* With the job's key the answer is the same; a wrong secret is refused. */
+    const struct boot_key* key = boot_secret(comm->boot);
+    size_t len = 0;
+    char why[200];
+    ASSERT_EQ(boot_query(&comm->peers[1].query_addr, key, STALL_Q_SUMMARY, NULL, 0, out, sizeof out - 1, &len,
+                         ut_now_ns() + 5000000000ull, NULL, why, sizeof why), CH_OK);
+    out[len] = '\0';
+    if (!strstr(out, HEADLINE)) rt_fail(__FILE__, __LINE__, "keyed summary from rank 1's process:\n%s", out);
+    struct boot_key wrong = *key;
+    wrong.k[0] ^= 1;
+    wrong.mode = BOOT_AUTH_SECRET;
+    EXPECT(boot_query(&comm->peers[0].query_addr, &wrong, STALL_Q_SUMMARY, NULL, 0, out, sizeof out, &len,
+                      ut_now_ns() + 5000000000ull, NULL, why, sizeof why) != CH_OK);
+    EXPECT(len == 0 && strstr(why, "rejected") != NULL);
+    rc = run_info(addr, "CHORUS_SECRET=this-is-not-the-job-secret", out, sizeof out);
+    EXPECT(rc != 0);
+    if (!strstr(out, "rejected the query")) rt_fail(__FILE__, __LINE__, "chorus-info with a wrong secret:\n%s", out);
+  }
+  for (int i = 0; i < COUNT; i++) buf[i] = 1;
+  NCCL_OK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(buf[0] == (float)nranks);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(stall, chorus_info_live_job, 90) { rt_run_both(3, info_body, NULL); }
+
+/* A job named by NCCL_COMM_ID with CHORUS_SECRET (as chorusrun starts one): chorus-info proves the
+ * same secret; a wrong one is refused. 2 ranks: rank 1 is the late one. */
+static void secret_body(int rank, int nranks, ncclUniqueId unused, void* arg) {
+  (void)unused;
+  char hostport[64];
+  snprintf(hostport, sizeof hostport, "127.0.0.1:%d", (int)(intptr_t)arg);
+  setenv("CHORUS_SECRET", "stall-test-secret-0123456789abcdef", 1);
+  setenv("NCCL_COMM_ID", hostport, 1);
+  param_reset();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id)); /* with NCCL_COMM_ID: the key comes from CHORUS_SECRET */
+  float buf[COUNT];
+  ncclComm_t comm = warm_comm(rank, nranks, id, buf);
+  if (rank == 1) {
+    usleep(500 * 1000);
+    char addr[64], out[16384];
+    sock_addr_str(&comm->peers[0].query_addr, addr, sizeof addr);
+    EXPECT_EQ(info_until(addr, "CHORUS_SECRET=stall-test-secret-0123456789abcdef",
+                         "AllReduce #2 (1 KiB): rank 0 waiting, rank 1 last completed #1", out, sizeof out), 0);
+    if (!strstr(out, "AllReduce #2 (1 KiB): rank 0 waiting, rank 1 last completed #1"))
+      rt_fail(__FILE__, __LINE__, "chorus-info --stall %s with the job's secret printed:\n%s", addr, out);
+    EXPECT(run_info(addr, "CHORUS_SECRET=stall-test-secret-0123456789abcdeX", out, sizeof out) != 0);
+    if (!strstr(out, "rejected the query")) rt_fail(__FILE__, __LINE__, "with a wrong secret:\n%s", out);
+  }
+  NCCL_OK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(stall, chorus_info_with_job_secret, 60) {
+  union sock_addr a; /* a free loopback port for the root rank 0 hosts */
+  struct sock l = {.fd = -1};
+  ASSERT_EQ(sock_parse_addr("127.0.0.1:0", &a), CH_OK);
+  ASSERT_EQ(sock_listen(&a, &l), CH_OK);
+  int port = sock_addr_port(&l.addr);
+  sock_close(&l);
+  rt_run_procs(2, secret_body, (void*)(intptr_t)port);
+}
+
+/* ---- hostile input to the service ---- */
+
+static int raw_connect(const union sock_addr* a) {
+  struct sock s;
+  struct sock_wait w = {NULL, ut_now_ns() + 5000000000ull};
+  return sock_connect(a, &s, &w) == CH_OK ? s.fd : -1;
+}
+
+/* Read exactly n bytes within ms; returns the bytes read. */
+static size_t read_within(int fd, void* buf, size_t n, int ms) {
+  size_t got = 0;
+  double end = now_s() + ms / 1000.0;
+  while (got < n && now_s() < end) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    ssize_t r = recv(fd, (char*)buf + got, n - got, 0);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  return got;
+}
+
+/* 1 if the server closes fd within ms (after discarding whatever it sends). */
+static int closed_within(int fd, int ms) {
+  double end = now_s() + ms / 1000.0;
+  char junk[256];
+  while (now_s() < end) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    ssize_t r = recv(fd, junk, sizeof junk, 0);
+    if (r == 0 || (r < 0 && errno == ECONNRESET)) return 1;
+  }
+  return 0;
+}
+
+TEST_T(stall, service_rejects_garbage, 60) {
+  ncclUniqueId id;
+  ncclComm_t comm;
+  NCCL_OK(ncclGetUniqueId(&id));
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  const union sock_addr* qa = &comm->peers[0].query_addr;
+  ASSERT(qa->sa.sa_family == AF_INET || qa->sa.sa_family == AF_INET6);
+  /* Random bytes. */
+  int fd = raw_connect(qa);
+  ASSERT(fd >= 0);
+  unsigned char junk[300];
+  ASSERT_EQ(ut_random(junk, sizeof junk), CH_OK);
+  EXPECT(send(fd, junk, sizeof junk, MSG_NOSIGNAL) == (ssize_t)sizeof junk);
+  EXPECT(closed_within(fd, 3000));
+  close(fd);
+  /* A hello announcing an oversized request. */
+  struct boot_hello h;
+  ASSERT_EQ(boot_hello_init(&h, BOOT_KIND_QUERY, STALL_Q_SUMMARY, 0, 1u << 30), CH_OK);
+  fd = raw_connect(qa);
+  ASSERT(fd >= 0);
+  EXPECT(send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h);
+  EXPECT(closed_within(fd, 3000));
+  close(fd);
+  /* Claims a key, proves none (its MAC is zeros), then sends a request anyway. */
+  ASSERT_EQ(boot_hello_init(&h, BOOT_KIND_QUERY, STALL_Q_SUMMARY, 1, 0), CH_OK);
+  fd = raw_connect(qa);
+  ASSERT(fd >= 0);
+  unsigned char nonce[BOOT_NONCE], mac[BOOT_MAC] = {0};
+  EXPECT(send(fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h);
+  EXPECT(read_within(fd, nonce, sizeof nonce, 3000) == sizeof nonce);
+  EXPECT(send(fd, mac, sizeof mac, MSG_NOSIGNAL) == (ssize_t)sizeof mac);
+  EXPECT(closed_within(fd, 3000));
+  close(fd);
+  /* Silent: closed after the 2 s handshake limit. */
+  fd = raw_connect(qa);
+  ASSERT(fd >= 0);
+  double t0 = now_s();
+  EXPECT(closed_within(fd, 5000));
+  EXPECT(now_s() - t0 >= 1.5);
+  close(fd);
+  /* A well-formed record query for a communicator that is not there: an empty answer. */
+  const struct boot_key* key = boot_secret(comm->boot);
+  char out[4096], why[200];
+  size_t len = 1;
+  uint64_t q[2] = {comm->comm_hash ^ 1, 0};
+  EXPECT_EQ(boot_query(qa, key, STALL_Q_RECORD, q, sizeof q, out, sizeof out, &len, ut_now_ns() + 5000000000ull, NULL, why,
+                       sizeof why), CH_OK);
+  EXPECT_EQ(len, 0);
+  /* And the service still answers properly. */
+  ASSERT_EQ(boot_query(qa, key, STALL_Q_SUMMARY, NULL, 0, out, sizeof out - 1, &len, ut_now_ns() + 5000000000ull, NULL, why,
+                       sizeof why), CH_OK);
+  out[len] = '\0';
+  if (!strstr(out, "no rank is blocked in a collective: rank 0 last completed #0"))
+    rt_fail(__FILE__, __LINE__, "summary of an idle 1-rank comm:\n%s", out);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* ---- the summary's wording, from given states (the example) ---- */
+
+TEST(stall, format_closed_form) {
+  enum { N = 10 };
+  struct stall_wire w[N];
+  memset(w, 0, sizeof w);
+  for (int r = 0; r < N; r++) {
+    w[r].magic = STALL_WIRE_MAGIC, w[r].rank = r, w[r].nranks = N, w[r].pid = 100 + r;
+    snprintf(w[r].host, sizeof w[r].host, "h%d", r / 4);
+    w[r].state = STALL_ST_WAIT, w[r].func = 4 /* AllReduce */, w[r].seq = 812, w[r].last_done = 811;
+    w[r].bytes_total = 64ull << 20, w[r].bytes_done = 16ull << 20, w[r].type = ncclFloat, w[r].algo = 1, w[r].proto = 2;
+    w[r].wait = STALL_WAIT_DATA, w[r].peer = (r + N - 1) % N, w[r].idle_ms = 5000;
+  }
+  w[7].state = STALL_ST_IDLE, w[7].last_done = 811;
+  w[8].state = STALL_ST_NOANSWER, snprintf(w[8].note, sizeof w[8].note, "10.0.0.8:999: Connection refused");
+  w[9].state = STALL_ST_GAVE_UP; /* timed out at #812: it reached the call too */
+  char out[8192];
+  stall_format(w, N, 0xabcull, "", out, sizeof out);
+  const char* want = "stall report for comm 0000000000000abc (10 ranks): AllReduce #812 (64 MiB): ranks 0-6,9 "
+                     "waiting, rank 7 last completed #811, rank 8 did not answer\n";
+  if (strncmp(out, want, strlen(want))) rt_fail(__FILE__, __LINE__, "got:\n%s\nwanted:\n%s", out, want);
+  EXPECT(strstr(out, "  rank 0 (h0 pid 100): in AllReduce #812 (64 MiB float, Ring/Simple), 16 MiB done, waiting for "
+                     "data from rank 9, no progress for 5.0 s; last completed #811\n") != NULL);
+  EXPECT(strstr(out, "  rank 7 (h1 pid 107): not in a call; last completed #811\n") != NULL);
+  EXPECT(strstr(out, "  rank 8 (h2 pid 108): no answer: 10.0.0.8:999: Connection refused\n") != NULL);
+  EXPECT(strstr(out, "  rank 9 (h2 pid 109): timed out in AllReduce #812") != NULL);
+  /* Validation of what another process sends. */
+  struct stall_wire x = w[0];
+  EXPECT(stall_wire_ok(&x, 0, 0, N));
+  x.func = 99;
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  x = w[0], x.peer = N;
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  x = w[0], x.bytes_done = x.bytes_total + 1;
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  x = w[0], x.state = STALL_ST_NOANSWER;
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  x = w[0], memset(x.host, 'a', sizeof x.host), x.host[3] = '\n';
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  x = w[0];
+  EXPECT(!stall_wire_ok(&x, 1, 0, N)); /* another communicator */
+}
