@@ -481,3 +481,136 @@ TEST_T(faults, kill_inside_group_3, 60) { kill_each(3, M_GROUP, 0); }
 TEST_T(faults, kill_mid_allreduce_3, 60) { kill_each(3, M_MID, 0); }
 TEST_T(faults, kill_random_in_loop_3, 60) { kill_each(3, M_LOOP, 0); }
 TEST_T(faults, kill_random_in_loop_stream_4, 60) { kill_each(4, M_LOOP, 1); }
+
+/* ---- a rank asleep past the timeout ---- */
+
+/* The sleeper is alive but never joins the second AllReduce: with CHORUS_TIMEOUT=2 every other rank
+ * returns ncclTimeout after about 2 s, with the async error set and a report in its last error. */
+static void sleeper_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int sleeper = (int)(intptr_t)arg;
+  setenv("CHORUS_TIMEOUT", "2", 1);
+  param_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  int32_t v[256];
+  fill(v, 256, rank);
+  NCCL_OK(ncclAllReduce(v, v, 256, ncclInt32, ncclSum, comm, NULL));
+  EXPECT_EQ(check_sum(v, 256, nranks), -1);
+  if (rank == sleeper) {
+    sleep_ms(4000);
+    NCCL_OK(ncclCommAbort(comm));
+    return;
+  }
+  uint64_t t0 = now_ns();
+  ncclResult_t r = ncclAllReduce(v, v, 256, ncclInt32, ncclSum, comm, NULL);
+  double took = (double)(now_ns() - t0) / 1e9;
+  ncclResult_t as = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comm, &as));
+  const char* e = ncclGetLastError(comm);
+  printf("      sleeper %d: rank %d -> %s after %.2f s (async %s): %.300s\n", sleeper, rank, res_name(r), took,
+         res_name(as), e);
+  EXPECT_EQ(r, ncclTimeout);
+  EXPECT_EQ(as, ncclTimeout);
+  if (took < 1.9 || took > 3.5) rt_fail(__FILE__, __LINE__, "rank %d: the call returned after %.2f s (timeout 2 s)", rank, took);
+  if (!e[0]) rt_fail(__FILE__, __LINE__, "rank %d: no report in ncclGetLastError", rank);
+  t0 = now_ns();
+  NCCL_OK(ncclCommAbort(comm));
+  if (now_ns() - t0 > FX_ABORT_NS) rt_fail(__FILE__, __LINE__, "rank %d: ncclCommAbort took %.2f s", rank, (double)(now_ns() - t0) / 1e9);
+}
+
+TEST_T(faults, sleeper_past_timeout_3, 60) {
+  if (fx_skip_tsan()) return;
+  rt_run_procs(3, sleeper_body, (void*)(intptr_t)0);
+  rt_run_procs(3, sleeper_body, (void*)(intptr_t)2);
+}
+
+/* ---- ncclCommAbort from a second thread while a call is blocked ----
+ * test_safety.c covers connect, split and a collective between 2 ranks; here: a blocking
+ * ncclCommInitRank waiting for a rank that never comes, a group of sends/recvs, and
+ * chorusStreamSynchronize on queued work. The last rank is alive and never takes part. */
+enum blocked_in { B_INIT, B_GROUP, B_STREAM };
+
+struct abort_arg {
+  ncclComm_t* volatile slot; /* where the blocked thread's comm is (published by ncclCommInitRank) */
+  uint64_t abort_at, took;
+  ncclResult_t r;
+};
+
+static void* abort_after(void* p) {
+  struct abort_arg* a = p;
+  sleep_ms(300);
+  ncclComm_t comm = NULL;
+  for (int i = 0; i < 5000 && !(comm = __atomic_load_n(a->slot, __ATOMIC_ACQUIRE)); i++) sleep_ms(1);
+  a->abort_at = now_ns();
+  a->r = comm ? ncclCommAbort(comm) : ncclInternalError;
+  a->took = now_ns() - a->abort_at;
+  return NULL;
+}
+
+static void abort_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  enum blocked_in what = (enum blocked_in)(intptr_t)arg;
+  int idle = nranks - 1;
+  if (what == B_INIT && rank == idle) return; /* never joins */
+  ncclComm_t comm = NULL;
+  struct abort_arg a = {&comm, 0, 0, ncclSuccess};
+  pthread_t t;
+  if (what == B_INIT) ASSERT(pthread_create(&t, NULL, abort_after, &a) == 0);
+  ncclResult_t r = ncclCommInitRank(&comm, nranks, id, rank);
+  if (what != B_INIT) {
+    NCCL_OK(r);
+    int32_t v[4096] = {0};
+    /* connected first (once by everyone), so the blocked call waits for data, not in connection setup */
+    for (int round = 0; round < 2; round++) {
+      if (what != B_GROUP && round == 1) break;
+      if (round == 1 && rank == idle) break;
+      if (round == 1) ASSERT(pthread_create(&t, NULL, abort_after, &a) == 0);
+      NCCL_OK(ncclGroupStart());
+      for (int p = 0; p < nranks; p++) {
+        if (p == rank) continue;
+        NCCL_OK(ncclSend(v, 100, ncclInt32, p, comm, NULL));
+        NCCL_OK(ncclRecv(v + 1000, 100, ncclInt32, p, comm, NULL));
+      }
+      r = ncclGroupEnd();
+      if (round == 0) NCCL_OK(r);
+    }
+    if (what == B_STREAM) NCCL_OK(ncclAllReduce(v, v, 4096, ncclInt32, ncclSum, comm, NULL));
+    if (rank == idle) {
+      sleep_ms(1500);
+      NCCL_OK(ncclCommAbort(comm));
+      return;
+    }
+    if (what == B_STREAM) {
+      ASSERT(pthread_create(&t, NULL, abort_after, &a) == 0);
+      cudaStream_t st;
+      NCCL_OK(chorusStreamCreate(&st));
+      NCCL_OK(ncclAllReduce(v, v, 4096, ncclInt32, ncclSum, comm, st));
+      NCCL_OK(ncclAllReduce(v, v, 4096, ncclInt32, ncclSum, comm, st));
+      r = chorusStreamSynchronize(st);
+      NCCL_OK(chorusStreamDestroy(st));
+    }
+  }
+  uint64_t back = now_ns();
+  pthread_join(t, NULL);
+  static const char* const names[] = {"ncclCommInitRank", "ncclGroupEnd", "chorusStreamSynchronize"};
+  double late = a.abort_at ? ((double)back - (double)a.abort_at) / 1e9 : -1;
+  printf("      rank %d: %s -> %s %.3f s after ncclCommAbort began; abort took %.3f s\n", rank, names[what],
+         res_name(r), late, (double)a.took / 1e9);
+  EXPECT(r != ncclSuccess);
+  EXPECT_EQ(a.r, ncclSuccess);
+  if (!a.abort_at || back < a.abort_at) rt_fail(__FILE__, __LINE__, "rank %d: %s returned before the abort", rank, names[what]);
+  else if (late > 1.0) rt_fail(__FILE__, __LINE__, "rank %d: %s returned %.2f s after the abort", rank, names[what], late);
+  if (a.took > FX_ABORT_NS) rt_fail(__FILE__, __LINE__, "rank %d: ncclCommAbort took %.2f s", rank, (double)a.took / 1e9);
+}
+
+TEST_T(faults, abort_from_thread_in_init_3, 30) {
+  if (fx_skip_tsan()) return;
+  rt_run_procs(3, abort_body, (void*)(intptr_t)B_INIT);
+}
+TEST_T(faults, abort_from_thread_in_group_3, 30) {
+  if (fx_skip_tsan()) return;
+  rt_run_procs(3, abort_body, (void*)(intptr_t)B_GROUP);
+}
+TEST_T(faults, abort_from_thread_in_stream_sync_3, 30) {
+  if (fx_skip_tsan()) return;
+  rt_run_procs(3, abort_body, (void*)(intptr_t)B_STREAM);
+}
