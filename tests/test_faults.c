@@ -88,7 +88,7 @@ static int fx_skip_tsan(void) {
 
 /* Bugs found by this suite and not yet fixed: their checks run only with CHORUS_TEST_KNOWN_BUGS=1;
  * otherwise each is printed once per test as a SKIP with its reason. */
-enum known { K_AT_ROOT, K_BOOT_NAMES, K_STREAM_LASTERR, K_STREAM_SYNC, K_NET_PID, K_NET_BLAME, K_COUNT };
+enum known { K_AT_ROOT, K_BOOT_NAMES, K_STREAM_LASTERR, K_STREAM_SYNC, K_NET_PID, K_NET_BLAME, K_BOOT_BLAME, K_BOOT_SLOW, K_COUNT };
 static int known_bugs_on(void) {
   const char* e = getenv("CHORUS_TEST_KNOWN_BUGS");
   return e && *e == '1';
@@ -126,7 +126,7 @@ struct fx_rank {
   volatile int pid;
   volatile int stage; /* 1 entering init, 2 initialized, 3 at the moment, 9 done */
   volatile int result, async, shrunk, iters;
-  volatile uint64_t err_ns, abort_ns, sync_ns;
+  volatile uint64_t err_ns, abort_ns, sync_ns, init_ns;
   char err[1536];      /* ncclGetLastError(comm) */
   char proc_err[1536]; /* ncclGetLastError(NULL): the process's last error */
   char note[256]; /* a check that failed inside the rank (wrong data, shrink failure) */
@@ -135,6 +135,7 @@ struct fx_rank {
 struct fx_shared {
   volatile uint64_t kill_ns; /* CLOCK_MONOTONIC is system-wide: comparable across processes */
   volatile int go;
+  volatile int victim_stage; /* the victim's stage when it was killed */
   struct fx_rank r[FX_MAX];
 };
 
@@ -186,7 +187,8 @@ static void survivor_end(const struct fx_case* c, struct fx_rank* me, ncclComm_t
     if (c->known_bugs) chorusStreamSynchronize(st);
     me->sync_ns = now_ns() - t0;
   }
-  if (comm && (r == ncclRemoteError || as == ncclRemoteError)) {
+  /* Shrink needs every survivor: after a death in init some may have no communicator. */
+  if (comm && (r == ncclRemoteError || as == ncclRemoteError) && c->moment != M_INIT && c->moment != M_AT_ROOT) {
     ncclComm_t small = NULL;
     int dead = c->victim;
     ncclResult_t s = ncclCommShrink(comm, &dead, 1, &small, NULL, NCCL_SHRINK_DEFAULT);
@@ -221,13 +223,16 @@ static void rank_main(const struct fx_case* c, struct fx_shared* sh, int rank, n
   me->pid = getpid();
   /* Backstops: a death that goes unnoticed ends in ncclTimeout after 6 s, not in a hang. */
   setenv("CHORUS_TIMEOUT", "6", 1);
-  setenv("CHORUS_INIT_TIMEOUT", "6", 1);
+  setenv("CHORUS_INIT_TIMEOUT", c->moment == M_INIT ? "3" : "6", 1);
   param_reset();
   if (c->moment == M_AT_ROOT && !victim) wait_flag(&sh->go, 1, 20000);
+  if (c->moment == M_INIT && victim) sleep_ms(150); /* the others are waiting at the root by then */
+  me->init_ns = now_ns();
   me->stage = 1;
   ncclComm_t comm = NULL;
   ncclResult_t r = ncclCommInitRank(&comm, n, id, rank);
   if (r != ncclSuccess) survivor_end(c, me, NULL, NULL, rank, r);
+  me->init_ns = now_ns() - me->init_ns;
   me->stage = 2;
 
   int32_t* sendb = malloc(BIG_COUNT * sizeof(int32_t));
@@ -325,10 +330,15 @@ static void parent_kill(const struct fx_case* c, struct fx_shared* sh, pid_t* pi
   uint64_t rng = c->seed ^ 0x9e3779b97f4a7c15ull;
   int v = c->victim, n = c->nranks, ms = -1;
   switch (c->moment) {
-    case M_INIT:
+    case M_INIT: { /* a random 0-3 ms into the victim's init: about the time a 3-rank init takes here */
       if (!wait_flag(&sh->r[v].stage, 1, 10000)) return;
-      ms = (int)(rng_next(&rng) % 21);
-      break;
+      uint64_t t = now_ns() + rng_next(&rng) % 3000000u;
+      while (now_ns() < t) {}
+      sh->kill_ns = now_ns();
+      sh->victim_stage = sh->r[v].stage;
+      kill(pids[v], SIGKILL);
+      return;
+    }
     case M_AT_ROOT:
       if (!wait_flag(&sh->r[v].stage, 1, 10000)) return;
       ms = 300; /* long enough to have joined */
@@ -341,6 +351,7 @@ static void parent_kill(const struct fx_case* c, struct fx_shared* sh, pid_t* pi
   }
   sleep_ms(ms);
   sh->kill_ns = now_ns();
+  sh->victim_stage = sh->r[v].stage;
   kill(pids[v], SIGKILL);
   sh->go = 1;
 }
@@ -400,6 +411,9 @@ static void fx_run(const struct fx_case* c) {
   if (!WIFSIGNALED(status[c->victim]) || WTERMSIG(status[c->victim]) != SIGKILL)
     rt_fail(__FILE__, __LINE__, "victim %d %s: did not die by the kill (status 0x%x, stage %d)", c->victim,
             moment_name[c->moment], status[c->victim], vi->stage);
+  if (c->moment == M_INIT)
+    printf("      victim %d killed %s init%s\n", c->victim, sh->victim_stage >= 2 ? "after" : "during",
+           sh->victim_stage >= 2 ? " (it was quick: an idle kill)" : "");
   for (int r = 0; r < c->nranks; r++) {
     if (r == c->victim) continue;
     const struct fx_rank* s = &sh->r[r];
@@ -407,18 +421,29 @@ static void fx_run(const struct fx_case* c) {
     double secs = sh->kill_ns && s->err_ns ? ((double)s->err_ns - (double)sh->kill_ns) / 1e9 : -1;
     printf("      victim %d %s: rank %d -> %s (async %s) %.2f s after the kill, abort %.0f ms%s: %.300s\n", c->victim,
            where, r, res_name(s->result), res_name(s->async), secs,
-           (double)s->abort_ns / 1e6, s->shrunk ? ", shrunk" : "", s->err);
+           (double)s->abort_ns / 1e6, s->shrunk ? ", shrunk" : "", s->err[0] ? s->err : s->proc_err);
     if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0 || s->stage != 9) {
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d did not end cleanly (status 0x%x, stage %d)", c->victim,
               where, r, status[r], s->stage);
       continue;
     }
     if (s->note[0]) rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d: %s", c->victim, where, r, s->note);
+    if (c->moment == M_INIT && s->result == ncclTimeout && strstr(s->err, "missing ranks") && !c->known_bugs) {
+      /* The victim died before its join reached the root (nobody can know of it: a timeout naming the
+       * missing rank is right), or at the root (K_AT_ROOT); the two are not told apart here. */
+      known_skip(K_AT_ROOT, "a rank that dies after joining the bootstrap root, before the others, leaves them "
+                            "waiting for CHORUS_INIT_TIMEOUT, then ncclTimeout (bootstrap/root.c root_read drops it)");
+      continue;
+    }
     if (s->result != ncclRemoteError && s->async != ncclRemoteError)
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d got %s (async %s), want ncclRemoteError", c->victim, where,
               r, res_name(s->result), res_name(s->async));
     if (!sh->kill_ns || s->err_ns < sh->kill_ns)
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d failed before the kill", c->victim, where, r);
+    else if (s->err_ns - sh->kill_ns > FX_DETECT_NS && s->err_ns - sh->kill_ns <= FX_DETECT_NS + 600000000ull &&
+             !strncmp(s->err[0] ? s->err : s->proc_err, "Bootstrap", 9) && !c->known_bugs)
+      known_skip(K_BOOT_SLOW, "the bootstrap learns of a dead peer it has no connection to after BOOT_LIVENESS_NS (1 s) "
+                              "plus BOOT_REFUSED_GRACE_MS (1 s): just over 2 s (bootstrap/boot_internal.h)");
     else if (s->err_ns - sh->kill_ns > FX_DETECT_NS)
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d learnt of the death %.2f s after it (limit %.0f s)",
               c->victim, where, r, secs, FX_DETECT_NS / 1e9);
@@ -430,6 +455,11 @@ static void fx_run(const struct fx_case* c) {
       known_skip(K_STREAM_LASTERR, "a failure of a call run on a host stream is not recorded for ncclGetLastError(comm) "
                                    "(core/stream.c stream_main sets no error sink): the process's record is checked");
       text = s->proc_err;
+    }
+    if (!has_word(text, vrank) && !strncmp(text, "Bootstrap", 9) && !c->known_bugs) {
+      known_skip(K_BOOT_BLAME, "a rank that fails in the bootstrap closes its connections without saying why: a "
+                               "rank waiting on it names that survivor, not the dead rank (bootstrap/peer.c)");
+      continue;
     }
     if (!has_word(text, vrank))
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d's last error does not name %s: %s", c->victim, where, r,
