@@ -88,7 +88,7 @@ static int fx_skip_tsan(void) {
 
 /* Bugs found by this suite and not yet fixed: their checks run only with CHORUS_TEST_KNOWN_BUGS=1;
  * otherwise each is printed once per test as a SKIP with its reason. */
-enum known { K_AT_ROOT, K_BOOT_NAMES, K_STREAM_LASTERR, K_STREAM_SYNC, K_NET_PID, K_NET_BLAME, K_BOOT_BLAME, K_BOOT_SLOW, K_COUNT };
+enum known { K_AT_ROOT, K_BOOT_NAMES, K_STREAM_LASTERR, K_STREAM_SYNC, K_NET_PID, K_NET_BLAME, K_BOOT_BLAME, K_BOOT_SLOW, K_STREAM_MISMATCH, K_COUNT };
 static int known_bugs_on(void) {
   const char* e = getenv("CHORUS_TEST_KNOWN_BUGS");
   return e && *e == '1';
@@ -414,6 +414,14 @@ static void fx_run(const struct fx_case* c) {
   if (c->moment == M_INIT)
     printf("      victim %d killed %s init%s\n", c->victim, sh->victim_stage >= 2 ? "after" : "during",
            sh->victim_stage >= 2 ? " (it was quick: an idle kill)" : "");
+  int false_mismatch = 0;
+  for (int r = 0; r < c->nranks; r++)
+    false_mismatch |= r != c->victim && c->stream && (strstr(sh->r[r].err, "must match") || strstr(sh->r[r].proc_err, "must match"));
+  if (false_mismatch && !c->known_bugs)
+    known_skip(K_STREAM_MISMATCH, "after a death, calls still queued on a host stream run on (core/plan.c plan_exec "
+                                  "does not look at the comm's async error), so survivors reach different sequence "
+                                  "numbers and report a false mismatch (ncclInvalidUsage), and shrink can fail: this "
+                                  "case's checks are skipped");
   for (int r = 0; r < c->nranks; r++) {
     if (r == c->victim) continue;
     const struct fx_rank* s = &sh->r[r];
@@ -427,6 +435,7 @@ static void fx_run(const struct fx_case* c) {
               where, r, status[r], s->stage);
       continue;
     }
+    if (false_mismatch && !c->known_bugs) continue;
     if (s->note[0]) rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d: %s", c->victim, where, r, s->note);
     if (c->moment == M_INIT && s->result == ncclTimeout && strstr(s->err, "missing ranks") && !c->known_bugs) {
       /* The victim died before its join reached the root (nobody can know of it: a timeout naming the
