@@ -136,6 +136,8 @@ struct fx_shared {
   volatile uint64_t kill_ns; /* CLOCK_MONOTONIC is system-wide: comparable across processes */
   volatile int go;
   volatile int victim_stage; /* the victim's stage when it was killed */
+  volatile int id_ready;
+  ncclUniqueId id; /* made after the fork (see fx_run) */
   struct fx_rank r[FX_MAX];
 };
 
@@ -217,10 +219,12 @@ static void survivor_end(const struct fx_case* c, struct fx_rank* me, ncclComm_t
   _exit(0);
 }
 
-static void rank_main(const struct fx_case* c, struct fx_shared* sh, int rank, ncclUniqueId id) {
+static void rank_main(const struct fx_case* c, struct fx_shared* sh, int rank) {
   struct fx_rank* me = &sh->r[rank];
   int n = c->nranks, victim = rank == c->victim;
   me->pid = getpid();
+  if (!wait_flag(&sh->id_ready, 1, 20000)) _exit(3);
+  ncclUniqueId id = sh->id;
   /* Backstops: a death that goes unnoticed ends in ncclTimeout after 6 s, not in a hang. */
   setenv("CHORUS_TIMEOUT", "6", 1);
   setenv("CHORUS_INIT_TIMEOUT", c->moment == M_INIT ? "3" : "6", 1);
@@ -367,15 +371,21 @@ static void fx_run(const struct fx_case* c) {
   struct fx_shared* sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT(sh != MAP_FAILED);
   memset(sh, 0, sizeof(*sh));
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
+  /* Ranks are forked while this process has one thread, and the id (whose bootstrap root is a thread
+   * here) is made afterwards: under ASan, a fork while another thread holds the allocator's lock leaves
+   * the child deadlocked in its first malloc. A root of the previous case may still be ending. */
+#ifdef __SANITIZE_ADDRESS__
+  for (int i = 0; i < 1000 && rt_count_threads() > 1; i++) sleep_ms(5);
+#endif
   pid_t pids[FX_MAX];
   fflush(stdout);
   for (int r = 0; r < c->nranks; r++) {
     pids[r] = fork();
     ASSERT(pids[r] >= 0);
-    if (pids[r] == 0) rank_main(c, sh, r, id);
+    if (pids[r] == 0) rank_main(c, sh, r);
   }
+  NCCL_OK(ncclGetUniqueId(&sh->id));
+  __atomic_store_n(&sh->id_ready, 1, __ATOMIC_RELEASE);
   parent_kill(c, sh, pids);
   sh->go = 1;
 
