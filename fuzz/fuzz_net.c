@@ -34,7 +34,7 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
   static int ready;
   if (!ready) setup(), ready = 1;
   if (size == 0) return 0;
-  struct tp_ctx x = {0, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL};
+  struct tp_ctx x = {0, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL};
   struct conn rc = {0};
   struct tp_handle h;
   rc.peer = 1;

@@ -109,10 +109,10 @@ TEST_T(net, impostor_rejected, 60) {
   memset(bad, 8, sizeof(bad));
   union sock_addr other;
   ASSERT(sock_parse_addr("127.0.0.2:1", &other) == CH_OK);
-  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL};
-  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL};
-  struct tp_ctx evil = {1, &lo, &lo, 0, bad, 0, &dummy_err, &no_abort, NULL};
-  struct tp_ctx elsewhere = {1, &lo, &other, 0, key, 0, &dummy_err, &no_abort, NULL};
+  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_ctx evil = {1, &lo, &lo, 0, bad, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_ctx elsewhere = {1, &lo, &other, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
   struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
   struct conn rc = {0}, sc = {0}, ic = {0};
   struct tp_handle h;

@@ -66,6 +66,8 @@ struct boot_peer {
   int authed_in; /* authenticated connections it opened to us (at most one) */
   int lost;      /* a connection with it closed or failed: nothing more will come */
   char why[200];
+  int pid;        /* from the rank table (boot_name_peers), for messages; 0: unknown */
+  char host[64];
 };
 
 struct boot_state {
@@ -490,10 +492,19 @@ static ch_status conn_open(struct boot_state* b, int peer, int tag) {
 }
 
 static ch_status report_lost(struct boot_state* b, int peer, int tag, const char* what) {
-  char a[64];
-  WARN("Bootstrap rank %d: %s rank %d at %s (tag %d) failed: it %s", b->rank, what, peer,
-       peer_addr(b, peer, a, sizeof(a)), tag, b->peers[peer].why);
+  char a[64], who[96] = "";
+  const struct boot_peer* p = &b->peers[peer];
+  if (p->pid) snprintf(who, sizeof(who), " (pid %d on %s)", p->pid, p->host);
+  WARN("Bootstrap rank %d: %s rank %d%s at %s (tag %d) failed: it %s", b->rank, what, peer, who,
+       peer_addr(b, peer, a, sizeof(a)), tag, p->why);
   return CH_REMOTE;
+}
+
+void boot_name_peers(struct boot_state* b, const struct boot_rank_info* table) {
+  for (int r = 0; r < b->nranks; r++) {
+    b->peers[r].pid = table[r].pid;
+    snprintf(b->peers[r].host, sizeof(b->peers[r].host), "%s", table[r].hostname); /* checked printable at join */
+  }
 }
 
 /* A connection to send to peer on: ours (its proof may still be on the way), or an authenticated

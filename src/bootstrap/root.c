@@ -136,7 +136,7 @@ static void root_drop_conn(struct root* r, struct root_conn* c) {
 /* Send the error to every joined rank (and to `extra`), close them, and remember it for late joiners. */
 static void root_fail(struct root* r, ch_status st, const char* msg, struct root_conn* extra) {
   INFO(LOG_BOOTSTRAP, "Bootstrap root %s: failing the job: %s", r->name, msg);
-  snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg);
+  if (msg != r->fail_msg) snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg); /* late joiners: msg is it */
   r->fail_status = st;
   for (int i = r->nconns - 1; i >= 0; i--) {
     struct root_conn* c = r->conns[i];
@@ -311,9 +311,15 @@ static int root_read(struct root* r, struct root_conn* c) {
     char x;
     ssize_t n = recv(c->fd, &x, 1, 0);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-    INFO(LOG_BOOTSTRAP, "Bootstrap root %s: rank %d (%s) left before all ranks joined", r->name, c->rank,
-         sock_addr_str(&c->peer, a, sizeof(a)));
-    return -1;
+    /* It died (or broke the protocol) after joining: the job cannot start. Say so now, naming it,
+     * rather than let the others wait for the init timeout. */
+    char msg[ROOT_MSG_LEN];
+    const struct boot_rank_info* in = r->infos ? &r->infos[c->rank] : NULL;
+    snprintf(msg, sizeof(msg), "Bootstrap: rank %d (pid %d on %s, %s) left after joining, before all %d ranks "
+             "joined (it exited or was killed)", c->rank, in ? in->pid : -1, in ? in->hostname : "?",
+             sock_addr_str(&c->peer, a, sizeof(a)), r->nranks);
+    root_fail(r, CH_REMOTE, msg, NULL); /* drops c with the other joined ranks */
+    return 1;
   }
   for (;;) {
     void* dst = c->state == RC_HELLO ? (void*)&c->hello : c->state == RC_PROOF ? (void*)&c->proof : (void*)&c->join;

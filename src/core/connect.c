@@ -21,6 +21,8 @@ static void tp_ctx_of(struct ncclComm* comm, int peer, struct tp_ctx* x) {
   x->async_err = &comm->async_result;
   x->abort = &comm->abort_flag;
   x->sink = &comm->last_error;
+  x->peer_pid = comm->peers[peer].pid;
+  x->peer_host = comm->peers[peer].hostname;
 }
 
 static ch_status recv_setup(struct ncclComm* comm, const struct tp_sizes* sz, struct conn* c, int peer,

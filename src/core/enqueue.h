@@ -106,6 +106,8 @@ void stall_note(struct ch_plan* const* plans, int n, uint64_t idle_ns, uint64_t 
  * step of another call; mm_poll: slow-path check of a waiting plan. */
 ch_status mm_found(struct ncclComm* comm, const struct ch_op* op);
 ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl);
+/* Rank `lost` (-1: unknown) is dead or its link failed (logged by the caller): tell every rank. */
+void mm_peer_lost(struct ncclComm* comm, int lost);
 /* Publish the collective this rank starts (h), for local peers' slow-path checks. */
 void mm_publish(struct ncclComm* comm, const struct xfer_hdr* h);
 

@@ -370,6 +370,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
     res = boot_init(comm->init_id.internal, comm->rank, comm->nranks, &comm->abort_flag, deadline, &comm->boot,
                     &comm->peers);
   }
+  if (res == CH_OK) boot_name_peers(comm->boot, comm->peers); /* its failure reports name pid and host */
   if (res == CH_OK) res = comm_setup(comm);
   if (res == CH_OK) stall_register(comm); /* answers stall queries from here on (stall_job.c) */
   if (res == CH_OK)

@@ -48,7 +48,19 @@ static void fmt_call(char* b, size_t n, const struct xfer_hdr* h) {
   }
 }
 
+/* Another rank found a peer dead: name it as the rank that found it did (pid and host from init). */
+static void say_lost(const struct ncclComm* comm, const struct xfer_poison* r) {
+  int d = r->other;
+  if (d >= 0 && d < comm->nranks)
+    WARN("rank %d: rank %d (pid %d on %s) is gone (found by rank %d): the communicator failed; shrink it "
+         "(ncclCommShrink) or abort it", comm->rank, d, comm->peers[d].pid, comm->peers[d].hostname, r->finder);
+  else
+    WARN("rank %d: rank %d found a peer gone: the communicator failed; shrink it (ncclCommShrink) or abort it",
+         comm->rank, r->finder);
+}
+
 static void say(const struct ncclComm* comm, const struct xfer_poison* r) {
+  if (r->kind == XFER_PEER_LOST) return say_lost(comm, r);
   char mine[160], theirs[160], other[24] = "a peer", finder[48] = "";
   fmt_call(mine, sizeof(mine), &r->mine);
   fmt_call(theirs, sizeof(theirs), &r->theirs);
@@ -111,14 +123,13 @@ static int peer_call(const struct ncclComm* comm, int r, struct xfer_hdr* out) {
  * (2: this rank did, in Direct, and logged it). */
 static int clique_mismatch(const struct ncclComm* comm, const struct ch_plan* pl, struct xfer_poison* rec) {
   if (!comm->clique) return 0;
-  if (atomic_load_explicit(&comm->clique->slot[comm->rank].poisoned, memory_order_acquire)) return 2;
-  for (int r = 0; r < comm->nranks; r++) {
+  for (int r = comm->rank, k = 0; k < comm->nranks; k++, r = (r + 1) % comm->nranks) { /* mine first */
     struct direct_slot* sl = &comm->clique->slot[r];
-    if (r == comm->rank || !atomic_load_explicit(&sl->poisoned, memory_order_acquire)) continue;
+    if (!atomic_load_explicit(&sl->poisoned, memory_order_acquire)) continue;
     uint64_t w[sizeof(sl->poison) / 8];
     for (size_t i = 0; i < sizeof(w) / 8; i++) w[i] = atomic_load_explicit(&sl->poison[i], memory_order_relaxed);
     memcpy(rec, w, sizeof(*rec));
-    return 1;
+    return r == comm->rank ? 2 : 1;
   }
   const struct xfer_hdr* mine = NULL;
   for (int l = 0; l < pl->nlanes; l++) { /* Direct past its own shape check (step 1) needs none */
@@ -136,6 +147,11 @@ static int clique_mismatch(const struct ncclComm* comm, const struct ch_plan* pl
     return 1;
   }
   return 0;
+}
+
+void mm_peer_lost(struct ncclComm* comm, int lost) {
+  struct xfer_poison rec = {.finder = comm->rank, .other = lost, .kind = XFER_PEER_LOST};
+  if (!atomic_exchange(&comm->poisoned, 1)) poison_all(comm, &rec);
 }
 
 ch_status mm_found(struct ncclComm* comm, const struct ch_op* op) {
@@ -158,9 +174,9 @@ ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
   }
   struct xfer_poison rec;
   int hit = clique_mismatch(comm, pl, &rec);
-  if (hit == 2) {
+  if (hit == 2) { /* this rank failed the call itself and logged why */
     atomic_store(&comm->poisoned, 1);
-    return CH_INVALID_USAGE;
+    return rec.kind == XFER_PEER_LOST ? CH_REMOTE : CH_INVALID_USAGE;
   }
   for (int c = 0; c < comm->nchannels && !hit; c++)
     hit = tp_conn_poisoned(&comm->channels[c].send, 1, &rec) || tp_conn_poisoned(&comm->channels[c].recv, 0, &rec);
@@ -171,5 +187,5 @@ ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
     say(comm, &rec);
     poison_all(comm, &rec);
   }
-  return CH_INVALID_USAGE;
+  return rec.kind == XFER_PEER_LOST ? CH_REMOTE : CH_INVALID_USAGE;
 }

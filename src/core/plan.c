@@ -334,8 +334,10 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
 }
 
 /* A peer process that has died never advances its FIFOs: look for it when we stop making progress. */
-static ch_status check_conn(struct ncclComm* comm, const struct conn* c, const struct prim_ctx* blocked) {
+static ch_status check_conn(struct ncclComm* comm, const struct conn* c, const struct prim_ctx* blocked,
+                            int* culprit) {
   int st = tp_conn_health(c);
+  if (st) *culprit = c->peer;
   /* A failure was logged and set as the async error by the transport; an orderly close matters only
    * to an operation waiting on that very connection. */
   if (st == 1 && blocked && (blocked->in == c || blocked->out == c)) {
@@ -346,14 +348,27 @@ static ch_status check_conn(struct ncclComm* comm, const struct conn* c, const s
   return st == 2 ? CH_REMOTE : CH_OK;
 }
 
-static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx* blocked) {
+static ch_status check_links(struct ncclComm* comm, const struct prim_ctx* blocked, int* culprit) {
   for (int c = 0; c < comm->nchannels; c++) {
-    CHECK(check_conn(comm, &comm->channels[c].send, blocked));
-    CHECK(check_conn(comm, &comm->channels[c].recv, blocked));
+    CHECK(check_conn(comm, &comm->channels[c].send, blocked, culprit));
+    CHECK(check_conn(comm, &comm->channels[c].recv, blocked, culprit));
   }
   for (int r = 0; comm->p2p && r < comm->nranks; r++) {
-    CHECK(check_conn(comm, &comm->p2p[r].send, blocked));
-    CHECK(check_conn(comm, &comm->p2p[r].recv, blocked));
+    CHECK(check_conn(comm, &comm->p2p[r].send, blocked, culprit));
+    CHECK(check_conn(comm, &comm->p2p[r].recv, blocked, culprit));
+  }
+  return CH_OK;
+}
+
+/* A failure found here is passed on: every connection of the communicator is poisoned with the
+ * culprit's rank (mismatch.c), so ranks that do not talk to it directly fail now, naming it, instead
+ * of at their timeout. */
+static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx* blocked) {
+  int culprit = -1;
+  ch_status s = check_links(comm, blocked, &culprit);
+  if (s != CH_OK) {
+    mm_peer_lost(comm, culprit);
+    return s;
   }
   for (int r = 0; r < comm->nranks; r++) {
     if (comm->peer_tp[r] != TP_SHM) continue;
@@ -363,6 +378,7 @@ static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx*
     if (!ut_pid_alive(comm->peers[r].pid)) {
       WARN("rank %d (pid %d on %s) has exited while rank %d was waiting for it in a collective", r,
            comm->peers[r].pid, comm->peers[r].hostname, comm->rank);
+      mm_peer_lost(comm, r);
       return CH_REMOTE;
     }
   }
@@ -531,7 +547,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
       idle_since = t;
     }
-    if (t - check_since > 1000000000ull) {
+    if (t - check_since > 500000000ull) { /* a dead peer is named within ~1 s */
       for (int i = 0; i < n; i++) {
         if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = check_peers_alive(plans[i]->comm, blocked);

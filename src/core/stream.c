@@ -65,7 +65,15 @@ static void* stream_main(void* arg) {
     if (!st->head) st->tail = NULL;
     pthread_mutex_unlock(&st->mu);
     log_set_thread_rank(b->plans[0]->comm->rank);
+    /* WARNs of a batch of one communicator go to its ncclGetLastError record, as on the calling
+     * thread. The comm outlives the batch: it is freed only after its last plan's done_ticket, which
+     * plan_exec publishes as its last touch, and nothing logs after that. */
+    struct ncclComm* one = b->plans[0]->comm;
+    for (int i = 1; i < b->n; i++)
+      if (b->plans[i]->comm != one) one = NULL;
+    struct log_err_sink* prev = log_set_error_sink(one ? &one->last_error : NULL);
     ch_status s = plan_exec(b->plans, b->n); /* takes the plans */
+    log_set_error_sink(prev);
     free(b);
     pthread_mutex_lock(&st->mu);
     if (s != CH_OK && st->err == CH_OK) st->err = s;

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -65,6 +66,8 @@ static struct net_conn* record_new(struct conn* c, const struct tp_ctx* x, int i
   n->async_err = x->async_err;
   n->abort = x->abort;
   n->sink = x->sink;
+  n->peer_pid = x->peer_pid;
+  snprintf(n->peer_host, sizeof(n->peer_host), "%s", x->peer_host ? x->peer_host : "?");
   n->fd = -1;
   atomic_store(&n->state, NET_PENDING);
   return n;

@@ -55,6 +55,8 @@ struct net_conn {
   const volatile int* abort; /* the communicator's abort flag: a closing sender stops flushing */
   struct log_err_sink* sink; /* the communicator's ncclGetLastError record (has its own lock) */
   union sock_addr remote; /* sender: set before registration; receiver: set by the proxy when bound */
+  int peer_pid;           /* for messages (0: unknown) */
+  char peer_host[64];
 
   /* Shared. state: proxy writes (release), ranks read. closing: rank sets under px lock. released:
    * proxy sets under px lock (cond broadcast); from then on the proxy never touches this record. */

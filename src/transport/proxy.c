@@ -146,8 +146,9 @@ static void conn_fail(struct net_conn* n, const char* op, int err) {
   } else {
     char a[64];
     struct log_err_sink* prev = log_set_error_sink(n->sink); /* ncclGetLastError(comm) says it too */
-    WARN("rank %d: network connection %s rank %d (%s) failed in %s: %s", n->rank, conn_dir(n), n->peer,
-         sock_addr_str(&n->remote, a, sizeof(a)), op, err ? strerror(err) : "connection closed by the peer");
+    WARN("rank %d: network connection %s rank %d (pid %d on %s, %s) failed in %s: %s", n->rank, conn_dir(n),
+         n->peer, n->peer_pid, n->peer_host, sock_addr_str(&n->remote, a, sizeof(a)), op,
+         err ? strerror(err) : "connection closed by the peer (it exited, was killed, or aborted)");
     log_set_error_sink(prev);
     atomic_store_explicit(&n->state, NET_FAILED, memory_order_release);
     int expected = 0;
@@ -202,7 +203,7 @@ static int send_steps(struct net_conn* n, int direct, uint64_t max, int* rest) {
     /* The rank's call failed (mismatch.c): the record goes out before any further step. */
     if (!direct && !n->poison_state && n->off == 0 && atomic_load_explicit(&n->ctrl->down.set, memory_order_acquire)) {
       const struct xfer_poison* d = &n->ctrl->down;
-      n->pbuf.finder = d->finder, n->pbuf.other = d->other, n->pbuf.mine = d->mine, n->pbuf.theirs = d->theirs;
+      xfer_poison_copy(&n->pbuf, d);
       n->cur.bytes = NET_POISON;
       memset(&n->cur.hdr, 0, sizeof(n->cur.hdr));
       n->poison_state = 1;
@@ -289,7 +290,7 @@ static int progress_send(struct net_conn* n) {
         n->pup_in = 0;
         struct xfer_poison* u = &n->ctrl->up; /* only printed by the rank: no checks */
         if (!atomic_load_explicit(&u->set, memory_order_relaxed)) {
-          u->finder = n->pup.finder, u->other = n->pup.other, u->mine = n->pup.mine, u->theirs = n->pup.theirs;
+          xfer_poison_copy(u, &n->pup);
           atomic_store_explicit(&u->set, 1, memory_order_release);
           tp_wake_slow(&n->ctrl->head);
         }
@@ -331,7 +332,7 @@ static int recv_steps(struct net_conn* n, int direct) {
       n->off = 0;
       struct xfer_poison* d = &n->ctrl->down;
       if (!atomic_load_explicit(&d->set, memory_order_relaxed)) { /* only printed by the rank: no checks */
-        d->finder = n->pbuf.finder, d->other = n->pbuf.other, d->mine = n->pbuf.mine, d->theirs = n->pbuf.theirs;
+        xfer_poison_copy(d, &n->pbuf);
         atomic_store_explicit(&d->set, 1, memory_order_release);
         tp_wake_slow(&n->ctrl->tail);
       }
@@ -383,7 +384,7 @@ static int progress_recv(struct net_conn* n) {
   if (n->poison_state != 2 && atomic_load_explicit(&n->ctrl->up.set, memory_order_acquire)) {
     if (!n->poison_state) {
       const struct xfer_poison* u = &n->ctrl->up;
-      n->pup.finder = u->finder, n->pup.other = u->other, n->pup.mine = u->mine, n->pup.theirs = u->theirs;
+      xfer_poison_copy(&n->pup, u);
       n->poison_state = 1, n->pup_off = 0;
     }
     while (n->pup_off < 1 + sizeof(n->pup)) {

@@ -57,18 +57,24 @@ static inline uint32_t xfer_tag(const struct xfer_hdr* h) {
   return (uint32_t)(x >> 32) | 1u;
 }
 
-/* A failed call (its ranks' calls did not match) poisons every connection of its communicator so
+/* A failed call (its ranks' calls did not match, or a rank was found dead) poisons every connection of its communicator so
  * that every rank fails the call instead of waiting for ever: `down` travels with the data (sender to
  * receiver), `up` against it (receiver to sender). One writer each: the rank at that end of the FIFO
  * (or, over the network, the proxy that received it); `set` is stored last (release). The content
  * comes from a peer: ranks and call fields are only printed, never used as indices. */
+enum { XFER_MISMATCH = 0, XFER_PEER_LOST = 1 };
 struct xfer_poison {
   _Atomic uint32_t set;
   int32_t finder; /* rank that saw two calls differ (-1: unknown, e.g. relayed over the network) */
-  int32_t other;  /* rank whose data it saw (-1: unknown) */
-  int32_t pad;
+  int32_t other;  /* rank whose data it saw (-1: unknown); XFER_PEER_LOST: the rank found gone */
+  int32_t kind;   /* XFER_MISMATCH or XFER_PEER_LOST */
   struct xfer_hdr mine, theirs; /* the finder's call, the other rank's call */
 };
+
+/* Copy a record's content (not `set`, which its single writer stores last). */
+static inline void xfer_poison_copy(struct xfer_poison* d, const struct xfer_poison* s) {
+  d->finder = s->finder, d->other = s->other, d->kind = s->kind, d->mine = s->mine, d->theirs = s->theirs;
+}
 
 struct fifo_ctrl {
   _Alignas(64) _Atomic uint64_t tail; /* sender: steps posted (every protocol) */
@@ -157,6 +163,8 @@ struct tp_ctx {
   _Atomic int* async_err;             /* the communicator's async error: CH_REMOTE when a link fails */
   const volatile int* abort;
   struct log_err_sink* sink; /* the communicator's last-error record: the proxy's WARNs about it go there */
+  int peer_pid;              /* from the rank table: failure messages name the peer's process */
+  const char* peer_host;
 };
 
 /* A transport: how a receiver makes a FIFO and describes it (struct tp_handle: no address, no
