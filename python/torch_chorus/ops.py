@@ -1,0 +1,359 @@
+"""The "chorus" c10d Backend's operations: each maps a c10d call on CPU tensors to NCCL calls.
+
+Layout rules: NCCL takes one contiguous buffer per call, so non-contiguous tensors are read through
+a contiguous copy and written through a contiguous stand-in copied back on completion (`_Out`); lists of
+per-rank tensors go through one flat buffer. Complex tensors travel as their real pairs. Uneven
+all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
+"""
+import ctypes
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from ._lib import lib
+from .backend import _ASYNC, _BOOL_OPS, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real, _src
+
+
+class ChorusBackend(ChorusEngine):
+    def _redop(self, op, t):
+        """The NCCL op for a c10d ReduceOp on t's dtype, and what frees it afterwards (PREMUL_SUM)."""
+        kind = op.op if hasattr(op, "op") else op
+        if t.dtype == torch.bool:
+            if kind in _BOOL_OPS:
+                return _BOOL_OPS[kind], None
+        elif t.is_complex():
+            if kind in (_R.SUM, _R.AVG):
+                return _OPS[kind], None
+        elif kind in _OPS:
+            return _OPS[kind], None
+        elif kind == _R.PREMUL_SUM:
+            factor = op.factor
+            if isinstance(factor, torch.Tensor):
+                factor = factor.item()
+            scalar = torch.tensor([factor], dtype=t.dtype)
+            h = ctypes.c_int()
+            self._check(lib.ncclRedOpCreatePreMulSum(ctypes.byref(h), scalar.data_ptr(), _dtype(t),
+                                                     _lib.ncclScalarHostImmediate, self._comm),
+                        "ncclRedOpCreatePreMulSum")
+            comm = self._comm
+            return h.value, (lambda: lib.ncclRedOpDestroy(h.value, comm))
+        name = getattr(kind, "name", str(kind))
+        if kind in (_R.BAND, _R.BOR, _R.BXOR):
+            raise RuntimeError(f"chorus: ReduceOp.{name} is not supported (NCCL has no bitwise reductions)")
+        raise RuntimeError(f"chorus: ReduceOp.{name} is not supported for {t.dtype} tensors")
+
+    @staticmethod
+    def _posts(*fns):
+        """One callable running each of fns (None entries skipped), or None."""
+        fns = [f for f in fns if f is not None]
+        if not fns:
+            return None
+        if len(fns) == 1:
+            return fns[0]
+        return lambda: [f() for f in fns]
+
+    @staticmethod
+    def _finishers(outs):
+        """The copy-back of the outputs that went through a stand-in, or None."""
+        outs = [o for o in outs if o.buf is not _real(o.dst)]
+        return (lambda: [o.finish() for o in outs]) if outs else None
+
+    # ---- collectives ----
+
+    def allreduce(self, tensors, opts):
+        return self._allreduce_list(tensors, opts, "allreduce")
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self._allreduce_list(tensors, opts, "allreduce_coalesced")
+
+    def _allreduce_list(self, tensors, opts, what):
+        if len(tensors) == 1:
+            t = tensors[0]
+            if t.is_contiguous() and t.device.type == "cpu" and not t.is_complex() and t.layout == torch.strided:
+                op, free = self._redop(opts.reduceOp, t)
+                p, n, dt, comm = t.data_ptr(), t.numel(), _dtype(t), self._comm
+                return self._run(what, opts, lambda s: lib.ncclAllReduce(p, p, n, dt, op, comm, s), tensors,
+                                 free, t)
+        outs = [_Out(t) for t in tensors]
+        ops = [self._redop(opts.reduceOp, t) for t in tensors]
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o, (op, _) in zip(outs, ops):
+                b = o.buf
+                rc = rc or lib.ncclAllReduce(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, tensors,
+                         self._posts(self._finishers(outs), *[f for _, f in ops]), outs)
+
+    def broadcast(self, tensors, opts):
+        root, comm = opts.rootRank, self._comm
+        outs = [_Out(t, need_values=(self._rank == root)) for t in tensors]
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o in outs:
+                b = o.buf
+                rc = rc or lib.ncclBroadcast(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), root, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        post = self._finishers(outs) if self._rank != root else None
+        return self._run("broadcast", opts, issue, tensors, post, outs)
+
+    def reduce(self, tensors, opts):
+        root, comm = opts.rootRank, self._comm
+        outs = [_Out(t) for t in tensors]
+        ops = [self._redop(opts.reduceOp, t) for t in tensors]
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o, (op, _) in zip(outs, ops):
+                b = o.buf
+                rc = rc or lib.ncclReduce(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, root, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        post = self._finishers(outs) if self._rank == root else None
+        return self._run("reduce", opts, issue, tensors, self._posts(post, *[f for _, f in ops]), outs)
+
+    def _gather_flat(self, outputs, inp):
+        """A flat receive buffer for a list of per-rank outputs, and the copy-out that fills them."""
+        n = inp.numel()
+        for o in outputs:
+            _check_cpu(o)
+            if _real(o).numel() != n or o.dtype != inp.dtype and _real(o).dtype != inp.dtype:
+                raise RuntimeError("chorus: output tensors must have the input's size and dtype")
+        flat = torch.empty(n * len(outputs), dtype=inp.dtype)
+
+        def post():
+            for i, o in enumerate(outputs):
+                _real(o).copy_(flat[i * n:(i + 1) * n].view(_real(o).shape))
+
+        return flat, post
+
+    def allgather(self, output_tensors, input_tensors, opts):
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise RuntimeError("chorus: allgather takes one input tensor and one output list per process")
+        inp = _src(input_tensors[0])
+        outputs = output_tensors[0]
+        if len(outputs) != self._size:
+            raise RuntimeError(f"chorus: allgather needs {self._size} output tensors, got {len(outputs)}")
+        flat, post = self._gather_flat(outputs, inp)
+        n, dt, comm = inp.numel(), _dtype(inp), self._comm
+        return self._run("allgather", opts,
+                         lambda s: lib.ncclAllGather(inp.data_ptr(), flat.data_ptr(), n, dt, comm, s),
+                         output_tensors, post, (inp, flat))
+
+    def allgather_coalesced(self, output_lists, input_list, opts):
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
+        return works[-1] if works else self.barrier(dist.BarrierOptions())
+
+    def _allgather_base(self, output, input, opts):
+        return self._allgather_into([output], [input], opts, "allgather_into_tensor")
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts):
+        return self._allgather_into(outputs, inputs, opts, "allgather_into_tensor_coalesced")
+
+    def _allgather_into(self, outputs, inputs, opts, what):
+        srcs = [_src(i) for i in inputs]
+        outs = [_Out(o, need_values=False) for o in outputs]
+        for s_, o in zip(srcs, outs):
+            if o.buf.numel() != s_.numel() * self._size or o.buf.dtype != s_.dtype:
+                raise RuntimeError(f"chorus: {what}: the output must hold world_size ({self._size}) "
+                                   f"times the input's {s_.numel()} elements of {s_.dtype}")
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for i, o in zip(srcs, outs):
+                rc = rc or lib.ncclAllGather(i.data_ptr(), o.buf.data_ptr(), i.numel(), _dtype(i), comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
+
+    def gather(self, output_tensors, input_tensors, opts):
+        root, comm = opts.rootRank, self._comm
+        inp = _src(input_tensors[0])
+        flat, post = None, None
+        if self._rank == root:
+            outputs = output_tensors[0]
+            if len(outputs) != self._size:
+                raise RuntimeError(f"chorus: gather needs {self._size} output tensors at the root")
+            flat, post = self._gather_flat(outputs, inp)
+        fp = flat.data_ptr() if flat is not None else None
+        n, dt = inp.numel(), _dtype(inp)
+        return self._run("gather", opts, lambda s: lib.ncclGather(inp.data_ptr(), fp, n, dt, root, comm, s),
+                         output_tensors, post, (inp, flat))
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        root, comm = opts.rootRank, self._comm
+        out = _Out(output_tensors[0], need_values=False)
+        flat = None
+        if self._rank == root:
+            inputs = input_tensors[0]
+            if len(inputs) != self._size:
+                raise RuntimeError(f"chorus: scatter needs {self._size} input tensors at the root")
+            for i in inputs:
+                _check_cpu(i)
+                if _real(i).numel() != out.buf.numel():
+                    raise RuntimeError("chorus: scatter inputs must have the output's size")
+            flat = torch.cat([_real(i).reshape(-1) for i in inputs])
+        fp = flat.data_ptr() if flat is not None else None
+        n, dt = out.buf.numel(), _dtype(out.buf)
+        return self._run("scatter", opts,
+                         lambda s: lib.ncclScatter(fp, out.buf.data_ptr(), n, dt, root, comm, s),
+                         output_tensors, self._finishers([out]), (out, flat))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts):
+        out = _Out(output_tensors[0], need_values=False)
+        inputs = input_tensors[0]
+        if len(inputs) != self._size:
+            raise RuntimeError(f"chorus: reduce_scatter needs {self._size} input tensors")
+        for i in inputs:
+            _check_cpu(i)
+            if _real(i).numel() != out.buf.numel():
+                raise RuntimeError("chorus: reduce_scatter inputs must have the output's size")
+        flat = torch.cat([_real(i).reshape(-1) for i in inputs])
+        op, free = self._redop(opts.reduceOp, output_tensors[0])
+        n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
+        return self._run("reduce_scatter", opts,
+                         lambda s: lib.ncclReduceScatter(flat.data_ptr(), out.buf.data_ptr(), n, dt, op, comm, s),
+                         output_tensors, self._posts(self._finishers([out]), free), (out, flat))
+
+    def _reduce_scatter_base(self, output, input, opts):
+        return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
+        return self._reduce_scatter_into(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
+
+    def _reduce_scatter_into(self, outputs, inputs, opts, what):
+        srcs = [_src(i) for i in inputs]
+        outs = [_Out(o, need_values=False) for o in outputs]
+        for s_, o in zip(srcs, outs):
+            if s_.numel() != o.buf.numel() * self._size or o.buf.dtype != s_.dtype:
+                raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
+                                   f"times the output's {o.buf.numel()} elements of {o.buf.dtype}")
+        ops = [self._redop(opts.reduceOp, o) for o in outputs]
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for i, o, (op, _) in zip(srcs, outs, ops):
+                rc = rc or lib.ncclReduceScatter(i.data_ptr(), o.buf.data_ptr(), o.buf.numel(), _dtype(i), op,
+                                                 comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, outputs,
+                         self._posts(self._finishers(outs), *[f for _, f in ops]), (srcs, outs))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
+        src = _src(input)
+        out = _Out(output, need_values=False)
+        size, comm, dt = self._size, self._comm, _dtype(src)
+        if not output_split_sizes and not input_split_sizes:
+            if src.numel() % size or out.buf.numel() != src.numel():
+                raise RuntimeError(f"chorus: all_to_all_single: tensors of {src.numel()} and {out.buf.numel()} "
+                                   f"elements do not split evenly over {size} ranks")
+            n = src.numel() // size
+            return self._run("all_to_all_single", opts,
+                             lambda s: lib.ncclAlltoAll(src.data_ptr(), out.buf.data_ptr(), n, dt, comm, s),
+                             output, self._finishers([out]), (src, out))
+
+        def splits(t, given, what):
+            rows = t.shape[0] if t.dim() else 1
+            row = t.numel() // rows if rows else 0
+            if not given:
+                if rows % size:
+                    raise RuntimeError(f"chorus: all_to_all_single: {what} has {rows} rows, not a multiple of {size}")
+                given = [rows // size] * size
+            if len(given) != size or sum(given) != rows:
+                raise RuntimeError(f"chorus: all_to_all_single: {what} split sizes {list(given)} do not "
+                                   f"cover its {rows} rows over {size} ranks")
+            return [g * row for g in given]
+
+        scount = splits(src, input_split_sizes, "input")
+        rcount = splits(out.buf, output_split_sizes, "output")
+        es = src.element_size()
+        soff = [sum(scount[:p]) * es for p in range(size)]
+        roff = [sum(rcount[:p]) * es for p in range(size)]
+
+        def issue(s):
+            sp, rp = src.data_ptr(), out.buf.data_ptr()
+            lib.ncclGroupStart()
+            rc = 0
+            for p in range(size):
+                rc = rc or lib.ncclSend(sp + soff[p], scount[p], dt, p, comm, s)
+                rc = rc or lib.ncclRecv(rp + roff[p], rcount[p], dt, p, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("all_to_all_single", opts, issue, output, self._finishers([out]), (src, out))
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        size, comm = self._size, self._comm
+        if len(output_tensors) != size or len(input_tensors) != size:
+            raise RuntimeError(f"chorus: all_to_all needs {size} input and {size} output tensors")
+        srcs = [_src(t) for t in input_tensors]
+        outs = [_Out(t, need_values=False) for t in output_tensors]
+        for o in outs:
+            _dtype(o.buf)
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for p in range(size):
+                rc = rc or lib.ncclSend(srcs[p].data_ptr(), srcs[p].numel(), _dtype(srcs[p]), p, comm, s)
+                rc = rc or lib.ncclRecv(outs[p].buf.data_ptr(), outs[p].buf.numel(), _dtype(outs[p].buf), p, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("all_to_all", opts, issue, output_tensors, self._finishers(outs), (srcs, outs))
+
+    def barrier(self, opts):
+        one, comm = torch.zeros(1, dtype=torch.uint8), self._comm
+        return self._run("barrier", opts,
+                         lambda s: lib.ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, _lib.ncclUint8,
+                                                     _lib.ncclMax, comm, s), [], None, one)
+
+    # ---- point to point (tags are accepted and ignored: messages between two ranks match in order) ----
+
+    def send(self, tensors, dst, tag):
+        src = _src(tensors[0])
+        n, dt, comm = src.numel(), _dtype(src), self._comm
+        return self._run("send", _ASYNC, lambda s: lib.ncclSend(src.data_ptr(), n, dt, dst, comm, s),
+                               tensors, None, src)
+
+    def recv(self, tensors, src_rank, tag):
+        out = _Out(tensors[0], need_values=False)
+        n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
+        return self._run("recv", _ASYNC, lambda s: lib.ncclRecv(out.buf.data_ptr(), n, dt, src_rank, comm, s),
+                               tensors, self._finishers([out]), out)
+
+    def recv_anysource(self, tensors, tag):
+        raise RuntimeError("chorus: recv from any source is not supported (NCCL has no wildcard receive); "
+                           "pass src=")
+
+    # A plain attribute: the binding reads it through Python (the inherited descriptor would recurse).
+    supports_coalescing = True
+
+    # torch 2.x names the single-tensor variants differently across releases: answer to both.
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
+
+def create_backend(store, rank, size, timeout):
+    """register_backend's plain creator (store, rank, size, timeout)."""
+    return ChorusBackend(store, rank, size, timeout)
+
+
+def create_backend_ext(opts, backend_options=None):
+    """register_backend's extended creator (_DistributedBackendOptions)."""
+    return ChorusBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id or ""))
