@@ -154,6 +154,7 @@ class ChorusEngine(_CBackend):
         self._closed = False
         self._name = group_name
         self._comm = ctypes.c_void_p()
+        self._done_work = _DoneWork([])  # what synchronous fast paths return (torch only waits on it)
         uid = _lib.UniqueId()
         key = "torch_chorus/unique_id"
         if rank == 0:
@@ -322,6 +323,7 @@ class ChorusEngine(_CBackend):
             self._stream = None
         if not abort:
             lib.ncclCommDestroy(self._comm)
+        self._comm = None  # later calls fail with "invalid argument" rather than touch freed memory
 
     def shutdown(self):
         self._destroy(abort=False)

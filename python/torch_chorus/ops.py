@@ -12,7 +12,12 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .backend import _ASYNC, _BOOL_OPS, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real, _src
+from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real, _src
+
+
+_FAST_DTYPES = {k: v for k, v in _DTYPES.items() if k is not torch.bool}
+_STRIDED = torch.strided
+_ncclAllReduce = lib.ncclAllReduce
 
 
 class ChorusBackend(ChorusEngine):
@@ -62,6 +67,19 @@ class ChorusBackend(ChorusEngine):
     # ---- collectives ----
 
     def allreduce(self, tensors, opts):
+        # The latency path (dist.all_reduce of one contiguous tensor, nothing queued) in few steps.
+        if (len(tensors) == 1 and not opts.asyncOp and self._done_upto == self._issued and not self._batch
+                and self._first_bad is None):
+            t = tensors[0]
+            dt = _FAST_DTYPES.get(t.dtype)
+            if dt is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
+                op = _OPS.get(opts.reduceOp.op)
+                if op is not None:
+                    p = t.data_ptr()
+                    rc = _ncclAllReduce(p, p, t.numel(), dt, op, self._comm, None)
+                    if rc:
+                        self._check(rc, "allreduce")
+                    return self._done_work
         return self._allreduce_list(tensors, opts, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts):
