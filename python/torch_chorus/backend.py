@@ -151,6 +151,9 @@ class ChorusEngine(_CBackend):
         self._p2p = []  # calls queued while coalescing: (what, issue, _Op)
         self._batch = 0  # >0 between start_ and end_coalescing: calls are queued, then issued as one group
         self._watcher = None
+        self._settle_q = []  # completed _Ops waiting for a settler thread
+        self._settle_cv = threading.Condition(self._lock)
+        self._settlers_idle = 0
         self._closed = False
         self._name = group_name
         self._comm = ctypes.c_void_p()
@@ -257,8 +260,8 @@ class ChorusEngine(_CBackend):
 
     # ---- completion ----
 
-    def _sync(self):
-        """Wait for the stream to drain; complete (or fail) what it ran."""
+    def _sync(self, settle_here=True):
+        """Wait for the stream to drain; complete (or fail) what it ran, or return it to complete."""
         with self._sync_lock:
             with self._lock:
                 target = self._issued
@@ -271,7 +274,12 @@ class ChorusEngine(_CBackend):
                 self._done_upto = max(self._done_upto, target)
                 done = [op for op in self._pending if op.seq <= target]
                 self._pending = [op for op in self._pending if op.seq > target]
-        # Outside the lock: a future's callbacks may issue further operations.
+        if settle_here:
+            self._settle(done)
+        return done
+
+    def _settle(self, done):
+        """Copy back and complete the futures, without _lock: their callbacks may issue operations."""
         for op in done:
             bad = self._first_bad is not None and op.seq >= self._first_bad
             if not bad and op.post is not None:
@@ -281,6 +289,31 @@ class ChorusEngine(_CBackend):
                 op.fut.set_exception(RuntimeError(self._error))
             else:
                 op.fut.set_result(op.result)
+
+    def _hand_over(self, done):
+        """Watcher: have a settler thread complete `done`. A callback may block waiting for a later
+        operation (PowerSGD's hook does), which only the watcher can see finish: so the watcher never
+        runs callbacks itself, and a new settler starts whenever none is idle."""
+        with self._lock:
+            self._settle_q.extend(done)
+            if self._settlers_idle:
+                self._settle_cv.notify()
+                return
+        threading.Thread(target=self._settler_main, name="chorus-settler", daemon=True).start()
+
+    def _settler_main(self):
+        while True:
+            with self._lock:
+                if not self._settle_q:
+                    self._settlers_idle += 1
+                    self._settle_cv.wait(timeout=None if self._settlers_idle == 1 else 1.0)
+                    self._settlers_idle -= 1
+                    if not self._settle_q:
+                        if self._closed or self._settlers_idle:
+                            return  # a spare (or the last, at shutdown) settler leaves
+                        continue
+                done, self._settle_q = self._settle_q, []
+            self._settle(done)
 
     def _wait_seq(self, seq):
         while seq > self._done_upto:
@@ -293,7 +326,9 @@ class ChorusEngine(_CBackend):
                     self._cv.wait()
                 if self._closed and self._done_upto == self._issued:
                     return
-            self._sync()
+            done = self._sync(settle_here=False)
+            if done:
+                self._hand_over(done)
 
     # ---- lifetime ----
 
@@ -314,6 +349,7 @@ class ChorusEngine(_CBackend):
         with self._lock:
             self._closed = True
             self._cv.notify_all()
+            self._settle_cv.notify_all()
         if abort:
             lib.ncclCommAbort(self._comm)
         if self._watcher is not None:
