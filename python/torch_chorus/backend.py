@@ -120,13 +120,44 @@ class _DoneWork(_CWork):
         return fut
 
 
+class _Failure:
+    """What an operation's raw future carries when it failed (see _Op)."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg):
+        self.msg = msg
+
+
+def _unwrap(raw):
+    v = raw.value()
+    if isinstance(v, _Failure):
+        raise RuntimeError(v.msg)
+    return v
+
+
 class _Op:
-    """An asynchronous operation between issue and completion (owned by the backend's _pending)."""
+    """An asynchronous operation between issue and completion (owned by the backend's _pending).
 
-    __slots__ = ("seq", "fut", "post", "keep", "result")
+    Its public future `fut` is `raw.then(_unwrap)`: a failure becomes an error raised by a callback,
+    which torch stores as a C++ error. An error set with Future.set_exception instead crashes DDP's
+    reducer (torch 2.15 dereferences it in parseCppCommHookResult: measured, SIGSEGV)."""
 
-    def __init__(self, fut, post, keep, result):
-        self.seq, self.fut, self.post, self.keep, self.result = 0, fut, post, keep, result
+    __slots__ = ("seq", "raw", "fut", "post", "keep", "result")
+
+    def __init__(self, post, keep, result):
+        self.raw = torch.futures.Future()
+        self.fut = self.raw.then(_unwrap)
+        self.seq, self.post, self.keep, self.result = 0, post, keep, result
+
+    def fail(self, msg):
+        self.raw.set_result(_Failure(msg))
+
+
+def _failed_work(msg):
+    op = _Op(None, None, None)
+    op.fail(msg)
+    return _from_future(op.fut)
 
 
 class _AsyncOpts:
@@ -203,23 +234,40 @@ class ChorusEngine(_CBackend):
 
     def _run(self, what, opts, issue, result, post=None, keep=None):
         """issue(stream) makes the C calls and returns ncclResult_t; `post` runs after completion
-        (copy-backs), `keep` holds buffers alive until then. Returns the operation's Work."""
+        (copy-backs), `keep` holds buffers alive until then. Returns the operation's Work. An
+        asynchronous call reports failure through its Work, never by raising: DDP's reducer, which
+        issues from an autograd hook, would go on with a null future."""
+        if getattr(opts, "asyncOp", True):
+            try:
+                return self._run_async(what, issue, result, post, keep)
+            except RuntimeError as e:
+                return _failed_work(str(e))
         self._healthy()
         if self._batch:
-            self._p2p.append((what, issue, _Op(None, post, keep, result)))
-            return _DoneWork(result)  # the Work of end_coalescing stands for the whole group
-        if not getattr(opts, "asyncOp", True) and self._done_upto == self._issued:
+            self._p2p.append((what, issue, _Op(post, keep, result)))
+            return _DoneWork(result)
+        if self._done_upto == self._issued:
             self._check(issue(None), what)
             if post is not None:
                 post()
             return _DoneWork(result)
-        op = _Op(torch.futures.Future(), post, keep, result)
+        op = _Op(post, keep, result)
         with self._lock:
             self._issue(what, issue, [op])
-        if not getattr(opts, "asyncOp", True):
-            self._wait_seq(op.seq)
-            op.fut.wait()  # raises the failure
-            return _DoneWork(result)
+        self._wait_seq(op.seq)
+        op.fut.wait()  # the copy-backs have run (by whichever thread settled it)
+        if self._first_bad is not None and op.seq >= self._first_bad:
+            raise RuntimeError(self._error)
+        return _DoneWork(result)
+
+    def _run_async(self, what, issue, result, post, keep):
+        self._healthy()
+        if self._batch:
+            self._p2p.append((what, issue, _Op(post, keep, result)))
+            return _DoneWork(result)  # the Work of end_coalescing stands for the whole group
+        op = _Op(post, keep, result)
+        with self._lock:
+            self._issue(what, issue, [op])
         return _from_future(op.fut)
 
     def _issue(self, what, issue, ops):
@@ -229,7 +277,7 @@ class ChorusEngine(_CBackend):
             err = RuntimeError(f"chorus: {what} failed on rank {self._rank}: {_lib.error_string(rc)}: "
                                f"{_lib.last_error(self._comm)}")
             for op in ops:
-                op.fut.set_exception(err)
+                op.fail(str(err))
             raise err
         self._issued += 1
         for op in ops:
@@ -269,8 +317,9 @@ class ChorusEngine(_CBackend):
             with self._lock:
                 if rc != _lib.ncclSuccess and self._first_bad is None:
                     self._first_bad = self._done_upto + 1
-                    self._error = (f"chorus: an operation failed on rank {self._rank}: "
-                                   f"{_lib.error_string(rc)}: {_lib.last_error(self._comm)}")
+                    # The stream thread recorded the cause: on the communicator, or as the last error.
+                    why = _lib.last_error(self._comm) or _lib.last_error(None)
+                    self._error = f"chorus: an operation failed on rank {self._rank}: {_lib.error_string(rc)}: {why}"
                 self._done_upto = max(self._done_upto, target)
                 done = [op for op in self._pending if op.seq <= target]
                 self._pending = [op for op in self._pending if op.seq > target]
@@ -286,9 +335,9 @@ class ChorusEngine(_CBackend):
                 op.post()
             op.keep = None
             if bad:
-                op.fut.set_exception(RuntimeError(self._error))
+                op.fail(self._error)
             else:
-                op.fut.set_result(op.result)
+                op.raw.set_result(op.result)
 
     def _hand_over(self, done):
         """Watcher: have a settler thread complete `done`. A callback may block waiting for a later
