@@ -166,7 +166,25 @@ class _AsyncOpts:
 
 _ASYNC = _AsyncOpts()
 
-class ChorusEngine(_CBackend):
+def _pick_base():
+    """Newer torch lets Python subclass c10d's Backend (one device of a process group: "cpu:chorus,
+    cuda:nccl" works). Older 2.x (2.11 measured) has no such trampoline: there the backend is a whole
+    ProcessGroup subclass, which torch's Python collectives call directly (CPU only)."""
+
+    class _Probe(_CBackend):
+        pass
+
+    try:
+        _Probe(0, 1)
+        return _CBackend, False
+    except TypeError:
+        return dist.ProcessGroup, True
+
+
+_BASE, AS_PROCESS_GROUP = _pick_base()
+
+
+class ChorusEngine(_BASE):
     def __init__(self, store, rank, size, timeout, group_name=""):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
@@ -243,7 +261,7 @@ class ChorusEngine(_CBackend):
             except RuntimeError as e:
                 return _failed_work(str(e))
         self._healthy()
-        if self._batch:
+        if self._batch:  # a synchronous call inside coalescing: torch would wait on it, so it stands in
             self._p2p.append((what, issue, _Op(post, keep, result)))
             return _DoneWork(result)
         if self._done_upto == self._issued:
@@ -262,10 +280,10 @@ class ChorusEngine(_CBackend):
 
     def _run_async(self, what, issue, result, post, keep):
         self._healthy()
-        if self._batch:
-            self._p2p.append((what, issue, _Op(post, keep, result)))
-            return _DoneWork(result)  # the Work of end_coalescing stands for the whole group
         op = _Op(post, keep, result)
+        if self._batch:  # completes with the group end_coalescing issues
+            self._p2p.append((what, issue, op))
+            return _from_future(op.fut)
         with self._lock:
             self._issue(what, issue, [op])
         return _from_future(op.fut)
@@ -302,9 +320,24 @@ class ChorusEngine(_CBackend):
                 rc = rc or fn(s)
             return lib.ncclGroupEnd() or rc
 
-        posts = [op.post for _, _, op in calls if op.post is not None]
-        return self._run(what, _ASYNC, issue, [], (lambda: [p() for p in posts]) if posts else None,
-                         [op.keep for _, _, op in calls])
+        group = _Op(None, None, [])
+        try:
+            self._healthy()
+            with self._lock:
+                self._issue(what, issue, [op for _, _, op in calls] + [group])
+        except RuntimeError as e:
+            for _, _, op in calls:
+                if not op.raw.done():
+                    op.fail(str(e))
+            return _failed_work(str(e))
+        return _from_future(group.fut)
+
+    # The names torch's Python code calls on a ProcessGroup (older torch, AS_PROCESS_GROUP).
+    def _start_coalescing(self, device=None):
+        self.start_coalescing()
+
+    def _end_coalescing(self, device=None):
+        return self.end_coalescing()
 
     # ---- completion ----
 

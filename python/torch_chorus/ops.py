@@ -15,6 +15,11 @@ from ._lib import lib
 from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real, _src
 
 
+def _reduce_op(opts):
+    """Older torch calls some *_coalesced methods without options: SUM then."""
+    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+
 _FAST_DTYPES = {k: v for k, v in _DTYPES.items() if k is not torch.bool}
 _STRIDED = torch.strided
 _ncclAllReduce = lib.ncclAllReduce
@@ -33,7 +38,10 @@ class ChorusBackend(ChorusEngine):
         elif kind in _OPS:
             return _OPS[kind], None
         elif kind == _R.PREMUL_SUM:
-            factor = op.factor
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise RuntimeError("chorus: PREMUL_SUM needs a torch whose ReduceOp exposes its factor "
+                                   f"(ReduceOp.factor); torch {torch.__version__} does not")
             if isinstance(factor, torch.Tensor):
                 factor = factor.item()
             scalar = torch.tensor([factor], dtype=t.dtype)
@@ -66,14 +74,14 @@ class ChorusBackend(ChorusEngine):
 
     # ---- collectives ----
 
-    def allreduce(self, tensors, opts):
+    def allreduce(self, tensors, opts=None):
         # The latency path (dist.all_reduce of one contiguous tensor, nothing queued) in few steps.
-        if (len(tensors) == 1 and not opts.asyncOp and self._done_upto == self._issued and not self._batch
-                and self._first_bad is None):
+        if (len(tensors) == 1 and opts is not None and not opts.asyncOp and self._done_upto == self._issued
+                and not self._batch and self._first_bad is None):
             t = tensors[0]
             dt = _FAST_DTYPES.get(t.dtype)
             if dt is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
-                op = _OPS.get(opts.reduceOp.op)
+                op = _OPS.get(_reduce_op(opts).op)
                 if op is not None:
                     p = t.data_ptr()
                     rc = _ncclAllReduce(p, p, t.numel(), dt, op, self._comm, None)
@@ -82,19 +90,19 @@ class ChorusBackend(ChorusEngine):
                     return self._done_work
         return self._allreduce_list(tensors, opts, "allreduce")
 
-    def allreduce_coalesced(self, tensors, opts):
+    def allreduce_coalesced(self, tensors, opts=None):
         return self._allreduce_list(tensors, opts, "allreduce_coalesced")
 
     def _allreduce_list(self, tensors, opts, what):
         if len(tensors) == 1:
             t = tensors[0]
             if t.is_contiguous() and t.device.type == "cpu" and not t.is_complex() and t.layout == torch.strided:
-                op, free = self._redop(opts.reduceOp, t)
+                op, free = self._redop(_reduce_op(opts), t)
                 p, n, dt, comm = t.data_ptr(), t.numel(), _dtype(t), self._comm
                 return self._run(what, opts, lambda s: lib.ncclAllReduce(p, p, n, dt, op, comm, s), tensors,
                                  free, t)
         outs = [_Out(t) for t in tensors]
-        ops = [self._redop(opts.reduceOp, t) for t in tensors]
+        ops = [self._redop(_reduce_op(opts), t) for t in tensors]
         comm = self._comm
 
         def issue(s):
@@ -108,7 +116,7 @@ class ChorusBackend(ChorusEngine):
         return self._run(what, opts, issue, tensors,
                          self._posts(self._finishers(outs), *[f for _, f in ops]), outs)
 
-    def broadcast(self, tensors, opts):
+    def broadcast(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         outs = [_Out(t, need_values=(self._rank == root)) for t in tensors]
 
@@ -123,10 +131,10 @@ class ChorusBackend(ChorusEngine):
         post = self._finishers(outs) if self._rank != root else None
         return self._run("broadcast", opts, issue, tensors, post, outs)
 
-    def reduce(self, tensors, opts):
+    def reduce(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         outs = [_Out(t) for t in tensors]
-        ops = [self._redop(opts.reduceOp, t) for t in tensors]
+        ops = [self._redop(_reduce_op(opts), t) for t in tensors]
 
         def issue(s):
             lib.ncclGroupStart()
@@ -154,7 +162,7 @@ class ChorusBackend(ChorusEngine):
 
         return flat, post
 
-    def allgather(self, output_tensors, input_tensors, opts):
+    def allgather(self, output_tensors, input_tensors, opts=None):
         if len(input_tensors) != 1 or len(output_tensors) != 1:
             raise RuntimeError("chorus: allgather takes one input tensor and one output list per process")
         inp = _src(input_tensors[0])
@@ -167,14 +175,14 @@ class ChorusBackend(ChorusEngine):
                          lambda s: lib.ncclAllGather(inp.data_ptr(), flat.data_ptr(), n, dt, comm, s),
                          output_tensors, post, (inp, flat))
 
-    def allgather_coalesced(self, output_lists, input_list, opts):
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
         works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
         return works[-1] if works else self.barrier(dist.BarrierOptions())
 
-    def _allgather_base(self, output, input, opts):
+    def _allgather_base(self, output, input, opts=None):
         return self._allgather_into([output], [input], opts, "allgather_into_tensor")
 
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts):
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._allgather_into(outputs, inputs, opts, "allgather_into_tensor_coalesced")
 
     def _allgather_into(self, outputs, inputs, opts, what):
@@ -195,7 +203,7 @@ class ChorusBackend(ChorusEngine):
 
         return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
 
-    def gather(self, output_tensors, input_tensors, opts):
+    def gather(self, output_tensors, input_tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         inp = _src(input_tensors[0])
         flat, post = None, None
@@ -209,7 +217,7 @@ class ChorusBackend(ChorusEngine):
         return self._run("gather", opts, lambda s: lib.ncclGather(inp.data_ptr(), fp, n, dt, root, comm, s),
                          output_tensors, post, (inp, flat))
 
-    def scatter(self, output_tensors, input_tensors, opts):
+    def scatter(self, output_tensors, input_tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         out = _Out(output_tensors[0], need_values=False)
         flat = None
@@ -228,7 +236,7 @@ class ChorusBackend(ChorusEngine):
                          lambda s: lib.ncclScatter(fp, out.buf.data_ptr(), n, dt, root, comm, s),
                          output_tensors, self._finishers([out]), (out, flat))
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts):
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = _Out(output_tensors[0], need_values=False)
         inputs = input_tensors[0]
         if len(inputs) != self._size:
@@ -238,16 +246,16 @@ class ChorusBackend(ChorusEngine):
             if _real(i).numel() != out.buf.numel():
                 raise RuntimeError("chorus: reduce_scatter inputs must have the output's size")
         flat = torch.cat([_real(i).reshape(-1) for i in inputs])
-        op, free = self._redop(opts.reduceOp, output_tensors[0])
+        op, free = self._redop(_reduce_op(opts), output_tensors[0])
         n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
         return self._run("reduce_scatter", opts,
                          lambda s: lib.ncclReduceScatter(flat.data_ptr(), out.buf.data_ptr(), n, dt, op, comm, s),
                          output_tensors, self._posts(self._finishers([out]), free), (out, flat))
 
-    def _reduce_scatter_base(self, output, input, opts):
+    def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
 
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._reduce_scatter_into(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
 
     def _reduce_scatter_into(self, outputs, inputs, opts, what):
@@ -257,7 +265,7 @@ class ChorusBackend(ChorusEngine):
             if s_.numel() != o.buf.numel() * self._size or o.buf.dtype != s_.dtype:
                 raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
                                    f"times the output's {o.buf.numel()} elements of {o.buf.dtype}")
-        ops = [self._redop(opts.reduceOp, o) for o in outputs]
+        ops = [self._redop(_reduce_op(opts), o) for o in outputs]
         comm = self._comm
 
         def issue(s):
@@ -271,7 +279,7 @@ class ChorusBackend(ChorusEngine):
         return self._run(what, opts, issue, outputs,
                          self._posts(self._finishers(outs), *[f for _, f in ops]), (srcs, outs))
 
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         src = _src(input)
         out = _Out(output, need_values=False)
         size, comm, dt = self._size, self._comm, _dtype(src)
@@ -313,7 +321,7 @@ class ChorusBackend(ChorusEngine):
 
         return self._run("all_to_all_single", opts, issue, output, self._finishers([out]), (src, out))
 
-    def alltoall(self, output_tensors, input_tensors, opts):
+    def alltoall(self, output_tensors, input_tensors, opts=None):
         size, comm = self._size, self._comm
         if len(output_tensors) != size or len(input_tensors) != size:
             raise RuntimeError(f"chorus: all_to_all needs {size} input and {size} output tensors")
@@ -332,7 +340,7 @@ class ChorusBackend(ChorusEngine):
 
         return self._run("all_to_all", opts, issue, output_tensors, self._finishers(outs), (srcs, outs))
 
-    def barrier(self, opts):
+    def barrier(self, opts=None):
         one, comm = torch.zeros(1, dtype=torch.uint8), self._comm
         return self._run("barrier", opts,
                          lambda s: lib.ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, _lib.ncclUint8,
