@@ -27,7 +27,10 @@ _ncclAllReduce = lib.ncclAllReduce
 
 class ChorusBackend(ChorusEngine):
     def _redop(self, op, t):
-        """The NCCL op for a c10d ReduceOp on t's dtype, and what frees it afterwards (PREMUL_SUM)."""
+        """The NCCL op for a c10d ReduceOp on t's dtype, and the factor to scale the inputs by first
+        (PREMUL_SUM: each rank's input times the factor, then a sum, in t's dtype as NCCL does; done
+        here rather than with ncclRedOpCreatePreMulSum, whose op would have to outlive a background
+        call and be created beside it on the communicator)."""
         kind = op.op if hasattr(op, "op") else op
         if t.dtype == torch.bool:
             if kind in _BOOL_OPS:
@@ -44,27 +47,16 @@ class ChorusBackend(ChorusEngine):
                                    f"(ReduceOp.factor); torch {torch.__version__} does not")
             if isinstance(factor, torch.Tensor):
                 factor = factor.item()
-            scalar = torch.tensor([factor], dtype=t.dtype)
-            h = ctypes.c_int()
-            self._check(lib.ncclRedOpCreatePreMulSum(ctypes.byref(h), scalar.data_ptr(), _dtype(t),
-                                                     _lib.ncclScalarHostImmediate, self._comm),
-                        "ncclRedOpCreatePreMulSum")
-            comm = self._comm
-            return h.value, (lambda: lib.ncclRedOpDestroy(h.value, comm))
+            return _lib.ncclSum, factor
         name = getattr(kind, "name", str(kind))
         if kind in (_R.BAND, _R.BOR, _R.BXOR):
             raise RuntimeError(f"chorus: ReduceOp.{name} is not supported (NCCL has no bitwise reductions)")
         raise RuntimeError(f"chorus: ReduceOp.{name} is not supported for {t.dtype} tensors")
 
     @staticmethod
-    def _posts(*fns):
-        """One callable running each of fns (None entries skipped), or None."""
-        fns = [f for f in fns if f is not None]
-        if not fns:
-            return None
-        if len(fns) == 1:
-            return fns[0]
-        return lambda: [f() for f in fns]
+    def _scaled(buf, scale):
+        """What a reduction sends: buf, or a scaled copy of it (PREMUL_SUM)."""
+        return buf if scale is None else buf * scale
 
     @staticmethod
     def _finishers(outs):
@@ -97,24 +89,25 @@ class ChorusBackend(ChorusEngine):
         if len(tensors) == 1:
             t = tensors[0]
             if t.is_contiguous() and t.device.type == "cpu" and not t.is_complex() and t.layout == torch.strided:
-                op, free = self._redop(_reduce_op(opts), t)
-                p, n, dt, comm = t.data_ptr(), t.numel(), _dtype(t), self._comm
-                return self._run(what, opts, lambda s: lib.ncclAllReduce(p, p, n, dt, op, comm, s), tensors,
-                                 free, t)
+                op, scale = self._redop(_reduce_op(opts), t)
+                src = self._scaled(t, scale)
+                ps, p, n, dt, comm = src.data_ptr(), t.data_ptr(), t.numel(), _dtype(t), self._comm
+                return self._run(what, opts, lambda s: lib.ncclAllReduce(ps, p, n, dt, op, comm, s), tensors,
+                                 None, (t, src))
         outs = [_Out(t) for t in tensors]
         ops = [self._redop(_reduce_op(opts), t) for t in tensors]
+        srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
         comm = self._comm
 
         def issue(s):
             lib.ncclGroupStart()
             rc = 0
-            for o, (op, _) in zip(outs, ops):
+            for o, src, (op, _) in zip(outs, srcs, ops):
                 b = o.buf
-                rc = rc or lib.ncclAllReduce(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, comm, s)
+                rc = rc or lib.ncclAllReduce(src.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, comm, s)
             return lib.ncclGroupEnd() or rc
 
-        return self._run(what, opts, issue, tensors,
-                         self._posts(self._finishers(outs), *[f for _, f in ops]), outs)
+        return self._run(what, opts, issue, tensors, self._finishers(outs), (outs, srcs))
 
     def broadcast(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
@@ -135,17 +128,18 @@ class ChorusBackend(ChorusEngine):
         root, comm = opts.rootRank, self._comm
         outs = [_Out(t) for t in tensors]
         ops = [self._redop(_reduce_op(opts), t) for t in tensors]
+        srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
 
         def issue(s):
             lib.ncclGroupStart()
             rc = 0
-            for o, (op, _) in zip(outs, ops):
+            for o, src, (op, _) in zip(outs, srcs, ops):
                 b = o.buf
-                rc = rc or lib.ncclReduce(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, root, comm, s)
+                rc = rc or lib.ncclReduce(src.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, root, comm, s)
             return lib.ncclGroupEnd() or rc
 
         post = self._finishers(outs) if self._rank == root else None
-        return self._run("reduce", opts, issue, tensors, self._posts(post, *[f for _, f in ops]), outs)
+        return self._run("reduce", opts, issue, tensors, post, (outs, srcs))
 
     def _gather_flat(self, outputs, inp):
         """A flat receive buffer for a list of per-rank outputs, and the copy-out that fills them."""
@@ -246,11 +240,13 @@ class ChorusBackend(ChorusEngine):
             if _real(i).numel() != out.buf.numel():
                 raise RuntimeError("chorus: reduce_scatter inputs must have the output's size")
         flat = torch.cat([_real(i).reshape(-1) for i in inputs])
-        op, free = self._redop(_reduce_op(opts), output_tensors[0])
+        op, scale = self._redop(_reduce_op(opts), output_tensors[0])
+        if scale is not None:
+            flat.mul_(scale)  # a copy already
         n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
         return self._run("reduce_scatter", opts,
                          lambda s: lib.ncclReduceScatter(flat.data_ptr(), out.buf.data_ptr(), n, dt, op, comm, s),
-                         output_tensors, self._posts(self._finishers([out]), free), (out, flat))
+                         output_tensors, self._finishers([out]), (out, flat))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
@@ -266,6 +262,7 @@ class ChorusBackend(ChorusEngine):
                 raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
                                    f"times the output's {o.buf.numel()} elements of {o.buf.dtype}")
         ops = [self._redop(_reduce_op(opts), o) for o in outputs]
+        srcs = [self._scaled(i, scale) for i, (_, scale) in zip(srcs, ops)]
         comm = self._comm
 
         def issue(s):
@@ -276,8 +273,7 @@ class ChorusBackend(ChorusEngine):
                                                  comm, s)
             return lib.ncclGroupEnd() or rc
 
-        return self._run(what, opts, issue, outputs,
-                         self._posts(self._finishers(outs), *[f for _, f in ops]), (srcs, outs))
+        return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         src = _src(input)
