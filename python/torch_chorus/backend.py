@@ -19,10 +19,11 @@ Who touches what: `_lock` guards the issue/complete bookkeeping (`_issued`, `_do
 chorusStreamSynchronize calls so that an error it reports (and then clears) is attributed to the right
 range of operations. One Python thread per process group issues operations (as with every backend).
 """
+import atexit
 import ctypes
 import threading
 import time
-import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -166,6 +167,15 @@ class _AsyncOpts:
 
 _ASYNC = _AsyncOpts()
 
+_live = weakref.WeakSet()  # backends alive in this process
+
+
+@atexit.register
+def _stop_all_threads():
+    for b in list(_live):
+        b._stop_threads(2.0)
+
+
 def _pick_base():
     """Newer torch lets Python subclass c10d's Backend (one device of a process group: "cpu:chorus,
     cuda:nccl" works). Older 2.x (2.11 measured) has no such trampoline: there the backend is a whole
@@ -203,8 +213,10 @@ class ChorusEngine(_BASE):
         self._settle_q = []  # completed _Ops waiting for a settler thread
         self._settle_cv = threading.Condition(self._lock)
         self._settlers_idle = 0
+        self._settlers = []  # settler threads started (joined at shutdown)
         self._closed = False
         self._name = group_name
+        _live.add(self)
         self._comm = ctypes.c_void_p()
         self._done_work = _DoneWork([])  # what synchronous fast paths return (torch only waits on it)
         uid = _lib.UniqueId()
@@ -381,11 +393,15 @@ class ChorusEngine(_BASE):
             if self._settlers_idle:
                 self._settle_cv.notify()
                 return
-        threading.Thread(target=self._settler_main, name="chorus-settler", daemon=True).start()
+            t = threading.Thread(target=self._settler_main, name="chorus-settler", daemon=True)
+            self._settlers = [x for x in self._settlers if x.is_alive()] + [t]
+        t.start()
 
     def _settler_main(self):
         while True:
             with self._lock:
+                if not self._settle_q and self._closed:
+                    return
                 if not self._settle_q:
                     self._settlers_idle += 1
                     self._settle_cv.wait(timeout=None if self._settlers_idle == 1 else 1.0)
@@ -420,22 +436,30 @@ class ChorusEngine(_BASE):
     def _get_backend_name(self):
         return "chorus"
 
-    def _destroy(self, abort):
-        if self._closed:
-            return
-        if not abort:
-            try:
-                self._sync()
-            except Exception:
-                pass
+    def _stop_threads(self, timeout):
+        """Let the watcher and the settlers finish and wait for them (up to timeout seconds): a daemon
+        thread still inside torch's C++ code when the interpreter finalises aborts the process."""
         with self._lock:
             self._closed = True
             self._cv.notify_all()
             self._settle_cv.notify_all()
+            threads = [self._watcher] + self._settlers
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in threads:
+            if t is not None and t is not threading.current_thread():
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _destroy(self, abort):
+        if self._comm is None:
+            return
+        if not abort and not self._closed:
+            try:
+                self._sync()
+            except Exception:
+                pass
         if abort:
-            lib.ncclCommAbort(self._comm)
-        if self._watcher is not None:
-            self._watcher.join(timeout=None if not abort else 5)
+            lib.ncclCommAbort(self._comm)  # wakes a watcher blocked on the stream
+        self._stop_threads(None if not abort else 5)
         if self._stream is not None:
             lib.chorusStreamDestroy(self._stream)
             self._stream = None

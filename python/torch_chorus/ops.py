@@ -5,7 +5,6 @@ a contiguous copy and written through a contiguous stand-in copied back on compl
 per-rank tensors go through one flat buffer. Complex tensors travel as their real pairs. Uneven
 all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
 """
-import ctypes
 
 import torch
 import torch.distributed as dist
