@@ -34,6 +34,14 @@ with tempfile.TemporaryDirectory() as d:
         print(f"SKIP: cannot create a virtual environment (python3-venv missing?): {r.stderr.strip()[-300:]}")
         sys.exit(SKIP)
     py = os.path.join(venv, "bin", "python")
+    # Let it see this interpreter's torch even when this interpreter is itself a venv (whose packages
+    # --system-site-packages would not reach): a .pth naming torch's site directory.
+    import torch
+
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "parent-torch.pth"), "w") as f:
+        f.write(os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CHORUS_LIBRARY")}
     env["CHORUS_LIBRARY"] = os.environ.get("CHORUS_TEST_LIBRARY", "")  # the library under test, if given
     if not env["CHORUS_LIBRARY"]:
