@@ -28,7 +28,6 @@ import weakref
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _CBackend
-from torch._C._distributed_c10d import Work as _CWork
 from torch._C._distributed_c10d import _create_work_from_future
 
 from . import _lib
@@ -103,22 +102,6 @@ class _Out:
             _real(self.dst).copy_(self.buf)
 
 
-
-
-class _DoneWork(_CWork):
-    """What a synchronous call returns: already complete."""
-
-    def __init__(self, result):
-        super().__init__()
-        self._result = result
-
-    def wait(self, timeout=None):
-        return True
-
-    def get_future(self):
-        fut = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
 
 
 class _Failure:
@@ -218,7 +201,11 @@ class ChorusEngine(_BASE):
         self._name = group_name
         _live.add(self)
         self._comm = ctypes.c_void_p()
-        self._done_work = _DoneWork([])  # what synchronous fast paths return (torch only waits on it)
+        # What synchronous calls return: one finished C++ Work, so torch's wait() on it never re-enters
+        # Python (about 1 us a call less than a Python Work).
+        done = torch.futures.Future()
+        done.set_result([])
+        self._done_work = _from_future(done)
         uid = _lib.UniqueId()
         key = "torch_chorus/unique_id"
         if rank == 0:
@@ -275,12 +262,12 @@ class ChorusEngine(_BASE):
         self._healthy()
         if self._batch:  # a synchronous call inside coalescing: torch would wait on it, so it stands in
             self._p2p.append((what, issue, _Op(post, keep, result)))
-            return _DoneWork(result)
+            return self._done_work
         if self._done_upto == self._issued:
             self._check(issue(None), what)
             if post is not None:
                 post()
-            return _DoneWork(result)
+            return self._done_work
         op = _Op(post, keep, result)
         with self._lock:
             self._issue(what, issue, [op])
@@ -288,7 +275,7 @@ class ChorusEngine(_BASE):
         op.fut.wait()  # the copy-backs have run (by whichever thread settled it)
         if self._first_bad is not None and op.seq >= self._first_bad:
             raise RuntimeError(self._error)
-        return _DoneWork(result)
+        return self._done_work
 
     def _run_async(self, what, issue, result, post, keep):
         self._healthy()
@@ -321,7 +308,7 @@ class ChorusEngine(_BASE):
     def end_coalescing(self):
         self._batch -= 1
         if self._batch or not self._p2p:
-            return _DoneWork([])
+            return self._done_work
         calls, self._p2p = self._p2p, []
         what = "coalesced " + "+".join(sorted({w for w, _, _ in calls}))
 
