@@ -1,0 +1,76 @@
+"""torch_chorus: a torch.distributed backend named "chorus" for CPU tensors, running on libchorus.
+
+    import torch_chorus                  # registers the backend
+    import torch.distributed as dist
+    dist.init_process_group("chorus")    # or "cpu:chorus,cuda:nccl"; env://, tcp://, file://, store=
+"""
+import torch
+
+__version__ = "0.1.0"
+MIN_TORCH = (2, 1)
+
+
+def _torch_version():
+    parts = []
+    for p in torch.__version__.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+if _torch_version() < MIN_TORCH:
+    raise ImportError(
+        f"torch_chorus supports PyTorch {MIN_TORCH[0]}.{MIN_TORCH[1]} and newer (the c10d Backend API of "
+        f"2.x); this is PyTorch {torch.__version__}"
+    )
+
+import torch.distributed as dist  # noqa: E402
+
+if not dist.is_available():
+    raise ImportError("torch_chorus: this PyTorch build has no torch.distributed")
+
+from . import _lib  # noqa: E402
+from . import backend  # noqa: E402
+from .ops import ChorusBackend, create_backend_ext  # noqa: E402,F401
+
+library_path = _lib.library_path
+chorus_version = _lib.version()
+
+if "CHORUS" not in dist.Backend._plugins if hasattr(dist.Backend, "_plugins") else True:
+    dist.Backend.register_backend("chorus", create_backend_ext, extended_api=True, devices=["cpu"])
+
+
+
+def _wrap_batch_isend_irecv():
+    """Where the backend is a whole ProcessGroup (older torch), torch's batch_isend_irecv does not
+    coalesce a Python group: mark the batch so that its sends and receives go out as one NCCL group
+    (posted one by one, an exchange of large messages would wait on itself)."""
+    import functools
+
+    c10d = dist.distributed_c10d
+    orig = c10d.batch_isend_irecv
+    if getattr(orig, "_chorus_wrapped", False):
+        return
+
+    @functools.wraps(orig)
+    def batch_isend_irecv(p2p_op_list):
+        groups = []
+        for op in p2p_op_list:
+            g = op.group if op.group is not None else c10d._get_default_group()
+            if isinstance(g, ChorusBackend) and not any(x is g for x in groups):
+                groups.append(g)
+        for g in groups:
+            g.start_coalescing()
+        try:
+            return orig(p2p_op_list)
+        finally:
+            for g in groups:
+                g.end_coalescing()
+
+    batch_isend_irecv._chorus_wrapped = True
+    c10d.batch_isend_irecv = batch_isend_irecv
+    dist.batch_isend_irecv = batch_isend_irecv
+
+
+if backend.AS_PROCESS_GROUP:
+    _wrap_batch_isend_irecv()

@@ -1,0 +1,380 @@
+"""The "chorus" c10d Backend's operations: each maps a c10d call on CPU tensors to NCCL calls.
+
+Layout rules: NCCL takes one contiguous buffer per call, so non-contiguous tensors are read through
+a contiguous copy and written through a contiguous stand-in copied back on completion (`_Out`); lists of
+per-rank tensors go through one flat buffer. Complex tensors travel as their real pairs. Uneven
+all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from ._lib import lib
+from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real, _src
+
+
+def _reduce_op(opts):
+    """Older torch calls some *_coalesced methods without options: SUM then."""
+    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+
+_FAST_DTYPES = {k: v for k, v in _DTYPES.items() if k is not torch.bool}
+_STRIDED = torch.strided
+_ncclAllReduce = lib.ncclAllReduce
+
+
+class ChorusBackend(ChorusEngine):
+    def _redop(self, op, t):
+        """The NCCL op for a c10d ReduceOp on t's dtype, and the factor to scale the inputs by first
+        (PREMUL_SUM: each rank's input times the factor, then a sum, in t's dtype as NCCL does; done
+        here rather than with ncclRedOpCreatePreMulSum, whose op would have to outlive a background
+        call and be created beside it on the communicator)."""
+        kind = op.op if hasattr(op, "op") else op
+        if t.dtype == torch.bool:
+            if kind in _BOOL_OPS:
+                return _BOOL_OPS[kind], None
+        elif t.is_complex():
+            if kind in (_R.SUM, _R.AVG):
+                return _OPS[kind], None
+        elif kind in _OPS:
+            return _OPS[kind], None
+        elif kind == _R.PREMUL_SUM:
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise RuntimeError("chorus: PREMUL_SUM needs a torch whose ReduceOp exposes its factor "
+                                   f"(ReduceOp.factor); torch {torch.__version__} does not")
+            if isinstance(factor, torch.Tensor):
+                factor = factor.item()
+            return _lib.ncclSum, factor
+        name = getattr(kind, "name", str(kind))
+        if kind in (_R.BAND, _R.BOR, _R.BXOR):
+            raise RuntimeError(f"chorus: ReduceOp.{name} is not supported (NCCL has no bitwise reductions)")
+        raise RuntimeError(f"chorus: ReduceOp.{name} is not supported for {t.dtype} tensors")
+
+    @staticmethod
+    def _scaled(buf, scale):
+        """What a reduction sends: buf, or a scaled copy of it (PREMUL_SUM)."""
+        return buf if scale is None else buf * scale
+
+    @staticmethod
+    def _finishers(outs):
+        """The copy-back of the outputs that went through a stand-in, or None."""
+        outs = [o for o in outs if o.buf is not _real(o.dst)]
+        return (lambda: [o.finish() for o in outs]) if outs else None
+
+    # ---- collectives ----
+
+    def allreduce(self, tensors, opts=None):
+        # The latency path (dist.all_reduce of one contiguous tensor, nothing queued) in few steps.
+        if (len(tensors) == 1 and opts is not None and not opts.asyncOp and self._done_upto == self._issued
+                and not self._batch and self._first_bad is None):
+            t = tensors[0]
+            dt = _FAST_DTYPES.get(t.dtype)
+            if dt is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
+                op = _OPS.get(_reduce_op(opts).op)
+                if op is not None:
+                    p = t.data_ptr()
+                    rc = _ncclAllReduce(p, p, t.numel(), dt, op, self._comm, None)
+                    if rc:
+                        self._check(rc, "allreduce")
+                    return self._done_work
+        return self._allreduce_list(tensors, opts, "allreduce")
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._allreduce_list(tensors, opts, "allreduce_coalesced")
+
+    def _allreduce_list(self, tensors, opts, what):
+        if len(tensors) == 1:
+            t = tensors[0]
+            if t.is_contiguous() and t.device.type == "cpu" and not t.is_complex() and t.layout == torch.strided:
+                op, scale = self._redop(_reduce_op(opts), t)
+                src = self._scaled(t, scale)
+                ps, p, n, dt, comm = src.data_ptr(), t.data_ptr(), t.numel(), _dtype(t), self._comm
+                return self._run(what, opts, lambda s: lib.ncclAllReduce(ps, p, n, dt, op, comm, s), tensors,
+                                 None, (t, src))
+        outs = [_Out(t) for t in tensors]
+        ops = [self._redop(_reduce_op(opts), t) for t in tensors]
+        srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o, src, (op, _) in zip(outs, srcs, ops):
+                b = o.buf
+                rc = rc or lib.ncclAllReduce(src.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, tensors, self._finishers(outs), (outs, srcs))
+
+    def broadcast(self, tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        outs = [_Out(t, need_values=(self._rank == root)) for t in tensors]
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o in outs:
+                b = o.buf
+                rc = rc or lib.ncclBroadcast(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), root, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        post = self._finishers(outs) if self._rank != root else None
+        return self._run("broadcast", opts, issue, tensors, post, outs)
+
+    def reduce(self, tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        outs = [_Out(t) for t in tensors]
+        ops = [self._redop(_reduce_op(opts), t) for t in tensors]
+        srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o, src, (op, _) in zip(outs, srcs, ops):
+                b = o.buf
+                rc = rc or lib.ncclReduce(src.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, root, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        post = self._finishers(outs) if self._rank == root else None
+        return self._run("reduce", opts, issue, tensors, post, (outs, srcs))
+
+    def _gather_flat(self, outputs, inp):
+        """A flat receive buffer for a list of per-rank outputs, and the copy-out that fills them."""
+        n = inp.numel()
+        for o in outputs:
+            _check_cpu(o)
+            if _real(o).numel() != n or o.dtype != inp.dtype and _real(o).dtype != inp.dtype:
+                raise RuntimeError("chorus: output tensors must have the input's size and dtype")
+        flat = torch.empty(n * len(outputs), dtype=inp.dtype)
+
+        def post():
+            for i, o in enumerate(outputs):
+                _real(o).copy_(flat[i * n:(i + 1) * n].view(_real(o).shape))
+
+        return flat, post
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise RuntimeError("chorus: allgather takes one input tensor and one output list per process")
+        inp = _src(input_tensors[0])
+        outputs = output_tensors[0]
+        if len(outputs) != self._size:
+            raise RuntimeError(f"chorus: allgather needs {self._size} output tensors, got {len(outputs)}")
+        flat, post = self._gather_flat(outputs, inp)
+        n, dt, comm = inp.numel(), _dtype(inp), self._comm
+        return self._run("allgather", opts,
+                         lambda s: lib.ncclAllGather(inp.data_ptr(), flat.data_ptr(), n, dt, comm, s),
+                         output_tensors, post, (inp, flat))
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
+        return works[-1] if works else self.barrier(dist.BarrierOptions())
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._allgather_into([output], [input], opts, "allgather_into_tensor")
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._allgather_into(outputs, inputs, opts, "allgather_into_tensor_coalesced")
+
+    def _allgather_into(self, outputs, inputs, opts, what):
+        srcs = [_src(i) for i in inputs]
+        outs = [_Out(o, need_values=False) for o in outputs]
+        for s_, o in zip(srcs, outs):
+            if o.buf.numel() != s_.numel() * self._size or o.buf.dtype != s_.dtype:
+                raise RuntimeError(f"chorus: {what}: the output must hold world_size ({self._size}) "
+                                   f"times the input's {s_.numel()} elements of {s_.dtype}")
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for i, o in zip(srcs, outs):
+                rc = rc or lib.ncclAllGather(i.data_ptr(), o.buf.data_ptr(), i.numel(), _dtype(i), comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        inp = _src(input_tensors[0])
+        flat, post = None, None
+        if self._rank == root:
+            outputs = output_tensors[0]
+            if len(outputs) != self._size:
+                raise RuntimeError(f"chorus: gather needs {self._size} output tensors at the root")
+            flat, post = self._gather_flat(outputs, inp)
+        fp = flat.data_ptr() if flat is not None else None
+        n, dt = inp.numel(), _dtype(inp)
+        return self._run("gather", opts, lambda s: lib.ncclGather(inp.data_ptr(), fp, n, dt, root, comm, s),
+                         output_tensors, post, (inp, flat))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        out = _Out(output_tensors[0], need_values=False)
+        flat = None
+        if self._rank == root:
+            inputs = input_tensors[0]
+            if len(inputs) != self._size:
+                raise RuntimeError(f"chorus: scatter needs {self._size} input tensors at the root")
+            for i in inputs:
+                _check_cpu(i)
+                if _real(i).numel() != out.buf.numel():
+                    raise RuntimeError("chorus: scatter inputs must have the output's size")
+            flat = torch.cat([_real(i).reshape(-1) for i in inputs])
+        fp = flat.data_ptr() if flat is not None else None
+        n, dt = out.buf.numel(), _dtype(out.buf)
+        return self._run("scatter", opts,
+                         lambda s: lib.ncclScatter(fp, out.buf.data_ptr(), n, dt, root, comm, s),
+                         output_tensors, self._finishers([out]), (out, flat))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out = _Out(output_tensors[0], need_values=False)
+        inputs = input_tensors[0]
+        if len(inputs) != self._size:
+            raise RuntimeError(f"chorus: reduce_scatter needs {self._size} input tensors")
+        for i in inputs:
+            _check_cpu(i)
+            if _real(i).numel() != out.buf.numel():
+                raise RuntimeError("chorus: reduce_scatter inputs must have the output's size")
+        flat = torch.cat([_real(i).reshape(-1) for i in inputs])
+        op, scale = self._redop(_reduce_op(opts), output_tensors[0])
+        if scale is not None:
+            flat.mul_(scale)  # a copy already
+        n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
+        return self._run("reduce_scatter", opts,
+                         lambda s: lib.ncclReduceScatter(flat.data_ptr(), out.buf.data_ptr(), n, dt, op, comm, s),
+                         output_tensors, self._finishers([out]), (out, flat))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._reduce_scatter_into(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
+
+    def _reduce_scatter_into(self, outputs, inputs, opts, what):
+        srcs = [_src(i) for i in inputs]
+        outs = [_Out(o, need_values=False) for o in outputs]
+        for s_, o in zip(srcs, outs):
+            if s_.numel() != o.buf.numel() * self._size or o.buf.dtype != s_.dtype:
+                raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
+                                   f"times the output's {o.buf.numel()} elements of {o.buf.dtype}")
+        ops = [self._redop(_reduce_op(opts), o) for o in outputs]
+        srcs = [self._scaled(i, scale) for i, (_, scale) in zip(srcs, ops)]
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for i, o, (op, _) in zip(srcs, outs, ops):
+                rc = rc or lib.ncclReduceScatter(i.data_ptr(), o.buf.data_ptr(), o.buf.numel(), _dtype(i), op,
+                                                 comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        src = _src(input)
+        out = _Out(output, need_values=False)
+        size, comm, dt = self._size, self._comm, _dtype(src)
+        if not output_split_sizes and not input_split_sizes:
+            if src.numel() % size or out.buf.numel() != src.numel():
+                raise RuntimeError(f"chorus: all_to_all_single: tensors of {src.numel()} and {out.buf.numel()} "
+                                   f"elements do not split evenly over {size} ranks")
+            n = src.numel() // size
+            return self._run("all_to_all_single", opts,
+                             lambda s: lib.ncclAlltoAll(src.data_ptr(), out.buf.data_ptr(), n, dt, comm, s),
+                             output, self._finishers([out]), (src, out))
+
+        def splits(t, given, what):
+            rows = t.shape[0] if t.dim() else 1
+            row = t.numel() // rows if rows else 0
+            if not given:
+                if rows % size:
+                    raise RuntimeError(f"chorus: all_to_all_single: {what} has {rows} rows, not a multiple of {size}")
+                given = [rows // size] * size
+            if len(given) != size or sum(given) != rows:
+                raise RuntimeError(f"chorus: all_to_all_single: {what} split sizes {list(given)} do not "
+                                   f"cover its {rows} rows over {size} ranks")
+            return [g * row for g in given]
+
+        scount = splits(src, input_split_sizes, "input")
+        rcount = splits(out.buf, output_split_sizes, "output")
+        es = src.element_size()
+        soff = [sum(scount[:p]) * es for p in range(size)]
+        roff = [sum(rcount[:p]) * es for p in range(size)]
+
+        def issue(s):
+            sp, rp = src.data_ptr(), out.buf.data_ptr()
+            lib.ncclGroupStart()
+            rc = 0
+            for p in range(size):
+                rc = rc or lib.ncclSend(sp + soff[p], scount[p], dt, p, comm, s)
+                rc = rc or lib.ncclRecv(rp + roff[p], rcount[p], dt, p, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("all_to_all_single", opts, issue, output, self._finishers([out]), (src, out))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        size, comm = self._size, self._comm
+        if len(output_tensors) != size or len(input_tensors) != size:
+            raise RuntimeError(f"chorus: all_to_all needs {size} input and {size} output tensors")
+        srcs = [_src(t) for t in input_tensors]
+        outs = [_Out(t, need_values=False) for t in output_tensors]
+        for o in outs:
+            _dtype(o.buf)
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for p in range(size):
+                rc = rc or lib.ncclSend(srcs[p].data_ptr(), srcs[p].numel(), _dtype(srcs[p]), p, comm, s)
+                rc = rc or lib.ncclRecv(outs[p].buf.data_ptr(), outs[p].buf.numel(), _dtype(outs[p].buf), p, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("all_to_all", opts, issue, output_tensors, self._finishers(outs), (srcs, outs))
+
+    def barrier(self, opts=None):
+        one, comm = torch.zeros(1, dtype=torch.uint8), self._comm
+        return self._run("barrier", opts,
+                         lambda s: lib.ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, _lib.ncclUint8,
+                                                     _lib.ncclMax, comm, s), [], None, one)
+
+    # ---- point to point (tags are accepted and ignored: messages between two ranks match in order) ----
+
+    def send(self, tensors, dst, tag):
+        src = _src(tensors[0])
+        n, dt, comm = src.numel(), _dtype(src), self._comm
+        return self._run("send", _ASYNC, lambda s: lib.ncclSend(src.data_ptr(), n, dt, dst, comm, s),
+                               tensors, None, src)
+
+    def recv(self, tensors, src_rank, tag):
+        out = _Out(tensors[0], need_values=False)
+        n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
+        return self._run("recv", _ASYNC, lambda s: lib.ncclRecv(out.buf.data_ptr(), n, dt, src_rank, comm, s),
+                               tensors, self._finishers([out]), out)
+
+    def recv_anysource(self, tensors, tag):
+        raise RuntimeError("chorus: recv from any source is not supported (NCCL has no wildcard receive); "
+                           "pass src=")
+
+    # A plain attribute: the binding reads it through Python (the inherited descriptor would recurse).
+    supports_coalescing = True
+
+    # torch 2.x names the single-tensor variants differently across releases: answer to both.
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
+
+def create_backend(store, rank, size, timeout):
+    """register_backend's plain creator (store, rank, size, timeout)."""
+    return ChorusBackend(store, rank, size, timeout)
+
+
+def create_backend_ext(opts, backend_options=None):
+    """register_backend's extended creator (_DistributedBackendOptions)."""
+    return ChorusBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id or ""))
