@@ -17,6 +17,7 @@
 #include "enqueue.h"
 #include "init.h"
 #include "topo.h"
+#include "tune.h"
 
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   if (!comm) {
@@ -250,6 +251,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
   CHECK(comm_build_rings(comm)); /* topo.c: ranks of one host contiguous */
   tune_init(comm);
   CHECK(comm_agree(comm)); /* before anything whose steps depend on those settings (direct_setup) */
+  CHECK(tune_check(comm)); /* NCCL_ALGO/NCCL_PROTO parsed (compared across ranks first) */
   CHECK(direct_setup(comm));
 
   int shm = 0, local = 0, net = 0;
@@ -379,6 +381,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 
 void comm_free(struct ncclComm* comm) {
   plan_free(atomic_load(&comm->reuse_plan));
+  tune_fini(comm);
   comm_free_connections(comm);
   direct_release(comm);
   if (comm->boot) boot_close(comm->boot);
