@@ -341,11 +341,12 @@ TEST_T(tuning, per_collective_forcing_is_honoured, 60) {
 struct agree_case {
   const char* algo[2];
   const char* lines[2];
+  const char* var; /* what algo[] sets (NULL: NCCL_ALGO) */
 };
 
 static void agree_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   const struct agree_case* c = arg;
-  set("NCCL_ALGO", c->algo[rank]);
+  set(c->var ? c->var : "NCCL_ALGO", c->algo[rank]);
   char path[128];
   snprintf(path, sizeof(path), "/tmp/chorus-tuning-%d.log", (int)getpid());
   unlink(path);
@@ -371,10 +372,10 @@ static void agree_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST_T(tuning, per_collective_masks_must_agree, 60) {
   struct agree_case differ = {{"ring;allreduce:ring,exchange", "ring"},
                               {"NCCL_ALGO differs across ranks: Broadcast:Ring;Reduce:Ring;AllGather:Ring;"
-                               "ReduceScatter:Ring;AllReduce:Ring,Exchange on rank 0, Ring on rank 1", NULL}};
+                               "ReduceScatter:Ring;AllReduce:Ring,Exchange on rank 0, Ring on rank 1", NULL}, NULL};
   rt_run_procs(2, agree_body, &differ);
   struct agree_case malformed = {{"ring;tree", "ring"},
-                                 {"NCCL_ALGO differs across ranks: (malformed) on rank 0, Ring on rank 1", NULL}};
+                                 {"NCCL_ALGO differs across ranks: (malformed) on rank 0, Ring on rank 1", NULL}, NULL};
   rt_run_procs(2, agree_body, &malformed);
 }
 
@@ -398,3 +399,199 @@ static void sim_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST(tuning, simulate_end_is_the_model) { rt_run_both(2, sim_body, NULL); }
+
+/* ---- tuner plugins (plugins/tuner-csv, built into build/lib) ---- */
+
+TEST(tuning, tuner_library_names) {
+  char c[2][512];
+  EXPECT_EQ(tuner_candidates("", c), 1);
+  EXPECT(!strcmp(c[0], "libnccl-tuner.so"));
+  EXPECT_EQ(tuner_candidates("none", c), 0);
+  EXPECT_EQ(tuner_candidates("NONE", c), 0);
+  EXPECT_EQ(tuner_candidates("csv", c), 2);
+  EXPECT(!strcmp(c[0], "csv") && !strcmp(c[1], "libnccl-tuner-csv.so"));
+  EXPECT_EQ(tuner_candidates("/opt/x/libnccl-tuner-csv.so", c), 1);
+  EXPECT_EQ(tuner_candidates("libmytuner.so.1", c), 1);
+  EXPECT_EQ(tuner_candidates("mytuner.so", c), 1);
+}
+
+/* The example plugin next to the test binary; NULL (after saying so) when it was not built. */
+static const char* csv_plugin(void) {
+  static char path[PATH_MAX + 64];
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return NULL;
+  exe[n] = 0;
+  char* slash = strrchr(exe, '/');
+  if (!slash) return NULL;
+  *slash = 0;
+  snprintf(path, sizeof(path), "%s/../lib/libnccl-tuner-csv.so", exe);
+  if (access(path, R_OK) != 0) {
+    printf("    SKIP: %s not built (plugins/tuner-csv)\n", path);
+    return NULL;
+  }
+  return path;
+}
+
+/* Rules into a file of this test (pid), named by NCCL_TUNER_CONFIG_FILE. */
+static void use_rules(const char* rules) {
+  static char path[64];
+  snprintf(path, sizeof(path), "/tmp/chorus-tuner-%d.csv", (int)getpid());
+  FILE* f = fopen(path, "w");
+  ASSERT(f);
+  fputs(rules, f);
+  fclose(f);
+  set("NCCL_TUNER_CONFIG_FILE", path);
+}
+
+struct want_choice {
+  int func;
+  size_t bytes;
+  int algo, proto, nch; /* nch 0: not checked */
+};
+
+static void plugin_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct want_choice* w = arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  for (; w->bytes; w++) {
+    struct tune_choice how;
+    tune_choose(comm, w->func, w->bytes, &how);
+    if (how.algo != w->algo || how.proto != w->proto || (w->nch && how.nch != w->nch))
+      rt_fail(__FILE__, __LINE__, "%s rank %d, tuner %s, %s %zu bytes: %s/%s/%d ch, want %s/%s/%d", rt_mode(), rank,
+              tuner_name(comm), tune_func_name(w->func), w->bytes, tune_algo_name(how.algo), tune_proto_name(how.proto),
+              how.nch, tune_algo_name(w->algo), tune_proto_name(w->proto), w->nch);
+  }
+  /* and the calls run with what the plugin chose */
+  float* v = malloc(sizeof(float) << 16); /* per rank: ranks may be threads */
+  ASSERT(v);
+  const size_t counts[] = {1, 1000, 1 << 16};
+  for (int c = 0; c < 3; c++) {
+    for (size_t i = 0; i < counts[c]; i++) v[i] = (float)(rank + (int)(i % 7));
+    NCCL_OK(ncclAllReduce(v, v, counts[c], ncclFloat, ncclSum, comm, NULL));
+    for (size_t i = 0; i < counts[c]; i++)
+      if (v[i] != (float)(nranks * (int)(i % 7) + nranks * (nranks - 1) / 2)) {
+        rt_fail(__FILE__, __LINE__, "rank %d count %zu: v[%zu] = %g", rank, counts[c], i, v[i]);
+        break;
+      }
+    for (size_t i = 0; i < counts[c]; i++) v[i] = rank == 0 ? (float)i : -1.0f;
+    NCCL_OK(ncclBroadcast(v, v, counts[c], ncclFloat, 0, comm, NULL));
+    for (size_t i = 0; i < counts[c]; i++)
+      if (v[i] != (float)i) {
+        rt_fail(__FILE__, __LINE__, "rank %d broadcast count %zu: v[%zu] = %g", rank, counts[c], i, v[i]);
+        break;
+      }
+  }
+  free(v);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, tuner_plugin_forces_ring_over_exchange_and_direct, 90) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  /* without the plugin: Exchange (2 processes), Direct (threads and >= 256 KiB) */
+  struct want_choice none[] = {{FUNC_ALLREDUCE, 4096, ALGO_EXCHANGE, PROTO_SIMPLE, 0}, {0, 0, 0, 0, 0}};
+  rt_run_procs(2, plugin_body, none);
+  set("NCCL_TUNER_PLUGIN", lib);
+  use_rules("# collective,minbytes,maxbytes,algorithm,protocol\n"
+            "allreduce, 0, -1, ring, simple\n");
+  struct want_choice ring[] = {{FUNC_ALLREDUCE, 8, ALGO_RING, PROTO_SIMPLE, 0},
+                               {FUNC_ALLREDUCE, 4096, ALGO_RING, PROTO_SIMPLE, 0},
+                               {FUNC_ALLREDUCE, 1 << 20, ALGO_RING, PROTO_SIMPLE, 0},
+                               {FUNC_BROADCAST, 8, ALGO_RING, PROTO_LL, 0}, /* no rule: the model's */
+                               {0, 0, 0, 0, 0}};
+  rt_run_both(2, plugin_body, ring);
+}
+
+TEST_T(tuning, tuner_plugin_forces_protocol_and_channels, 90) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  set("NCCL_TUNER_PLUGIN", lib);
+  set("NCCL_MAX_NCHANNELS", "2");
+  use_rules("allreduce,0,100000,ring,ll\n"
+            "allreduce,100001,-1,ring,ll128,2\n"
+            "broadcast,0,-1,ring,simple\n"
+            "allgather,0,-1,tree,simple\n" /* Tree: not available here, so the model decides */
+            "bogus,line\n");              /* reported by the plugin, ignored */
+  struct want_choice w[] = {{FUNC_ALLREDUCE, 4096, ALGO_RING, PROTO_LL, 1},
+                            {FUNC_ALLREDUCE, 1 << 18, ALGO_RING, PROTO_LL128, 2},
+                            {FUNC_BROADCAST, 8, ALGO_RING, PROTO_SIMPLE, 0},
+                            {FUNC_ALLGATHER, 8, ALGO_RING, PROTO_LL, 0},
+                            {0, 0, 0, 0, 0}};
+  rt_run_both(2, plugin_body, w);
+}
+
+/* The TUNING log names the plugin, the choice and the prediction. */
+static void log_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  char path[128];
+  snprintf(path, sizeof(path), "/tmp/chorus-tuning-log-%d.log", (int)getpid());
+  unlink(path);
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "TUNING", 1);
+  setenv("NCCL_DEBUG_FILE", path, 1);
+  param_reset();
+  log_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v[1024] = {0};
+  NCCL_OK(ncclAllReduce(v, v, 1024, ncclFloat, ncclSum, comm, NULL));
+  NCCL_OK(ncclCommDestroy(comm));
+  log_reset();
+  static char text[1 << 15];
+  FILE* f = fopen(path, "r");
+  size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+  text[n] = 0;
+  if (f) fclose(f);
+  const char* want[] = {"tuner plugin csv (ncclTunerPlugin_v6) loaded from", "tuner-csv: 1 rule(s) from",
+                        "tuner-csv: allreduce 4096 bytes: rule of line 1 -> ring/ll",
+                        "AllReduce 4096 bytes: algorithm Ring, protocol LL, 1 channel(s), predicted "};
+  for (int i = 0; i < 4; i++)
+    if (!strstr(text, want[i])) rt_fail(__FILE__, __LINE__, "rank %d: log lacks \"%s\":\n%s", rank, want[i], text);
+  if (!strstr(text, "(tuner plugin csv)")) rt_fail(__FILE__, __LINE__, "rank %d: no tuner source in:\n%s", rank, text);
+  unlink(path);
+}
+
+TEST_T(tuning, tuner_choice_is_logged, 60) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  set("NCCL_TUNER_PLUGIN", lib);
+  use_rules("allreduce,0,-1,ring,ll\n");
+  rt_run_procs(2, log_body, NULL);
+}
+
+static void missing_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  EXPECT(comm->tuner == NULL);
+  const char* err = ncclGetLastError(NULL);
+  for (const char* const* w = arg; *w; w++)
+    if (!strstr(err, *w)) rt_fail(__FILE__, __LINE__, "rank %d: last error \"%s\" lacks \"%s\"", rank, err, *w);
+  float v[16];
+  for (int i = 0; i < 16; i++) v[i] = 1;
+  NCCL_OK(ncclAllReduce(v, v, 16, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(v[15] == (float)nranks);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, missing_tuner_plugin_is_reported_not_fatal, 60) {
+  set("NCCL_TUNER_PLUGIN", "/nonexistent/libnccl-tuner-x.so");
+  const char* path[] = {"NCCL_TUNER_PLUGIN=/nonexistent/libnccl-tuner-x.so: could not load /nonexistent/libnccl-tuner-x.so",
+                        "No such file or directory", "continuing without a tuner plugin", NULL};
+  rt_run_both(2, missing_body, path);
+  set("NCCL_TUNER_PLUGIN", "nosuchtuner");
+  const char* name[] = {"could not load nosuchtuner (", "nor libnccl-tuner-nosuchtuner.so (", NULL};
+  rt_run_procs(2, missing_body, name);
+  /* a library that is not a tuner */
+  set("NCCL_TUNER_PLUGIN", "libm.so.6");
+  const char* notuner[] = {"libm.so.6 exports no ncclTunerPlugin_v6/v5/v4/v3 symbol", NULL};
+  rt_run_threads(2, missing_body, notuner);
+}
+
+TEST_T(tuning, tuner_loaded_must_agree, 60) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  struct agree_case c = {{lib, "none"}, {"NCCL_TUNER_PLUGIN (a tuner plugin loaded) differs across ranks: 1 on rank 0, 0 on rank 1", NULL},
+                         "NCCL_TUNER_PLUGIN"};
+  rt_run_procs(2, agree_body, &c);
+}
