@@ -161,9 +161,14 @@ static double predict_us(int func, int algo, int proto, int n, size_t bytes, int
     steps = 1, traffic = 1; /* send/recv */
   }
   double bw = model.copy_bw * model.proto_eff[proto] * (1.0 + model.chan_gain * (nch - 1));
-  double t = steps * model.step_us[proto] + (double)bytes * traffic * copies / bw;
-  if (proto == PROTO_LL && bytes > model.ll_max_bytes) t *= model.ll_penalty;
-  return t;
+  return steps * model.step_us[proto] + (double)bytes * traffic * copies / bw;
+}
+
+/* What the choice compares (and a plugin sees): the prediction, with LL above its size penalised so
+ * that it is taken only when nothing else is allowed. Logs and ncclGroupSimulateEnd get predict_us. */
+static double cost_us(int func, int algo, int proto, int n, size_t bytes, int nch) {
+  double t = predict_us(func, algo, proto, n, bytes, nch);
+  return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model.ll_max_bytes ? t * model.ll_penalty : t;
 }
 
 /* Algorithms allowed and runnable for this call. The size thresholds (CHORUS_EXCHANGE_MAX_BYTES,
@@ -237,7 +242,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
   for (int a = 0; a < ALGO_COUNT; a++)
     for (int p = 0; p < CH_NPROTO; p++)
-      t[a][p] = ((em >> a) & (pm >> p) & 1) ? predict_us(func, a, p, n, bytes, a == ALGO_DIRECT ? 1 : nch) : -1.0;
+      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(func, a, p, n, bytes, a == ALGO_DIRECT ? 1 : nch) : -1.0;
   *by_tuner = comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
   int algo = ALGO_RING, proto = PROTO_SIMPLE;
   cheapest(*by_tuner ? cost : t, &algo, &proto);
@@ -246,15 +251,13 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   int exch = func == FUNC_ALLREDUCE && n == 2 && (comm->algo_mask[i] & (1u << ALGO_EXCHANGE)) &&
              bytes <= comm->exchange_max_bytes;
   out->fallback = algo == ALGO_DIRECT ? (exch ? ALGO_EXCHANGE : ALGO_RING) : algo;
-  double us = t[algo][proto];
   if (algo == ALGO_DIRECT) {
     double best = -1;
     for (int j = 0; j < CH_NPROTO; j++) {
       int p = proto_order[j];
-      double v = (pm >> p) & 1 ? predict_us(func, out->fallback, p, n, bytes, nch) : -1;
+      double v = (pm >> p) & 1 ? cost_us(func, out->fallback, p, n, bytes, nch) : -1;
       if (v >= 0 && (best < 0 || v < best)) best = v, proto = p;
     }
-    us = predict_us(func, algo, proto, n, bytes, 1); /* the same for every protocol */
   }
   out->algo = algo;
   out->proto = proto;
@@ -262,7 +265,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   /* A result larger than the caches is not read back soon: stream it (coll/red_stream.c). */
   size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)n : bytes;
   out->stream = out_bytes >= comm->stream_min_bytes;
-  return us >= 0 ? us : predict_us(func, algo, proto, n, bytes, out->nch);
+  return predict_us(func, algo, proto, n, bytes, out->nch);
 }
 
 double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
