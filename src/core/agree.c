@@ -14,14 +14,16 @@
 #include "agree.h"
 #include "enqueue.h"
 #include "topo.h"
+#include "tune.h"
 
 enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
 
 /* One row per setting: the name a user can act on, how to print it, and its value as this rank uses
  * it (after defaults and rounding, so equivalent spellings agree). Add new settings here only. */
 #define AGREE_TABLE(X)                                                                              \
-  X("NCCL_PROTO", AG_PROTO_MASK, c->proto_mask)                                                     \
-  X("NCCL_ALGO", AG_ALGO_MASK, c->algo_mask)                                                        \
+  X("NCCL_PROTO", AG_PROTO_MASK, tune_agree_value(c, 0))                                            \
+  X("NCCL_ALGO", AG_ALGO_MASK, tune_agree_value(c, 1))                                              \
+  X("NCCL_TUNER_PLUGIN (a tuner plugin loaded)", AG_INT, c->tuner != NULL)                          \
   X("NCCL_MAX_NCHANNELS/NCCL_MIN_NCHANNELS (channel count)", AG_INT, c->nchannels)                  \
   X("NCCL_MIN_NCHANNELS", AG_INT, UT_MIN(c->min_nchannels, c->nchannels))                           \
   X("NCCL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_SIMPLE])                                           \
@@ -81,14 +83,9 @@ static void put_value(char* out, size_t cap, size_t* len, int fmt, int64_t v) {
     put(out, cap, len, "%lld", (long long)v);
     return;
   }
-  int n = fmt == AG_PROTO_MASK ? CH_NPROTO : ALGO_COUNT;
-  const char* sep = "";
-  for (int b = 0; b < n; b++) {
-    if (!(v & (1ll << b))) continue;
-    put(out, cap, len, "%s%s", sep, fmt == AG_PROTO_MASK ? tune_proto_name(b) : tune_algo_name(b));
-    sep = ",";
-  }
-  if (!*sep) put(out, cap, len, "(none)");
+  char text[512];
+  tune_mask_format(fmt == AG_ALGO_MASK, v, text, sizeof(text));
+  put(out, cap, len, "%s", text);
 }
 
 /* "0,2-3": the ranks whose row `row` holds value v. */

@@ -6,6 +6,7 @@
 #include "../misc/log.h"
 #include "api.h"
 #include "enqueue.h"
+#include "tune.h"
 
 static const char* fname(int f) {
   static const char* n[FUNC_COUNT] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
@@ -36,6 +37,7 @@ static ch_status check_task(struct ch_task* t) {
     return CH_INVALID_ARG;
   }
   if (has_op(t->func)) CHECK(enq_red_op(comm, t->op, t->type, &t->red));
+  CHECK(tune_check_call(comm, t->func)); /* NCCL_ALGO/NCCL_PROTO leave it something to run */
   if (has_root(t->func) && (t->root < 0 || t->root >= comm->nranks)) {
     WARN("%s: invalid root %d (nranks is %d)", fn, t->root, comm->nranks);
     return CH_INVALID_ARG;

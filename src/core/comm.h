@@ -72,7 +72,16 @@ struct ncclComm {
   struct direct_clique* clique; /* all ranks on this host: direct algorithms (init.c, direct_allreduce.c) */
   struct tp_map_cache* maps;    /* processes: peers' ncclMemAlloc buffers mapped here */
   size_t shm_direct_min_bytes;
-  unsigned proto_mask, algo_mask; /* allowed by NCCL_PROTO / NCCL_ALGO (tuning.c) */
+  /* Allowed by NCCL_PROTO / NCCL_ALGO, per collective (index: tune.h tune_mask_index); set by tune_init,
+   * read-only afterwards. tune_bad: a value did not parse (init fails after comm_agree). */
+  unsigned proto_mask[6], algo_mask[6];
+  int tune_bad;
+  unsigned proto_ok; /* protocols the transports can carry (network: Simple only) */
+  /* NCCL_TUNER_PLUGIN (tuner_plugin.c): set at init, released by comm_free; called by the thread in a
+   * call on this comm. tuner_failed: a getCollInfo error was reported (once). */
+  struct tune_plugin* tuner;
+  void* tuner_ctx;
+  _Atomic int tuner_failed;
 
   /* Ordering of work: plans run in ticket order, one at a time per communicator. */
   atomic_uint_fast64_t next_ticket;

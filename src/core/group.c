@@ -7,6 +7,7 @@
 #include "../misc/log.h"
 #include "../misc/utils.h"
 #include "enqueue.h"
+#include "tune.h"
 
 #define MAX_GROUP_INITS 1024
 
@@ -259,17 +260,12 @@ out:
   return res;
 }
 
-/* A rough alpha-beta estimate for ncclGroupSimulateEnd: per call 1 us of latency per ring hop plus
- * the bytes each rank moves at 6 GB/s (the busbw measured for large messages, docs/PERFORMANCE.md). */
+/* ncclGroupSimulateEnd: the sum of the cost model's predictions for the calls (tuning.c). */
 static float estimate_us(void) {
   double us = 0;
   for (int k = 0; k < ntasks_; k++) {
-    const struct ch_task* t = &tasks[k];
-    int n = t->comm->nranks;
-    double bytes = (double)t->count * (double)red_type_size(t->type);
-    double factor = t->func == FUNC_ALLREDUCE ? 2.0 * (n - 1) / n : t->func <= FUNC_REDUCE ? 1.0 : (double)(n - 1);
-    int hops = t->func == FUNC_ALLREDUCE ? 2 * (n - 1) : t->func <= FUNC_REDUCESCATTER ? n - 1 : 1;
-    us += hops * 1.0 + bytes * factor / 6e3;
+    struct tune_choice how;
+    us += tune_predict(tasks[k].comm, tasks[k].func, tasks[k].count * red_type_size(tasks[k].type), &how);
   }
   return (float)us;
 }

@@ -18,6 +18,7 @@
 #include "init.h"
 #include "stall.h"
 #include "topo.h"
+#include "tune.h"
 
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   if (!comm) {
@@ -251,6 +252,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
   CHECK(comm_build_rings(comm)); /* topo.c: ranks of one host contiguous */
   tune_init(comm);
   CHECK(comm_agree(comm)); /* before anything whose steps depend on those settings (direct_setup) */
+  CHECK(tune_check(comm)); /* NCCL_ALGO/NCCL_PROTO parsed (compared across ranks first) */
   CHECK(direct_setup(comm));
 
   int shm = 0, local = 0, net = 0;
@@ -383,6 +385,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 void comm_free(struct ncclComm* comm) {
   stall_unregister(comm); /* before anything it reads goes */
   plan_free(atomic_load(&comm->reuse_plan));
+  tune_fini(comm);
   comm_free_connections(comm);
   direct_release(comm);
   if (comm->boot) boot_close(comm->boot);

@@ -1,19 +1,21 @@
 /* The one place that chooses algorithm, protocol and channel count, and says why (NCCL_DEBUG=INFO,
- * NCCL_DEBUG_SUBSYS=TUNING). On a GPU, LL/LL128 save a fence and a flag round trip; on a CPU the
- * Simple tail counter costs one cache line and the per-line flags cost more than they save.
- * Measured with all_reduce_perf -np 2 (docs/PERFORMANCE.md): all three tie up to ~128 B (0.95 us),
- * and Simple wins from 512 B up (at 32 KiB: Simple 5.8 us, LL128 10.4 us, LL 13.7 us). So LL is used
- * only for tiny messages, and LL128 only when NCCL_PROTO excludes Simple. */
+ * NCCL_DEBUG_SUBSYS=TUNING). The choice is the cheapest prediction of a cost model in NCCL's form
+ * (latency per step + bytes / bandwidth, per collective x algorithm x protocol x channels), among
+ * what NCCL_ALGO/NCCL_PROTO allow and this communicator can run; a tuner plugin may edit the
+ * predictions first (tuner_plugin.c). docs/TUNING.md describes the model and where each constant
+ * comes from. */
+#include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
-#include "enqueue.h"
+#include "tune.h"
+#include "tuner_abi.h"
 
 static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
-static const char* algo_names[ALGO_COUNT] = {"Tree", "Ring", "Exchange", "Direct"};
+static const char* algo_names[] = {"Tree", "Ring", "Exchange", "Direct"};
+_Static_assert(sizeof(algo_names) / sizeof(algo_names[0]) == ALGO_COUNT, "a name for every algorithm");
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
 
@@ -21,30 +23,33 @@ const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? proto_name
 const char* tune_algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
 const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? func_names[f] : "?"; }
 
-#define LL_MAX_BYTES 64u
-
-/* NCCL syntax: comma list of names, a leading ^ excludes them. Unknown names are reported. */
-static unsigned parse_mask(const char* env, const char* value, const char** names, int n) {
-  unsigned all = (1u << n) - 1;
-  if (!value || !*value) return all;
-  int invert = value[0] == '^';
-  unsigned mask = 0;
-  char buf[256];
-  strncpy(buf, value + invert, sizeof(buf) - 1);
-  buf[sizeof(buf) - 1] = 0;
-  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    int found = 0;
-    for (int i = 0; i < n; i++)
-      if (strcasecmp(tok, names[i]) == 0) mask |= 1u << i, found = 1;
-    if (!found) WARN("%s: unknown value '%s' ignored", env, tok);
-  }
-  mask = invert ? all & ~mask : mask;
-  if (!mask) {
-    WARN("%s=%s leaves nothing enabled; ignoring it", env, value);
-    mask = all;
-  }
-  return mask;
-}
+/* The model's constants, all in one table. "measured": from a figure in docs/PERFORMANCE.md, named;
+ * "placeholder": not measured, chosen to keep the choices made before the model existed (to be
+ * calibrated). Per protocol: LL, LL128, Simple. */
+static const struct tune_model {
+  double step_us[CH_NPROTO];   /* latency of one FIFO step (one hop) */
+  double copy_bw;              /* bytes per microsecond one core copies */
+  double proto_eff[CH_NPROTO]; /* share of copy_bw a protocol delivers */
+  double direct_us;            /* Direct: its arrive/done synchronisation, per call */
+  double chan_gain;            /* bandwidth added per channel beyond the first (share of one) */
+  size_t chan_bytes;           /* one channel per this many bytes (NCCL_MIN/MAX_NCHANNELS bound it) */
+  size_t ll_max_bytes;         /* LL above this: prediction x ll_penalty (chosen only when alone) */
+  double ll_penalty;
+} model = {
+    /* Simple/LL128: 0.25 us, measured: 2-process AllReduce of 8-64 B takes 0.19-0.29 us (one step;
+     * session 2 table), and the protocol table shows the three protocols tied at 8 B (0.93 / 0.96 /
+     * 0.97 us, older sitting). LL 0.20: placeholder, a 0.05 us edge that keeps LL for tiny messages. */
+    .step_us = {0.20, 0.25, 0.25},
+    /* measured: memcpy_bench, one core, 64 MiB: 11.6-12.9 GB/s (session 2) */
+    .copy_bw = 12000.0,
+    /* measured: protocol table, 512 KiB row: Simple 42 us, LL128 66 us, LL 178 us */
+    .proto_eff = {0.24, 0.64, 1.0},
+    .direct_us = 0.10,   /* placeholder: below one FIFO step, so CHORUS_DIRECT_MIN_BYTES is the switch */
+    .chan_gain = 0.0,    /* placeholder: channel scaling not measured (NCCL_MAX_NCHANNELS defaults to 1) */
+    .chan_bytes = 1u << 20, /* placeholder: the rule used before the model */
+    .ll_max_bytes = 64,  /* measured: protocols tie up to 64-128 B, Simple wins from 512 B (protocol table) */
+    .ll_penalty = 1024.0,
+};
 
 /* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
  * what all know: hosts, processes, and NCCL_SHM_DISABLE / NCCL_P2P_DISABLE (agreed at init). */
@@ -60,61 +65,221 @@ static int uses_net(const struct ncclComm* comm) {
 }
 
 void tune_init(struct ncclComm* comm) {
-  comm->proto_mask = parse_mask("NCCL_PROTO", param_str(PARAM_PROTO), proto_names, CH_NPROTO);
+  comm->tune_bad = 0;
+  /* A malformed value fails init, after comm_agree has compared it across ranks (tune_check). */
+  if (tune_parse("NCCL_PROTO", param_str(PARAM_PROTO), 0, comm->proto_mask) != CH_OK) comm->tune_bad |= 1;
+  if (tune_parse("NCCL_ALGO", param_str(PARAM_ALGO), 1, comm->algo_mask) != CH_OK) comm->tune_bad |= 2;
   /* LL/LL128 readiness rests on flags stored last with release order; a recv() into a slot gives no
    * such order (the proxy publishes whole slots through tail), and only Simple steps record their
    * size for the proxy. So a communicator that uses the network runs Simple only. */
-  if (uses_net(comm)) {
-    if (!(comm->proto_mask & (1u << PROTO_SIMPLE)) && comm->rank == 0)
-      WARN("NCCL_PROTO=%s: the network transport carries only the Simple protocol; using Simple",
-           param_str(PARAM_PROTO));
-    comm->proto_mask = 1u << PROTO_SIMPLE;
-  }
-  /* Only rings exist so far: NCCL_ALGO may name Tree, which falls back to Ring with a note. */
-  comm->algo_mask = parse_mask("NCCL_ALGO", param_str(PARAM_ALGO), algo_names, ALGO_COUNT);
-  if (!(comm->algo_mask & ~(1u << ALGO_TREE)) && comm->rank == 0)
-    INFO(LOG_TUNING, "NCCL_ALGO=%s: Tree is not implemented on host memory; using Ring", param_str(PARAM_ALGO));
+  comm->proto_ok = uses_net(comm) ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
   comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
   comm->stream_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
   comm->shm_direct_min_bytes = (size_t)param_int(PARAM_SHM_DIRECT_MIN_BYTES);
   comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
   comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
+  tuner_open(comm);
+}
+
+int64_t tune_agree_value(const struct ncclComm* comm, int is_algo) {
+  if (comm->tune_bad & (is_algo ? 2 : 1)) return TUNE_MALFORMED;
+  return tune_mask_pack(is_algo, is_algo ? comm->algo_mask : comm->proto_mask);
+}
+
+ch_status tune_check(struct ncclComm* comm) { return comm->tune_bad ? CH_INVALID_USAGE : CH_OK; }
+
+void tune_fini(struct ncclComm* comm) { tuner_close(comm); }
+
+/* Algorithms this communicator can run for func, whatever NCCL_ALGO says. Update when an algorithm
+ * is added (Tree is NCCL's numbering only, not implemented yet). */
+static unsigned runnable_algos(const struct ncclComm* comm, int func) {
+  unsigned m = 0;
+  if (func < TUNE_P2P) m |= 1u << ALGO_RING;
+  if (func == FUNC_ALLREDUCE && comm->nranks == 2) m |= 1u << ALGO_EXCHANGE;
+  if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
+  return m;
+}
+
+static void put_names(unsigned m, int is_algo, int nbits, char* out, size_t cap) {
+  size_t len = 0;
+  out[0] = 0;
+  for (int b = 0; b < nbits && len < cap; b++)
+    if (m & (1u << b)) {
+      int k = snprintf(out + len, cap - len, "%s%s", len ? "," : "", tune_bit_name(is_algo, b));
+      if (k > 0) len += (size_t)k;
+    }
+  if (!out[0]) snprintf(out, cap, "none");
+}
+
+ch_status tune_check_call(struct ncclComm* comm, int func) {
+  if (comm->nranks == 1) return CH_OK; /* a local copy: nothing to choose */
+  int i = tune_mask_index(func);
+  const char* fn = tune_func_name(func);
+  char a[160], b[160];
+  if (!(comm->proto_mask[i] & comm->proto_ok)) {
+    put_names(comm->proto_mask[i], 0, CH_NPROTO, a, sizeof(a));
+    put_names(comm->proto_ok, 0, CH_NPROTO, b, sizeof(b));
+    WARN("%s: NCCL_PROTO=%s leaves it no protocol this communicator can use (allowed for %s: %s; runnable: %s%s)",
+         fn, param_str(PARAM_PROTO), fn, a, b, comm->proto_ok == 1u << PROTO_SIMPLE ?
+         ", as the network transport carries only Simple" : "");
+    return CH_INVALID_USAGE;
+  }
+  if (func < TUNE_P2P && !(comm->algo_mask[i] & runnable_algos(comm, func))) {
+    put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
+    put_names(runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
+    WARN("%s: NCCL_ALGO=%s leaves it no algorithm Chorus can run (allowed for %s: %s; Chorus runs %s here: "
+         "Tree, CollNet, NVLS and PAT are not implemented, Exchange needs 2 ranks, Direct one host)",
+         fn, param_str(PARAM_ALGO), fn, a, b);
+    return CH_INVALID_USAGE;
+  }
+  return CH_OK;
+}
+
+/* Per rank, in units of the call's bytes: steps (hops one after another), bytes moved, and copies per
+ * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place). */
+static double predict_us(int func, int algo, int proto, int n, size_t bytes, int nch) {
+  double steps, traffic, copies = 2.0;
+  double dn = n;
+  if (algo == ALGO_DIRECT) {
+    traffic = 2.0 * (dn - 1) / dn; /* read peers' inputs, write peers' outputs: its segment */
+    return model.direct_us + (double)bytes * traffic / model.copy_bw;
+  }
+  if (n == 1) {
+    steps = 0, traffic = 1, copies = 1; /* local copy */
+  } else if (algo == ALGO_EXCHANGE) {
+    steps = 1, traffic = 1;
+  } else if (func == FUNC_ALLREDUCE) {
+    steps = 2 * (dn - 1), traffic = 2 * (dn - 1) / dn;
+  } else if (func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER) {
+    steps = dn - 1, traffic = dn - 1; /* bytes: one rank's block */
+  } else if (func == FUNC_BROADCAST || func == FUNC_REDUCE) {
+    steps = dn - 1, traffic = 1; /* pipelined along the ring */
+  } else if (func >= FUNC_ALLTOALL) {
+    steps = dn - 1, traffic = dn - 1; /* a block to or from each peer */
+  } else {
+    steps = 1, traffic = 1; /* send/recv */
+  }
+  double bw = model.copy_bw * model.proto_eff[proto] * (1.0 + model.chan_gain * (nch - 1));
+  return steps * model.step_us[proto] + (double)bytes * traffic * copies / bw;
+}
+
+/* What the choice compares (and a plugin sees): the prediction, with LL above its size penalised so
+ * that it is taken only when nothing else is allowed. Logs and ncclGroupSimulateEnd get predict_us. */
+static double cost_us(int func, int algo, int proto, int n, size_t bytes, int nch) {
+  double t = predict_us(func, algo, proto, n, bytes, nch);
+  return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model.ll_max_bytes ? t * model.ll_penalty : t;
+}
+
+/* Algorithms allowed and runnable for this call. The size thresholds (CHORUS_EXCHANGE_MAX_BYTES,
+ * CHORUS_*DIRECT_MIN_BYTES) bound where Chorus's own algorithms run; where they rule out everything
+ * NCCL_ALGO allows, Ring runs the call (what Exchange and Direct fall back to). */
+static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes) {
+  if (comm->nranks == 1 || func >= TUNE_P2P) return 1u << ALGO_RING;
+  unsigned allow = comm->algo_mask[func] & runnable_algos(comm, func), e = allow;
+  if (bytes > comm->exchange_max_bytes) e &= ~(1u << ALGO_EXCHANGE);
+  if ((e & (1u << ALGO_DIRECT)) && bytes < (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes))
+    e &= ~(1u << ALGO_DIRECT);
+  return e ? e : 1u << ALGO_RING;
+}
+
+/* Preference among equal predictions: Chorus's specialised algorithms first, Simple first. */
+static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_TREE};
+static const int proto_order[CH_NPROTO] = {PROTO_SIMPLE, PROTO_LL128, PROTO_LL};
+
+/* Cheapest entry of cost (negative: not available); 0 if none. */
+static int cheapest(double cost[ALGO_COUNT][CH_NPROTO], int* algo, int* proto) {
+  int found = 0;
+  for (int i = 0; i < ALGO_COUNT; i++)
+    for (int j = 0; j < CH_NPROTO; j++) {
+      int a = algo_order[i], p = proto_order[j];
+      if (cost[a][p] < 0) continue;
+      if (!found || cost[a][p] < cost[*algo][*proto]) *algo = a, *proto = p, found = 1;
+    }
+  return found;
+}
+
+/* Ask the plugin (NCCL columns only: Chorus's own algorithms keep the model's predictions). Entries
+ * Chorus cannot run stay unavailable whatever the plugin writes. Returns 1 if its table was used. */
+static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t[ALGO_COUNT][CH_NPROTO],
+                         double cost[ALGO_COUNT][CH_NPROTO], int* nch) {
+  float table[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
+  for (int a = 0; a < NCCL_NUM_ALGORITHMS; a++)
+    for (int p = 0; p < NCCL_NUM_PROTOCOLS; p++) table[a][p] = (float)NCCL_ALGO_PROTO_IGNORE;
+  static const int shown[] = {ALGO_TREE, ALGO_RING}; /* same ids in NCCL's table */
+  for (int k = 0; k < 2; k++)
+    for (int p = 0; p < CH_NPROTO; p++) table[shown[k]][p] = (float)t[shown[k]][p];
+  size_t nccl_bytes = bytes * (func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER ? (size_t)comm->nranks : 1);
+  int pnch = 0, rc = tuner_get_coll_info(comm, func, nccl_bytes, &table[0][0], &pnch);
+  int first = 0;
+  if (rc != 0) {
+    if (atomic_compare_exchange_strong(&comm->tuner_failed, &first, 1))
+      WARN("tuner plugin %s: getCollInfo(%s, %zu bytes) returned %d; using Chorus's own choice (reported once)",
+           tuner_name(comm), tune_func_name(func), nccl_bytes, rc);
+    return 0;
+  }
+  memcpy(cost, t, sizeof(double) * ALGO_COUNT * CH_NPROTO);
+  for (int k = 0; k < 2; k++)
+    for (int p = 0; p < CH_NPROTO; p++)
+      if (t[shown[k]][p] >= 0) cost[shown[k]][p] = table[shown[k]][p] >= 0 ? table[shown[k]][p] : -1.0;
+  int a, p;
+  if (!cheapest(cost, &a, &p)) {
+    if (atomic_compare_exchange_strong(&comm->tuner_failed, &first, 1))
+      WARN("tuner plugin %s ruled out every entry Chorus can run for %s %zu bytes; using Chorus's own choice "
+           "(reported once)", tuner_name(comm), tune_func_name(func), nccl_bytes);
+    return 0;
+  }
+  if (pnch > 0) *nch = UT_MIN(pnch, comm->nchannels);
+  return 1;
+}
+
+static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out, int* by_tuner) {
+  int n = comm->nranks, i = tune_mask_index(func);
+  unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes);
+  if (!pm) pm = 1u << PROTO_SIMPLE; /* only if tune_check_call was bypassed */
+  int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes / model.chan_bytes));
+  nch = UT_MAX(1, UT_MIN(nch, comm->nchannels));
+  double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
+  for (int a = 0; a < ALGO_COUNT; a++)
+    for (int p = 0; p < CH_NPROTO; p++)
+      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(func, a, p, n, bytes, a == ALGO_DIRECT ? 1 : nch) : -1.0;
+  *by_tuner = comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
+  int algo = ALGO_RING, proto = PROTO_SIMPLE;
+  cheapest(*by_tuner ? cost : t, &algo, &proto);
+  /* Direct between processes runs the FIFO algorithm when some buffer is not from ncclMemAlloc (known
+   * only when the call runs): the protocol given is that algorithm's best. */
+  int exch = func == FUNC_ALLREDUCE && n == 2 && (comm->algo_mask[i] & (1u << ALGO_EXCHANGE)) &&
+             bytes <= comm->exchange_max_bytes;
+  out->fallback = algo == ALGO_DIRECT ? (exch ? ALGO_EXCHANGE : ALGO_RING) : algo;
+  if (algo == ALGO_DIRECT) {
+    double best = -1;
+    for (int j = 0; j < CH_NPROTO; j++) {
+      int p = proto_order[j];
+      double v = (pm >> p) & 1 ? cost_us(func, out->fallback, p, n, bytes, nch) : -1;
+      if (v >= 0 && (best < 0 || v < best)) best = v, proto = p;
+    }
+  }
+  out->algo = algo;
+  out->proto = proto;
+  out->nch = algo == ALGO_DIRECT ? 1 : nch; /* Direct works on the whole vector */
+  /* A result larger than the caches is not read back soon: stream it (coll/red_stream.c). */
+  size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)n : bytes;
+  out->stream = out_bytes >= comm->stream_min_bytes;
+  return predict_us(func, algo, proto, n, bytes, out->nch);
+}
+
+double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
+  int by_tuner;
+  return choose(comm, func, bytes, out, &by_tuner);
 }
 
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
-  unsigned m = comm->proto_mask;
-  const char* why;
-  int p;
-  if (bytes <= LL_MAX_BYTES && (m & (1u << PROTO_LL))) {
-    p = PROTO_LL, why = "latency-bound size";
-  } else if (m & (1u << PROTO_SIMPLE)) {
-    p = PROTO_SIMPLE, why = "bandwidth-bound size";
-  } else {
-    p = (m & (1u << PROTO_LL128)) ? PROTO_LL128 : PROTO_LL, why = "NCCL_PROTO excludes Simple";
-  }
-  if (m != (1u << CH_NPROTO) - 1) why = "restricted by NCCL_PROTO";
-  int minc = comm->min_nchannels, maxc = comm->max_nchannels;
-  int nch = (int)UT_MIN((size_t)maxc, UT_MAX((size_t)minc, bytes >> 20));
-  /* Two ranks: Exchange takes one hop instead of two (see algo/exchange_allreduce.c). */
-  int exch = func == FUNC_ALLREDUCE && comm->nranks == 2 && (comm->algo_mask & (1u << ALGO_EXCHANGE)) &&
-             bytes <= comm->exchange_max_bytes;
-  /* Ranks read each other's buffers (see algo/direct_allreduce.c): threads of one process always;
-   * processes when every rank's buffers come from ncclMemAlloc, which is known only when the call
-   * runs, so the FIFO algorithm is kept as the fallback. That check costs a round trip: only for
-   * sizes where it is small. */
-  int direct = func == FUNC_ALLREDUCE && comm->clique && (comm->algo_mask & (1u << ALGO_DIRECT)) &&
-               bytes >= (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes);
-  out->fallback = exch ? ALGO_EXCHANGE : ALGO_RING;
-  out->algo = direct ? ALGO_DIRECT : out->fallback;
-  out->proto = p;
-  out->nch = direct ? 1 : UT_MAX(1, UT_MIN(nch, comm->nchannels)); /* Direct works on the whole vector */
-  /* A result larger than the caches is not read back soon: stream it (coll/red_stream.c). */
-  size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)comm->nranks : bytes;
-  out->stream = out_bytes >= comm->stream_min_bytes;
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s%s, protocol %s (%s), %d channel(s)%s",
-       func < FUNC_COUNT ? func_names[func] : "?", bytes, algo_names[out->algo],
-       direct && comm->clique->procs ? " if all buffers are from ncclMemAlloc, else " : "",
-       direct && comm->clique->procs ? algo_names[out->fallback] : "", proto_names[p], why, out->nch,
+  int by_tuner;
+  double us = choose(comm, func, bytes, out, &by_tuner);
+  int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s",
+       tune_func_name(func), bytes, algo_names[out->algo], note ? " if all buffers are from ncclMemAlloc, else " : "",
+       note ? algo_names[out->fallback] : "", proto_names[out->proto], out->nch, us,
+       by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
        out->stream ? ", streaming stores" : "");
 }

@@ -22,8 +22,11 @@
   X(SOCKET_RETRY_SLEEP_MSEC, "NCCL_SOCKET_RETRY_SLEEP_MSEC", P_INT, 100, "",                       \
     "linear backoff step between connect retries (ms)")                                            \
   X(HOSTID, "NCCL_HOSTID", P_STR, 0, "", "host identity override (default hostname + boot id)")    \
-  X(ALGO, "NCCL_ALGO", P_STR, 0, "", "algorithms allowed: Ring, Tree (^ excludes); empty = auto")  \
-  X(PROTO, "NCCL_PROTO", P_STR, 0, "", "protocols allowed: LL, LL128, Simple (^ excludes)")        \
+  X(ALGO, "NCCL_ALGO", P_STR, 0, "",                                                              \
+    "algorithms allowed: [func:]list;... of Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct (^ excludes); empty = auto") \
+  X(PROTO, "NCCL_PROTO", P_STR, 0, "", "protocols allowed: [func:]list;... of LL, LL128, Simple (^ excludes)") \
+  X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
+    "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \
   X(LL_BUFFSIZE, "NCCL_LL_BUFFSIZE", P_INT, 1 << 18, "", "LL FIFO bytes per connection")           \
   X(LL128_BUFFSIZE, "NCCL_LL128_BUFFSIZE", P_INT, 1 << 20, "", "LL128 FIFO bytes per connection")  \

@@ -1,0 +1,190 @@
+/* NCCL_ALGO / NCCL_PROTO in NCCL's syntax (nccl-anchor.md 6.4): `;`-separated entries, each
+ * `[func:]list`; only the first entry may go without a function, and it then applies to every
+ * collective (and, in Chorus, to send/recv); later entries override it for their function. A list is
+ * comma-separated names, all case-insensitive; a leading `^` allows everything but the names.
+ * Anything else (unknown name or function, empty name, a second prefixless entry) is an error. */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../misc/log.h"
+#include "../misc/utils.h"
+#include "tune.h"
+
+struct tune_name {
+  const char* name;
+  int bit;
+};
+/* NCCL's names first (in NCCL's numbering), then Chorus's own algorithms. */
+static const struct tune_name algo_tab[] = {
+    {"Tree", ALGO_TREE},
+    {"Ring", ALGO_RING},
+    {"CollNetDirect", ALGO_COUNT + 0},
+    {"CollNetChain", ALGO_COUNT + 1},
+    {"NVLS", ALGO_COUNT + 2},
+    {"NVLSTree", ALGO_COUNT + 3},
+    {"PAT", ALGO_COUNT + 4},
+    {"Exchange", ALGO_EXCHANGE},
+    {"Direct", ALGO_DIRECT},
+};
+_Static_assert(sizeof(algo_tab) / sizeof(algo_tab[0]) == TUNE_ALGO_NBITS, "a name for every algorithm bit");
+static const struct tune_name proto_tab[] = {{"LL", PROTO_LL}, {"LL128", PROTO_LL128}, {"Simple", PROTO_SIMPLE}};
+static const char* func_tab[TUNE_P2P] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"};
+
+static int nnames(int is_algo) { return is_algo ? TUNE_ALGO_NBITS : CH_NPROTO; }
+static const struct tune_name* names(int is_algo) { return is_algo ? algo_tab : proto_tab; }
+
+const char* tune_bit_name(int is_algo, int b) {
+  for (int i = 0; i < nnames(is_algo); i++)
+    if (names(is_algo)[i].bit == b) return names(is_algo)[i].name;
+  return "?";
+}
+
+/* [s, e) without surrounding blanks. */
+static void trim(const char** s, const char** e) {
+  while (*s < *e && (**s == ' ' || **s == '\t')) (*s)++;
+  while (*e > *s && ((*e)[-1] == ' ' || (*e)[-1] == '\t')) (*e)--;
+}
+
+static int span_is(const char* s, const char* e, const char* word) {
+  return (size_t)(e - s) == strlen(word) && strncasecmp(s, word, (size_t)(e - s)) == 0;
+}
+
+/* One list ("ring,tree" or "^ll128") into *mask. Returns 0, or -1 with the fault written to why. */
+static int parse_list(const char* s, const char* e, int is_algo, unsigned* mask, char* why, size_t cap) {
+  unsigned all = (1u << nnames(is_algo)) - 1, listed = 0;
+  trim(&s, &e);
+  int invert = s < e && *s == '^';
+  if (invert) s++;
+  trim(&s, &e);
+  if (s == e) {
+    if (invert) { /* "^" alone excludes nothing */
+      *mask = all;
+      return 0;
+    }
+    snprintf(why, cap, "an entry names nothing");
+    return -1;
+  }
+  for (const char* p = s; p <= e;) {
+    const char* q = p;
+    while (q < e && *q != ',') q++;
+    const char *ts = p, *te = q;
+    trim(&ts, &te);
+    int found = -1;
+    for (int i = 0; i < nnames(is_algo) && found < 0; i++)
+      if (span_is(ts, te, names(is_algo)[i].name)) found = names(is_algo)[i].bit;
+    if (found < 0) {
+      if (ts == te) snprintf(why, cap, "empty name in a list");
+      else snprintf(why, cap, "unknown %s '%.*s' (known: %s)", is_algo ? "algorithm" : "protocol", (int)(te - ts),
+                    ts, is_algo ? "Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct"
+                                : "LL, LL128, Simple");
+      return -1;
+    }
+    listed |= 1u << found;
+    p = q + 1;
+  }
+  *mask = invert ? all & ~listed : listed;
+  return 0;
+}
+
+ch_status tune_parse(const char* env, const char* value, int is_algo, unsigned masks[TUNE_NMASK]) {
+  unsigned all = (1u << nnames(is_algo)) - 1;
+  for (int f = 0; f < TUNE_NMASK; f++) masks[f] = all;
+  if (!value) return CH_OK;
+  const char* end = value + strlen(value);
+  char why[256] = "";
+  int entry = 0;
+  for (const char* p = value; p <= end; entry++) {
+    const char* q = p;
+    while (q < end && *q != ';') q++;
+    const char *s = p, *e = q;
+    trim(&s, &e);
+    p = q + 1;
+    if (s == e) {
+      if (entry == 0 && q == end) return CH_OK; /* empty or blank value: unset */
+      snprintf(why, sizeof(why), "empty entry %d", entry + 1);
+      goto bad;
+    }
+    const char* colon = memchr(s, ':', (size_t)(e - s));
+    int func = -1;
+    if (colon) {
+      const char *fs = s, *fe = colon;
+      trim(&fs, &fe);
+      for (int f = 0; f < TUNE_P2P && func < 0; f++)
+        if (span_is(fs, fe, func_tab[f])) func = f;
+      if (func < 0) {
+        snprintf(why, sizeof(why), "unknown collective '%.*s' (known: Broadcast, Reduce, AllGather, "
+                 "ReduceScatter, AllReduce)", (int)(fe - fs), fs);
+        goto bad;
+      }
+      s = colon + 1;
+      if (memchr(s, ':', (size_t)(e - s))) {
+        snprintf(why, sizeof(why), "entry %d has more than one ':'", entry + 1);
+        goto bad;
+      }
+    } else if (entry > 0) {
+      snprintf(why, sizeof(why), "entry %d has no 'collective:' prefix (only the first entry may omit it)",
+               entry + 1);
+      goto bad;
+    }
+    unsigned m;
+    if (parse_list(s, e, is_algo, &m, why, sizeof(why)) != 0) goto bad;
+    if (func >= 0) masks[func] = m;
+    else
+      for (int f = 0; f < TUNE_NMASK; f++) masks[f] = m;
+  }
+  return CH_OK;
+bad:
+  WARN("%s=%s is malformed: %s", env, value, why);
+  return CH_INVALID_USAGE;
+}
+
+/* Packing: algorithms take TUNE_ALGO_NBITS bits per collective (send/recv not included: no algorithm
+ * choice there), protocols CH_NPROTO bits per index. */
+int64_t tune_mask_pack(int is_algo, const unsigned masks[TUNE_NMASK]) {
+  int n = is_algo ? TUNE_P2P : TUNE_NMASK, w = nnames(is_algo);
+  _Static_assert(TUNE_P2P * TUNE_ALGO_NBITS < 63 && TUNE_NMASK * CH_NPROTO < 63, "masks fit in an int64");
+  int64_t v = 0;
+  for (int f = 0; f < n; f++) v |= (int64_t)(masks[f] & ((1u << w) - 1)) << (f * w);
+  return v;
+}
+
+static void put_list(unsigned m, int is_algo, char* out, size_t cap, size_t* len) {
+  const char* sep = "";
+  for (int b = 0; b < nnames(is_algo); b++) {
+    if (!(m & (1u << b))) continue;
+    int n = snprintf(out + *len, cap - *len, "%s%s", sep, tune_bit_name(is_algo, b));
+    if (n > 0) *len = UT_MIN(cap - 1, *len + (size_t)n);
+    sep = ",";
+  }
+  if (!*sep) {
+    int n = snprintf(out + *len, cap - *len, "(none)");
+    if (n > 0) *len = UT_MIN(cap - 1, *len + (size_t)n);
+  }
+}
+
+void tune_mask_format(int is_algo, int64_t packed, char* out, size_t cap) {
+  if (!cap) return;
+  out[0] = 0;
+  if (packed == TUNE_MALFORMED) {
+    snprintf(out, cap, "(malformed)");
+    return;
+  }
+  int n = is_algo ? TUNE_P2P : TUNE_NMASK, w = nnames(is_algo);
+  unsigned m[TUNE_NMASK];
+  int same = 1;
+  for (int f = 0; f < n; f++) {
+    m[f] = (unsigned)((packed >> (f * w)) & ((1 << w) - 1));
+    same &= m[f] == m[0];
+  }
+  size_t len = 0;
+  if (same) {
+    put_list(m[0], is_algo, out, cap, &len);
+    return;
+  }
+  for (int f = 0; f < n; f++) {
+    int k = snprintf(out + len, cap - len, "%s%s:", f ? ";" : "", f < TUNE_P2P ? func_tab[f] : "send/recv");
+    if (k > 0) len = UT_MIN(cap - 1, len + (size_t)k);
+    put_list(m[f], is_algo, out, cap, &len);
+  }
+}

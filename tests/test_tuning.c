@@ -1,0 +1,597 @@
+/* Algorithm/protocol choice (issue 12, "Choice"): NCCL_ALGO/NCCL_PROTO in NCCL's full syntax, the
+ * cost model keeping the choices made before it, agreement across ranks, errors for malformed or
+ * unrunnable settings, ncclGroupSimulateEnd, and tuner plugins (plugins/tuner-csv). */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/comm.h"
+#include "core/tune.h"
+#include "misc/log.h"
+#include "misc/param.h"
+#include "misc/utils.h"
+#include "runner.h"
+
+#define B(a) (1u << (a))
+#define ALL_PROTO 7u
+#define ALL_ALGO ((1u << TUNE_ALGO_NBITS) - 1)
+#define NCCL_ONLY(k) (1u << (ALGO_COUNT + (k))) /* CollNetDirect 0 ... PAT 4 */
+
+static void set(const char* name, const char* value) {
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+  param_reset();
+}
+
+/* ---- parser ---- */
+
+struct parse_case {
+  const char* value;
+  int is_algo;
+  unsigned want[TUNE_NMASK]; /* Broadcast, Reduce, AllGather, ReduceScatter, AllReduce, send/recv */
+};
+
+TEST(tuning, parse_every_form) {
+  const unsigned R = B(ALGO_RING), T = B(ALGO_TREE), X = B(ALGO_EXCHANGE), D = B(ALGO_DIRECT);
+  const unsigned CD = NCCL_ONLY(0), CC = NCCL_ONLY(1), NV = NCCL_ONLY(2), NT = NCCL_ONLY(3), PAT = NCCL_ONLY(4);
+  const unsigned LL = B(PROTO_LL), L128 = B(PROTO_LL128), S = B(PROTO_SIMPLE);
+  const unsigned A = ALL_ALGO, P = ALL_PROTO;
+  const struct parse_case cases[] = {
+      {NULL, 1, {A, A, A, A, A, A}},
+      {"", 1, {A, A, A, A, A, A}},
+      {"  ", 1, {A, A, A, A, A, A}},
+      {"Ring", 1, {R, R, R, R, R, R}},
+      {"ring", 1, {R, R, R, R, R, R}},
+      {"RING,tree", 1, {R | T, R | T, R | T, R | T, R | T, R | T}},
+      {" ring , Tree ", 1, {R | T, R | T, R | T, R | T, R | T, R | T}},
+      {"^ring", 1, {A & ~R, A & ~R, A & ~R, A & ~R, A & ~R, A & ~R}},
+      {"^", 1, {A, A, A, A, A, A}},
+      {"CollNetDirect,CollNetChain,NVLS,NVLSTree,PAT", 1,
+       {CD | CC | NV | NT | PAT, CD | CC | NV | NT | PAT, CD | CC | NV | NT | PAT, CD | CC | NV | NT | PAT,
+        CD | CC | NV | NT | PAT, CD | CC | NV | NT | PAT}},
+      {"exchange,DIRECT", 1, {X | D, X | D, X | D, X | D, X | D, X | D}},
+      /* per collective: unprefixed entries (first only) apply to all, later entries override */
+      {"allreduce:tree,ring;broadcast:ring", 1, {R, A, A, A, T | R, A}},
+      {"AllReduce:Exchange", 1, {A, A, A, A, X, A}},
+      {"ring;allreduce:^ring", 1, {R, R, R, R, A & ~R, R}},
+      {"ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring", 1, {R, R | CD, R | CD, R | CD, T | CD, R | CD}},
+      {"reduce:ring;allgather:ring;reducescatter:ring;allreduce:ring", 1, {A, R, R, R, R, A}},
+      {"allreduce:ring;allreduce:tree", 1, {A, A, A, A, T, A}}, /* the later entry wins */
+      {"ring ; allreduce : tree", 1, {R, R, R, R, T, R}},
+      {"LL", 0, {LL, LL, LL, LL, LL, LL}},
+      {"ll128,SIMPLE", 0, {L128 | S, L128 | S, L128 | S, L128 | S, L128 | S, L128 | S}},
+      {"^LL128", 0, {LL | S, LL | S, LL | S, LL | S, LL | S, LL | S}},
+      {"LL,Simple;allreduce:^LL", 0, {LL | S, LL | S, LL | S, LL | S, L128 | S, LL | S}},
+      {"^LL128;allreduce:LL128", 0, {LL | S, LL | S, LL | S, LL | S, L128, LL | S}},
+      {"broadcast:simple", 0, {S, P, P, P, P, P}},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    const struct parse_case* c = &cases[i];
+    unsigned m[TUNE_NMASK];
+    ch_status s = tune_parse(c->is_algo ? "NCCL_ALGO" : "NCCL_PROTO", c->value, c->is_algo, m);
+    if (s != CH_OK) {
+      rt_fail(__FILE__, __LINE__, "'%s': status %d", c->value ? c->value : "(null)", (int)s);
+      continue;
+    }
+    for (int f = 0; f < TUNE_NMASK; f++)
+      if (m[f] != c->want[f])
+        rt_fail(__FILE__, __LINE__, "'%s' [%d]: mask 0x%x, want 0x%x", c->value ? c->value : "(null)", f, m[f],
+                c->want[f]);
+  }
+}
+
+TEST(tuning, parse_malformed_is_a_clear_error) {
+  const struct {
+    const char* value;
+    int is_algo;
+    const char* why; /* must appear in the WARN */
+  } cases[] = {
+      {"foo", 1, "unknown algorithm 'foo'"},
+      {"ring,", 1, "empty name"},
+      {",ring", 1, "empty name"},
+      {"ring,,tree", 1, "empty name"},
+      {"ring;;allreduce:tree", 1, "empty entry 2"},
+      {"ring;", 1, "empty entry 2"},
+      {"ring;tree", 1, "entry 2 has no 'collective:' prefix"},
+      {"allreduce:ring;tree", 1, "entry 2 has no 'collective:' prefix"},
+      {"sendrecv:ring", 1, "unknown collective 'sendrecv'"},
+      {"allreduc:ring", 1, "unknown collective 'allreduc'"},
+      {":ring", 1, "unknown collective ''"},
+      {"allreduce:", 1, "names nothing"},
+      {"allreduce:ring:tree", 1, "more than one ':'"},
+      {"ring^", 1, "unknown algorithm 'ring^'"},
+      {"ll256", 0, "unknown protocol 'll256'"},
+      {"ring", 0, "unknown protocol 'ring'"},
+      {"LL;allreduce:Tree", 0, "unknown protocol 'Tree'"},
+      {"simple", 1, "unknown algorithm 'simple'"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    unsigned m[TUNE_NMASK];
+    const char* env = cases[i].is_algo ? "NCCL_ALGO" : "NCCL_PROTO";
+    ch_status s = tune_parse(env, cases[i].value, cases[i].is_algo, m);
+    if (s != CH_INVALID_USAGE) rt_fail(__FILE__, __LINE__, "%s='%s': status %d, want invalid usage", env, cases[i].value, (int)s);
+    char head[128];
+    snprintf(head, sizeof(head), "%s=%s is malformed", env, cases[i].value);
+    const char* err = log_last_error();
+    if (!strstr(err, head) || !strstr(err, cases[i].why))
+      rt_fail(__FILE__, __LINE__, "%s='%s': error \"%s\", want \"%s\" and \"%s\"", env, cases[i].value, err, head,
+              cases[i].why);
+  }
+}
+
+TEST(tuning, mask_text_for_reports) {
+  unsigned m[TUNE_NMASK];
+  char text[512];
+  ASSERT_EQ(tune_parse("NCCL_PROTO", "^LL128", 0, m), CH_OK);
+  tune_mask_format(0, tune_mask_pack(0, m), text, sizeof(text));
+  EXPECT(!strcmp(text, "LL,Simple"));
+  ASSERT_EQ(tune_parse("NCCL_ALGO", "ring;allreduce:exchange,ring", 1, m), CH_OK);
+  tune_mask_format(1, tune_mask_pack(1, m), text, sizeof(text));
+  EXPECT(!strcmp(text, "Broadcast:Ring;Reduce:Ring;AllGather:Ring;ReduceScatter:Ring;AllReduce:Ring,Exchange"));
+  /* spellings that mean the same pack the same */
+  unsigned m2[TUNE_NMASK];
+  ASSERT_EQ(tune_parse("NCCL_ALGO", " RING ; AllReduce:Ring,Exchange", 1, m2), CH_OK);
+  EXPECT(tune_mask_pack(1, m) == tune_mask_pack(1, m2));
+  tune_mask_format(1, TUNE_MALFORMED, text, sizeof(text));
+  EXPECT(!strcmp(text, "(malformed)"));
+  /* a small buffer truncates, never overflows */
+  char tiny[8];
+  tune_mask_format(1, tune_mask_pack(1, m), tiny, sizeof(tiny));
+  EXPECT(strlen(tiny) < sizeof(tiny));
+}
+
+/* ---- the default model keeps the choices made before it (the rules of the previous tuning.c) ---- */
+
+static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned pm, unsigned am, struct tune_choice* out) {
+  int p;
+  if (bytes <= 64 && (pm & B(PROTO_LL))) p = PROTO_LL;
+  else if (pm & B(PROTO_SIMPLE)) p = PROTO_SIMPLE;
+  else p = (pm & B(PROTO_LL128)) ? PROTO_LL128 : PROTO_LL;
+  int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes >> 20));
+  int exch = func == FUNC_ALLREDUCE && comm->nranks == 2 && (am & B(ALGO_EXCHANGE)) && bytes <= comm->exchange_max_bytes;
+  int direct = func == FUNC_ALLREDUCE && comm->clique && (am & B(ALGO_DIRECT)) &&
+               bytes >= (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes);
+  out->fallback = exch ? ALGO_EXCHANGE : ALGO_RING;
+  out->algo = direct ? ALGO_DIRECT : out->fallback;
+  out->proto = p;
+  out->nch = direct ? 1 : UT_MAX(1, UT_MIN(nch, comm->nchannels));
+  size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)comm->nranks : bytes;
+  out->stream = out_bytes >= comm->stream_min_bytes;
+}
+
+static const char* sweep_protos[] = {NULL, "LL", "LL128", "Simple", "^LL", "^Simple", "LL,LL128", "^LL128"};
+static const char* sweep_algos[] = {NULL, "Ring", "^Exchange", "Direct", "Exchange", "Ring,Direct"};
+#define NSP (sizeof(sweep_protos) / sizeof(sweep_protos[0]))
+#define NSA (sizeof(sweep_algos) / sizeof(sweep_algos[0]))
+
+static void sweep_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  const size_t sizes[] = {0, 1, 8, 63, 64, 65, 128, 4096, 65536, (256 << 10) - 1, 256 << 10, (256 << 10) + 1,
+                          1 << 20, (3 << 20) + 5, 64 << 20};
+  unsigned pm = comm->proto_mask[FUNC_ALLREDUCE] & comm->proto_ok;
+  unsigned am = comm->algo_mask[FUNC_ALLREDUCE];
+  for (int f = 0; f < FUNC_ALLTOALL; f++)
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+      struct tune_choice a, b;
+      memset(&a, 0, sizeof(a)), memset(&b, 0, sizeof(b));
+      tune_choose(comm, f, sizes[s], &a);
+      old_choose(comm, f, sizes[s], pm ? pm : B(PROTO_SIMPLE), am, &b);
+      if (a.algo != b.algo || a.proto != b.proto || a.nch != b.nch || a.fallback != b.fallback || a.stream != b.stream)
+        rt_fail(__FILE__, __LINE__, "%s x%d, NCCL_PROTO=%s NCCL_ALGO=%s, %s %zu bytes: %s/%s/%d ch (fallback %s), "
+                "before the model %s/%s/%d ch (fallback %s)", rt_mode(), nranks, param_str(PARAM_PROTO),
+                param_str(PARAM_ALGO), tune_func_name(f), sizes[s], tune_algo_name(a.algo), tune_proto_name(a.proto),
+                a.nch, tune_algo_name(a.fallback), tune_algo_name(b.algo), tune_proto_name(b.proto), b.nch,
+                tune_algo_name(b.fallback));
+    }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+static void sweep(int nranks, int procs) {
+  for (size_t p = 0; p < NSP; p++)
+    for (size_t a = 0; a < NSA; a++) {
+      set("NCCL_PROTO", sweep_protos[p]);
+      set("NCCL_ALGO", sweep_algos[a]);
+      if (procs) rt_run_procs(nranks, sweep_body, NULL);
+      else rt_run_threads(nranks, sweep_body, NULL);
+    }
+}
+
+TEST_T(tuning, default_model_keeps_choices_threads, 120) {
+  sweep(2, 0);
+  sweep(3, 0);
+}
+TEST_T(tuning, default_model_keeps_choices_procs, 240) {
+  sweep(2, 1);
+  sweep(3, 1);
+}
+TEST_T(tuning, default_model_keeps_choices_channels_net, 120) {
+  set("NCCL_MAX_NCHANNELS", "4");
+  set("NCCL_MIN_NCHANNELS", "2");
+  rt_run_procs(2, sweep_body, NULL);
+  set("NCCL_MAX_NCHANNELS", NULL);
+  set("NCCL_MIN_NCHANNELS", NULL);
+  set("NCCL_SHM_DISABLE", "1"); /* processes then talk over the network transport: Simple only */
+  rt_run_procs(2, sweep_body, NULL);
+}
+
+/* ---- errors: malformed at init, nothing runnable at the call ---- */
+
+static void init_fails_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRank(&comm, nranks, id, rank);
+  if (r != ncclInvalidUsage) rt_fail(__FILE__, __LINE__, "rank %d: init -> %d, want ncclInvalidUsage", rank, (int)r);
+  if (!strstr(ncclGetLastError(NULL), (const char*)arg))
+    rt_fail(__FILE__, __LINE__, "rank %d: last error \"%s\" lacks \"%s\"", rank, ncclGetLastError(NULL), (const char*)arg);
+  if (r == ncclSuccess) ncclCommDestroy(comm);
+}
+
+TEST_T(tuning, malformed_fails_init, 60) {
+  set("NCCL_ALGO", "ring;tree");
+  rt_run_both(2, init_fails_body, "NCCL_ALGO=ring;tree is malformed: entry 2 has no 'collective:' prefix");
+  set("NCCL_ALGO", NULL);
+  set("NCCL_PROTO", "allreduce:LL,LL129");
+  rt_run_threads(3, init_fails_body, "NCCL_PROTO=allreduce:LL,LL129 is malformed: unknown protocol 'LL129'");
+}
+
+struct call_case {
+  int func;
+  ncclResult_t want;
+  const char* why; /* in the WARN when want is an error */
+};
+
+static void call_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct call_case* cases = arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v[64];
+  for (const struct call_case* c = cases; c->why; c++) {
+    for (int i = 0; i < 64; i++) v[i] = (float)(rank + 1);
+    ncclResult_t r;
+    switch (c->func) {
+      case FUNC_ALLREDUCE: r = ncclAllReduce(v, v, 64, ncclFloat, ncclSum, comm, NULL); break;
+      case FUNC_BROADCAST: r = ncclBroadcast(v, v, 64, ncclFloat, 0, comm, NULL); break;
+      case FUNC_ALLGATHER: r = ncclAllGather(v, v, 64 / nranks, ncclFloat, comm, NULL); break;
+      default: r = ncclReduce(v, v, 64, ncclFloat, ncclSum, 0, comm, NULL); break;
+    }
+    if (r != c->want)
+      rt_fail(__FILE__, __LINE__, "rank %d NCCL_ALGO=%s NCCL_PROTO=%s %s: %d, want %d", rank, param_str(PARAM_ALGO),
+              param_str(PARAM_PROTO), tune_func_name(c->func), (int)r, (int)c->want);
+    else if (r != ncclSuccess && !strstr(ncclGetLastError(comm), c->why))
+      rt_fail(__FILE__, __LINE__, "rank %d: \"%s\" lacks \"%s\"", rank, ncclGetLastError(comm), c->why);
+    else if (c->func == FUNC_ALLREDUCE && r == ncclSuccess && v[63] != (float)(nranks * (nranks + 1) / 2))
+      rt_fail(__FILE__, __LINE__, "rank %d: AllReduce gave %g", rank, v[63]);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, unrunnable_fails_the_call, 90) {
+  /* Tree is NCCL's, not implemented here: every collective fails, naming why */
+  set("NCCL_ALGO", "Tree");
+  struct call_case tree[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "NCCL_ALGO=Tree leaves it no algorithm Chorus can run"},
+                             {FUNC_BROADCAST, ncclInvalidUsage, "Broadcast: NCCL_ALGO=Tree"},
+                             {0, 0, NULL}};
+  rt_run_both(2, call_body, tree);
+  /* per collective: AllReduce on PAT fails, the others run Ring */
+  set("NCCL_ALGO", "allreduce:pat");
+  struct call_case pat[] = {{FUNC_BROADCAST, ncclSuccess, ""},
+                            {FUNC_ALLREDUCE, ncclInvalidUsage, "allowed for AllReduce: PAT"},
+                            {FUNC_ALLGATHER, ncclSuccess, ""},
+                            {FUNC_REDUCE, ncclSuccess, ""},
+                            {0, 0, NULL}};
+  rt_run_threads(2, call_body, pat);
+  /* Exchange needs two ranks */
+  set("NCCL_ALGO", "allreduce:exchange");
+  struct call_case exch3[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "Exchange needs 2 ranks"}, {0, 0, NULL}};
+  rt_run_threads(3, call_body, exch3);
+  struct call_case exch2[] = {{FUNC_ALLREDUCE, ncclSuccess, ""}, {FUNC_BROADCAST, ncclSuccess, ""}, {0, 0, NULL}};
+  rt_run_procs(2, call_body, exch2);
+  /* the network transport carries Simple only */
+  set("NCCL_ALGO", NULL);
+  set("NCCL_PROTO", "LL,LL128");
+  set("NCCL_SHM_DISABLE", "1");
+  struct call_case net[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "the network transport carries only Simple"},
+                            {0, 0, NULL}};
+  rt_run_procs(2, call_body, net);
+  set("NCCL_PROTO", "broadcast:LL");
+  struct call_case net2[] = {{FUNC_ALLREDUCE, ncclSuccess, ""},
+                             {FUNC_BROADCAST, ncclInvalidUsage, "allowed for Broadcast: LL; runnable: Simple"},
+                             {0, 0, NULL}};
+  rt_run_procs(2, call_body, net2);
+}
+
+/* Forced choices are what tune_choose returns, per collective. */
+static void forced_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  struct tune_choice how;
+  const size_t sizes[] = {8, 4096, 1 << 20, 16 << 20};
+  for (size_t s = 0; s < 4; s++) {
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &how);
+    EXPECT_EQ(how.algo, ALGO_RING);
+    EXPECT_EQ(how.proto, PROTO_LL128);
+    tune_choose(comm, FUNC_BROADCAST, sizes[s], &how);
+    EXPECT_EQ(how.algo, ALGO_RING);
+    EXPECT_EQ(how.proto, PROTO_SIMPLE);
+  }
+  float v[1000];
+  for (int i = 0; i < 1000; i++) v[i] = (float)(rank + i);
+  NCCL_OK(ncclAllReduce(v, v, 1000, ncclFloat, ncclSum, comm, NULL));
+  for (int i = 0; i < 1000; i++)
+    if (v[i] != (float)(nranks * i + nranks * (nranks - 1) / 2)) {
+      rt_fail(__FILE__, __LINE__, "rank %d: v[%d] = %g", rank, i, v[i]);
+      break;
+    }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, per_collective_forcing_is_honoured, 60) {
+  set("NCCL_ALGO", "ring;allreduce:ring,tree");
+  set("NCCL_PROTO", "simple;allreduce:ll128");
+  rt_run_both(2, forced_body, NULL);
+}
+
+/* ---- agreement across ranks (processes, each with its own environment) ---- */
+
+struct agree_case {
+  const char* algo[2];
+  const char* lines[2];
+  const char* var; /* what algo[] sets (NULL: NCCL_ALGO) */
+};
+
+static void agree_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct agree_case* c = arg;
+  set(c->var ? c->var : "NCCL_ALGO", c->algo[rank]);
+  char path[128];
+  snprintf(path, sizeof(path), "/tmp/chorus-tuning-%d.log", (int)getpid());
+  unlink(path);
+  setenv("NCCL_DEBUG", "WARN", 1);
+  setenv("NCCL_DEBUG_FILE", path, 1);
+  param_reset();
+  log_reset();
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRank(&comm, nranks, id, rank);
+  if (r != ncclInvalidUsage) rt_fail(__FILE__, __LINE__, "rank %d: init -> %d, want ncclInvalidUsage", rank, (int)r);
+  if (r == ncclSuccess) ncclCommDestroy(comm);
+  log_reset();
+  static char text[1 << 14];
+  FILE* f = fopen(path, "r");
+  size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+  text[n] = 0;
+  if (f) fclose(f);
+  for (int i = 0; i < 2 && c->lines[i]; i++)
+    if (!strstr(text, c->lines[i])) rt_fail(__FILE__, __LINE__, "rank %d: log lacks \"%s\":\n%s", rank, c->lines[i], text);
+  unlink(path);
+}
+
+TEST_T(tuning, per_collective_masks_must_agree, 60) {
+  struct agree_case differ = {{"ring;allreduce:ring,exchange", "ring"},
+                              {"NCCL_ALGO differs across ranks: Broadcast:Ring;Reduce:Ring;AllGather:Ring;"
+                               "ReduceScatter:Ring;AllReduce:Ring,Exchange on rank 0, Ring on rank 1", NULL}, NULL};
+  rt_run_procs(2, agree_body, &differ);
+  struct agree_case malformed = {{"ring;tree", "ring"},
+                                 {"NCCL_ALGO differs across ranks: (malformed) on rank 0, Ring on rank 1", NULL}, NULL};
+  rt_run_procs(2, agree_body, &malformed);
+}
+
+/* ---- ncclGroupSimulateEnd ---- */
+
+static void sim_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  static float in[1 << 18], out[1 << 18];
+  struct tune_choice how;
+  double want = tune_predict(comm, FUNC_ALLREDUCE, sizeof(in), &how) + tune_predict(comm, FUNC_BROADCAST, 400, &how);
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(in, out, 1 << 18, ncclFloat, ncclSum, comm, NULL));
+  NCCL_OK(ncclBroadcast(in, out, 100, ncclFloat, 0, comm, NULL));
+  NCCL_OK(ncclGroupSimulateEnd(&sim));
+  if (!(sim.estimatedTime > 0) || sim.estimatedTime < (float)want * 0.999f || sim.estimatedTime > (float)want * 1.001f)
+    rt_fail(__FILE__, __LINE__, "estimated %g us, the model predicts %g", (double)sim.estimatedTime, want);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST(tuning, simulate_end_is_the_model) { rt_run_both(2, sim_body, NULL); }
+
+/* ---- tuner plugins (plugins/tuner-csv, built into build/lib) ---- */
+
+TEST(tuning, tuner_library_names) {
+  char c[2][512];
+  EXPECT_EQ(tuner_candidates("", c), 1);
+  EXPECT(!strcmp(c[0], "libnccl-tuner.so"));
+  EXPECT_EQ(tuner_candidates("none", c), 0);
+  EXPECT_EQ(tuner_candidates("NONE", c), 0);
+  EXPECT_EQ(tuner_candidates("csv", c), 2);
+  EXPECT(!strcmp(c[0], "csv") && !strcmp(c[1], "libnccl-tuner-csv.so"));
+  EXPECT_EQ(tuner_candidates("/opt/x/libnccl-tuner-csv.so", c), 1);
+  EXPECT_EQ(tuner_candidates("libmytuner.so.1", c), 1);
+  EXPECT_EQ(tuner_candidates("mytuner.so", c), 1);
+}
+
+/* The example plugin next to the test binary; NULL (after saying so) when it was not built. */
+static const char* csv_plugin(void) {
+  static char path[PATH_MAX + 64];
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return NULL;
+  exe[n] = 0;
+  char* slash = strrchr(exe, '/');
+  if (!slash) return NULL;
+  *slash = 0;
+  snprintf(path, sizeof(path), "%s/../lib/libnccl-tuner-csv.so", exe);
+  if (access(path, R_OK) != 0) {
+    printf("    SKIP: %s not built (plugins/tuner-csv)\n", path);
+    return NULL;
+  }
+  return path;
+}
+
+/* Rules into a file of this test (pid), named by NCCL_TUNER_CONFIG_FILE. */
+static void use_rules(const char* rules) {
+  static char path[64];
+  snprintf(path, sizeof(path), "/tmp/chorus-tuner-%d.csv", (int)getpid());
+  FILE* f = fopen(path, "w");
+  ASSERT(f);
+  fputs(rules, f);
+  fclose(f);
+  set("NCCL_TUNER_CONFIG_FILE", path);
+}
+
+struct want_choice {
+  int func;
+  size_t bytes;
+  int algo, proto, nch; /* nch 0: not checked */
+};
+
+static void plugin_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct want_choice* w = arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  for (; w->bytes; w++) {
+    struct tune_choice how;
+    tune_choose(comm, w->func, w->bytes, &how);
+    if (how.algo != w->algo || how.proto != w->proto || (w->nch && how.nch != w->nch))
+      rt_fail(__FILE__, __LINE__, "%s rank %d, tuner %s, %s %zu bytes: %s/%s/%d ch, want %s/%s/%d", rt_mode(), rank,
+              tuner_name(comm), tune_func_name(w->func), w->bytes, tune_algo_name(how.algo), tune_proto_name(how.proto),
+              how.nch, tune_algo_name(w->algo), tune_proto_name(w->proto), w->nch);
+  }
+  /* and the calls run with what the plugin chose */
+  float* v = malloc(sizeof(float) << 16); /* per rank: ranks may be threads */
+  ASSERT(v);
+  const size_t counts[] = {1, 1000, 1 << 16};
+  for (int c = 0; c < 3; c++) {
+    for (size_t i = 0; i < counts[c]; i++) v[i] = (float)(rank + (int)(i % 7));
+    NCCL_OK(ncclAllReduce(v, v, counts[c], ncclFloat, ncclSum, comm, NULL));
+    for (size_t i = 0; i < counts[c]; i++)
+      if (v[i] != (float)(nranks * (int)(i % 7) + nranks * (nranks - 1) / 2)) {
+        rt_fail(__FILE__, __LINE__, "rank %d count %zu: v[%zu] = %g", rank, counts[c], i, v[i]);
+        break;
+      }
+    for (size_t i = 0; i < counts[c]; i++) v[i] = rank == 0 ? (float)i : -1.0f;
+    NCCL_OK(ncclBroadcast(v, v, counts[c], ncclFloat, 0, comm, NULL));
+    for (size_t i = 0; i < counts[c]; i++)
+      if (v[i] != (float)i) {
+        rt_fail(__FILE__, __LINE__, "rank %d broadcast count %zu: v[%zu] = %g", rank, counts[c], i, v[i]);
+        break;
+      }
+  }
+  free(v);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, tuner_plugin_forces_ring_over_exchange_and_direct, 90) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  /* without the plugin: Exchange (2 processes), Direct (threads and >= 256 KiB) */
+  struct want_choice none[] = {{FUNC_ALLREDUCE, 4096, ALGO_EXCHANGE, PROTO_SIMPLE, 0}, {0, 0, 0, 0, 0}};
+  rt_run_procs(2, plugin_body, none);
+  set("NCCL_TUNER_PLUGIN", lib);
+  use_rules("# collective,minbytes,maxbytes,algorithm,protocol\n"
+            "allreduce, 0, -1, ring, simple\n");
+  struct want_choice ring[] = {{FUNC_ALLREDUCE, 8, ALGO_RING, PROTO_SIMPLE, 0},
+                               {FUNC_ALLREDUCE, 4096, ALGO_RING, PROTO_SIMPLE, 0},
+                               {FUNC_ALLREDUCE, 1 << 20, ALGO_RING, PROTO_SIMPLE, 0},
+                               {FUNC_BROADCAST, 8, ALGO_RING, PROTO_LL, 0}, /* no rule: the model's */
+                               {0, 0, 0, 0, 0}};
+  rt_run_both(2, plugin_body, ring);
+}
+
+TEST_T(tuning, tuner_plugin_forces_protocol_and_channels, 90) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  set("NCCL_TUNER_PLUGIN", lib);
+  set("NCCL_MAX_NCHANNELS", "2");
+  use_rules("allreduce,0,100000,ring,ll\n"
+            "allreduce,100001,-1,ring,ll128,2\n"
+            "broadcast,0,-1,ring,simple\n"
+            "allgather,0,-1,tree,simple\n" /* Tree: not available here, so the model decides */
+            "bogus,line\n");              /* reported by the plugin, ignored */
+  struct want_choice w[] = {{FUNC_ALLREDUCE, 4096, ALGO_RING, PROTO_LL, 1},
+                            {FUNC_ALLREDUCE, 1 << 18, ALGO_RING, PROTO_LL128, 2},
+                            {FUNC_BROADCAST, 8, ALGO_RING, PROTO_SIMPLE, 0},
+                            {FUNC_ALLGATHER, 8, ALGO_RING, PROTO_LL, 0},
+                            {0, 0, 0, 0, 0}};
+  rt_run_both(2, plugin_body, w);
+}
+
+/* The TUNING log names the plugin, the choice and the prediction. */
+static void log_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  char path[128];
+  snprintf(path, sizeof(path), "/tmp/chorus-tuning-log-%d.log", (int)getpid());
+  unlink(path);
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "TUNING", 1);
+  setenv("NCCL_DEBUG_FILE", path, 1);
+  param_reset();
+  log_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v[1024] = {0};
+  NCCL_OK(ncclAllReduce(v, v, 1024, ncclFloat, ncclSum, comm, NULL));
+  NCCL_OK(ncclCommDestroy(comm));
+  log_reset();
+  static char text[1 << 15];
+  FILE* f = fopen(path, "r");
+  size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+  text[n] = 0;
+  if (f) fclose(f);
+  const char* want[] = {"tuner plugin csv (ncclTunerPlugin_v6) loaded from", "tuner-csv: 1 rule(s) from",
+                        "tuner-csv: allreduce 4096 bytes: rule of line 1 -> ring/ll",
+                        "AllReduce 4096 bytes: algorithm Ring, protocol LL, 1 channel(s), predicted "};
+  for (int i = 0; i < 4; i++)
+    if (!strstr(text, want[i])) rt_fail(__FILE__, __LINE__, "rank %d: log lacks \"%s\":\n%s", rank, want[i], text);
+  if (!strstr(text, "(tuner plugin csv)")) rt_fail(__FILE__, __LINE__, "rank %d: no tuner source in:\n%s", rank, text);
+  unlink(path);
+}
+
+TEST_T(tuning, tuner_choice_is_logged, 60) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  set("NCCL_TUNER_PLUGIN", lib);
+  use_rules("allreduce,0,-1,ring,ll\n");
+  rt_run_procs(2, log_body, NULL);
+}
+
+static void missing_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  EXPECT(comm->tuner == NULL);
+  const char* err = ncclGetLastError(NULL);
+  for (const char* const* w = arg; *w; w++)
+    if (!strstr(err, *w)) rt_fail(__FILE__, __LINE__, "rank %d: last error \"%s\" lacks \"%s\"", rank, err, *w);
+  float v[16];
+  for (int i = 0; i < 16; i++) v[i] = 1;
+  NCCL_OK(ncclAllReduce(v, v, 16, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(v[15] == (float)nranks);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, missing_tuner_plugin_is_reported_not_fatal, 60) {
+  set("NCCL_TUNER_PLUGIN", "/nonexistent/libnccl-tuner-x.so");
+  const char* path[] = {"NCCL_TUNER_PLUGIN=/nonexistent/libnccl-tuner-x.so: could not load /nonexistent/libnccl-tuner-x.so",
+                        "No such file or directory", "continuing without a tuner plugin", NULL};
+  rt_run_both(2, missing_body, path);
+  set("NCCL_TUNER_PLUGIN", "nosuchtuner");
+  const char* name[] = {"could not load nosuchtuner (", "nor libnccl-tuner-nosuchtuner.so (", NULL};
+  rt_run_procs(2, missing_body, name);
+  /* a library that is not a tuner */
+  set("NCCL_TUNER_PLUGIN", "libm.so.6");
+  const char* notuner[] = {"libm.so.6 exports no ncclTunerPlugin_v6/v5/v4/v3 symbol", NULL};
+  rt_run_threads(2, missing_body, notuner);
+}
+
+TEST_T(tuning, tuner_loaded_must_agree, 60) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  struct agree_case c = {{lib, "none"}, {"NCCL_TUNER_PLUGIN (a tuner plugin loaded) differs across ranks: 1 on rank 0, 0 on rank 1", NULL},
+                         "NCCL_TUNER_PLUGIN"};
+  rt_run_procs(2, agree_body, &c);
+}
