@@ -427,11 +427,8 @@ static void fx_run(const struct fx_case* c) {
   int false_mismatch = 0;
   for (int r = 0; r < c->nranks; r++)
     false_mismatch |= r != c->victim && c->stream && (strstr(sh->r[r].err, "must match") || strstr(sh->r[r].proc_err, "must match"));
-  if (false_mismatch && !c->known_bugs)
-    known_skip(K_STREAM_MISMATCH, "after a death, calls still queued on a host stream run on (core/plan.c plan_exec "
-                                  "does not look at the comm's async error), so survivors reach different sequence "
-                                  "numbers and report a false mismatch (ncclInvalidUsage), and shrink can fail: this "
-                                  "case's checks are skipped");
+  if (false_mismatch) /* was: queued stream calls ran on after a death (fixed in core/plan.c) */
+    rt_fail(__FILE__, __LINE__, "victim %d: a survivor reported a mismatch after the death", c->victim);
   for (int r = 0; r < c->nranks; r++) {
     if (r == c->victim) continue;
     const struct fx_rank* s = &sh->r[r];
@@ -445,13 +442,13 @@ static void fx_run(const struct fx_case* c) {
               where, r, status[r], s->stage);
       continue;
     }
-    if (false_mismatch && !c->known_bugs) continue;
     if (s->note[0]) rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d: %s", c->victim, where, r, s->note);
     if (c->moment == M_INIT && s->result == ncclTimeout && strstr(s->err, "missing ranks") && !c->known_bugs) {
       /* The victim died before its join reached the root (nobody can know of it: a timeout naming the
        * missing rank is right), or at the root (K_AT_ROOT); the two are not told apart here. */
-      known_skip(K_AT_ROOT, "a rank that dies after joining the bootstrap root, before the others, leaves them "
-                            "waiting for CHORUS_INIT_TIMEOUT, then ncclTimeout (bootstrap/root.c root_read drops it)");
+      known_skip(K_AT_ROOT, "a rank killed before its join reached the root: nobody can know it existed, so a "
+                            "timeout naming the missing rank is the answer (one that dies after joining is named "
+                            "at once: kill_waiting_at_root)");
       continue;
     }
     if (s->result != ncclRemoteError && s->async != ncclRemoteError)
@@ -467,14 +464,9 @@ static void fx_run(const struct fx_case* c) {
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d learnt of the death %.2f s after it (limit %.0f s)",
               c->victim, where, r, secs, FX_DETECT_NS / 1e9);
     const char* text = s->err;
-    if (c->stream && !text[0]) {
-      if (c->known_bugs)
-        rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d's ncclGetLastError(comm) is empty (the process's "
-                "record says: %s)", c->victim, where, r, s->proc_err);
-      known_skip(K_STREAM_LASTERR, "a failure of a call run on a host stream is not recorded for ncclGetLastError(comm) "
-                                   "(core/stream.c stream_main sets no error sink): the process's record is checked");
-      text = s->proc_err;
-    }
+    if (c->stream && !text[0])
+      rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d's ncclGetLastError(comm) is empty (the process's "
+              "record says: %s)", c->victim, where, r, s->proc_err);
     if (!has_word(text, vrank) && !strncmp(text, "Bootstrap", 9) && !c->known_bugs) {
       known_skip(K_BOOT_BLAME, "a rank that fails in the bootstrap closes its connections without saying why: a "
                                "rank waiting on it names that survivor, not the dead rank (bootstrap/peer.c)");
@@ -484,18 +476,10 @@ static void fx_run(const struct fx_case* c) {
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d's last error does not name %s: %s", c->victim, where, r,
               vrank, text);
     if (!has_word(text, vpid) || !strstr(text, host)) {
-      if (!strncmp(text, "Bootstrap", 9) && !c->known_bugs)
-        known_skip(K_BOOT_NAMES, "a peer lost during the bootstrap (init, shrink) is named by rank and address, "
-                                 "without its pid and host name (bootstrap/peer.c report_lost)");
-      else
         rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d's last error does not name pid %s and host %s: %s",
                 c->victim, where, r, vpid, host, text);
     }
-    if (c->stream && !c->known_bugs)
-      known_skip(K_STREAM_SYNC, "calls queued on a host stream behind a failed one each wait for the dead peer again "
-                                "(~1 s each; core/plan.c plan_exec starts them although the comm has an async error): "
-                                "chorusStreamSynchronize after the failure is not timed");
-    if (c->stream && c->known_bugs && s->sync_ns > FX_ABORT_NS)
+    if (c->stream && s->sync_ns > FX_ABORT_NS)
       rt_fail(__FILE__, __LINE__, "victim %d %s: survivor %d: chorusStreamSynchronize took %.2f s after the failure",
               c->victim, where, r, (double)s->sync_ns / 1e9);
     if (s->abort_ns > FX_ABORT_NS)
@@ -867,7 +851,7 @@ TEST_T(faults_rank, kill, 120) {
   snprintf(vrank, sizeof(vrank), "rank %d", victim);
   double secs = kill_ns ? ((double)t_err - (double)kill_ns) / 1e9 : -1;
   printf("rank %d: %s (async %s) %.2f s after rank %d was killed: %s\n", rank, res_name(r), res_name(as), secs, victim, e);
-  if (r != ncclRemoteError && as != ncclRemoteError && (r != ncclTimeout || known_bugs_on()))
+  if (r != ncclRemoteError && as != ncclRemoteError)
     rt_fail(__FILE__, __LINE__, "rank %d: %s (async %s), want ncclRemoteError", rank, res_name(r), res_name(as));
   /* Stay up until every survivor has its error: a survivor that exits at once would be reported as
    * dead by the others (rightly), hiding whether they learnt of the real victim. */
@@ -878,21 +862,12 @@ TEST_T(faults_rank, kill, 120) {
     if (d == n - 1) break;
     sleep_ms(1);
   }
-  if (((!has_word(e, vrank) && strstr(e, "network connection")) || r == ncclTimeout) && !known_bugs_on()) {
-    known_skip(K_NET_BLAME, "a rank not connected to the dead one learns of the death only when a survivor closes "
-                            "its links (as late as that survivor's abort, or never: ncclTimeout), and names that "
-                            "survivor: a collective "
-                            "failed by core/plan.c check_peers_alive leaves the rank's network links open, and a "
-                            "close carries no reason");
-  } else {
-    if (!kill_ns || secs < 0 || t_err - kill_ns > FX_DETECT_NS)
-      rt_fail(__FILE__, __LINE__, "rank %d: the error came %.2f s after the kill", rank, secs);
-    if (!has_word(e, vrank)) rt_fail(__FILE__, __LINE__, "rank %d: the last error does not name %s", rank, vrank);
-  }
+  /* Every survivor is told, naming the dead rank (a survivor not linked to it by its peer-lost poison). */
+  if (!kill_ns || secs < 0 || t_err - kill_ns > FX_DETECT_NS)
+    rt_fail(__FILE__, __LINE__, "rank %d: the error came %.2f s after the kill", rank, secs);
+  if (!has_word(e, vrank)) rt_fail(__FILE__, __LINE__, "rank %d: the last error does not name %s", rank, vrank);
   if (!has_word(e, vpid)) {
-    if (known_bugs_on()) rt_fail(__FILE__, __LINE__, "rank %d: the last error does not name pid %s", rank, vpid);
-    else known_skip(K_NET_PID, "a peer lost over the network is named by rank and host:port, without its pid "
-                               "(transport/proxy.c)");
+    rt_fail(__FILE__, __LINE__, "rank %d: the last error does not name pid %s", rank, vpid);
   }
   uint64_t t0 = now_ns();
   ncclCommAbort(comm);

@@ -96,8 +96,10 @@ static void serve_one(int c) {
     break;
   }
   pthread_mutex_unlock(&fd_mu);
+  /* Only our own uid gets here (SO_PEERCRED), and the usual cause is benign: a peer asking for a
+   * segment this process withdrew when its init or connection failed. The asker logs its failure. */
   if (rp.status == ENOENT)
-    WARN("shared-memory descriptor request from pid %d for an unknown token refused", (int)cr.pid);
+    INFO(LOG_INIT, "shared-memory descriptor request from pid %d for an unknown token refused", (int)cr.pid);
   struct iovec iov = {&rp, sizeof(rp)};
   union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } ctl;
   memset(&ctl, 0, sizeof(ctl));

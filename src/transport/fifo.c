@@ -33,18 +33,14 @@ void tp_fifo_layout(struct conn* c, void* mem, const struct tp_sizes* sz) {
 
 void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec) {
   if (!c->connected || !c->ctrl) return;
-  struct xfer_poison* p = we_send ? &c->ctrl->down : &c->ctrl->up;
-  if (atomic_load_explicit(&p->set, memory_order_acquire)) return;
-  xfer_poison_copy(p, rec);
-  atomic_store_explicit(&p->set, 1, memory_order_release);
   /* The other end may sleep on the counter it waits for; over the network the proxy carries it. */
-  tp_ops_of(c->transport)->wake(c, we_send);
+  if (xfer_poison_put(we_send ? &c->ctrl->down : &c->ctrl->up, rec)) tp_ops_of(c->transport)->wake(c, we_send);
 }
 
 int tp_conn_poisoned(const struct conn* c, int we_send, struct xfer_poison* out) {
   if (!c->connected || !c->ctrl) return 0;
   const struct xfer_poison* p = we_send ? &c->ctrl->up : &c->ctrl->down;
-  if (!atomic_load_explicit(&p->set, memory_order_acquire)) return 0;
+  if (!xfer_poison_is_set(p)) return 0;
   xfer_poison_copy(out, p);
   atomic_store_explicit(&out->set, 1, memory_order_relaxed);
   return 1;

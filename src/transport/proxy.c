@@ -161,24 +161,21 @@ static void conn_fail(struct net_conn* n, const char* op, int err) {
   if (atomic_load_explicit(&n->state, memory_order_relaxed) == NET_FAILED) fail_comm(n);
 }
 
-/* One link of a communicator failed, so the communicator is unusable (its async error is set): shut
- * its other links down without a goodbye, so that every rank of it sees a failure within one hop per
- * rank instead of waiting for ever on a rank that is itself stuck (ring neighbours of a dead rank
- * are not its only waiters). */
+/* One link of a communicator failed, so the communicator is unusable (its async error is set): tell
+ * every rank at the other end of its other links, naming the rank this link led to (a peer-lost
+ * poison record, relayed like a mismatch's), so that every rank of it fails within one hop per rank,
+ * naming the culprit, instead of waiting for ever on a rank that is itself stuck (ring neighbours of
+ * a dead rank are not its only waiters). Links that cannot carry it (not bound) are left alone. */
 static void fail_comm(struct net_conn* failed) {
+  struct xfer_poison rec = {.finder = failed->rank, .other = failed->peer, .kind = XFER_PEER_LOST};
   for (struct net_conn* n = px.conns; n; n = n->next) {
     if (n == failed || n->async_err != failed->async_err || n->fd < 0) continue;
-    int st = atomic_load_explicit(&n->state, memory_order_relaxed);
-    if (st != NET_BOUND) continue;
-    INFO(LOG_NET, "rank %d: shutting down the network connection %s rank %d: the communicator failed", n->rank,
-         conn_dir(n), n->peer);
-    shutdown(n->fd, SHUT_RDWR);
-    atomic_store_explicit(&n->state, NET_FAILED, memory_order_release);
-    ep_del(n->fd);
-    n->rd_ready = n->wr_ready = 0;
-    tp_wake_slow(&n->ctrl->tail);
-    tp_wake_slow(&n->ctrl->head);
+    if (atomic_load_explicit(&n->state, memory_order_relaxed) != NET_BOUND) continue;
+    INFO(LOG_NET, "rank %d: telling rank %d that the communicator failed (rank %d's link)", n->rank, n->peer,
+         failed->peer);
+    xfer_poison_put(n->is_send ? &n->ctrl->down : &n->ctrl->up, &rec);
   }
+  atomic_store(&px_changes, 1); /* a pass: can_progress sees the records to send */
 }
 
 /* recv() result: 1 if bytes came, else 0 (EAGAIN clears rd_ready; EOF and errors fail the link). */
@@ -201,7 +198,7 @@ static int send_steps(struct net_conn* n, int direct, uint64_t max, int* rest) {
   for (;;) {
     if (n->poison_state == 2) break; /* the communicator failed: nothing follows the poison */
     /* The rank's call failed (mismatch.c): the record goes out before any further step. */
-    if (!direct && !n->poison_state && n->off == 0 && atomic_load_explicit(&n->ctrl->down.set, memory_order_acquire)) {
+    if (!direct && !n->poison_state && n->off == 0 && xfer_poison_is_set(&n->ctrl->down)) {
       const struct xfer_poison* d = &n->ctrl->down;
       xfer_poison_copy(&n->pbuf, d);
       n->cur.bytes = NET_POISON;
@@ -288,12 +285,7 @@ static int progress_send(struct net_conn* n) {
         ((char*)&n->pup)[n->pup_off++] = b[i];
         if (n->pup_off < sizeof(n->pup)) continue;
         n->pup_in = 0;
-        struct xfer_poison* u = &n->ctrl->up; /* only printed by the rank: no checks */
-        if (!atomic_load_explicit(&u->set, memory_order_relaxed)) {
-          xfer_poison_copy(u, &n->pup);
-          atomic_store_explicit(&u->set, 1, memory_order_release);
-          tp_wake_slow(&n->ctrl->head);
-        }
+        if (xfer_poison_put(&n->ctrl->up, &n->pup)) tp_wake_slow(&n->ctrl->head); /* only printed: no checks */
       } else if (b[i] == NET_POISON_BYTE) {
         n->pup_in = 1, n->pup_off = 0;
       } else if (b[i] == NET_BYE_BYTE) {
@@ -330,12 +322,7 @@ static int recv_steps(struct net_conn* n, int direct) {
       did = 1;
       if (n->off < total) continue;
       n->off = 0;
-      struct xfer_poison* d = &n->ctrl->down;
-      if (!atomic_load_explicit(&d->set, memory_order_relaxed)) { /* only printed by the rank: no checks */
-        xfer_poison_copy(d, &n->pbuf);
-        atomic_store_explicit(&d->set, 1, memory_order_release);
-        tp_wake_slow(&n->ctrl->tail);
-      }
+      if (xfer_poison_put(&n->ctrl->down, &n->pbuf)) tp_wake_slow(&n->ctrl->tail); /* only printed: no checks */
       continue;
     }
     if (n->cur.bytes == NET_BYE || n->cur.bytes > n->slot_bytes) {
@@ -381,7 +368,7 @@ static int recv_steps(struct net_conn* n, int direct) {
 static int progress_recv(struct net_conn* n) {
   int did = 0;
   /* Our rank's call failed: tell the sender, against the data direction. */
-  if (n->poison_state != 2 && atomic_load_explicit(&n->ctrl->up.set, memory_order_acquire)) {
+  if (n->poison_state != 2 && xfer_poison_is_set(&n->ctrl->up)) {
     if (!n->poison_state) {
       const struct xfer_poison* u = &n->ctrl->up;
       xfer_poison_copy(&n->pup, u);
@@ -437,10 +424,10 @@ static int can_progress(void) {
     if (n->is_send) {
       /* head, not step: the rank may be moving step (direct send); head == step between steps */
       if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > atomic_load(&n->ctrl->head))) return 1;
-      if (n->poison_state < 2 && n->wr_ready && atomic_load(&n->ctrl->down.set)) return 1;
+      if (n->poison_state < 2 && n->wr_ready && xfer_poison_is_set(&n->ctrl->down)) return 1;
     } else if (n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS) {
       return 1;
-    } else if (n->poison_state != 2 && atomic_load(&n->ctrl->up.set)) {
+    } else if (n->poison_state != 2 && xfer_poison_is_set(&n->ctrl->up)) {
       return 1;
     }
   }
@@ -612,8 +599,8 @@ static int let_go(struct net_conn* n, uint64_t now) {
   int st = atomic_load(&n->state);
   /* After a failed call's poison only the poison is flushed: its steps will never be taken. */
   int unsent = n->poison_state == 2 ? 0
-               : n->is_send  ? n->off || atomic_load(&n->ctrl->tail) > n->step || atomic_load(&n->ctrl->down.set)
-                             : atomic_load(&n->ctrl->up.set) != 0;
+               : n->is_send  ? n->off || atomic_load(&n->ctrl->tail) > n->step || xfer_poison_is_set(&n->ctrl->down)
+                             : xfer_poison_is_set(&n->ctrl->up);
   if (st == NET_BOUND && !__atomic_load_n(n->abort, __ATOMIC_RELAXED) && unsent) {
     if (!n->drain_deadline) n->drain_deadline = now + DRAIN_TIMEOUT_NS;
     if (now < n->drain_deadline) return 0;

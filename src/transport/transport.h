@@ -57,10 +57,10 @@ static inline uint32_t xfer_tag(const struct xfer_hdr* h) {
   return (uint32_t)(x >> 32) | 1u;
 }
 
-/* A failed call (its ranks' calls did not match, or a rank was found dead) poisons every connection of its communicator so
- * that every rank fails the call instead of waiting for ever: `down` travels with the data (sender to
- * receiver), `up` against it (receiver to sender). One writer each: the rank at that end of the FIFO
- * (or, over the network, the proxy that received it); `set` is stored last (release). The content
+/* A failed call (its ranks' calls did not match, or a rank was found dead) poisons every connection
+ * of its communicator so that every rank fails the call instead of waiting for ever: `down` travels
+ * with the data (sender to receiver), `up` against it (receiver to sender). Written once, by whoever
+ * comes first (the rank at that end, or its process's network proxy): xfer_poison_put. The content
  * comes from a peer: ranks and call fields are only printed, never used as indices. */
 enum { XFER_MISMATCH = 0, XFER_PEER_LOST = 1 };
 struct xfer_poison {
@@ -71,9 +71,21 @@ struct xfer_poison {
   struct xfer_hdr mine, theirs; /* the finder's call, the other rank's call */
 };
 
-/* Copy a record's content (not `set`, which its single writer stores last). */
+/* Copy a record's content (not `set`). */
 static inline void xfer_poison_copy(struct xfer_poison* d, const struct xfer_poison* s) {
   d->finder = s->finder, d->other = s->other, d->kind = s->kind, d->mine = s->mine, d->theirs = s->theirs;
+}
+/* Fill a record once: the first writer claims it (set 0 -> 2), copies, then publishes (set = 1,
+ * release); later writers leave it. 1 if this call wrote it. */
+static inline int xfer_poison_put(struct xfer_poison* d, const struct xfer_poison* s) {
+  uint32_t free_ = 0;
+  if (!atomic_compare_exchange_strong(&d->set, &free_, 2)) return 0;
+  xfer_poison_copy(d, s);
+  atomic_store_explicit(&d->set, 1, memory_order_release);
+  return 1;
+}
+static inline int xfer_poison_is_set(const struct xfer_poison* d) {
+  return atomic_load_explicit(&d->set, memory_order_acquire) == 1;
 }
 
 struct fifo_ctrl {
