@@ -472,16 +472,46 @@ TEST_T(security, hostile_root_clients, 90) {
   EXPECT(strstr(log_last_error(), "does not know this job's secret") == NULL); /* nothing to log on the root yet */
   /* From here on the client knows the key: a broken program of this job, not an outsider. */
   fill_join(&j, 1, 3);
-  memset(j.info.hostname, 'A', sizeof(j.info.hostname)); /* no NUL anywhere */
-  memset(j.info.host_id, 'B', sizeof(j.info.host_id));
-  EXPECT_EQ(try_join(root, &key, &j), 2); /* admitted with the name cut short; waits, then leaves */
-  fill_join(&j, 1, 3);
   j.info.hostname[3] = '\x1b'; /* a terminal escape */
   EXPECT_EQ(try_join(root, &key, &j), 3);
   fill_join(&j, 1, 1 << 30); /* nranks out of range */
   EXPECT_EQ(try_join(root, &key, &j), 3);
   fill_join(&j, 5, 3); /* rank out of range */
   EXPECT_EQ(try_join(root, &key, &j), 3);
+  /* The real job of 3 ranks still completes, with the idle connections still open. */
+  uint64_t t0 = now_ms();
+  rt_run_threads(3, plain_rank, &id);
+  EXPECT(now_ms() - t0 < 10000);
+  for (int i = 0; i < nidle; i++) close(idle[i]);
+}
+
+/* A rank of the job that joins the root and then leaves (here one whose host name has no NUL) fails
+ * the job at once for the others, naming it: waiting for the init timeout would only delay the same
+ * failure. A later join (one with an absurd timeout, whose timeout_ms * 1e6 once overflowed) gets
+ * the same report. */
+static void late_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)id, (void)nranks;
+  struct boot_state* b = NULL;
+  ch_status st = boot_init(((ncclUniqueId*)arg)->internal, rank, 3, NULL, ut_now_ns() + 20 * SEC, &b, NULL);
+  EXPECT_EQ(st, CH_REMOTE);
+  if (!strstr(log_last_error(), "rank 1 (pid") || !strstr(log_last_error(), "left after joining"))
+    rt_fail(__FILE__, __LINE__, "rank %d said: %s", rank, log_last_error());
+  if (st == CH_OK) boot_close(b);
+}
+
+TEST_T(security, joined_rank_leaving_fails_the_job, 60) {
+  ncclUniqueId id;
+  ASSERT_EQ(boot_get_unique_id(id.internal), CH_OK);
+  struct boot_id bid;
+  memcpy(&bid, id.internal, sizeof(bid));
+  struct boot_key key;
+  id_key(id.internal, &key);
+  const union sock_addr* root = &bid.root;
+  struct boot_join j;
+  fill_join(&j, 1, 3);
+  memset(j.info.hostname, 'A', sizeof(j.info.hostname)); /* no NUL anywhere */
+  memset(j.info.host_id, 'B', sizeof(j.info.host_id));
+  EXPECT_EQ(try_join(root, &key, &j), 2); /* admitted with the name cut short; waits, then leaves */
   /* A join with an absurd timeout (timeout_ms * 1e6 overflowed: the root gave up at once), then gone. */
   fill_join(&j, 2, 3);
   j.timeout_ms = UINT64_MAX;
@@ -500,14 +530,12 @@ TEST_T(security, hostile_root_clients, 90) {
     EXPECT(send(fdj, &cp, sizeof(cp), MSG_NOSIGNAL) == (ssize_t)sizeof(cp));
     EXPECT(send(fdj, &j, sizeof(j), MSG_NOSIGNAL) == (ssize_t)sizeof(j));
     usleep(200000);
-    close(fdj); /* rank 2's slot frees up again */
+    close(fdj); /* rank 2 is gone */
   }
   usleep(100000);
-  /* The real job of 3 ranks still completes, with the idle connections still open. */
   uint64_t t0 = now_ms();
-  rt_run_threads(3, plain_rank, &id);
-  EXPECT(now_ms() - t0 < 10000);
-  for (int i = 0; i < nidle; i++) close(idle[i]);
+  rt_run_threads(1, late_rank, &id); /* rank 0 of the 3 */
+  EXPECT(now_ms() - t0 < 5000);
 }
 
 /* Out of descriptors at the root: it must pause accepting, not spin, and recover. */

@@ -180,6 +180,10 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
       goto fail;
     }
     CHECK_GOTO(sock_recv_all(&root, text, rep.len, &wr), st, fail);
+    if (abort && *abort) { /* our own abort came first: the job's failure is its echo (a rank left) */
+      st = CH_ABORTED;
+      goto out;
+    }
     for (char* c = text; *c; c++)
       if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
     WARN("%s", text); /* the same report on every rank */
