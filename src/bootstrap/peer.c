@@ -520,7 +520,6 @@ static ch_status wait_open(struct boot_state* b, int peer, int tag) {
 
 static ch_status conn_write(struct boot_state* b, struct boot_conn* c, const void* buf, size_t n, int tag) {
   const char* p = buf;
-  char a[64];
   while (n > 0) {
     if (c->dead) return report_lost(b, c->peer, tag, "sending to"); /* progress saw it break */
     ssize_t r = send(c->fd, p, n, MSG_NOSIGNAL);
@@ -540,9 +539,7 @@ static ch_status conn_write(struct boot_state* b, struct boot_conn* c, const voi
     int e = r < 0 ? errno : EPIPE;
     conn_kill(b, c);
     peer_lost(b, c->peer, e == EPIPE || e == ECONNRESET ? "closed its bootstrap connection" : strerror(e));
-    WARN("Bootstrap rank %d: sending to rank %d at %s failed: %s", b->rank, c->peer,
-         peer_addr(b, c->peer, a, sizeof(a)), e == EPIPE || e == ECONNRESET ? "connection closed by the peer" : strerror(e));
-    return CH_REMOTE;
+    return report_lost(b, c->peer, tag, "sending to"); /* names its pid and host */
   }
   return CH_OK;
 }
