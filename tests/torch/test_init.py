@@ -14,9 +14,19 @@ torch, dist = require_torch()
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Below the kernel's ephemeral range (32768-60999): a port the kernel hands out for another
+    # socket's implicit bind (our own bootstrap's, a parallel test's) cannot take it between this
+    # check and rank 0's listen, as one from bind(0) could (seen in CI: EADDRINUSE).
+    import random
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 def check_world(rank, size, how):
