@@ -502,14 +502,7 @@ static void kill_each(int nranks, enum moment m, int stream) {
 }
 
 TEST_T(faults, kill_during_init_3, 60) { kill_each(3, M_INIT, 0); }
-TEST_T(faults, kill_waiting_at_root_3, 60) {
-  if (!known_bugs_on()) {
-    known_skip(K_AT_ROOT, "a rank that dies after joining the bootstrap root, before the others, leaves them "
-                          "waiting for CHORUS_INIT_TIMEOUT, then ncclTimeout (bootstrap/root.c root_read drops it)");
-    return;
-  }
-  kill_each(3, M_AT_ROOT, 0);
-}
+TEST_T(faults, kill_waiting_at_root_3, 60) { kill_each(3, M_AT_ROOT, 0); } /* the root fails the job, naming it */
 TEST_T(faults, kill_idle_3, 60) { kill_each(3, M_IDLE, 0); }
 TEST_T(faults, kill_idle_while_others_wait_3, 60) { kill_each(3, M_IDLE_WAITED, 0); }
 TEST_T(faults, kill_inside_group_3, 60) { kill_each(3, M_GROUP, 0); }
