@@ -88,7 +88,7 @@ static int fx_skip_tsan(void) {
 
 /* Bugs found by this suite and not yet fixed: their checks run only with CHORUS_TEST_KNOWN_BUGS=1;
  * otherwise each is printed once per test as a SKIP with its reason. */
-enum known { K_AT_ROOT, K_BOOT_NAMES, K_STREAM_LASTERR, K_STREAM_SYNC, K_NET_PID, K_NET_BLAME, K_BOOT_BLAME, K_BOOT_SLOW, K_STREAM_MISMATCH, K_COUNT };
+enum known { K_AT_ROOT, K_BOOT_BLAME, K_BOOT_SLOW, K_COUNT };
 static int known_bugs_on(void) {
   const char* e = getenv("CHORUS_TEST_KNOWN_BUGS");
   return e && *e == '1';
@@ -186,7 +186,7 @@ static void survivor_end(const struct fx_case* c, struct fx_rank* me, ncclComm_t
   if (st) {
     /* The calls still queued behind the failed one must end as promptly as a blocking call. */
     uint64_t t0 = now_ns();
-    if (c->known_bugs) chorusStreamSynchronize(st);
+    chorusStreamSynchronize(st);
     me->sync_ns = now_ns() - t0;
   }
   /* Shrink needs every survivor: after a death in init some may have no communicator. */
