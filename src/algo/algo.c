@@ -1,4 +1,6 @@
 /* Dispatch from an operation to its algorithm file. */
+#include <stdio.h>
+
 #include "algo.h"
 
 uint64_t algo_nsteps(const struct ch_op* op) {
@@ -31,3 +33,42 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
     default: break;
   }
 }
+
+static const char* type_name(uint32_t t) {
+  static const char* names[] = {"int8",    "uint8",   "int32",   "uint32",   "int64",     "uint64",
+                                "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
+  return t < sizeof(names) / sizeof(names[0]) ? names[t] : "invalid type";
+}
+
+static const char* op_name(uint32_t op) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "premulsum or user-defined op";
+}
+
+/* Calls as messages name them (header fields come from peers: every one is bounded here):
+ * "AllReduce(1048576 x float32, sum) #17", "Broadcast(4 x int32, root 1) #3", "Send/Recv(8 x float32)". */
+void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
+  unsigned long long cnt = (unsigned long long)h->count, seq = (unsigned long long)h->seq;
+  const char* ty = type_name(h->type);
+  int f = h->func < FUNC_COUNT ? (int)h->func : -1;
+  switch (f) {
+    case FUNC_ALLREDUCE:
+    case FUNC_REDUCESCATTER:
+      snprintf(b, n, "%s(%llu x %s, %s) #%llu", f == FUNC_ALLREDUCE ? "AllReduce" : "ReduceScatter", cnt, ty,
+               op_name(h->op), seq);
+      break;
+    case FUNC_REDUCE:
+      snprintf(b, n, "Reduce(%llu x %s, %s, root %d) #%llu", cnt, ty, op_name(h->op), h->root, seq);
+      break;
+    case FUNC_BROADCAST: snprintf(b, n, "Broadcast(%llu x %s, root %d) #%llu", cnt, ty, h->root, seq); break;
+    case FUNC_ALLGATHER: snprintf(b, n, "AllGather(%llu x %s) #%llu", cnt, ty, seq); break;
+    case FUNC_SENDRECV: snprintf(b, n, "Send/Recv(%llu x %s)", cnt, ty); break;
+    case FUNC_ALLTOALL: snprintf(b, n, "AlltoAll(%llu x %s per rank)", cnt, ty); break;
+    case FUNC_GATHER:
+    case FUNC_SCATTER:
+      snprintf(b, n, "%s(%llu x %s, root %d)", f == FUNC_GATHER ? "Gather" : "Scatter", cnt, ty, h->root);
+      break;
+    default: snprintf(b, n, "an unknown call (%u)", (unsigned)h->func); break;
+  }
+}
+

@@ -139,6 +139,9 @@ void p2p_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t local_nsteps(const struct ch_op* op);
 void local_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 
+/* A call as messages name it, e.g. "AllReduce(1048576 x float32, sum) #17" (algo.c). */
+void algo_call_text(char* buf, size_t len, const struct xfer_hdr* h);
+
 /* Helpers shared by the ring algorithms. */
 static inline size_t algo_min(size_t a, size_t b) { return a < b ? a : b; }
 static inline int algo_mod(int a, int n) { return ((a % n) + n) % n; }

@@ -53,20 +53,6 @@ static int all_reached(const struct direct_clique* c, int n, int done, uint64_t 
   return flags & DONE_MISMATCH ? -2 : flags & DONE_FAILED ? -1 : 1;
 }
 
-static const char* type_name(uint32_t t) {
-  static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",     "int64",     "uint64",
-                                "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"};
-  return t < sizeof(names) / sizeof(names[0]) ? names[t] : "invalid-type";
-}
-static const char* op_name(uint32_t o) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
-  return o < sizeof(names) / sizeof(names[0]) ? names[o] : "invalid-op";
-}
-static void shape_text(const struct direct_shape* s, char* out, size_t len) {
-  snprintf(out, len, "AllReduce(%llu x %s, %s) #%llu", (unsigned long long)s->count, type_name(s->type),
-           op_name(s->op), (unsigned long long)s->seq);
-}
-
 /* 1 if every rank published my shape (and a reduction of my kind and type). Else log once which rank
  * differs and how, and return 0. Reads only the slots (peer memory is untouched). */
 static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
@@ -78,14 +64,14 @@ static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
     if (s.seq == mine->seq && s.count == mine->count && s.type == mine->type && s.op == mine->op &&
         r.kind == op->ctx.red->kind && r.type == op->ctx.red->type)
       continue;
-    char a[96], b[96];
-    shape_text(mine, a, sizeof(a));
-    shape_text(&s, b, sizeof(b));
+    struct xfer_poison rec = {.finder = op->rank, .other = k, .mine = op->ctx.hdr, .theirs = op->ctx.hdr};
+    rec.theirs.seq = s.seq, rec.theirs.count = s.count, rec.theirs.type = s.type, rec.theirs.op = s.op;
+    char a[160], b[160];
+    algo_call_text(a, sizeof(a), &rec.mine);
+    algo_call_text(b, sizeof(b), &rec.theirs);
     WARN("rank %d called %s but rank %d called %s: the call does not match across ranks; no rank touched "
          "another's buffers, every rank returns ncclInvalidUsage", op->rank, a, k, b);
     /* Logged: local ranks that are not in Direct learn it from my slot (core/mismatch.c). */
-    struct xfer_poison rec = {.finder = op->rank, .other = k, .mine = op->ctx.hdr, .theirs = op->ctx.hdr};
-    rec.theirs.seq = s.seq, rec.theirs.count = s.count, rec.theirs.type = s.type, rec.theirs.op = s.op;
     direct_slot_poison(&c->slot[op->rank], &rec);
     return 0;
   }

@@ -14,40 +14,6 @@
 #include "../misc/log.h"
 #include "enqueue.h"
 
-static const char* type_name(uint32_t t) {
-  static const char* names[] = {"int8",    "uint8",   "int32",   "uint32",   "int64",     "uint64",
-                                "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
-  return t < sizeof(names) / sizeof(names[0]) ? names[t] : "invalid type";
-}
-
-static const char* op_name(uint32_t op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
-  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "premulsum or user-defined op";
-}
-
-/* "AllReduce(1048576 x float32, sum) #17", "Broadcast(4 x int32, root 1) #3", "Send/Recv(8 x float32)". */
-static void fmt_call(char* b, size_t n, const struct xfer_hdr* h) {
-  unsigned long long cnt = (unsigned long long)h->count, seq = (unsigned long long)h->seq;
-  const char* ty = type_name(h->type);
-  int f = h->func < FUNC_COUNT ? (int)h->func : -1;
-  switch (f) {
-    case FUNC_ALLREDUCE:
-    case FUNC_REDUCESCATTER:
-      snprintf(b, n, "%s(%llu x %s, %s) #%llu", tune_func_name(f), cnt, ty, op_name(h->op), seq);
-      break;
-    case FUNC_REDUCE:
-      snprintf(b, n, "Reduce(%llu x %s, %s, root %d) #%llu", cnt, ty, op_name(h->op), h->root, seq);
-      break;
-    case FUNC_BROADCAST: snprintf(b, n, "Broadcast(%llu x %s, root %d) #%llu", cnt, ty, h->root, seq); break;
-    case FUNC_ALLGATHER: snprintf(b, n, "AllGather(%llu x %s) #%llu", cnt, ty, seq); break;
-    case FUNC_SENDRECV: snprintf(b, n, "Send/Recv(%llu x %s)", cnt, ty); break;
-    case FUNC_ALLTOALL: snprintf(b, n, "AlltoAll(%llu x %s per rank)", cnt, ty); break;
-    case FUNC_GATHER:
-    case FUNC_SCATTER: snprintf(b, n, "%s(%llu x %s, root %d)", tune_func_name(f), cnt, ty, h->root); break;
-    default: snprintf(b, n, "an unknown call (%u)", (unsigned)h->func); break;
-  }
-}
-
 /* Another rank found a peer dead: name it as the rank that found it did (pid and host from init). */
 static void say_lost(const struct ncclComm* comm, const struct xfer_poison* r) {
   int d = r->other;
@@ -62,8 +28,8 @@ static void say_lost(const struct ncclComm* comm, const struct xfer_poison* r) {
 static void say(const struct ncclComm* comm, const struct xfer_poison* r) {
   if (r->kind == XFER_PEER_LOST) return say_lost(comm, r);
   char mine[160], theirs[160], other[24] = "a peer", finder[48] = "";
-  fmt_call(mine, sizeof(mine), &r->mine);
-  fmt_call(theirs, sizeof(theirs), &r->theirs);
+  algo_call_text(mine, sizeof(mine), &r->mine);
+  algo_call_text(theirs, sizeof(theirs), &r->theirs);
   if (r->other >= 0) snprintf(other, sizeof(other), "rank %d", r->other);
   if (r->finder != comm->rank) {
     if (r->finder >= 0) snprintf(finder, sizeof(finder), " (found by rank %d)", r->finder);
