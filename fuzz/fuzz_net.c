@@ -3,7 +3,9 @@
  * step headers and payloads: any byte count, the goodbye and poison markers, truncation). The
  * proxy thread must reject or bound what arrives, never crash or write outside the FIFO, and keep
  * serving; the rank side here consumes whatever the proxy publishes.
- *   first byte even: raw bytes;  odd: authenticated, then the rest */
+ * A third mode plays the receiver of one of our senders: the rest comes back against the data
+ * direction (goodbye bytes, 'P' + a poison record, garbage), which the sending proxy must parse.
+ *   first byte % 3 == 0: raw bytes;  1: authenticated, then the rest;  2: back to a sender */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,10 +32,35 @@ static void pause_us(long us) {
   nanosleep(&ts, NULL);
 }
 
+/* Our sender connects to a listener of ours; the fuzzed bytes are the "receiver's" answers. */
+static void back_to_sender(const unsigned char* data, size_t size) {
+  struct sock l = {.fd = -1};
+  if (sock_listen(&lo, &l) != CH_OK) abort();
+  struct tp_ctx x = {1, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL};
+  struct tp_handle h = {.kind = TP_NET, .bytes = tp_fifo_bytes(&sz), .token = 1, .addr = l.addr};
+  struct conn sc = {0};
+  sc.peer = 0;
+  if (tp_net_send_connect(&sc, &sz, &h, &x) != CH_OK) abort();
+  int fd = accept(l.fd, NULL, NULL);
+  if (fd < 0) abort();
+  (void)!send(fd, data, size, MSG_NOSIGNAL);
+  for (uint64_t end = ut_now_ns() + 3000000ull; ut_now_ns() < end;) pause_us(200); /* the proxy reads */
+  struct linger lg = {1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  close(fd);
+  tp_conn_free(&sc);
+  sock_close(&l);
+  atomic_store(&async_err, 0);
+}
+
 int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
   static int ready;
   if (!ready) setup(), ready = 1;
   if (size == 0) return 0;
+  if (data[0] % 3 == 2) {
+    back_to_sender(data + 1, size - 1);
+    return 0;
+  }
   struct tp_ctx x = {0, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL};
   struct conn rc = {0};
   struct tp_handle h;
@@ -42,7 +69,7 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
   struct sock s = {.fd = -1};
   struct sock_wait w = {NULL, ut_now_ns() + 2000000000ull};
   if (sock_connect(&h.addr, &s, &w) != CH_OK) abort(); /* the proxy always accepts (backlog, then authenticates) */
-  if (data[0] & 1) {
+  if (data[0] % 3 == 1) {
     struct net_hello hello;
     memset(&hello, 0, sizeof(hello));
     hello.magic = NET_MAGIC;
