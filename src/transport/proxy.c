@@ -49,6 +49,7 @@
 #define MAX_ACCEPTS 256 /* sockets accepted and still authenticating; more wait in the backlog */
 #define ACCEPT_TIMEOUT_NS (10ull * 1000000000ull) /* an accepted socket must authenticate by then */
 #define DRAIN_TIMEOUT_NS (30ull * 1000000000ull)  /* a closing sender flushes posted steps this long */
+#define ABORT_FLUSH_NS (200ull * 1000000ull)       /* an aborted one, only a poison record, this long */
 #define TAG_LISTENER ((void*)1)
 #define TAG_EVENTFD ((void*)2)
 
@@ -601,10 +602,15 @@ static int let_go(struct net_conn* n, uint64_t now) {
   int unsent = n->poison_state == 2 ? 0
                : n->is_send  ? n->off || atomic_load(&n->ctrl->tail) > n->step || xfer_poison_is_set(&n->ctrl->down)
                              : xfer_poison_is_set(&n->ctrl->up);
-  if (st == NET_BOUND && !__atomic_load_n(n->abort, __ATOMIC_RELAXED) && unsent) {
-    if (!n->drain_deadline) n->drain_deadline = now + DRAIN_TIMEOUT_NS;
+  /* An abort flushes nothing but a poison record still going out (a moment at most): the ranks behind
+   * this link learn who failed instead of seeing this close and blaming us. */
+  int aborted = __atomic_load_n(n->abort, __ATOMIC_RELAXED);
+  int poison_due = n->poison_state != 2 && xfer_poison_is_set(n->is_send ? &n->ctrl->down : &n->ctrl->up);
+  if (st == NET_BOUND && (aborted ? poison_due : unsent)) {
+    if (!n->drain_deadline) n->drain_deadline = now + (aborted ? ABORT_FLUSH_NS : DRAIN_TIMEOUT_NS);
     if (now < n->drain_deadline) return 0;
-    WARN("rank %d: closing the network connection to rank %d with %llu step(s) it never took", n->rank, n->peer,
+    if (!aborted)
+      WARN("rank %d: closing the network connection to rank %d with %llu step(s) it never took", n->rank, n->peer,
          (unsigned long long)(atomic_load(&n->ctrl->tail) - n->step));
   }
   if (n->fd >= 0) {
