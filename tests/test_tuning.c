@@ -143,7 +143,8 @@ TEST(tuning, mask_text_for_reports) {
   EXPECT(strlen(tiny) < sizeof(tiny));
 }
 
-/* ---- the default model keeps the choices made before it (the rules of the previous tuning.c) ---- */
+/* ---- the default model keeps the choices made before it (the rules of the previous tuning.c), among
+ * the algorithms that existed then (RecDbl, added since, is excluded; its choice is tested below) ---- */
 
 static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned pm, unsigned am, struct tune_choice* out) {
   int p;
@@ -163,7 +164,7 @@ static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned p
 }
 
 static const char* sweep_protos[] = {NULL, "LL", "LL128", "Simple", "^LL", "^Simple", "LL,LL128", "^LL128"};
-static const char* sweep_algos[] = {NULL, "Ring", "^Exchange", "Direct", "Exchange", "Ring,Direct"};
+static const char* sweep_algos[] = {"^RecDbl", "Ring", "^Exchange,RecDbl", "Direct", "Exchange", "Ring,Direct"};
 #define NSP (sizeof(sweep_protos) / sizeof(sweep_protos[0]))
 #define NSA (sizeof(sweep_algos) / sizeof(sweep_algos[0]))
 
@@ -210,6 +211,7 @@ TEST_T(tuning, default_model_keeps_choices_procs, 240) {
   sweep(3, 1);
 }
 TEST_T(tuning, default_model_keeps_choices_channels_net, 120) {
+  set("NCCL_ALGO", "^RecDbl");
   set("NCCL_MAX_NCHANNELS", "4");
   set("NCCL_MIN_NCHANNELS", "2");
   rt_run_procs(2, sweep_body, NULL);
@@ -217,6 +219,31 @@ TEST_T(tuning, default_model_keeps_choices_channels_net, 120) {
   set("NCCL_MIN_NCHANNELS", NULL);
   set("NCCL_SHM_DISABLE", "1"); /* processes then talk over the network transport: Simple only */
   rt_run_procs(2, sweep_body, NULL);
+}
+
+/* RecDbl takes small AllReduces from 3 ranks up (fewer hops than the ring), Ring the large ones; over
+ * the network (hops ~100x dearer) up to larger sizes. */
+static void recdbl_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  struct tune_choice a;
+  tune_choose(comm, FUNC_ALLREDUCE, 8, &a);
+  EXPECT_EQ(a.algo, ALGO_RECDBL);
+  EXPECT_EQ(a.nch, 1);
+  tune_choose(comm, FUNC_ALLREDUCE, 64 << 20, &a);
+  EXPECT(a.algo != ALGO_RECDBL);
+  tune_choose(comm, FUNC_ALLGATHER, 8, &a); /* AllReduce only */
+  EXPECT_EQ(a.algo, ALGO_RING);
+  tune_choose(comm, FUNC_ALLREDUCE, 16384, &a);
+  EXPECT_EQ(a.algo, comm->tune_net ? ALGO_RECDBL : ALGO_RING);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, recdbl_for_small_allreduce, 60) {
+  rt_run_procs(4, recdbl_body, NULL);
+  set("NCCL_SHM_DISABLE", "1");
+  rt_run_procs(4, recdbl_body, NULL);
 }
 
 /* ---- errors: malformed at init, nothing runnable at the call ---- */

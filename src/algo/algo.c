@@ -8,7 +8,10 @@ uint64_t algo_nsteps(const struct ch_op* op) {
   if (op->func == FUNC_SEND || op->func == FUNC_RECV) return p2p_nsteps(op);
   if (op->nranks == 1) return local_nsteps(op);
   switch (op->func) {
-    case FUNC_ALLREDUCE: return op->algo == ALGO_EXCHANGE ? exchange_allreduce_nsteps(op) : ring_allreduce_nsteps(op);
+    case FUNC_ALLREDUCE:
+      if (op->algo == ALGO_EXCHANGE) return exchange_allreduce_nsteps(op);
+      if (op->algo == ALGO_RECDBL) return recdbl_allreduce_nsteps(op);
+      return ring_allreduce_nsteps(op);
     case FUNC_ALLGATHER: return ring_allgather_nsteps(op);
     case FUNC_REDUCESCATTER: return ring_reducescatter_nsteps(op);
     case FUNC_BROADCAST: return ring_broadcast_nsteps(op);
@@ -24,6 +27,7 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   switch (op->func) {
     case FUNC_ALLREDUCE:
       if (op->algo == ALGO_EXCHANGE) exchange_allreduce_step(op, idx, p);
+      else if (op->algo == ALGO_RECDBL) recdbl_allreduce_step(op, idx, p);
       else ring_allreduce_step(op, idx, p);
       break;
     case FUNC_ALLGATHER: ring_allgather_step(op, idx, p); break;
@@ -32,6 +36,13 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
     case FUNC_REDUCE: ring_reduce_step(op, idx, p); break;
     default: break;
   }
+}
+
+int algo_uses_peers(int algo) { return algo == ALGO_RECDBL; }
+
+void algo_peers(const struct ch_op* op, char* send, char* recv) {
+  if (op->nranks == 1) return;
+  if (op->algo == ALGO_RECDBL) recdbl_allreduce_peers(op, send, recv);
 }
 
 static const char* type_name(uint32_t t) {

@@ -17,8 +17,9 @@ enum ch_func {
   FUNC_SENDRECV = 5, FUNC_SEND = 6, FUNC_RECV = 7, FUNC_ALLTOALL = 8, FUNC_SCATTER = 9, FUNC_GATHER = 10,
   FUNC_COUNT
 };
-/* NCCL's numbering for Tree/Ring; Exchange is ours (two ranks only). */
-enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_COUNT = 4 };
+/* NCCL's numbering for Tree/Ring; the others are ours: Exchange (two ranks), Direct (one host, peers'
+ * buffers read in place), RecDbl (recursive doubling, log2(n) hops: small messages). */
+enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_RECDBL = 4, ALGO_COUNT = 5 };
 
 /* Where a rank's buffer lives, so that peers can reach it (direct_allreduce.c). Threads of one process
  * use addr (the thread clique is this process's heap, written only by its threads). Processes never
@@ -111,6 +112,12 @@ struct ch_op {
 };
 
 /* Number of primitive steps the op needs; then fill the primitive for step `idx` < that number. */
+/* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Tree) name the peer of each
+ * step (prim.peers) and use the per-peer connections (the ones send/recv use): one channel, and never
+ * in a group with send/recv on the same communicator (plan.c), so that the order of steps on a
+ * connection is the same at both ends. algo_peers marks every rank the op sends to / receives from. */
+int algo_uses_peers(int algo);
+void algo_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t algo_nsteps(const struct ch_op* op);
 void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 
@@ -126,6 +133,9 @@ void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* 
  * Both end the call on every rank, logged where seen. */
 enum direct_result { DIRECT_MISMATCH = -3, DIRECT_FAILED = -2, DIRECT_FALLBACK = -1, DIRECT_WAIT = 0, DIRECT_STEP = 1 };
 int direct_allreduce_try(struct ch_op* op);
+uint64_t recdbl_allreduce_nsteps(const struct ch_op* op);
+void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+void recdbl_allreduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t ring_allgather_nsteps(const struct ch_op* op);
 void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t ring_reducescatter_nsteps(const struct ch_op* op);

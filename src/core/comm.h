@@ -77,6 +77,7 @@ struct ncclComm {
   unsigned proto_mask[6], algo_mask[6];
   int tune_bad;
   unsigned proto_ok; /* protocols the transports can carry (network: Simple only) */
+  int tune_net;      /* some ranks talk over the network: the cost model uses its hop costs */
   /* NCCL_TUNER_PLUGIN (tuner_plugin.c): set at init, released by comm_free; called by the thread in a
    * call on this comm. tuner_failed: a getCollInfo error was reported (once). */
   struct tune_plugin* tuner;

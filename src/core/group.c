@@ -226,6 +226,11 @@ static ch_status launch_tasks(void) {
       } else if (op->func == FUNC_RECV) {
         need_recv[i][peer] = 1;
         unconnected |= !c->p2p[peer].recv.connected || (peer != c->rank && !c->p2p[peer].recv_acked);
+      } else if (n > 1 && algo_uses_peers(op->algo)) {
+        algo_peers(op, need_send[i], need_recv[i]);
+        for (int r = 0; r < n; r++)
+          unconnected |= (need_send[i][r] && !c->p2p[r].send.connected) ||
+                          (need_recv[i][r] && (!c->p2p[r].recv.connected || !c->p2p[r].recv_acked));
       } else if (n > 1) {
         need_send[i][n] = 1; /* rings */
         unconnected |= !c->rings_connected;

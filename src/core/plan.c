@@ -152,9 +152,21 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks, nops = 0, nused = 0;
   if (!grow((void**)&bs.lane_n, &bs.lane_cap, nlanes, sizeof(int))) return CH_SYSTEM;
   memset(bs.lane_n, 0, sizeof(int) * (size_t)nlanes);
+  int has_p2p = 0;
+  for (int i = 0; i < ntasks; i++) has_p2p |= !is_coll(bs.tasks[i].func);
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
     tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
+    if (algo_uses_peers(t->how.algo)) {
+      /* Its steps share the per-peer connections with the group's sends and receives, whose lanes
+       * run in no fixed order with it: the two ends could disagree on the order of steps. */
+      if (has_p2p) {
+        INFO(LOG_TUNING, "%s: Ring instead of %s, as the group also sends and receives", tune_func_name(t->func),
+             tune_algo_name(t->how.algo));
+        t->how.algo = t->how.fallback = ALGO_RING;
+      }
+      t->how.nch = 1;
+    }
     if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1;
     for (int c = 0; c < t->how.nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
     nops += t->how.nch;
@@ -235,7 +247,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       } else {
         op->ctx.in = &comm->p2p[t->root].recv;
       }
-      const struct tp_sizes* sz = is_coll(t->func) ? &comm->sizes : &comm->p2p_sizes;
+      const struct tp_sizes* sz = is_coll(t->func) && !algo_uses_peers(op->algo) ? &comm->sizes : &comm->p2p_sizes;
       op->chunk = prim_step_elems(t->how.proto, sz->buff[t->how.proto] / CH_STEPS, esize ? esize : 1);
       struct ch_lane* ln = &plan->lanes[lane_idx[lane_of(comm, t, c)]];
       ln->ops[ln->nops++] = op;
@@ -318,6 +330,10 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
     }
     struct prim p;
     algo_step(op, op->idx, &p);
+    if (p.peers) { /* RecDbl, Tree: this step's peer connections (connected by group.c) */
+      if (p.recv) op->ctx.in = &comm->p2p[p.in_peer].recv;
+      if (p.send) op->ctx.out = &comm->p2p[p.out_peer].send;
+    }
     int r = prim_try(&op->ctx, &p);
     if (r == PRIM_MISMATCH) {
       *err = mm_found(comm, op);

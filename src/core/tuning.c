@@ -14,7 +14,7 @@
 #include "tuner_abi.h"
 
 static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
-static const char* algo_names[] = {"Tree", "Ring", "Exchange", "Direct"};
+static const char* algo_names[] = {"Tree", "Ring", "Exchange", "Direct", "RecDbl"};
 _Static_assert(sizeof(algo_names) / sizeof(algo_names[0]) == ALGO_COUNT, "a name for every algorithm");
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
@@ -35,6 +35,8 @@ static const struct tune_model {
   size_t chan_bytes;           /* one channel per this many bytes (NCCL_MIN/MAX_NCHANNELS bound it) */
   size_t ll_max_bytes;         /* LL above this: prediction x ll_penalty (chosen only when alone) */
   double ll_penalty;
+  double net_step_us;          /* one hop through the network transport (any protocol) */
+  double net_bw;               /* bytes per microsecond through one network connection */
 } model = {
     /* Simple/LL128: 0.25 us, measured: 2-process AllReduce of 8-64 B takes 0.19-0.29 us (one step;
      * session 2 table), and the protocol table shows the three protocols tied at 8 B (0.93 / 0.96 /
@@ -49,6 +51,10 @@ static const struct tune_model {
     .chan_bytes = 1u << 20, /* placeholder: the rule used before the model */
     .ll_max_bytes = 64,  /* measured: protocols tie up to 64-128 B, Simple wins from 512 B (protocol table) */
     .ll_penalty = 1024.0,
+    /* measured: 2 ranks over loopback TCP, 8 B AllReduce (Exchange, one hop) 34-42 us; 64 MiB AllReduce
+     * 1.2-1.5 GB/s busbw (PERFORMANCE.md, "Network transport") */
+    .net_step_us = 35.0,
+    .net_bw = 1300.0,
 };
 
 /* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
@@ -72,7 +78,8 @@ void tune_init(struct ncclComm* comm) {
   /* LL/LL128 readiness rests on flags stored last with release order; a recv() into a slot gives no
    * such order (the proxy publishes whole slots through tail), and only Simple steps record their
    * size for the proxy. So a communicator that uses the network runs Simple only. */
-  comm->proto_ok = uses_net(comm) ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
+  comm->tune_net = uses_net(comm);
+  comm->proto_ok = comm->tune_net ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
   comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
   comm->stream_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
@@ -98,6 +105,7 @@ static unsigned runnable_algos(const struct ncclComm* comm, int func) {
   if (func < TUNE_P2P) m |= 1u << ALGO_RING;
   if (func == FUNC_ALLREDUCE && comm->nranks == 2) m |= 1u << ALGO_EXCHANGE;
   if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
+  if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RECDBL;
   return m;
 }
 
@@ -137,8 +145,9 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
 }
 
 /* Per rank, in units of the call's bytes: steps (hops one after another), bytes moved, and copies per
- * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place). */
-static double predict_us(int func, int algo, int proto, int n, size_t bytes, int nch) {
+ * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place).
+ * net: hops cross the network transport (its latency and bandwidth replace the memory copy's). */
+static double predict_us(int func, int algo, int proto, int n, size_t bytes, int nch, int net) {
   double steps, traffic, copies = 2.0;
   double dn = n;
   if (algo == ALGO_DIRECT) {
@@ -149,6 +158,10 @@ static double predict_us(int func, int algo, int proto, int n, size_t bytes, int
     steps = 0, traffic = 1, copies = 1; /* local copy */
   } else if (algo == ALGO_EXCHANGE) {
     steps = 1, traffic = 1;
+  } else if (algo == ALGO_RECDBL) {
+    int p = 1, log = 0;
+    while (p * 2 <= n) p *= 2, log++;
+    steps = log + (p != n ? 2 : 0), traffic = steps; /* the whole vector every hop */
   } else if (func == FUNC_ALLREDUCE) {
     steps = 2 * (dn - 1), traffic = 2 * (dn - 1) / dn;
   } else if (func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER) {
@@ -161,13 +174,14 @@ static double predict_us(int func, int algo, int proto, int n, size_t bytes, int
     steps = 1, traffic = 1; /* send/recv */
   }
   double bw = model.copy_bw * model.proto_eff[proto] * (1.0 + model.chan_gain * (nch - 1));
+  if (net) return steps * model.net_step_us + (double)bytes * traffic / model.net_bw;
   return steps * model.step_us[proto] + (double)bytes * traffic * copies / bw;
 }
 
 /* What the choice compares (and a plugin sees): the prediction, with LL above its size penalised so
  * that it is taken only when nothing else is allowed. Logs and ncclGroupSimulateEnd get predict_us. */
-static double cost_us(int func, int algo, int proto, int n, size_t bytes, int nch) {
-  double t = predict_us(func, algo, proto, n, bytes, nch);
+static double cost_us(int func, int algo, int proto, int n, size_t bytes, int nch, int net) {
+  double t = predict_us(func, algo, proto, n, bytes, nch, net);
   return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model.ll_max_bytes ? t * model.ll_penalty : t;
 }
 
@@ -184,7 +198,7 @@ static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes) {
 }
 
 /* Preference among equal predictions: Chorus's specialised algorithms first, Simple first. */
-static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_TREE};
+static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_RECDBL, ALGO_TREE};
 static const int proto_order[CH_NPROTO] = {PROTO_SIMPLE, PROTO_LL128, PROTO_LL};
 
 /* Cheapest entry of cost (negative: not available); 0 if none. */
@@ -233,6 +247,9 @@ static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t
   return 1;
 }
 
+/* Direct works on the whole vector; RecDbl and Tree use the per-peer connections, one set per pair. */
+static int algo_one_channel(int algo) { return algo == ALGO_DIRECT || algo_uses_peers(algo); }
+
 static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out, int* by_tuner) {
   int n = comm->nranks, i = tune_mask_index(func);
   unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes);
@@ -242,7 +259,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
   for (int a = 0; a < ALGO_COUNT; a++)
     for (int p = 0; p < CH_NPROTO; p++)
-      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(func, a, p, n, bytes, a == ALGO_DIRECT ? 1 : nch) : -1.0;
+      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(func, a, p, n, bytes, algo_one_channel(a) ? 1 : nch, comm->tune_net) : -1.0;
   *by_tuner = comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
   int algo = ALGO_RING, proto = PROTO_SIMPLE;
   cheapest(*by_tuner ? cost : t, &algo, &proto);
@@ -255,17 +272,17 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
     double best = -1;
     for (int j = 0; j < CH_NPROTO; j++) {
       int p = proto_order[j];
-      double v = (pm >> p) & 1 ? cost_us(func, out->fallback, p, n, bytes, nch) : -1;
+      double v = (pm >> p) & 1 ? cost_us(func, out->fallback, p, n, bytes, nch, comm->tune_net) : -1;
       if (v >= 0 && (best < 0 || v < best)) best = v, proto = p;
     }
   }
   out->algo = algo;
   out->proto = proto;
-  out->nch = algo == ALGO_DIRECT ? 1 : nch; /* Direct works on the whole vector */
+  out->nch = algo_one_channel(algo) ? 1 : nch;
   /* A result larger than the caches is not read back soon: stream it (coll/red_stream.c). */
   size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)n : bytes;
   out->stream = out_bytes >= comm->stream_min_bytes;
-  return predict_us(func, algo, proto, n, bytes, out->nch);
+  return predict_us(func, algo, proto, n, bytes, out->nch, comm->tune_net);
 }
 
 double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {

@@ -48,7 +48,13 @@ static void compute(const struct prim_ctx* ctx, const struct prim* p, const char
   size_t n = p->nelem, bytes = n * ctx->esize;
   if (n == 0) return;
   if (in && p->reduce) {
-    red_reduce(ctx->red, to, in, p->src, n);
+    if (p->premul || !red_has_premul(ctx->red)) {
+      red_reduce(ctx->red, to, in, p->src, n);
+    } else { /* src is a partial result (recursive doubling, tree): its scalars are applied already */
+      struct red_op sum = *ctx->red;
+      sum.kind = RED_SUM;
+      red_reduce(&sum, to, in, p->src, n);
+    }
   } else if (in) {
     if (to != in) memcpy(to, in, bytes);
   } else if (p->premul) {

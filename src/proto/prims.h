@@ -2,7 +2,7 @@
  *
  *   send             out <- premul?(src)
  *   recv             dst <- in
- *   recvReduceSend   out <- in (+) premul(src)
+ *   recvReduceSend   out <- in (+) premul(src)     (premul = 0: in (+) src, src already reduced)
  *   recvReduceCopy   dst <- post(in (+) premul(src))
  *   recvReduceCopySend dst, out <- post(in (+) premul(src))
  *   recvCopySend     dst, out <- in
@@ -27,6 +27,9 @@ struct prim {
   uint8_t reduce; /* combine the received data with src */
   uint8_t premul; /* apply premul to src (local contribution) */
   uint8_t postop; /* apply postop to the result */
+  uint8_t peers;  /* in/out are the per-peer connections of ranks in_peer/out_peer (set by the engine),
+                   * not the op's own (its ring neighbours) */
+  int in_peer, out_peer;
   const char* src;
   char* dst;
   size_t nelem;
