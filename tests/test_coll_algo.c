@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coll_util.h"
+#include "core/topo.h"
 #include "misc/param.h"
 #include "runner.h"
 
@@ -68,6 +69,90 @@ ALGO_P(RecDbl, 8)
 ALGO_P(RecDbl, 12)
 ALGO_P(RecDbl, 16)
 
+/* Tree: on one host the trees are a chain; CHORUS_TREE_PER_RANK=1 makes every rank a node of the double
+ * binary tree, which exercises the trees between hosts over shared memory and threads. */
+static void tree_sweep(int per_rank, int nranks, int procs) {
+  set_env("CHORUS_TREE_PER_RANK", per_rank ? "1" : NULL);
+  sweep("Tree", nranks, procs);
+}
+#define TREE_N(n) TEST_T(coll_algo, Tree_threads_##n, 90) { tree_sweep(1, n, 0); }
+#define TREE_P(n) TEST_T(coll_algo, Tree_procs_##n, 120) { tree_sweep(1, n, 1); }
+TREE_N(1)
+TREE_N(2)
+TREE_N(3)
+TREE_N(4)
+TREE_N(5)
+TREE_N(6)
+TREE_N(7)
+TREE_N(8)
+TREE_N(10)
+TREE_N(13)
+TREE_N(16)
+TREE_P(2)
+TREE_P(3)
+TREE_P(6)
+TREE_P(9)
+TREE_P(16)
+TEST_T(coll_algo, Tree_chain_threads_5, 90) { tree_sweep(0, 5, 0); }
+TEST_T(coll_algo, Tree_chain_procs_4, 90) { tree_sweep(0, 4, 1); }
+
+/* Processes claiming hosts (NCCL_HOSTID), talking over the network transport: binary trees between
+ * hosts and a chain inside each. 6 ranks on hosts a a b b c c, 5 on a b a b c. */
+static void hosts_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  char h[32];
+  snprintf(h, sizeof(h), "algo-test-host-%d", nranks == 6 ? rank / 2 : (rank == 4 ? 2 : rank % 2));
+  set_env("NCCL_HOSTID", h);
+  param_reset();
+  cu_sweep_body(rank, nranks, id, arg);
+}
+
+static void across_hosts(const char* algo) {
+  force(algo, NULL);
+  struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE, .types = float_t1, .ntypes = 1, .ops = all_ops, .nops = 7,
+                        .big = {70001}};
+  rt_run_procs(6, hosts_body, &sw);
+  rt_run_procs(5, hosts_body, &sw);
+}
+TEST_T(coll_algo, Tree_across_hosts, 180) { across_hosts("Tree"); }
+TEST_T(coll_algo, RecDbl_across_hosts, 180) { across_hosts("RecDbl"); }
+
+/* The trees themselves: each node but the root has a parent that lists it as a child, every node is
+ * reached from the root, and (n even, NCCL's mirror) no node has children in both trees. */
+TEST(coll_algo, double_binary_tree_shape) {
+  for (int n = 1; n <= 64; n++) {
+    int interior[2][64] = {{0}};
+    for (int t = 0; t < 2; t++) {
+      int roots = 0, reached = 0;
+      for (int r = 0; r < n; r++) {
+        int up, d[2];
+        topo_dtree(n, r, t, &up, &d[0], &d[1]);
+        interior[t][r] = d[0] >= 0 || d[1] >= 0;
+        if (up < 0) {
+          roots++;
+          continue;
+        }
+        int u2, c[2];
+        topo_dtree(n, up, t, &u2, &c[0], &c[1]);
+        if (c[0] != r && c[1] != r) rt_fail(__FILE__, __LINE__, "n=%d tree %d: %d's parent %d does not list it", n, t, r, up);
+      }
+      /* walk up from every node: reaches the root within n hops */
+      for (int r = 0; r < n; r++) {
+        int x = r, hops = 0, up = 0, a, b;
+        while (hops <= n) {
+          topo_dtree(n, x, t, &up, &a, &b);
+          if (up < 0) break;
+          x = up, hops++;
+        }
+        reached += hops <= n;
+      }
+      EXPECT_EQ(roots, 1);
+      EXPECT_EQ(reached, n);
+    }
+    for (int r = 0; n % 2 == 0 && r < n; r++)
+      if (interior[0][r] && interior[1][r]) rt_fail(__FILE__, __LINE__, "n=%d: node %d has children in both trees", n, r);
+  }
+}
+
 /* Each protocol, with small FIFOs: 1M+7 floats cross hundreds of steps. */
 static void protos(const char* algo, int nranks, int procs) {
   set_env("NCCL_BUFFSIZE", "32768");
@@ -83,6 +168,14 @@ static void protos(const char* algo, int nranks, int procs) {
 }
 TEST_T(coll_algo, RecDbl_protocols_threads_5, 120) { protos("RecDbl", 5, 0); }
 TEST_T(coll_algo, RecDbl_protocols_procs_4, 120) { protos("RecDbl", 4, 1); }
+TEST_T(coll_algo, Tree_protocols_threads_5, 120) {
+  set_env("CHORUS_TREE_PER_RANK", "1");
+  protos("Tree", 5, 0);
+}
+TEST_T(coll_algo, Tree_protocols_procs_4, 120) {
+  set_env("CHORUS_TREE_PER_RANK", "1");
+  protos("Tree", 4, 1);
+}
 
 /* Inexact float inputs: every rank must hold the same bits (checked through an AllGather of results). */
 static void identical_body(int rank, int nranks, ncclUniqueId id, void* arg) {
@@ -108,6 +201,12 @@ static void identical_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(coll_algo, RecDbl_bit_identical, 120) {
   force("RecDbl", NULL);
+  rt_run_threads(6, identical_body, NULL);
+  rt_run_procs(7, identical_body, NULL);
+}
+TEST_T(coll_algo, Tree_bit_identical, 120) {
+  set_env("CHORUS_TREE_PER_RANK", "1");
+  force("Tree", NULL);
   rt_run_threads(6, identical_body, NULL);
   rt_run_procs(7, identical_body, NULL);
 }
@@ -140,6 +239,12 @@ static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(coll_algo, RecDbl_group_with_send_recv, 60) {
   force("RecDbl", NULL);
+  rt_run_threads(5, mixed_body, NULL);
+  rt_run_procs(4, mixed_body, NULL);
+}
+TEST_T(coll_algo, Tree_group_with_send_recv, 60) {
+  set_env("CHORUS_TREE_PER_RANK", "1");
+  force("Tree", NULL);
   rt_run_threads(5, mixed_body, NULL);
   rt_run_procs(4, mixed_body, NULL);
 }

@@ -86,6 +86,13 @@ static inline size_t direct_clique_bytes(int n) {
 struct direct_clique* direct_clique_new(int n);
 void direct_clique_release(struct direct_clique* c);
 
+/* This rank in one tree of the communicator (core/topo_tree.c): parent (-1 at the root) and children. */
+struct algo_tree {
+  int up;
+  int down[3];
+  int ndown;
+};
+
 /* The share of one collective (or one send/recv) carried by one channel. */
 struct ch_op {
   int func;
@@ -99,6 +106,8 @@ struct ch_op {
   int rank, nranks;
   int ring_index; /* our position in this channel's ring */
   const int* ring; /* ring order: ring[i] = rank at position i */
+  const struct algo_tree* trees; /* ALGO_TREE: the communicator's trees, each carrying a part of the data */
+  int ntrees;
   /* this channel's part of each block: [part_off, part_off + part_count) */
   size_t part_off, part_count;
   size_t chunk; /* elements per step */
@@ -133,6 +142,9 @@ void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* 
  * Both end the call on every rank, logged where seen. */
 enum direct_result { DIRECT_MISMATCH = -3, DIRECT_FAILED = -2, DIRECT_FALLBACK = -1, DIRECT_WAIT = 0, DIRECT_STEP = 1 };
 int direct_allreduce_try(struct ch_op* op);
+uint64_t tree_allreduce_nsteps(const struct ch_op* op);
+void tree_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+void tree_allreduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t recdbl_allreduce_nsteps(const struct ch_op* op);
 void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 void recdbl_allreduce_peers(const struct ch_op* op, char* send, char* recv);

@@ -59,6 +59,9 @@ struct ncclComm {
   int nchannels;
   struct ch_channel channels[CH_MAX_CHANNELS];
   int rings_connected;
+  struct algo_tree trees[2]; /* this rank in the Tree algorithm's trees (topo_tree.c); read-only after init */
+  int ntrees;
+  int tree_depth; /* hops from a tree's root to its deepest leaf (cost model) */
   struct ch_p2p* p2p; /* [nranks] */
   struct tp_sizes sizes;     /* ring FIFOs */
   struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */

@@ -250,6 +250,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
   int maxc = (int)UT_MAX(1, UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MAX_NCHANNELS)));
   comm->nchannels = UT_MAX(maxc, (int)UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MIN_NCHANNELS)));
   CHECK(comm_build_rings(comm)); /* topo.c: ranks of one host contiguous */
+  CHECK(comm_build_trees(comm)); /* topo_tree.c */
   tune_init(comm);
   CHECK(comm_agree(comm)); /* before anything whose steps depend on those settings (direct_setup) */
   CHECK(tune_check(comm)); /* NCCL_ALGO/NCCL_PROTO parsed (compared across ranks first) */

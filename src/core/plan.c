@@ -236,6 +236,8 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
         struct ch_channel* ch = &comm->channels[c];
         op->ring = ch->ring;
         op->ring_index = ch->ring_index;
+        op->trees = comm->trees;
+        op->ntrees = comm->ntrees;
         op->ctx.in = &ch->recv;
         op->ctx.out = &ch->send;
         op->clique = comm->clique;

@@ -19,4 +19,11 @@ void topo_ring_order_fill(int n, const uint64_t* host, enum topo_order how, int*
  * with one interface per host a second order would only add host crossings) and log the ring once. */
 ch_status comm_build_rings(struct ncclComm* comm);
 
+/* topo_tree.c. NCCL's binary tree over n nodes: parent and children of node r (-1: none). */
+void topo_btree(int n, int r, int* up, int* d0, int* d1);
+/* Tree t (0 or 1) of the double binary tree. */
+void topo_dtree(int n, int r, int t, int* up, int* d0, int* d1);
+/* Fill comm->trees / ntrees (hosts as nodes, unless CHORUS_TREE_PER_RANK). */
+ch_status comm_build_trees(struct ncclComm* comm);
+
 #endif

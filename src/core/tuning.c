@@ -99,13 +99,14 @@ ch_status tune_check(struct ncclComm* comm) { return comm->tune_bad ? CH_INVALID
 void tune_fini(struct ncclComm* comm) { tuner_close(comm); }
 
 /* Algorithms this communicator can run for func, whatever NCCL_ALGO says. Update when an algorithm
- * is added (Tree is NCCL's numbering only, not implemented yet). */
+ * is added. */
 static unsigned runnable_algos(const struct ncclComm* comm, int func) {
   unsigned m = 0;
   if (func < TUNE_P2P) m |= 1u << ALGO_RING;
   if (func == FUNC_ALLREDUCE && comm->nranks == 2) m |= 1u << ALGO_EXCHANGE;
   if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
   if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RECDBL;
+  if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_TREE;
   return m;
 }
 
@@ -137,7 +138,7 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
     put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
     put_names(runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
     WARN("%s: NCCL_ALGO=%s leaves it no algorithm Chorus can run (allowed for %s: %s; Chorus runs %s here: "
-         "Tree, CollNet, NVLS and PAT are not implemented, Exchange needs 2 ranks, Direct one host)",
+         "CollNet, NVLS and PAT are not implemented, Tree and RecDbl serve AllReduce, Exchange needs 2 ranks, Direct one host)",
          fn, param_str(PARAM_ALGO), fn, a, b);
     return CH_INVALID_USAGE;
   }
@@ -147,7 +148,8 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
 /* Per rank, in units of the call's bytes: steps (hops one after another), bytes moved, and copies per
  * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place).
  * net: hops cross the network transport (its latency and bandwidth replace the memory copy's). */
-static double predict_us(int func, int algo, int proto, int n, size_t bytes, int nch, int net) {
+static double predict_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
+  int n = comm->nranks, net = comm->tune_net;
   double steps, traffic, copies = 2.0;
   double dn = n;
   if (algo == ALGO_DIRECT) {
@@ -158,6 +160,10 @@ static double predict_us(int func, int algo, int proto, int n, size_t bytes, int
     steps = 0, traffic = 1, copies = 1; /* local copy */
   } else if (algo == ALGO_EXCHANGE) {
     steps = 1, traffic = 1;
+  } else if (algo == ALGO_TREE) {
+    /* up then down; each rank receives (or sends) its half from up to two children per tree, for
+     * both halves: about twice the bytes per rank, and the whole up phase precedes the down phase */
+    steps = 2.0 * comm->tree_depth, traffic = 2;
   } else if (algo == ALGO_RECDBL) {
     int p = 1, log = 0;
     while (p * 2 <= n) p *= 2, log++;
@@ -180,8 +186,8 @@ static double predict_us(int func, int algo, int proto, int n, size_t bytes, int
 
 /* What the choice compares (and a plugin sees): the prediction, with LL above its size penalised so
  * that it is taken only when nothing else is allowed. Logs and ncclGroupSimulateEnd get predict_us. */
-static double cost_us(int func, int algo, int proto, int n, size_t bytes, int nch, int net) {
-  double t = predict_us(func, algo, proto, n, bytes, nch, net);
+static double cost_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
+  double t = predict_us(comm, func, algo, proto, bytes, nch);
   return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model.ll_max_bytes ? t * model.ll_penalty : t;
 }
 
@@ -259,7 +265,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
   for (int a = 0; a < ALGO_COUNT; a++)
     for (int p = 0; p < CH_NPROTO; p++)
-      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(func, a, p, n, bytes, algo_one_channel(a) ? 1 : nch, comm->tune_net) : -1.0;
+      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(comm, func, a, p, bytes, algo_one_channel(a) ? 1 : nch) : -1.0;
   *by_tuner = comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
   int algo = ALGO_RING, proto = PROTO_SIMPLE;
   cheapest(*by_tuner ? cost : t, &algo, &proto);
@@ -272,7 +278,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
     double best = -1;
     for (int j = 0; j < CH_NPROTO; j++) {
       int p = proto_order[j];
-      double v = (pm >> p) & 1 ? cost_us(func, out->fallback, p, n, bytes, nch, comm->tune_net) : -1;
+      double v = (pm >> p) & 1 ? cost_us(comm, func, out->fallback, p, bytes, nch) : -1;
       if (v >= 0 && (best < 0 || v < best)) best = v, proto = p;
     }
   }
@@ -282,7 +288,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   /* A result larger than the caches is not read back soon: stream it (coll/red_stream.c). */
   size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)n : bytes;
   out->stream = out_bytes >= comm->stream_min_bytes;
-  return predict_us(func, algo, proto, n, bytes, out->nch, comm->tune_net);
+  return predict_us(comm, func, algo, proto, bytes, out->nch);
 }
 
 double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {

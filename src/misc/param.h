@@ -60,6 +60,8 @@
     "wire-protocol version announced at init (testing aid: ranks must agree)")                    \
   X(RING_ORDER, "CHORUS_RING_ORDER", P_STR, 0, "",                                                \
     "testing aid: ring order after grouping by host: hosts (default), reverse, interleave; ranks must agree") \
+  X(TREE_PER_RANK, "CHORUS_TREE_PER_RANK", P_INT, 0, "",                                          \
+    "Tree algorithm: 1 = every rank is a node of the binary trees (default 0: hosts are, a chain inside each); ranks must agree") \
   X(SECRET_FILE, "CHORUS_SECRET_FILE", P_STR, 0, "",                                               \
     "file (mode 0600) holding the job secret for NCCL_COMM_ID jobs; CHORUS_SECRET (environment only, never printed) is the alternative") \
   X(P2P_DISABLE, "NCCL_P2P_DISABLE", P_INT, 0, "",                                                 \
