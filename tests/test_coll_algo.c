@@ -69,6 +69,23 @@ ALGO_P(RecDbl, 8)
 ALGO_P(RecDbl, 12)
 ALGO_P(RecDbl, 16)
 
+ALGO_N(Rabenseifner, 1)
+ALGO_N(Rabenseifner, 2)
+ALGO_N(Rabenseifner, 3)
+ALGO_N(Rabenseifner, 4)
+ALGO_N(Rabenseifner, 5)
+ALGO_N(Rabenseifner, 6)
+ALGO_N(Rabenseifner, 7)
+ALGO_N(Rabenseifner, 8)
+ALGO_N(Rabenseifner, 10)
+ALGO_N(Rabenseifner, 15)
+ALGO_N(Rabenseifner, 16)
+ALGO_P(Rabenseifner, 2)
+ALGO_P(Rabenseifner, 3)
+ALGO_P(Rabenseifner, 6)
+ALGO_P(Rabenseifner, 11)
+ALGO_P(Rabenseifner, 16)
+
 /* Tree: on one host the trees are a chain; CHORUS_TREE_PER_RANK=1 makes every rank a node of the double
  * binary tree, which exercises the trees between hosts over shared memory and threads. */
 static void tree_sweep(int per_rank, int nranks, int procs) {
@@ -115,6 +132,7 @@ static void across_hosts(const char* algo) {
 }
 TEST_T(coll_algo, Tree_across_hosts, 180) { across_hosts("Tree"); }
 TEST_T(coll_algo, RecDbl_across_hosts, 180) { across_hosts("RecDbl"); }
+TEST_T(coll_algo, Rabenseifner_across_hosts, 180) { across_hosts("Rabenseifner"); }
 
 /* The trees themselves: each node but the root has a parent that lists it as a child, every node is
  * reached from the root, and (n even, NCCL's mirror) no node has children in both trees. */
@@ -168,6 +186,8 @@ static void protos(const char* algo, int nranks, int procs) {
 }
 TEST_T(coll_algo, RecDbl_protocols_threads_5, 120) { protos("RecDbl", 5, 0); }
 TEST_T(coll_algo, RecDbl_protocols_procs_4, 120) { protos("RecDbl", 4, 1); }
+TEST_T(coll_algo, Rabenseifner_protocols_threads_6, 120) { protos("Rabenseifner", 6, 0); }
+TEST_T(coll_algo, Rabenseifner_protocols_procs_3, 120) { protos("Rabenseifner", 3, 1); }
 TEST_T(coll_algo, Tree_protocols_threads_5, 120) {
   set_env("CHORUS_TREE_PER_RANK", "1");
   protos("Tree", 5, 0);
@@ -204,6 +224,11 @@ TEST_T(coll_algo, RecDbl_bit_identical, 120) {
   rt_run_threads(6, identical_body, NULL);
   rt_run_procs(7, identical_body, NULL);
 }
+TEST_T(coll_algo, Rabenseifner_bit_identical, 120) {
+  force("Rabenseifner", NULL);
+  rt_run_threads(6, identical_body, NULL);
+  rt_run_procs(5, identical_body, NULL);
+}
 TEST_T(coll_algo, Tree_bit_identical, 120) {
   set_env("CHORUS_TREE_PER_RANK", "1");
   force("Tree", NULL);
@@ -239,6 +264,11 @@ static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(coll_algo, RecDbl_group_with_send_recv, 60) {
   force("RecDbl", NULL);
+  rt_run_threads(5, mixed_body, NULL);
+  rt_run_procs(4, mixed_body, NULL);
+}
+TEST_T(coll_algo, Rabenseifner_group_with_send_recv, 60) {
+  force("Rabenseifner", NULL);
   rt_run_threads(5, mixed_body, NULL);
   rt_run_procs(4, mixed_body, NULL);
 }

@@ -144,7 +144,7 @@ TEST(tuning, mask_text_for_reports) {
 }
 
 /* ---- the default model keeps the choices made before it (the rules of the previous tuning.c), among
- * the algorithms that existed then (RecDbl, added since, is excluded; its choice is tested below) ---- */
+ * the algorithms that existed then (those added since are excluded; their choice is tested below) ---- */
 
 static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned pm, unsigned am, struct tune_choice* out) {
   int p;
@@ -164,7 +164,8 @@ static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned p
 }
 
 static const char* sweep_protos[] = {NULL, "LL", "LL128", "Simple", "^LL", "^Simple", "LL,LL128", "^LL128"};
-static const char* sweep_algos[] = {"^RecDbl", "Ring", "^Exchange,RecDbl", "Direct", "Exchange", "Ring,Direct"};
+#define ADDED "RecDbl,Rabenseifner,Tree"
+static const char* sweep_algos[] = {"^" ADDED, "Ring", "^Exchange," ADDED, "Direct", "Exchange", "Ring,Direct"};
 #define NSP (sizeof(sweep_protos) / sizeof(sweep_protos[0]))
 #define NSA (sizeof(sweep_algos) / sizeof(sweep_algos[0]))
 
@@ -211,7 +212,7 @@ TEST_T(tuning, default_model_keeps_choices_procs, 240) {
   sweep(3, 1);
 }
 TEST_T(tuning, default_model_keeps_choices_channels_net, 120) {
-  set("NCCL_ALGO", "^RecDbl");
+  set("NCCL_ALGO", "^" ADDED);
   set("NCCL_MAX_NCHANNELS", "4");
   set("NCCL_MIN_NCHANNELS", "2");
   rt_run_procs(2, sweep_body, NULL);
@@ -236,7 +237,8 @@ static void recdbl_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   tune_choose(comm, FUNC_ALLGATHER, 8, &a); /* AllReduce only */
   EXPECT_EQ(a.algo, ALGO_RING);
   tune_choose(comm, FUNC_ALLREDUCE, 16384, &a);
-  EXPECT_EQ(a.algo, comm->tune_net ? ALGO_RECDBL : ALGO_RING);
+  if (comm->tune_net) EXPECT_EQ(a.algo, ALGO_RECDBL);
+  else EXPECT(a.algo != ALGO_RECDBL);
   NCCL_OK(ncclCommDestroy(comm));
 }
 
@@ -297,9 +299,14 @@ static void call_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(tuning, unrunnable_fails_the_call, 90) {
-  /* Tree is NCCL's, not implemented here: every collective fails, naming why */
+  /* NVLS is NCCL's, not implemented here: every collective fails, naming why; Tree serves AllReduce only */
+  set("NCCL_ALGO", "NVLS");
+  struct call_case nvls[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "NCCL_ALGO=NVLS leaves it no algorithm Chorus can run"},
+                             {FUNC_BROADCAST, ncclInvalidUsage, "Broadcast: NCCL_ALGO=NVLS"},
+                             {0, 0, NULL}};
+  rt_run_both(2, call_body, nvls);
   set("NCCL_ALGO", "Tree");
-  struct call_case tree[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "NCCL_ALGO=Tree leaves it no algorithm Chorus can run"},
+  struct call_case tree[] = {{FUNC_ALLREDUCE, ncclSuccess, ""},
                              {FUNC_BROADCAST, ncclInvalidUsage, "Broadcast: NCCL_ALGO=Tree"},
                              {0, 0, NULL}};
   rt_run_both(2, call_body, tree);

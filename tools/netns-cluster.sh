@@ -3,9 +3,11 @@
 # bridge, which lives in a namespace of its own so nothing is added to the machine's own network.
 # Host i (0-based) is namespace PREFIX-hI with interface eth0 at 10.77.0.(i+1)/24 and fd77::(i+1)/64.
 #
-#   netns-cluster.sh up H [--rate RATE]   bring up H hosts (replacing an earlier cluster of this prefix);
+#   netns-cluster.sh up H [--rate RATE] [--delay D]
+#                                          bring up H hosts (replacing an earlier cluster of this prefix);
 #                                          RATE (tc syntax, e.g. 1gbit) shapes each host's link with tbf,
-#                                          both directions
+#                                          both directions; D (e.g. 100us) delays every packet each way
+#                                          (netem, which then also applies RATE): a hop costs 2 D more
 #   netns-cluster.sh down                  tear everything down (idempotent, also after a crash)
 #   netns-cluster.sh status                list the hosts and their addresses
 #   netns-cluster.sh run N [opts] CMD...   run CMD as N ranks; rank i on host i mod H (interleaved), or
@@ -66,9 +68,11 @@ cmd_down() {
 }
 
 cmd_up() {
-  local h="" rate=""
+  local h="" rate="" delay=""
   while [ $# -gt 0 ]; do
     case $1 in
+      --delay) delay=${2:?--delay needs a value}; shift 2 ;;
+      --delay=*) delay=${1#--delay=}; shift ;;
       --rate) rate=${2:?--rate needs a value}; shift 2 ;;
       --rate=*) rate=${1#--rate=}; shift ;;
       *) [ -z "$h" ] || die "up: unexpected argument $1"; h=$1; shift ;;
@@ -105,7 +109,12 @@ cmd_up() {
     ip -n "$ns" addr add "$SUBNET4.$((i + 1))/24" dev eth0
     ip -n "$ns" -6 addr add "${SUBNET6}:$(printf '%x' $((i + 1)))/64" dev eth0 nodad
     ip -n "$ns" link set eth0 up
-    if [ -n "$rate" ]; then
+    if [ -n "$delay" ]; then
+      local q="netem delay $delay ${rate:+rate $rate} limit 100000"
+      ip netns exec "$ns" tc qdisc add dev eth0 root $q ||
+        { set +e; cmd_down; die "tc netem failed (is the sch_netem module available?)"; }
+      ip netns exec "$SW" tc qdisc add dev "h$i" root $q
+    elif [ -n "$rate" ]; then
       # burst: enough for the rate at a 1 ms timer tick, at least 64 KiB.
       ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms ||
         { set +e; cmd_down; die "tc tbf failed (is the sch_tbf module available?)"; }
@@ -120,7 +129,7 @@ cmd_up() {
     command -v ping >/dev/null 2>&1 || { sleep 0.2; break; }
     sleep 0.1
   done
-  echo "netns-cluster: $h host(s) up (prefix $PREFIX${rate:+, links shaped to $rate})"
+  echo "netns-cluster: $h host(s) up (prefix $PREFIX${rate:+, links shaped to $rate}${delay:+, $delay delay each way})"
 }
 
 cmd_status() {

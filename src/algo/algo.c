@@ -12,6 +12,7 @@ uint64_t algo_nsteps(const struct ch_op* op) {
       if (op->algo == ALGO_EXCHANGE) return exchange_allreduce_nsteps(op);
       if (op->algo == ALGO_RECDBL) return recdbl_allreduce_nsteps(op);
       if (op->algo == ALGO_TREE) return tree_allreduce_nsteps(op);
+      if (op->algo == ALGO_RABEN) return raben_allreduce_nsteps(op);
       return ring_allreduce_nsteps(op);
     case FUNC_ALLGATHER: return ring_allgather_nsteps(op);
     case FUNC_REDUCESCATTER: return ring_reducescatter_nsteps(op);
@@ -30,6 +31,7 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
       if (op->algo == ALGO_EXCHANGE) exchange_allreduce_step(op, idx, p);
       else if (op->algo == ALGO_RECDBL) recdbl_allreduce_step(op, idx, p);
       else if (op->algo == ALGO_TREE) tree_allreduce_step(op, idx, p);
+      else if (op->algo == ALGO_RABEN) raben_allreduce_step(op, idx, p);
       else ring_allreduce_step(op, idx, p);
       break;
     case FUNC_ALLGATHER: ring_allgather_step(op, idx, p); break;
@@ -40,12 +42,13 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   }
 }
 
-int algo_uses_peers(int algo) { return algo == ALGO_RECDBL || algo == ALGO_TREE; }
+int algo_uses_peers(int algo) { return algo == ALGO_RECDBL || algo == ALGO_TREE || algo == ALGO_RABEN; }
 
 void algo_peers(const struct ch_op* op, char* send, char* recv) {
   if (op->nranks == 1) return;
   if (op->algo == ALGO_RECDBL) recdbl_allreduce_peers(op, send, recv);
   if (op->algo == ALGO_TREE) tree_allreduce_peers(op, send, recv);
+  if (op->algo == ALGO_RABEN) raben_allreduce_peers(op, send, recv);
 }
 
 static const char* type_name(uint32_t t) {

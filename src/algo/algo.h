@@ -18,8 +18,11 @@ enum ch_func {
   FUNC_COUNT
 };
 /* NCCL's numbering for Tree/Ring; the others are ours: Exchange (two ranks), Direct (one host, peers'
- * buffers read in place), RecDbl (recursive doubling, log2(n) hops: small messages). */
-enum ch_algo { ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_RECDBL = 4, ALGO_COUNT = 5 };
+ * buffers read in place), RecDbl (recursive doubling, log2(n) hops: small messages), Rabenseifner
+ * (recursive halving + doubling: medium messages). */
+enum ch_algo {
+  ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_RECDBL = 4, ALGO_RABEN = 5, ALGO_COUNT = 6
+};
 
 /* Where a rank's buffer lives, so that peers can reach it (direct_allreduce.c). Threads of one process
  * use addr (the thread clique is this process's heap, written only by its threads). Processes never
@@ -145,6 +148,9 @@ int direct_allreduce_try(struct ch_op* op);
 uint64_t tree_allreduce_nsteps(const struct ch_op* op);
 void tree_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 void tree_allreduce_peers(const struct ch_op* op, char* send, char* recv);
+uint64_t raben_allreduce_nsteps(const struct ch_op* op);
+void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+void raben_allreduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t recdbl_allreduce_nsteps(const struct ch_op* op);
 void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 void recdbl_allreduce_peers(const struct ch_op* op, char* send, char* recv);

@@ -27,6 +27,7 @@ static const struct tune_name algo_tab[] = {
     {"Exchange", ALGO_EXCHANGE},
     {"Direct", ALGO_DIRECT},
     {"RecDbl", ALGO_RECDBL},
+    {"Rabenseifner", ALGO_RABEN},
 };
 _Static_assert(sizeof(algo_tab) / sizeof(algo_tab[0]) == TUNE_ALGO_NBITS, "a name for every algorithm bit");
 static const struct tune_name proto_tab[] = {{"LL", PROTO_LL}, {"LL128", PROTO_LL128}, {"Simple", PROTO_SIMPLE}};

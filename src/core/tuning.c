@@ -14,7 +14,7 @@
 #include "tuner_abi.h"
 
 static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
-static const char* algo_names[] = {"Tree", "Ring", "Exchange", "Direct", "RecDbl"};
+static const char* algo_names[] = {"Tree", "Ring", "Exchange", "Direct", "RecDbl", "Rabenseifner"};
 _Static_assert(sizeof(algo_names) / sizeof(algo_names[0]) == ALGO_COUNT, "a name for every algorithm");
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
@@ -107,6 +107,7 @@ static unsigned runnable_algos(const struct ncclComm* comm, int func) {
   if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
   if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RECDBL;
   if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_TREE;
+  if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RABEN;
   return m;
 }
 
@@ -138,7 +139,8 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
     put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
     put_names(runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
     WARN("%s: NCCL_ALGO=%s leaves it no algorithm Chorus can run (allowed for %s: %s; Chorus runs %s here: "
-         "CollNet, NVLS and PAT are not implemented, Tree and RecDbl serve AllReduce, Exchange needs 2 ranks, Direct one host)",
+         "CollNet, NVLS and PAT are not implemented, Tree, RecDbl and Rabenseifner serve AllReduce, Exchange needs 2 ranks, "
+         "Direct one host)",
          fn, param_str(PARAM_ALGO), fn, a, b);
     return CH_INVALID_USAGE;
   }
@@ -164,10 +166,12 @@ static double predict_us(const struct ncclComm* comm, int func, int algo, int pr
     /* up then down; each rank receives (or sends) its half from up to two children per tree, for
      * both halves: about twice the bytes per rank, and the whole up phase precedes the down phase */
     steps = 2.0 * comm->tree_depth, traffic = 2;
-  } else if (algo == ALGO_RECDBL) {
+  } else if (algo == ALGO_RECDBL || algo == ALGO_RABEN) {
     int p = 1, log = 0;
     while (p * 2 <= n) p *= 2, log++;
-    steps = log + (p != n ? 2 : 0), traffic = steps; /* the whole vector every hop */
+    int fold = p != n ? 2 : 0; /* extra ranks: the whole vector in and out */
+    if (algo == ALGO_RECDBL) steps = log + fold, traffic = steps; /* the whole vector every hop */
+    else steps = 2 * log + fold, traffic = 2.0 * (p - 1) / p + fold;
   } else if (func == FUNC_ALLREDUCE) {
     steps = 2 * (dn - 1), traffic = 2 * (dn - 1) / dn;
   } else if (func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER) {
@@ -204,7 +208,7 @@ static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes) {
 }
 
 /* Preference among equal predictions: Chorus's specialised algorithms first, Simple first. */
-static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_RECDBL, ALGO_TREE};
+static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_RECDBL, ALGO_RABEN, ALGO_TREE};
 static const int proto_order[CH_NPROTO] = {PROTO_SIMPLE, PROTO_LL128, PROTO_LL};
 
 /* Cheapest entry of cost (negative: not available); 0 if none. */
