@@ -624,6 +624,13 @@ static void abort_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   printf("      rank %d: %s -> %s %.3f s after ncclCommAbort began; abort took %.3f s\n", rank, names[what],
          res_name(r), late, (double)a.took / 1e9);
   EXPECT(r != ncclSuccess);
+  /* Rank 0 runs the bootstrap root: when this rank starts late (a loaded machine), rank 0's abort
+   * ends the job before this rank's own abort thread finds a comm to abort; a remote error then is
+   * the right answer, and there is nothing left to abort. */
+  if (what == B_INIT && rank != 0 && r == ncclRemoteError && (!a.abort_at || back < a.abort_at)) {
+    printf("      rank %d: rank 0 aborted first (the root is gone): ncclRemoteError, as it should\n", rank);
+    return;
+  }
   EXPECT_EQ(a.r, ncclSuccess);
   if (!a.abort_at || back < a.abort_at) rt_fail(__FILE__, __LINE__, "rank %d: %s returned before the abort", rank, names[what]);
   else if (late > 1.0) rt_fail(__FILE__, __LINE__, "rank %d: %s returned %.2f s after the abort", rank, names[what], late);

@@ -14,6 +14,7 @@
 #include "../src/misc/param.h"
 #include "../src/misc/socket.h"
 #include "../src/misc/utils.h"
+#include "calibrate.h"
 
 static void print_numa(void) {
   DIR* d = opendir("/sys/devices/system/node");
@@ -72,12 +73,16 @@ static int stall(const char* hostport) {
 int main(int argc, char** argv) {
   int brief = argc > 1 && strcmp(argv[1], "--brief") == 0;
   if (argc == 3 && strcmp(argv[1], "--stall") == 0) return stall(argv[2]);
+  if (argc <= 3 && argc > 1 && strcmp(argv[1], "--calibrate") == 0)
+    return calibrate_main(argc == 3 ? argv[2] : "chorus-tune.conf");
   if (argc > 1 && !brief) {
     printf("usage: chorus-info [--brief]\n  Prints Chorus's version, configuration and host topology.\n"
            "       chorus-info --stall HOST:PORT\n  Prints the stall report of a running job: HOST:PORT is a "
            "process's stall query address\n  (logged by each rank at NCCL_DEBUG=INFO, named in every stall "
            "report). The job's secret\n  comes from CHORUS_SECRET / CHORUS_SECRET_FILE; without one only the "
-           "job's own user\n  on the same host may ask.\n");
+           "job's own user\n  on the same host may ask.\n"
+           "       chorus-info --calibrate [FILE]\n  Measures the cost model's constants on this machine (about a "
+           "minute) and writes them\n  to FILE (default chorus-tune.conf) for CHORUS_TUNE_FILE.\n");
     return strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ? 0 : 2;
   }
   int v = 0, nv = 0;

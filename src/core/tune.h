@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "enqueue.h"
 
@@ -42,6 +43,31 @@ ch_status tune_check_call(struct ncclComm* comm, int func);
 double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
 /* Release the tuner plugin context (comm_free). */
 void tune_fini(struct ncclComm* comm);
+
+/* The cost model's constants (tune_model.c): defaults measured and documented there, replaced by the
+ * values of CHORUS_TUNE_FILE (written by `chorus-info --calibrate`) when that is set. Per protocol:
+ * LL, LL128, Simple. Loaded once per process; read-only afterwards. */
+struct tune_model {
+  double step_us[CH_NPROTO];   /* latency of one FIFO step (one hop) */
+  double copy_bw;              /* bytes per microsecond one core copies */
+  double proto_eff[CH_NPROTO]; /* share of copy_bw a protocol delivers */
+  double direct_us;            /* Direct: its arrive/done synchronisation, per call */
+  double chan_gain;            /* bandwidth added per channel beyond the first (share of one) */
+  size_t chan_bytes;           /* one channel per this many bytes (NCCL_MIN/MAX_NCHANNELS bound it) */
+  size_t ll_max_bytes;         /* LL above this: prediction x ll_penalty (chosen only when alone) */
+  double ll_penalty;
+  double net_step_us;          /* one hop through the network transport (any protocol) */
+  double net_bw;               /* bytes per microsecond through one network connection */
+};
+const struct tune_model* tune_model_get(void);
+/* CH_OK, or CH_INVALID_USAGE when CHORUS_TUNE_FILE is set but unreadable or malformed (WARNed once). */
+ch_status tune_model_status(void);
+/* A hash of the constants in use (ranks compare it at init: different models choose differently). */
+int64_t tune_model_hash(void);
+/* Write the constants in CHORUS_TUNE_FILE's format ("name = value" lines) to f. */
+void tune_model_write(FILE* f, const struct tune_model* m);
+/* The built-in defaults. */
+const struct tune_model* tune_model_defaults(void);
 
 /* Tuner plugins (tuner_plugin.c). A loaded plugin: one per process, shared by reference. */
 struct tune_plugin;

@@ -23,40 +23,6 @@ const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? proto_name
 const char* tune_algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
 const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? func_names[f] : "?"; }
 
-/* The model's constants, all in one table. "measured": from a figure in docs/PERFORMANCE.md, named;
- * "placeholder": not measured, chosen to keep the choices made before the model existed (to be
- * calibrated). Per protocol: LL, LL128, Simple. */
-static const struct tune_model {
-  double step_us[CH_NPROTO];   /* latency of one FIFO step (one hop) */
-  double copy_bw;              /* bytes per microsecond one core copies */
-  double proto_eff[CH_NPROTO]; /* share of copy_bw a protocol delivers */
-  double direct_us;            /* Direct: its arrive/done synchronisation, per call */
-  double chan_gain;            /* bandwidth added per channel beyond the first (share of one) */
-  size_t chan_bytes;           /* one channel per this many bytes (NCCL_MIN/MAX_NCHANNELS bound it) */
-  size_t ll_max_bytes;         /* LL above this: prediction x ll_penalty (chosen only when alone) */
-  double ll_penalty;
-  double net_step_us;          /* one hop through the network transport (any protocol) */
-  double net_bw;               /* bytes per microsecond through one network connection */
-} model = {
-    /* Simple/LL128: 0.25 us, measured: 2-process AllReduce of 8-64 B takes 0.19-0.29 us (one step;
-     * session 2 table), and the protocol table shows the three protocols tied at 8 B (0.93 / 0.96 /
-     * 0.97 us, older sitting). LL 0.20: placeholder, a 0.05 us edge that keeps LL for tiny messages. */
-    .step_us = {0.20, 0.25, 0.25},
-    /* measured: memcpy_bench, one core, 64 MiB: 11.6-12.9 GB/s (session 2) */
-    .copy_bw = 12000.0,
-    /* measured: protocol table, 512 KiB row: Simple 42 us, LL128 66 us, LL 178 us */
-    .proto_eff = {0.24, 0.64, 1.0},
-    .direct_us = 0.10,   /* placeholder: below one FIFO step, so CHORUS_DIRECT_MIN_BYTES is the switch */
-    .chan_gain = 0.0,    /* placeholder: channel scaling not measured (NCCL_MAX_NCHANNELS defaults to 1) */
-    .chan_bytes = 1u << 20, /* placeholder: the rule used before the model */
-    .ll_max_bytes = 64,  /* measured: protocols tie up to 64-128 B, Simple wins from 512 B (protocol table) */
-    .ll_penalty = 1024.0,
-    /* measured: 2 ranks over loopback TCP, 8 B AllReduce (Exchange, one hop) 34-42 us; 64 MiB AllReduce
-     * 1.2-1.5 GB/s busbw (PERFORMANCE.md, "Network transport") */
-    .net_step_us = 35.0,
-    .net_bw = 1300.0,
-};
-
 /* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
  * what all know: hosts, processes, and NCCL_SHM_DISABLE / NCCL_P2P_DISABLE (agreed at init). */
 static int uses_net(const struct ncclComm* comm) {
@@ -94,7 +60,9 @@ int64_t tune_agree_value(const struct ncclComm* comm, int is_algo) {
   return tune_mask_pack(is_algo, is_algo ? comm->algo_mask : comm->proto_mask);
 }
 
-ch_status tune_check(struct ncclComm* comm) { return comm->tune_bad ? CH_INVALID_USAGE : CH_OK; }
+ch_status tune_check(struct ncclComm* comm) {
+  return comm->tune_bad || tune_model_status() != CH_OK ? CH_INVALID_USAGE : CH_OK;
+}
 
 void tune_fini(struct ncclComm* comm) { tuner_close(comm); }
 
@@ -151,12 +119,13 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
  * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place).
  * net: hops cross the network transport (its latency and bandwidth replace the memory copy's). */
 static double predict_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
+  const struct tune_model* model = tune_model_get();
   int n = comm->nranks, net = comm->tune_net;
   double steps, traffic, copies = 2.0;
   double dn = n;
   if (algo == ALGO_DIRECT) {
     traffic = 2.0 * (dn - 1) / dn; /* read peers' inputs, write peers' outputs: its segment */
-    return model.direct_us + (double)bytes * traffic / model.copy_bw;
+    return model->direct_us + (double)bytes * traffic / model->copy_bw;
   }
   if (n == 1) {
     steps = 0, traffic = 1, copies = 1; /* local copy */
@@ -183,16 +152,17 @@ static double predict_us(const struct ncclComm* comm, int func, int algo, int pr
   } else {
     steps = 1, traffic = 1; /* send/recv */
   }
-  double bw = model.copy_bw * model.proto_eff[proto] * (1.0 + model.chan_gain * (nch - 1));
-  if (net) return steps * model.net_step_us + (double)bytes * traffic / model.net_bw;
-  return steps * model.step_us[proto] + (double)bytes * traffic * copies / bw;
+  double bw = model->copy_bw * model->proto_eff[proto] * (1.0 + model->chan_gain * (nch - 1));
+  if (net) return steps * model->net_step_us + (double)bytes * traffic / model->net_bw;
+  return steps * model->step_us[proto] + (double)bytes * traffic * copies / bw;
 }
 
 /* What the choice compares (and a plugin sees): the prediction, with LL above its size penalised so
  * that it is taken only when nothing else is allowed. Logs and ncclGroupSimulateEnd get predict_us. */
 static double cost_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
+  const struct tune_model* model = tune_model_get();
   double t = predict_us(comm, func, algo, proto, bytes, nch);
-  return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model.ll_max_bytes ? t * model.ll_penalty : t;
+  return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model->ll_max_bytes ? t * model->ll_penalty : t;
 }
 
 /* Algorithms allowed and runnable for this call. The size thresholds (CHORUS_EXCHANGE_MAX_BYTES,
@@ -261,10 +231,11 @@ static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t
 static int algo_one_channel(int algo) { return algo == ALGO_DIRECT || algo_uses_peers(algo); }
 
 static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out, int* by_tuner) {
+  const struct tune_model* model = tune_model_get();
   int n = comm->nranks, i = tune_mask_index(func);
   unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes);
   if (!pm) pm = 1u << PROTO_SIMPLE; /* only if tune_check_call was bypassed */
-  int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes / model.chan_bytes));
+  int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes / model->chan_bytes));
   nch = UT_MAX(1, UT_MIN(nch, comm->nchannels));
   double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
   for (int a = 0; a < ALGO_COUNT; a++)

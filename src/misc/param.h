@@ -60,6 +60,8 @@
     "wire-protocol version announced at init (testing aid: ranks must agree)")                    \
   X(RING_ORDER, "CHORUS_RING_ORDER", P_STR, 0, "",                                                \
     "testing aid: ring order after grouping by host: hosts (default), reverse, interleave; ranks must agree") \
+  X(TUNE_FILE, "CHORUS_TUNE_FILE", P_STR, 0, "",                                                   \
+    "cost model constants measured on this machine (written by chorus-info --calibrate); ranks must agree") \
   X(TREE_PER_RANK, "CHORUS_TREE_PER_RANK", P_INT, 0, "",                                          \
     "Tree algorithm: 1 = every rank is a node of the binary trees (default 0: hosts are, a chain inside each); ranks must agree") \
   X(SECRET_FILE, "CHORUS_SECRET_FILE", P_STR, 0, "",                                               \

@@ -1,0 +1,152 @@
+/* The cost model's constants: built-in defaults (each says where its value comes from) and the file
+ * `chorus-info --calibrate` writes from measurements on the machine at hand (CHORUS_TUNE_FILE). The
+ * file is untrusted text: known names only, finite values in a plausible range, or init fails. */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "tune.h"
+
+/* "measured": from a figure in docs/PERFORMANCE.md, named; "placeholder": not measured, chosen to keep
+ * the choices made before the model existed. */
+static const struct tune_model defaults = {
+    /* Simple/LL128: 0.25 us, measured: 2-process AllReduce of 8-64 B takes 0.19-0.29 us (one step;
+     * session 2 table), and the protocol table shows the three protocols tied at 8 B (0.93 / 0.96 /
+     * 0.97 us, older sitting). LL 0.20: placeholder, a 0.05 us edge that keeps LL for tiny messages. */
+    .step_us = {0.20, 0.25, 0.25},
+    /* measured: memcpy_bench, one core, 64 MiB: 11.6-12.9 GB/s (session 2) */
+    .copy_bw = 12000.0,
+    /* measured: protocol table, 512 KiB row: Simple 42 us, LL128 66 us, LL 178 us */
+    .proto_eff = {0.24, 0.64, 1.0},
+    .direct_us = 0.10,   /* placeholder: below one FIFO step, so CHORUS_DIRECT_MIN_BYTES is the switch */
+    .chan_gain = 0.0,    /* placeholder: channel scaling not measured (NCCL_MAX_NCHANNELS defaults to 1) */
+    .chan_bytes = 1u << 20, /* placeholder: the rule used before the model */
+    .ll_max_bytes = 64,  /* measured: protocols tie up to 64-128 B, Simple wins from 512 B (protocol table) */
+    .ll_penalty = 1024.0,
+    /* measured: 2 ranks over loopback TCP, 8 B AllReduce (Exchange, one hop) 34-42 us; 64 MiB AllReduce
+     * 1.2-1.5 GB/s busbw (PERFORMANCE.md, "Network transport") */
+    .net_step_us = 35.0,
+    .net_bw = 1300.0,
+};
+
+/* Written once by load() under pthread_once, read-only afterwards. */
+static struct tune_model model;
+static ch_status model_status = CH_OK;
+static pthread_once_t model_once = PTHREAD_ONCE_INIT;
+
+/* The file's names: where each value goes and the range it must fall in. */
+struct key {
+  const char* name;
+  size_t off;
+  int is_size; /* size_t field (else double) */
+  double lo, hi;
+};
+#define D(field, lo, hi) {#field, offsetof(struct tune_model, field), 0, lo, hi}
+#define Z(field, lo, hi) {#field, offsetof(struct tune_model, field), 1, lo, hi}
+static const struct key keys[] = {
+    {"step_us.LL", offsetof(struct tune_model, step_us[PROTO_LL]), 0, 0.001, 1e5},
+    {"step_us.LL128", offsetof(struct tune_model, step_us[PROTO_LL128]), 0, 0.001, 1e5},
+    {"step_us.Simple", offsetof(struct tune_model, step_us[PROTO_SIMPLE]), 0, 0.001, 1e5},
+    D(copy_bw, 1, 1e7),
+    {"proto_eff.LL", offsetof(struct tune_model, proto_eff[PROTO_LL]), 0, 0.001, 1},
+    {"proto_eff.LL128", offsetof(struct tune_model, proto_eff[PROTO_LL128]), 0, 0.001, 1},
+    {"proto_eff.Simple", offsetof(struct tune_model, proto_eff[PROTO_SIMPLE]), 0, 0.001, 1},
+    D(direct_us, 0, 1e5),
+    D(chan_gain, 0, 1),
+    Z(chan_bytes, 1, 1e12),
+    Z(ll_max_bytes, 0, 1e12),
+    D(ll_penalty, 1, 1e9),
+    D(net_step_us, 0.001, 1e6),
+    D(net_bw, 1, 1e7),
+};
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+static ch_status parse_line(char* line, int lineno, const char* path) {
+  char* hash = strchr(line, '#');
+  if (hash) *hash = '\0';
+  char name[64];
+  double v;
+  char extra;
+  if (sscanf(line, " %63[A-Za-z0-9_.] = %lf %c", name, &v, &extra) != 2) {
+    for (char* c = line; *c; c++)
+      if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
+        WARN("CHORUS_TUNE_FILE %s line %d: expected \"name = number\"", path, lineno);
+        return CH_INVALID_USAGE;
+      }
+    return CH_OK; /* blank or comment */
+  }
+  for (size_t k = 0; k < NKEYS; k++) {
+    if (strcasecmp(name, keys[k].name) != 0) continue;
+    if (!isfinite(v) || v < keys[k].lo || v > keys[k].hi) {
+      WARN("CHORUS_TUNE_FILE %s line %d: %s = %g is outside [%g, %g]", path, lineno, keys[k].name, v, keys[k].lo,
+           keys[k].hi);
+      return CH_INVALID_USAGE;
+    }
+    char* at = (char*)&model + keys[k].off;
+    if (keys[k].is_size) *(size_t*)at = (size_t)v;
+    else *(double*)at = v;
+    return CH_OK;
+  }
+  WARN("CHORUS_TUNE_FILE %s line %d: unknown constant \"%s\" (chorus-info --calibrate writes the known ones)", path,
+       lineno, name);
+  return CH_INVALID_USAGE;
+}
+
+static void load(void) {
+  model = defaults;
+  const char* path = param_str(PARAM_TUNE_FILE);
+  if (!path[0]) return;
+  FILE* f = fopen(path, "re");
+  if (!f) {
+    WARN("CHORUS_TUNE_FILE %s cannot be read: %s", path, strerror(errno));
+    model_status = CH_INVALID_USAGE;
+    return;
+  }
+  char line[256];
+  int lineno = 0;
+  while (model_status == CH_OK && fgets(line, sizeof(line), f)) {
+    lineno++;
+    model_status = parse_line(line, lineno, path);
+  }
+  fclose(f);
+  if (model_status != CH_OK) model = defaults; /* never half a file */
+  else INFO(LOG_TUNING, "cost model constants from CHORUS_TUNE_FILE %s", path);
+}
+
+const struct tune_model* tune_model_get(void) {
+  pthread_once(&model_once, load);
+  return &model;
+}
+
+ch_status tune_model_status(void) {
+  pthread_once(&model_once, load);
+  return model_status;
+}
+
+const struct tune_model* tune_model_defaults(void) { return &defaults; }
+
+int64_t tune_model_hash(void) {
+  const struct tune_model* m = tune_model_get();
+  uint64_t h = 0;
+  for (size_t k = 0; k < NKEYS; k++) { /* values, not bytes: padding never counts */
+    const char* at = (const char*)m + keys[k].off;
+    double v = keys[k].is_size ? (double)*(const size_t*)at : *(const double*)at;
+    h = ut_hash(&v, sizeof(v), h);
+  }
+  return (int64_t)(h >> 1);
+}
+
+void tune_model_write(FILE* f, const struct tune_model* m) {
+  for (size_t k = 0; k < NKEYS; k++) {
+    const char* at = (const char*)m + keys[k].off;
+    double v = keys[k].is_size ? (double)*(const size_t*)at : *(const double*)at;
+    fprintf(f, "%-18s = %.6g\n", keys[k].name, v);
+  }
+}
