@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
            "process's stall query address\n  (logged by each rank at NCCL_DEBUG=INFO, named in every stall "
            "report). The job's secret\n  comes from CHORUS_SECRET / CHORUS_SECRET_FILE; without one only the "
            "job's own user\n  on the same host may ask.\n"
-           "       chorus-info --calibrate [FILE]\n  Measures the cost model's constants on this machine (about a "
-           "minute) and writes them\n  to FILE (default chorus-tune.conf) for CHORUS_TUNE_FILE.\n");
+           "       chorus-info --calibrate [FILE]\n  Measures the cost model's constants on this machine (a few "
+           "seconds) and writes them\n  to FILE (default chorus-tune.conf) for CHORUS_TUNE_FILE.\n");
     return strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ? 0 : 2;
   }
   int v = 0, nv = 0;

@@ -17,23 +17,24 @@
 /* "measured": from a figure in docs/PERFORMANCE.md, named; "placeholder": not measured, chosen to keep
  * the choices made before the model existed. */
 static const struct tune_model defaults = {
-    /* Simple/LL128: 0.25 us, measured: 2-process AllReduce of 8-64 B takes 0.19-0.29 us (one step;
-     * session 2 table), and the protocol table shows the three protocols tied at 8 B (0.93 / 0.96 /
-     * 0.97 us, older sitting). LL 0.20: placeholder, a 0.05 us edge that keeps LL for tiny messages. */
-    .step_us = {0.20, 0.25, 0.25},
-    /* measured: memcpy_bench, one core, 64 MiB: 11.6-12.9 GB/s (session 2) */
-    .copy_bw = 12000.0,
-    /* measured: protocol table, 512 KiB row: Simple 42 us, LL128 66 us, LL 178 us */
-    .proto_eff = {0.24, 0.64, 1.0},
+    /* measured: `chorus-info --calibrate` on the 2-CPU build machine, 2026-11-23, three runs (spread in
+     * brackets): one-hop AllReduce between 2 processes, 8 B: LL 0.27 [0.27-0.28], LL128 0.40
+     * [0.38-0.41], Simple 0.39 us; 1 MiB: Simple 105-109 us = 19.3-20.0 GB/s through the FIFO (the
+     * fastest protocol: copy_bw), LL 0.41 and LL128 0.48 of it. A plain memcpy of one core measured
+     * 6.9 GB/s in the same runs: a FIFO hop overlaps the two ranks' copies, so memcpy does not
+     * predict it. docs/PERFORMANCE.md, "Cost model constants". */
+    .step_us = {0.27, 0.40, 0.39},
+    .copy_bw = 19400.0,
+    .proto_eff = {0.41, 0.48, 1.0},
     .direct_us = 0.10,   /* placeholder: below one FIFO step, so CHORUS_DIRECT_MIN_BYTES is the switch */
     .chan_gain = 0.0,    /* placeholder: channel scaling not measured (NCCL_MAX_NCHANNELS defaults to 1) */
     .chan_bytes = 1u << 20, /* placeholder: the rule used before the model */
     .ll_max_bytes = 64,  /* measured: protocols tie up to 64-128 B, Simple wins from 512 B (protocol table) */
     .ll_penalty = 1024.0,
-    /* measured: 2 ranks over loopback TCP, 8 B AllReduce (Exchange, one hop) 34-42 us; 64 MiB AllReduce
-     * 1.2-1.5 GB/s busbw (PERFORMANCE.md, "Network transport") */
-    .net_step_us = 35.0,
-    .net_bw = 1300.0,
+    /* measured: same calibration runs, loopback TCP between 2 processes: 8 B 28.0-29.4 us, 4 MiB
+     * 2.5-3.7 ms (1.1-1.7 GB/s) */
+    .net_step_us = 29.0,
+    .net_bw = 1400.0,
 };
 
 /* Written once by load() under pthread_once, read-only afterwards. */
