@@ -10,8 +10,8 @@
  * Non-powers of two: extra ranks fold into a partner first and get the result back, as in RecDbl
  * (recdbl_allreduce.c), 2 hops of the whole vector more.
  *
- * Within a round the two partners alternate one chunk out, one chunk in (S0 R0 S1 R1 ...), so a
- * round of any size fits the FIFO; both compute the same number of steps from the same halves. The
+ * Within a round the partners keep a few chunks in flight each way (rb_order), so a round of any size
+ * fits the FIFO; both compute the same number of steps from the same halves. The
  * first contribution of a rank is premultiplied, partial results are not (premul = 0). In place
  * works: a half is sent before anything overwrites it, and a kept half is only reduced into. */
 #include "algo.h"
@@ -80,6 +80,25 @@ static uint64_t rb_round_steps(const struct ch_op* op, const struct rb_role* ro,
   return 2 * rb_chunks(op, ls > lr ? ls : lr);
 }
 
+/* Step `idx` of a round of c chunks each way: the first RB_AHEAD chunks are sent before anything is
+ * received, then each receive is followed by the next send, then the last receives. Both partners
+ * follow it, so neither ever has more than RB_AHEAD sends waiting (the FIFO holds CH_STEPS), and a
+ * round over a slow link keeps RB_AHEAD chunks in flight instead of one. */
+#define RB_AHEAD (CH_STEPS / 2)
+static void rb_order(uint64_t c, uint64_t idx, int* send, uint64_t* j) {
+  uint64_t w = c < RB_AHEAD ? c : RB_AHEAD;
+  if (idx < w) {
+    *send = 1, *j = idx;
+    return;
+  }
+  uint64_t k = idx - w;
+  if (k < 2 * (c - w)) {
+    *send = k % 2, *j = k % 2 ? k / 2 + w : k / 2;
+    return;
+  }
+  *send = 0, *j = (c - w) + (k - 2 * (c - w));
+}
+
 uint64_t raben_allreduce_nsteps(const struct ch_op* op) {
   struct rb_role ro = rb_role(op->rank, op->nranks);
   uint64_t whole = rb_chunks(op, op->part_count);
@@ -116,8 +135,9 @@ void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) 
   int r = 0;
   for (uint64_t n; idx >= (n = rb_round_steps(op, &ro, r)); r++) idx -= n;
   struct rb_round x = rb_round_of(&ro, op->nranks, r);
-  int halving = r < ro.log, send = idx % 2 == 0;
-  uint64_t j = idx / 2;
+  int halving = r < ro.log, send;
+  uint64_t j;
+  rb_order(rb_round_steps(op, &ro, r) / 2, idx, &send, &j);
   size_t o, len;
   if (send) rb_blocks(op, ro.p, x.s0, x.s1, &o, &len);
   else rb_blocks(op, ro.p, x.r0, x.r1, &o, &len);

@@ -17,9 +17,13 @@
  * first child in the same step (recvCopySend) and sending it to the others after. */
 #include "algo.h"
 
+/* Trees in use: a vector that fits one step goes up and down one tree (the second would only add
+ * messages to every rank's path; bandwidth is not what limits it). All ranks decide alike. */
+static int ntrees(const struct ch_op* op) { return op->part_count > op->chunk ? op->ntrees : 1; }
+
 /* Tree 0 carries the first half (rounded up to 8 elements), tree 1 the rest. */
 static size_t tree_half(const struct ch_op* op) {
-  if (op->ntrees == 1) return op->part_count;
+  if (ntrees(op) == 1) return op->part_count;
   return algo_min(op->part_count, ((op->part_count + 1) / 2 + 7) & ~(size_t)7);
 }
 
@@ -42,7 +46,7 @@ static int down_steps(const struct algo_tree* tr) { return tr->up < 0 ? tr->ndow
 
 static int phase_steps(const struct ch_op* op, int down) {
   int s = 0;
-  for (int t = 0; t < op->ntrees; t++) s += down ? down_steps(&op->trees[t]) : up_steps(&op->trees[t]);
+  for (int t = 0; t < ntrees(op); t++) s += down ? down_steps(&op->trees[t]) : up_steps(&op->trees[t]);
   return s;
 }
 
@@ -91,7 +95,7 @@ void tree_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   int per = is_down ? down : up;
   uint64_t j = k / (uint64_t)per;
   int s = (int)(k % (uint64_t)per), t = 0;
-  for (; t < op->ntrees; t++) {
+  for (; t < ntrees(op); t++) {
     const struct algo_tree* tr = &op->trees[t];
     int n = is_down ? down_steps(tr) : up_steps(tr);
     if (s < n) break;
