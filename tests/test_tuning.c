@@ -267,6 +267,57 @@ TEST_T(tuning, malformed_fails_init, 60) {
   rt_run_threads(3, init_fails_body, "NCCL_PROTO=allreduce:LL,LL129 is malformed: unknown protocol 'LL129'");
 }
 
+/* ---- CHORUS_TUNE_FILE: constants from chorus-info --calibrate ---- */
+
+static const char* tune_file(const char* text) {
+  static char path[64];
+  static int seq; /* a new name per content: the library reads each file once per process */
+  snprintf(path, sizeof(path), "/tmp/chorus-tune-%d-%d.conf", (int)getpid(), seq++);
+  FILE* f = fopen(path, "w");
+  ASSERT(f);
+  fputs(text, f);
+  fclose(f);
+  return path;
+}
+
+TEST_T(tuning, tune_file_malformed_fails_init, 60) {
+  set("CHORUS_TUNE_FILE", tune_file("step_us.Simple = 0.5\nwarp_speed = 9\n"));
+  rt_run_both(2, init_fails_body, "unknown constant \"warp_speed\"");
+  set("CHORUS_TUNE_FILE", tune_file("net_bw = -3\n"));
+  rt_run_threads(2, init_fails_body, "net_bw = -3 is outside");
+  set("CHORUS_TUNE_FILE", tune_file("copy_bw 12\n"));
+  rt_run_threads(2, init_fails_body, "line 1: expected \"name = number\"");
+  set("CHORUS_TUNE_FILE", "/nonexistent/chorus-tune.conf");
+  rt_run_threads(2, init_fails_body, "/nonexistent/chorus-tune.conf cannot be read");
+}
+
+/* The file's constants drive the choice: hops made dear enough favour RecDbl up to large sizes. */
+static void tune_file_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  EXPECT(tune_model_get()->step_us[PROTO_SIMPLE] == 500.0);
+  struct tune_choice a;
+  tune_choose(comm, FUNC_ALLREDUCE, 64 << 10, &a); /* Direct's threshold is higher */
+  EXPECT_EQ(a.algo, ALGO_RECDBL);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, tune_file_is_used, 60) {
+  set("CHORUS_TUNE_FILE", tune_file("# comment\n\nstep_us.LL = 500\nstep_us.LL128 = 500\nstep_us.Simple = 500  # dear\n"));
+  rt_run_procs(4, tune_file_body, NULL);
+}
+
+/* Ranks with different constants would choose differently: init fails on every rank. */
+static void tune_file_differs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  if (rank == 1) set("CHORUS_TUNE_FILE", (const char*)arg);
+  init_fails_body(rank, nranks, id, "CHORUS_TUNE_FILE (cost model constants) differs");
+}
+
+TEST_T(tuning, tune_file_must_agree, 60) {
+  rt_run_procs(2, tune_file_differs_body, (void*)tune_file("step_us.Simple = 2\n"));
+}
+
 struct call_case {
   int func;
   ncclResult_t want;
@@ -535,6 +586,19 @@ TEST_T(tuning, tuner_plugin_forces_ring_over_exchange_and_direct, 90) {
                                {FUNC_BROADCAST, 8, ALGO_RING, PROTO_LL, 0}, /* no rule: the model's */
                                {0, 0, 0, 0, 0}};
   rt_run_both(2, plugin_body, ring);
+}
+
+/* Tree is in NCCL's table too: a plugin that picks it for AllReduce gets it (and exact results). */
+TEST_T(tuning, tuner_plugin_forces_tree, 90) {
+  const char* lib = csv_plugin();
+  if (!lib) return;
+  set("NCCL_TUNER_PLUGIN", lib);
+  use_rules("allreduce,0,-1,tree,simple\n");
+  struct want_choice tree[] = {{FUNC_ALLREDUCE, 8, ALGO_TREE, PROTO_SIMPLE, 1},
+                               {FUNC_ALLREDUCE, 1 << 20, ALGO_TREE, PROTO_SIMPLE, 1},
+                               {FUNC_BROADCAST, 8, ALGO_RING, PROTO_LL, 0},
+                               {0, 0, 0, 0, 0}};
+  rt_run_both(3, plugin_body, tree);
 }
 
 TEST_T(tuning, tuner_plugin_forces_protocol_and_channels, 90) {

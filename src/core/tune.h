@@ -60,7 +60,8 @@ struct tune_model {
   double net_bw;               /* bytes per microsecond through one network connection */
 };
 const struct tune_model* tune_model_get(void);
-/* CH_OK, or CH_INVALID_USAGE when CHORUS_TUNE_FILE is set but unreadable or malformed (WARNed once). */
+/* CH_OK, or CH_INVALID_USAGE with a WARN saying why when CHORUS_TUNE_FILE is set but unreadable or
+ * malformed (the defaults are then in use). */
 ch_status tune_model_status(void);
 /* A hash of the constants in use (ranks compare it at init: different models choose differently). */
 int64_t tune_model_hash(void);

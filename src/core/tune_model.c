@@ -5,6 +5,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -37,10 +39,19 @@ static const struct tune_model defaults = {
     .net_bw = 1400.0,
 };
 
-/* Written once by load() under pthread_once, read-only afterwards. */
-static struct tune_model model;
-static ch_status model_status = CH_OK;
-static pthread_once_t model_once = PTHREAD_ONCE_INIT;
+/* One loaded model per value of CHORUS_TUNE_FILE seen by this process (tests change it between
+ * communicators; a job sets it once). Entries are immutable once published and never freed, so a
+ * reader may keep the pointer; `current` is the last one looked up (atomic), `all` a list under lock. */
+struct loaded {
+  char path[256]; /* longer values are refused */
+  struct tune_model m;
+  ch_status status;
+  char why[1024]; /* when status is not CH_OK: logged by every init that fails on it (tune_check) */
+  struct loaded* next;
+};
+static struct loaded* _Atomic current;
+static struct loaded* all;
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The file's names: where each value goes and the range it must fall in. */
 struct key {
@@ -69,7 +80,8 @@ static const struct key keys[] = {
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
-static ch_status parse_line(char* line, int lineno, const char* path) {
+static ch_status parse_line(struct tune_model* model, char* line, int lineno, const char* path, char* why,
+                            size_t wlen) {
   char* hash = strchr(line, '#');
   if (hash) *hash = '\0';
   char name[64];
@@ -78,7 +90,7 @@ static ch_status parse_line(char* line, int lineno, const char* path) {
   if (sscanf(line, " %63[A-Za-z0-9_.] = %lf %c", name, &v, &extra) != 2) {
     for (char* c = line; *c; c++)
       if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
-        WARN("CHORUS_TUNE_FILE %s line %d: expected \"name = number\"", path, lineno);
+        snprintf(why, wlen, "CHORUS_TUNE_FILE %s line %d: expected \"name = number\"", path, lineno);
         return CH_INVALID_USAGE;
       }
     return CH_OK; /* blank or comment */
@@ -86,49 +98,75 @@ static ch_status parse_line(char* line, int lineno, const char* path) {
   for (size_t k = 0; k < NKEYS; k++) {
     if (strcasecmp(name, keys[k].name) != 0) continue;
     if (!isfinite(v) || v < keys[k].lo || v > keys[k].hi) {
-      WARN("CHORUS_TUNE_FILE %s line %d: %s = %g is outside [%g, %g]", path, lineno, keys[k].name, v, keys[k].lo,
-           keys[k].hi);
+      snprintf(why, wlen, "CHORUS_TUNE_FILE %s line %d: %s = %g is outside [%g, %g]", path, lineno, keys[k].name, v,
+               keys[k].lo, keys[k].hi);
       return CH_INVALID_USAGE;
     }
-    char* at = (char*)&model + keys[k].off;
+    char* at = (char*)model + keys[k].off;
     if (keys[k].is_size) *(size_t*)at = (size_t)v;
     else *(double*)at = v;
     return CH_OK;
   }
-  WARN("CHORUS_TUNE_FILE %s line %d: unknown constant \"%s\" (chorus-info --calibrate writes the known ones)", path,
-       lineno, name);
+  snprintf(why, wlen, "CHORUS_TUNE_FILE %s line %d: unknown constant \"%s\" (chorus-info --calibrate writes the known ones)",
+           path, lineno, name);
   return CH_INVALID_USAGE;
 }
 
-static void load(void) {
-  model = defaults;
-  const char* path = param_str(PARAM_TUNE_FILE);
-  if (!path[0]) return;
-  FILE* f = fopen(path, "re");
+static void load(struct loaded* e) {
+  e->m = defaults;
+  e->status = CH_OK;
+  if (!e->path[0]) return;
+  FILE* f = fopen(e->path, "re");
   if (!f) {
-    WARN("CHORUS_TUNE_FILE %s cannot be read: %s", path, strerror(errno));
-    model_status = CH_INVALID_USAGE;
+    snprintf(e->why, sizeof(e->why), "CHORUS_TUNE_FILE %s cannot be read: %s", e->path, strerror(errno));
+    e->status = CH_INVALID_USAGE;
     return;
   }
   char line[256];
   int lineno = 0;
-  while (model_status == CH_OK && fgets(line, sizeof(line), f)) {
+  while (e->status == CH_OK && fgets(line, sizeof(line), f)) {
     lineno++;
-    model_status = parse_line(line, lineno, path);
+    e->status = parse_line(&e->m, line, lineno, e->path, e->why, sizeof(e->why));
   }
   fclose(f);
-  if (model_status != CH_OK) model = defaults; /* never half a file */
-  else INFO(LOG_TUNING, "cost model constants from CHORUS_TUNE_FILE %s", path);
+  if (e->status != CH_OK) e->m = defaults; /* never half a file */
+  else INFO(LOG_TUNING, "cost model constants from CHORUS_TUNE_FILE %s", e->path);
+}
+
+static const struct loaded too_long = {.status = CH_INVALID_USAGE,
+                                       .why = "CHORUS_TUNE_FILE is longer than 255 characters"};
+
+static const struct loaded* lookup(void) {
+  const char* path = param_str(PARAM_TUNE_FILE);
+  if (strlen(path) >= sizeof(too_long.path)) return &too_long;
+  struct loaded* e = atomic_load_explicit(&current, memory_order_acquire);
+  if (e && strcmp(e->path, path) == 0) return e;
+  pthread_mutex_lock(&load_lock);
+  for (e = all; e && strcmp(e->path, path) != 0; e = e->next) {}
+  if (!e && (e = calloc(1, sizeof(*e))) != NULL) {
+    snprintf(e->path, sizeof(e->path), "%s", path);
+    load(e);
+    e->next = all;
+    all = e;
+  }
+  if (e) atomic_store_explicit(&current, e, memory_order_release);
+  pthread_mutex_unlock(&load_lock);
+  return e;
 }
 
 const struct tune_model* tune_model_get(void) {
-  pthread_once(&model_once, load);
-  return &model;
+  const struct loaded* e = lookup();
+  return e && e->status == CH_OK ? &e->m : &defaults;
 }
 
 ch_status tune_model_status(void) {
-  pthread_once(&model_once, load);
-  return model_status;
+  const struct loaded* e = lookup();
+  if (!e) {
+    WARN("out of memory reading CHORUS_TUNE_FILE");
+    return CH_SYSTEM;
+  }
+  if (e->status != CH_OK) WARN("%s", e->why);
+  return e->status;
 }
 
 const struct tune_model* tune_model_defaults(void) { return &defaults; }
