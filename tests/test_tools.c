@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/tune.h"
+#include "misc/param.h"
 #include "runner.h"
 
 /* ------------------------------------------------------------------------------- helpers ---- */
@@ -619,4 +621,24 @@ TEST(chorusrun, hosts_and_binding) {
   const char* p = strstr(r.out, "[0] Cpus_allowed_list:");
   EXPECT(p && strcspn(p + 22, "-,\n") == strcspn(p + 22, "\n")); /* one CPU, no range or list */
   cmd_free(&r);
+}
+
+/* chorus-info --calibrate measures and writes a file the library accepts as CHORUS_TUNE_FILE. */
+TEST_T(chorus_info, calibrate_writes_a_usable_file, 120) {
+  char* dir = make_tmpdir();
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/tune.conf", dir);
+  cmd_result r = run(100, NULL, bin("chorus-info"), "--calibrate", path, (char*)NULL);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_HAS(r.out, "step_us.Simple");
+  EXPECT_HAS(r.out, "wrote ");
+  cmd_free(&r);
+  setenv("CHORUS_TUNE_FILE", path, 1);
+  param_reset();
+  EXPECT_EQ(tune_model_status(), CH_OK);
+  EXPECT(tune_model_get()->step_us[PROTO_SIMPLE] > 0 && tune_model_get()->copy_bw > 0);
+  unsetenv("CHORUS_TUNE_FILE");
+  unlink(path);
+  rmdir(dir);
+  free(dir);
 }
