@@ -1,4 +1,4 @@
-/* Each algorithm forced with NCCL_ALGO gives Ring's results (closed form, inputs that make sums exact)
+/* Each algorithm forced with NCCL_ALGO (Tree: AllReduce and Broadcast) gives Ring's results (closed form, inputs that make sums exact)
  * for every collective it serves, nranks 1..16 as threads and as processes; with several FIFO steps
  * per call (small FIFOs, large counts) and every protocol; all ranks bit-identical on inexact inputs;
  * and a group that mixes it with send/recv on the same connections still right (it runs Ring then). */
@@ -22,12 +22,18 @@ static void set_env(const char* name, const char* value) {
   else unsetenv(name);
 }
 
-/* NCCL_ALGO=allreduce:<algo> and the protocol, for communicators created afterwards. */
+/* NCCL_ALGO=allreduce:<algo> (or, for Tree, also broadcast:tree) and the protocol, for communicators
+ * created afterwards. */
 static void force(const char* algo, const char* proto) {
   char v[64];
-  snprintf(v, sizeof(v), "allreduce:%s", algo);
+  snprintf(v, sizeof(v), "allreduce:%s%s", algo, strcmp(algo, "Tree") ? "" : ";broadcast:Tree");
   set_env("NCCL_ALGO", v);
   cu_force_proto(proto); /* re-reads the parameters */
+}
+
+/* The collectives an algorithm serves. */
+static unsigned served(const char* algo) {
+  return 1u << CU_ALLREDUCE | (strcmp(algo, "Tree") ? 0 : 1u << CU_BROADCAST | 1u << CU_BCAST);
 }
 
 static void run(int nranks, int procs, struct cu_sweep* sw) {
@@ -38,7 +44,7 @@ static void run(int nranks, int procs, struct cu_sweep* sw) {
 /* Every type and op at counts 0, 1, n-1, 4099 and one that takes several steps. */
 static void sweep(const char* algo, int nranks, int procs) {
   force(algo, NULL);
-  struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE, .types = few_types, .ntypes = 6, .ops = all_ops, .nops = 7,
+  struct cu_sweep sw = {.colls = served(algo), .types = few_types, .ntypes = 6, .ops = all_ops, .nops = 7,
                         .big = {70001}};
   if (nranks > 8) sw.types = float_t1, sw.ntypes = 1; /* 16 ranks on two cores: keep it short */
   run(nranks, procs, &sw);
@@ -125,7 +131,7 @@ static void hosts_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 static void across_hosts(const char* algo) {
   force(algo, NULL);
-  struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE, .types = float_t1, .ntypes = 1, .ops = all_ops, .nops = 7,
+  struct cu_sweep sw = {.colls = served(algo), .types = float_t1, .ntypes = 1, .ops = all_ops, .nops = 7,
                         .big = {70001}};
   rt_run_procs(6, hosts_body, &sw);
   rt_run_procs(5, hosts_body, &sw);
@@ -179,7 +185,7 @@ static void protos(const char* algo, int nranks, int procs) {
   static const char* names[] = {"LL", "LL128", "Simple"};
   for (int p = 0; p < 3; p++) {
     force(algo, names[p]);
-    struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE, .types = float_t1, .ntypes = 1, .ops = sum1, .nops = 1,
+    struct cu_sweep sw = {.colls = served(algo), .types = float_t1, .ntypes = 1, .ops = sum1, .nops = 1,
                           .big = {(1u << 20) + 7}, .only_big = 1};
     run(nranks, procs, &sw);
   }

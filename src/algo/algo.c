@@ -16,7 +16,7 @@ uint64_t algo_nsteps(const struct ch_op* op) {
       return ring_allreduce_nsteps(op);
     case FUNC_ALLGATHER: return ring_allgather_nsteps(op);
     case FUNC_REDUCESCATTER: return ring_reducescatter_nsteps(op);
-    case FUNC_BROADCAST: return ring_broadcast_nsteps(op);
+    case FUNC_BROADCAST: return op->algo == ALGO_TREE ? tree_broadcast_nsteps(op) : ring_broadcast_nsteps(op);
     case FUNC_REDUCE: return ring_reduce_nsteps(op);
     default: return 0;
   }
@@ -36,7 +36,10 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
       break;
     case FUNC_ALLGATHER: ring_allgather_step(op, idx, p); break;
     case FUNC_REDUCESCATTER: ring_reducescatter_step(op, idx, p); break;
-    case FUNC_BROADCAST: ring_broadcast_step(op, idx, p); break;
+    case FUNC_BROADCAST:
+      if (op->algo == ALGO_TREE) tree_broadcast_step(op, idx, p);
+      else ring_broadcast_step(op, idx, p);
+      break;
     case FUNC_REDUCE: ring_reduce_step(op, idx, p); break;
     default: break;
   }
@@ -47,7 +50,8 @@ int algo_uses_peers(int algo) { return algo == ALGO_RECDBL || algo == ALGO_TREE 
 void algo_peers(const struct ch_op* op, char* send, char* recv) {
   if (op->nranks == 1) return;
   if (op->algo == ALGO_RECDBL) recdbl_allreduce_peers(op, send, recv);
-  if (op->algo == ALGO_TREE) tree_allreduce_peers(op, send, recv);
+  if (op->algo == ALGO_TREE && op->func == FUNC_ALLREDUCE) tree_allreduce_peers(op, send, recv);
+  if (op->algo == ALGO_TREE && op->func == FUNC_BROADCAST) tree_broadcast_peers(op, send, recv);
   if (op->algo == ALGO_RABEN) raben_allreduce_peers(op, send, recv);
 }
 

@@ -148,6 +148,9 @@ int direct_allreduce_try(struct ch_op* op);
 uint64_t tree_allreduce_nsteps(const struct ch_op* op);
 void tree_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 void tree_allreduce_peers(const struct ch_op* op, char* send, char* recv);
+uint64_t tree_broadcast_nsteps(const struct ch_op* op);
+void tree_broadcast_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+void tree_broadcast_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t raben_allreduce_nsteps(const struct ch_op* op);
 void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 void raben_allreduce_peers(const struct ch_op* op, char* send, char* recv);
@@ -166,6 +169,9 @@ uint64_t p2p_nsteps(const struct ch_op* op);
 void p2p_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t local_nsteps(const struct ch_op* op);
 void local_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+
+/* NCCL's binary tree over n nodes: parent and children of node r (-1: none); btree.c. */
+void algo_btree(int n, int r, int* up, int* d0, int* d1);
 
 /* A call as messages name it, e.g. "AllReduce(1048576 x float32, sum) #17" (algo.c). */
 void algo_call_text(char* buf, size_t len, const struct xfer_hdr* h);
