@@ -25,6 +25,7 @@
 #include "coll_util.h"
 #include "core/comm.h"
 #include "misc/param.h"
+#include "netns_util.h"
 #include "runner.h"
 
 
@@ -40,74 +41,7 @@ static struct cu_sweep matrix_sweep(void) {
   return sw;
 }
 
-/* ---- the test side: hosts up, ranks run, hosts down ---- */
-
-static char cl_script[PATH_MAX], cl_exe[PATH_MAX], cl_dir[64];
-static int cl_is_up;
-
-static int sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char* fmt, ...) {
-  char cmd[PATH_MAX + 512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof(cmd), fmt, ap);
-  va_end(ap);
-  fflush(stdout);
-  int st = system(cmd);
-  return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void cl_down(void) {
-  if (!cl_is_up) return;
-  cl_is_up = 0;
-  sh("%s down", cl_script);
-  if (cl_dir[0]) sh("rm -rf %s", cl_dir);
-}
-
-/* Bring up `hosts` hosts; 0 when the test cannot run here (SKIP printed). ASSERT/exit tear down too. */
-static int cl_up(int hosts) {
-  /* the script sits in tools/ next to this file's tests/ (CMake compiles with absolute paths) */
-  const char* env = getenv("CHORUS_NETNS_SCRIPT");
-  if (env) snprintf(cl_script, sizeof(cl_script), "%s", env);
-  else {
-    const char* slash = strrchr(__FILE__, '/');
-    int dir = slash ? (int)(slash - __FILE__) + 1 : 0;
-    snprintf(cl_script, sizeof(cl_script), "%.*s../tools/netns-cluster.sh", dir, __FILE__);
-  }
-  if (access(cl_script, X_OK) != 0) {
-    printf("    SKIP: %s not found (set CHORUS_NETNS_SCRIPT)\n", cl_script);
-    return 0;
-  }
-  ssize_t k = readlink("/proc/self/exe", cl_exe, sizeof(cl_exe) - 1);
-  ASSERT(k > 0);
-  cl_exe[k] = 0;
-  if (geteuid() != 0) {
-    printf("    SKIP: network namespaces need root\n");
-    return 0;
-  }
-  char prefix[16];
-  snprintf(prefix, sizeof(prefix), "ct%d", (int)(getpid() % 1000000));
-  setenv("CHORUS_NETNS_PREFIX", prefix, 1);
-  snprintf(cl_dir, sizeof(cl_dir), "/tmp/chorus-cluster-%s", prefix);
-  mkdir(cl_dir, 0700);
-  setenv("CHORUS_CLUSTER_DIR", cl_dir, 1);
-  setenv("NCCL_DEBUG", "WARN", 1);
-  cl_is_up = 1;
-  atexit(cl_down);
-  int st = sh("%s up %d", cl_script, hosts);
-  if (st == 77) {
-    cl_down();
-    printf("    SKIP: the cluster script cannot make network namespaces here (see above)\n");
-    return 0;
-  }
-  ASSERT_EQ(st, 0);
-  return 1;
-}
-
-/* Whether data can move between hosts: CHORUS_TEST_NET=1 says yes, =0 no; unset, a 2-rank AllReduce
- * finds out (a build without the network transport says so at connect). */
-static pid_t cl_start(const char* opts, int n, const char* body);
-static int cl_wait(pid_t pid);
+/* ---- the test side: hosts up, ranks run, hosts down (netns_util.c) ---- */
 
 static int net_said_absent(const char* path) {
   int absent = access(path, F_OK) == 0;
@@ -116,115 +50,76 @@ static int net_said_absent(const char* path) {
   return absent;
 }
 
-static int cl_net_enabled(void) {
-  const char* e = getenv("CHORUS_TEST_NET");
-  if (e && *e == '0') {
-    printf("    SKIP: CHORUS_TEST_NET=0\n");
-    return 0;
-  }
-  if (e && *e == '1') return 1;
-  cl_wait(cl_start("", 2, "net_probe"));
-  char path[128];
-  snprintf(path, sizeof(path), "%s/nonet0", cl_dir);
-  return !net_said_absent(path);
-}
-
-/* Start `run` in the background; returns its pid. */
-static pid_t cl_start(const char* opts, int n, const char* body) {
-  char cmd[2 * PATH_MAX + 512];
-  snprintf(cmd, sizeof(cmd), "%s run %d --tag --timeout 200 %s %s cluster_rank.%s", cl_script, n, opts, cl_exe, body);
-  fflush(stdout);
-  pid_t pid = fork();
-  ASSERT(pid >= 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, (char*)NULL);
-    _exit(127);
-  }
-  return pid;
-}
-
-static int cl_wait(pid_t pid) {
-  int st;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int cl_run(const char* opts, int n, const char* body) { return cl_wait(cl_start(opts, n, body)); }
-
-static int count_files(const char* stem, int n) {
-  int c = 0;
-  for (int r = 0; r < n; r++) {
-    char p[256];
-    snprintf(p, sizeof(p), "%s/%s%d", cl_dir, stem, r);
-    c += access(p, F_OK) == 0;
-  }
-  return c;
+/* Ranks log their WARNs (a failure names its cause in the test output). */
+static int cl_up(int hosts) {
+  setenv("NCCL_DEBUG", "WARN", 1);
+  return nn_up("ct", hosts);
 }
 
 static void wait_files(const char* stem, int n, int seconds) {
-  for (int i = 0; i < seconds * 10 && count_files(stem, n) < n; i++) usleep(100000);
-  ASSERT_EQ(count_files(stem, n), n);
+  for (int i = 0; i < seconds * 10 && nn_count(stem, n, 0) < n; i++) usleep(100000);
+  ASSERT_EQ(nn_count(stem, n, 0), n);
 }
 
 TEST_T(cluster, init_barrier_3x2_interleaved, 240) {
   if (!cl_up(3)) return;
   setenv("CHORUS_CLUSTER_LAYOUT", "interleaved", 1);
-  EXPECT_EQ(cl_run("", 6, "init_barrier"), 0);
+  EXPECT_EQ(nn_run("", 6, 200, "cluster_rank.init_barrier"), 0);
   setenv("CHORUS_CLUSTER_LAYOUT", "blocked", 1);
-  EXPECT_EQ(cl_run("--blocked", 6, "init_barrier"), 0);
+  EXPECT_EQ(nn_run("--blocked", 6, 200, "cluster_rank.init_barrier"), 0);
   setenv("CHORUS_CLUSTER_LAYOUT", "interleaved", 1);
   setenv("CHORUS_CLUSTER_FAMILY", "6", 1);
-  EXPECT_EQ(cl_run("--ipv6", 6, "init_barrier"), 0); /* NCCL_COMM_ID=[fd77::1]:port */
-  cl_down();
+  EXPECT_EQ(nn_run("--ipv6", 6, 200, "cluster_rank.init_barrier"), 0); /* NCCL_COMM_ID=[fd77::1]:port */
+  nn_down();
 }
 
 TEST_T(cluster, wrong_socket_ifname, 240) {
   if (!cl_up(3)) return;
   setenv("NCCL_SOCKET_IFNAME", "=chorus-no-such-if", 1);
-  EXPECT_EQ(cl_run("", 6, "init_fails"), 0);
+  EXPECT_EQ(nn_run("", 6, 200, "cluster_rank.init_fails"), 0);
   unsetenv("NCCL_SOCKET_IFNAME");
-  cl_down();
+  nn_down();
 }
 
 /* The full collective x type x op matrix, 3 hosts x 2 ranks, ranks interleaved over hosts. */
 TEST_T(cluster, coll_matrix_3x2_interleaved, 900) {
   if (!cl_up(3)) return;
-  if (!cl_net_enabled()) {
-    cl_down();
+  if (!nn_net_enabled("cluster_rank.net_probe")) {
+    nn_down();
     return;
   }
-  EXPECT_EQ(cl_run("--timeout 800", 6, "coll_matrix"), 0); /* 6 ranks on few cores: minutes */
-  cl_down();
+  EXPECT_EQ(nn_run("", 6, 800, "cluster_rank.coll_matrix"), 0); /* 6 ranks on few cores: minutes */
+  nn_down();
 }
 
 /* Host 2's link goes down in the middle of an AllReduce loop: every rank returns an error naming a
  * peer within the timeout. */
 TEST_T(cluster, link_cut_mid_allreduce, 400) {
   if (!cl_up(3)) return;
-  if (!cl_net_enabled()) {
-    cl_down();
+  if (!nn_net_enabled("cluster_rank.net_probe")) {
+    nn_down();
     return;
   }
-  pid_t run = cl_start("", 6, "allreduce_until_error");
+  pid_t run = nn_start("", 6, 200, "cluster_rank.allreduce_until_error");
   wait_files("looping", 6, 120);
   sleep(1);
-  EXPECT_EQ(sh("%s link 2 down", cl_script), 0);
-  EXPECT_EQ(cl_wait(run), 0);
-  cl_down();
+  EXPECT_EQ(nn_sh("%s link 2 down", nn_script()), 0);
+  EXPECT_EQ(nn_wait(run), 0);
+  nn_down();
 }
 
 /* A rank on host 2 dies by SIGKILL mid-loop: the others return an error naming a peer. */
 TEST_T(cluster, sigkill_rank_on_other_host, 400) {
   if (!cl_up(3)) return;
-  if (!cl_net_enabled()) {
-    cl_down();
+  if (!nn_net_enabled("cluster_rank.net_probe")) {
+    nn_down();
     return;
   }
   setenv("CHORUS_CLUSTER_KILL_RANK", "5", 1); /* host 5 mod 3 = 2 */
-  pid_t run = cl_start("", 6, "allreduce_until_error");
-  EXPECT(cl_wait(run) != 0); /* rank 5 was killed */
-  EXPECT_EQ(count_files("ok", 6), 5);
-  cl_down();
+  pid_t run = nn_start("", 6, 200, "cluster_rank.allreduce_until_error");
+  EXPECT(nn_wait(run) != 0); /* rank 5 was killed */
+  EXPECT_EQ(nn_count("ok", 6, 0), 5);
+  nn_down();
 }
 
 /* Every collective with the network forced between ranks of one host (NCCL's NCCL_SHM_DISABLE=1 with
@@ -258,23 +153,8 @@ TEST_T(cluster, net_forced_between_local_procs, 600) {
 
 /* ---- the rank side: run by the script inside a host; nothing to do elsewhere ---- */
 
-static int cl_rank(int* rank, int* nranks, int* host) {
-  const char* h = getenv("CHORUS_NETNS_HOST");
-  if (!h) {
-    printf("    (a rank body of suite \"cluster\": runs under tools/netns-cluster.sh only)\n");
-    return 0;
-  }
-  *host = atoi(h);
-  ASSERT_EQ(chorusEnvRankInfo(rank, nranks, NULL, NULL), ncclSuccess);
-  return 1;
-}
-
-static void mark(const char* stem, int rank) {
-  char p[256];
-  snprintf(p, sizeof(p), "%s/%s%d", getenv("CHORUS_CLUSTER_DIR"), stem, rank);
-  int fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-  if (fd >= 0) close(fd);
-}
+static int cl_rank(int* rank, int* nranks, int* host) { return nn_rank("cluster", rank, nranks, host); }
+static void mark(const char* stem, int rank) { nn_file(stem, rank, NULL); }
 
 TEST_T(cluster_rank, init_barrier, 120) {
   int rank, n, host;

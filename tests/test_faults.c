@@ -28,6 +28,7 @@
 
 #include "chorus.h"
 #include "misc/param.h"
+#include "netns_util.h"
 #include "runner.h"
 
 #define FX_MAX 4
@@ -657,94 +658,10 @@ TEST_T(faults, abort_from_thread_in_stream_sync_3, 30) {
  * made or the build has no network transport), runs this binary's suite "faults_rank" as the ranks,
  * and counts the survivors that wrote ok<rank>. */
 
-static char nx_script[PATH_MAX], nx_exe[PATH_MAX], nx_dir[64];
-static int nx_is_up;
-
-static int nx_sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static int nx_sh(const char* fmt, ...) {
-  char cmd[2 * PATH_MAX + 512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof(cmd), fmt, ap);
-  va_end(ap);
-  fflush(stdout);
-  int st = system(cmd);
-  return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void nx_down(void) {
-  if (!nx_is_up) return;
-  nx_is_up = 0;
-  nx_sh("%s down", nx_script);
-  if (nx_dir[0]) nx_sh("rm -rf %s", nx_dir);
-}
-
-static int nx_up(int hosts) {
-  const char* env = getenv("CHORUS_NETNS_SCRIPT");
-  if (env) snprintf(nx_script, sizeof(nx_script), "%s", env);
-  else {
-    const char* slash = strrchr(__FILE__, '/');
-    int dir = slash ? (int)(slash - __FILE__) + 1 : 0;
-    snprintf(nx_script, sizeof(nx_script), "%.*s../tools/netns-cluster.sh", dir, __FILE__);
-  }
-  if (access(nx_script, X_OK) != 0) {
-    printf("    SKIP: %s not found (set CHORUS_NETNS_SCRIPT)\n", nx_script);
-    return 0;
-  }
-  ssize_t k = readlink("/proc/self/exe", nx_exe, sizeof(nx_exe) - 1);
-  ASSERT(k > 0);
-  nx_exe[k] = 0;
-  if (geteuid() != 0) {
-    printf("    SKIP: network namespaces need root\n");
-    return 0;
-  }
-  char prefix[16];
-  snprintf(prefix, sizeof(prefix), "fx%d", (int)(getpid() % 1000000));
-  setenv("CHORUS_NETNS_PREFIX", prefix, 1);
-  snprintf(nx_dir, sizeof(nx_dir), "/tmp/chorus-faults-%s", prefix);
-  mkdir(nx_dir, 0700);
-  setenv("CHORUS_CLUSTER_DIR", nx_dir, 1);
-  nx_is_up = 1;
-  atexit(nx_down);
-  int st = nx_sh("%s up %d", nx_script, hosts);
-  if (st == 77) {
-    nx_down();
-    printf("    SKIP: the cluster script cannot make network namespaces here (see above)\n");
-    return 0;
-  }
-  ASSERT_EQ(st, 0);
-  return 1;
-}
-
-static int nx_run(int n, const char* body) {
-  char cmd[2 * PATH_MAX + 512];
-  snprintf(cmd, sizeof(cmd), "%s run %d --tag --timeout 120 %s faults_rank.%s", nx_script, n, nx_exe, body);
-  return nx_sh("%s", cmd);
-}
-
-static int nx_count(const char* stem, int n) {
-  int c = 0;
-  for (int r = 0; r < n; r++) {
-    char p[256];
-    snprintf(p, sizeof(p), "%s/%s%d", nx_dir, stem, r);
-    c += access(p, F_OK) == 0;
-    unlink(p);
-  }
-  return c;
-}
-
 TEST_T(faults, kill_across_hosts, 240) {
-  if (fx_skip_tsan() || !nx_up(2)) return;
-  const char* e = getenv("CHORUS_TEST_NET");
-  if (e && *e == '0') {
-    printf("    SKIP: CHORUS_TEST_NET=0\n");
-    nx_down();
-    return;
-  }
-  nx_run(2, "net_probe");
-  if (nx_count("nonet", 1) && !(e && *e == '1')) {
-    printf("    SKIP: this build has no network transport between hosts\n");
-    nx_down();
+  if (fx_skip_tsan() || !nn_up("fx", 2)) return;
+  if (!nn_net_enabled("faults_rank.net_probe")) {
+    nn_down();
     return;
   }
   static const char* const moments[] = {"mid", "idle"};
@@ -753,44 +670,16 @@ TEST_T(faults, kill_across_hosts, 240) {
     setenv("FX_NET_MOMENT", moments[m], 1);
     setenv("FX_NET_VICTIM", victims[m], 1);
     printf("    kill rank %s %s:\n", victims[m], moments[m]);
-    EXPECT(nx_run(4, "kill") != 0); /* the victim was killed */
-    int ok = nx_count("ok", 4);
+    EXPECT(nn_run("", 4, 120, "faults_rank.kill") != 0); /* the victim was killed */
+    int ok = nn_count("ok", 4, 1);
     if (ok != 3) rt_fail(__FILE__, __LINE__, "kill rank %s %s: %d of 3 survivors passed (see their output)", victims[m], moments[m], ok);
   }
-  nx_down();
+  nn_down();
 }
 
 /* ---- the rank side (runs under tools/netns-cluster.sh only) ---- */
 
-static int nx_rank(int* rank, int* n) {
-  if (!getenv("CHORUS_NETNS_HOST") || !getenv("CHORUS_CLUSTER_DIR")) {
-    printf("    (a rank body of suite \"faults\": runs under tools/netns-cluster.sh only)\n");
-    return 0;
-  }
-  ASSERT_EQ(chorusEnvRankInfo(rank, n, NULL, NULL), ncclSuccess);
-  return 1;
-}
-
-static void nx_file(const char* stem, int rank, const char* text) {
-  char p[256];
-  snprintf(p, sizeof(p), "%s/%s%d", getenv("CHORUS_CLUSTER_DIR"), stem, rank);
-  FILE* f = fopen(p, "w");
-  if (f) {
-    if (text) fputs(text, f);
-    fclose(f);
-  }
-}
-
-static int nx_read(const char* stem, int rank, char* buf, size_t len) {
-  char p[256];
-  snprintf(p, sizeof(p), "%s/%s%d", getenv("CHORUS_CLUSTER_DIR"), stem, rank);
-  FILE* f = fopen(p, "r");
-  if (!f) return 0;
-  size_t k = fread(buf, 1, len - 1, f);
-  buf[k] = 0;
-  fclose(f);
-  return 1;
-}
+static int nx_rank(int* rank, int* n) { return nn_rank("faults", rank, n, NULL); }
 
 TEST_T(faults_rank, net_probe, 120) {
   int rank, n;
@@ -800,7 +689,7 @@ TEST_T(faults_rank, net_probe, 120) {
   float x = 1;
   if (ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, NULL) != ncclSuccess &&
       strstr(ncclGetLastError(comm), "not available in this version"))
-    nx_file("nonet", 0, NULL);
+    nn_file("nonet", 0, NULL);
   ncclCommAbort(comm);
 }
 
@@ -822,7 +711,7 @@ TEST_T(faults_rank, kill, 120) {
   char buf[64];
   if (rank == victim) {
     snprintf(buf, sizeof(buf), "%d", (int)getpid());
-    nx_file("pid", rank, buf);
+    nn_file("pid", rank, buf);
     cudaStream_t st;
     if (mid) { /* in flight on a stream when it dies */
       NCCL_OK(chorusStreamCreate(&st));
@@ -832,7 +721,7 @@ TEST_T(faults_rank, kill, 120) {
       sleep_ms(300); /* the others are blocked in a call it never joins */
     }
     snprintf(buf, sizeof(buf), "%" PRIu64, now_ns());
-    nx_file("kill", rank, buf);
+    nn_file("kill", rank, buf);
     raise(SIGKILL);
   }
   ncclResult_t r = ncclAllReduce(v, v, mid ? count : 4096, ncclInt32, ncclSum, comm, NULL);
@@ -843,11 +732,11 @@ TEST_T(faults_rank, kill, 120) {
   snprintf(e, sizeof(e), "%s", ncclGetLastError(comm));
   uint64_t kill_ns = 0;
   for (int i = 0; i < 2000 && !kill_ns; i++) {
-    if (nx_read("kill", victim, buf, sizeof(buf))) kill_ns = strtoull(buf, NULL, 10);
+    if (nn_read("kill", victim, buf, sizeof(buf))) kill_ns = strtoull(buf, NULL, 10);
     else sleep_ms(1);
   }
   char vpid[64] = "?", vrank[32];
-  nx_read("pid", victim, vpid, sizeof(vpid));
+  nn_read("pid", victim, vpid, sizeof(vpid));
   snprintf(vrank, sizeof(vrank), "rank %d", victim);
   double secs = kill_ns ? ((double)t_err - (double)kill_ns) / 1e9 : -1;
   printf("rank %d: %s (async %s) %.2f s after rank %d was killed: %s\n", rank, res_name(r), res_name(as), secs, victim, e);
@@ -855,10 +744,10 @@ TEST_T(faults_rank, kill, 120) {
     rt_fail(__FILE__, __LINE__, "rank %d: %s (async %s), want ncclRemoteError", rank, res_name(r), res_name(as));
   /* Stay up until every survivor has its error: a survivor that exits at once would be reported as
    * dead by the others (rightly), hiding whether they learnt of the real victim. */
-  nx_file("done", rank, NULL);
+  nn_file("done", rank, NULL);
   for (int i = 0; i < 3000; i++) {
     int d = 0;
-    for (int q = 0; q < n; q++) d += q != victim && nx_read("done", q, buf, sizeof(buf));
+    for (int q = 0; q < n; q++) d += q != victim && nn_read("done", q, buf, sizeof(buf));
     if (d == n - 1) break;
     sleep_ms(1);
   }
@@ -873,5 +762,5 @@ TEST_T(faults_rank, kill, 120) {
   ncclCommAbort(comm);
   if (now_ns() - t0 > FX_ABORT_NS) rt_fail(__FILE__, __LINE__, "rank %d: ncclCommAbort took %.2f s", rank, (double)(now_ns() - t0) / 1e9);
   free(v);
-  if (!rt_failures()) nx_file("ok", rank, NULL);
+  if (!rt_failures()) nn_file("ok", rank, NULL);
 }
