@@ -1,4 +1,4 @@
-/* Each algorithm forced with NCCL_ALGO (Tree: AllReduce and Broadcast) gives Ring's results (closed form, inputs that make sums exact)
+/* Each algorithm forced with NCCL_ALGO (Tree: AllReduce, Broadcast and Reduce) gives Ring's results (closed form, inputs that make sums exact)
  * for every collective it serves, nranks 1..16 as threads and as processes; with several FIFO steps
  * per call (small FIFOs, large counts) and every protocol; all ranks bit-identical on inexact inputs;
  * and a group that mixes it with send/recv on the same connections still right (it runs Ring then). */
@@ -22,18 +22,18 @@ static void set_env(const char* name, const char* value) {
   else unsetenv(name);
 }
 
-/* NCCL_ALGO=allreduce:<algo> (or, for Tree, also broadcast:tree) and the protocol, for communicators
+/* NCCL_ALGO=allreduce:<algo> (for Tree also Broadcast and Reduce) and the protocol, for communicators
  * created afterwards. */
 static void force(const char* algo, const char* proto) {
   char v[64];
-  snprintf(v, sizeof(v), "allreduce:%s%s", algo, strcmp(algo, "Tree") ? "" : ";broadcast:Tree");
+  snprintf(v, sizeof(v), "allreduce:%s%s", algo, strcmp(algo, "Tree") ? "" : ";broadcast:Tree;reduce:Tree");
   set_env("NCCL_ALGO", v);
   cu_force_proto(proto); /* re-reads the parameters */
 }
 
 /* The collectives an algorithm serves. */
 static unsigned served(const char* algo) {
-  return 1u << CU_ALLREDUCE | (strcmp(algo, "Tree") ? 0 : 1u << CU_BROADCAST | 1u << CU_BCAST);
+  return 1u << CU_ALLREDUCE | (strcmp(algo, "Tree") ? 0 : 1u << CU_BROADCAST | 1u << CU_BCAST | 1u << CU_REDUCE);
 }
 
 static void run(int nranks, int procs, struct cu_sweep* sw) {
@@ -124,6 +124,36 @@ TREE_P(9)
 TREE_P(16)
 TEST_T(coll_algo, Tree_chain_threads_5, 90) { tree_sweep(0, 5, 0); }
 TEST_T(coll_algo, Tree_chain_procs_4, 90) { tree_sweep(0, 4, 1); }
+
+/* Tree Reduce: ranks other than the root may pass no recvbuff (NCCL allows it); interior ranks keep
+ * their partial results in the communicator's scratch. Several FIFO steps (small FIFOs). */
+static void reduce_null_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  const size_t count = 100003;
+  int32_t* in = malloc(count * sizeof(int32_t));
+  int32_t* out = malloc(count * sizeof(int32_t));
+  for (int root = 0; root < nranks; root += 3) {
+    for (size_t i = 0; i < count; i++) in[i] = (int32_t)(i % 1000) * (rank + 1);
+    NCCL_OK(ncclReduce(in, rank == root ? out : NULL, count, ncclInt32, ncclSum, root, comm, NULL));
+    if (rank != root) continue;
+    for (size_t i = 0; i < count; i++)
+      if (out[i] != (int32_t)(i % 1000) * nranks * (nranks + 1) / 2) {
+        rt_fail(__FILE__, __LINE__, "root %d element %zu: %d", root, i, out[i]);
+        break;
+      }
+  }
+  free(in), free(out);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(coll_algo, Tree_reduce_without_recvbuff, 90) {
+  set_env("CHORUS_TREE_PER_RANK", "1");
+  set_env("NCCL_BUFFSIZE", "65536");
+  force("Tree", NULL);
+  rt_run_threads(7, reduce_null_body, NULL);
+  rt_run_procs(6, reduce_null_body, NULL);
+}
 
 /* Processes claiming hosts (NCCL_HOSTID), talking over the network transport: binary trees between
  * hosts and a chain inside each. 6 ranks on hosts a a b b c c, 5 on a b a b c. */

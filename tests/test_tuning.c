@@ -350,8 +350,8 @@ static void call_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(tuning, unrunnable_fails_the_call, 90) {
-  /* NVLS is NCCL's, not implemented here: every collective fails, naming why; Tree serves AllReduce
-   * and Broadcast only */
+  /* NVLS is NCCL's, not implemented here: every collective fails, naming why; Tree serves AllReduce,
+   * Broadcast and Reduce only */
   set("NCCL_ALGO", "NVLS");
   struct call_case nvls[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "NCCL_ALGO=NVLS leaves it no algorithm Chorus can run"},
                              {FUNC_BROADCAST, ncclInvalidUsage, "Broadcast: NCCL_ALGO=NVLS"},
@@ -360,7 +360,8 @@ TEST_T(tuning, unrunnable_fails_the_call, 90) {
   set("NCCL_ALGO", "Tree");
   struct call_case tree[] = {{FUNC_ALLREDUCE, ncclSuccess, ""},
                              {FUNC_BROADCAST, ncclSuccess, ""},
-                             {FUNC_REDUCE, ncclInvalidUsage, "Reduce: NCCL_ALGO=Tree"},
+                             {FUNC_REDUCE, ncclSuccess, ""},
+                             {FUNC_ALLGATHER, ncclInvalidUsage, "AllGather: NCCL_ALGO=Tree"},
                              {0, 0, NULL}};
   rt_run_both(2, call_body, tree);
   /* per collective: AllReduce on PAT fails, the others run Ring */

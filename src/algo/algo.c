@@ -17,7 +17,7 @@ uint64_t algo_nsteps(const struct ch_op* op) {
     case FUNC_ALLGATHER: return ring_allgather_nsteps(op);
     case FUNC_REDUCESCATTER: return ring_reducescatter_nsteps(op);
     case FUNC_BROADCAST: return op->algo == ALGO_TREE ? tree_broadcast_nsteps(op) : ring_broadcast_nsteps(op);
-    case FUNC_REDUCE: return ring_reduce_nsteps(op);
+    case FUNC_REDUCE: return op->algo == ALGO_TREE ? tree_reduce_nsteps(op) : ring_reduce_nsteps(op);
     default: return 0;
   }
 }
@@ -40,7 +40,10 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
       if (op->algo == ALGO_TREE) tree_broadcast_step(op, idx, p);
       else ring_broadcast_step(op, idx, p);
       break;
-    case FUNC_REDUCE: ring_reduce_step(op, idx, p); break;
+    case FUNC_REDUCE:
+      if (op->algo == ALGO_TREE) tree_reduce_step(op, idx, p);
+      else ring_reduce_step(op, idx, p);
+      break;
     default: break;
   }
 }
@@ -52,6 +55,7 @@ void algo_peers(const struct ch_op* op, char* send, char* recv) {
   if (op->algo == ALGO_RECDBL) recdbl_allreduce_peers(op, send, recv);
   if (op->algo == ALGO_TREE && op->func == FUNC_ALLREDUCE) tree_allreduce_peers(op, send, recv);
   if (op->algo == ALGO_TREE && op->func == FUNC_BROADCAST) tree_broadcast_peers(op, send, recv);
+  if (op->algo == ALGO_TREE && op->func == FUNC_REDUCE) tree_reduce_peers(op, send, recv);
   if (op->algo == ALGO_RABEN) raben_allreduce_peers(op, send, recv);
 }
 

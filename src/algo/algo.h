@@ -111,6 +111,7 @@ struct ch_op {
   const int* ring; /* ring order: ring[i] = rank at position i */
   const struct algo_tree* trees; /* ALGO_TREE: the communicator's trees, each carrying a part of the data */
   int ntrees;
+  char* tmp; /* Tree Reduce: one step of partial results (a non-root rank may have no recvbuff) */
   /* this channel's part of each block: [part_off, part_off + part_count) */
   size_t part_off, part_count;
   size_t chunk; /* elements per step */
@@ -151,6 +152,9 @@ void tree_allreduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t tree_broadcast_nsteps(const struct ch_op* op);
 void tree_broadcast_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 void tree_broadcast_peers(const struct ch_op* op, char* send, char* recv);
+uint64_t tree_reduce_nsteps(const struct ch_op* op);
+void tree_reduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+void tree_reduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t raben_allreduce_nsteps(const struct ch_op* op);
 void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 void raben_allreduce_peers(const struct ch_op* op, char* send, char* recv);
@@ -172,6 +176,12 @@ void local_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 
 /* NCCL's binary tree over n nodes: parent and children of node r (-1: none); btree.c. */
 void algo_btree(int n, int r, int* up, int* d0, int* d1);
+/* This rank in that tree rooted at op->root, over ring positions counted from the root (Tree
+ * Broadcast and Reduce): parent (-1 at the root) and children, as ranks. */
+struct algo_rtree {
+  int up, down[2], ndown;
+};
+struct algo_rtree algo_rtree_of(const struct ch_op* op);
 
 /* A call as messages name it, e.g. "AllReduce(1048576 x float32, sum) #17" (algo.c). */
 void algo_call_text(char* buf, size_t len, const struct xfer_hdr* h);

@@ -1,41 +1,24 @@
 /* Tree Broadcast: the data flows down a binary tree rooted at the root, chunk by chunk: about
  * log2(n) hops where the ring takes n-1, for the same bytes per rank (each rank forwards to at most
  * two children). The tree is NCCL's binary tree (btree.c) over ring positions counted from the root,
- * so a subtree is a run of consecutive ring positions: mostly ranks of one host, as the ring groups
- * them. Per chunk: the root sends to each child (its first send also copies into recvbuff); another
+ * (algo_rtree_of), so a subtree is a run of consecutive ring positions: mostly ranks of one host, as
+ * the ring groups them. Per chunk: the root sends to each child (its first send also copies into recvbuff); another
  * rank receives from its parent into recvbuff, passing it on to its first child in the same step,
  * then sends it to its second child. */
 #include "algo.h"
 
-struct tb_node {
-  int up, down[2], ndown;
-};
-
-/* This rank's parent and children as ranks. */
-static struct tb_node tb_node(const struct ch_op* op) {
-  int n = op->nranks, rootpos = 0;
-  while (rootpos < n && op->ring[rootpos] != op->root) rootpos++;
-  int v = algo_mod(op->ring_index - rootpos, n), up, d0, d1;
-  algo_btree(n, v, &up, &d0, &d1);
-  struct tb_node t = {-1, {-1, -1}, 0};
-  if (up >= 0) t.up = op->ring[(up + rootpos) % n];
-  if (d0 >= 0) t.down[t.ndown++] = op->ring[(d0 + rootpos) % n];
-  if (d1 >= 0) t.down[t.ndown++] = op->ring[(d1 + rootpos) % n];
-  return t;
-}
-
-static int tb_per_chunk(const struct tb_node* t) {
+static int tb_per_chunk(const struct algo_rtree* t) {
   if (t->up < 0) return t->ndown ? t->ndown : 1;
   return t->ndown > 1 ? t->ndown : 1;
 }
 
 uint64_t tree_broadcast_nsteps(const struct ch_op* op) {
-  struct tb_node t = tb_node(op);
+  struct algo_rtree t = algo_rtree_of(op);
   return (uint64_t)((op->part_count + op->chunk - 1) / op->chunk) * (uint64_t)tb_per_chunk(&t);
 }
 
 void tree_broadcast_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
-  struct tb_node t = tb_node(op);
+  struct algo_rtree t = algo_rtree_of(op);
   uint64_t per = (uint64_t)tb_per_chunk(&t), j = idx / per;
   int s = (int)(idx % per);
   size_t o = op->part_off + (size_t)j * op->chunk;
@@ -58,7 +41,7 @@ void tree_broadcast_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
 }
 
 void tree_broadcast_peers(const struct ch_op* op, char* send, char* recv) {
-  struct tb_node t = tb_node(op);
+  struct algo_rtree t = algo_rtree_of(op);
   if (t.up >= 0) recv[t.up] = 1;
   for (int c = 0; c < t.ndown; c++) send[t.down[c]] = 1;
 }

@@ -66,6 +66,7 @@ struct ncclComm {
   struct tp_sizes sizes;     /* ring FIFOs */
   struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */
   char* scratch; /* LL/LL128 staging, one slot payload */
+  char* peer_scratch; /* Tree Reduce partial results: one step of the per-peer FIFOs (init.c) */
 
   struct ch_redop_slot redops[CH_MAX_REDOPS];
   size_t exchange_max_bytes;

@@ -246,6 +246,10 @@ static ch_status comm_setup(struct ncclComm* comm) {
     if (p != PROTO_SIMPLE) scratch = UT_MAX(scratch, prim_slot_payload(p, comm->sizes.buff[p] / CH_STEPS));
   comm->scratch = malloc(scratch);
   if (!comm->scratch) return CH_SYSTEM;
+  size_t pstep = 0;
+  for (int p = 0; p < CH_NPROTO; p++) pstep = UT_MAX(pstep, prim_slot_payload(p, comm->p2p_sizes.buff[p] / CH_STEPS));
+  comm->peer_scratch = malloc(pstep);
+  if (!comm->peer_scratch) return CH_SYSTEM;
 
   int maxc = (int)UT_MAX(1, UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MAX_NCHANNELS)));
   comm->nchannels = UT_MAX(maxc, (int)UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MIN_NCHANNELS)));
@@ -395,6 +399,7 @@ void comm_free(struct ncclComm* comm) {
   free(comm->peer_tp);
   free(comm->p2p);
   free(comm->scratch);
+  free(comm->peer_scratch);
   log_sink_destroy(&comm->last_error);
   comm->magic = 0;
   free(comm);

@@ -238,6 +238,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
         op->ring_index = ch->ring_index;
         op->trees = comm->trees;
         op->ntrees = comm->ntrees;
+        op->tmp = comm->peer_scratch; /* only one Tree Reduce op runs at a time: it has one channel */
         op->ctx.in = &ch->recv;
         op->ctx.out = &ch->send;
         op->clique = comm->clique;

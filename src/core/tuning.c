@@ -74,7 +74,8 @@ static unsigned runnable_algos(const struct ncclComm* comm, int func) {
   if (func == FUNC_ALLREDUCE && comm->nranks == 2) m |= 1u << ALGO_EXCHANGE;
   if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
   if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RECDBL;
-  if ((func == FUNC_ALLREDUCE || func == FUNC_BROADCAST) && comm->nranks > 1) m |= 1u << ALGO_TREE;
+  if ((func == FUNC_ALLREDUCE || func == FUNC_BROADCAST || func == FUNC_REDUCE) && comm->nranks > 1)
+    m |= 1u << ALGO_TREE;
   if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RABEN;
   return m;
 }
@@ -107,7 +108,7 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
     put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
     put_names(runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
     WARN("%s: NCCL_ALGO=%s leaves it no algorithm Chorus can run (allowed for %s: %s; Chorus runs %s here: "
-         "CollNet, NVLS and PAT are not implemented, Tree serves AllReduce and Broadcast, RecDbl and Rabenseifner AllReduce, "
+         "CollNet, NVLS and PAT are not implemented, Tree serves AllReduce, Broadcast and Reduce, RecDbl and Rabenseifner AllReduce, "
          "Exchange needs 2 ranks, "
          "Direct one host)",
          fn, param_str(PARAM_ALGO), fn, a, b);
@@ -132,10 +133,10 @@ static double predict_us(const struct ncclComm* comm, int func, int algo, int pr
     steps = 0, traffic = 1, copies = 1; /* local copy */
   } else if (algo == ALGO_EXCHANGE) {
     steps = 1, traffic = 1;
-  } else if (algo == ALGO_TREE && func == FUNC_BROADCAST) {
+  } else if (algo == ALGO_TREE && (func == FUNC_BROADCAST || func == FUNC_REDUCE)) {
     int b = 1, depth = 1; /* NCCL's binary tree over n ranks: the root's child b, then log2(b) levels */
     while (b * 2 < n) b *= 2, depth++;
-    steps = depth, traffic = 2; /* a rank forwards to up to two children */
+    steps = depth, traffic = 2; /* a rank exchanges with up to two children */
   } else if (algo == ALGO_TREE) {
     /* up then down; each rank receives (or sends) its half from up to two children per tree, for
      * both halves: about twice the bytes per rank, and the whole up phase precedes the down phase */
