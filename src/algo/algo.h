@@ -183,6 +183,15 @@ struct algo_rtree {
 };
 struct algo_rtree algo_rtree_of(const struct ch_op* op);
 
+/* Power-of-two algorithms on any n (pof2.c): p participants (the largest power of two <= n), log2(p)
+ * rounds, this rank's virtual rank among them (-1: it folds into another and sits out), and the rank
+ * folded into it or that it folds into (-1: none). algo_pof2_rank maps a virtual rank back. */
+struct algo_pof2 {
+  int p, log, vrank, fold;
+};
+struct algo_pof2 algo_pof2_of(int rank, int n);
+int algo_pof2_rank(int vrank, int n, int p);
+
 /* A call as messages name it, e.g. "AllReduce(1048576 x float32, sum) #17" (algo.c). */
 void algo_call_text(char* buf, size_t len, const struct xfer_hdr* h);
 

@@ -7,36 +7,14 @@
  * their common segment on its side of that bit, sends the other half and reduces the partner's copy of
  * the kept half into recvbuff. After log2(p) rounds participant v holds block v reduced over all
  * ranks; the doubling rounds then swap segments in the reverse order until all hold every block.
- * Non-powers of two: extra ranks fold into a partner first and get the result back, as in RecDbl
- * (recdbl_allreduce.c), 2 hops of the whole vector more.
+ * Non-powers of two: extra ranks fold into a partner first and get the result back (pof2.c), 2 hops
+ * of the whole vector more.
  *
  * Within a round the partners keep a few chunks in flight each way (rb_order), so a round of any size
- * fits the FIFO; both compute the same number of steps from the same halves. The
- * first contribution of a rank is premultiplied, partial results are not (premul = 0). In place
+ * fits the FIFO; both compute the same number of steps from the same halves. The first contribution
+ * of a rank is premultiplied, partial results are not (premul = 0). In place
  * works: a half is sent before anything overwrites it, and a kept half is only reduced into. */
 #include "algo.h"
-
-struct rb_role {
-  int p, log, vrank, fold; /* as in recdbl_allreduce.c */
-};
-
-static struct rb_role rb_role(int rank, int n) {
-  struct rb_role r = {1, 0, -1, -1};
-  while (r.p * 2 <= n) r.p *= 2, r.log++;
-  int extra = n - r.p;
-  if (rank < 2 * extra) {
-    r.fold = rank ^ 1;
-    r.vrank = rank & 1 ? rank / 2 : -1;
-  } else {
-    r.vrank = rank - extra;
-  }
-  return r;
-}
-
-static int rb_real(int vrank, int n, int p) {
-  int extra = n - p;
-  return vrank < extra ? 2 * vrank + 1 : vrank + extra;
-}
 
 /* Elements of blocks [b0, b1) of the op's part. */
 static void rb_blocks(const struct ch_op* op, int p, int b0, int b1, size_t* off, size_t* len) {
@@ -55,14 +33,14 @@ struct rb_round {
   int s0, s1, r0, r1;
 };
 
-static struct rb_round rb_round_of(const struct rb_role* ro, int n, int r) {
+static struct rb_round rb_round_of(const struct algo_pof2* ro, int n, int r) {
   struct rb_round x;
   int halving = r < ro->log, k = halving ? r : 2 * ro->log - 1 - r;
   int d = ro->p >> (k + 1);       /* the bit this round splits on */
   int seg = 2 * d;                /* blocks in the segment the two partners share */
   int base = ro->vrank & ~(seg - 1);
   int mine = base + (ro->vrank & d), theirs = base + ((ro->vrank & d) ^ d);
-  x.partner = rb_real(ro->vrank ^ d, n, ro->p);
+  x.partner = algo_pof2_rank(ro->vrank ^ d, n, ro->p);
   if (halving) { /* keep my half, send theirs */
     x.s0 = theirs, x.s1 = theirs + d, x.r0 = mine, x.r1 = mine + d;
   } else { /* send my half, receive theirs */
@@ -72,7 +50,7 @@ static struct rb_round rb_round_of(const struct rb_role* ro, int n, int r) {
 }
 
 /* Steps of round r: 2 x the chunks of the larger of its two halves. */
-static uint64_t rb_round_steps(const struct ch_op* op, const struct rb_role* ro, int r) {
+static uint64_t rb_round_steps(const struct ch_op* op, const struct algo_pof2* ro, int r) {
   struct rb_round x = rb_round_of(ro, op->nranks, r);
   size_t o, ls, lr;
   rb_blocks(op, ro->p, x.s0, x.s1, &o, &ls);
@@ -100,7 +78,7 @@ static void rb_order(uint64_t c, uint64_t idx, int* send, uint64_t* j) {
 }
 
 uint64_t raben_allreduce_nsteps(const struct ch_op* op) {
-  struct rb_role ro = rb_role(op->rank, op->nranks);
+  struct algo_pof2 ro = algo_pof2_of(op->rank, op->nranks);
   uint64_t whole = rb_chunks(op, op->part_count);
   if (op->part_count == 0) return 0;
   if (ro.vrank < 0) return 2 * whole;
@@ -110,7 +88,7 @@ uint64_t raben_allreduce_nsteps(const struct ch_op* op) {
 }
 
 void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
-  struct rb_role ro = rb_role(op->rank, op->nranks);
+  struct algo_pof2 ro = algo_pof2_of(op->rank, op->nranks);
   uint64_t whole = rb_chunks(op, op->part_count);
   size_t es = op->esize;
   p->peers = 1;
@@ -163,7 +141,7 @@ void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) 
 }
 
 void raben_allreduce_peers(const struct ch_op* op, char* send, char* recv) {
-  struct rb_role ro = rb_role(op->rank, op->nranks);
+  struct algo_pof2 ro = algo_pof2_of(op->rank, op->nranks);
   if (ro.fold >= 0) send[ro.fold] = recv[ro.fold] = 1;
   if (ro.vrank < 0) return;
   for (int r = 0; r < ro.log; r++) {

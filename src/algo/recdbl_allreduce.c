@@ -4,7 +4,7 @@
  *
  * n not a power of two: with p the largest power of two below n and r = n - p, each even rank below 2r
  * first hands its data to the odd rank above it and sits out; the p others run the rounds (as virtual
- * ranks 0..p-1) and the odd ranks hand the result back: two hops more.
+ * ranks 0..p-1) and the odd ranks hand the result back: two hops more (pof2.c).
  *
  * Every rank computes the same value: each round combines two partial results with a commutative
  * operation, in either order, so the pair reaches bit-identical sums (float addition is commutative;
@@ -17,43 +17,19 @@
  * sent before it is overwritten. */
 #include "algo.h"
 
-struct rd_role {
-  int p, log; /* participants (a power of two), rounds */
-  int vrank;  /* virtual rank among participants, -1 for an extra rank */
-  int fold;   /* the rank folded into this one or, for an extra rank, the one it folds into; -1: none */
-};
-
-static struct rd_role rd_role(int rank, int n) {
-  struct rd_role r = {1, 0, -1, -1};
-  while (r.p * 2 <= n) r.p *= 2, r.log++;
-  int extra = n - r.p;
-  if (rank < 2 * extra) {
-    r.fold = rank ^ 1;
-    r.vrank = rank & 1 ? rank / 2 : -1;
-  } else {
-    r.vrank = rank - extra;
-  }
-  return r;
-}
-
-static int rd_real(int vrank, int n, int p) {
-  int extra = n - p;
-  return vrank < extra ? 2 * vrank + 1 : vrank + extra;
-}
-
-static uint64_t rd_per_chunk(const struct rd_role* r) {
+static uint64_t rd_per_chunk(const struct algo_pof2* r) {
   if (r->vrank < 0) return 2;
   return (uint64_t)(2 * r->log + (r->fold >= 0 ? 2 : 0));
 }
 
 uint64_t recdbl_allreduce_nsteps(const struct ch_op* op) {
-  struct rd_role r = rd_role(op->rank, op->nranks);
+  struct algo_pof2 r = algo_pof2_of(op->rank, op->nranks);
   uint64_t chunks = (op->part_count + op->chunk - 1) / op->chunk;
   return chunks * rd_per_chunk(&r);
 }
 
 void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
-  struct rd_role r = rd_role(op->rank, op->nranks);
+  struct algo_pof2 r = algo_pof2_of(op->rank, op->nranks);
   uint64_t per = rd_per_chunk(&r), j = idx / per;
   int s = (int)(idx % per);
   size_t o = op->part_off + (size_t)j * op->chunk;
@@ -76,7 +52,7 @@ void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p)
     return;
   }
   int k = (s - folded) / 2; /* round */
-  int partner = rd_real(r.vrank ^ (1 << k), op->nranks, r.p);
+  int partner = algo_pof2_rank(r.vrank ^ (1 << k), op->nranks, r.p);
   /* The first round reads the input itself unless a fold already reduced it into acc. */
   int first = k == 0 && !folded;
   p->src = first ? in : acc;
@@ -90,11 +66,11 @@ void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p)
 }
 
 void recdbl_allreduce_peers(const struct ch_op* op, char* send, char* recv) {
-  struct rd_role r = rd_role(op->rank, op->nranks);
+  struct algo_pof2 r = algo_pof2_of(op->rank, op->nranks);
   if (r.fold >= 0) send[r.fold] = recv[r.fold] = 1;
   if (r.vrank < 0) return;
   for (int k = 0; k < r.log; k++) {
-    int partner = rd_real(r.vrank ^ (1 << k), op->nranks, r.p);
+    int partner = algo_pof2_rank(r.vrank ^ (1 << k), op->nranks, r.p);
     send[partner] = recv[partner] = 1;
   }
 }
