@@ -261,22 +261,17 @@ static void identical_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(coll_algo, RecDbl_bit_identical, 120) {
-  force("RecDbl", NULL);
-  rt_run_threads(6, identical_body, NULL);
-  rt_run_procs(7, identical_body, NULL);
+/* Threads, then processes, with `algo` forced (Tree: every rank a node of its trees). */
+static void run_algo(const char* algo, rt_rank_fn body, int nthreads, int nprocs) {
+  set_env("CHORUS_TREE_PER_RANK", strcmp(algo, "Tree") ? NULL : "1");
+  force(algo, NULL);
+  rt_run_threads(nthreads, body, NULL);
+  rt_run_procs(nprocs, body, NULL);
 }
-TEST_T(coll_algo, Rabenseifner_bit_identical, 120) {
-  force("Rabenseifner", NULL);
-  rt_run_threads(6, identical_body, NULL);
-  rt_run_procs(5, identical_body, NULL);
-}
-TEST_T(coll_algo, Tree_bit_identical, 120) {
-  set_env("CHORUS_TREE_PER_RANK", "1");
-  force("Tree", NULL);
-  rt_run_threads(6, identical_body, NULL);
-  rt_run_procs(7, identical_body, NULL);
-}
+
+TEST_T(coll_algo, RecDbl_bit_identical, 120) { run_algo("RecDbl", identical_body, 6, 7); }
+TEST_T(coll_algo, Rabenseifner_bit_identical, 120) { run_algo("Rabenseifner", identical_body, 6, 5); }
+TEST_T(coll_algo, Tree_bit_identical, 120) { run_algo("Tree", identical_body, 6, 7); }
 
 /* A group with the collective and a send/recv ring shift on the same communicator. */
 static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
@@ -304,19 +299,6 @@ static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(coll_algo, RecDbl_group_with_send_recv, 60) {
-  force("RecDbl", NULL);
-  rt_run_threads(5, mixed_body, NULL);
-  rt_run_procs(4, mixed_body, NULL);
-}
-TEST_T(coll_algo, Rabenseifner_group_with_send_recv, 60) {
-  force("Rabenseifner", NULL);
-  rt_run_threads(5, mixed_body, NULL);
-  rt_run_procs(4, mixed_body, NULL);
-}
-TEST_T(coll_algo, Tree_group_with_send_recv, 60) {
-  set_env("CHORUS_TREE_PER_RANK", "1");
-  force("Tree", NULL);
-  rt_run_threads(5, mixed_body, NULL);
-  rt_run_procs(4, mixed_body, NULL);
-}
+TEST_T(coll_algo, RecDbl_group_with_send_recv, 60) { run_algo("RecDbl", mixed_body, 5, 4); }
+TEST_T(coll_algo, Rabenseifner_group_with_send_recv, 60) { run_algo("Rabenseifner", mixed_body, 5, 4); }
+TEST_T(coll_algo, Tree_group_with_send_recv, 60) { run_algo("Tree", mixed_body, 5, 4); }
