@@ -50,13 +50,15 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
 
 int algo_uses_peers(int algo) { return algo == ALGO_RECDBL || algo == ALGO_TREE || algo == ALGO_RABEN; }
 
-void algo_peers(const struct ch_op* op, char* send, char* recv) {
-  if (op->nranks == 1) return;
-  if (op->algo == ALGO_RECDBL) recdbl_allreduce_peers(op, send, recv);
-  if (op->algo == ALGO_TREE && op->func == FUNC_ALLREDUCE) tree_allreduce_peers(op, send, recv);
-  if (op->algo == ALGO_TREE && op->func == FUNC_BROADCAST) tree_broadcast_peers(op, send, recv);
-  if (op->algo == ALGO_TREE && op->func == FUNC_REDUCE) tree_reduce_peers(op, send, recv);
-  if (op->algo == ALGO_RABEN) raben_allreduce_peers(op, send, recv);
+void algo_peer_set(int rank, int n, const struct algo_tree* trees, int ntrees, char* mark) {
+  if (n == 1) return;
+  struct algo_pof2 me = algo_pof2_of(rank, n);
+  if (me.fold >= 0) mark[me.fold] = 1;
+  for (int k = 0; me.vrank >= 0 && k < me.log; k++) mark[algo_pof2_rank(me.vrank ^ (1 << k), n, me.p)] = 1;
+  for (int t = 0; t < ntrees; t++) {
+    if (trees[t].up >= 0) mark[trees[t].up] = 1;
+    for (int c = 0; c < trees[t].ndown; c++) mark[trees[t].down[c]] = 1;
+  }
 }
 
 static const char* type_name(uint32_t t) {

@@ -125,12 +125,12 @@ struct ch_op {
 };
 
 /* Number of primitive steps the op needs; then fill the primitive for step `idx` < that number. */
-/* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Tree) name the peer of each
- * step (prim.peers) and use the per-peer connections (the ones send/recv use): one channel, and never
- * in a group with send/recv on the same communicator (plan.c), so that the order of steps on a
- * connection is the same at both ends. algo_peers marks every rank the op sends to / receives from. */
+/* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Rabenseifner, Tree) name the
+ * peer of each step (prim.peers) and use the per-peer connections (the ones send/recv use): one
+ * channel, and never in a group with send/recv on the same communicator (plan.c), so that the order
+ * of steps on a connection is the same at both ends. Their peers are connected with the rings
+ * (algo_peer_set): ranks whose calls differ never wait for each other in connection setup. */
 int algo_uses_peers(int algo);
-void algo_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t algo_nsteps(const struct ch_op* op);
 void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 
@@ -148,19 +148,14 @@ enum direct_result { DIRECT_MISMATCH = -3, DIRECT_FAILED = -2, DIRECT_FALLBACK =
 int direct_allreduce_try(struct ch_op* op);
 uint64_t tree_allreduce_nsteps(const struct ch_op* op);
 void tree_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-void tree_allreduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t tree_broadcast_nsteps(const struct ch_op* op);
 void tree_broadcast_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-void tree_broadcast_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t tree_reduce_nsteps(const struct ch_op* op);
 void tree_reduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-void tree_reduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t raben_allreduce_nsteps(const struct ch_op* op);
 void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-void raben_allreduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t recdbl_allreduce_nsteps(const struct ch_op* op);
 void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-void recdbl_allreduce_peers(const struct ch_op* op, char* send, char* recv);
 uint64_t ring_allgather_nsteps(const struct ch_op* op);
 void ring_allgather_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t ring_reducescatter_nsteps(const struct ch_op* op);
@@ -176,12 +171,6 @@ void local_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 
 /* NCCL's binary tree over n nodes: parent and children of node r (-1: none); btree.c. */
 void algo_btree(int n, int r, int* up, int* d0, int* d1);
-/* This rank in that tree rooted at op->root, over ring positions counted from the root (Tree
- * Broadcast and Reduce): parent (-1 at the root) and children, as ranks. */
-struct algo_rtree {
-  int up, down[2], ndown;
-};
-struct algo_rtree algo_rtree_of(const struct ch_op* op);
 
 /* Power-of-two algorithms on any n (pof2.c): p participants (the largest power of two <= n), log2(p)
  * rounds, this rank's virtual rank among them (-1: it folds into another and sits out), and the rank
@@ -191,6 +180,21 @@ struct algo_pof2 {
 };
 struct algo_pof2 algo_pof2_of(int rank, int n);
 int algo_pof2_rank(int vrank, int n, int p);
+/* This rank in the binomial tree rooted at `root` (Tree Broadcast and Reduce), built on the same
+ * pairs: its parent (-1 at the root; for the participant an extra root folds into, that root), its
+ * children, largest subtree first, and the extra rank it serves (-1: none; not the root). An extra
+ * rank's parent is the rank it folds into, or, if it is the root, that rank is its one child. */
+struct algo_binom {
+  int parent;
+  int child[32];
+  int nchild;
+  int extra;
+  int fold, is_extra;
+};
+struct algo_binom algo_binom_of(int rank, int n, int root);
+/* Every rank that RecDbl, Rabenseifner or Tree may exchange with (both directions), whatever the call
+ * and root: so they are connected all at once, with the rings, on every rank alike. */
+void algo_peer_set(int rank, int n, const struct algo_tree* trees, int ntrees, char* mark);
 
 /* A call as messages name it, e.g. "AllReduce(1048576 x float32, sum) #17" (algo.c). */
 void algo_call_text(char* buf, size_t len, const struct xfer_hdr* h);

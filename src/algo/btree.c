@@ -24,14 +24,3 @@ void algo_btree(int n, int r, int* up, int* d0, int* d1) {
   if (half) *d1 = r + half;
 }
 
-struct algo_rtree algo_rtree_of(const struct ch_op* op) {
-  int n = op->nranks, rootpos = 0;
-  while (rootpos < n && op->ring[rootpos] != op->root) rootpos++;
-  int v = algo_mod(op->ring_index - rootpos, n), up, d0, d1;
-  algo_btree(n, v, &up, &d0, &d1);
-  struct algo_rtree t = {-1, {-1, -1}, 0};
-  if (up >= 0) t.up = op->ring[(up + rootpos) % n];
-  if (d0 >= 0) t.down[t.ndown++] = op->ring[(d0 + rootpos) % n];
-  if (d1 >= 0) t.down[t.ndown++] = op->ring[(d1 + rootpos) % n];
-  return t;
-}

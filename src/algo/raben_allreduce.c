@@ -139,13 +139,3 @@ void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) 
     p->recv = 1, p->in_peer = x.partner, p->dst = op->recvbuff + e;
   }
 }
-
-void raben_allreduce_peers(const struct ch_op* op, char* send, char* recv) {
-  struct algo_pof2 ro = algo_pof2_of(op->rank, op->nranks);
-  if (ro.fold >= 0) send[ro.fold] = recv[ro.fold] = 1;
-  if (ro.vrank < 0) return;
-  for (int r = 0; r < ro.log; r++) {
-    int q = rb_round_of(&ro, op->nranks, r).partner;
-    send[q] = recv[q] = 1;
-  }
-}

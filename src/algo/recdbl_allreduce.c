@@ -64,13 +64,3 @@ void recdbl_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p)
     p->postop = k == r.log - 1;
   }
 }
-
-void recdbl_allreduce_peers(const struct ch_op* op, char* send, char* recv) {
-  struct algo_pof2 r = algo_pof2_of(op->rank, op->nranks);
-  if (r.fold >= 0) send[r.fold] = recv[r.fold] = 1;
-  if (r.vrank < 0) return;
-  for (int k = 0; k < r.log; k++) {
-    int partner = algo_pof2_rank(r.vrank ^ (1 << k), op->nranks, r.p);
-    send[partner] = recv[partner] = 1;
-  }
-}

@@ -110,11 +110,3 @@ void tree_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   if (is_down) down_step(tr, s, acc, p);
   else up_step(op, tr, s, in, acc, p);
 }
-
-void tree_allreduce_peers(const struct ch_op* op, char* send, char* recv) {
-  for (int t = 0; t < op->ntrees; t++) {
-    const struct algo_tree* tr = &op->trees[t];
-    if (tr->up >= 0) send[tr->up] = recv[tr->up] = 1;
-    for (int c = 0; c < tr->ndown; c++) send[tr->down[c]] = recv[tr->down[c]] = 1;
-  }
-}

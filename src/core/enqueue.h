@@ -89,6 +89,9 @@ ch_status plan_exec(struct ch_plan** plans, int n);
 void tune_init(struct ncclComm* comm);
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
 const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
+/* Whether NCCL_ALGO leaves some collective an algorithm that uses the per-peer connections (RecDbl,
+ * Rabenseifner, Tree): then those are connected with the rings (group.c). The same on every rank. */
+int tune_peer_algos(const struct ncclComm* comm);
 const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct" */
 const char* tune_func_name(int func);   /* "AllReduce", ... */
 

@@ -226,14 +226,15 @@ static ch_status launch_tasks(void) {
       } else if (op->func == FUNC_RECV) {
         need_recv[i][peer] = 1;
         unconnected |= !c->p2p[peer].recv.connected || (peer != c->rank && !c->p2p[peer].recv_acked);
-      } else if (n > 1 && algo_uses_peers(op->algo)) {
-        algo_peers(op, need_send[i], need_recv[i]);
-        for (int r = 0; r < n; r++)
-          unconnected |= (need_send[i][r] && !c->p2p[r].send.connected) ||
-                          (need_recv[i][r] && (!c->p2p[r].recv.connected || !c->p2p[r].recv_acked));
       } else if (n > 1) {
         need_send[i][n] = 1; /* rings */
         unconnected |= !c->rings_connected;
+        /* With the rings, on every rank's first collective alike: the peers of RecDbl, Rabenseifner
+         * and Tree for any call, so that ranks whose calls differ never wait for each other here. */
+        if (!c->rings_connected && tune_peer_algos(c)) {
+          algo_peer_set(c->rank, n, c->trees, c->ntrees, need_send[i]);
+          algo_peer_set(c->rank, n, c->trees, c->ntrees, need_recv[i]);
+        }
       }
     }
   }

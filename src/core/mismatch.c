@@ -115,6 +115,27 @@ static int clique_mismatch(const struct ncclComm* comm, const struct ch_plan* pl
   return 0;
 }
 
+/* A step waiting unread on any incoming connection, sent by a different call under our sequence
+ * number. Calls of different algorithms can use different connections (RecDbl's per-peer ones
+ * against a ring collective), so the connection a rank waits on may never carry the other call. A
+ * step of a later call is no mismatch (the peer is ahead); an earlier one is left to the receive that
+ * will read it. The rank thread owns each conn's step; tail is read with acquire after hdr[] was
+ * stored before it. */
+static int conn_mismatch(const struct ncclComm* comm, const struct xfer_hdr* mine, struct xfer_poison* rec) {
+  for (int k = 0; k < comm->nchannels + comm->nranks; k++) {
+    const struct conn* c = k < comm->nchannels ? &comm->channels[k].recv
+                           : comm->p2p && k - comm->nchannels != comm->rank ? &comm->p2p[k - comm->nchannels].recv
+                                                                            : NULL;
+    if (!c || !c->connected || !c->ctrl || atomic_load_explicit(&c->ctrl->tail, memory_order_acquire) <= c->step)
+      continue;
+    struct xfer_hdr h = c->ctrl->hdr[c->step % CH_STEPS];
+    if (h.comm_hash != mine->comm_hash || h.seq != mine->seq || xfer_tag(&h) == xfer_tag(mine)) continue;
+    *rec = (struct xfer_poison){.finder = comm->rank, .other = c->peer, .mine = *mine, .theirs = h};
+    return 1;
+  }
+  return 0;
+}
+
 void mm_peer_lost(struct ncclComm* comm, int lost) {
   struct xfer_poison rec = {.finder = comm->rank, .other = lost, .kind = XFER_PEER_LOST};
   if (!atomic_exchange(&comm->poisoned, 1)) poison_all(comm, &rec);
@@ -143,6 +164,19 @@ ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
   if (hit == 2) { /* this rank failed the call itself and logged why */
     atomic_store(&comm->poisoned, 1);
     return rec.kind == XFER_PEER_LOST ? CH_REMOTE : CH_INVALID_USAGE;
+  }
+  if (!hit)
+    for (int k = 0; k < pl->nops; k++)
+      if (pl->ops[k].func <= FUNC_ALLREDUCE) {
+        if (conn_mismatch(comm, &pl->ops[k].ctx.hdr, &rec)) hit = 3;
+        break; /* the group's first collective: its sequence number is the one peers would use */
+      }
+  if (hit == 3) {
+    if (!atomic_exchange(&comm->poisoned, 1)) {
+      say(comm, &rec);
+      poison_all(comm, &rec);
+    }
+    return CH_INVALID_USAGE;
   }
   for (int c = 0; c < comm->nchannels && !hit; c++)
     hit = tp_conn_poisoned(&comm->channels[c].send, 1, &rec) || tp_conn_poisoned(&comm->channels[c].recv, 0, &rec);

@@ -333,9 +333,16 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
     }
     struct prim p;
     algo_step(op, op->idx, &p);
-    if (p.peers) { /* RecDbl, Tree: this step's peer connections (connected by group.c) */
+    if (p.peers) { /* RecDbl, Rabenseifner, Tree: this step's peer connections (group.c connects
+                    * them with the rings) */
       if (p.recv) op->ctx.in = &comm->p2p[p.in_peer].recv;
       if (p.send) op->ctx.out = &comm->p2p[p.out_peer].send;
+      if ((p.recv && !op->ctx.in->connected) || (p.send && !op->ctx.out->connected)) {
+        WARN("rank %d: %s needs a connection with rank %d that was not set up (internal error)", comm->rank,
+             tune_algo_name(op->algo), p.recv && !op->ctx.in->connected ? p.in_peer : p.out_peer);
+        *err = CH_INTERNAL;
+        break;
+      }
     }
     int r = prim_try(&op->ctx, &p);
     if (r == PRIM_MISMATCH) {

@@ -80,6 +80,13 @@ static unsigned runnable_algos(const struct ncclComm* comm, int func) {
   return m;
 }
 
+int tune_peer_algos(const struct ncclComm* comm) {
+  unsigned peer = 1u << ALGO_RECDBL | 1u << ALGO_RABEN | 1u << ALGO_TREE;
+  for (int f = 0; f < TUNE_P2P; f++)
+    if (comm->algo_mask[f] & runnable_algos(comm, f) & peer) return 1;
+  return 0;
+}
+
 static void put_names(unsigned m, int is_algo, int nbits, char* out, size_t cap) {
   size_t len = 0;
   out[0] = 0;
