@@ -223,7 +223,7 @@ TEST_T(tuning, default_model_keeps_choices_channels_net, 120) {
 }
 
 /* RecDbl takes small AllReduces from 3 ranks up (fewer hops than the ring), Ring the large ones; over
- * the network (hops ~100x dearer) up to larger sizes. */
+ * the network (hops ~100x dearer) up to larger sizes; Tree small Broadcasts and Reduces there. */
 static void recdbl_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   ncclComm_t comm;
@@ -235,6 +235,13 @@ static void recdbl_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   tune_choose(comm, FUNC_ALLREDUCE, 64 << 20, &a);
   EXPECT(a.algo != ALGO_RECDBL);
   tune_choose(comm, FUNC_ALLGATHER, 8, &a); /* AllReduce only */
+  EXPECT_EQ(a.algo, ALGO_RING);
+  /* Tree Broadcast/Reduce: small messages across the network only */
+  tune_choose(comm, FUNC_BROADCAST, 8, &a);
+  EXPECT_EQ(a.algo, comm->tune_net ? ALGO_TREE : ALGO_RING);
+  tune_choose(comm, FUNC_REDUCE, 8, &a);
+  EXPECT_EQ(a.algo, comm->tune_net ? ALGO_TREE : ALGO_RING);
+  tune_choose(comm, FUNC_REDUCE, 4 << 20, &a);
   EXPECT_EQ(a.algo, ALGO_RING);
   tune_choose(comm, FUNC_ALLREDUCE, 16384, &a);
   if (comm->tune_net) EXPECT_EQ(a.algo, ALGO_RECDBL);

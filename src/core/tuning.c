@@ -141,9 +141,9 @@ static double predict_us(const struct ncclComm* comm, int func, int algo, int pr
   } else if (algo == ALGO_EXCHANGE) {
     steps = 1, traffic = 1;
   } else if (algo == ALGO_TREE && (func == FUNC_BROADCAST || func == FUNC_REDUCE)) {
-    int b = 1, depth = 1; /* NCCL's binary tree over n ranks: the root's child b, then log2(b) levels */
-    while (b * 2 < n) b *= 2, depth++;
-    steps = depth, traffic = 2; /* a rank exchanges with up to two children */
+    int p = 1, log = 0; /* binomial over the largest power of two p <= n, extra ranks folded */
+    while (p * 2 <= n) p *= 2, log++;
+    steps = log + (p != n ? 1 : 0), traffic = log; /* the root exchanges with log2(p) children */
   } else if (algo == ALGO_TREE) {
     /* up then down; each rank receives (or sends) its half from up to two children per tree, for
      * both halves: about twice the bytes per rank, and the whole up phase precedes the down phase */
@@ -187,6 +187,11 @@ static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes) {
   if (bytes > comm->exchange_max_bytes) e &= ~(1u << ALGO_EXCHANGE);
   if ((e & (1u << ALGO_DIRECT)) && bytes < (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes))
     e &= ~(1u << ALGO_DIRECT);
+  /* Tree Broadcast/Reduce save hops, which cost little within a host: measured there, back-to-back
+   * calls ran as fast or faster on Ring (the root's log2(n) sends per call weigh more); across
+   * hosts Tree wins small messages (PERFORMANCE.md). Chosen there only, or when forced. */
+  if ((func == FUNC_BROADCAST || func == FUNC_REDUCE) && !comm->tune_net && (e & ~(1u << ALGO_TREE)))
+    e &= ~(1u << ALGO_TREE);
   return e ? e : 1u << ALGO_RING;
 }
 
