@@ -146,6 +146,32 @@ static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, in
 
 #define SMALL 8
 /* Split the group's calls by communicator (keeping call order), plan, connect and run or queue them. */
+/* Mark the connections a plan needs (need_send[n]: the rings); returns whether some are missing. */
+static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_send, char* need_recv) {
+  int n = c->nranks, unconnected = 0;
+  for (int k = 0; k < pl->nops; k++) {
+    const struct ch_op* op = &pl->ops[k];
+    int peer = op->root;
+    if (op->func == FUNC_SEND) {
+      need_send[peer] = 1;
+      unconnected |= !c->p2p[peer].send.connected;
+    } else if (op->func == FUNC_RECV) {
+      need_recv[peer] = 1;
+      unconnected |= !c->p2p[peer].recv.connected || (peer != c->rank && !c->p2p[peer].recv_acked);
+    } else if (n > 1) {
+      need_send[n] = 1; /* rings */
+      unconnected |= !c->rings_connected;
+      /* With the rings, on every rank's first collective alike: the peers of RecDbl, Rabenseifner
+       * and Tree for any call, so that ranks whose calls differ never wait for each other here. */
+      if (!c->rings_connected && tune_peer_algos(c)) {
+        algo_peer_set(c->rank, n, c->trees, c->ntrees, need_send);
+        algo_peer_set(c->rank, n, c->trees, c->ntrees, need_recv);
+      }
+    }
+  }
+  return unconnected;
+}
+
 static ch_status launch_tasks(void) {
   int ntasks = ntasks_;
   ntasks_ = 0;
@@ -216,27 +242,7 @@ static ch_status launch_tasks(void) {
     at += 2 * (n + 1);
     CHECK_GOTO(comm_ensure_ready(comms[i]), res, out);
     CHECK_GOTO(plan_build(comms[i], lists[i], &plans[i]), res, out);
-    struct ncclComm* c = comms[i];
-    for (int k = 0; k < plans[i]->nops; k++) {
-      struct ch_op* op = &plans[i]->ops[k];
-      int peer = op->root;
-      if (op->func == FUNC_SEND) {
-        need_send[i][peer] = 1;
-        unconnected |= !c->p2p[peer].send.connected;
-      } else if (op->func == FUNC_RECV) {
-        need_recv[i][peer] = 1;
-        unconnected |= !c->p2p[peer].recv.connected || (peer != c->rank && !c->p2p[peer].recv_acked);
-      } else if (n > 1) {
-        need_send[i][n] = 1; /* rings */
-        unconnected |= !c->rings_connected;
-        /* With the rings, on every rank's first collective alike: the peers of RecDbl, Rabenseifner
-         * and Tree for any call, so that ranks whose calls differ never wait for each other here. */
-        if (!c->rings_connected && tune_peer_algos(c)) {
-          algo_peer_set(c->rank, n, c->trees, c->ntrees, need_send[i]);
-          algo_peer_set(c->rank, n, c->trees, c->ntrees, need_recv[i]);
-        }
-      }
-    }
+    unconnected |= plan_needs(comms[i], plans[i], need_send[i], need_recv[i]);
   }
   if (unconnected) {
     /* Connection setup waits on peers over the bootstrap: bound it by the comms' timeouts. */
