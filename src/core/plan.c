@@ -318,13 +318,13 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
     if (op->idx + 1 >= op->nidx) { ln->cur++; progressed = 1; continue; }
     if (op->algo == ALGO_DIRECT) {
       int r = direct_allreduce_try(op);
-      if (r == 0) break;
-      if (r <= -2) { /* logged where it happened */
-        *err = r == -3 ? CH_INVALID_USAGE : CH_SYSTEM;
-        if (r == -3) atomic_store(&comm->poisoned, 1); /* every rank logged it: no second WARN */
+      if (r == DIRECT_WAIT) break;
+      if (r == DIRECT_MISMATCH || r == DIRECT_FAILED) { /* logged where it happened */
+        *err = r == DIRECT_MISMATCH ? CH_INVALID_USAGE : CH_SYSTEM;
+        if (r == DIRECT_MISMATCH) atomic_store(&comm->poisoned, 1); /* every rank logged it: no second WARN */
         break;
       }
-      if (r == -1) /* some buffer is unreachable: every rank switches to the FIFO algorithm */
+      if (r == DIRECT_FALLBACK) /* some buffer is unreachable: every rank switches to the FIFO algorithm */
         op->algo = op->fallback_algo, op->idx = 0, op->nidx = algo_nsteps(op) + 1;
       else
         op->idx++;
