@@ -81,6 +81,7 @@ static unsigned runnable_algos(const struct ncclComm* comm, int func) {
 }
 
 int tune_peer_algos(const struct ncclComm* comm) {
+  if (comm->nranks <= 2) return 0; /* run as Ring there (choose) */
   unsigned peer = 1u << ALGO_RECDBL | 1u << ALGO_RABEN | 1u << ALGO_TREE;
   for (int f = 0; f < TUNE_P2P; f++)
     if (comm->algo_mask[f] & runnable_algos(comm, f) & peer) return 1;
@@ -275,6 +276,9 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
       if (v >= 0 && (best < 0 || v < best)) best = v, proto = p;
     }
   }
+  /* On 2 ranks RecDbl, Rabenseifner and Tree are one link each way, the same steps as Ring, so they
+   * run as Ring there and need no connections of their own (tune_peer_algos). */
+  if (n == 2 && algo_uses_peers(algo)) algo = out->fallback = ALGO_RING;
   out->algo = algo;
   out->proto = proto;
   out->nch = algo_one_channel(algo) ? 1 : nch;
