@@ -66,7 +66,9 @@ struct ncclComm {
   struct tp_sizes sizes;     /* ring FIFOs */
   struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */
   char* scratch; /* LL/LL128 staging, one slot payload */
-  char* peer_scratch; /* Tree Reduce partial results: one step of the per-peer FIFOs (init.c) */
+  char* peer_scratch; /* Tree Reduce partial results: one step of the per-peer FIFOs (init.c); used only
+                       * by the thread running this comm's current plan (plans run one at a time,
+                       * and a plan's Tree Reduces share one lane) */
 
   struct ch_redop_slot redops[CH_MAX_REDOPS];
   size_t exchange_max_bytes;
