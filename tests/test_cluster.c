@@ -92,6 +92,26 @@ TEST_T(cluster, coll_matrix_3x2_interleaved, 900) {
   nn_down();
 }
 
+/* Each algorithm that talks to other ranks than its ring neighbours (RecDbl, Rabenseifner, Tree),
+ * forced, across 3 hosts x 2 ranks interleaved: the double binary tree between hosts with a chain
+ * inside each, folds and recursive-doubling pairs crossing hosts, over the network transport. */
+TEST_T(cluster, peer_algorithms_3x2_interleaved, 900) {
+  if (!cl_up(3)) return;
+  if (!nn_net_enabled("cluster_rank.net_probe")) {
+    nn_down();
+    return;
+  }
+  static const char* const algos[] = {"allreduce:RecDbl", "allreduce:Rabenseifner",
+                                      "allreduce:Tree;broadcast:Tree;reduce:Tree"};
+  for (int a = 0; a < 3; a++) {
+    setenv("NCCL_ALGO", algos[a], 1); /* the script passes the environment to the ranks */
+    printf("    NCCL_ALGO=%s\n", algos[a]);
+    EXPECT_EQ(nn_run("", 6, 400, "cluster_rank.algo_matrix"), 0);
+  }
+  unsetenv("NCCL_ALGO");
+  nn_down();
+}
+
 /* Host 2's link goes down in the middle of an AllReduce loop: every rank returns an error naming a
  * peer within the timeout. */
 TEST_T(cluster, link_cut_mid_allreduce, 400) {
@@ -219,6 +239,21 @@ TEST_T(cluster_rank, coll_matrix, 800) {
   memset(&id, 0, sizeof(id));
   ASSERT_EQ(boot_id_from_addr(getenv("NCCL_COMM_ID"), id.internal), CH_OK);
   struct cu_sweep sw = matrix_sweep();
+  cu_sweep_body(rank, n, id, &sw);
+}
+
+/* AllReduce, Broadcast and Reduce under the NCCL_ALGO the test side set: a few types and ops, counts
+ * up to 70001 elements (several FIFO steps). */
+TEST_T(cluster_rank, algo_matrix, 400) {
+  int rank, n, host;
+  if (!cl_rank(&rank, &n, &host)) return;
+  ncclUniqueId id;
+  memset(&id, 0, sizeof(id));
+  ASSERT_EQ(boot_id_from_addr(getenv("NCCL_COMM_ID"), id.internal), CH_OK);
+  static const int types[] = {ncclFloat32, ncclInt8, ncclBfloat16};
+  static const int ops[] = {CU_SUM, CU_AVG, CU_PREMUL_DEV};
+  struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE | 1u << CU_BROADCAST | 1u << CU_REDUCE, .types = types,
+                        .ntypes = 3, .ops = ops, .nops = 3, .big = {70001}};
   cu_sweep_body(rank, n, id, &sw);
 }
 
