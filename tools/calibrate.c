@@ -29,14 +29,23 @@ struct job {
   int iters;
 };
 
-/* One rank (a child process): time the calls, write "result us" to fd. */
-static void rank_main(const struct job* j, int rank, int fd) {
+/* One rank (a child process): time the calls, write "result us" to fd. Rank 0 makes the unique id
+ * and hands it to rank 1 through id_fd, so this (parent) process never starts a thread: a fork of a
+ * process with threads may copy a lock some thread holds. */
+static void rank_main(struct job* j, int rank, int id_fd, int fd) {
   param_reset(); /* the environment the parent set for this configuration */
   ncclComm_t comm;
   size_t count = j->bytes / sizeof(float);
   float* buf = calloc(count ? count : 1, sizeof(float));
   double us = -1;
-  ncclResult_t r = buf ? ncclCommInitRank(&comm, 2, j->id, rank) : ncclSystemError;
+  ncclResult_t r = buf ? ncclSuccess : ncclSystemError;
+  if (r == ncclSuccess && rank == 0) {
+    r = ncclGetUniqueId(&j->id);
+    if (write(id_fd, &j->id, sizeof(j->id)) != (ssize_t)sizeof(j->id)) r = ncclSystemError;
+  } else if (r == ncclSuccess && read(id_fd, &j->id, sizeof(j->id)) != (ssize_t)sizeof(j->id)) {
+    r = ncclSystemError;
+  }
+  if (r == ncclSuccess) r = ncclCommInitRank(&comm, 2, j->id, rank);
   if (r == ncclSuccess) {
     for (int i = 0; i < 5 && r == ncclSuccess; i++) r = ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm, NULL);
     double t0 = now_us();
@@ -62,9 +71,9 @@ static double measure(const char* algo, const char* proto, int net, size_t bytes
   double best = -1;
   for (int run = 0; run < 3; run++) {
     struct job j = {.bytes = bytes, .iters = iters};
-    int fds[2][2];
+    int fds[2][2], idp[2];
     pid_t pid[2] = {-1, -1};
-    if (ncclGetUniqueId(&j.id) != ncclSuccess) return -1;
+    if (pipe(idp) != 0) return -1;
     double worst = 0;
     int ok = 1;
     for (int r = 0; r < 2; r++) {
@@ -73,11 +82,12 @@ static double measure(const char* algo, const char* proto, int net, size_t bytes
       pid[r] = fork();
       if (pid[r] == 0) {
         close(fds[r][0]);
-        rank_main(&j, r, fds[r][1]);
+        rank_main(&j, r, r == 0 ? idp[1] : idp[0], fds[r][1]);
         _exit(0);
       }
       close(fds[r][1]);
     }
+    close(idp[0]), close(idp[1]); /* a rank that dies leaves its peer an EOF, not a hang */
     for (int r = 0; r < 2; r++) {
       double in[2] = {-1, -1};
       ok &= pid[r] > 0 && read(fds[r][0], in, sizeof(in)) == (ssize_t)sizeof(in) && in[0] == 0 && in[1] > 0;
