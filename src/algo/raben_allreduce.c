@@ -92,10 +92,11 @@ void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) 
   uint64_t whole = rb_chunks(op, op->part_count);
   size_t es = op->esize;
   p->peers = 1;
-  if (ro.vrank < 0 || (ro.fold >= 0 && (idx < whole || idx >= raben_allreduce_nsteps(op) - whole))) {
+  uint64_t last = ro.fold >= 0 ? raben_allreduce_nsteps(op) - whole : 0; /* where the fold's way back starts */
+  if (ro.fold >= 0 && (idx < whole || idx >= last)) {
     /* Fold: the extra rank's whole vector in (first), the result out (last). */
     int first = idx < whole;
-    uint64_t j = first ? idx : idx - (raben_allreduce_nsteps(op) - whole);
+    uint64_t j = first ? idx : idx - last;
     size_t o = op->part_off + (size_t)j * op->chunk;
     p->nelem = algo_min(op->chunk, op->part_off + op->part_count - o);
     if (ro.vrank < 0) {
@@ -111,11 +112,12 @@ void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) 
   }
   if (ro.fold >= 0) idx -= whole;
   int r = 0;
-  for (uint64_t n; idx >= (n = rb_round_steps(op, &ro, r)); r++) idx -= n;
+  uint64_t n;
+  for (; idx >= (n = rb_round_steps(op, &ro, r)); r++) idx -= n;
   struct rb_round x = rb_round_of(&ro, op->nranks, r);
   int halving = r < ro.log, send;
   uint64_t j;
-  rb_order(rb_round_steps(op, &ro, r) / 2, idx, &send, &j);
+  rb_order(n / 2, idx, &send, &j);
   size_t o, len;
   if (send) rb_blocks(op, ro.p, x.s0, x.s1, &o, &len);
   else rb_blocks(op, ro.p, x.r0, x.r1, &o, &len);

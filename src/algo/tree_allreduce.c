@@ -55,13 +55,11 @@ uint64_t tree_allreduce_nsteps(const struct ch_op* op) {
   return tree_chunks(op) * (uint64_t)(phase_steps(op, 0) + phase_steps(op, 1));
 }
 
-static void up_step(const struct ch_op* op, const struct algo_tree* tr, int s, const char* in, char* acc,
-                    struct prim* p) {
+static void up_step(const struct algo_tree* tr, int s, const char* in, char* acc, struct prim* p) {
   if (tr->ndown == 0) { /* leaf */
     p->send = 1, p->premul = 1, p->src = in, p->out_peer = tr->up;
     return;
   }
-  (void)op;
   p->recv = 1, p->reduce = 1, p->in_peer = tr->down[s];
   p->premul = s == 0;
   p->src = s == 0 ? in : acc;
@@ -108,5 +106,5 @@ void tree_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   char* acc = op->recvbuff + off * op->esize;
   p->peers = 1;
   if (is_down) down_step(tr, s, acc, p);
-  else up_step(op, tr, s, in, acc, p);
+  else up_step(tr, s, in, acc, p);
 }

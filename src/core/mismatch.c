@@ -165,19 +165,11 @@ ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
     atomic_store(&comm->poisoned, 1);
     return rec.kind == XFER_PEER_LOST ? CH_REMOTE : CH_INVALID_USAGE;
   }
-  if (!hit)
-    for (int k = 0; k < pl->nops; k++)
-      if (pl->ops[k].func <= FUNC_ALLREDUCE) {
-        if (conn_mismatch(comm, &pl->ops[k].ctx.hdr, &rec)) hit = 3;
-        break; /* the group's first collective: its sequence number is the one peers would use */
-      }
-  if (hit == 3) {
-    if (!atomic_exchange(&comm->poisoned, 1)) {
-      say(comm, &rec);
-      poison_all(comm, &rec);
+  for (int k = 0; k < pl->nops && !hit; k++)
+    if (pl->ops[k].func <= FUNC_ALLREDUCE) { /* the group's first collective: the sequence number peers use */
+      hit = conn_mismatch(comm, &pl->ops[k].ctx.hdr, &rec);
+      break;
     }
-    return CH_INVALID_USAGE;
-  }
   for (int c = 0; c < comm->nchannels && !hit; c++)
     hit = tp_conn_poisoned(&comm->channels[c].send, 1, &rec) || tp_conn_poisoned(&comm->channels[c].recv, 0, &rec);
   for (int r = 0; comm->p2p && r < comm->nranks && !hit; r++)

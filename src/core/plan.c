@@ -157,15 +157,13 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
     tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
-    if (algo_uses_peers(t->how.algo)) {
+    if (has_p2p && algo_uses_peers(t->how.algo)) {
       /* Its steps share the per-peer connections with the group's sends and receives, whose lanes
-       * run in no fixed order with it: the two ends could disagree on the order of steps. */
-      if (has_p2p) {
-        INFO(LOG_TUNING, "%s: Ring instead of %s, as the group also sends and receives", tune_func_name(t->func),
-             tune_algo_name(t->how.algo));
-        t->how.algo = t->how.fallback = ALGO_RING;
-      }
-      t->how.nch = 1;
+       * run in no fixed order with it: the two ends could disagree on the order of steps. (One
+       * channel, as tune_choose gave it.) */
+      INFO(LOG_TUNING, "%s: Ring instead of %s, as the group also sends and receives", tune_func_name(t->func),
+           tune_algo_name(t->how.algo));
+      t->how.algo = t->how.fallback = ALGO_RING;
     }
     if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1;
     for (int c = 0; c < t->how.nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
