@@ -124,13 +124,13 @@ struct ch_op {
   uint64_t idx, nidx; /* next primitive index, total */
 };
 
-/* Number of primitive steps the op needs; then fill the primitive for step `idx` < that number. */
 /* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Rabenseifner, Tree) name the
  * peer of each step (prim.peers) and use the per-peer connections (the ones send/recv use): one
  * channel, and never in a group with send/recv on the same communicator (plan.c), so that the order
  * of steps on a connection is the same at both ends. Their peers are connected with the rings
  * (algo_peer_set): ranks whose calls differ never wait for each other in connection setup. */
 int algo_uses_peers(int algo);
+/* Number of primitive steps the op needs; then fill the primitive for step `idx` < that number. */
 uint64_t algo_nsteps(const struct ch_op* op);
 void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 
@@ -168,9 +168,6 @@ uint64_t p2p_nsteps(const struct ch_op* op);
 void p2p_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t local_nsteps(const struct ch_op* op);
 void local_step(const struct ch_op* op, uint64_t idx, struct prim* p);
-
-/* NCCL's binary tree over n nodes: parent and children of node r (-1: none); btree.c. */
-void algo_btree(int n, int r, int* up, int* d0, int* d1);
 
 /* Power-of-two algorithms on any n (pof2.c): p participants (the largest power of two <= n), log2(p)
  * rounds, this rank's virtual rank among them (-1: it folds into another and sits out), and the rank

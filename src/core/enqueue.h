@@ -92,7 +92,7 @@ const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
 /* Whether NCCL_ALGO leaves some collective an algorithm that uses the per-peer connections (RecDbl,
  * Rabenseifner, Tree): then those are connected with the rings (group.c). The same on every rank. */
 int tune_peer_algos(const struct ncclComm* comm);
-const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct" */
+const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct", "RecDbl", "Rabenseifner" */
 const char* tune_func_name(int func);   /* "AllReduce", ... */
 
 /* Stall report (stall.c): one WARN per pending operation of pl: what it waits for, and from whom. */

@@ -145,7 +145,6 @@ static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, in
 }
 
 #define SMALL 8
-/* Split the group's calls by communicator (keeping call order), plan, connect and run or queue them. */
 /* Mark the connections a plan needs (need_send[n]: the rings); returns whether some are missing. */
 static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_send, char* need_recv) {
   int n = c->nranks, unconnected = 0;
@@ -172,6 +171,7 @@ static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_s
   return unconnected;
 }
 
+/* Split the group's calls by communicator (keeping call order), plan, connect and run or queue them. */
 static ch_status launch_tasks(void) {
   int ntasks = ntasks_;
   ntasks_ = 0;

@@ -11,7 +11,24 @@
 #include "comm.h"
 #include "topo.h"
 
-void topo_btree(int n, int r, int* up, int* d0, int* d1) { algo_btree(n, r, up, d0, d1); }
+void topo_btree(int n, int r, int* up, int* d0, int* d1) {
+  *up = *d0 = *d1 = -1;
+  if (n <= 1 || r < 0 || r >= n) return;
+  if (r == 0) { /* the root's only child: the largest power of two below n */
+    int b = 1;
+    while (b * 2 < n) b *= 2;
+    *d0 = b;
+    return;
+  }
+  int bit = r & -r;
+  int p = (r ^ bit) | (bit << 1);
+  *up = p < n ? p : r ^ bit;
+  int half = bit >> 1;
+  if (!half) return;
+  *d0 = r - half;
+  while (half && r + half >= n) half >>= 1; /* the upper child moves down until it exists */
+  if (half) *d1 = r + half;
+}
 
 void topo_dtree(int n, int r, int t, int* up, int* d0, int* d1) {
   if (t == 0 || n <= 1) return topo_btree(n, r, up, d0, d1);
