@@ -40,6 +40,7 @@ struct ch_redop_slot {
 #define CH_MAX_REDOPS 64
 
 struct ch_plan; /* enqueue.h */
+struct tune_model; /* tune.h */
 
 struct ncclComm {
   uint64_t magic;
@@ -84,6 +85,7 @@ struct ncclComm {
   int tune_bad;
   unsigned proto_ok; /* protocols the transports can carry (network: Simple only) */
   int tune_net;      /* some ranks talk over the network: the cost model uses its hop costs */
+  const struct tune_model* model; /* the cost model's constants (tune_model.c): set by tune_init, immutable */
   /* NCCL_TUNER_PLUGIN (tuner_plugin.c): set at init, released by comm_free; called by the thread in a
    * call on this comm. tuner_failed: a getCollInfo error was reported (once). */
   struct tune_plugin* tuner;

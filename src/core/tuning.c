@@ -45,6 +45,7 @@ void tune_init(struct ncclComm* comm) {
    * such order (the proxy publishes whole slots through tail), and only Simple steps record their
    * size for the proxy. So a communicator that uses the network runs Simple only. */
   comm->tune_net = uses_net(comm);
+  comm->model = tune_model_get(); /* CHORUS_TUNE_FILE is looked up once per communicator */
   comm->proto_ok = comm->tune_net ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
   comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
@@ -73,10 +74,9 @@ static unsigned runnable_algos(const struct ncclComm* comm, int func) {
   if (func < TUNE_P2P) m |= 1u << ALGO_RING;
   if (func == FUNC_ALLREDUCE && comm->nranks == 2) m |= 1u << ALGO_EXCHANGE;
   if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
-  if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RECDBL;
-  if ((func == FUNC_ALLREDUCE || func == FUNC_BROADCAST || func == FUNC_REDUCE) && comm->nranks > 1)
+  if (comm->nranks > 1 && func == FUNC_ALLREDUCE) m |= 1u << ALGO_RECDBL | 1u << ALGO_RABEN;
+  if (comm->nranks > 1 && (func == FUNC_ALLREDUCE || func == FUNC_BROADCAST || func == FUNC_REDUCE))
     m |= 1u << ALGO_TREE;
-  if (func == FUNC_ALLREDUCE && comm->nranks > 1) m |= 1u << ALGO_RABEN;
   return m;
 }
 
@@ -129,7 +129,7 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
  * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place).
  * net: hops cross the network transport (its latency and bandwidth replace the memory copy's). */
 static double predict_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
-  const struct tune_model* model = tune_model_get();
+  const struct tune_model* model = comm->model;
   int n = comm->nranks, net = comm->tune_net;
   double steps, traffic, copies = 2.0;
   double dn = n;
@@ -174,7 +174,7 @@ static double predict_us(const struct ncclComm* comm, int func, int algo, int pr
 /* What the choice compares (and a plugin sees): the prediction, with LL above its size penalised so
  * that it is taken only when nothing else is allowed. Logs and ncclGroupSimulateEnd get predict_us. */
 static double cost_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
-  const struct tune_model* model = tune_model_get();
+  const struct tune_model* model = comm->model;
   double t = predict_us(comm, func, algo, proto, bytes, nch);
   return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model->ll_max_bytes ? t * model->ll_penalty : t;
 }
@@ -246,11 +246,12 @@ static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t
   return 1;
 }
 
-/* Direct works on the whole vector; RecDbl and Tree use the per-peer connections, one set per pair. */
+/* Direct works on the whole vector; RecDbl, Rabenseifner and Tree use the per-peer connections, one
+ * set per pair. */
 static int algo_one_channel(int algo) { return algo == ALGO_DIRECT || algo_uses_peers(algo); }
 
 static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out, int* by_tuner) {
-  const struct tune_model* model = tune_model_get();
+  const struct tune_model* model = comm->model;
   int n = comm->nranks, i = tune_mask_index(func);
   unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes);
   if (!pm) pm = 1u << PROTO_SIMPLE; /* only if tune_check_call was bypassed */
