@@ -15,13 +15,10 @@
 #include "nccl.h"
 #include "../src/core/tune.h"
 #include "../src/misc/param.h"
+#include "../src/misc/utils.h"
 #include "calibrate.h"
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
+static double now_us(void) { return (double)ut_now_ns() / 1e3; }
 
 struct job {
   ncclUniqueId id;

@@ -39,37 +39,38 @@ void topo_dtree(int n, int r, int t, int* up, int* d0, int* d1) {
     if (*v[i] >= 0) *v[i] = n % 2 == 0 ? n - 1 - *v[i] : (*v[i] + 1) % n;
 }
 
-/* Node of each rank (hosts by lowest rank, or every rank its own with CHORUS_TREE_PER_RANK), the
- * first rank of each node, and each rank's next rank in its node's chain (-1 at the end). */
-static int nodes_of(const struct ncclComm* comm, int per_rank, int* node, int* head, int* next) {
+/* Ranks grouped by host as the rings group them (topo_ring_order_fill: hosts by lowest rank, ranks
+ * ascending), or each rank alone with CHORUS_TREE_PER_RANK: the node of each rank, the first rank of
+ * each node, and each rank's next rank in its node's chain (-1 at the end). */
+static int nodes_of(const struct ncclComm* comm, int per_rank, uint64_t* host, int* order, int* node, int* head,
+                    int* next) {
   int n = comm->nranks, nn = 0;
-  for (int r = 0; r < n; r++) {
-    node[r] = -1, next[r] = -1;
-    for (int q = 0; q < r && !per_rank; q++)
-      if (comm->peers[q].host_hash == comm->peers[r].host_hash) {
-        node[r] = node[q];
-        break;
-      }
-    if (node[r] < 0) node[r] = nn, head[nn++] = r;
+  for (int r = 0; r < n; r++) host[r] = per_rank ? (uint64_t)r : comm->peers[r].host_hash;
+  topo_ring_order_fill(n, host, TOPO_ORDER_HOSTS, order);
+  for (int i = 0; i < n; i++) {
+    int r = order[i], prev = i > 0 ? order[i - 1] : -1;
+    next[r] = -1;
+    if (prev >= 0 && host[prev] == host[r]) {
+      node[r] = node[prev];
+      next[prev] = r;
+    } else {
+      node[r] = nn, head[nn++] = r;
+    }
   }
-  for (int r = 0; r < n; r++)
-    for (int q = r + 1; q < n; q++)
-      if (node[q] == node[r]) {
-        next[r] = q;
-        break;
-      }
   return nn;
 }
 
 ch_status comm_build_trees(struct ncclComm* comm) {
   int n = comm->nranks, me = comm->rank;
-  int* buf = malloc(sizeof(int) * 3 * (size_t)n);
-  if (!buf) {
+  uint64_t* host = malloc(sizeof(uint64_t) * (size_t)n);
+  int* buf = malloc(sizeof(int) * 4 * (size_t)n);
+  if (!host || !buf) {
+    free(host), free(buf);
     WARN("rank %d: out of memory building the trees", me);
     return CH_SYSTEM;
   }
-  int *node = buf, *head = buf + n, *next = buf + 2 * n;
-  int nn = nodes_of(comm, param_int(PARAM_TREE_PER_RANK) != 0, node, head, next);
+  int *node = buf, *head = buf + n, *next = buf + 2 * n, *order = buf + 3 * n;
+  int nn = nodes_of(comm, param_int(PARAM_TREE_PER_RANK) != 0, host, order, node, head, next);
   int prev = -1;
   for (int q = 0; q < n; q++)
     if (next[q] == me) prev = q;
@@ -103,5 +104,6 @@ ch_status comm_build_trees(struct ncclComm* comm) {
          nn, nn > 1 ? " (binary between nodes, a chain inside each)" : " (a chain)", comm->trees[0].up,
          comm->trees[0].ndown);
   free(buf);
+  free(host);
   return CH_OK;
 }
