@@ -4,6 +4,7 @@
  * its body). The service must reject or answer within its bounds, close the connection, never crash,
  * leak or hang, and keep serving.
  *   first byte % 3 == 0: raw bytes;  1: keyed request;  2: request without a key (local, same uid) */
+#include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ static void drain(int fd) {
     struct pollfd p = {fd, POLLIN, 0};
     if (poll(&p, 1, 100) <= 0) continue;
     ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (r <= 0) return;
   }
 }
@@ -59,10 +61,16 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
     unsigned char nonce[BOOT_NONCE], mac[BOOT_MAC] = {0};
     (void)!send(s.fd, &h, sizeof(h), MSG_NOSIGNAL);
     size_t got = 0;
-    while (got < sizeof(nonce)) {
+    uint64_t end = ut_now_ns() + 2000000000ull;
+    while (got < sizeof(nonce)) { /* a well-formed hello always gets a nonce, within 2 s */
       struct pollfd p = {s.fd, POLLIN, 0};
-      if (poll(&p, 1, 2000) <= 0) abort(); /* a well-formed hello always gets a nonce */
+      if (ut_now_ns() > end) abort();
+      /* libFuzzer's timeout timer (SIGALRM) interrupts poll: EINTR is no answer yet, not a failure */
+      int pr = poll(&p, 1, 100);
+      if (pr < 0 && errno != EINTR) abort();
+      if (pr <= 0) continue;
       ssize_t r = recv(s.fd, nonce + got, sizeof(nonce) - got, 0);
+      if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (r <= 0) abort();
       got += (size_t)r;
     }
