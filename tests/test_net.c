@@ -330,3 +330,51 @@ static void direct_sweep(int nranks, int procs) {
 }
 TEST_T(net_threads, direct_3, 240) { direct_sweep(3, 0); }
 TEST_T(net_procs, direct_2, 240) { direct_sweep(2, 1); }
+
+/* With the rank reading its sockets: small and large calls alternate (the socket moves between the
+ * rank and the proxy, tp_net_poll / the `big` rule), the proxy of an idle process still sleeps, and
+ * a peer that exits while the survivor is in no call is still reported (the proxy takes the socket
+ * back on the hang-up: ncclCommGetAsyncError turns to ncclRemoteError without a call). */
+static void direct_mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  const size_t big = (size_t)1 << 20;
+  float* v = malloc(big * sizeof(float));
+  ASSERT(v);
+  for (int i = 0; i < 60; i++) {
+    size_t n = i % 3 == 2 ? big : (size_t)(1 + i % 7);
+    for (size_t k = 0; k < n; k++) v[k] = (float)(rank + 1) * (float)(1 + (k + (size_t)i) % 5);
+    NCCL_OK(ncclAllReduce(v, v, n, ncclFloat32, ncclSum, comm, NULL));
+    float tot = (float)(nranks * (nranks + 1) / 2);
+    int bad = 0;
+    for (size_t k = 0; k < n && !bad; k++) bad = v[k] != tot * (float)(1 + (k + (size_t)i) % 5);
+    EXPECT(!bad);
+  }
+  NCCL_OK(ncclAllReduce(v, v, 2, ncclFloat32, ncclSum, comm, NULL)); /* last wait: a small step */
+  free(v);
+  if (rank == 1) _exit(0); /* gone without a goodbye: its sockets just close */
+  uint64_t t0 = now_ns();
+  ncclResult_t async = ncclSuccess;
+  while (async == ncclSuccess && now_ns() - t0 < 10000000000ull) {
+    NCCL_OK(ncclCommGetAsyncError(comm, &async));
+    usleep(10000);
+  }
+  printf("    async error %d %.2f s after the last call\n", (int)async, (double)(now_ns() - t0) / 1e9);
+  EXPECT_EQ(async, ncclRemoteError);
+  ncclCommAbort(comm);
+}
+
+TEST_T(net_procs, direct_mixed_then_peer_exits, 120) {
+  force_net();
+  setenv("CHORUS_NET_DIRECT_MAX_BYTES", "4096", 1);
+  param_reset();
+  rt_run_procs(2, direct_mixed_body, NULL);
+}
+
+TEST_T(net, direct_idle_cpu, 60) {
+  force_net();
+  setenv("CHORUS_NET_DIRECT_MAX_BYTES", "4096", 1);
+  param_reset();
+  rt_run_procs(2, idle_body, NULL);
+}

@@ -102,6 +102,12 @@ struct ncclComm {
    * plan_release before the plan's done_ticket moves; taken by plan_reuse (compare-exchange) or
    * freed by comm_free once no ticket is outstanding. */
   struct ch_plan* _Atomic reuse_plan;
+  /* Receive connections whose sockets this communicator's waiting thread has read itself (the
+   * network lets a rank do that, tp_conn_poll); all given back to the transport before it sleeps.
+   * Touched only by the thread running the plan whose ticket is current, like seq (plan.c). */
+#define COMM_POLLED_MAX 8
+  struct conn* polled[COMM_POLLED_MAX];
+  int npolled;
 
   volatile int abort_flag;           /* set by ncclCommAbort; polled everywhere */
   _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */

@@ -415,13 +415,37 @@ static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx*
  * kernel on the FIFO counter (the poster wakes us; we re-poll everything each millisecond), so idle
  * ranks stop using CPU. Measured with all_reduce_perf, 4 ranks on 2 cores, 8 B: sleeping at once
  * costs ~100 us per call (a wake-up per hop), yielding first ~20 us. */
-static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* blocked) {
+/* The network lets a waiting rank read its sockets itself. Such a socket stays with the rank across
+ * calls (a rank that waits on it again pays no hand-over), until the rank sleeps: then every one goes
+ * back to the transport, which moves data while nobody polls. The oldest goes back first when more
+ * than COMM_POLLED_MAX are held. */
+static void polled_note(struct ncclComm* comm, struct conn* c) {
+  for (int i = 0; i < comm->npolled; i++)
+    if (comm->polled[i] == c) return;
+  if (comm->npolled == COMM_POLLED_MAX) {
+    tp_conn_idle(comm->polled[0]);
+    memmove(comm->polled, comm->polled + 1, sizeof(comm->polled[0]) * (COMM_POLLED_MAX - 1));
+    comm->npolled--;
+  }
+  comm->polled[comm->npolled++] = c;
+}
+
+static void polled_release(struct ncclComm* comm) {
+  for (int i = 0; i < comm->npolled; i++) tp_conn_idle(comm->polled[i]);
+  comm->npolled = 0;
+}
+
+static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* blocked, struct ncclComm* bcomm) {
   static _Thread_local int64_t spin_ns = -1, yield_ns;
   /* Waiting for data: a transport may move it from this thread (the network: read the socket here
-   * rather than wait for the proxy's hop). */
-  if (blocked && blocked->in && blocked->in->ctrl && blocked->wait_word == &blocked->in->ctrl->tail &&
-      tp_conn_poll(blocked->in))
-    return;
+   * rather than wait for the proxy's hop). One connection per communicator at a time: the one we
+   * wait on now; the last one goes back to the transport's own progress. */
+  struct conn* in = blocked && blocked->in && blocked->in->ctrl && blocked->wait_word == &blocked->in->ctrl->tail
+                        ? blocked->in : NULL;
+  if (in && bcomm) {
+    polled_note(bcomm, in);
+    if (tp_conn_poll(in)) return;
+  }
   if (spin_ns < 0) {
     spin_ns = param_int(PARAM_SPIN_US) * 1000;
     yield_ns = param_int(PARAM_YIELD_US) * 1000;
@@ -431,6 +455,7 @@ static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* b
   } else if ((int64_t)idle_ns < (oversubscribed ? yield_ns : spin_ns + yield_ns / 8)) {
     sched_yield();
   } else if (blocked) {
+    if (bcomm) polled_release(bcomm); /* asleep, we read nothing: the transport does */
     prim_wait(blocked, 1000);
   } else {
     struct timespec ts = {0, 50000};
@@ -495,6 +520,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
   while (remaining > 0) {
     int progressed = 0;
     struct prim_ctx* blocked = NULL;
+    struct ncclComm* bcomm = NULL; /* blocked's */
     for (int i = 0; i < n; i++) {
       struct ch_plan* pl = plans[i];
       if (!pl) continue; /* finished and released */
@@ -515,6 +541,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
           struct ch_lane* ln = &pl->lanes[l];
           if (ln->cur >= ln->nops) continue;
           progressed |= lane_progress(comm, ln, &blocked, &pl->status);
+          if (blocked && !bcomm) bcomm = comm;
           busy |= ln->cur < ln->nops;
         }
       }
@@ -550,7 +577,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
       if (!remaining) break;
     }
-    engine_wait(idle_since ? t - idle_since : 0, oversubscribed, blocked);
+    engine_wait(idle_since ? t - idle_since : 0, oversubscribed, blocked, bcomm);
     if (idle_since) stall_note(plans, n, t - idle_since, t); /* stall reports: what we wait for */
     if (stall_dump_requests() != dumps) { /* CHORUS_DUMP_SIGNAL */
       dumps = stall_dump_requests();

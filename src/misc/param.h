@@ -74,8 +74,9 @@
     "socket transport: sockets per helper thread (accepted; this version uses one socket per connection)") \
   X(NET_SPIN_US, "CHORUS_NET_SPIN_US", P_INT, 0, "",                                               \
     "microseconds the network proxy thread busy-polls after its last progress before sleeping in epoll") \
-  X(NET_DIRECT_MAX_BYTES, "CHORUS_NET_DIRECT_MAX_BYTES", P_INT, 0, "",                             \
-    "network steps up to this many bytes are sent by the rank's thread, not the proxy (0 = never)") \
+  X(NET_DIRECT_MAX_BYTES, "CHORUS_NET_DIRECT_MAX_BYTES", P_INT, 4 << 20, "",                       \
+    "network steps up to this many bytes are sent, and received while it waits, by the rank's own "  \
+    "thread instead of the proxy (0 = the proxy moves every step)")                                  \
   X(NET_SOCKBUF_BYTES, "CHORUS_NET_SOCKBUF_BYTES", P_INT, 0, "",                                   \
     "SO_SNDBUF/SO_RCVBUF of network transport sockets (0 = kernel autotuning)") \
   X(NET_LINK_TIMEOUT_MS, "CHORUS_NET_LINK_TIMEOUT_MS", P_INT, 20000, "",                          \

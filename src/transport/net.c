@@ -215,4 +215,4 @@ static void net_free(struct conn* c) {
 }
 
 const struct tp_ops tp_net_ops = {"net", tp_net_recv_setup, tp_net_send_connect, net_recv_done, tp_net_state,
-                                  tp_net_poll, net_wake, net_free};
+                                  tp_net_poll, tp_net_idle, net_wake, net_free};

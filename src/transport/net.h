@@ -67,6 +67,17 @@ struct net_conn {
   /* Steps up to direct_max payload bytes are sent by the posting rank thread, and a waiting rank
    * receives from its socket itself (0: only the proxy moves data). */
   uint64_t direct_max;
+  /* Receive side, direct_max > 0: who reads the socket. 0: the proxy (EPOLLIN in its set). 1: the
+   * rank that waits on this FIFO (tp_net_poll); the proxy's set then holds EPOLLRDHUP only, so each
+   * arriving step costs the proxy no wake-up and the proxy never competes with the polling rank for
+   * the socket (or for its core). Changed only under busy: by the rank (takes it when it waits on
+   * this FIFO, gives it back before it sleeps or waits on another one, and on a step larger than
+   * direct_max or anything that is not a step) or by the proxy (the peer hung up: hup). */
+  _Atomic int rank_reads;
+  _Atomic int hup; /* proxy sets: the peer hung up or the socket failed; the rank no longer reads it */
+  int big;         /* under busy: a step larger than direct_max came; the proxy reads until a small one */
+  int hup_event;   /* proxy: an RDHUP/HUP/ERR edge came while the rank was reading */
+  int epfd;        /* the proxy's epoll set (set before the receive side is bound) */
   /* step, off and cur belong to whoever holds busy: the proxy, or the rank (tp_proxy_post sending,
    * tp_net_poll receiving). */
   _Atomic int busy;
@@ -93,6 +104,8 @@ struct net_conn {
 /* A rank waiting for data on c receives from the socket itself (CHORUS_NET_DIRECT_MAX_BYTES > 0)
  * instead of waiting for the proxy; 1 if a step (or part of one) arrived (proxy.c). */
 int tp_net_poll(struct conn* c);
+/* The rank stops waiting on c (it sleeps, or waits on another connection): the proxy reads it again. */
+void tp_net_idle(struct conn* c);
 
 /* proxy.c */
 void net_sockopts(int fd); /* buffers (CHORUS_NET_SOCKBUF_BYTES), link timeout, keepalive */

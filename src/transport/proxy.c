@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -179,6 +180,16 @@ static void fail_comm(struct net_conn* failed) {
   atomic_store(&px_changes, 1); /* a pass: can_progress sees the records to send */
 }
 
+/* Who reads receive socket n: the rank (its epoll entry keeps only hang-ups) or the proxy (re-armed
+ * with EPOLLIN: the kernel reports at once what is already there). Caller holds n->busy. */
+static void reader_set(struct net_conn* n, int rank) {
+  atomic_store_explicit(&n->rank_reads, rank, memory_order_relaxed);
+  if (rank) atomic_store_explicit(&n->ctrl->send_sleeping, 0, memory_order_relaxed);
+  struct epoll_event e = {.events = (rank ? 0 : EPOLLIN) | EPOLLRDHUP | EPOLLET, .data.ptr = n};
+  if (epoll_ctl(n->epfd, EPOLL_CTL_MOD, n->fd, &e) != 0 && errno != ENOENT) /* ENOENT: a failed link, removed */
+    WARN("net proxy: epoll_ctl MOD failed: %s", strerror(errno));
+}
+
 /* recv() result: 1 if bytes came, else 0 (EAGAIN clears rd_ready; EOF and errors fail the link). */
 static int recv_ok(struct net_conn* n, ssize_t r) {
   if (r > 0) return 1;
@@ -300,22 +311,35 @@ static int progress_send(struct net_conn* n) {
   return did;
 }
 
-/* Receive steps into free slots. Caller holds n->rbusy. direct: called by the waiting rank thread
- * (tp_net_poll); it leaves EOF, errors, goodbyes and bad headers to the proxy (the only one to touch
- * rd_ready, epoll or the link state), so no edge is lost. */
-static int recv_steps(struct net_conn* n, int direct) {
+/* A direct recv() that got nothing: 1 if it was only EAGAIN (the rank may keep the socket), 0 if the
+ * proxy must look (EOF, an error: it alone fails links). */
+static int direct_quiet(ssize_t r) { return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR); }
+
+/* Receive steps into free slots. Caller holds n->busy. direct: called by the waiting rank thread
+ * (tp_net_poll); it leaves EOF, errors, goodbyes, bad headers and steps over direct_max to the proxy
+ * (the only one to touch rd_ready or the link state) by setting *back: the socket goes back to the
+ * proxy, whose epoll set then reports what is there. */
+static int recv_steps(struct net_conn* n, int direct, int* back) {
   int did = 0;
   const size_t hs = sizeof(n->cur);
   while (direct || n->rd_ready) {
     if (n->off < hs) {
       ssize_t r = recv(n->fd, (char*)&n->cur + n->off, hs - n->off, MSG_DONTWAIT);
-      if (direct ? r <= 0 : !recv_ok(n, r)) break;
+      if (direct && r <= 0) {
+        *back = !direct_quiet(r);
+        break;
+      }
+      if (!direct && !recv_ok(n, r)) break;
       did = 1;
       n->off += (size_t)r;
       if (n->off < hs) continue;
     }
+    if (direct && (n->cur.bytes > n->direct_max || n->cur.bytes == NET_POISON || n->cur.bytes == NET_BYE)) {
+      if (n->cur.bytes > n->direct_max && n->cur.bytes <= n->slot_bytes) n->big = 1;
+      *back = 1;
+      break;
+    }
     if (n->cur.bytes == NET_POISON) { /* the sender's call failed: a record, not a step */
-      if (direct) break;
       size_t total = hs + sizeof(n->pbuf);
       ssize_t r = recv(n->fd, (char*)&n->pbuf + (n->off - hs), total - n->off, MSG_DONTWAIT);
       if (!recv_ok(n, r)) break;
@@ -327,7 +351,6 @@ static int recv_steps(struct net_conn* n, int direct) {
       continue;
     }
     if (n->cur.bytes == NET_BYE || n->cur.bytes > n->slot_bytes) {
-      if (direct) break;
       if (n->cur.bytes == NET_BYE) {
         n->bye_seen = 1;
         atomic_store_explicit(&n->state, NET_CLOSED, memory_order_release);
@@ -349,7 +372,11 @@ static int recv_steps(struct net_conn* n, int direct) {
     if (n->off < total) {
       char* data = n->buf + (size_t)slot * n->slot_bytes;
       ssize_t r = recv(n->fd, data + (n->off - hs), total - n->off, MSG_DONTWAIT);
-      if (direct ? r <= 0 : !recv_ok(n, r)) break;
+      if (direct && r <= 0) {
+        *back = !direct_quiet(r);
+        break;
+      }
+      if (!direct && !recv_ok(n, r)) break;
       did = 1;
       n->off += (size_t)r;
       if (n->off < total) continue;
@@ -357,6 +384,7 @@ static int recv_steps(struct net_conn* n, int direct) {
     n->ctrl->size[slot] = n->cur.bytes;
     n->ctrl->hdr[slot] = n->cur.hdr;
     n->ctrl->tag[slot] = xfer_tag(&n->cur.hdr); /* from the header: the rank compares it with its own */
+    if (n->cur.bytes <= n->direct_max) n->big = 0; /* small steps again: the rank may read them */
     n->off = 0;
     n->step++;
     did = 1;
@@ -390,9 +418,21 @@ static int progress_recv(struct net_conn* n) {
     }
     if (n->pup_off == 1 + sizeof(n->pup)) n->poison_state = 2;
   }
+  if (atomic_load_explicit(&n->rank_reads, memory_order_relaxed) && !n->hup_event) {
+    n->rd_ready = 0; /* an edge from before the rank took the socket: it reads what came */
+    return did;
+  }
   /* The rank may be receiving itself while it waits (tp_net_poll): then it is its turn. */
   if (!atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
-    did = recv_steps(n, 0);
+    if (atomic_load_explicit(&n->rank_reads, memory_order_relaxed)) {
+      /* The peer hung up while the rank had the socket: read to the end here, so that a lost peer is
+       * reported (async error) even when the rank is in no call. */
+      atomic_store_explicit(&n->hup, 1, memory_order_relaxed);
+      reader_set(n, 0);
+      n->rd_ready = 1;
+    }
+    n->hup_event = 0;
+    did = recv_steps(n, 0, NULL);
     atomic_store_explicit(&n->busy, 0, memory_order_release);
   }
   return did;
@@ -401,12 +441,31 @@ static int progress_recv(struct net_conn* n) {
 int tp_net_poll(struct conn* c) {
   struct net_conn* n = c->net;
   if (c->transport != TP_NET || !n || n->is_send || !n->direct_max ||
-      atomic_load_explicit(&n->state, memory_order_acquire) != NET_BOUND)
+      atomic_load_explicit(&n->state, memory_order_acquire) != NET_BOUND ||
+      atomic_load_explicit(&n->hup, memory_order_relaxed))
     return 0;
   if (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) return 0;
-  int did = recv_steps(n, 1);
+  int did = 0, back = 0;
+  /* fd: let_go closes it under busy. A large transfer stays with the proxy, which receives while
+   * this rank reduces; the rank takes the socket between steps only. */
+  if (n->fd >= 0 && !n->big && !atomic_load_explicit(&n->hup, memory_order_relaxed) &&
+      (atomic_load_explicit(&n->rank_reads, memory_order_relaxed) || n->off == 0)) {
+    if (!atomic_load_explicit(&n->rank_reads, memory_order_relaxed)) reader_set(n, 1);
+    did = recv_steps(n, 1, &back);
+    if (back) reader_set(n, 0);
+  }
   atomic_store_explicit(&n->busy, 0, memory_order_release);
   return did;
+}
+
+void tp_net_idle(struct conn* c) {
+  struct net_conn* n = c->net;
+  if (c->transport != TP_NET || !n || n->is_send || !atomic_load_explicit(&n->rank_reads, memory_order_relaxed))
+    return;
+  /* busy is held only for a few non-blocking calls (the proxy's pass, let_go's close) */
+  while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) sched_yield();
+  if (n->fd >= 0 && atomic_load_explicit(&n->rank_reads, memory_order_relaxed)) reader_set(n, 0);
+  atomic_store_explicit(&n->busy, 0, memory_order_release);
 }
 
 static int progress_all(void) {
@@ -426,10 +485,11 @@ static int can_progress(void) {
       /* head, not step: the rank may be moving step (direct send); head == step between steps */
       if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > atomic_load(&n->ctrl->head))) return 1;
       if (n->poison_state < 2 && n->wr_ready && xfer_poison_is_set(&n->ctrl->down)) return 1;
-    } else if (n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS) {
-      return 1;
-    } else if (n->poison_state != 2 && xfer_poison_is_set(&n->ctrl->up)) {
-      return 1;
+    } else {
+      if (atomic_load_explicit(&n->rank_reads, memory_order_relaxed) ? n->hup_event
+          : n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS)
+        return 1;
+      if (n->poison_state != 2 && xfer_poison_is_set(&n->ctrl->up)) return 1;
     }
   }
   return 0;
@@ -439,8 +499,10 @@ static int can_progress(void) {
  * kicks only while px_sleeping); receive FIFOs get TP_SLEEP_PROXY in send_sleeping while we sleep. */
 static void set_sleeping(uint32_t v) {
   atomic_store_explicit(&px_sleeping, v != 0, memory_order_relaxed);
-  for (struct net_conn* n = px.conns; n; n = n->next)
-    if (!n->is_send) atomic_store_explicit(&n->ctrl->send_sleeping, v, memory_order_relaxed);
+  for (struct net_conn* n = px.conns; n; n = n->next) /* a socket the rank reads needs no head wake-ups */
+    if (!n->is_send)
+      atomic_store_explicit(&n->ctrl->send_sleeping,
+                            atomic_load_explicit(&n->rank_reads, memory_order_relaxed) ? 0 : v, memory_order_relaxed);
 }
 
 /* tp_wake's slow path for sleeping words >= TP_SLEEP_PROXY. TP_SLEEP_DIRECT: `word` is the tail of a
@@ -506,9 +568,12 @@ static void authenticate(struct pending* p) {
     if (sock_peer_uid(p->fd, &uid) != 0 || uid != geteuid())
       return reject(p, "a local connection from another user (job without a secret admits only our uid)");
   }
-  struct epoll_event e = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = n};
+  /* No EPOLLOUT: a receiver writes only a failed call's record, which waits in progress_recv (and
+   * keeps can_progress true) until it fits; re-arming the socket (reader_set) then wakes nobody. */
+  struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = n};
   epoll_ctl(px.epfd, EPOLL_CTL_MOD, p->fd, &e);
   n->fd = p->fd;
+  n->epfd = px.epfd;
   n->remote = p->remote;
   n->rd_ready = n->wr_ready = 1;
   p->fd = -1;
@@ -587,6 +652,7 @@ static void handle_events(const struct epoll_event* ev, int ne) {
       struct net_conn* n = tag;
       if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) n->rd_ready = 1;
       if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) n->wr_ready = 1;
+      if (!n->is_send && (e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) n->hup_event = 1;
     }
   }
 }
@@ -621,9 +687,13 @@ static int let_go(struct net_conn* n, uint64_t now) {
       if (n->is_send) (void)!send(n->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
       else (void)!send(n->fd, "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
+    /* A waiting rank may be in tp_net_poll on this socket (an abort from another thread): close it
+     * under busy, so the rank never reads or re-arms a descriptor number that is reused. */
+    while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) PX_RELAX();
     ep_del(n->fd);
     close(n->fd);
     n->fd = -1;
+    atomic_store_explicit(&n->busy, 0, memory_order_release);
   }
   return 1;
 }

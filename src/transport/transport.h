@@ -195,6 +195,9 @@ struct tp_ops {
   int (*health)(const struct conn* c);
   /* A rank waiting for data on c may move it itself; 1 if something arrived. NULL: nothing to do. */
   int (*poll)(struct conn* c);
+  /* The rank that polled c stops (it sleeps or waits on something else): whatever moved c's data
+   * while the rank did not (the network proxy) takes over again. NULL: nothing to do. */
+  void (*idle)(struct conn* c);
   /* Wake whoever waits at the other end of c (after a poison: fifo_ctrl up/down records). */
   void (*wake)(struct conn* c, int we_send);
   void (*free)(struct conn* c);
@@ -210,6 +213,10 @@ static inline int tp_conn_health(const struct conn* c) {
 static inline int tp_conn_poll(struct conn* c) {
   const struct tp_ops* o = tp_ops_of(c->transport);
   return c->connected && o->poll ? o->poll(c) : 0;
+}
+static inline void tp_conn_idle(struct conn* c) {
+  const struct tp_ops* o = tp_ops_of(c->transport);
+  if (c->connected && o->idle) o->idle(c);
 }
 void tp_conn_free(struct conn* c);
 
