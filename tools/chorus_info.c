@@ -11,6 +11,7 @@
 #include "chorus.h"
 #include "../src/bootstrap/boot_internal.h"
 #include "../src/core/stall.h"
+#include "../src/cuda/cudrv.h"
 #include "../src/misc/param.h"
 #include "../src/misc/socket.h"
 #include "../src/misc/utils.h"
@@ -110,6 +111,12 @@ int main(int argc, char** argv) {
     char buf[80];
     printf("  bootstrap would use: %s %s\n", name, sock_addr_str(&a, buf, sizeof(buf)));
   }
+  char cuda[1024];
+  int has_cuda = cudrv_describe(cuda, sizeof(cuda)) == 0;
+  printf("  CUDA: %s\n", cuda);
+  if (has_cuda)
+    printf("    device buffers are refused with ncclInvalidArgument (this build moves host memory only); managed\n"
+           "    memory is used as host memory after the call's CUDA stream has finished its queued work\n");
   if (brief) return 0;
   printf("\nConfiguration (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");
   for (int id = 0; id < PARAM_COUNT; id++) {

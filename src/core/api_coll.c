@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../cuda/cudrv.h"
 #include "../misc/log.h"
 #include "api.h"
 #include "enqueue.h"
@@ -17,6 +18,29 @@ static const char* fname(int f) {
 
 static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
+
+/* CUDA buffers (cuda/cudrv.h), looked at only in a process that has the CUDA driver loaded. Device
+ * memory cannot be read by the host, and this build moves host memory only: refused by name rather
+ * than read (a crash). Managed memory is host memory to us, once the work queued on the call's CUDA
+ * stream (NULL: the legacy stream) is done, as NCCL orders a call after it. */
+static ch_status check_memory(const struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+  if (!cudrv_present()) return CH_OK;
+  const void* bufs[2] = {needs_send ? t->sendbuff : NULL, needs_recv ? t->recvbuff : NULL};
+  static const char* names[2] = {"sendbuff", "recvbuff"};
+  int managed = 0;
+  for (int i = 0; i < 2; i++) {
+    int dev;
+    enum cu_mem k = cudrv_classify(bufs[i], &dev);
+    if (k == CU_MEM_DEVICE) {
+      WARN("%s: %s %p is CUDA device memory (device %d): this build of Chorus moves host memory only; pass "
+           "host or managed memory (rank %d)", fn, names[i], bufs[i], dev, t->comm->rank);
+      return CH_INVALID_ARG;
+    }
+    managed |= k == CU_MEM_MANAGED;
+  }
+  if (managed && !(t->stream && stream_is_ours(t->stream))) CHECK(cudrv_stream_sync(t->stream));
+  return CH_OK;
+}
 
 static ch_status check_task(struct ch_task* t) {
   const char* fn = fname(t->func);
@@ -70,6 +94,7 @@ static ch_status check_task(struct ch_task* t) {
     WARN("%s: recvbuff is NULL (count %zu, rank %d)", fn, t->count, rank);
     return CH_INVALID_ARG;
   }
+  CHECK(check_memory(t, fn, needs_send, needs_recv));
   if (t->stream && !stream_is_ours(t->stream))
     INFO(LOG_COLL, "%s: stream %p is not a Chorus host stream; the call completes before returning", fn,
          (void*)t->stream);

@@ -25,6 +25,8 @@
   X(ALGO, "NCCL_ALGO", P_STR, 0, "",                                                              \
     "algorithms allowed: [func:]list;... of Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct (^ excludes); empty = auto") \
   X(PROTO, "NCCL_PROTO", P_STR, 0, "", "protocols allowed: [func:]list;... of LL, LL128, Simple (^ excludes)") \
+  X(CUDA_LIBRARY, "CHORUS_CUDA_LIBRARY", P_STR, 0, "libcuda.so.1",                                \
+    "the CUDA driver library to look for in the process (buffers are classified only if it is loaded)") \
   X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \

@@ -1,0 +1,150 @@
+/* The CUDA driver through dlopen (see cudrv.h). Only entry points with a single ABI version are
+ * used, by their plain names. State: `state` (atomic) is DRV_UNKNOWN until a look, then DRV_ABSENT
+ * (looked at `absent_at`, again a second later) or DRV_PRESENT (the table below is filled, under
+ * `lock`, before the release store of DRV_PRESENT; read-only afterwards). */
+#define _GNU_SOURCE
+#include "cudrv.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+
+typedef int cu_result; /* CUresult: 0 is CUDA_SUCCESS */
+#define CU_ATTR_MEMORY_TYPE 2
+#define CU_ATTR_IS_MANAGED 8
+#define CU_ATTR_DEVICE_ORDINAL 9
+#define CU_MEMORYTYPE_DEVICE 2
+#define CU_ERROR_INVALID_CONTEXT 201
+
+static struct {
+  cu_result (*init)(unsigned);
+  cu_result (*driver_version)(int*);
+  cu_result (*device_count)(int*);
+  cu_result (*device_get)(int*, int);
+  cu_result (*device_name)(char*, int, int);
+  cu_result (*pointer_attrs)(unsigned, int*, void**, uintptr_t);
+  cu_result (*stream_sync)(void*);
+  cu_result (*error_string)(cu_result, const char**);
+} cu;
+
+enum { DRV_UNKNOWN, DRV_ABSENT, DRV_PRESENT };
+static _Atomic int state = DRV_UNKNOWN;
+static _Atomic int64_t absent_at; /* coarse seconds of the last look that found nothing */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static char load_error[256]; /* under lock: why the last dlopen failed */
+
+static int64_t coarse_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (int64_t)ts.tv_sec;
+}
+
+/* Under lock. flags: RTLD_NOLOAD to find a loaded driver only. */
+static int resolve(int flags) {
+  void* h = dlopen(param_str(PARAM_CUDA_LIBRARY), RTLD_NOW | RTLD_LOCAL | flags);
+  if (!h) {
+    const char* e = dlerror();
+    snprintf(load_error, sizeof(load_error), "%s", e ? e : "not loaded");
+    return 0;
+  }
+#define SYM(field, name) *(void**)&cu.field = dlsym(h, name)
+  SYM(init, "cuInit");
+  SYM(driver_version, "cuDriverGetVersion");
+  SYM(device_count, "cuDeviceGetCount");
+  SYM(device_get, "cuDeviceGet");
+  SYM(device_name, "cuDeviceGetName");
+  SYM(pointer_attrs, "cuPointerGetAttributes");
+  SYM(stream_sync, "cuStreamSynchronize");
+  SYM(error_string, "cuGetErrorString");
+#undef SYM
+  if (!cu.pointer_attrs || !cu.stream_sync) { /* not a CUDA driver (or one older than 7.0): nothing to classify with */
+    WARN("%s is loaded but lacks cuPointerGetAttributes/cuStreamSynchronize: CUDA buffers cannot be recognised",
+         param_str(PARAM_CUDA_LIBRARY));
+    memset(&cu, 0, sizeof(cu));
+    return 0;
+  }
+  return 1; /* the handle stays open: the driver is never unloaded */
+}
+
+int cudrv_present(void) {
+  int s = atomic_load_explicit(&state, memory_order_acquire);
+  if (s == DRV_PRESENT) return 1;
+  if (s == DRV_ABSENT && coarse_s() == atomic_load_explicit(&absent_at, memory_order_relaxed)) return 0;
+  pthread_mutex_lock(&lock);
+  s = atomic_load_explicit(&state, memory_order_relaxed);
+  if (s != DRV_PRESENT) {
+    int found = resolve(RTLD_NOLOAD);
+    if (found) INFO(LOG_INIT, "CUDA driver %s found in the process: buffers are classified", param_str(PARAM_CUDA_LIBRARY));
+    atomic_store_explicit(&absent_at, coarse_s(), memory_order_relaxed);
+    atomic_store_explicit(&state, found ? DRV_PRESENT : DRV_ABSENT, memory_order_release);
+    s = found ? DRV_PRESENT : DRV_ABSENT;
+  }
+  pthread_mutex_unlock(&lock);
+  return s == DRV_PRESENT;
+}
+
+enum cu_mem cudrv_classify(const void* p, int* dev) {
+  if (dev) *dev = -1;
+  if (!p || !cudrv_present()) return CU_MEM_HOST;
+  unsigned mtype = 0, managed = 0;
+  int ordinal = -1;
+  int attrs[3] = {CU_ATTR_MEMORY_TYPE, CU_ATTR_IS_MANAGED, CU_ATTR_DEVICE_ORDINAL};
+  void* data[3] = {&mtype, &managed, &ordinal};
+  /* A pointer the driver does not know (malloc) succeeds with zeros; a process that loaded the driver
+   * but never initialised it fails (CUDA_ERROR_NOT_INITIALIZED): no device memory can exist then. */
+  if (cu.pointer_attrs(3, attrs, data, (uintptr_t)p) != 0) return CU_MEM_HOST;
+  if (dev) *dev = ordinal;
+  if (managed) return CU_MEM_MANAGED;
+  return mtype == CU_MEMORYTYPE_DEVICE ? CU_MEM_DEVICE : CU_MEM_HOST;
+}
+
+static const char* cu_err(cu_result r) {
+  const char* s = NULL;
+  if (cu.error_string && cu.error_string(r, &s) == 0 && s) return s;
+  return "unknown CUDA error";
+}
+
+ch_status cudrv_stream_sync(void* stream) {
+  if (!cudrv_present()) return CH_OK;
+  cu_result r = cu.stream_sync(stream);
+  if (r == CU_ERROR_INVALID_CONTEXT && !stream) return CH_OK; /* no context on this thread: nothing queued by it */
+  if (r != 0) {
+    WARN("cuStreamSynchronize(%p) failed: %s (%d)", stream, cu_err(r), r);
+    return CH_SYSTEM;
+  }
+  return CH_OK;
+}
+
+int cudrv_describe(char* out, size_t cap) {
+  pthread_mutex_lock(&lock);
+  int ok = atomic_load(&state) == DRV_PRESENT || resolve(0);
+  if (ok && atomic_load(&state) != DRV_PRESENT) atomic_store_explicit(&state, DRV_PRESENT, memory_order_release);
+  pthread_mutex_unlock(&lock);
+  if (!ok) {
+    snprintf(out, cap, "not found (%s): host memory only", load_error);
+    return -1;
+  }
+  int ver = 0, n = 0;
+  cu_result r = cu.init ? cu.init(0) : -1;
+  if (r != 0) {
+    snprintf(out, cap, "%s loaded, cuInit failed: %s (%d)", param_str(PARAM_CUDA_LIBRARY), cu_err(r), r);
+    return -1;
+  }
+  if (cu.driver_version) cu.driver_version(&ver);
+  if (cu.device_count) cu.device_count(&n);
+  size_t len = (size_t)snprintf(out, cap, "driver %d.%d, %d device(s)", ver / 1000, ver % 1000 / 10, n);
+  for (int i = 0; i < n && len < cap; i++) {
+    int d = -1;
+    char name[128] = "?";
+    if (cu.device_get && cu.device_get(&d, i) == 0 && cu.device_name) cu.device_name(name, (int)sizeof(name), d);
+    len += (size_t)snprintf(out + len, cap - len, "%s %d: %s", i ? ";" : ":", i, name);
+  }
+  return 0;
+}
