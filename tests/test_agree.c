@@ -93,6 +93,19 @@ TEST_T(agree, proto_differs, 30) {
   rt_run_procs(3, agree_body, &ec);
 }
 
+/* Socket striping shapes the channel count of a communicator that uses the network (only there). */
+TEST_T(agree, sockets_differ_over_the_network, 30) {
+  struct env_case ec = {{{"NCCL_SHM_DISABLE=1", "NCCL_P2P_DISABLE=1", "NCCL_NSOCKS_PERTHREAD=4"},
+                         {"NCCL_SHM_DISABLE=1", "NCCL_P2P_DISABLE=1"}},
+                        ncclInvalidUsage,
+                        {"NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (sockets per peer) differs across ranks: 4 on "
+                         "rank 0, 1 on rank 1",
+                         "(channel count) differs across ranks: 4 on rank 0, 1 on rank 1"}};
+  rt_run_procs(2, agree_body, &ec);
+  struct env_case local = {{{"NCCL_NSOCKS_PERTHREAD=4"}, {NULL}}, ncclSuccess, {NULL}};
+  rt_run_procs(2, agree_body, &local);
+}
+
 /* Several settings at once: one line each; the FIFO-shaping ones and a size threshold. */
 TEST_T(agree, several_differ, 30) {
   struct env_case ec = {{{"CHORUS_DIRECT_MIN_BYTES=4096", "NCCL_LL_BUFFSIZE=524288"},

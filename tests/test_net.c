@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "coll_util.h"
+#include "core/comm.h"
 #include "misc/param.h"
 #include "runner.h"
 #include "transport/net.h"
@@ -377,4 +378,25 @@ TEST_T(net, direct_idle_cpu, 60) {
   setenv("CHORUS_NET_DIRECT_MAX_BYTES", "4096", 1);
   param_reset();
   rt_run_procs(2, idle_body, NULL);
+}
+
+/* NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD: a communicator over the network gets that many
+ * channels (a socket each per peer) and large calls spread over them; results as on one socket. */
+static void striped_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  EXPECT_EQ(comm->nchannels, 4);
+  EXPECT_EQ(comm->max_nchannels, 4);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(net_procs, striped_sockets_3, 240) {
+  force_net();
+  setenv("NCCL_SOCKET_NTHREADS", "2", 1);
+  setenv("NCCL_NSOCKS_PERTHREAD", "2", 1);
+  param_reset();
+  rt_run_procs(3, striped_body, NULL);
+  struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 2, .big = {(size_t)3 << 20, 0}};
+  rt_run_procs(3, cu_sweep_body, &sw);
 }

@@ -86,6 +86,10 @@ void plan_release(struct ch_plan* plan);
 ch_status plan_exec(struct ch_plan** plans, int n);
 
 /* Algorithm and protocol choice (tuning.c): the one place that decides, and logs why. */
+/* Whether any two ranks talk over the network, alike on every rank (tuning.c). */
+int tune_uses_net(const struct ncclComm* comm);
+/* NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (threads 1..16, at most CH_MAX_CHANNELS sockets). */
+int tune_net_socks(void);
 void tune_init(struct ncclComm* comm);
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
 const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */

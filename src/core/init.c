@@ -253,6 +253,11 @@ static ch_status comm_setup(struct ncclComm* comm) {
 
   int maxc = (int)UT_MAX(1, UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MAX_NCHANNELS)));
   comm->nchannels = UT_MAX(maxc, (int)UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MIN_NCHANNELS)));
+  /* NCCL stripes a large network transfer over NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD sockets
+   * per peer. Each channel has its own socket per peer, and a large call splits its data over its
+   * channels: a communicator that uses the network gets that many channels, so those sockets carry
+   * a large call in parallel (tuning.c lets large calls use them). */
+  if (tune_uses_net(comm)) comm->nchannels = UT_MAX(comm->nchannels, tune_net_socks());
   CHECK(comm_build_rings(comm)); /* topo.c: ranks of one host contiguous */
   CHECK(comm_build_trees(comm)); /* topo_tree.c */
   tune_init(comm);

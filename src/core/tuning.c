@@ -25,7 +25,7 @@ const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? func_names
 
 /* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
  * what all know: hosts, processes, and NCCL_SHM_DISABLE / NCCL_P2P_DISABLE (agreed at init). */
-static int uses_net(const struct ncclComm* comm) {
+int tune_uses_net(const struct ncclComm* comm) {
   int n = comm->nranks, procs = 0;
   if (n < 2) return 0;
   for (int r = 1; r < n; r++) {
@@ -36,6 +36,12 @@ static int uses_net(const struct ncclComm* comm) {
   return shm_off && (procs || p2p_off);
 }
 
+int tune_net_socks(void) {
+  int64_t threads = UT_MAX(1, UT_MIN(16, param_int(PARAM_SOCKET_NTHREADS)));
+  int64_t socks = UT_MAX(1, param_int(PARAM_NSOCKS_PERTHREAD));
+  return (int)UT_MIN((int64_t)CH_MAX_CHANNELS, threads * socks);
+}
+
 void tune_init(struct ncclComm* comm) {
   comm->tune_bad = 0;
   /* A malformed value fails init, after comm_agree has compared it across ranks (tune_check). */
@@ -44,7 +50,7 @@ void tune_init(struct ncclComm* comm) {
   /* LL/LL128 readiness rests on flags stored last with release order; a recv() into a slot gives no
    * such order (the proxy publishes whole slots through tail), and only Simple steps record their
    * size for the proxy. So a communicator that uses the network runs Simple only. */
-  comm->tune_net = uses_net(comm);
+  comm->tune_net = tune_uses_net(comm);
   comm->model = tune_model_get(); /* CHORUS_TUNE_FILE is looked up once per communicator */
   comm->proto_ok = comm->tune_net ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
@@ -53,6 +59,8 @@ void tune_init(struct ncclComm* comm) {
   comm->shm_direct_min_bytes = (size_t)param_int(PARAM_SHM_DIRECT_MIN_BYTES);
   comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
   comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
+  /* Striping over sockets (init.c): large calls may use that many channels, a socket each per peer. */
+  if (comm->tune_net) comm->max_nchannels = UT_MAX(comm->max_nchannels, UT_MIN(comm->nchannels, tune_net_socks()));
   tuner_open(comm);
 }
 

@@ -71,9 +71,10 @@
   X(P2P_DISABLE, "NCCL_P2P_DISABLE", P_INT, 0, "",                                                 \
     "1 = no direct transport between threads of one process (with NCCL_SHM_DISABLE=1: the network)") \
   X(SOCKET_NTHREADS, "NCCL_SOCKET_NTHREADS", P_INT, 1, "",                                         \
-    "socket transport: helper threads per connection (accepted; this version uses the one proxy thread)") \
+    "socket transport: with NCCL_NSOCKS_PERTHREAD, sockets per peer a large transfer is striped over "  \
+    "(their product, at most 16: a channel each; threads: the ranks and the one proxy)")               \
   X(NSOCKS_PERTHREAD, "NCCL_NSOCKS_PERTHREAD", P_INT, 1, "",                                       \
-    "socket transport: sockets per helper thread (accepted; this version uses one socket per connection)") \
+    "socket transport: sockets per thread (see NCCL_SOCKET_NTHREADS)")                                \
   X(NET_SPIN_US, "CHORUS_NET_SPIN_US", P_INT, 0, "",                                               \
     "microseconds the network proxy thread busy-polls after its last progress before sleeping in epoll") \
   X(NET_DIRECT_MAX_BYTES, "CHORUS_NET_DIRECT_MAX_BYTES", P_INT, 4 << 20, "",                       \
