@@ -78,6 +78,12 @@ struct net_conn {
   int big;         /* under busy: a step larger than direct_max came; the proxy reads until a small one */
   int hup_event;   /* proxy: an RDHUP/HUP/ERR edge came while the rank was reading */
   int epfd;        /* the proxy's epoll set (set before the receive side is bound) */
+  /* Receive side, under busy like off and cur: bytes read ahead of the step being filled. A rank
+   * that waits for a step reads header and payload with one recv() into this buffer (two calls
+   * otherwise); whoever reads next takes these bytes before the socket's. */
+  size_t carry_off, carry_len;
+  char carry[4096];
+  int pending; /* proxy: carried bytes or a step in hand were left at its last pass (progress_recv) */
   /* step, off and cur belong to whoever holds busy: the proxy, or the rank (tp_proxy_post sending,
    * tp_net_poll receiving). */
   _Atomic int busy;

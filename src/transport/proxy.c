@@ -311,6 +311,25 @@ static int progress_send(struct net_conn* n) {
   return did;
 }
 
+static int carry_left(const struct net_conn* n) { return n->carry_off < n->carry_len; }
+
+/* A step wholly read (a payload of 0 bytes: its header is all) that waited for a free slot: it needs
+ * no more bytes, so no epoll edge will announce it. */
+static int step_in_hand(const struct net_conn* n) {
+  return n->off >= sizeof(n->cur) && n->cur.bytes <= n->slot_bytes && n->off == sizeof(n->cur) + n->cur.bytes;
+}
+
+/* Read the stream: bytes carried over first (never beyond them: the next call goes to the socket). */
+static ssize_t net_read(struct net_conn* n, void* dst, size_t len) {
+  if (!carry_left(n)) return recv(n->fd, dst, len, MSG_DONTWAIT);
+  size_t m = n->carry_len - n->carry_off;
+  if (m > len) m = len;
+  memcpy(dst, n->carry + n->carry_off, m);
+  n->carry_off += m;
+  if (n->carry_off == n->carry_len) n->carry_off = n->carry_len = 0;
+  return (ssize_t)m;
+}
+
 /* A direct recv() that got nothing: 1 if it was only EAGAIN (the rank may keep the socket), 0 if the
  * proxy must look (EOF, an error: it alone fails links). */
 static int direct_quiet(ssize_t r) { return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR); }
@@ -322,9 +341,17 @@ static int direct_quiet(ssize_t r) { return r < 0 && (errno == EAGAIN || errno =
 static int recv_steps(struct net_conn* n, int direct, int* back) {
   int did = 0;
   const size_t hs = sizeof(n->cur);
-  while (direct || n->rd_ready) {
+  while (direct || n->rd_ready || carry_left(n) || step_in_hand(n)) {
+    if (direct && n->off == 0 && !carry_left(n)) { /* a new step: header and a small payload at once */
+      ssize_t r = recv(n->fd, n->carry, sizeof(n->carry), MSG_DONTWAIT);
+      if (r <= 0) {
+        *back = !direct_quiet(r);
+        break;
+      }
+      n->carry_off = 0, n->carry_len = (size_t)r;
+    }
     if (n->off < hs) {
-      ssize_t r = recv(n->fd, (char*)&n->cur + n->off, hs - n->off, MSG_DONTWAIT);
+      ssize_t r = net_read(n, (char*)&n->cur + n->off, hs - n->off);
       if (direct && r <= 0) {
         *back = !direct_quiet(r);
         break;
@@ -341,7 +368,7 @@ static int recv_steps(struct net_conn* n, int direct, int* back) {
     }
     if (n->cur.bytes == NET_POISON) { /* the sender's call failed: a record, not a step */
       size_t total = hs + sizeof(n->pbuf);
-      ssize_t r = recv(n->fd, (char*)&n->pbuf + (n->off - hs), total - n->off, MSG_DONTWAIT);
+      ssize_t r = net_read(n, (char*)&n->pbuf + (n->off - hs), total - n->off);
       if (!recv_ok(n, r)) break;
       n->off += (size_t)r;
       did = 1;
@@ -371,7 +398,7 @@ static int recv_steps(struct net_conn* n, int direct, int* back) {
     size_t total = hs + n->cur.bytes;
     if (n->off < total) {
       char* data = n->buf + (size_t)slot * n->slot_bytes;
-      ssize_t r = recv(n->fd, data + (n->off - hs), total - n->off, MSG_DONTWAIT);
+      ssize_t r = net_read(n, data + (n->off - hs), total - n->off);
       if (direct && r <= 0) {
         *back = !direct_quiet(r);
         break;
@@ -433,6 +460,7 @@ static int progress_recv(struct net_conn* n) {
     }
     n->hup_event = 0;
     did = recv_steps(n, 0, NULL);
+    n->pending = carry_left(n) || step_in_hand(n); /* for can_progress, which holds no busy */
     atomic_store_explicit(&n->busy, 0, memory_order_release);
   }
   return did;
@@ -455,6 +483,9 @@ int tp_net_poll(struct conn* c) {
     if (back) reader_set(n, 0);
   }
   atomic_store_explicit(&n->busy, 0, memory_order_release);
+  /* The proxy may have slept while this rank read: it must look at what this rank leaves it (carried
+   * bytes, a step in hand) that no epoll edge announces, and arm its wake-ups for this FIFO. */
+  if (back) tp_proxy_kick();
   return did;
 }
 
@@ -464,8 +495,10 @@ void tp_net_idle(struct conn* c) {
     return;
   /* busy is held only for a few non-blocking calls (the proxy's pass, let_go's close) */
   while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) sched_yield();
-  if (n->fd >= 0 && atomic_load_explicit(&n->rank_reads, memory_order_relaxed)) reader_set(n, 0);
+  int back = n->fd >= 0 && atomic_load_explicit(&n->rank_reads, memory_order_relaxed);
+  if (back) reader_set(n, 0);
   atomic_store_explicit(&n->busy, 0, memory_order_release);
+  if (back) tp_proxy_kick(); /* as in tp_net_poll */
 }
 
 static int progress_all(void) {
@@ -487,7 +520,7 @@ static int can_progress(void) {
       if (n->poison_state < 2 && n->wr_ready && xfer_poison_is_set(&n->ctrl->down)) return 1;
     } else {
       if (atomic_load_explicit(&n->rank_reads, memory_order_relaxed) ? n->hup_event
-          : n->rd_ready && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS)
+          : (n->rd_ready || n->pending) && atomic_load(&n->ctrl->tail) - atomic_load(&n->ctrl->head) < CH_STEPS)
         return 1;
       if (n->poison_state != 2 && xfer_poison_is_set(&n->ctrl->up)) return 1;
     }
