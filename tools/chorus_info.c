@@ -115,8 +115,8 @@ int main(int argc, char** argv) {
   int has_cuda = cudrv_describe(cuda, sizeof(cuda)) == 0;
   printf("  CUDA: %s\n", cuda);
   if (has_cuda)
-    printf("    device buffers are refused with ncclInvalidArgument (this build moves host memory only); managed\n"
-           "    memory is used as host memory after the call's CUDA stream has finished its queued work\n");
+    printf("    device buffers: through host copies (after the call's CUDA stream; correct, not fast: no device\n"
+           "    kernels in this build); managed memory: used in place after the stream\n");
   if (brief) return 0;
   printf("\nConfiguration (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");
   for (int id = 0; id < PARAM_COUNT; id++) {

@@ -20,25 +20,35 @@ static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f =
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
 
 /* CUDA buffers (cuda/cudrv.h), looked at only in a process that has the CUDA driver loaded. Device
- * memory cannot be read by the host, and this build moves host memory only: refused by name rather
- * than read (a crash). Managed memory is host memory to us, once the work queued on the call's CUDA
- * stream (NULL: the legacy stream) is done, as NCCL orders a call after it. */
-static ch_status check_memory(const struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+ * memory cannot be read by the host: such a call runs on host copies (staging.c). Managed memory is
+ * host memory to us, once the work queued on the call's CUDA stream (NULL: the legacy stream) is
+ * done, as NCCL orders a call after it. One call takes buffers of one kind. */
+static ch_status check_memory(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   if (!cudrv_present()) return CH_OK;
   const void* bufs[2] = {needs_send ? t->sendbuff : NULL, needs_recv ? t->recvbuff : NULL};
   static const char* names[2] = {"sendbuff", "recvbuff"};
-  int managed = 0;
+  static const char* kinds[3] = {"host memory", "CUDA device memory", "CUDA managed memory"};
+  enum cu_mem k[2] = {CU_MEM_HOST, CU_MEM_HOST};
+  int dev[2] = {-1, -1}, ndev = 0, nhost = 0, managed = 0;
   for (int i = 0; i < 2; i++) {
-    int dev;
-    enum cu_mem k = cudrv_classify(bufs[i], &dev);
-    if (k == CU_MEM_DEVICE) {
-      WARN("%s: %s %p is CUDA device memory (device %d): this build of Chorus moves host memory only; pass "
-           "host or managed memory (rank %d)", fn, names[i], bufs[i], dev, t->comm->rank);
-      return CH_INVALID_ARG;
-    }
-    managed |= k == CU_MEM_MANAGED;
+    if (!bufs[i]) continue;
+    k[i] = cudrv_classify(bufs[i], &dev[i]);
+    ndev += k[i] == CU_MEM_DEVICE, nhost += k[i] == CU_MEM_HOST, managed |= k[i] == CU_MEM_MANAGED;
   }
-  if (managed && !(t->stream && stream_is_ours(t->stream))) CHECK(cudrv_stream_sync(t->stream));
+  if (ndev && nhost) {
+    WARN("%s: sendbuff %p is %s but recvbuff %p is %s: one call takes host buffers or CUDA buffers, not both "
+         "(rank %d)", fn, bufs[0], kinds[k[0]], bufs[1], kinds[k[1]], t->comm->rank);
+    return CH_INVALID_ARG;
+  }
+  int ours = t->stream && stream_is_ours(t->stream);
+  if (ndev && ours) {
+    int i = k[0] == CU_MEM_DEVICE ? 0 : 1;
+    WARN("%s: %s %p is CUDA device memory (device %d), but the stream is a Chorus host stream: pass the CUDA "
+         "stream the buffers are used on (or NULL) (rank %d)", fn, names[i], bufs[i], dev[i], t->comm->rank);
+    return CH_INVALID_ARG;
+  }
+  if (ndev) return stage_in(t, needs_send, needs_recv, fn);
+  if (managed && !ours) CHECK(cudrv_stream_sync(t->stream));
   return CH_OK;
 }
 

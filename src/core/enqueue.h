@@ -26,8 +26,15 @@ struct ch_task {
   struct red_op red;    /* built once, when the call is checked */
   struct ncclComm* comm;
   cudaStream_t stream;
+  struct stage* stage; /* device buffers staged through host memory (staging.c), or NULL */
   struct ch_task* next;
 };
+
+/* staging.c: t's touched buffers are CUDA device memory. stage_in waits for t's CUDA stream, copies
+ * the input to host memory and points t at host copies; stage_out (when t's group has run) copies the
+ * result back if ok, and frees. */
+ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
+ch_status stage_out(struct ch_task* t, int ok);
 
 /* A lane is a queue of operations that share connections and so must run one after another. */
 struct ch_lane {
@@ -59,7 +66,7 @@ struct ch_plan {
 };
 
 /* Group layer (group.c). Every API call goes through enq_task. */
-ch_status enq_task(const struct ch_task* t);
+ch_status enq_task(struct ch_task* t);
 int group_depth(void);
 ch_status group_start(void);
 ch_status group_end(void);

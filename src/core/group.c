@@ -95,13 +95,14 @@ static void tl_register(void) {
   pthread_setspecific(tl_key, &tasks_cap);
 }
 
-ch_status enq_task(const struct ch_task* t) {
+ch_status enq_task(struct ch_task* t) {
   if (ntasks_ == tasks_cap) {
     if (!tasks_cap) tl_register();
     int cap = tasks_cap ? 2 * tasks_cap : 16;
     struct ch_task* p = realloc(tasks, sizeof(*p) * (size_t)cap);
     if (!p) {
       WARN("out of memory queueing a call");
+      stage_out(t, 0); /* never queued: nobody else frees its host copies */
       return CH_SYSTEM;
     }
     tasks = p;
@@ -288,12 +289,31 @@ ch_status group_end(void) { return group_close(NULL); }
 
 ch_status group_simulate_end(float* estimated_us) { return group_close(estimated_us); }
 
+/* The group's calls with device buffers (staging.c): results back to device memory if it ran (ok),
+ * host copies freed either way. tasks[] still holds the group's n calls after launch or drop. */
+static ch_status finish_stages(int n, int ok, ch_status res) {
+  for (int k = 0; k < n; k++) {
+    if (!tasks[k].stage) continue;
+    ch_status s = stage_out(&tasks[k], ok);
+    if (res == CH_OK) res = s;
+  }
+  return res;
+}
+
+static ch_status group_run(float* simulate);
+
 static ch_status group_close(float* simulate) {
   if (depth == 0) {
     WARN("%s called without a matching ncclGroupStart", simulate ? "ncclGroupSimulateEnd" : "ncclGroupEnd");
     return CH_INVALID_USAGE;
   }
   if (--depth > 0) return CH_OK;
+  int n = ntasks_;
+  ch_status res = group_run(simulate);
+  return finish_stages(n, res == CH_OK || res == CH_IN_PROGRESS, res);
+}
+
+static ch_status group_run(float* simulate) {
   ch_status res = group_error;
   group_error = CH_OK;
   if (res != CH_OK) {

@@ -31,6 +31,11 @@ static struct {
   cu_result (*device_name)(char*, int, int);
   cu_result (*pointer_attrs)(unsigned, int*, void**, uintptr_t);
   cu_result (*stream_sync)(void*);
+  cu_result (*pointer_attr)(void*, int, uintptr_t);
+  cu_result (*dtoh)(void*, uintptr_t, size_t);
+  cu_result (*htod)(uintptr_t, const void*, size_t);
+  cu_result (*ctx_push)(void*);
+  cu_result (*ctx_pop)(void**);
   cu_result (*error_string)(cu_result, const char**);
 } cu;
 
@@ -63,10 +68,16 @@ static int resolve(int flags) {
   SYM(pointer_attrs, "cuPointerGetAttributes");
   SYM(stream_sync, "cuStreamSynchronize");
   SYM(error_string, "cuGetErrorString");
+  SYM(pointer_attr, "cuPointerGetAttribute");
+  SYM(dtoh, "cuMemcpyDtoH_v2"); /* the ABI names cuda.h maps cuMemcpyDtoH etc. to */
+  SYM(htod, "cuMemcpyHtoD_v2");
+  SYM(ctx_push, "cuCtxPushCurrent_v2");
+  SYM(ctx_pop, "cuCtxPopCurrent_v2");
 #undef SYM
-  if (!cu.pointer_attrs || !cu.stream_sync) { /* not a CUDA driver (or one older than 7.0): nothing to classify with */
-    WARN("%s is loaded but lacks cuPointerGetAttributes/cuStreamSynchronize: CUDA buffers cannot be recognised",
-         param_str(PARAM_CUDA_LIBRARY));
+  if (!cu.pointer_attrs || !cu.stream_sync || !cu.pointer_attr || !cu.dtoh || !cu.htod || !cu.ctx_push ||
+      !cu.ctx_pop) { /* not a CUDA driver (or one older than 7.0) */
+    WARN("%s is loaded but lacks some of cuPointerGetAttributes, cuStreamSynchronize, cuMemcpyDtoH_v2, ... : "
+         "CUDA buffers cannot be recognised", param_str(PARAM_CUDA_LIBRARY));
     memset(&cu, 0, sizeof(cu));
     return 0;
   }
@@ -109,6 +120,34 @@ static const char* cu_err(cu_result r) {
   const char* s = NULL;
   if (cu.error_string && cu.error_string(r, &s) == 0 && s) return s;
   return "unknown CUDA error";
+}
+
+#define CU_ATTR_CONTEXT 1
+
+/* Run a copy in the context that owns dev: the calling thread may have another one current, or none
+ * (a Chorus stream thread). */
+static ch_status copy(int to_host, void* host, uintptr_t dev, size_t bytes) {
+  if (!bytes) return CH_OK;
+  if (!cudrv_present()) return CH_INTERNAL;
+  void* ctx = NULL;
+  cu_result r = cu.pointer_attr(&ctx, CU_ATTR_CONTEXT, dev);
+  if (r == 0 && ctx) r = cu.ctx_push(ctx);
+  if (r == 0) {
+    r = to_host ? cu.dtoh(host, dev, bytes) : cu.htod(dev, host, bytes);
+    void* popped;
+    if (ctx) cu.ctx_pop(&popped);
+  }
+  if (r != 0) {
+    WARN("copying %zu bytes %s device memory %p failed: %s (%d)", bytes, to_host ? "from" : "to", (void*)dev,
+         cu_err(r), r);
+    return CH_SYSTEM;
+  }
+  return CH_OK;
+}
+
+ch_status cudrv_copy_dtoh(void* dst, const void* dev, size_t bytes) { return copy(1, dst, (uintptr_t)dev, bytes); }
+ch_status cudrv_copy_htod(void* dev, const void* src, size_t bytes) {
+  return copy(0, (void*)(uintptr_t)src, (uintptr_t)dev, bytes);
 }
 
 ch_status cudrv_stream_sync(void* stream) {

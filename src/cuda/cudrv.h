@@ -1,8 +1,7 @@
 /* The CUDA driver, found at run time and never linked: a process that does not use CUDA never loads
- * it, and a machine without it works as before. This layer only classifies buffers today (CUDA
- * device buffers are refused with a clear error instead of being read as host memory, which would
- * crash), synchronises a CUDA stream before the host touches managed memory, and describes the
- * driver for chorus-info. */
+ * it, and a machine without it works as before. This layer classifies buffers, copies between host
+ * and device memory (core/staging.c moves device buffers through host memory), synchronises a CUDA
+ * stream, and describes the driver for chorus-info. */
 #ifndef CHORUS_CUDA_CUDRV_H
 #define CHORUS_CUDA_CUDRV_H
 
@@ -19,6 +18,10 @@ int cudrv_present(void);
 /* What p points to (CU_MEM_HOST when the driver is absent or does not know p); *dev: the device
  * ordinal of device or managed memory. */
 enum cu_mem cudrv_classify(const void* p, int* dev);
+/* Copy between host memory and device memory at dev (classified as device memory just before), in
+ * the context that owns dev, whichever context the calling thread has. Synchronous. */
+ch_status cudrv_copy_dtoh(void* dst, const void* dev, size_t bytes);
+ch_status cudrv_copy_htod(void* dev, const void* src, size_t bytes);
 /* Wait for the work queued on a CUDA stream (CH_OK when the driver is absent). */
 ch_status cudrv_stream_sync(void* stream);
 /* Load the driver (chorus-info only) and describe it: 0 with its version and devices, else -1 with why. */

@@ -11,13 +11,17 @@ enum { MEMTYPE_HOST = 1, MEMTYPE_DEVICE = 2 };
 
 static struct range { uintptr_t lo, hi; int kind; } ranges[16]; /* kind 1 device, 2 managed */
 static int nranges, inited;
-static int syncs;
+static int syncs, copies;         /* atomic builtins: ranks may be threads */
+static _Thread_local int ctx_depth; /* each thread has its own context stack, as with the driver */
+static char fake_ctx; /* the one context: its address */
 
 EXPORT void fake_cuda_mark(const void* p, size_t bytes, int kind) {
   if (nranges < 16) ranges[nranges++] = (struct range){(uintptr_t)p, (uintptr_t)p + bytes, kind};
 }
-EXPORT void fake_cuda_reset(void) { nranges = 0, syncs = 0; }
-EXPORT int fake_cuda_syncs(void) { return syncs; }
+EXPORT void fake_cuda_reset(void) { nranges = 0, syncs = 0, copies = 0; }
+EXPORT int fake_cuda_syncs(void) { return __atomic_load_n(&syncs, __ATOMIC_RELAXED); }
+EXPORT int fake_cuda_copies(void) { return __atomic_load_n(&copies, __ATOMIC_RELAXED); }
+EXPORT int fake_cuda_ctx_depth(void) { return ctx_depth; }
 
 EXPORT int cuInit(unsigned flags) { return flags ? 1 : (inited = 1, 0); }
 EXPORT int cuDriverGetVersion(int* v) { return v ? (*v = 13000, 0) : 1; }
@@ -43,10 +47,42 @@ EXPORT int cuPointerGetAttributes(unsigned n, int* attrs, void** data, uintptr_t
   }
   return 0;
 }
+static const struct range* find(uintptr_t p) {
+  for (int i = 0; i < nranges; i++)
+    if (p >= ranges[i].lo && p < ranges[i].hi) return &ranges[i];
+  return NULL;
+}
+/* As the driver: CUDA_ERROR_INVALID_VALUE (1) for memory it does not know. */
+EXPORT int cuPointerGetAttribute(void* data, int attr, uintptr_t p) {
+  if (!inited) return 3;
+  if (!find(p)) return 1;
+  if (attr != 1) return 1; /* CONTEXT only */
+  *(void**)data = &fake_ctx;
+  return 0;
+}
+/* Copies need a current context and device memory on the device side (the range must be marked). */
+static int fake_copy(void* dst, const void* src, size_t n, uintptr_t dev) {
+  if (!inited) return 3;
+  if (!ctx_depth) return 201; /* CUDA_ERROR_INVALID_CONTEXT */
+  const struct range* r = find(dev);
+  if (!r || dev + n > r->hi) return 1;
+  memcpy(dst, src, n);
+  __atomic_fetch_add(&copies, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+EXPORT int cuMemcpyDtoH_v2(void* dst, uintptr_t src, size_t n) { return fake_copy(dst, (const void*)src, n, src); }
+EXPORT int cuMemcpyHtoD_v2(uintptr_t dst, const void* src, size_t n) { return fake_copy((void*)dst, src, n, dst); }
+EXPORT int cuCtxPushCurrent_v2(void* ctx) { return ctx == &fake_ctx ? (ctx_depth++, 0) : 201; }
+EXPORT int cuCtxPopCurrent_v2(void** ctx) {
+  if (!ctx_depth) return 201;
+  ctx_depth--;
+  if (ctx) *ctx = &fake_ctx;
+  return 0;
+}
 EXPORT int cuStreamSynchronize(void* s) {
   (void)s;
   if (!inited) return 3;
-  syncs++;
+  __atomic_fetch_add(&syncs, 1, __ATOMIC_RELAXED);
   return 0;
 }
 EXPORT int cuGetErrorString(int e, const char** s) {
