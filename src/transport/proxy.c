@@ -143,7 +143,13 @@ static void fail_comm(struct net_conn* failed);
 static void conn_fail(struct net_conn* n, const char* op, int err) {
   int st = atomic_load_explicit(&n->state, memory_order_relaxed);
   if (st == NET_FAILED || st == NET_CLOSED) return;
-  if (n->bye_seen) { /* the peer said goodbye first: an orderly close */
+  /* The peer told us over this link that its call failed (a mismatch, a lost rank): our rank fails
+   * with that cause, and the peer's teardown that follows is no news. Saying "connection closed"
+   * then would replace the cause in ncclGetLastError and the async error. */
+  int told = xfer_poison_is_set(n->is_send ? &n->ctrl->up : &n->ctrl->down);
+  if (n->bye_seen || told) { /* the peer said goodbye first: an orderly close */
+    if (told && !n->bye_seen)
+      INFO(LOG_NET, "rank %d: rank %d closed the network connection after reporting a failed call", n->rank, n->peer);
     atomic_store_explicit(&n->state, NET_CLOSED, memory_order_release);
   } else {
     char a[64];
