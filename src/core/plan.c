@@ -438,11 +438,10 @@ static void polled_release(struct ncclComm* comm) {
 static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* blocked, struct ncclComm* bcomm) {
   static _Thread_local int64_t spin_ns = -1, yield_ns;
   /* Waiting for data: a transport may move it from this thread (the network: read the socket here
-   * rather than wait for the proxy's hop). One connection per communicator at a time: the one we
-   * wait on now; the last one goes back to the transport's own progress. */
+   * rather than wait for the proxy's hop); polled_note keeps what must be given back. */
   struct conn* in = blocked && blocked->in && blocked->in->ctrl && blocked->wait_word == &blocked->in->ctrl->tail
                         ? blocked->in : NULL;
-  if (in && bcomm) {
+  if (in && bcomm && tp_conn_pollable(in)) {
     polled_note(bcomm, in);
     if (tp_conn_poll(in)) return;
   }

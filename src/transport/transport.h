@@ -210,6 +210,8 @@ static inline int tp_conn_health(const struct conn* c) {
   const struct tp_ops* o = tp_ops_of(c->transport);
   return c->connected && o->health ? o->health(c) : 0;
 }
+/* Whether a waiting rank can move c's data itself (then it must give c back with tp_conn_idle). */
+static inline int tp_conn_pollable(const struct conn* c) { return c->connected && tp_ops_of(c->transport)->poll; }
 static inline int tp_conn_poll(struct conn* c) {
   const struct tp_ops* o = tp_ops_of(c->transport);
   return c->connected && o->poll ? o->poll(c) : 0;
