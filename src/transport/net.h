@@ -77,7 +77,7 @@ struct net_conn {
   _Atomic int hup; /* proxy sets: the peer hung up or the socket failed; the rank no longer reads it */
   int big;         /* under busy: a step larger than direct_max came; the proxy reads until a small one */
   int hup_event;   /* proxy: an RDHUP/HUP/ERR edge came while the rank was reading */
-  int epfd;        /* the proxy's epoll set (set before the receive side is bound) */
+  int epfd;        /* the proxy's epoll set (set when the proxy takes the record, before any use) */
   /* Receive side, under busy like off and cur: bytes read ahead of the step being filled. A rank
    * that waits for a step reads header and payload with one recv() into this buffer (two calls
    * otherwise); whoever reads next takes these bytes before the socket's. */
@@ -113,7 +113,15 @@ int tp_net_poll(struct conn* c);
 /* The rank stops waiting on c (it sleeps, or waits on another connection): the proxy reads it again. */
 void tp_net_idle(struct conn* c);
 
+/* net_stream.c: one connection's stream, for the proxy thread (1 if anything moved) and for a rank
+ * that just posted on send FIFO n (1 if steps are left for the proxy). */
+int net_progress_send(struct net_conn* n);
+int net_progress_recv(struct net_conn* n);
+int net_send_direct(struct net_conn* n);
+
 /* proxy.c */
+/* A link of n's communicator failed: tell the ranks behind its other links (proxy thread). */
+void proxy_fail_comm(struct net_conn* failed);
 void net_sockopts(int fd); /* buffers (CHORUS_NET_SOCKBUF_BYTES), link timeout, keepalive */
 /* Make sure the proxy runs and its listener exists (bound on hint's IP, port 0), then hand n over.
  * *listener receives the listener's address. */
