@@ -5,7 +5,10 @@
  * serving; the rank side here consumes whatever the proxy publishes.
  * A third mode plays the receiver of one of our senders: the rest comes back against the data
  * direction (goodbye bytes, 'P' + a poison record, garbage), which the sending proxy must parse.
- *   first byte % 3 == 0: raw bytes;  1: authenticated, then the rest;  2: back to a sender */
+ *   first byte % 3 == 0: raw bytes;  1: authenticated, then the rest;  2: back to a sender
+ * In modes 0 and 1, bit 3 of the first byte makes the rank read the socket itself while it waits
+ * (tp_net_poll: the carry buffer, the hand-backs to the proxy) and bit 4 makes it also give the socket
+ * back now and then (tp_net_idle), as a rank that sleeps does. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +85,10 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
   if (size > 1) (void)!send(s.fd, data + 1, size - 1, MSG_NOSIGNAL);
   /* Act as the rank: take every step the proxy publishes, until nothing moves for a few ms. */
   uint64_t seen = 0, quiet_since = ut_now_ns();
-  while (ut_now_ns() - quiet_since < 3000000ull) {
+  int rank_reads = data[0] & 8, rank_sleeps = data[0] & 16;
+  for (int pass = 0; ut_now_ns() - quiet_since < 3000000ull; pass++) {
+    if (rank_reads) tp_net_poll(&rc);
+    if (rank_sleeps && pass % 4 == 3) tp_net_idle(&rc);
     uint64_t tail = atomic_load(&rc.ctrl->tail);
     if (tail != seen) {
       if (tail - seen > CH_STEPS) abort(); /* the proxy filled slots it had no credit for */
