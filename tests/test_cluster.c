@@ -232,12 +232,19 @@ TEST_T(cluster_rank, init_fails, 120) {
   if (comm) ncclCommDestroy(comm);
 }
 
+/* A rank started by the cluster script, with the job's id from NCCL_COMM_ID; 0: not such a rank. */
+static int cl_rank_id(int* rank, int* n, ncclUniqueId* id) {
+  int host;
+  if (!cl_rank(rank, n, &host)) return 0;
+  memset(id, 0, sizeof(*id));
+  ASSERT_EQ(boot_id_from_addr(getenv("NCCL_COMM_ID"), id->internal), CH_OK);
+  return 1;
+}
+
 TEST_T(cluster_rank, coll_matrix, 800) {
-  int rank, n, host;
-  if (!cl_rank(&rank, &n, &host)) return;
+  int rank, n;
   ncclUniqueId id;
-  memset(&id, 0, sizeof(id));
-  ASSERT_EQ(boot_id_from_addr(getenv("NCCL_COMM_ID"), id.internal), CH_OK);
+  if (!cl_rank_id(&rank, &n, &id)) return;
   struct cu_sweep sw = matrix_sweep();
   cu_sweep_body(rank, n, id, &sw);
 }
@@ -245,11 +252,9 @@ TEST_T(cluster_rank, coll_matrix, 800) {
 /* AllReduce, Broadcast and Reduce under the NCCL_ALGO the test side set: a few types and ops, counts
  * up to 70001 elements (several FIFO steps). */
 TEST_T(cluster_rank, algo_matrix, 400) {
-  int rank, n, host;
-  if (!cl_rank(&rank, &n, &host)) return;
+  int rank, n;
   ncclUniqueId id;
-  memset(&id, 0, sizeof(id));
-  ASSERT_EQ(boot_id_from_addr(getenv("NCCL_COMM_ID"), id.internal), CH_OK);
+  if (!cl_rank_id(&rank, &n, &id)) return;
   static const int types[] = {ncclFloat32, ncclInt8, ncclBfloat16};
   static const int ops[] = {CU_SUM, CU_AVG, CU_PREMUL_DEV};
   struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE | 1u << CU_BROADCAST | 1u << CU_REDUCE, .types = types,
