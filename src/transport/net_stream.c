@@ -24,13 +24,14 @@ static const char* conn_dir(const struct net_conn* n) { return n->is_send ? "to"
 static void conn_fail(struct net_conn* n, const char* op, int err) {
   int st = atomic_load_explicit(&n->state, memory_order_relaxed);
   if (st == NET_FAILED || st == NET_CLOSED) return;
-  /* The peer told us over this link that its call failed (a mismatch, a lost rank): our rank fails
-   * with that cause, and the peer's teardown that follows is no news. Saying "connection closed"
-   * then would replace the cause in ncclGetLastError and the async error. */
-  int told = xfer_poison_is_set(n->is_send ? &n->ctrl->up : &n->ctrl->down);
+  /* The communicator already failed with a cause (a peer reported a mismatch or a lost rank over
+   * this or another link, or our rank's call failed): our rank fails with that cause, and a peer's
+   * teardown that follows is no news. Saying "connection closed" then would replace the cause in
+   * ncclGetLastError and the async error. */
+  int told = proxy_comm_told(n);
   if (n->bye_seen || told) { /* the peer said goodbye first: an orderly close */
     if (told && !n->bye_seen)
-      INFO(LOG_NET, "rank %d: rank %d closed the network connection after reporting a failed call", n->rank, n->peer);
+      INFO(LOG_NET, "rank %d: rank %d closed the network connection after the communicator failed", n->rank, n->peer);
     atomic_store_explicit(&n->state, NET_CLOSED, memory_order_release);
   } else {
     char a[64];

@@ -137,6 +137,18 @@ static void ep_add(int fd, void* tag, uint32_t events) {
 }
 static void ep_del(int fd) { epoll_ctl(px.epfd, EPOLL_CTL_DEL, fd, NULL); }
 
+/* Whether n's communicator already knows why it failed: its async error is set, or a poison record
+ * crossed one of its links (a peer's report coming in, or our rank's going out). A link that closes
+ * then is the failure's aftermath: a peer that reported a mismatch on one channel's socket may close
+ * another channel's socket, mid-step, before our rank has taken the report in. Proxy thread only. */
+int proxy_comm_told(const struct net_conn* n) {
+  if (atomic_load(n->async_err) != 0) return 1;
+  for (const struct net_conn* o = px.conns; o; o = o->next)
+    if (o->async_err == n->async_err && (xfer_poison_is_set(&o->ctrl->down) || xfer_poison_is_set(&o->ctrl->up)))
+      return 1;
+  return 0;
+}
+
 /* One link of a communicator failed, so the communicator is unusable (its async error is set): tell
  * every rank at the other end of its other links, naming the rank this link led to (a peer-lost
  * poison record, relayed like a mismatch's), so that every rank of it fails within one hop per rank,
