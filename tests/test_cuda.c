@@ -1,13 +1,17 @@
 /* CUDA buffers without a GPU: the library classifies buffers only in a process that has the CUDA
- * driver loaded; device memory then runs on host copies (staging.c), mixed kinds are refused by
- * name, and managed memory is ordered after the call's CUDA stream. A stand-in driver (cuda_stub/fake_cuda.c) plays
- * libcuda.so.1: tests mark host ranges as device or managed memory. */
+ * driver loaded; device memory then runs on host copies (staging.c), in the order of the call's CUDA
+ * stream (or, with CHORUS_CUDA_ASYNC=0, before the call returns), mixed kinds are refused by name,
+ * and managed memory is ordered after the call's CUDA stream. A stand-in driver
+ * (cuda_stub/fake_cuda.c) plays libcuda.so.1: tests mark host ranges as device or managed memory,
+ * and its streams run queued work on threads of their own. */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda/cudrv.h"
@@ -17,7 +21,10 @@
 #include "runner.h"
 
 static void (*mark)(const void*, size_t, int);
-static int (*syncs)(void), (*copies)(void), (*ctx_depth)(void);
+static int (*syncs)(void), (*copies)(void), (*ctx_depth)(void), (*host_allocs)(void);
+static int (*cu_sync)(void*);
+static int (*fill)(void*, float*, size_t, float, int), (*hold)(void*, int*), (*copy_on)(void*, void*, const void*, size_t);
+static void (*set_capturing)(void*, int);
 
 /* As an application that uses CUDA: the driver is loaded (and, unless told, initialised). */
 static void load_fake(int init) {
@@ -27,8 +34,15 @@ static void load_fake(int init) {
   *(void**)&syncs = dlsym(h, "fake_cuda_syncs");
   *(void**)&copies = dlsym(h, "fake_cuda_copies");
   *(void**)&ctx_depth = dlsym(h, "fake_cuda_ctx_depth");
+  *(void**)&host_allocs = dlsym(h, "fake_cuda_host_allocs");
+  *(void**)&cu_sync = dlsym(h, "cuStreamSynchronize");
+  *(void**)&fill = dlsym(h, "fake_cuda_fill");
+  *(void**)&hold = dlsym(h, "fake_cuda_hold");
+  *(void**)&copy_on = dlsym(h, "fake_cuda_copy");
+  *(void**)&set_capturing = dlsym(h, "fake_cuda_set_capturing");
   int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
-  ASSERT(mark && syncs && copies && ctx_depth && cu_init);
+  ASSERT(mark && syncs && copies && ctx_depth && host_allocs && cu_sync && fill && hold && copy_on && set_capturing &&
+         cu_init);
   if (init) EXPECT_EQ(cu_init(0), 0);
   setenv("CHORUS_CUDA_LIBRARY", CHORUS_FAKE_CUDA, 1);
   param_reset();
@@ -53,9 +67,10 @@ TEST_T(cuda, no_driver_host_path, 30) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-/* Device buffers run on host copies: the stream first, one copy in, one copy back, each in the
- * buffer's context (the calling thread has none current here). */
+/* CHORUS_CUDA_ASYNC=0: device buffers run on host copies before the call returns: the stream first,
+ * one copy in, one copy back, each in the buffer's context (the calling thread has none current here). */
 TEST_T(cuda, device_buffers_staged, 30) {
+  setenv("CHORUS_CUDA_ASYNC", "0", 1);
   load_fake(1);
   EXPECT_EQ(cudrv_present(), 1);
   ncclComm_t comm = one_rank();
@@ -101,35 +116,55 @@ TEST_T(cuda, mixed_or_host_stream_refused, 30) {
 #define SC 1000
 static float g_buf[SR][SR * SC], g_rs[SR][SC], g_p2p[SR][2][SC];
 
+/* arg: the stream handle of rank 0 (each rank its own; NULL: the legacy stream, and the calls complete
+ * before returning). Several ranks on one GPU need a stream each, as with NCCL: on one stream a rank's
+ * wait for the result would hold back the next rank's input. */
 static void staged_body(int rank, int nranks, ncclUniqueId id, void* arg) {
-  (void)arg;
+  cudaStream_t s = arg ? (cudaStream_t)((uintptr_t)arg + (uintptr_t)rank) : NULL;
+#define SYNC() EXPECT_EQ(s ? cu_sync(s) : 0, 0)
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
   float* ag = g_buf[rank];
   for (int i = 0; i < SC; i++) ag[rank * SC + i] = (float)(rank * SC + i);
-  NCCL_OK(ncclAllGather(ag + rank * SC, ag, SC, ncclFloat32, comm, NULL));
+  NCCL_OK(ncclAllGather(ag + rank * SC, ag, SC, ncclFloat32, comm, s));
+  SYNC();
   for (int i = 0; i < SR * SC; i++) EXPECT(ag[i] == (float)i);
-  NCCL_OK(ncclReduceScatter(ag, g_rs[rank], SC, ncclFloat32, ncclSum, comm, NULL));
+  NCCL_OK(ncclReduceScatter(ag, g_rs[rank], SC, ncclFloat32, ncclSum, comm, s));
+  SYNC();
   for (int i = 0; i < SC; i++) EXPECT(g_rs[rank][i] == (float)(SR * (rank * SC + i)));
-  NCCL_OK(ncclBroadcast(g_rs[rank], g_rs[rank], SC, ncclFloat32, 1, comm, NULL));
+  NCCL_OK(ncclBroadcast(g_rs[rank], g_rs[rank], SC, ncclFloat32, 1, comm, s));
+  SYNC();
   for (int i = 0; i < SC; i++) EXPECT(g_rs[rank][i] == (float)(SR * (SC + i)));
   for (int i = 0; i < SC; i++) g_p2p[rank][0][i] = (float)(rank * 10 + i);
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclSend(g_p2p[rank][0], SC, ncclFloat32, (rank + 1) % nranks, comm, NULL));
-  NCCL_OK(ncclRecv(g_p2p[rank][1], SC, ncclFloat32, (rank + nranks - 1) % nranks, comm, NULL));
+  NCCL_OK(ncclSend(g_p2p[rank][0], SC, ncclFloat32, (rank + 1) % nranks, comm, s));
+  NCCL_OK(ncclRecv(g_p2p[rank][1], SC, ncclFloat32, (rank + nranks - 1) % nranks, comm, s));
   NCCL_OK(ncclGroupEnd());
+  SYNC();
+#undef SYNC
   int from = (rank + nranks - 1) % nranks;
   for (int i = 0; i < SC; i++) EXPECT(g_p2p[rank][1][i] == (float)(from * 10 + i));
   NCCL_OK(ncclCommDestroy(comm));
 }
 
 TEST_T(cuda, device_buffers_staged_3_threads, 60) {
+  setenv("CHORUS_CUDA_ASYNC", "0", 1);
   load_fake(1);
   mark(g_buf, sizeof(g_buf), 1);
   mark(g_rs, sizeof(g_rs), 1);
   mark(g_p2p, sizeof(g_p2p), 1);
   rt_run_threads(SR, staged_body, NULL);
   EXPECT(copies() > 0);
+}
+
+TEST_T(cuda, device_buffers_in_stream_order_3_threads, 60) {
+  load_fake(1);
+  mark(g_buf, sizeof(g_buf), 1);
+  mark(g_rs, sizeof(g_rs), 1);
+  mark(g_p2p, sizeof(g_p2p), 1);
+  rt_run_threads(SR, staged_body, (void*)(uintptr_t)0x6000);
+  EXPECT(copies() > 0);
+  EXPECT_EQ(syncs(), 4 * SR); /* the test's own: the library synchronised no stream */
 }
 
 TEST_T(cuda, managed_memory_waits_for_the_stream, 30) {
@@ -184,4 +219,139 @@ TEST_T(cuda, chorus_info_reports_the_driver, 30) {
   EXPECT_EQ(pclose(f), 0);
   printf("    %s", found);
   EXPECT(strstr(found, "driver 13.0, 1 device(s): 0: Fake GPU (tests)") != NULL);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* NCCL's stream semantics: the call returns at once; it reads what a kernel queued before it writes,
+ * and work queued after it reads its result. */
+TEST_T(cuda, returns_at_once_in_stream_order, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[4096], b[4096], seen[4096];
+  mark(a, sizeof(a), 1);
+  mark(b, sizeof(b), 1);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7000;
+  for (int iter = 0; iter < 3; iter++) {
+    EXPECT_EQ(fill(s, a, 4096, (float)(iter + 3), 300), 0); /* a kernel: 300 ms, then writes a */
+    double t0 = now_s();
+    NCCL_OK(ncclAllReduce(a, b, 4096, ncclFloat32, ncclSum, comm, s));
+    double took = now_s() - t0;
+    EXPECT(took < 0.15);
+    EXPECT_EQ(copy_on(s, seen, b, sizeof(b)), 0); /* work queued after the call */
+    EXPECT_EQ(cu_sync(s), 0);
+    for (int i = 0; i < 4096; i++) EXPECT(seen[i] == (float)(iter + 3));
+    if (iter == 0) printf("    returned after %.1f ms; the kernel before it takes 300 ms\n", took * 1e3);
+  }
+  EXPECT_EQ(ctx_depth(), 0);
+  EXPECT_EQ(syncs(), 3); /* the test's own */
+  EXPECT_EQ(host_allocs(), 2); /* the flag and one staging block, reused */
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT_EQ(host_allocs(), 0);
+}
+
+/* A group over two streams starts after the work queued on both, and work queued later on either
+ * stream sees every result of the group. */
+TEST_T(cuda, group_of_two_streams, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[256], b[256], c[256], d[256], seen[256];
+  mark(a, sizeof(a), 1), mark(b, sizeof(b), 1), mark(c, sizeof(c), 1), mark(d, sizeof(d), 1);
+  cudaStream_t s1 = (cudaStream_t)(uintptr_t)0x7100, s2 = (cudaStream_t)(uintptr_t)0x7200;
+  EXPECT_EQ(fill(s1, a, 256, 5.0f, 200), 0);
+  EXPECT_EQ(fill(s2, c, 256, 7.0f, 50), 0);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, b, 256, ncclFloat32, ncclMax, comm, s1));
+  NCCL_OK(ncclBroadcast(c, d, 256, ncclFloat32, 0, comm, s2));
+  NCCL_OK(ncclGroupEnd());
+  EXPECT_EQ(copy_on(s2, seen, b, sizeof(b)), 0); /* s1's result, read in s2's order */
+  EXPECT_EQ(cu_sync(s2), 0);
+  for (int i = 0; i < 256; i++) EXPECT(seen[i] == 5.0f);
+  EXPECT_EQ(cu_sync(s1), 0);
+  for (int i = 0; i < 256; i++) EXPECT(d[i] == 7.0f && b[i] == 5.0f);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* Two process ranks, each with a stream: AllReduce in place, many times (staging memory reused). */
+static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  load_fake(1);
+  static float x[10000];
+  mark(x, sizeof(x), 1);
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x8000 + rank);
+  for (int iter = 0; iter < 20; iter++) {
+    EXPECT_EQ(fill(s, x, 10000, (float)(rank + iter), rank ? 5 : 0), 0);
+    NCCL_OK(ncclAllReduce(x, x, 10000, ncclFloat32, ncclSum, comm, s));
+  }
+  EXPECT_EQ(cu_sync(s), 0);
+  float want = 0;
+  for (int r = 0; r < nranks; r++) want += (float)(r + 19);
+  for (int i = 0; i < 10000; i++) EXPECT(x[i] == want);
+  int allocs = host_allocs(); /* one block per call in flight (up to 20) and the flag */
+  EXPECT(allocs >= 2 && allocs <= 21);
+  for (int iter = 0; iter < 20; iter++) { /* one call in flight at a time: no new block */
+    NCCL_OK(ncclAllReduce(x, x, 10000, ncclFloat32, ncclMin, comm, s));
+    EXPECT_EQ(cu_sync(s), 0);
+  }
+  EXPECT_EQ(host_allocs(), allocs);
+  for (int i = 0; i < 10000; i++) EXPECT(x[i] == want);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda, in_stream_order_2_procs, 60) { rt_run_procs(2, procs_body, NULL); }
+
+/* A group of device and host buffers completes before returning (host buffers have no stream order). */
+TEST_T(cuda, group_with_host_buffers_completes_at_once, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[64], b[64];
+  float h[64], g[64];
+  mark(a, sizeof(a), 1), mark(b, sizeof(b), 1);
+  for (int i = 0; i < 64; i++) a[i] = 2.0f, h[i] = 3.0f;
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7300;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, b, 64, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclAllReduce(h, g, 64, ncclFloat32, ncclSum, comm, NULL));
+  NCCL_OK(ncclGroupEnd());
+  for (int i = 0; i < 64; i++) EXPECT(b[i] == 2.0f && g[i] == 3.0f);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda, graph_capture_refused, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[64];
+  mark(a, sizeof(a), 1);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7400;
+  set_capturing(s, 1);
+  EXPECT_EQ(ncclAllReduce(a, a, 64, ncclFloat32, ncclSum, comm, s), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(comm), "captured into a CUDA graph") != NULL);
+  set_capturing(s, 0);
+  NCCL_OK(ncclAllReduce(a, a, 64, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(cu_sync(s), 0);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* ncclCommAbort never waits for a stream stuck before the call; the stream, let go later, finishes
+ * without touching freed memory (ASan runs this too). */
+TEST_T(cuda, abort_with_a_stuck_stream, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[1024];
+  static int release;
+  mark(a, sizeof(a), 1);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7500;
+  EXPECT_EQ(hold(s, &release), 0); /* a kernel that never ends until we say so */
+  NCCL_OK(ncclAllReduce(a, a, 1024, ncclFloat32, ncclSum, comm, s));
+  double t0 = now_s();
+  NCCL_OK(ncclCommAbort(comm));
+  EXPECT(now_s() - t0 < 2.0);
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  EXPECT_EQ(cu_sync(s), 0);
 }

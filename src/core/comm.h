@@ -134,6 +134,9 @@ struct ncclComm {
   _Atomic int poisoned; /* a call did not match across ranks; its connections are poisoned (mismatch.c) */
   _Atomic int users;
   struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
+  /* Device buffers in CUDA stream order (staging.c): made by the first such call and used by the
+   * thread in a call on this comm (owner); freed by comm_free. */
+  struct stage_comm* stage;
 };
 
 /* Validate a handle passed by the user; WARNs and returns CH_INVALID_ARG if bad. */

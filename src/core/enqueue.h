@@ -35,6 +35,17 @@ struct ch_task {
  * result back if ok, and frees. */
 ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
 ch_status stage_out(struct ch_task* t, int ok);
+/* A group whose calls were all staged asynchronously: queue copies, host functions and waits on the
+ * CUDA streams and the plans on comm's bridge stream. 1: done (plans taken), 0: run it as before. */
+struct ch_plan;
+int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res);
+/* The bridge stream's side (stream.c): wait until every stream's inputs are in host memory (or an
+ * abort), then, after the plans ran, write the flag the streams wait for. */
+struct stage_gate;
+void stage_gate_wait(struct stage_gate* g, struct ch_plan* const* plans, int n);
+void stage_gate_open(struct stage_gate* g);
+/* comm_free: the bridge stream and the pinned memory. */
+void stage_comm_free(struct ncclComm* comm);
 
 /* A lane is a queue of operations that share connections and so must run one after another. */
 struct ch_lane {
@@ -129,6 +140,11 @@ void mm_publish(struct ncclComm* comm, const struct xfer_hdr* h);
 int stream_is_ours(cudaStream_t s);
 /* Queue a group's plans on s as one batch; CH_SYSTEM (out of memory): the caller runs them itself. */
 ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n);
+/* The same, run once gate g opens (staging.c's bridge). */
+ch_status stream_enqueue_gated(cudaStream_t s, struct ch_plan** plans, int n, struct stage_gate* g);
+/* Host streams for the library's own use (chorusStreamCreate/Destroy without the API checks). */
+ch_status stream_create(cudaStream_t* s);
+void stream_destroy(cudaStream_t s);
 /* Wait until nothing of `comm` is queued or running anywhere. */
 ch_status comm_wait_idle(struct ncclComm* comm);
 

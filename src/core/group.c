@@ -137,6 +137,8 @@ static cudaStream_t group_stream(struct ch_task** lists, int n) {
 static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, int n) {
   /* Tickets keep each communicator's plans in call order across threads and streams. */
   for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
+  ch_status res = CH_OK;
+  if (stage_launch(plans, lists, n, &res)) return res; /* device buffers in CUDA stream order */
   cudaStream_t stream = group_stream(lists, n);
   if (stream && stream_enqueue(stream, plans, n) == CH_OK) {
     for (int i = 0; i < n; i++) plans[i] = NULL;

@@ -394,6 +394,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 
 void comm_free(struct ncclComm* comm) {
   stall_unregister(comm); /* before anything it reads goes */
+  stage_comm_free(comm);  /* its bridge thread is idle: every ticket is done */
   plan_free(atomic_load(&comm->reuse_plan));
   tune_fini(comm);
   comm_free_connections(comm);

@@ -1,23 +1,78 @@
 /* CUDA device buffers through host memory: the host path cannot read device memory, so a call whose
- * buffers are device memory runs on host copies. Its CUDA stream is synchronised first (the call is
- * ordered after the work queued on it), the input is copied to host memory, the call runs there like
- * any host call, and the result is copied back before the group returns (every call on a non-Chorus
- * stream completes before returning, so work queued on the stream afterwards sees it). Correct, not
- * fast: device kernels and CUDA IPC are the fast path (not in this build).
- * Ownership: a stage belongs to its task, made by the calling thread in api_coll.c and finished by
- * the same thread when its group closes (group.c). */
+ * buffers are device memory runs on host copies. Two ways, chosen per call (stage_in):
+ *  - asynchronous (the default where the driver has stream memory operations, CUDA 11.7+): the call
+ *    returns at once, as NCCL's does. At launch (stage_launch) each CUDA stream of the group gets
+ *    copies of its inputs to pinned host memory and a host function that tells Chorus they are there;
+ *    then a wait for this communicator's flag word; then copies of the results back and a host
+ *    function that hands the host memory back. A Chorus host stream per communicator (the bridge)
+ *    runs the group's plans once every stream's inputs are in, then writes the flag. Work queued on
+ *    the streams before the group is done first, and work queued after waits for the results.
+ *  - synchronous (CHORUS_CUDA_ASYNC=0, an older driver, a group that also has host buffers, or the
+ *    pinned budget spent): the stream is synchronised, the input copied, the call runs like any host
+ *    call and the result is copied back before the group returns.
+ * Graph capture of such a call is refused (the host part would not be replayed).
+ * Ownership: a task's stage is made and finished by the thread in the call (the comm's owner);
+ * stage_launch hands its pinned blocks to a gate, which the last of its host functions releases. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "../cuda/cudrv.h"
 #include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
 #include "enqueue.h"
 
+/* Pinned host memory of one communicator, reused across calls. `busy` is set by the comm's owner
+ * when it hands the block to a call and cleared (release) by whoever finishes that call: the owner
+ * (synchronous path) or a gate's last host function. */
+struct pin_block {
+  struct pin_block* next;
+  char* host;
+  size_t bytes;
+  void* ctx; /* allocated in */
+  _Atomic int busy;
+};
+
+/* comm->stage: made by the first asynchronous call; fields are the comm owner's unless said. */
+struct stage_comm {
+  cudaStream_t bridge; /* Chorus host stream that runs the staged plans (its thread writes *flag) */
+  void* ctx;
+  _Atomic uint32_t* flag; /* mapped pinned word: the last gate the bridge opened */
+  void* flag_dev;
+  uint32_t next_seq;
+  struct pin_block* blocks;
+  size_t pinned_bytes;
+  _Atomic int outstanding; /* gates whose streams have not finished with them (any thread) */
+  struct stage_comm* next_orphan; /* under orphans_mu */
+};
+
 struct stage {
-  char* block[2];  /* host copies: one block when the two buffers overlap (in place), else one each */
-  void* dev_recv;  /* where the result goes back to */
-  char* host_recv; /* the result, in host memory */
+  struct pin_block* pin; /* asynchronous: one pinned block for both copies */
+  char* block[2];        /* synchronous: host copies, one when the buffers overlap, else one each */
+  void* dev_send;
+  char* host_send;
+  size_t send_bytes;
+  void* dev_recv; /* where the result goes back to */
+  char* host_recv;
   size_t recv_bytes;
+  void* ctx;     /* the buffers' context */
+  int async;     /* copies go on the stream at launch */
+};
+
+/* One group's staged calls: opened by the bridge, released by the streams' last host functions. */
+struct stage_gate {
+  struct stage_comm* sc;
+  uint32_t seq;
+  int expected;          /* streams whose inputs the plans wait for */
+  int arrived;           /* under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  _Atomic int refs;      /* the bridge, and the first stream's last host function */
+  int nblocks;
+  struct pin_block* blocks[];
 };
 
 /* Bytes of sendbuff and recvbuff a call spans (count is per rank for the gathering kinds). */
@@ -31,10 +86,140 @@ static void extents(const struct ch_task* t, int nranks, size_t* sb, size_t* rb)
   }
 }
 
+/* ---- pinned blocks ---- */
+
+static void block_put(struct pin_block* b) { atomic_store_explicit(&b->busy, 0, memory_order_release); }
+
+static struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx) {
+  if (comm->stage) return comm->stage;
+  struct stage_comm* sc = calloc(1, sizeof(*sc));
+  if (!sc) return NULL;
+  sc->ctx = ctx;
+  sc->flag = cudrv_host_alloc(64, ctx, 1, &sc->flag_dev);
+  if (!sc->flag || stream_create(&sc->bridge) != CH_OK) {
+    cudrv_host_free((void*)sc->flag, ctx);
+    free(sc);
+    return NULL;
+  }
+  atomic_store(sc->flag, 0);
+  comm->stage = sc;
+  return sc;
+}
+
+/* A free block of at least `bytes`, or a new one within CHORUS_CUDA_STAGING_MAX_BYTES; NULL: none. */
+static struct pin_block* block_get(struct stage_comm* sc, size_t bytes, void* ctx) {
+  struct pin_block* best = NULL;
+  for (struct pin_block* b = sc->blocks; b; b = b->next)
+    if (!atomic_load_explicit(&b->busy, memory_order_acquire) && b->bytes >= bytes && b->ctx == ctx &&
+        (!best || b->bytes < best->bytes))
+      best = b;
+  if (best) {
+    atomic_store_explicit(&best->busy, 1, memory_order_relaxed);
+    return best;
+  }
+  size_t want = UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10), cap = (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES);
+  if (sc->pinned_bytes + want > cap) { /* give back idle blocks first */
+    for (struct pin_block** pp = &sc->blocks; *pp;) {
+      struct pin_block* b = *pp;
+      if (atomic_load_explicit(&b->busy, memory_order_acquire)) { pp = &b->next; continue; }
+      *pp = b->next;
+      sc->pinned_bytes -= b->bytes;
+      cudrv_host_free(b->host, b->ctx);
+      free(b);
+    }
+    if (sc->pinned_bytes + want > cap) return NULL;
+  }
+  struct pin_block* b = calloc(1, sizeof(*b));
+  if (!b) return NULL;
+  if (!(b->host = cudrv_host_alloc(want, ctx, 0, NULL))) {
+    free(b);
+    return NULL;
+  }
+  b->bytes = want, b->ctx = ctx, b->next = sc->blocks;
+  atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
+  sc->blocks = b;
+  sc->pinned_bytes += want;
+  return b;
+}
+
+/* Pinned memory of freed communicators that CUDA streams still use (an abort while a stream was
+ * stuck before the call): freed by a later stage_comm_free once the streams are done with it (a
+ * host function may not call CUDA to free it). Under orphans_mu. */
+static pthread_mutex_t orphans_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct stage_comm* orphans;
+
+static void sc_free(struct stage_comm* sc) {
+  for (struct pin_block* b = sc->blocks, *next; b; b = next) {
+    next = b->next;
+    cudrv_host_free(b->host, b->ctx);
+    free(b);
+  }
+  cudrv_host_free((void*)sc->flag, sc->ctx);
+  free(sc);
+}
+
+void stage_comm_free(struct ncclComm* comm) {
+  struct stage_comm* sc = comm->stage;
+  pthread_mutex_lock(&orphans_mu);
+  for (struct stage_comm** pp = &orphans; *pp;) {
+    struct stage_comm* o = *pp;
+    if (atomic_load_explicit(&o->outstanding, memory_order_acquire)) { pp = &o->next_orphan; continue; }
+    *pp = o->next_orphan;
+    sc_free(o);
+  }
+  pthread_mutex_unlock(&orphans_mu);
+  if (!sc) return;
+  comm->stage = NULL;
+  stream_destroy(sc->bridge); /* nothing of comm is queued any more: its thread just ends */
+  int left = atomic_load_explicit(&sc->outstanding, memory_order_acquire);
+  if (!left) {
+    sc_free(sc);
+    return;
+  }
+  INFO(LOG_COLL, "rank %d: %d staged calls are still queued on CUDA streams: their pinned memory is freed later",
+       comm->rank, left);
+  pthread_mutex_lock(&orphans_mu);
+  sc->next_orphan = orphans;
+  orphans = sc;
+  pthread_mutex_unlock(&orphans_mu);
+}
+
+/* ---- per call ---- */
+
 static void stage_free(struct stage* st) {
+  if (st->pin) block_put(st->pin);
   free(st->block[0]);
   free(st->block[1]);
   free(st);
+}
+
+/* Host memory for the copies: pinned (asynchronous) or malloc'd; one region when the buffers overlap. */
+static int stage_alloc(struct stage* st, struct stage_comm* sc, uintptr_t s, size_t sb, uintptr_t r, size_t rb) {
+  int overlap = sb && rb && s < r + rb && r < s + sb;
+  uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
+  if (st->async) {
+    size_t total = overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb;
+    if (!(st->pin = block_get(sc, total, st->ctx))) return 0;
+    st->host_send = st->pin->host + (overlap ? s - lo : 0);
+    st->host_recv = st->pin->host + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
+    return 1;
+  }
+  if (overlap) { /* in place, or overlapping: one block keeps the layout */
+    if (!(st->block[0] = malloc(hi - lo))) return 0;
+    st->host_send = st->block[0] + (s - lo), st->host_recv = st->block[0] + (r - lo);
+    return 1;
+  }
+  if (sb && !(st->block[0] = malloc(sb))) return 0;
+  if (rb && !(st->block[1] = malloc(rb))) return 0;
+  st->host_send = st->block[0], st->host_recv = st->block[1];
+  return 1;
+}
+
+/* The synchronous way in: wait for the stream, copy the input. */
+static ch_status stage_copy_in_now(struct ch_task* t, struct stage* st) {
+  CHECK(cudrv_stream_sync(t->stream)); /* the inputs are written */
+  if (st->send_bytes) CHECK(cudrv_copy_dtoh(st->host_send, st->dev_send, st->send_bytes));
+  return CH_OK;
 }
 
 ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn) {
@@ -43,44 +228,205 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   if (!needs_send) sb = 0;
   if (!needs_recv) rb = 0;
   uintptr_t s = (uintptr_t)t->sendbuff, r = (uintptr_t)t->recvbuff;
-  ch_status e = CH_OK;
+  void* ctx = cudrv_ptr_ctx(sb ? t->sendbuff : t->recvbuff);
+  if (cudrv_async_ok()) {
+    int capturing = 0;
+    CHECK(cudrv_capturing(t->stream, ctx, &capturing));
+    if (capturing) {
+      WARN("%s: stream %p is being captured into a CUDA graph: Chorus runs calls on device buffers through host "
+           "memory, which a graph cannot replay; make this call outside the capture (rank %d)",
+           fn, (void*)t->stream, t->comm->rank);
+      return CH_INVALID_USAGE;
+    }
+  }
   struct stage* st = calloc(1, sizeof(*st));
   if (!st) goto oom;
-  CHECK_GOTO(cudrv_stream_sync(t->stream), e, fail); /* the inputs are written */
-  if (sb && rb && s < r + rb && r < s + sb) { /* in place, or overlapping: one block keeps the layout */
-    uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
-    if (!(st->block[0] = malloc(hi - lo))) goto oom;
-    t->sendbuff = st->block[0] + (s - lo);
-    st->host_recv = st->block[0] + (r - lo);
-  } else {
-    if (sb && !(st->block[0] = malloc(sb))) goto oom;
-    if (rb && !(st->block[1] = malloc(rb))) goto oom;
-    if (sb) t->sendbuff = st->block[0];
-    st->host_recv = st->block[1];
+  st->ctx = ctx;
+  st->dev_send = (void*)s, st->send_bytes = sb;
+  st->dev_recv = (void*)r, st->recv_bytes = rb;
+  struct stage_comm* sc = NULL;
+  st->async = param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() && (sc = stage_comm_get(t->comm, ctx)) != NULL;
+  if (!stage_alloc(st, sc, s, sb, r, rb)) {
+    if (!st->async) goto oom;
+    INFO(LOG_COLL, "%s: no pinned host memory for %zu + %zu bytes within CHORUS_CUDA_STAGING_MAX_BYTES: the call "
+         "completes before returning", fn, sb, rb);
+    st->async = 0;
+    if (!stage_alloc(st, sc, s, sb, r, rb)) goto oom;
   }
-  if (sb) CHECK_GOTO(cudrv_copy_dtoh((void*)(uintptr_t)t->sendbuff, (const void*)s, sb), e, fail);
-  if (rb) {
-    st->dev_recv = t->recvbuff;
-    st->recv_bytes = rb;
-    t->recvbuff = st->host_recv;
+  if (!st->async) {
+    ch_status e = stage_copy_in_now(t, st);
+    if (e != CH_OK) {
+      stage_free(st);
+      return e;
+    }
   }
+  if (sb) t->sendbuff = st->host_send;
+  if (rb) t->recvbuff = st->host_recv;
   t->stage = st;
-  INFO(LOG_COLL, "%s: device buffers staged through %zu + %zu bytes of host memory", fn, sb, rb);
+  INFO(LOG_COLL, "%s: device buffers staged through %zu + %zu bytes of host memory (%s)", fn, sb, rb,
+       st->async ? "in stream order" : "completes before returning");
   return CH_OK;
 oom:
   WARN("%s: out of memory for host copies of device buffers (%zu + %zu bytes, rank %d)", fn, sb, rb, t->comm->rank);
-  e = CH_SYSTEM;
-fail:
   if (st) stage_free(st);
-  t->sendbuff = (const void*)s, t->recvbuff = (void*)r;
-  return e;
+  return CH_SYSTEM;
 }
 
 ch_status stage_out(struct ch_task* t, int ok) {
   struct stage* st = t->stage;
   if (!st) return CH_OK;
   t->stage = NULL;
-  ch_status s = ok && st->recv_bytes ? cudrv_copy_htod(st->dev_recv, st->host_recv, st->recv_bytes) : CH_OK;
+  ch_status s = CH_OK;
+  if (st->async && ok) { /* never reached the stream (a group that ran here): synchronously after all */
+    WARN("internal: a staged call was not launched on its stream");
+    s = CH_INTERNAL;
+  } else if (ok && st->recv_bytes) {
+    s = cudrv_copy_htod(st->dev_recv, st->host_recv, st->recv_bytes);
+  }
   stage_free(st);
   return s;
+}
+
+/* ---- asynchronous launch ---- */
+
+static void gate_unref(struct stage_gate* g) {
+  if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) != 1) return;
+  struct stage_comm* sc = g->sc;
+  for (int i = 0; i < g->nblocks; i++) block_put(g->blocks[i]);
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+  free(g);
+  atomic_fetch_sub_explicit(&sc->outstanding, 1, memory_order_release); /* the last touch of sc */
+}
+
+/* Host functions (a driver thread; no CUDA calls). */
+static void gate_arrive(void* arg) {
+  struct stage_gate* g = arg;
+  pthread_mutex_lock(&g->mu);
+  g->arrived++;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+static void gate_release(void* arg) { gate_unref(arg); }
+
+void stage_gate_wait(struct stage_gate* g, struct ch_plan* const* plans, int n) {
+  uint64_t t0 = ut_now_ns();
+  int said = 0;
+  pthread_mutex_lock(&g->mu);
+  while (g->arrived < g->expected) {
+    int aborted = 0;
+    for (int i = 0; i < n; i++) aborted |= __atomic_load_n(&plans[i]->comm->abort_flag, __ATOMIC_RELAXED);
+    if (aborted) break; /* plan_exec fails the plans; the gate still opens */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    if (!said && ut_now_ns() - t0 > 10000000000ull) {
+      said = 1;
+      INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for its CUDA stream to reach it (%d of %d "
+           "streams there)", plans[0]->comm->rank, g->arrived, g->expected);
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+}
+
+void stage_gate_open(struct stage_gate* g) {
+  atomic_store_explicit(g->sc->flag, g->seq, memory_order_release); /* after every result byte */
+  gate_unref(g);
+}
+
+/* The group's async stages run synchronously after all (it also has host buffers, or no memory for
+ * the gate). A failed copy fails the call through its comm's async error: plan_exec then fails the
+ * plan at its start, keeping the comm's tickets in order. */
+static void stage_degrade(struct ch_task** lists, int n) {
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      struct stage* st = t->stage;
+      if (!st || !st->async) continue;
+      st->async = 0;
+      ch_status e = stage_copy_in_now(t, st);
+      if (e != CH_OK) comm_set_async_error(t->comm, e);
+    }
+}
+
+/* Queue the streams' side of a group whose calls are all staged asynchronously, and its plans on the
+ * bridge. 1: done (plans taken, *res its status), 0: not such a group (run it as before). */
+int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
+  int ntasks = 0, nasync = 0;
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t; t = t->next) ntasks++, nasync += t->stage && t->stage->async;
+  if (!nasync) return 0;
+  if (nasync < ntasks) { /* host buffers too: everything completes here */
+    stage_degrade(lists, n);
+    return 0;
+  }
+  struct stage_comm* sc = plans[0]->comm->stage;
+  struct stage_gate* g = calloc(1, sizeof(*g) + (size_t)ntasks * sizeof(g->blocks[0]));
+  cudaStream_t* streams = calloc((size_t)ntasks, sizeof(*streams));
+  void** sctx = calloc((size_t)ntasks, sizeof(*sctx));
+  struct ncclComm** plans_comm = calloc((size_t)n, sizeof(*plans_comm)); /* plans are taken below */
+  if (!g || !streams || !sctx || !plans_comm) {
+    free(g), free(streams), free(sctx), free(plans_comm);
+    stage_degrade(lists, n);
+    return 0;
+  }
+  int ns = 0;
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      int k = 0;
+      while (k < ns && streams[k] != t->stream) k++;
+      if (k == ns) streams[ns] = t->stream, sctx[ns++] = t->stage->ctx;
+      g->blocks[g->nblocks++] = t->stage->pin;
+    }
+  g->sc = sc, g->expected = ns, g->seq = ++sc->next_seq;
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  atomic_store(&g->refs, 2); /* the bridge, and the first stream's last host function */
+  atomic_fetch_add(&sc->outstanding, 1);
+  ch_status e = CH_OK;
+  /* Inputs: each stream copies its calls' inputs, then says so. A stream that cannot be told counts
+   * as there (the call fails through the comm's async error instead of waiting for ever). */
+  for (int k = 0; k < ns; k++) {
+    ch_status ek = CH_OK;
+    for (int i = 0; i < n; i++)
+      for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
+        if (t->stream == streams[k])
+          ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, t->stream, t->stage->ctx);
+    if (ek == CH_OK) ek = cudrv_host_fn(streams[k], gate_arrive, g, sctx[k]);
+    if (ek != CH_OK) gate_arrive(g), e = ek;
+  }
+  for (int i = 0; i < n; i++) plans_comm[i] = plans[i]->comm;
+  if (e != CH_OK)
+    for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], e);
+  if (stream_enqueue_gated(sc->bridge, plans, n, g) != CH_OK) { /* out of memory: run it here */
+    stage_gate_wait(g, plans, n);
+    e = plan_exec(plans, n);
+    stage_gate_open(g);
+  }
+  for (int i = 0; i < n; i++) plans[i] = NULL;
+  /* Results: the first stream waits for the flag, copies every result back and hands the gate back;
+   * the group's other streams wait for those copies (an event), as NCCL makes every stream of a group
+   * wait for its kernel. */
+  ch_status ek = cudrv_wait_geq(streams[0], sc->flag_dev, g->seq, sctx[0]);
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
+      ek = cudrv_copy_async(0, t->stage->host_recv, t->stage->dev_recv, t->stage->recv_bytes, streams[0], t->stage->ctx);
+  for (int k = 1; k < ns && ek == CH_OK; k++) ek = cudrv_join(streams[0], streams[k], sctx[k]);
+  if (ek == CH_OK) ek = cudrv_host_fn(streams[0], gate_release, g, sctx[0]);
+  if (ek != CH_OK) { /* the reference stays: its blocks stay busy, since queued copies may use them */
+    if (e == CH_OK) e = ek;
+    for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], ek);
+  }
+  for (int i = 0; i < n; i++) /* the blocks are the gate's now */
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      t->stage->pin = NULL;
+      stage_free(t->stage);
+      t->stage = NULL;
+    }
+  free(streams);
+  free(sctx);
+  free(plans_comm);
+  *res = e;
+  return 1;
 }

@@ -14,6 +14,7 @@
 /* What one group queued: plans run together by one plan_exec (they may wait on each other). */
 struct ch_batch {
   struct ch_batch* next;
+  struct stage_gate* gate; /* run once it opens (device buffers in CUDA stream order), or NULL */
   int n;
   struct ch_plan* plans[];
 };
@@ -72,7 +73,9 @@ static void* stream_main(void* arg) {
     for (int i = 1; i < b->n; i++)
       if (b->plans[i]->comm != one) one = NULL;
     struct log_err_sink* prev = log_set_error_sink(one ? &one->last_error : NULL);
+    if (b->gate) stage_gate_wait(b->gate, b->plans, b->n);
     ch_status s = plan_exec(b->plans, b->n); /* takes the plans */
+    if (b->gate) stage_gate_open(b->gate);
     log_set_error_sink(prev);
     free(b);
     pthread_mutex_lock(&st->mu);
@@ -84,11 +87,14 @@ static void* stream_main(void* arg) {
   return NULL;
 }
 
-ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n) {
+ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n) { return stream_enqueue_gated(s, plans, n, NULL); }
+
+ch_status stream_enqueue_gated(cudaStream_t s, struct ch_plan** plans, int n, struct stage_gate* g) {
   struct ch_stream* st = (struct ch_stream*)s;
   struct ch_batch* b = malloc(sizeof(*b) + (size_t)n * sizeof(b->plans[0]));
   if (!b) return CH_SYSTEM; /* the caller runs the plans itself */
   b->next = NULL;
+  b->gate = g;
   b->n = n;
   memcpy(b->plans, plans, (size_t)n * sizeof(b->plans[0]));
   pthread_mutex_lock(&st->mu);
@@ -114,20 +120,16 @@ static struct ch_stream* stream_get(cudaStream_t s, const char* fn) {
   return st;
 }
 
-CH_API(ncclResult_t, chorusStreamCreate, cudaStream_t* stream) {
-  if (!stream) {
-    WARN("chorusStreamCreate: stream is NULL");
-    return ncclInvalidArgument;
-  }
+ch_status stream_create(cudaStream_t* stream) {
   struct ch_stream* st = calloc(1, sizeof(*st));
-  if (!st) return ncclSystemError;
+  if (!st) return CH_SYSTEM;
   st->magic = STREAM_MAGIC;
   pthread_mutex_init(&st->mu, NULL);
   pthread_cond_init(&st->cv, NULL);
   if (pthread_create(&st->thread, NULL, stream_main, st) != 0) {
-    WARN("chorusStreamCreate: cannot start the stream thread: %s", strerror(errno));
+    WARN("cannot start a stream thread: %s", strerror(errno));
     free(st);
-    return ncclSystemError;
+    return CH_SYSTEM;
   }
   pthread_mutex_lock(&live_mu);
   st->next_live = live;
@@ -135,7 +137,15 @@ CH_API(ncclResult_t, chorusStreamCreate, cudaStream_t* stream) {
   atomic_fetch_add_explicit(&live_gen, 1, memory_order_release);
   pthread_mutex_unlock(&live_mu);
   *stream = (cudaStream_t)st;
-  return ncclSuccess;
+  return CH_OK;
+}
+
+CH_API(ncclResult_t, chorusStreamCreate, cudaStream_t* stream) {
+  if (!stream) {
+    WARN("chorusStreamCreate: stream is NULL");
+    return ncclInvalidArgument;
+  }
+  return ch_to_nccl(stream_create(stream));
 }
 
 CH_API(ncclResult_t, chorusStreamSynchronize, cudaStream_t stream) {
@@ -161,6 +171,12 @@ CH_API(ncclResult_t, chorusStreamQuery, cudaStream_t stream) {
 CH_API(ncclResult_t, chorusStreamDestroy, cudaStream_t stream) {
   struct ch_stream* st = stream_get(stream, "chorusStreamDestroy");
   if (!st) return ncclInvalidArgument;
+  stream_destroy(stream);
+  return ncclSuccess;
+}
+
+void stream_destroy(cudaStream_t stream) {
+  struct ch_stream* st = (struct ch_stream*)stream;
   pthread_mutex_lock(&live_mu);
   for (struct ch_stream** p = &live; *p; p = &(*p)->next_live)
     if (*p == st) { *p = st->next_live; break; }
@@ -175,5 +191,4 @@ CH_API(ncclResult_t, chorusStreamDestroy, cudaStream_t stream) {
   pthread_cond_destroy(&st->cv);
   st->magic = 0;
   free(st);
-  return ncclSuccess;
 }

@@ -37,6 +37,20 @@ static struct {
   cu_result (*ctx_push)(void*);
   cu_result (*ctx_pop)(void**);
   cu_result (*error_string)(cu_result, const char**);
+  /* the asynchronous path: all or none (async_ok) */
+  cu_result (*dtoh_async)(void*, uintptr_t, size_t, void*);
+  cu_result (*htod_async)(uintptr_t, const void*, size_t, void*);
+  cu_result (*host_fn)(void*, void (*)(void*), void*);
+  cu_result (*wait_value32)(void*, uintptr_t, uint32_t, unsigned);
+  cu_result (*host_alloc)(void**, size_t, unsigned);
+  cu_result (*free_host)(void*);
+  cu_result (*host_dev_ptr)(uintptr_t*, void*, unsigned);
+  cu_result (*is_capturing)(void*, int*);
+  cu_result (*event_create)(void**, unsigned);
+  cu_result (*event_record)(void*, void*);
+  cu_result (*wait_event)(void*, void*, unsigned);
+  cu_result (*event_destroy)(void*);
+  int async_ok;
 } cu;
 
 enum { DRV_UNKNOWN, DRV_ABSENT, DRV_PRESENT };
@@ -73,7 +87,22 @@ static int resolve(int flags) {
   SYM(htod, "cuMemcpyHtoD_v2");
   SYM(ctx_push, "cuCtxPushCurrent_v2");
   SYM(ctx_pop, "cuCtxPopCurrent_v2");
+  SYM(dtoh_async, "cuMemcpyDtoHAsync_v2");
+  SYM(htod_async, "cuMemcpyHtoDAsync_v2");
+  SYM(host_fn, "cuLaunchHostFunc");             /* CUDA 10.0 */
+  SYM(wait_value32, "cuStreamWaitValue32_v2");  /* 11.7: stream memory operations on by default */
+  SYM(host_alloc, "cuMemHostAlloc");
+  SYM(free_host, "cuMemFreeHost");
+  SYM(host_dev_ptr, "cuMemHostGetDevicePointer_v2");
+  SYM(is_capturing, "cuStreamIsCapturing");
+  SYM(event_create, "cuEventCreate");
+  SYM(event_record, "cuEventRecord");
+  SYM(wait_event, "cuStreamWaitEvent");
+  SYM(event_destroy, "cuEventDestroy_v2");
 #undef SYM
+  cu.async_ok = cu.dtoh_async && cu.htod_async && cu.host_fn && cu.wait_value32 && cu.host_alloc && cu.free_host &&
+                cu.host_dev_ptr && cu.is_capturing && cu.event_create && cu.event_record && cu.wait_event &&
+                cu.event_destroy;
   if (!cu.pointer_attrs || !cu.stream_sync || !cu.pointer_attr || !cu.dtoh || !cu.htod || !cu.ctx_push ||
       !cu.ctx_pop) { /* not a CUDA driver (or one older than 7.0) */
     WARN("%s is loaded but lacks some of cuPointerGetAttributes, cuStreamSynchronize, cuMemcpyDtoH_v2, ... : "
@@ -186,4 +215,99 @@ int cudrv_describe(char* out, size_t cap) {
     len += (size_t)snprintf(out + len, cap - len, "%s %d: %s", i ? ";" : ":", i, name);
   }
   return 0;
+}
+
+/* ---- the asynchronous path ---- */
+
+int cudrv_async_ok(void) { return cudrv_present() && cu.async_ok; }
+
+void* cudrv_ptr_ctx(const void* p) {
+  void* ctx = NULL;
+  if (!cudrv_present() || cu.pointer_attr(&ctx, CU_ATTR_CONTEXT, (uintptr_t)p) != 0) return NULL;
+  return ctx;
+}
+
+/* Run one driver call in ctx; what failed is said once, here. */
+#define IN_CTX(ctx, what, call)                                                   \
+  do {                                                                            \
+    void* popped_;                                                                \
+    cu_result r_ = (ctx) ? cu.ctx_push(ctx) : 0;                                  \
+    if (r_ == 0) {                                                                \
+      r_ = (call);                                                                \
+      if (ctx) cu.ctx_pop(&popped_);                                              \
+    }                                                                             \
+    if (r_ != 0) {                                                                \
+      WARN("%s failed: %s (%d)", what, cu_err(r_), r_);                           \
+      return CH_SYSTEM;                                                           \
+    }                                                                             \
+  } while (0)
+
+ch_status cudrv_capturing(void* stream, void* ctx, int* yes) {
+  int status = 0;
+  IN_CTX(ctx, "cuStreamIsCapturing", cu.is_capturing(stream, &status));
+  *yes = status != 0; /* ACTIVE (1) or INVALIDATED (2): either way inside a capture */
+  return CH_OK;
+}
+
+#define CU_MEMHOSTALLOC_PORTABLE 0x01
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+
+static ch_status host_alloc(size_t bytes, void* ctx, int mapped, void** p, void** dev) {
+  char what[96];
+  snprintf(what, sizeof(what), "cuMemHostAlloc(%zu bytes of pinned host memory)", bytes);
+  IN_CTX(ctx, what, cu.host_alloc(p, bytes, CU_MEMHOSTALLOC_PORTABLE | (mapped ? CU_MEMHOSTALLOC_DEVICEMAP : 0)));
+  if (!mapped) return CH_OK;
+  uintptr_t d = 0;
+  IN_CTX(ctx, "cuMemHostGetDevicePointer", cu.host_dev_ptr(&d, *p, 0));
+  *dev = (void*)d;
+  return CH_OK;
+}
+
+void* cudrv_host_alloc(size_t bytes, void* ctx, int mapped, void** dev) {
+  void* p = NULL;
+  if (host_alloc(bytes, ctx, mapped, &p, dev) == CH_OK) return p;
+  if (p) cudrv_host_free(p, ctx);
+  return NULL;
+}
+
+static ch_status host_free(void* p, void* ctx) {
+  IN_CTX(ctx, "cuMemFreeHost", cu.free_host(p));
+  return CH_OK;
+}
+void cudrv_host_free(void* p, void* ctx) {
+  if (p) host_free(p, ctx);
+}
+
+ch_status cudrv_copy_async(int to_host, void* host, void* dev, size_t bytes, void* stream, void* ctx) {
+  if (!bytes) return CH_OK;
+  if (to_host) IN_CTX(ctx, "cuMemcpyDtoHAsync", cu.dtoh_async(host, (uintptr_t)dev, bytes, stream));
+  else IN_CTX(ctx, "cuMemcpyHtoDAsync", cu.htod_async((uintptr_t)dev, host, bytes, stream));
+  return CH_OK;
+}
+
+ch_status cudrv_host_fn(void* stream, void (*fn)(void*), void* arg, void* ctx) {
+  IN_CTX(ctx, "cuLaunchHostFunc", cu.host_fn(stream, fn, arg));
+  return CH_OK;
+}
+
+ch_status cudrv_wait_geq(void* stream, void* dev, uint32_t value, void* ctx) {
+  IN_CTX(ctx, "cuStreamWaitValue32", cu.wait_value32(stream, (uintptr_t)dev, value, 0 /* GEQ */));
+  return CH_OK;
+}
+
+#define CU_EVENT_DISABLE_TIMING 0x2
+
+static ch_status join_with(void* ev, void* from, void* to, void* ctx) {
+  IN_CTX(ctx, "cuEventRecord", cu.event_record(ev, from));
+  IN_CTX(ctx, "cuStreamWaitEvent", cu.wait_event(to, ev, 0));
+  return CH_OK;
+}
+
+ch_status cudrv_join(void* from, void* to, void* ctx) {
+  void* ev = NULL;
+  IN_CTX(ctx, "cuEventCreate", cu.event_create(&ev, CU_EVENT_DISABLE_TIMING));
+  ch_status s = join_with(ev, from, to, ctx);
+  /* Destroying a recorded event that a stream still waits on is allowed: the driver frees it after. */
+  IN_CTX(ctx, "cuEventDestroy", cu.event_destroy(ev));
+  return s;
 }

@@ -27,6 +27,10 @@
   X(PROTO, "NCCL_PROTO", P_STR, 0, "", "protocols allowed: [func:]list;... of LL, LL128, Simple (^ excludes)") \
   X(CUDA_LIBRARY, "CHORUS_CUDA_LIBRARY", P_STR, 0, "libcuda.so.1",                                \
     "the CUDA driver library to look for in the process (buffers are classified only if it is loaded)") \
+  X(CUDA_ASYNC, "CHORUS_CUDA_ASYNC", P_INT, 1, "",                                                 \
+    "1 = a call on device buffers with a CUDA stream returns at once and runs in that stream's order (copies, host function, stream wait); 0 = it synchronises the stream and completes before returning") \
+  X(CUDA_STAGING_MAX_BYTES, "CHORUS_CUDA_STAGING_MAX_BYTES", P_INT, 1 << 30, "",                   \
+    "pinned host memory per communicator for device buffers in flight; a call that would pass it completes before returning instead") \
   X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \

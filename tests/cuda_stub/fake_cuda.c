@@ -1,19 +1,27 @@
-/* A stand-in for the CUDA driver (libcuda.so.1) with just what Chorus's classification looks up:
- * tests mark host ranges as "device" or "managed" memory (fake_cuda_mark) and count stream
- * synchronisations. Every entry point keeps the real driver's prototype and result codes (cuda.h);
- * nothing here is ever loaded outside the tests (CHORUS_CUDA_LIBRARY names it). */
+/* A stand-in for the CUDA driver (libcuda.so.1) with just what Chorus looks up: tests mark host
+ * ranges as "device" or "managed" memory (fake_cuda_mark) and count stream synchronisations and
+ * copies. Streams are emulated: each stream handle gets a thread that runs the work queued on it in
+ * order (asynchronous copies, host functions, 32-bit waits, and the tests' stand-ins for kernels), so
+ * stream semantics can be checked without a GPU. Every entry point keeps the real driver's prototype
+ * and result codes (cuda.h); nothing here is ever loaded outside the tests (CHORUS_CUDA_LIBRARY). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
-enum { ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9 };
+enum { ATTR_CONTEXT = 1, ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9 };
 enum { MEMTYPE_HOST = 1, MEMTYPE_DEVICE = 2 };
+enum { E_INVALID_VALUE = 1, E_NOT_INITIALIZED = 3, E_INVALID_CONTEXT = 201, E_INVALID_HANDLE = 400 };
 
 static struct range { uintptr_t lo, hi; int kind; } ranges[16]; /* kind 1 device, 2 managed */
 static int nranges, inited;
-static int syncs, copies;         /* atomic builtins: ranks may be threads */
-static _Thread_local int ctx_depth; /* each thread has its own context stack, as with the driver */
-static char fake_ctx; /* the one context: its address */
+static int syncs, copies, host_allocs; /* atomic builtins: ranks may be threads */
+static _Thread_local int ctx_depth;    /* each thread has its own context stack, as with the driver */
+static char fake_ctx;                  /* the one context: its address */
 
 EXPORT void fake_cuda_mark(const void* p, size_t bytes, int kind) {
   if (nranges < 16) ranges[nranges++] = (struct range){(uintptr_t)p, (uintptr_t)p + bytes, kind};
@@ -21,7 +29,148 @@ EXPORT void fake_cuda_mark(const void* p, size_t bytes, int kind) {
 EXPORT void fake_cuda_reset(void) { nranges = 0, syncs = 0, copies = 0; }
 EXPORT int fake_cuda_syncs(void) { return __atomic_load_n(&syncs, __ATOMIC_RELAXED); }
 EXPORT int fake_cuda_copies(void) { return __atomic_load_n(&copies, __ATOMIC_RELAXED); }
+EXPORT int fake_cuda_host_allocs(void) { return __atomic_load_n(&host_allocs, __ATOMIC_RELAXED); }
 EXPORT int fake_cuda_ctx_depth(void) { return ctx_depth; }
+
+static const struct range* find(uintptr_t p) {
+  for (int i = 0; i < nranges; i++)
+    if (p >= ranges[i].lo && p < ranges[i].hi) return &ranges[i];
+  return NULL;
+}
+static int is_device(uintptr_t p, size_t n) {
+  const struct range* r = find(p);
+  return r && r->kind == 1 && p + n <= r->hi;
+}
+
+/* ---- streams ---- */
+
+enum op_kind { OP_COPY, OP_HOST_FN, OP_WAIT32, OP_FILL, OP_HOLD, OP_RECORD, OP_WAIT_EVENT };
+/* An event: records counts cuEventRecord calls, done the records that streams have reached. Never
+ * freed (cuEventDestroy may come before the streams are done with it); kept reachable in `events`. */
+struct event {
+  struct event* next;
+  uint32_t records, done;
+};
+static struct event* events;
+static pthread_mutex_t events_mu = PTHREAD_MUTEX_INITIALIZER;
+struct op {
+  struct op* next;
+  enum op_kind kind;
+  void* dst;
+  const void* src;
+  size_t n;
+  void (*fn)(void*);
+  void* arg;
+  uint32_t value;
+  float fill;
+  int delay_ms;
+};
+struct stream {
+  uintptr_t handle;
+  int capturing;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct op *head, *tail;
+  int running; /* an op is being run */
+};
+static struct stream streams[64];
+static int nstreams;
+static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void run_op(struct op* o) {
+  switch (o->kind) {
+    case OP_COPY:
+      memcpy(o->dst, o->src, o->n);
+      __atomic_fetch_add(&copies, 1, __ATOMIC_RELAXED);
+      break;
+    case OP_HOST_FN: o->fn(o->arg); break;
+    case OP_WAIT32: /* CU_STREAM_WAIT_VALUE_GEQ: cyclic comparison */
+      while ((int32_t)(__atomic_load_n((uint32_t*)o->dst, __ATOMIC_ACQUIRE) - o->value) < 0) sched_yield();
+      break;
+    case OP_FILL: /* a kernel that takes delay_ms, then writes its output */
+      sleep_ms(o->delay_ms);
+      for (size_t i = 0; i < o->n; i++) ((float*)o->dst)[i] = o->fill;
+      break;
+    case OP_HOLD: /* a kernel that runs until the test lets it end */
+      while (!__atomic_load_n((int*)o->dst, __ATOMIC_ACQUIRE)) sleep_ms(1);
+      break;
+    case OP_RECORD: __atomic_store_n(&((struct event*)o->dst)->done, o->value, __ATOMIC_RELEASE); break;
+    case OP_WAIT_EVENT:
+      while ((int32_t)(__atomic_load_n(&((struct event*)o->dst)->done, __ATOMIC_ACQUIRE) - o->value) < 0) sched_yield();
+      break;
+  }
+}
+
+static void* stream_main(void* arg) {
+  struct stream* s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->head) pthread_cond_wait(&s->cv, &s->mu);
+    struct op* o = s->head;
+    s->head = o->next;
+    if (!s->head) s->tail = NULL;
+    s->running = 1;
+    pthread_mutex_unlock(&s->mu);
+    run_op(o);
+    free(o);
+    pthread_mutex_lock(&s->mu);
+    s->running = 0;
+    pthread_cond_broadcast(&s->cv);
+  }
+  return NULL;
+}
+
+/* The stream of a handle (NULL: the legacy stream), its thread started on first use. */
+static struct stream* stream_of(void* h) {
+  pthread_mutex_lock(&streams_mu);
+  struct stream* s = NULL;
+  for (int i = 0; i < nstreams && !s; i++)
+    if (streams[i].handle == (uintptr_t)h) s = &streams[i];
+  if (!s && nstreams < 64) {
+    s = &streams[nstreams++];
+    s->handle = (uintptr_t)h;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_create(&s->thread, NULL, stream_main, s);
+    pthread_detach(s->thread);
+  }
+  pthread_mutex_unlock(&streams_mu);
+  return s;
+}
+
+static int enqueue(void* h, struct op o) {
+  struct stream* s = stream_of(h);
+  struct op* p = malloc(sizeof(*p));
+  if (!s || !p) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  *p = o;
+  p->next = NULL;
+  pthread_mutex_lock(&s->mu);
+  if (s->tail) s->tail->next = p; else s->head = p;
+  s->tail = p;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+/* Test hooks: a kernel writing n floats of `value` into device memory after delay_ms; a kernel that
+ * runs until *release is nonzero; graph capture on a stream. */
+EXPORT int fake_cuda_fill(void* stream, float* p, size_t n, float value, int delay_ms) {
+  return enqueue(stream, (struct op){.kind = OP_FILL, .dst = p, .n = n, .fill = value, .delay_ms = delay_ms});
+}
+EXPORT int fake_cuda_hold(void* stream, int* release) { return enqueue(stream, (struct op){.kind = OP_HOLD, .dst = release}); }
+/* A copy in stream order between any two host-visible addresses (a test reading results in order). */
+EXPORT int fake_cuda_copy(void* stream, void* dst, const void* src, size_t n) {
+  return enqueue(stream, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
+}
+EXPORT void fake_cuda_set_capturing(void* stream, int on) { stream_of(stream)->capturing = on; }
+
+/* ---- the driver's entry points ---- */
 
 EXPORT int cuInit(unsigned flags) { return flags ? 1 : (inited = 1, 0); }
 EXPORT int cuDriverGetVersion(int* v) { return v ? (*v = 13000, 0) : 1; }
@@ -37,9 +186,7 @@ EXPORT int cuDeviceGetName(char* name, int len, int d) {
 /* As the driver: success with zeros for a pointer it does not know; NOT_INITIALIZED (3) before cuInit. */
 EXPORT int cuPointerGetAttributes(unsigned n, int* attrs, void** data, uintptr_t p) {
   if (!inited) return 3;
-  const struct range* r = NULL;
-  for (int i = 0; i < nranges && !r; i++)
-    if (p >= ranges[i].lo && p < ranges[i].hi) r = &ranges[i];
+  const struct range* r = find(p);
   for (unsigned i = 0; i < n; i++) {
     if (attrs[i] == ATTR_MEMORY_TYPE) *(unsigned*)data[i] = r ? (r->kind == 1 ? MEMTYPE_DEVICE : MEMTYPE_HOST) : 0;
     else if (attrs[i] == ATTR_IS_MANAGED) *(unsigned*)data[i] = r && r->kind == 2;
@@ -47,45 +194,115 @@ EXPORT int cuPointerGetAttributes(unsigned n, int* attrs, void** data, uintptr_t
   }
   return 0;
 }
-static const struct range* find(uintptr_t p) {
-  for (int i = 0; i < nranges; i++)
-    if (p >= ranges[i].lo && p < ranges[i].hi) return &ranges[i];
-  return NULL;
-}
 /* As the driver: CUDA_ERROR_INVALID_VALUE (1) for memory it does not know. */
 EXPORT int cuPointerGetAttribute(void* data, int attr, uintptr_t p) {
   if (!inited) return 3;
   if (!find(p)) return 1;
-  if (attr != 1) return 1; /* CONTEXT only */
+  if (attr != ATTR_CONTEXT) return 1; /* CONTEXT only */
   *(void**)data = &fake_ctx;
   return 0;
 }
 /* Copies need a current context and device memory on the device side (the range must be marked). */
 static int fake_copy(void* dst, const void* src, size_t n, uintptr_t dev) {
   if (!inited) return 3;
-  if (!ctx_depth) return 201; /* CUDA_ERROR_INVALID_CONTEXT */
-  const struct range* r = find(dev);
-  if (!r || dev + n > r->hi) return 1;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (!is_device(dev, n)) return E_INVALID_VALUE;
   memcpy(dst, src, n);
   __atomic_fetch_add(&copies, 1, __ATOMIC_RELAXED);
   return 0;
 }
 EXPORT int cuMemcpyDtoH_v2(void* dst, uintptr_t src, size_t n) { return fake_copy(dst, (const void*)src, n, src); }
 EXPORT int cuMemcpyHtoD_v2(uintptr_t dst, const void* src, size_t n) { return fake_copy((void*)dst, src, n, dst); }
-EXPORT int cuCtxPushCurrent_v2(void* ctx) { return ctx == &fake_ctx ? (ctx_depth++, 0) : 201; }
+static int copy_async(void* dst, const void* src, size_t n, uintptr_t dev, void* stream) {
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (!is_device(dev, n)) return E_INVALID_VALUE;
+  return enqueue(stream, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
+}
+EXPORT int cuMemcpyDtoHAsync_v2(void* dst, uintptr_t src, size_t n, void* s) {
+  return copy_async(dst, (const void*)src, n, src, s);
+}
+EXPORT int cuMemcpyHtoDAsync_v2(uintptr_t dst, const void* src, size_t n, void* s) {
+  return copy_async((void*)dst, src, n, dst, s);
+}
+EXPORT int cuLaunchHostFunc(void* s, void (*fn)(void*), void* arg) {
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  return enqueue(s, (struct op){.kind = OP_HOST_FN, .fn = fn, .arg = arg});
+}
+EXPORT int cuStreamWaitValue32_v2(void* s, uintptr_t addr, uint32_t value, unsigned flags) {
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (flags != 0) return E_INVALID_VALUE; /* GEQ only here */
+  return enqueue(s, (struct op){.kind = OP_WAIT32, .dst = (void*)addr, .value = value});
+}
+EXPORT int cuEventCreate(void** ev, unsigned flags) {
+  (void)flags;
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  struct event* e = calloc(1, sizeof(*e));
+  if (!e) return 2;
+  pthread_mutex_lock(&events_mu);
+  e->next = events, events = e;
+  pthread_mutex_unlock(&events_mu);
+  *ev = e;
+  return 0;
+}
+EXPORT int cuEventRecord(void* ev, void* s) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  struct event* e = ev;
+  return enqueue(s, (struct op){.kind = OP_RECORD, .dst = e, .value = ++e->records});
+}
+EXPORT int cuStreamWaitEvent(void* s, void* ev, unsigned flags) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (flags) return E_INVALID_VALUE;
+  struct event* e = ev;
+  return enqueue(s, (struct op){.kind = OP_WAIT_EVENT, .dst = e, .value = e->records});
+}
+EXPORT int cuEventDestroy_v2(void* ev) { return ev ? 0 : E_INVALID_HANDLE; }
+EXPORT int cuMemHostAlloc(void** p, size_t n, unsigned flags) {
+  (void)flags;
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (!(*p = malloc(n ? n : 1))) return 2;
+  __atomic_fetch_add(&host_allocs, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+EXPORT int cuMemFreeHost(void* p) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  free(p);
+  __atomic_fetch_sub(&host_allocs, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+EXPORT int cuMemHostGetDevicePointer_v2(uintptr_t* d, void* p, unsigned flags) {
+  if (flags || !ctx_depth) return flags ? E_INVALID_VALUE : E_INVALID_CONTEXT;
+  *d = (uintptr_t)p; /* unified addressing: the same address */
+  return 0;
+}
+EXPORT int cuStreamIsCapturing(void* s, int* status) {
+  if (!inited) return 3;
+  *status = stream_of(s)->capturing;
+  return 0;
+}
+EXPORT int cuCtxPushCurrent_v2(void* ctx) { return ctx == &fake_ctx ? (ctx_depth++, 0) : E_INVALID_CONTEXT; }
 EXPORT int cuCtxPopCurrent_v2(void** ctx) {
-  if (!ctx_depth) return 201;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
   ctx_depth--;
   if (ctx) *ctx = &fake_ctx;
   return 0;
 }
-EXPORT int cuStreamSynchronize(void* s) {
-  (void)s;
+/* Waits for everything queued on the stream, as the driver does. */
+EXPORT int cuStreamSynchronize(void* h) {
   if (!inited) return 3;
   __atomic_fetch_add(&syncs, 1, __ATOMIC_RELAXED);
+  struct stream* s = stream_of(h);
+  pthread_mutex_lock(&s->mu);
+  while (s->head || s->running) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
   return 0;
 }
 EXPORT int cuGetErrorString(int e, const char** s) {
-  *s = e == 3 ? "initialization error" : e == 101 ? "invalid device ordinal" : "fake error";
+  *s = e == 3 ? "initialization error" : e == 101 ? "invalid device ordinal" : e == 201 ? "invalid device context"
+                                                                                      : "fake error";
   return 0;
 }
