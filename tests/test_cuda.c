@@ -355,3 +355,44 @@ TEST_T(cuda, abort_with_a_stuck_stream, 30) {
   __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
   EXPECT_EQ(cu_sync(s), 0);
 }
+
+/* ncclMemAlloc: device memory for a thread with a current CUDA context (nccl-tests built on CUDA's
+ * nccl.h), host memory otherwise; CHORUS_MEM_ALLOC_DEVICE=0 keeps host memory. */
+TEST_T(cuda, mem_alloc_follows_the_current_context, 30) {
+  load_fake(1);
+  void* h = NULL;
+  NCCL_OK(ncclMemAlloc(&h, 4096));
+  EXPECT_EQ(cudrv_classify(h, NULL), CU_MEM_HOST);
+  void* dh = dlopen(CHORUS_FAKE_CUDA, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT(dh != NULL);
+  int (*push)(void*) = (int (*)(void*))dlsym(dh, "cuCtxPushCurrent_v2");
+  int (*pop)(void**) = (int (*)(void**))dlsym(dh, "cuCtxPopCurrent_v2");
+  int (*attr)(void*, int, uintptr_t) = (int (*)(void*, int, uintptr_t))dlsym(dh, "cuPointerGetAttribute");
+  void* ctx = NULL;
+  static char probe[64];
+  mark(probe, sizeof(probe), 1);
+  EXPECT_EQ(attr(&ctx, 1, (uintptr_t)probe), 0); /* the fake's one context */
+  EXPECT_EQ(push(ctx), 0);
+  void* d = NULL;
+  NCCL_OK(ncclMemAlloc(&d, 1 << 20));
+  EXPECT_EQ(cudrv_classify(d, NULL), CU_MEM_DEVICE);
+  void* popped;
+  EXPECT_EQ(pop(&popped), 0);
+  ncclComm_t comm = one_rank(); /* and it works as a collective's buffer */
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7600;
+  EXPECT_EQ(fill(s, d, 1024, 4.0f, 0), 0);
+  NCCL_OK(ncclAllReduce(d, d, 1024, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(cu_sync(s), 0);
+  EXPECT(((float*)d)[1023] == 4.0f);
+  NCCL_OK(ncclCommDestroy(comm));
+  NCCL_OK(ncclMemFree(d)); /* freed in its own context: this thread has none now */
+  EXPECT_EQ(cudrv_classify(d, NULL), CU_MEM_HOST);
+  NCCL_OK(ncclMemFree(h));
+  setenv("CHORUS_MEM_ALLOC_DEVICE", "0", 1);
+  param_reset();
+  EXPECT_EQ(push(ctx), 0);
+  NCCL_OK(ncclMemAlloc(&h, 4096));
+  EXPECT_EQ(cudrv_classify(h, NULL), CU_MEM_HOST);
+  NCCL_OK(ncclMemFree(h));
+  EXPECT_EQ(pop(&popped), 0);
+}

@@ -6,7 +6,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../cuda/cudrv.h"
 #include "../misc/log.h"
+#include "../misc/param.h"
 #include "api.h"
 #include "enqueue.h"
 
@@ -17,6 +19,7 @@ struct ch_block {
   size_t size;
   const struct ncclComm* comm; /* registrations only */
   int fd;                      /* allocations: the memfd behind it, -1 for plain memory */
+  int device;                  /* allocations: CUDA device memory (cuMemAlloc) */
   size_t seg;                  /* allocations: bytes mapped (the user's, then the token page) */
   uint64_t token;              /* allocations: export token once a peer process may need it (0: not yet) */
   struct ch_block* next;
@@ -122,12 +125,22 @@ CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
     return ncclInvalidArgument;
   }
   struct ch_block* b = malloc(sizeof(*b));
+  if (!b) return ncclSystemError;
   int fd = -1;
   size_t seg = 0;
-  void* p = b ? alloc_shareable(size, &fd, &seg) : NULL;
+  void* p = NULL;
+  /* nccl-tests built on CUDA's nccl.h expect device memory, host programs host memory: a thread with a
+   * current CUDA context gets device memory (CHORUS_MEM_ALLOC_DEVICE overrides). */
+  int64_t want = param_int(PARAM_MEM_ALLOC_DEVICE);
+  int device = want == 1 || (want == -1 && cudrv_current_ctx() != NULL);
+  if (device) {
+    if (cudrv_dev_alloc(&p, size) != CH_OK) p = NULL; /* WARNed with the driver's reason */
+  } else {
+    p = alloc_shareable(size, &fd, &seg);
+  }
   if (!p) {
     free(b);
-    WARN("ncclMemAlloc: cannot allocate %zu bytes", size);
+    WARN("ncclMemAlloc: cannot allocate %zu bytes of %s memory", size, device ? "CUDA device" : "host");
     return ncclSystemError;
   }
   *ptr = p;
@@ -135,6 +148,7 @@ CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   b->size = size;
   b->comm = NULL;
   b->fd = fd;
+  b->device = device;
   b->seg = seg;
   b->token = 0;
   track(&allocs, b);
@@ -147,6 +161,11 @@ CH_API(ncclResult_t, ncclMemFree, void* ptr) {
   if (!b) {
     WARN("ncclMemFree: %p was not returned by ncclMemAlloc (or was already freed)", ptr);
     return ncclInvalidArgument;
+  }
+  if (b->device) {
+    ch_status s = cudrv_dev_free(b->ptr);
+    free(b);
+    return ch_to_nccl(s);
   }
   if (b->fd >= 0) {
     tp_fd_withdraw(b->token); /* peers that mapped it keep their mappings; nobody new gets it */
@@ -178,6 +197,7 @@ CH_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t
   b->size = size;
   b->comm = comm;
   b->fd = -1;
+  b->device = 0;
   b->seg = 0;
   b->token = 0;
   track(&regs, b);

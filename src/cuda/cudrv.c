@@ -50,6 +50,9 @@ static struct {
   cu_result (*event_record)(void*, void*);
   cu_result (*wait_event)(void*, void*, unsigned);
   cu_result (*event_destroy)(void*);
+  cu_result (*ctx_current)(void**);
+  cu_result (*mem_alloc)(uintptr_t*, size_t);
+  cu_result (*mem_free)(uintptr_t);
   int async_ok;
 } cu;
 
@@ -99,6 +102,9 @@ static int resolve(int flags) {
   SYM(event_record, "cuEventRecord");
   SYM(wait_event, "cuStreamWaitEvent");
   SYM(event_destroy, "cuEventDestroy_v2");
+  SYM(ctx_current, "cuCtxGetCurrent");
+  SYM(mem_alloc, "cuMemAlloc_v2");
+  SYM(mem_free, "cuMemFree_v2");
 #undef SYM
   cu.async_ok = cu.dtoh_async && cu.htod_async && cu.host_fn && cu.wait_value32 && cu.host_alloc && cu.free_host &&
                 cu.host_dev_ptr && cu.is_capturing && cu.event_create && cu.event_record && cu.wait_event &&
@@ -310,4 +316,25 @@ ch_status cudrv_join(void* from, void* to, void* ctx) {
   /* Destroying a recorded event that a stream still waits on is allowed: the driver frees it after. */
   IN_CTX(ctx, "cuEventDestroy", cu.event_destroy(ev));
   return s;
+}
+
+void* cudrv_current_ctx(void) {
+  void* ctx = NULL;
+  if (!cudrv_present() || !cu.ctx_current || !cu.mem_alloc || !cu.mem_free || cu.ctx_current(&ctx) != 0) return NULL;
+  return ctx;
+}
+
+ch_status cudrv_dev_alloc(void** p, size_t bytes) {
+  uintptr_t d = 0;
+  char what[64];
+  snprintf(what, sizeof(what), "cuMemAlloc(%zu bytes)", bytes);
+  IN_CTX(NULL, what, cu.mem_alloc(&d, bytes)); /* in the caller's current context */
+  *p = (void*)d;
+  return CH_OK;
+}
+
+ch_status cudrv_dev_free(void* p) {
+  void* ctx = cudrv_ptr_ctx(p);
+  IN_CTX(ctx, "cuMemFree", cu.mem_free((uintptr_t)p));
+  return CH_OK;
 }

@@ -50,6 +50,12 @@ ch_status cudrv_wait_geq(void* stream, void* dev, uint32_t value, void* ctx);
 /* Work queued on `to` from now on waits for the work queued on `from` so far (an event). */
 ch_status cudrv_join(void* from, void* to, void* ctx);
 
+/* ncclMemAlloc's device side: the calling thread's current context (NULL: none, or no driver), and
+ * device memory in it. */
+void* cudrv_current_ctx(void);
+ch_status cudrv_dev_alloc(void** p, size_t bytes);
+ch_status cudrv_dev_free(void* p);
+
 /* Load the driver (chorus-info only) and describe it: 0 with its version and devices, else -1 with why. */
 int cudrv_describe(char* out, size_t cap);
 

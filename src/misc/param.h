@@ -31,6 +31,8 @@
     "1 = a call on device buffers with a CUDA stream returns at once and runs in that stream's order (copies, host function, stream wait); 0 = it synchronises the stream and completes before returning") \
   X(CUDA_STAGING_MAX_BYTES, "CHORUS_CUDA_STAGING_MAX_BYTES", P_INT, 1 << 30, "",                   \
     "pinned host memory per communicator for device buffers in flight; a call that would pass it completes before returning instead") \
+  X(MEM_ALLOC_DEVICE, "CHORUS_MEM_ALLOC_DEVICE", P_INT, -1, "",                                     \
+    "ncclMemAlloc gives CUDA device memory: 1 always, 0 never (host memory), -1 when the calling thread has a current CUDA context") \
   X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \

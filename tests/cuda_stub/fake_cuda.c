@@ -284,6 +284,34 @@ EXPORT int cuStreamIsCapturing(void* s, int* status) {
   *status = stream_of(s)->capturing;
   return 0;
 }
+EXPORT int cuCtxGetCurrent(void** ctx) {
+  if (!inited) return 3;
+  *ctx = ctx_depth ? &fake_ctx : NULL;
+  return 0;
+}
+/* Device memory: host memory marked as device memory until freed. */
+EXPORT int cuMemAlloc_v2(uintptr_t* d, size_t n) {
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  char* mem = malloc(n ? n : 1);
+  if (!mem || nranges == 16) {
+    free(mem);
+    return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  }
+  ranges[nranges++] = (struct range){(uintptr_t)mem, (uintptr_t)mem + n, 1};
+  *d = (uintptr_t)mem;
+  return 0;
+}
+EXPORT int cuMemFree_v2(uintptr_t d) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  for (int i = 0; i < nranges; i++)
+    if (ranges[i].lo == d && ranges[i].kind == 1) {
+      ranges[i] = ranges[--nranges];
+      free((void*)d);
+      return 0;
+    }
+  return E_INVALID_VALUE;
+}
 EXPORT int cuCtxPushCurrent_v2(void* ctx) { return ctx == &fake_ctx ? (ctx_depth++, 0) : E_INVALID_CONTEXT; }
 EXPORT int cuCtxPopCurrent_v2(void** ctx) {
   if (!ctx_depth) return E_INVALID_CONTEXT;
