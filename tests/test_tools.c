@@ -470,6 +470,34 @@ TEST(perf_modes, under_chorusrun) {
   cmd_free(&r);
 }
 
+/* --device, nccl-tests' way: cuMemAlloc'ed buffers and a CUDA stream per rank, here with the stand-in
+ * driver (tests/cuda_stub). Two ranks per thread, each on its own stream; then processes; then the
+ * check must see a corrupted result through the device copies. */
+TEST(perf_modes, device_buffers) {
+  static const char* const env[] = {"CHORUS_CUDA_LIBRARY=" CHORUS_FAKE_CUDA, NULL};
+  static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf",
+                                "sendrecv_perf"};
+  for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
+    cmd_result r = perf(tools[i], "--device -g 2 -b 8 -e 64K -f 32 -n 2 -w 1", env);
+    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+      rt_fail(__FILE__, __LINE__, "%s: exit %d\n%s%s", tools[i], r.status, r.out, r.err);
+    cmd_free(&r);
+  }
+  cmd_result r = perf("all_reduce_perf", "--device -np 2 -b 1K -e 1K -n 2", env);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_HAS(r.out, "# Out of bounds values : 0 OK");
+  cmd_free(&r);
+  static const char* const bad[] = {"CHORUS_CUDA_LIBRARY=" CHORUS_FAKE_CUDA, "CHORUS_PERF_CORRUPT=1", NULL};
+  r = perf("all_reduce_perf", "--device -b 1K -e 1K -n 1", bad);
+  EXPECT_EQ(r.status, 7);
+  cmd_free(&r);
+  static const char* const none[] = {"CHORUS_CUDA_LIBRARY=libchorus-no-such-driver.so", NULL};
+  r = perf("all_reduce_perf", "--device -b 8 -e 8 -n 1", none);
+  EXPECT_EQ(r.status, 6); /* invalid usage: no driver, said so */
+  EXPECT(strstr(r.out, "cannot open the CUDA driver") || strstr(r.err, "cannot open the CUDA driver"));
+  cmd_free(&r);
+}
+
 /* ------------------------------------------------------------------- chorusrun ---- */
 
 TEST(chorusrun, environment_and_tags) {

@@ -17,14 +17,15 @@ enum { ATTR_CONTEXT = 1, ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_
 enum { MEMTYPE_HOST = 1, MEMTYPE_DEVICE = 2 };
 enum { E_INVALID_VALUE = 1, E_NOT_INITIALIZED = 3, E_INVALID_CONTEXT = 201, E_INVALID_HANDLE = 400 };
 
-static struct range { uintptr_t lo, hi; int kind; } ranges[16]; /* kind 1 device, 2 managed */
+#define MAX_RANGES 256
+static struct range { uintptr_t lo, hi; int kind; } ranges[MAX_RANGES]; /* kind 1 device, 2 managed */
 static int nranges, inited;
 static int syncs, copies, host_allocs; /* atomic builtins: ranks may be threads */
 static _Thread_local int ctx_depth;    /* each thread has its own context stack, as with the driver */
 static char fake_ctx;                  /* the one context: its address */
 
 EXPORT void fake_cuda_mark(const void* p, size_t bytes, int kind) {
-  if (nranges < 16) ranges[nranges++] = (struct range){(uintptr_t)p, (uintptr_t)p + bytes, kind};
+  if (nranges < MAX_RANGES) ranges[nranges++] = (struct range){(uintptr_t)p, (uintptr_t)p + bytes, kind};
 }
 EXPORT void fake_cuda_reset(void) { nranges = 0, syncs = 0, copies = 0; }
 EXPORT int fake_cuda_syncs(void) { return __atomic_load_n(&syncs, __ATOMIC_RELAXED); }
@@ -294,7 +295,7 @@ EXPORT int cuMemAlloc_v2(uintptr_t* d, size_t n) {
   if (!inited) return 3;
   if (!ctx_depth) return E_INVALID_CONTEXT;
   char* mem = malloc(n ? n : 1);
-  if (!mem || nranges == 16) {
+  if (!mem || nranges == MAX_RANGES) {
     free(mem);
     return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
   }
@@ -311,6 +312,31 @@ EXPORT int cuMemFree_v2(uintptr_t d) {
       return 0;
     }
   return E_INVALID_VALUE;
+}
+/* The primary context is the fake's one context; setting it current makes the thread's stack one deep. */
+EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
+  if (!inited) return 3;
+  if (dev != 0) return 101;
+  *ctx = &fake_ctx;
+  return 0;
+}
+EXPORT int cuCtxSetCurrent(void* ctx) {
+  if (ctx && ctx != &fake_ctx) return E_INVALID_CONTEXT;
+  if (!ctx) ctx_depth = 0;
+  else if (!ctx_depth) ctx_depth = 1;
+  return 0;
+}
+static uintptr_t next_stream = 0x10000;
+EXPORT int cuStreamCreate(void** s, unsigned flags) {
+  (void)flags;
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  *s = (void*)__atomic_fetch_add(&next_stream, 0x100, __ATOMIC_RELAXED);
+  return 0;
+}
+EXPORT int cuStreamDestroy_v2(void* s) {
+  (void)s; /* its thread stays: handles are never reused */
+  return 0;
 }
 EXPORT int cuCtxPushCurrent_v2(void* ctx) { return ctx == &fake_ctx ? (ctx_depth++, 0) : E_INVALID_CONTEXT; }
 EXPORT int cuCtxPopCurrent_v2(void** ctx) {

@@ -65,6 +65,7 @@ static void usage(const perf_coll* coll) {
          "Chorus additions (opt-in):\n"
          "\t[-np,--np <N>]                                fork N local processes (ranks = N x t x g)\n"
          "\t[--stream]                                    issue on host streams (chorusStreamCreate)\n"
+         "\t[--device]                                    CUDA device buffers and a CUDA stream per rank\n"
          "\t[--plot <file.svg>]                           draw busbw and time against size\n"
          "Under chorusrun, mpirun, srun or torchrun each process takes its rank from the environment.\n",
          prog);
@@ -119,7 +120,8 @@ static const struct option longopts[] = {
     {"unalign", required_argument, 0, 'u'},      {"per_iter_timing", required_argument, 0, 'I'},
     {"per_iter_skip", required_argument, 0, 'K'}, {"help", no_argument, 0, 'h'},
     {"np", required_argument, 0, 1000},          {"stream", no_argument, 0, 1001},
-    {"plot", required_argument, 0, 1002},        {0, 0, 0, 0}};
+    {"plot", required_argument, 0, 1002},        {"device", no_argument, 0, 1003},
+    {0, 0, 0, 0}};
 
 static const char* long_name(int c) {
   for (const struct option* o = longopts; o->name; o++)
@@ -247,6 +249,7 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
       }
       case 1001: o->streams = 1; break;
       case 1002: o->plot_path = optarg; break;
+      case 1003: o->device = 1; break;
       case 'h': usage(coll); return PERF_OK;
       default: return usage_error("unhandled option");
     }

@@ -84,7 +84,8 @@ static void combine_values(perf_thread* th, double* x, int n, int how) {
 
 static void complete(perf_thread* th) {
   for (int i = 0; i < th->nlocal; i++)
-    if (th->streams[i]) CK(chorusStreamSynchronize(th->streams[i]));
+    if (th->ctx->o.device) perf_cuda_sync(th->ctx, th->streams[i]); /* NULL: the legacy stream */
+    else if (th->streams[i]) CK(chorusStreamSynchronize(th->streams[i]));
   mark_progress(th);
 }
 
@@ -103,7 +104,9 @@ static void set_step(perf_thread* th, struct step* s, size_t bytes) {
   s->span = m * (size_t)elt;
 }
 
-static void make_buf(perf_thread* th, const struct step* s, int li, int in_place, size_t shift, perf_buf* b) {
+/* host: the buffers' host copies (--device), where data is made and checked. */
+static void make_buf(perf_thread* th, const struct step* s, int li, int in_place, size_t shift, perf_buf* b,
+                     int host) {
   size_t elt = (size_t)perf_type_size(s->type);
   memset(b, 0, sizeof(*b));
   b->rank = th->rank0 + li;
@@ -115,12 +118,12 @@ static void make_buf(perf_thread* th, const struct step* s, int li, int in_place
   b->lay = s->lay;
   b->count = s->lay.param_count;
   shift += (size_t)th->ctx->o.unalign * elt; /* -u: misalign by whole elements */
-  b->recv_base = th->recv[li] + shift;
+  b->recv_base = (host ? th->hrecv : th->recv)[li] + shift;
   if (in_place) {
     b->send = b->recv_base + (size_t)b->rank * s->lay.send_inplace * elt;
     b->recv = b->recv_base + (size_t)b->rank * s->lay.recv_inplace * elt;
   } else {
-    b->send = th->send[li] + shift;
+    b->send = (host ? th->hsend : th->send)[li] + shift;
     b->recv = b->recv_base;
   }
 }
@@ -137,7 +140,7 @@ static void start_op(perf_thread* th, const struct step* s, int in_place, int it
     if (th->nlocal > 1) CK(ncclGroupStart());
     for (int i = 0; i < th->nlocal; i++) {
       perf_buf b;
-      make_buf(th, s, i, in_place, shift, &b);
+      make_buf(th, s, i, in_place, shift, &b, 0);
       ops[i] = s->op < 0 ? ncclSum : (ncclRedOp_t)s->op;
       if (s->op == PERF_OP_MULSUM) {
         char scalar[8];
@@ -159,11 +162,16 @@ static void start_op(perf_thread* th, const struct step* s, int in_place, int it
 }
 
 static void init_data(perf_thread* th, const struct step* s, int in_place, uint64_t seed) {
+  perf_ctx* ctx = th->ctx;
   for (int i = 0; i < th->nlocal; i++) {
     perf_buf b;
-    make_buf(th, s, i, in_place, 0, &b);
+    make_buf(th, s, i, in_place, 0, &b, ctx->o.device);
     b.seed = seed;
-    th->ctx->coll->init(&b);
+    ctx->coll->init(&b);
+    if (ctx->o.device) { /* whole buffers: in place, the input lies inside the receive buffer */
+      perf_cuda_copy(ctx, th->send[i], th->hsend[i], ctx->buf_bytes, 1);
+      perf_cuda_copy(ctx, th->recv[i], th->hrecv[i], ctx->buf_bytes, 1);
+    }
   }
   mark_progress(th);
 }
@@ -173,7 +181,8 @@ static int64_t check_data(perf_thread* th, const struct step* s, int in_place, u
   int64_t wrong = 0, checkable = 0;
   for (int i = 0; i < th->nlocal; i++) {
     perf_buf b;
-    make_buf(th, s, i, in_place, 0, &b);
+    if (th->ctx->o.device) perf_cuda_copy(th->ctx, th->hrecv[i], th->recv[i], th->ctx->buf_bytes, 0);
+    make_buf(th, s, i, in_place, 0, &b, th->ctx->o.device);
     b.seed = seed;
     /* CHORUS_PERF_CORRUPT: damage rank 0's first result element, to prove validation works. */
     if (th->ctx->o.corrupt && b.rank == 0 && s->lay.recv_count > 0 && b.count > 0) b.recv[0] ^= 0x5A;

@@ -1,6 +1,6 @@
 /* Shared harness of the *_perf benchmarks. They mirror NVIDIA nccl-tests (flags, output columns,
  * bus-bandwidth factors, data validation, exit codes) on host memory: every "GPU" of nccl-tests is
- * one Chorus rank with malloc'ed buffers. Ranks = processes x threads (-t) x ranks per thread (-g).
+ * one Chorus rank with malloc'ed buffers (--device: cuMemAlloc'ed ones and a CUDA stream, as nccl-tests). Ranks = processes x threads (-t) x ranks per thread (-g).
  *
  * A benchmark is one small file that fills a perf_coll and calls perf_main(). */
 #ifndef CHORUS_PERF_COMMON_H
@@ -41,6 +41,7 @@ typedef struct perf_opts {
   /* Our own, all opt-in. */
   int np;            /* -np N: fork N local processes */
   int streams;       /* --stream: chorusStreamCreate instead of the NULL (synchronous) stream */
+  int device;        /* --device: CUDA device buffers and a CUDA stream per rank (nccl-tests' way) */
   const char* plot_path;
   int corrupt;       /* CHORUS_PERF_CORRUPT=1: damage one element before each check (tests) */
 } perf_opts;

@@ -35,6 +35,8 @@ typedef struct perf_thread {
   char** send;               /* per local rank, unalign offset applied */
   char** recv;
   void** allocs;             /* 2 per local rank */
+  char** hsend;              /* --device: host copies of send/recv, where data is made and checked */
+  char** hrecv;
   void** handles;            /* registrations (-R), 2 per local rank */
   double* scratch;           /* (nlocal + 2) * scratch_len doubles: combining results, -I times */
   int scratch_len;
@@ -42,6 +44,16 @@ typedef struct perf_thread {
   double bw_sum;
   pthread_t tid;
 } perf_thread;
+
+/* cuda.c (--device): the driver, opened at run time */
+void perf_cuda_open(perf_ctx* ctx);
+void perf_cuda_bind(perf_ctx* ctx, int local_rank); /* make its device's primary context current */
+void* perf_cuda_alloc(perf_ctx* ctx, size_t bytes);
+void perf_cuda_free(perf_ctx* ctx, void* p);
+void perf_cuda_copy(perf_ctx* ctx, void* dst, const void* src, size_t bytes, int to_device);
+cudaStream_t perf_cuda_stream(perf_ctx* ctx);
+void perf_cuda_stream_destroy(perf_ctx* ctx, cudaStream_t s);
+void perf_cuda_sync(perf_ctx* ctx, cudaStream_t s);
 
 /* common.c */
 void perf_thread_main(perf_thread* th);

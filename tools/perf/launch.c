@@ -202,14 +202,21 @@ void perf_thread_buffers(perf_thread* th) {
   for (int i = 0; i < th->nlocal; i++) {
     for (int k = 0; k < 2; k++) {
       void* p = NULL;
-      /* With -R, as nccl-tests: ncclMemAlloc, which other processes can map (single-copy collectives). */
+      /* With -R, as nccl-tests: ncclMemAlloc, which other processes can map (single-copy collectives);
+       * with --device it gives device memory (this thread has a current CUDA context). */
       if (ctx->o.reg) PERF_NCCL_CHECK(ctx, ncclMemAlloc(&p, bytes));
+      else if (ctx->o.device) p = perf_cuda_alloc(ctx, bytes);
       else if (posix_memalign(&p, 64, bytes) != 0) perf_fail_msg(ctx, PERF_INTERNAL, "cannot allocate %zu bytes", bytes);
-      memset(p, 0, bytes); /* first touch by the thread that uses it */
+      if (!ctx->o.device) memset(p, 0, bytes); /* first touch by the thread that uses it */
       th->allocs[2 * i + k] = p;
     }
     th->send[i] = th->allocs[2 * i];
     th->recv[i] = th->allocs[2 * i + 1];
+    if (ctx->o.device) { /* where data is made and checked (copied to and from the device) */
+      th->hsend[i] = calloc(1, bytes);
+      th->hrecv[i] = calloc(1, bytes);
+      if (!th->hsend[i] || !th->hrecv[i]) perf_fail_msg(ctx, PERF_INTERNAL, "cannot allocate %zu bytes", bytes);
+    }
   }
   if (ctx->o.reg == 2) PERF_NCCL_CHECK(ctx, ncclGroupStart());
   for (int i = 0; ctx->o.reg && i < th->nlocal; i++) {
@@ -233,7 +240,8 @@ static void thread_cleanup(perf_thread* th) {
       else PERF_NCCL_CHECK(ctx, ncclCommWindowDeregister(th->comms[i], (ncclWindow_t)th->handles[2 * i + k]));
     }
   for (int i = 0; i < th->nlocal; i++)
-    if (th->streams[i]) PERF_NCCL_CHECK(ctx, chorusStreamDestroy(th->streams[i]));
+    if (th->streams[i] && ctx->o.device) perf_cuda_stream_destroy(ctx, th->streams[i]);
+    else if (th->streams[i]) PERF_NCCL_CHECK(ctx, chorusStreamDestroy(th->streams[i]));
   /* Finalize together (it waits for the peers), then free locally. */
   if (th->nlocal > 1) PERF_NCCL_CHECK(ctx, ncclGroupStart());
   for (int i = 0; i < th->nlocal; i++) PERF_NCCL_CHECK(ctx, ncclCommFinalize(th->comms[i]));
@@ -241,15 +249,20 @@ static void thread_cleanup(perf_thread* th) {
   for (int i = 0; i < th->nlocal; i++) PERF_NCCL_CHECK(ctx, ncclCommDestroy(th->comms[i]));
   for (int i = 0; i < 2 * th->nlocal; i++) {
     if (ctx->o.reg) PERF_NCCL_CHECK(ctx, ncclMemFree(th->allocs[i]));
+    else if (ctx->o.device) perf_cuda_free(ctx, th->allocs[i]);
     else free(th->allocs[i]);
   }
+  for (int i = 0; ctx->o.device && i < th->nlocal; i++) free(th->hsend[i]), free(th->hrecv[i]);
 }
 
 static void* thread_entry(void* arg) {
   perf_thread* th = arg;
   perf_ctx* ctx = th->ctx;
+  if (ctx->o.device) perf_cuda_bind(ctx, ctx->local_proc * ctx->o.nthreads + th->thread);
   if (ctx->o.parallel_init) init_ranks(ctx, th->thread * th->nlocal, th->nlocal);
-  if (ctx->o.streams && !ctx->o.stream_null)
+  if (ctx->o.device && !ctx->o.stream_null)
+    for (int i = 0; i < th->nlocal; i++) th->streams[i] = perf_cuda_stream(ctx);
+  else if (ctx->o.streams && !ctx->o.stream_null)
     for (int i = 0; i < th->nlocal; i++) PERF_NCCL_CHECK(ctx, chorusStreamCreate(&th->streams[i]));
   perf_thread_main(th);
   thread_cleanup(th);
@@ -303,6 +316,8 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
   }
 
   ctx->mem_base = rss_bytes("VmRSS:");
+  if (o->device) perf_cuda_open(ctx);
+  if (o->device && !o->parallel_init) perf_cuda_bind(ctx, ctx->local_proc * nt); /* the inits run here */
   if (env_mode) init_from_env(ctx);
   else if (!o->parallel_init) init_ranks(ctx, 0, per_proc);
   ctx->mem_init = rss_bytes("VmRSS:") - ctx->mem_base;
@@ -319,10 +334,12 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
     x->send = calloc((size_t)nl, sizeof(char*));
     x->recv = calloc((size_t)nl, sizeof(char*));
     x->allocs = calloc(2 * (size_t)nl, sizeof(void*));
+    x->hsend = calloc((size_t)nl, sizeof(char*));
+    x->hrecv = calloc((size_t)nl, sizeof(char*));
     x->handles = calloc(2 * (size_t)nl, sizeof(void*));
     x->scratch_len = scratch_len;
     x->scratch = calloc((size_t)(nl + 2) * (size_t)scratch_len, sizeof(double));
-    if (!x->streams || !x->send || !x->recv || !x->allocs || !x->handles || !x->scratch)
+    if (!x->streams || !x->send || !x->recv || !x->allocs || !x->hsend || !x->hrecv || !x->handles || !x->scratch)
       perf_fail_msg(ctx, PERF_INTERNAL, "out of memory");
   }
   for (int t = 1; t < nt; t++)
@@ -341,7 +358,7 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
   }
   for (int t = 0; t < nt; t++) {
     free(th[t].streams), free(th[t].send), free(th[t].recv);
-    free(th[t].allocs), free(th[t].handles), free(th[t].scratch);
+    free(th[t].allocs), free(th[t].handles), free(th[t].scratch), free(th[t].hsend), free(th[t].hrecv);
   }
   free(th);
   free(ctx->comms);
