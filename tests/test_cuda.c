@@ -396,3 +396,29 @@ TEST_T(cuda, mem_alloc_follows_the_current_context, 30) {
   NCCL_OK(ncclMemFree(h));
   EXPECT_EQ(pop(&popped), 0);
 }
+/* A peer process dies before a call on device buffers: the call returned at once, so the failure
+ * reaches the survivor through ncclCommGetAsyncError, and its stream still runs on (the flag is
+ * written when the plan fails), never hangs. */
+static void dead_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  load_fake(1);
+  static float x[4096];
+  mark(x, sizeof(x), 1);
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x9000 + rank);
+  NCCL_OK(ncclAllReduce(x, x, 4096, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(cu_sync(s), 0);
+  if (rank == 1) _exit(0); /* gone, without a word to anyone */
+  double t0 = now_s();
+  NCCL_OK(ncclAllReduce(x, x, 4096, ncclFloat32, ncclSum, comm, s)); /* returns at once */
+  EXPECT_EQ(cu_sync(s), 0);
+  ncclResult_t as = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comm, &as));
+  printf("    rank 0: stream done after %.2f s, async error %d: %.200s\n", now_s() - t0, (int)as, ncclGetLastError(comm));
+  EXPECT_EQ(as, ncclRemoteError);
+  EXPECT(now_s() - t0 < 10.0);
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+TEST_T(cuda, peer_dies_during_a_stream_call, 60) { rt_run_procs(2, dead_peer_body, NULL); }
