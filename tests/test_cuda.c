@@ -422,3 +422,24 @@ static void dead_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda, peer_dies_during_a_stream_call, 60) { rt_run_procs(2, dead_peer_body, NULL); }
+
+/* PreMulSum with its scalar in device memory (ncclScalarDevice, as PyTorch passes a tensor factor):
+ * copied from the device, never dereferenced on the host. */
+TEST_T(cuda, premulsum_scalar_in_device_memory, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float scalar = 3.0f, a[64];
+  mark(&scalar, sizeof(scalar), 1);
+  mark(a, sizeof(a), 1);
+  for (int i = 0; i < 64; i++) a[i] = (float)i;
+  ncclRedOp_t op;
+  int before = copies();
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarDevice, comm));
+  EXPECT_EQ(copies(), before + 1);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7700;
+  NCCL_OK(ncclAllReduce(a, a, 64, ncclFloat32, op, comm, s));
+  EXPECT_EQ(cu_sync(s), 0);
+  for (int i = 0; i < 64; i++) EXPECT(a[i] == 3.0f * (float)i);
+  NCCL_OK(ncclRedOpDestroy(op, comm));
+  NCCL_OK(ncclCommDestroy(comm));
+}

@@ -284,9 +284,14 @@ static ncclResult_t redop_create(ncclRedOp_t* op, void* scalar, ncclDataType_t d
     WARN("ncclRedOpCreatePreMulSum: invalid residence %d", (int)residence);
     return ncclInvalidArgument;
   }
-  /* Both residences point at host memory here. HostImmediate is read now; Device ("pointer") is also read
-   * now: on host memory the value must be valid at creation (documented difference from NCCL, which
-   * dereferences it when each collective runs). */
+  /* HostImmediate is read now; Device ("pointer") is also read now (documented difference from NCCL,
+   * which dereferences it when each collective runs): the value must be valid at creation. A pointer to
+   * CUDA device memory (PyTorch's tensor factors) is copied to the host first, not dereferenced. */
+  char dev_scalar[8];
+  if (residence == ncclScalarDevice && cudrv_classify(scalar, NULL) == CU_MEM_DEVICE) {
+    if (cudrv_copy_dtoh(dev_scalar, scalar, red_type_size(datatype)) != CH_OK) return ncclUnhandledCudaError;
+    scalar = dev_scalar;
+  }
   for (int i = 0; i < CH_MAX_REDOPS; i++) {
     struct ch_redop_slot* slot = &comm->redops[i];
     if (slot->used) continue;
