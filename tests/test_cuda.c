@@ -443,3 +443,77 @@ TEST_T(cuda, premulsum_scalar_in_device_memory, 30) {
   NCCL_OK(ncclRedOpDestroy(op, comm));
   NCCL_OK(ncclCommDestroy(comm));
 }
+/* A group over two streams, one stuck: the abort fails the group without waiting; the stuck stream,
+ * let go later, still finds its gate (each stream's arrival holds a reference) and its memory. */
+TEST_T(cuda, abort_with_one_of_two_streams_stuck, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[256], b[256];
+  static int release;
+  mark(a, sizeof(a), 1), mark(b, sizeof(b), 1);
+  cudaStream_t s1 = (cudaStream_t)(uintptr_t)0x7800, s2 = (cudaStream_t)(uintptr_t)0x7900;
+  EXPECT_EQ(hold(s2, &release), 0);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, a, 256, ncclFloat32, ncclSum, comm, s1));
+  NCCL_OK(ncclAllReduce(b, b, 256, ncclFloat32, ncclSum, comm, s2));
+  NCCL_OK(ncclGroupEnd());
+  double t0 = now_s();
+  NCCL_OK(ncclCommAbort(comm));
+  EXPECT(now_s() - t0 < 2.0);
+  EXPECT_EQ(cu_sync(s1), 0); /* the first stream runs on: the flag was written */
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  EXPECT_EQ(cu_sync(s2), 0);
+  ncclComm_t other = one_rank(); /* its teardown frees what the aborted comm left to the streams */
+  NCCL_OK(ncclCommDestroy(other));
+}
+
+/* A stream that never reaches the call fails it after CHORUS_TIMEOUT, through the async error. */
+TEST_T(cuda, stream_never_reaching_the_call_times_out, 30) {
+  setenv("CHORUS_TIMEOUT", "1", 1);
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[256];
+  static int release;
+  mark(a, sizeof(a), 1);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7a00;
+  EXPECT_EQ(hold(s, &release), 0);
+  NCCL_OK(ncclAllReduce(a, a, 256, ncclFloat32, ncclSum, comm, s));
+  ncclResult_t as = ncclSuccess;
+  double t0 = now_s();
+  while (as == ncclSuccess && now_s() - t0 < 5) {
+    NCCL_OK(ncclCommGetAsyncError(comm, &as));
+    usleep(10000);
+  }
+  EXPECT_EQ(as, ncclTimeout);
+  EXPECT(strstr(ncclGetLastError(comm), "CUDA stream to reach it") != NULL);
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  EXPECT_EQ(cu_sync(s), 0);
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+/* ncclGroupSimulateEnd runs nothing: device buffers are left alone. */
+TEST_T(cuda, simulated_group_copies_nothing_back, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[64], b[64];
+  mark(a, sizeof(a), 1), mark(b, sizeof(b), 1);
+  for (int i = 0; i < 64; i++) a[i] = 1.0f, b[i] = -1.0f;
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7b00;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, b, 64, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclGroupSimulateEnd(&sim));
+  EXPECT_EQ(cu_sync(s), 0);
+  for (int i = 0; i < 64; i++) EXPECT(b[i] == -1.0f);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda, device_alloc_without_a_driver, 30) {
+  setenv("CHORUS_CUDA_LIBRARY", "libchorus-no-such-driver.so", 1);
+  setenv("CHORUS_MEM_ALLOC_DEVICE", "1", 1);
+  param_reset();
+  void* p = (void*)1;
+  EXPECT_EQ(ncclMemAlloc(&p, 4096), ncclInvalidUsage);
+  EXPECT(p == NULL);
+  EXPECT(strstr(ncclGetLastError(NULL), "no CUDA driver") != NULL);
+}

@@ -42,7 +42,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
 /* The bridge stream's side (stream.c): wait until every stream's inputs are in host memory (or an
  * abort), then, after the plans ran, write the flag the streams wait for. */
 struct stage_gate;
-void stage_gate_wait(struct stage_gate* g, struct ch_plan* const* plans, int n);
+void stage_gate_wait(struct stage_gate* g, struct ch_plan** plans, int n);
 void stage_gate_open(struct stage_gate* g);
 /* comm_free: the bridge stream and the pinned memory. */
 void stage_comm_free(struct ncclComm* comm);
@@ -145,6 +145,8 @@ ch_status stream_enqueue_gated(cudaStream_t s, struct ch_plan** plans, int n, st
 /* Host streams for the library's own use (chorusStreamCreate/Destroy without the API checks). */
 ch_status stream_create(cudaStream_t* s);
 void stream_destroy(cudaStream_t s);
+/* Wait until nothing is queued or running on s. */
+void stream_wait_idle(cudaStream_t s);
 /* Wait until nothing of `comm` is queued or running anywhere. */
 ch_status comm_wait_idle(struct ncclComm* comm);
 

@@ -134,13 +134,17 @@ CH_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   int64_t want = param_int(PARAM_MEM_ALLOC_DEVICE);
   int device = want == 1 || (want == -1 && cudrv_current_ctx() != NULL);
   if (device) {
-    if (cudrv_dev_alloc(&p, size) != CH_OK) p = NULL; /* WARNed with the driver's reason */
+    ch_status ds = cudrv_dev_alloc(&p, size);
+    if (ds != CH_OK) { /* the cause is logged where it was seen */
+      free(b);
+      return ch_to_nccl(ds);
+    }
   } else {
     p = alloc_shareable(size, &fd, &seg);
   }
   if (!p) {
     free(b);
-    WARN("ncclMemAlloc: cannot allocate %zu bytes of %s memory", size, device ? "CUDA device" : "host");
+    WARN("ncclMemAlloc: cannot allocate %zu bytes", size);
     return ncclSystemError;
   }
   *ptr = p;

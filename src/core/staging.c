@@ -30,6 +30,7 @@
  * (synchronous path) or a gate's last host function. */
 struct pin_block {
   struct pin_block* next;
+  struct stage_comm* owner; /* whose pool: counted in its `outstanding` while a gate holds the block */
   char* host;
   size_t bytes;
   void* ctx; /* allocated in */
@@ -45,7 +46,9 @@ struct stage_comm {
   uint32_t next_seq;
   struct pin_block* blocks;
   size_t pinned_bytes;
-  _Atomic int outstanding; /* gates whose streams have not finished with them (any thread) */
+  /* Gates whose streams may still touch this pool: one for the flag (the gate's own pool) and one per
+   * block of the pool a gate holds (a group over several comms holds blocks of each). Any thread. */
+  _Atomic int outstanding;
   struct stage_comm* next_orphan; /* under orphans_mu */
 };
 
@@ -70,7 +73,9 @@ struct stage_gate {
   int arrived;           /* under mu */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  _Atomic int refs;      /* the bridge, and the first stream's last host function */
+  /* The bridge, each stream's arrival and the first stream's last host function: the gate and its
+   * blocks go back only once every stream is past every copy that uses them. */
+  _Atomic int refs;
   int nblocks;
   struct pin_block* blocks[];
 };
@@ -135,7 +140,7 @@ static struct pin_block* block_get(struct stage_comm* sc, size_t bytes, void* ct
     free(b);
     return NULL;
   }
-  b->bytes = want, b->ctx = ctx, b->next = sc->blocks;
+  b->bytes = want, b->ctx = ctx, b->next = sc->blocks, b->owner = sc;
   atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
   sc->blocks = b;
   sc->pinned_bytes += want;
@@ -292,31 +297,53 @@ ch_status stage_out(struct ch_task* t, int ok) {
 static void gate_unref(struct stage_gate* g) {
   if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) != 1) return;
   struct stage_comm* sc = g->sc;
-  for (int i = 0; i < g->nblocks; i++) block_put(g->blocks[i]);
+  for (int i = 0; i < g->nblocks; i++) {
+    struct stage_comm* owner = g->blocks[i]->owner;
+    block_put(g->blocks[i]);
+    atomic_fetch_sub_explicit(&owner->outstanding, 1, memory_order_release); /* the last touch of the block */
+  }
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
   free(g);
   atomic_fetch_sub_explicit(&sc->outstanding, 1, memory_order_release); /* the last touch of sc */
 }
 
-/* Host functions (a driver thread; no CUDA calls). */
-static void gate_arrive(void* arg) {
-  struct stage_gate* g = arg;
+static void gate_count(struct stage_gate* g) {
   pthread_mutex_lock(&g->mu);
   g->arrived++;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
 }
+
+/* Host functions (a driver thread; no CUDA calls, no waiting). */
+static void gate_arrive(void* arg) {
+  gate_count(arg);
+  gate_unref(arg);
+}
 static void gate_release(void* arg) { gate_unref(arg); }
 
-void stage_gate_wait(struct stage_gate* g, struct ch_plan* const* plans, int n) {
-  uint64_t t0 = ut_now_ns();
+/* The bridge: wait until every stream's inputs are in host memory. A stream that does not get there
+ * before an abort or the comm's timeout fails every plan of the batch (none may run on inputs that
+ * never came); the gate still opens, so the streams that did arrive run on. */
+void stage_gate_wait(struct stage_gate* g, struct ch_plan** plans, int n) {
+  uint64_t t0 = ut_now_ns(), timeout = UINT64_MAX;
+  for (int i = 0; i < n; i++) {
+    uint64_t c = atomic_load_explicit(&plans[i]->comm->timeout_ns, memory_order_relaxed);
+    if (c && c < timeout) timeout = c;
+  }
   int said = 0;
+  ch_status fail = CH_OK;
   pthread_mutex_lock(&g->mu);
-  while (g->arrived < g->expected) {
-    int aborted = 0;
-    for (int i = 0; i < n; i++) aborted |= __atomic_load_n(&plans[i]->comm->abort_flag, __ATOMIC_RELAXED);
-    if (aborted) break; /* plan_exec fails the plans; the gate still opens */
+  while (g->arrived < g->expected && fail == CH_OK) {
+    for (int i = 0; i < n; i++)
+      if (__atomic_load_n(&plans[i]->comm->abort_flag, __ATOMIC_RELAXED)) fail = CH_ABORTED;
+    uint64_t waited = ut_now_ns() - t0;
+    if (fail == CH_OK && waited > timeout) {
+      WARN("rank %d: a call on device buffers waited %.0f s for its CUDA stream to reach it (%d of %d streams "
+           "there): failing it (CHORUS_TIMEOUT)", plans[0]->comm->rank, (double)waited / 1e9, g->arrived, g->expected);
+      fail = CH_TIMEOUT;
+    }
+    if (fail != CH_OK) break;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 100000000;
@@ -329,8 +356,12 @@ void stage_gate_wait(struct stage_gate* g, struct ch_plan* const* plans, int n) 
     }
   }
   pthread_mutex_unlock(&g->mu);
+  if (fail != CH_OK)
+    for (int i = 0; i < n; i++) plans[i]->status = fail; /* plan_exec fails them in ticket order */
 }
 
+/* After the plans ran (or failed): results are in host memory; the first stream may copy them back.
+ * Gates of one pool open in the bridge's queue order, so the flag only moves forward. */
 void stage_gate_open(struct stage_gate* g) {
   atomic_store_explicit(g->sc->flag, g->seq, memory_order_release); /* after every result byte */
   gate_unref(g);
@@ -354,8 +385,8 @@ static void stage_degrade(struct ch_task** lists, int n) {
  * bridge. 1: done (plans taken, *res its status), 0: not such a group (run it as before). */
 int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
   int ntasks = 0, nasync = 0;
-  for (int i = 0; i < n; i++)
-    for (struct ch_task* t = lists[i]; t; t = t->next) ntasks++, nasync += t->stage && t->stage->async;
+  for (int i = 0; i < n; i++) /* calls of count 0 touch no buffer: they need no stage */
+    for (struct ch_task* t = lists[i]; t; t = t->next) ntasks += t->count > 0, nasync += t->stage && t->stage->async;
   if (!nasync) return 0;
   if (nasync < ntasks) { /* host buffers too: everything completes here */
     stage_degrade(lists, n);
@@ -374,32 +405,38 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   int ns = 0;
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t; t = t->next) {
+      if (!t->stage) continue;
       int k = 0;
       while (k < ns && streams[k] != t->stream) k++;
       if (k == ns) streams[ns] = t->stream, sctx[ns++] = t->stage->ctx;
       g->blocks[g->nblocks++] = t->stage->pin;
+      atomic_fetch_add(&t->stage->pin->owner->outstanding, 1);
     }
   g->sc = sc, g->expected = ns, g->seq = ++sc->next_seq;
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
-  atomic_store(&g->refs, 2); /* the bridge, and the first stream's last host function */
+  atomic_store(&g->refs, 2 + ns); /* the bridge, each stream's arrival, the first stream's release */
   atomic_fetch_add(&sc->outstanding, 1);
   ch_status e = CH_OK;
   /* Inputs: each stream copies its calls' inputs, then says so. A stream that cannot be told counts
-   * as there (the call fails through the comm's async error instead of waiting for ever). */
+   * as there (the call fails through the comm's async error instead of waiting for ever) but keeps
+   * its reference: copies of it already queued may still write the blocks. */
   for (int k = 0; k < ns; k++) {
     ch_status ek = CH_OK;
     for (int i = 0; i < n; i++)
       for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
-        if (t->stream == streams[k])
+        if (t->stage && t->stream == streams[k])
           ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, t->stream, t->stage->ctx);
     if (ek == CH_OK) ek = cudrv_host_fn(streams[k], gate_arrive, g, sctx[k]);
-    if (ek != CH_OK) gate_arrive(g), e = ek;
+    if (ek != CH_OK) gate_count(g), e = ek;
   }
   for (int i = 0; i < n; i++) plans_comm[i] = plans[i]->comm;
   if (e != CH_OK)
     for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], e);
-  if (stream_enqueue_gated(sc->bridge, plans, n, g) != CH_OK) { /* out of memory: run it here */
+  if (stream_enqueue_gated(sc->bridge, plans, n, g) != CH_OK) {
+    /* Out of memory: run it here, once the bridge has opened every earlier gate of this pool (the
+     * flag must not move backwards). */
+    stream_wait_idle(sc->bridge);
     stage_gate_wait(g, plans, n);
     e = plan_exec(plans, n);
     stage_gate_open(g);
@@ -411,8 +448,9 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   ch_status ek = cudrv_wait_geq(streams[0], sc->flag_dev, g->seq, sctx[0]);
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
-      ek = cudrv_copy_async(0, t->stage->host_recv, t->stage->dev_recv, t->stage->recv_bytes, streams[0], t->stage->ctx);
-  for (int k = 1; k < ns && ek == CH_OK; k++) ek = cudrv_join(streams[0], streams[k], sctx[k]);
+      if (t->stage)
+        ek = cudrv_copy_async(0, t->stage->host_recv, t->stage->dev_recv, t->stage->recv_bytes, streams[0], t->stage->ctx);
+  for (int k = 1; k < ns && ek == CH_OK; k++) ek = cudrv_join(streams[0], sctx[0], streams[k], sctx[k]);
   if (ek == CH_OK) ek = cudrv_host_fn(streams[0], gate_release, g, sctx[0]);
   if (ek != CH_OK) { /* the reference stays: its blocks stay busy, since queued copies may use them */
     if (e == CH_OK) e = ek;
@@ -420,6 +458,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   }
   for (int i = 0; i < n; i++) /* the blocks are the gate's now */
     for (struct ch_task* t = lists[i]; t; t = t->next) {
+      if (!t->stage) continue;
       t->stage->pin = NULL;
       stage_free(t->stage);
       t->stage = NULL;

@@ -148,6 +148,13 @@ CH_API(ncclResult_t, chorusStreamCreate, cudaStream_t* stream) {
   return ch_to_nccl(stream_create(stream));
 }
 
+void stream_wait_idle(cudaStream_t stream) {
+  struct ch_stream* st = (struct ch_stream*)stream;
+  pthread_mutex_lock(&st->mu);
+  while (st->pending) pthread_cond_wait(&st->cv, &st->mu);
+  pthread_mutex_unlock(&st->mu);
+}
+
 CH_API(ncclResult_t, chorusStreamSynchronize, cudaStream_t stream) {
   struct ch_stream* st = stream_get(stream, "chorusStreamSynchronize");
   if (!st) return ncclInvalidArgument;

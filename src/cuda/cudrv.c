@@ -303,29 +303,37 @@ ch_status cudrv_wait_geq(void* stream, void* dev, uint32_t value, void* ctx) {
 
 #define CU_EVENT_DISABLE_TIMING 0x2
 
-static ch_status join_with(void* ev, void* from, void* to, void* ctx) {
-  IN_CTX(ctx, "cuEventRecord", cu.event_record(ev, from));
-  IN_CTX(ctx, "cuStreamWaitEvent", cu.wait_event(to, ev, 0));
+static ch_status record_in(void* ev, void* from, void* from_ctx) {
+  IN_CTX(from_ctx, "cuEventRecord", cu.event_record(ev, from));
   return CH_OK;
 }
 
-ch_status cudrv_join(void* from, void* to, void* ctx) {
+/* The event belongs to from's context; a stream of another context (device) may wait for it. */
+ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx) {
   void* ev = NULL;
-  IN_CTX(ctx, "cuEventCreate", cu.event_create(&ev, CU_EVENT_DISABLE_TIMING));
-  ch_status s = join_with(ev, from, to, ctx);
+  IN_CTX(from_ctx, "cuEventCreate", cu.event_create(&ev, CU_EVENT_DISABLE_TIMING));
+  ch_status s = record_in(ev, from, from_ctx);
+  if (s == CH_OK) IN_CTX(to_ctx, "cuStreamWaitEvent", cu.wait_event(to, ev, 0));
   /* Destroying a recorded event that a stream still waits on is allowed: the driver frees it after. */
-  IN_CTX(ctx, "cuEventDestroy", cu.event_destroy(ev));
+  IN_CTX(from_ctx, "cuEventDestroy", cu.event_destroy(ev));
   return s;
 }
 
+static int dev_mem_ok(void) { return cudrv_present() && cu.ctx_current && cu.mem_alloc && cu.mem_free; }
+
 void* cudrv_current_ctx(void) {
   void* ctx = NULL;
-  if (!cudrv_present() || !cu.ctx_current || !cu.mem_alloc || !cu.mem_free || cu.ctx_current(&ctx) != 0) return NULL;
+  if (!dev_mem_ok() || cu.ctx_current(&ctx) != 0) return NULL;
   return ctx;
 }
 
 ch_status cudrv_dev_alloc(void** p, size_t bytes) {
   uintptr_t d = 0;
+  if (!dev_mem_ok()) {
+    WARN("CUDA device memory asked for (CHORUS_MEM_ALLOC_DEVICE=1), but this process has no CUDA driver loaded "
+         "(%s)", param_str(PARAM_CUDA_LIBRARY));
+    return CH_INVALID_USAGE;
+  }
   char what[64];
   snprintf(what, sizeof(what), "cuMemAlloc(%zu bytes)", bytes);
   IN_CTX(NULL, what, cu.mem_alloc(&d, bytes)); /* in the caller's current context */
@@ -334,6 +342,7 @@ ch_status cudrv_dev_alloc(void** p, size_t bytes) {
 }
 
 ch_status cudrv_dev_free(void* p) {
+  if (!dev_mem_ok()) return CH_INTERNAL; /* only device blocks come here: the driver was there */
   void* ctx = cudrv_ptr_ctx(p);
   IN_CTX(ctx, "cuMemFree", cu.mem_free((uintptr_t)p));
   return CH_OK;

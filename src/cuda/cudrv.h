@@ -47,8 +47,9 @@ ch_status cudrv_host_fn(void* stream, void (*fn)(void*), void* arg, void* ctx);
  * at least value (cyclic comparison, as CU_STREAM_WAIT_VALUE_GEQ). */
 ch_status cudrv_wait_geq(void* stream, void* dev, uint32_t value, void* ctx);
 
-/* Work queued on `to` from now on waits for the work queued on `from` so far (an event). */
-ch_status cudrv_join(void* from, void* to, void* ctx);
+/* Work queued on `to` from now on waits for the work queued on `from` so far (an event), each stream
+ * in its own context. */
+ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx);
 
 /* ncclMemAlloc's device side: the calling thread's current context (NULL: none, or no driver), and
  * device memory in it. */
