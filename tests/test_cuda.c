@@ -219,6 +219,7 @@ TEST_T(cuda, chorus_info_reports_the_driver, 30) {
   EXPECT_EQ(pclose(f), 0);
   printf("    %s", found);
   EXPECT(strstr(found, "driver 13.0, 1 device(s): 0: Fake GPU (tests)") != NULL);
+  EXPECT(strstr(found, "device buffers: through pinned host memory in CUDA stream order") != NULL);
 }
 
 static double now_s(void) {

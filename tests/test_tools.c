@@ -436,6 +436,25 @@ TEST_T(perf_check, every_collective_every_type, 600) {
   }
 }
 
+/* The same matrix on CUDA device buffers with a CUDA stream per rank (the stand-in driver): every
+ * collective x type x op x root, in and out of place, 2 threads x 2 ranks, then 2 processes x 2 ranks. */
+TEST_T(perf_check, every_collective_device_buffers, 900) {
+  static const char* const env[] = {"CHORUS_CUDA_LIBRARY=" CHORUS_FAKE_CUDA, NULL};
+  static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf",  "reduce_perf",
+                                "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
+                                "sendrecv_perf", "hypercube_perf"};
+  for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
+    cmd_result r = perf(tools[i], "--device -t 2 -g 2 -b 0 -e 1K -f 8 -n 1 -w 1 -d all -o all -r all", env);
+    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+      rt_fail(__FILE__, __LINE__, "%s: exit %d\n%s%s", tools[i], r.status, r.out, r.err);
+    cmd_free(&r);
+  }
+  cmd_result r = perf("all_reduce_perf", "--device -np 2 -g 2 -b 4 -e 64K -f 16 -n 1 -w 1 -d all -o all", env);
+  if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+    rt_fail(__FILE__, __LINE__, "processes: exit %d\n%s%s", r.status, r.out, r.err);
+  cmd_free(&r);
+}
+
 /* ------------------------------------------------------------------- perf: launch modes ---- */
 
 TEST(perf_modes, threads_and_streams) {

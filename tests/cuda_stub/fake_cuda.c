@@ -226,6 +226,12 @@ EXPORT int cuMemcpyDtoHAsync_v2(void* dst, uintptr_t src, size_t n, void* s) {
 EXPORT int cuMemcpyHtoDAsync_v2(uintptr_t dst, const void* src, size_t n, void* s) {
   return copy_async((void*)dst, src, n, dst, s);
 }
+EXPORT int cuMemcpyDtoDAsync_v2(uintptr_t dst, uintptr_t src, size_t n, void* s) {
+  if (!inited) return 3;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (!is_device(dst, n) || !is_device(src, n)) return E_INVALID_VALUE;
+  return enqueue(s, (struct op){.kind = OP_COPY, .dst = (void*)dst, .src = (const void*)src, .n = n});
+}
 EXPORT int cuLaunchHostFunc(void* s, void (*fn)(void*), void* arg) {
   if (!inited) return 3;
   if (!ctx_depth) return E_INVALID_CONTEXT;

@@ -110,6 +110,8 @@ void perf_encode(void* out, ncclDataType_t t, double v);
 double perf_decode(const void* in, ncclDataType_t t);
 
 /* ---- helpers for the collective files ---- */
+/* Copy within one rank's buffers in the order of stream s (device memory with --device). */
+ncclResult_t perf_copy(void* dst, const void* src, size_t bytes, cudaStream_t s);
 size_t perf_per_rank_count(size_t count, int nranks, int elt); /* (N/n) rounded down to 16 bytes */
 static inline char* perf_at(char* p, size_t elems, ncclDataType_t t) {
   return p + elems * (size_t)perf_type_size(t);

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "harness.h"
 
@@ -23,6 +24,7 @@ static struct {
   cu_result (*stream_create)(void**, unsigned);
   cu_result (*stream_destroy)(void*);
   cu_result (*stream_sync)(void*);
+  cu_result (*dtod_async)(uintptr_t, uintptr_t, size_t, void*);
   cu_result (*error_string)(cu_result, const char**);
   int ndev;
 } cu;
@@ -53,10 +55,12 @@ void perf_cuda_open(perf_ctx* ctx) {
   SYM(stream_create, "cuStreamCreate");
   SYM(stream_destroy, "cuStreamDestroy_v2");
   SYM(stream_sync, "cuStreamSynchronize");
+  SYM(dtod_async, "cuMemcpyDtoDAsync_v2");
   SYM(error_string, "cuGetErrorString");
 #undef SYM
   if (!cu.init || !cu.device_count || !cu.device_get || !cu.primary_retain || !cu.ctx_set || !cu.mem_alloc ||
-      !cu.mem_free || !cu.htod || !cu.dtoh || !cu.stream_create || !cu.stream_destroy || !cu.stream_sync)
+      !cu.mem_free || !cu.htod || !cu.dtoh || !cu.stream_create || !cu.stream_destroy || !cu.stream_sync ||
+      !cu.dtod_async)
     perf_fail_msg(ctx, PERF_INVALID_USAGE, "--device: %s lacks CUDA driver entry points", name);
   cu_check(ctx, cu.init(0), "cuInit");
   cu_check(ctx, cu.device_count(&cu.ndev), "cuDeviceGetCount");
@@ -95,3 +99,12 @@ void perf_cuda_stream_destroy(perf_ctx* ctx, cudaStream_t s) {
 }
 
 void perf_cuda_sync(perf_ctx* ctx, cudaStream_t s) { cu_check(ctx, cu.stream_sync((void*)s), "cuStreamSynchronize"); }
+
+/* A copy within one rank's buffers, in the order of its stream: device memory with --device (opened
+ * once above), host memory otherwise (after the work queued on the host stream). */
+ncclResult_t perf_copy(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (cu.ndev) return cu.dtod_async((uintptr_t)dst, (uintptr_t)src, bytes, (void*)s) ? ncclUnhandledCudaError : ncclSuccess;
+  ncclResult_t r = s ? chorusStreamSynchronize(s) : ncclSuccess; /* earlier work may still write */
+  if (r == ncclSuccess) memcpy(dst, src, bytes);
+  return r;
+}

@@ -21,10 +21,7 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   ncclResult_t r, e;
   if (round == 0) {
     char* mine = perf_at(b->recv, (size_t)b->rank * b->count, b->type);
-    if (mine != b->send) {
-      if (s && (r = chorusStreamSynchronize(s)) != ncclSuccess) return r; /* earlier work may still write */
-      memcpy(mine, b->send, bytes);
-    }
+    if (mine != b->send && (r = perf_copy(mine, b->send, bytes, s)) != ncclSuccess) return r;
   }
   int mask = 1 << round;
   if (mask >= b->nranks) return ncclSuccess;
