@@ -5,6 +5,7 @@
  * Suites: perf_args and chorusrun need no working collectives; perf_output, perf_check and
  * perf_modes run real collectives through the library. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -450,6 +451,32 @@ TEST_T(perf_check, every_collective_device_buffers, 900) {
     cmd_free(&r);
   }
   cmd_result r = perf("all_reduce_perf", "--device -np 2 -g 2 -b 4 -e 64K -f 16 -n 1 -w 1 -d all -o all", env);
+  if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+    rt_fail(__FILE__, __LINE__, "processes: exit %d\n%s%s", r.status, r.out, r.err);
+  cmd_free(&r);
+}
+
+/* The same on a real GPU, where one is visible (libcuda.so.1 loads and finds a device): two ranks per
+ * thread share it, each with a CUDA stream; then two processes. Skipped elsewhere, saying so. */
+TEST_T(perf_check, every_collective_real_gpu, 900) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  int (*cu_init)(unsigned) = h ? (int (*)(unsigned))dlsym(h, "cuInit") : NULL;
+  int (*cu_count)(int*) = h ? (int (*)(int*))dlsym(h, "cuDeviceGetCount") : NULL;
+  int ndev = 0;
+  if (!cu_init || !cu_count || cu_init(0) != 0 || cu_count(&ndev) != 0 || ndev < 1) {
+    printf("    SKIP: no CUDA driver with a device here (%s)\n", h ? "no device" : "libcuda.so.1 not found");
+    return;
+  }
+  static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf",  "reduce_perf",
+                                "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
+                                "sendrecv_perf", "hypercube_perf"};
+  for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
+    cmd_result r = perf(tools[i], "--device -g 2 -b 0 -e 1M -f 32 -n 2 -w 1 -d all -o all -r all", NULL);
+    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+      rt_fail(__FILE__, __LINE__, "%s: exit %d\n%s%s", tools[i], r.status, r.out, r.err);
+    cmd_free(&r);
+  }
+  cmd_result r = perf("all_reduce_perf", "--device -np 2 -g 2 -b 4 -e 4M -f 16 -n 2 -w 1 -d all -o all", NULL);
   if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
     rt_fail(__FILE__, __LINE__, "processes: exit %d\n%s%s", r.status, r.out, r.err);
   cmd_free(&r);

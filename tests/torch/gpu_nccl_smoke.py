@@ -1,0 +1,81 @@
+"""PyTorch's own NCCL backend on Chorus, on a GPU: N processes share cuda:0 (the case real NCCL refuses
+before 2.30), `init_process_group("nccl")` with Chorus preloaded as libnccl.so.2, then collectives on
+CUDA tensors against closed-form values and a few DDP steps against the same run over Gloo on CPU.
+
+    LD_PRELOAD=$PWD/build/lib/libnccl.so.2 python3 tests/torch/gpu_nccl_smoke.py 2
+
+Needs torch with CUDA and a GPU; exits 77 (skipped) otherwise. Not registered in ctest: the GPU
+session script (tools/gpu-session.sh) runs it.
+"""
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SKIP = 77
+
+
+def collectives(rank, n, dev):
+    t = torch.full((1 << 20,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    assert torch.all(t == n * (n + 1) / 2).item(), t[:4]
+    b = torch.full((4096,), float(rank), device=dev)
+    dist.broadcast(b, src=n - 1)
+    assert torch.all(b == n - 1).item()
+    out = torch.empty(n * 1000, device=dev)
+    dist.all_gather_into_tensor(out, torch.full((1000,), float(rank), device=dev))
+    assert torch.equal(out.view(n, 1000)[:, 0].cpu(), torch.arange(n, dtype=torch.float32))
+    rs = torch.empty(1000, device=dev)
+    dist.reduce_scatter_tensor(rs, torch.ones(n * 1000, device=dev))
+    assert torch.all(rs == n).item()
+    w = dist.all_reduce(torch.ones(8, device=dev), async_op=True)
+    w.wait()
+    torch.cuda.synchronize()
+
+
+def ddp_params(rank, dev, steps=20):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0] if dev.type == "cuda" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(16, 64, generator=g).to(dev)
+        loss = ddp(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
+
+
+def run(rank, n, path):
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", init_method=f"file://{path}.nccl", rank=rank, world_size=n)
+    collectives(rank, n, dev)
+    t0 = time.perf_counter()
+    p_nccl = ddp_params(rank, dev)
+    step_ms = (time.perf_counter() - t0) / 20 * 1e3
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{path}.gloo", rank=rank, world_size=n)
+    p_gloo = ddp_params(rank, torch.device("cpu"))
+    dist.destroy_process_group()
+    diff = (p_nccl - p_gloo).abs().max().item()
+    if rank == 0:
+        print(f"{n} ranks on one GPU: collectives ok; DDP step {step_ms:.2f} ms over nccl-on-Chorus; "
+              f"parameters vs Gloo on CPU: max |diff| {diff:.2e}")
+    assert diff < 1e-3, diff  # GPU and CPU matmuls round differently
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    if not torch.cuda.is_available():
+        print("SKIP: torch sees no CUDA device")
+        sys.exit(SKIP)
+    if "libnccl.so.2" not in os.environ.get("LD_PRELOAD", ""):
+        print("note: Chorus is not preloaded (LD_PRELOAD=.../build/lib/libnccl.so.2): this runs torch's NCCL")
+    mp.start_processes(run, args=(n, tempfile.mktemp()), nprocs=n, start_method="spawn")
