@@ -199,6 +199,7 @@ class ChorusEngine(_BASE):
         self._settlers = []  # settler threads started (joined at shutdown)
         self._closed = False
         self._name = group_name
+        self._front = None  # the C++ Backend torch holds, when it runs the fast all_reduce (_cbackend.cpp)
         _live.add(self)
         self._comm = ctypes.c_void_p()
         # What synchronous calls return: one finished C++ Work, so torch's wait() on it never re-enters
@@ -224,6 +225,23 @@ class ChorusEngine(_BASE):
         secs = timeout.total_seconds() if timeout is not None else 0
         if secs > 0:
             self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
+
+    # ---- the C++ front (_cbackend.cpp) ----
+
+    def _attach_front(self, front):
+        """front runs synchronous all_reduces itself while nothing is queued here (_fast_update)."""
+        self._front = front
+        front.set_done_work(self._done_work)
+        front.set_fast(ctypes.cast(lib.ncclAllReduce, ctypes.c_void_p).value, self._comm.value, False)
+        self._fast_update()
+
+    def _fast_update(self):
+        """Tell the front whether a synchronous call may bypass this engine: nothing issued and not
+        completed, not coalescing, no failure to report. Called where any of those changes (the
+        issuing thread, or the watcher with _lock held)."""
+        front = self._front
+        if front is not None:
+            front.set_allowed(self._done_upto == self._issued and not self._batch and self._first_bad is None)
 
     # ---- issuing ----
 
@@ -297,6 +315,7 @@ class ChorusEngine(_BASE):
                 op.fail(str(err))
             raise err
         self._issued += 1
+        self._fast_update()
         for op in ops:
             op.seq = self._issued
             self._pending.append(op)
@@ -304,9 +323,11 @@ class ChorusEngine(_BASE):
 
     def start_coalescing(self):
         self._batch += 1
+        self._fast_update()
 
     def end_coalescing(self):
         self._batch -= 1
+        self._fast_update()
         if self._batch or not self._p2p:
             return self._done_work
         calls, self._p2p = self._p2p, []
@@ -353,6 +374,7 @@ class ChorusEngine(_BASE):
                     why = _lib.last_error(self._comm) or _lib.last_error(None)
                     self._error = f"chorus: an operation failed on rank {self._rank}: {_lib.error_string(rc)}: {why}"
                 self._done_upto = max(self._done_upto, target)
+                self._fast_update()
                 done = [op for op in self._pending if op.seq <= target]
                 self._pending = [op for op in self._pending if op.seq > target]
         if settle_here:
@@ -439,6 +461,9 @@ class ChorusEngine(_BASE):
     def _destroy(self, abort):
         if self._comm is None:
             return
+        front, self._front = self._front, None  # the C++ side stops using the comm first (and the cycle breaks)
+        if front is not None:
+            front.set_fast(0, 0, False)
         if not abort and not self._closed:
             try:
                 self._sync()

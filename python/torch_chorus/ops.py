@@ -6,6 +6,8 @@ per-rank tensors go through one flat buffer. Complex tensors travel as their rea
 all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -377,4 +379,24 @@ def create_backend(store, rank, size, timeout):
 
 def create_backend_ext(opts, backend_options=None):
     """register_backend's extended creator (_DistributedBackendOptions)."""
-    return ChorusBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id or ""))
+    engine = ChorusBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id or ""))
+    if _cext is None:
+        return engine
+    front = _cext.ChorusCBackend(engine, opts.group_rank, opts.group_size)
+    engine._attach_front(front)
+    return front
+
+
+def _load_cext():
+    """The C++ Backend (_cbackend.cpp, built by python/build_cext.py for one torch version), if it was
+    built for this torch and CHORUS_TORCH_CPP is not 0; else None (the Python engine is registered)."""
+    if os.environ.get("CHORUS_TORCH_CPP", "1") == "0":
+        return None
+    try:
+        from . import _cbackend
+    except ImportError:  # not built, or built for another torch (undefined symbols)
+        return None
+    return _cbackend if _cbackend.TORCH_VERSION == torch.__version__ else None
+
+
+_cext = _load_cext()

@@ -33,6 +33,8 @@
     "pinned host memory per communicator for device buffers in flight; a call that would pass it completes before returning instead") \
   X(MEM_ALLOC_DEVICE, "CHORUS_MEM_ALLOC_DEVICE", P_INT, -1, "",                                     \
     "ncclMemAlloc gives CUDA device memory: 1 always, 0 never (host memory), -1 when the calling thread has a current CUDA context") \
+  X(TORCH_CPP, "CHORUS_TORCH_CPP", P_INT, 1, "",                                                   \
+    "torch_chorus: 1 = torch sees the C++ c10d Backend (built for the installed torch), 0 = the Python engine only") \
   X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \

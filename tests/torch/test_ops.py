@@ -258,11 +258,14 @@ def check_coalesced_and_async(rank, size):
     check_equal(torch, a, reduced(R.SUM, size, 1000, torch.float32), "async then sync")
     dist.barrier()
     dist.barrier(async_op=True).wait()
-    # polling: Work.is_completed() where torch forwards it to the backend's Work (ProcessGroup mode);
-    # with a c10d Backend subclass torch's wrapper answers False forever, so poll its future.
+    # polling: Work.is_completed(), where torch forwards it to the backend's Work: ProcessGroup mode
+    # (older torch) and the C++ Backend (_cbackend); only a bare Python Backend subclass gets torch's
+    # wrapper, which answers False forever (CHORUS_TORCH_CPP=0 or no C++ build): poll its future there.
     w = dist.all_reduce(torch.ones(100), async_op=True)
     from torch_chorus import backend as chorus_backend
-    done = (lambda: w.is_completed()) if chorus_backend.AS_PROCESS_GROUP else (lambda: w.get_future().done())
+    from torch_chorus import ops as chorus_ops
+    polls = chorus_backend.AS_PROCESS_GROUP or chorus_ops._cext is not None
+    done = (lambda: w.is_completed()) if polls else (lambda: w.get_future().done())
     deadline = time.monotonic() + 60
     while not done():
         if time.monotonic() > deadline:

@@ -1,0 +1,183 @@
+// The "chorus" c10d Backend as a C++ object over the Python engine (ops.py): torch 2.15 wraps the Work
+// a Python Backend returns in a holder whose is_completed() is always false, and its Python
+// trampoline costs a few microseconds per call. This class is what torch sees: it runs the common
+// synchronous all_reduce itself (one contiguous CPU tensor, nothing queued: libchorus's
+// ncclAllReduce through a pointer the engine hands over) and forwards every other call to the
+// Python engine, whose Works it returns unwrapped. Built against the torch it runs with (build_cext.py);
+// where it cannot be built or loaded the engine is registered directly, as before.
+//
+// Who touches what: `fast_` (atomic) is written by the engine's threads whenever its queue state
+// changes and read by the issuing thread here; `fn_`/`comm_` are set before the engine allows the
+// fast path and cleared (fast_ first) before its communicator is destroyed.
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <cstdint>
+
+namespace {
+
+using c10d::Work;
+using WorkPtr = c10::intrusive_ptr<Work>;
+using AllReduceFn = int (*)(const void*, void*, size_t, int, int, void*, void*);
+
+// ncclDataType_t and ncclRedOp_t values (nccl.h).
+int nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kChar: return 0;
+    case at::kByte: return 1;
+    case at::kInt: return 2;
+    case at::kLong: return 4;
+    case at::kHalf: return 6;
+    case at::kFloat: return 7;
+    case at::kDouble: return 8;
+    case at::kBFloat16: return 9;
+    default: return -1;  // bool (op mapping differs), complex, ...: the engine decides
+  }
+}
+
+int nccl_op(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: return 0;
+    case c10d::ReduceOp::PRODUCT: return 1;
+    case c10d::ReduceOp::MAX: return 2;
+    case c10d::ReduceOp::MIN: return 3;
+    case c10d::ReduceOp::AVG: return 4;
+    default: return -1;  // PREMUL_SUM, bitwise: the engine decides (or refuses)
+  }
+}
+
+class ChorusCBackend : public c10d::Backend {
+ public:
+  ChorusCBackend(py::object engine, int rank, int size) : Backend(rank, size), engine_(std::move(engine)) {}
+
+  ~ChorusCBackend() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire g;
+      engine_ = py::object();
+    } else {
+      engine_.release();  // the interpreter is gone: nothing left to release it to
+    }
+  }
+
+  void set_fast(uintptr_t fn, uintptr_t comm, bool on) {
+    if (!on) fast_.store(false, std::memory_order_release);
+    fn_ = reinterpret_cast<AllReduceFn>(fn);
+    comm_ = reinterpret_cast<void*>(comm);
+    if (on) fast_.store(true, std::memory_order_release);
+  }
+  void set_allowed(bool on) { fast_.store(on && fn_ && comm_, std::memory_order_release); }
+  void set_done_work(WorkPtr w) { done_ = std::move(w); }
+
+  const std::string getBackendName() const override { return "chorus"; }
+  bool supportsCoalescing() const override { return true; }
+
+  WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    if (!opts.asyncOp && tensors.size() == 1 && fast_.load(std::memory_order_acquire)) {
+      at::Tensor& t = tensors[0];
+      int dt = nccl_type(t.scalar_type()), op = nccl_op(opts.reduceOp.op_);
+      if (dt >= 0 && op >= 0 && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous()) {
+        void* p = t.data_ptr();
+        int rc = fn_(p, p, static_cast<size_t>(t.numel()), dt, op, comm_, nullptr);
+        if (rc == 0) return done_;
+        py::gil_scoped_acquire g;
+        engine_.attr("_check")(rc, "allreduce");  // raises with Chorus's message
+      }
+    }
+    return call("allreduce", tensors, opts);
+  }
+
+  WorkPtr allreduce_coalesced(std::vector<at::Tensor>& t, const c10d::AllreduceCoalescedOptions& o) override {
+    return call("allreduce_coalesced", t, o);
+  }
+  WorkPtr broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override { return call("broadcast", t, o); }
+  WorkPtr reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override { return call("reduce", t, o); }
+  WorkPtr allgather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                    const c10d::AllgatherOptions& o) override {
+    return call("allgather", out, in, o);
+  }
+  WorkPtr _allgather_base(at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) override {
+    return call("_allgather_base", out, in, o);
+  }
+  WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                              const c10d::AllgatherOptions& o) override {
+    return call("allgather_coalesced", out, in, o);
+  }
+  WorkPtr allgather_into_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                          const c10d::AllgatherOptions& o) override {
+    return call("allgather_into_tensor_coalesced", out, in, o);
+  }
+  WorkPtr gather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                 const c10d::GatherOptions& o) override {
+    return call("gather", out, in, o);
+  }
+  WorkPtr scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+                  const c10d::ScatterOptions& o) override {
+    return call("scatter", out, in, o);
+  }
+  WorkPtr reduce_scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+                         const c10d::ReduceScatterOptions& o) override {
+    return call("reduce_scatter", out, in, o);
+  }
+  WorkPtr _reduce_scatter_base(at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
+    return call("_reduce_scatter_base", out, in, o);
+  }
+  WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                          const c10d::ReduceScatterOptions& o) override {
+    return call("reduce_scatter_tensor_coalesced", out, in, o);
+  }
+  WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                        std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
+    return call("alltoall_base", out, in, out_splits, in_splits, o);
+  }
+  WorkPtr alltoall(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, const c10d::AllToAllOptions& o) override {
+    return call("alltoall", out, in, o);
+  }
+  WorkPtr barrier(const c10d::BarrierOptions& o) override { return call("barrier", o); }
+  WorkPtr send(std::vector<at::Tensor>& t, int dst, int tag) override { return call("send", t, dst, tag); }
+  WorkPtr recv(std::vector<at::Tensor>& t, int src, int tag) override { return call("recv", t, src, tag); }
+  WorkPtr recvAnysource(std::vector<at::Tensor>& t, int tag) override { return call("recv_anysource", t, tag); }
+
+  void startCoalescing() override {
+    py::gil_scoped_acquire g;
+    engine_.attr("start_coalescing")();
+  }
+  WorkPtr endCoalescing() override { return call("end_coalescing"); }
+  void shutdown() override {
+    py::gil_scoped_acquire g;
+    engine_.attr("shutdown")();
+  }
+  void abort() override {
+    py::gil_scoped_acquire g;
+    engine_.attr("abort")();
+  }
+
+  py::object engine() const { return engine_; }
+
+ private:
+  template <typename... A>
+  WorkPtr call(const char* name, A&... args) {
+    py::gil_scoped_acquire g;
+    return engine_.attr(name)(args...).template cast<WorkPtr>();
+  }
+
+  py::object engine_;
+  std::atomic<bool> fast_{false};
+  AllReduceFn fn_ = nullptr;
+  void* comm_ = nullptr;
+  WorkPtr done_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::module_::import("torch._C._distributed_c10d");  // registers c10d's Backend and Work with pybind
+  py::class_<ChorusCBackend, c10d::Backend, c10::intrusive_ptr<ChorusCBackend>>(m, "ChorusCBackend")
+      .def(py::init<py::object, int, int>())
+      .def("set_fast", &ChorusCBackend::set_fast)
+      .def("set_allowed", &ChorusCBackend::set_allowed)
+      .def("set_done_work", &ChorusCBackend::set_done_work)
+      .def_property_readonly("engine", &ChorusCBackend::engine);
+  m.attr("TORCH_VERSION") = py::str(CHORUS_TORCH_VERSION);  // the torch it was built against
+}
