@@ -129,7 +129,9 @@ def rank_main(rank, size, path, backend, args, q):
     if backend == "chorus-c":
         from torch_chorus._lib import lib
 
-        raw = (lib, dist.group.WORLD._get_backend(torch.device("cpu"))._comm)
+        be = dist.group.WORLD._get_backend(torch.device("cpu"))
+        be = getattr(be, "engine", be)  # the C++ Backend holds the Python engine, which has the comm
+        raw = (lib, be._comm)
     rows = []
     ops = ["all_reduce"] if raw else args.ops
     for op in ops:
