@@ -117,6 +117,9 @@ void boot_warn_reject(const char* who, const union sock_addr* remote, const char
  * returned in *bound. It serves one job, then exits. */
 ch_status boot_root_start(const union sock_addr* addr, uint64_t magic, const struct boot_key* key,
                           union sock_addr* bound);
+/* A rank whose init failed waits (up to max_ns) for the roots of its process that are still telling
+ * other ranks why the job failed: its process may exit at once, and the root's thread with it. */
+void boot_root_wait_reports(uint64_t max_ns);
 
 
 /* Peer layer (peer.c). */

@@ -273,6 +273,7 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
     table = NULL;
   }
 out:
+  if (st != CH_OK) boot_root_wait_reports(BOOT_REPORT_GRACE_NS);
   memset(&key, 0, sizeof(key));
   free(addrs);
   free(table);

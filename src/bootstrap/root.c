@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,16 +135,27 @@ static void root_drop_conn(struct root* r, struct root_conn* c) {
 }
 
 /* Send the error to every joined rank (and to `extra`), close them, and remember it for late joiners. */
+/* Root threads of this process inside root_fail (any thread reads it: boot_root_wait_reports). */
+static _Atomic int roots_reporting;
+
 static void root_fail(struct root* r, ch_status st, const char* msg, struct root_conn* extra) {
+  atomic_fetch_add(&roots_reporting, 1);
   INFO(LOG_BOOTSTRAP, "Bootstrap root %s: failing the job: %s", r->name, msg);
   if (msg != r->fail_msg) snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg); /* late joiners: msg is it */
   r->fail_status = st;
-  for (int i = r->nconns - 1; i >= 0; i--) {
+  /* Every report first, then the closes: a rank that reads its report may end this process. */
+  for (int i = 0; i < r->nconns; i++) {
     struct root_conn* c = r->conns[i];
-    if (c->rank < 0 && c != extra) continue;
-    root_reply(r, c, BOOT_REPLY_ERROR, st, msg, strlen(msg));
-    root_drop(r, i);
+    if (c->rank >= 0 || c == extra) root_reply(r, c, BOOT_REPLY_ERROR, st, msg, strlen(msg));
   }
+  for (int i = r->nconns - 1; i >= 0; i--)
+    if (r->conns[i]->rank >= 0 || r->conns[i] == extra) root_drop(r, i);
+  atomic_fetch_sub(&roots_reporting, 1);
+}
+
+void boot_root_wait_reports(uint64_t max_ns) {
+  uint64_t t0 = ut_now_ns();
+  for (uint64_t i = 0; atomic_load(&roots_reporting) > 0 && ut_now_ns() - t0 < max_ns; i++) ut_backoff(i);
 }
 
 static void appendf(char* buf, size_t len, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
