@@ -113,8 +113,14 @@ ch_status comm_ensure_ready(struct ncclComm* comm) {
   }
   int as = atomic_load(&comm->async_result);
   if (as != ncclSuccess) {
-    WARN("rank %d: communicator has an earlier asynchronous error (%s); destroy or abort it", comm->rank,
-         ncclGetErrorString((ncclResult_t)as));
+    /* Its cause was logged where it was seen (naming a peer, a host, an errno) into this comm's last
+     * error: a later call repeats it there instead of replacing it with a message that names nothing. */
+    static const char tag[] = "communicator has an earlier asynchronous error";
+    char cause[sizeof(comm->last_error.text)];
+    snprintf(cause, sizeof(cause), "%s", log_sink_text(&comm->last_error));
+    if (!strstr(cause, tag))
+      WARN("rank %d: %s (%s): %s; destroy or abort it", comm->rank, tag, ncclGetErrorString((ncclResult_t)as),
+           cause[0] ? cause : "its cause was not recorded");
     return (ch_status)as;
   }
   return CH_OK;
