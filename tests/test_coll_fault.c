@@ -205,15 +205,22 @@ TEST_T(coll_args, null_buffers_allowed, 30) {
 struct kill_shared {
   volatile uint64_t kill_ns; /* CLOCK_MONOTONIC is system-wide: comparable across processes */
   volatile int victim_failed;
+  ncclUniqueId id;       /* made by the parent after the fork (its bootstrap root is a thread) */
+  volatile int id_ready; /* release/acquire with id */
 };
 
 enum kill_kind { KILL_ALLREDUCE, KILL_RECV, KILL_STREAM };
 
 /* The last rank: does one collective in step with the others, starts the next one on a stream, lets
  * it get going, and dies. */
-static void victim_main(ncclUniqueId id, int nranks, enum kill_kind kind, struct kill_shared* sh) {
+static void victim_main(int nranks, enum kill_kind kind, struct kill_shared* sh) {
   ncclComm_t comm = NULL;
   int rank = nranks - 1;
+  for (int i = 0; !__atomic_load_n(&sh->id_ready, __ATOMIC_ACQUIRE); i++) {
+    if (i > 30000) { sh->victim_failed = 1; _exit(3); } /* 30 s: the parent is gone */
+    usleep(1000);
+  }
+  ncclUniqueId id = sh->id;
   if (ncclCommInitRank(&comm, nranks, id, rank) != ncclSuccess) { sh->victim_failed = 1; _exit(3); }
   float* a = calloc(KILL_COUNT, sizeof(float));
   cudaStream_t st = NULL;
@@ -356,12 +363,17 @@ static void kill_test(int nranks, enum kill_kind kind, int reap) {
   struct kill_shared* sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT(sh != MAP_FAILED);
   memset(sh, 0, sizeof(*sh));
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
+  /* Fork before any thread of ours exists (ncclGetUniqueId starts the bootstrap root's): a fork copies
+   * locks other threads hold (malloc's under ASan), and the child could hang on one before its kill
+   * (a CI timeout of killed_while_sending under ASan, the victim never reaching its kill). */
   fflush(stdout);
   pid_t victim = fork();
   ASSERT(victim >= 0);
-  if (victim == 0) victim_main(id, nranks, kind, sh);
+  if (victim == 0) victim_main(nranks, kind, sh);
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  sh->id = id;
+  __atomic_store_n(&sh->id_ready, 1, __ATOMIC_RELEASE);
 
   struct reaper rp = {victim, 0};
   pthread_t rth;
