@@ -424,32 +424,29 @@ TEST(perf_check, corrupted_result_is_caught) {
   cmd_free(&r);
 }
 
-TEST_T(perf_check, every_collective_every_type, 600) {
-  /* Exact results for every type and op, with ranks spread over threads and ranks per thread. */
+/* Every collective tool with `args`: exact results (exit 0, no wrong element). */
+static void every_tool(const char* args, const char* const* env) {
   static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf",  "reduce_perf",
                                 "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
                                 "sendrecv_perf", "hypercube_perf"};
   for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
-    cmd_result r = perf(tools[i], "-t 2 -g 2 -b 0 -e 1K -f 8 -n 1 -w 1 -d all -o all -r all", NULL);
+    cmd_result r = perf(tools[i], args, env);
     if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
-      rt_fail(__FILE__, __LINE__, "%s: exit %d\n%s%s", tools[i], r.status, r.out, r.err);
+      rt_fail(__FILE__, __LINE__, "%s %s: exit %d\n%s%s", tools[i], args, r.status, r.out, r.err);
     cmd_free(&r);
   }
+}
+
+TEST_T(perf_check, every_collective_every_type, 600) {
+  /* Exact results for every type and op, with ranks spread over threads and ranks per thread. */
+  every_tool("-t 2 -g 2 -b 0 -e 1K -f 8 -n 1 -w 1 -d all -o all -r all", NULL);
 }
 
 /* The same matrix on CUDA device buffers with a CUDA stream per rank (the stand-in driver): every
  * collective x type x op x root, in and out of place, 2 threads x 2 ranks, then 2 processes x 2 ranks. */
 TEST_T(perf_check, every_collective_device_buffers, 900) {
   static const char* const env[] = {"CHORUS_CUDA_LIBRARY=" CHORUS_FAKE_CUDA, NULL};
-  static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf",  "reduce_perf",
-                                "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
-                                "sendrecv_perf", "hypercube_perf"};
-  for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
-    cmd_result r = perf(tools[i], "--device -t 2 -g 2 -b 0 -e 1K -f 8 -n 1 -w 1 -d all -o all -r all", env);
-    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
-      rt_fail(__FILE__, __LINE__, "%s: exit %d\n%s%s", tools[i], r.status, r.out, r.err);
-    cmd_free(&r);
-  }
+  every_tool("--device -t 2 -g 2 -b 0 -e 1K -f 8 -n 1 -w 1 -d all -o all -r all", env);
   cmd_result r = perf("all_reduce_perf", "--device -np 2 -g 2 -b 4 -e 64K -f 16 -n 1 -w 1 -d all -o all", env);
   if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
     rt_fail(__FILE__, __LINE__, "processes: exit %d\n%s%s", r.status, r.out, r.err);
@@ -467,15 +464,7 @@ TEST_T(perf_check, every_collective_real_gpu, 900) {
     printf("    SKIP: no CUDA driver with a device here (%s)\n", h ? "no device" : "libcuda.so.1 not found");
     return;
   }
-  static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf",  "reduce_perf",
-                                "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
-                                "sendrecv_perf", "hypercube_perf"};
-  for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
-    cmd_result r = perf(tools[i], "--device -g 2 -b 0 -e 1M -f 32 -n 2 -w 1 -d all -o all -r all", NULL);
-    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
-      rt_fail(__FILE__, __LINE__, "%s: exit %d\n%s%s", tools[i], r.status, r.out, r.err);
-    cmd_free(&r);
-  }
+  every_tool("--device -g 2 -b 0 -e 1M -f 32 -n 2 -w 1 -d all -o all -r all", NULL);
   cmd_result r = perf("all_reduce_perf", "--device -np 2 -g 2 -b 4 -e 4M -f 16 -n 2 -w 1 -d all -o all", NULL);
   if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
     rt_fail(__FILE__, __LINE__, "processes: exit %d\n%s%s", r.status, r.out, r.err);
