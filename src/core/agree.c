@@ -13,6 +13,7 @@
 #include "../misc/utils.h"
 #include "agree.h"
 #include "enqueue.h"
+#include "gpu.h"
 #include "topo.h"
 #include "tune.h"
 
@@ -37,7 +38,8 @@ enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
   X("CHORUS_SHM_DIRECT_MIN_BYTES", AG_INT, c->shm_direct_min_bytes)                                 \
   X("CHORUS_RING_ORDER", AG_INT, topo_ring_order())                                                 \
   X("CHORUS_TREE_PER_RANK", AG_INT, param_int(PARAM_TREE_PER_RANK) != 0)                            \
-  X("CHORUS_TUNE_FILE (cost model constants)", AG_INT, tune_model_hash())
+  X("CHORUS_TUNE_FILE (cost model constants)", AG_INT, tune_model_hash())                          \
+  X("CHORUS_CUDA_DIRECT", AG_INT, param_int(PARAM_CUDA_DIRECT) != 0)
 
 #define AG_COUNT_ROW(name, fmt, expr) +1
 enum { AGREE_NROWS = 0 AGREE_TABLE(AG_COUNT_ROW) };
@@ -58,6 +60,7 @@ struct agree_msg {
   uint32_t nrows;
   uint32_t pad;
   int64_t v[AGREE_NROWS];
+  struct gpu_hello gpu; /* not a setting: carried for gpu_setup, which compares it itself */
 };
 
 static void fill(const struct ncclComm* c, struct agree_msg* m) {
@@ -143,7 +146,10 @@ ch_status comm_agree(struct ncclComm* comm) {
     return CH_SYSTEM;
   }
   fill(comm, &all[comm->rank]);
+  gpu_hello_fill(comm, &all[comm->rank].gpu);
   ch_status s = boot_allgather(comm->boot, all, sizeof(*all));
+  if (s == CH_OK && (comm->gpu_hellos = calloc((size_t)n, sizeof(struct gpu_hello))) != NULL)
+    for (int r = 0; r < n; r++) comm->gpu_hellos[r] = all[r].gpu;
   int bad = 0;
   for (int r = 0; s == CH_OK && r < n; r++) {
     if (all[r].nrows != AGREE_NROWS) {

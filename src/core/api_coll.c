@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../cuda/cudrv.h"
+#include "gpu.h"
 #include "../misc/log.h"
 #include "api.h"
 #include "enqueue.h"
@@ -47,7 +48,7 @@ static ch_status check_memory(struct ch_task* t, const char* fn, int needs_send,
          "stream the buffers are used on (or NULL) (rank %d)", fn, names[i], bufs[i], dev[i], t->comm->rank);
     return CH_INVALID_ARG;
   }
-  if (ndev) return stage_in(t, needs_send, needs_recv, fn);
+  if (ndev) return gpu_takes(t) ? gpu_in(t, needs_send, needs_recv, fn) : stage_in(t, needs_send, needs_recv, fn);
   if (managed && !ours) CHECK(cudrv_stream_sync(t->stream));
   return CH_OK;
 }
@@ -105,7 +106,7 @@ static ch_status check_task(struct ch_task* t) {
     return CH_INVALID_ARG;
   }
   CHECK(check_memory(t, fn, needs_send, needs_recv));
-  if (t->stream && !stream_is_ours(t->stream))
+  if (t->stream && !t->stage && !t->gpu && !stream_is_ours(t->stream))
     INFO(LOG_COLL, "%s: stream %p is not a Chorus host stream; the call completes before returning", fn,
          (void*)t->stream);
   return CH_OK;

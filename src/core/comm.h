@@ -137,6 +137,12 @@ struct ncclComm {
   /* Device buffers in CUDA stream order (staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */
   struct stage_comm* stage;
+  /* Ranks sharing one GPU (gpu.h): the context current when the application made the comm (its
+   * creating thread), the peers' hellos from comm_agree (until gpu_setup), and the GPU path, made at
+   * init and read-only afterwards but for its own documented fields. */
+  void* cuda_ctx;
+  struct gpu_hello* gpu_hellos;
+  struct gpu_comm* gpu;
 };
 
 /* Validate a handle passed by the user; WARNs and returns CH_INVALID_ARG if bad. */

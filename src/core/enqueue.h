@@ -27,6 +27,7 @@ struct ch_task {
   struct ncclComm* comm;
   cudaStream_t stream;
   struct stage* stage; /* device buffers staged through host memory (staging.c), or NULL */
+  struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu_call.c): t is their exchange, or NULL */
   struct ch_task* next;
 };
 
@@ -141,6 +142,8 @@ int stream_is_ours(cudaStream_t s);
 /* Queue a group's plans on s as one batch; CH_SYSTEM (out of memory): the caller runs them itself. */
 ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n);
 /* The same, run once gate g opens (staging.c's bridge). */
+/* Queue plans whose batch ends with after(arg, status of the plans) on the stream's thread. */
+ch_status stream_enqueue_hook(cudaStream_t s, struct ch_plan** plans, int n, void (*after)(void*, ch_status), void* arg);
 ch_status stream_enqueue_gated(cudaStream_t s, struct ch_plan** plans, int n, struct stage_gate* g);
 /* Host streams for the library's own use (chorusStreamCreate/Destroy without the API checks). */
 ch_status stream_create(cudaStream_t* s);

@@ -7,6 +7,7 @@
 #include "../misc/log.h"
 #include "../misc/utils.h"
 #include "enqueue.h"
+#include "gpu.h"
 #include "tune.h"
 
 #define MAX_GROUP_INITS 1024
@@ -103,6 +104,7 @@ ch_status enq_task(struct ch_task* t) {
     if (!p) {
       WARN("out of memory queueing a call");
       stage_out(t, 0); /* never queued: nobody else frees its host copies */
+      gpu_drop(t);
       return CH_SYSTEM;
     }
     tasks = p;
@@ -138,6 +140,7 @@ static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, in
   /* Tickets keep each communicator's plans in call order across threads and streams. */
   for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
   ch_status res = CH_OK;
+  if (gpu_launch(plans, lists, n, &res)) return res;   /* device buffers of ranks on one GPU */
   if (stage_launch(plans, lists, n, &res)) return res; /* device buffers in CUDA stream order */
   cudaStream_t stream = group_stream(lists, n);
   if (stream && stream_enqueue(stream, plans, n) == CH_OK) {
@@ -295,6 +298,7 @@ ch_status group_simulate_end(float* estimated_us) { return group_close(estimated
  * host copies freed either way. tasks[] still holds the group's n calls after launch or drop. */
 static ch_status finish_stages(int n, int ok, ch_status res) {
   for (int k = 0; k < n; k++) {
+    gpu_drop(&tasks[k]); /* a call that never launched */
     if (!tasks[k].stage) continue;
     ch_status s = stage_out(&tasks[k], ok);
     if (res == CH_OK) res = s;

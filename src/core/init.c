@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "chorus.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
@@ -130,6 +131,8 @@ void comm_set_async_error(struct ncclComm* comm, ch_status s) {
   int expected = ncclSuccess;
   /* An abort is the caller's own doing, not an asynchronous failure of the communicator. */
   if (s != CH_OK && s != CH_ABORTED) atomic_compare_exchange_strong(&comm->async_result, &expected, (int)s);
+  /* Streams of ranks on one GPU may wait for a peer that will not come: let them through. */
+  if (s != CH_OK && s != CH_ABORTED && comm->gpu) gpu_unblock(comm->gpu);
 }
 
 ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConfig_t* config) {
@@ -142,6 +145,9 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;
+  /* The device a CUDA application made the comm for is its creating thread's current context, as
+   * NCCL takes it (cudaGetDevice); init may go on in another thread. */
+  comm->cuda_ctx = cudrv_present() ? cudrv_current_ctx() : NULL;
   comm->blocking = config->blocking;
   log_sink_init(&comm->last_error);
   int64_t timeout_s = param_int(PARAM_TIMEOUT);
@@ -270,6 +276,10 @@ static ch_status comm_setup(struct ncclComm* comm) {
   CHECK(comm_agree(comm)); /* before anything whose steps depend on those settings (direct_setup) */
   CHECK(tune_check(comm)); /* NCCL_ALGO/NCCL_PROTO parsed (compared across ranks first) */
   CHECK(direct_setup(comm));
+  ch_status gs = gpu_setup(comm, comm->gpu_hellos); /* every rank takes part alike: the hellos agree */
+  free(comm->gpu_hellos);
+  comm->gpu_hellos = NULL;
+  CHECK(gs);
 
   int shm = 0, local = 0, net = 0;
   for (int r = 0; r < n; r++) {
@@ -401,6 +411,8 @@ ch_status comm_init_job(struct ncclComm* comm) {
 void comm_free(struct ncclComm* comm) {
   stall_unregister(comm); /* before anything it reads goes */
   stage_comm_free(comm);  /* its bridge thread is idle: every ticket is done */
+  gpu_free(comm);
+  free(comm->gpu_hellos);
   plan_free(atomic_load(&comm->reuse_plan));
   tune_fini(comm);
   comm_free_connections(comm);

@@ -15,6 +15,8 @@
 struct ch_batch {
   struct ch_batch* next;
   struct stage_gate* gate; /* run once it opens (device buffers in CUDA stream order), or NULL */
+  void (*after)(void*, ch_status); /* run after the plans (gpu_call.c), or NULL */
+  void* after_arg;
   int n;
   struct ch_plan* plans[];
 };
@@ -76,6 +78,7 @@ static void* stream_main(void* arg) {
     if (b->gate) stage_gate_wait(b->gate, b->plans, b->n);
     ch_status s = plan_exec(b->plans, b->n); /* takes the plans */
     if (b->gate) stage_gate_open(b->gate);
+    if (b->after) b->after(b->after_arg, s);
     log_set_error_sink(prev);
     free(b);
     pthread_mutex_lock(&st->mu);
@@ -89,12 +92,14 @@ static void* stream_main(void* arg) {
 
 ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n) { return stream_enqueue_gated(s, plans, n, NULL); }
 
-ch_status stream_enqueue_gated(cudaStream_t s, struct ch_plan** plans, int n, struct stage_gate* g) {
+static ch_status enqueue(cudaStream_t s, struct ch_plan** plans, int n, struct stage_gate* g,
+                         void (*after)(void*, ch_status), void* arg) {
   struct ch_stream* st = (struct ch_stream*)s;
   struct ch_batch* b = malloc(sizeof(*b) + (size_t)n * sizeof(b->plans[0]));
   if (!b) return CH_SYSTEM; /* the caller runs the plans itself */
   b->next = NULL;
   b->gate = g;
+  b->after = after, b->after_arg = arg;
   b->n = n;
   memcpy(b->plans, plans, (size_t)n * sizeof(b->plans[0]));
   pthread_mutex_lock(&st->mu);
@@ -104,6 +109,14 @@ ch_status stream_enqueue_gated(cudaStream_t s, struct ch_plan** plans, int n, st
   pthread_cond_broadcast(&st->cv);
   pthread_mutex_unlock(&st->mu);
   return CH_OK;
+}
+
+ch_status stream_enqueue_gated(cudaStream_t s, struct ch_plan** plans, int n, struct stage_gate* g) {
+  return enqueue(s, plans, n, g, NULL, NULL);
+}
+
+ch_status stream_enqueue_hook(cudaStream_t s, struct ch_plan** plans, int n, void (*after)(void*, ch_status), void* arg) {
+  return enqueue(s, plans, n, NULL, after, arg);
 }
 
 ch_status comm_wait_idle(struct ncclComm* comm) {

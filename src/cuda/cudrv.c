@@ -61,6 +61,7 @@ static _Atomic int state = DRV_UNKNOWN;
 static _Atomic int64_t absent_at; /* coarse seconds of the last look that found nothing */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char load_error[256]; /* under lock: why the last dlopen failed */
+static void* drv_handle;     /* set under lock before DRV_PRESENT is published; never closed */
 
 static int64_t coarse_s(void) {
   struct timespec ts;
@@ -106,6 +107,7 @@ static int resolve(int flags) {
   SYM(mem_alloc, "cuMemAlloc_v2");
   SYM(mem_free, "cuMemFree_v2");
 #undef SYM
+  drv_handle = h;
   cu.async_ok = cu.dtoh_async && cu.htod_async && cu.host_fn && cu.wait_value32 && cu.host_alloc && cu.free_host &&
                 cu.host_dev_ptr && cu.is_capturing && cu.event_create && cu.event_record && cu.wait_event &&
                 cu.event_destroy;
@@ -155,6 +157,15 @@ static const char* cu_err(cu_result r) {
   const char* s = NULL;
   if (cu.error_string && cu.error_string(r, &s) == 0 && s) return s;
   return "unknown CUDA error";
+}
+
+/* For cudev.c, which looks up the entry points of the device path itself. */
+void* cudrv_sym(const char* name) { return cudrv_present() ? dlsym(drv_handle, name) : NULL; }
+const char* cudrv_errstr(int r) { return cu_err(r); }
+int cudrv_push(void* ctx) { return ctx ? cu.ctx_push(ctx) : 0; }
+void cudrv_pop(void* ctx) {
+  void* popped;
+  if (ctx) cu.ctx_pop(&popped);
 }
 
 #define CU_ATTR_CONTEXT 1

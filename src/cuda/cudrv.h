@@ -57,6 +57,35 @@ void* cudrv_current_ctx(void);
 ch_status cudrv_dev_alloc(void** p, size_t bytes);
 ch_status cudrv_dev_free(void* p);
 
+/* For cudev.c: an entry point of the loaded driver (NULL: none), a CUresult's text, and running in a
+ * context (push returns the CUresult; NULL ctx: the current one, nothing pushed). */
+void* cudrv_sym(const char* name);
+const char* cudrv_errstr(int r);
+int cudrv_push(void* ctx);
+void cudrv_pop(void* ctx);
+
+/* ---- the device path (cudev.c): kernels and memory shared by ranks on one GPU ---- */
+typedef struct { char bytes[64]; } cudev_ipc_handle; /* CUipcMemHandle */
+/* 1 if the library carries device kernels and the driver has every entry point the path needs. */
+int cudev_ok(void);
+/* The device kernel for ncclDataType_t `type`, loaded into ctx on first use; NULL (WARNed) if not. */
+void* cudev_kernel(void* ctx, int type);
+/* Queue the kernel on stream with grid gx x gy of 512 threads; args: a struct dev_args (devjob.h). */
+ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* ctx, const void* args);
+/* Queue a write of v to the 32-bit word at device address dev, after the work queued before it. */
+ch_status cudev_write32(void* stream, void* dev, uint32_t v, void* ctx);
+/* The allocation holding device address p: its base, size and driver buffer id (unique per allocation). */
+ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id);
+/* Legacy CUDA IPC of a cuMemAlloc allocation (base), and its import in another process. */
+ch_status cudev_ipc_get(uintptr_t base, void* ctx, cudev_ipc_handle* h);
+ch_status cudev_ipc_open(const cudev_ipc_handle* h, void* ctx, uintptr_t* base);
+void cudev_ipc_close(uintptr_t base, void* ctx);
+/* Pin host memory p (shared with other processes) and map it for the device: *dev its device address. */
+ch_status cudev_host_register(void* p, size_t bytes, void* ctx, void** dev);
+void cudev_host_unregister(void* p, void* ctx);
+/* The device of ctx: UUID and multiprocessor count. */
+ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms);
+
 /* Load the driver (chorus-info only) and describe it: 0 with its version and devices, else -1 with why. */
 int cudrv_describe(char* out, size_t cap);
 

@@ -31,6 +31,8 @@
     "1 = a call on device buffers with a CUDA stream returns at once and runs in that stream's order (copies, host function, stream wait); 0 = it synchronises the stream and completes before returning") \
   X(CUDA_STAGING_MAX_BYTES, "CHORUS_CUDA_STAGING_MAX_BYTES", P_INT, 1 << 30, "",                   \
     "pinned host memory per communicator for device buffers in flight; a call that would pass it completes before returning instead") \
+  X(CUDA_DIRECT, "CHORUS_CUDA_DIRECT", P_INT, 1, "",                                               \
+    "1 = calls on device buffers of ranks that share one GPU run there (kernels reading peers' buffers through CUDA IPC); 0 = through host memory") \
   X(MEM_ALLOC_DEVICE, "CHORUS_MEM_ALLOC_DEVICE", P_INT, -1, "",                                     \
     "ncclMemAlloc gives CUDA device memory: 1 always, 0 never (host memory), -1 when the calling thread has a current CUDA context") \
   X(TORCH_CPP, "CHORUS_TORCH_CPP", P_INT, 1, "",                                                   \

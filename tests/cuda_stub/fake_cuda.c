@@ -5,12 +5,19 @@
  * stream semantics can be checked without a GPU. Every entry point keeps the real driver's prototype
  * and result codes (cuda.h); nothing here is ever loaded outside the tests (CHORUS_CUDA_LIBRARY). */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "coll/reduce.h"
+#include "cuda/devjob.h"
 
 #define EXPORT __attribute__((visibility("default")))
 enum { ATTR_CONTEXT = 1, ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9 };
@@ -18,15 +25,23 @@ enum { MEMTYPE_HOST = 1, MEMTYPE_DEVICE = 2 };
 enum { E_INVALID_VALUE = 1, E_NOT_INITIALIZED = 3, E_INVALID_CONTEXT = 201, E_INVALID_HANDLE = 400 };
 
 #define MAX_RANGES 256
-static struct range { uintptr_t lo, hi; int kind; } ranges[MAX_RANGES]; /* kind 1 device, 2 managed */
+/* kind 1 device, 2 managed; device memory from cuMemAlloc is a memfd mapping (fd), which another
+ * process opens through /proc (CUDA IPC); id: the driver's buffer id. Under ranges_mu once threads run. */
+static struct range { uintptr_t lo, hi; int kind, fd, imported; uint64_t id; } ranges[MAX_RANGES];
 static int nranges, inited;
+static uint64_t next_id = 1;
+static pthread_mutex_t ranges_mu = PTHREAD_MUTEX_INITIALIZER;
 static int syncs, copies, host_allocs; /* atomic builtins: ranks may be threads */
 static _Thread_local int ctx_depth;    /* each thread has its own context stack, as with the driver */
 static char fake_ctx;                  /* the one context: its address */
 
 EXPORT void fake_cuda_mark(const void* p, size_t bytes, int kind) {
-  if (nranges < MAX_RANGES) ranges[nranges++] = (struct range){(uintptr_t)p, (uintptr_t)p + bytes, kind};
+  pthread_mutex_lock(&ranges_mu);
+  if (nranges < MAX_RANGES) ranges[nranges++] = (struct range){(uintptr_t)p, (uintptr_t)p + bytes, kind, -1, 0, next_id++};
+  pthread_mutex_unlock(&ranges_mu);
 }
+static int kernels; /* kernels run (atomic builtins) */
+EXPORT int fake_cuda_kernels(void) { return __atomic_load_n(&kernels, __ATOMIC_RELAXED); }
 EXPORT void fake_cuda_reset(void) { nranges = 0, syncs = 0, copies = 0; }
 EXPORT int fake_cuda_syncs(void) { return __atomic_load_n(&syncs, __ATOMIC_RELAXED); }
 EXPORT int fake_cuda_copies(void) { return __atomic_load_n(&copies, __ATOMIC_RELAXED); }
@@ -34,9 +49,12 @@ EXPORT int fake_cuda_host_allocs(void) { return __atomic_load_n(&host_allocs, __
 EXPORT int fake_cuda_ctx_depth(void) { return ctx_depth; }
 
 static const struct range* find(uintptr_t p) {
-  for (int i = 0; i < nranges; i++)
-    if (p >= ranges[i].lo && p < ranges[i].hi) return &ranges[i];
-  return NULL;
+  const struct range* r = NULL;
+  pthread_mutex_lock(&ranges_mu);
+  for (int i = 0; i < nranges && !r; i++)
+    if (p >= ranges[i].lo && p < ranges[i].hi) r = &ranges[i];
+  pthread_mutex_unlock(&ranges_mu);
+  return r;
 }
 static int is_device(uintptr_t p, size_t n) {
   const struct range* r = find(p);
@@ -45,7 +63,7 @@ static int is_device(uintptr_t p, size_t n) {
 
 /* ---- streams ---- */
 
-enum op_kind { OP_COPY, OP_HOST_FN, OP_WAIT32, OP_FILL, OP_HOLD, OP_RECORD, OP_WAIT_EVENT };
+enum op_kind { OP_COPY, OP_HOST_FN, OP_WAIT32, OP_FILL, OP_HOLD, OP_RECORD, OP_WAIT_EVENT, OP_WRITE32, OP_KERNEL };
 /* An event: records counts cuEventRecord calls, done the records that streams have reached. Never
  * freed (cuEventDestroy may come before the streams are done with it); kept reachable in `events`. */
 struct event {
@@ -65,6 +83,7 @@ struct op {
   uint32_t value;
   float fill;
   int delay_ms;
+  struct dev_args args; /* OP_KERNEL */
 };
 struct stream {
   uintptr_t handle;
@@ -82,6 +101,37 @@ static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
+}
+
+/* Chorus's device kernel (src/cuda/kernels.cu, devjob.h) on the CPU, with the host library's
+ * element-wise code: every job's sources combined into a scratch block, then written to each
+ * destination (all reads before any write, as the kernel does per element). */
+static void run_kernel(const struct dev_args* a) {
+  const struct dev_table* tab = (const struct dev_table*)(uintptr_t)a->table;
+  if (__atomic_load_n(&tab->seq, __ATOMIC_ACQUIRE) != a->seq) return;
+  struct red_op op = {.kind = a->op_kind, .type = a->type, .divisor = a->divisor};
+  size_t es = red_type_size(a->type);
+  for (int j = 0; j < a->njobs; j++) {
+    const struct dev_job* jb = &a->job[j];
+    size_t bytes = jb->count * es;
+    char* tmp = malloc(bytes ? bytes : 1);
+    int first = 1;
+    for (int r = 0; r < DEV_MAX_RANKS; r++) {
+      if (!(jb->src_mask >> r & 1)) continue;
+      const char* src = (const char*)(uintptr_t)(tab->buf[jb->src_buf][r] + jb->src_off);
+      memcpy(&op.scalar_f, &tab->scalar[r], sizeof(op.scalar_f)); /* the source rank's own scalar */
+      memcpy(&op.scalar_i, &tab->scalar[r], sizeof(op.scalar_i));
+      if (!jb->reduce) memcpy(tmp, src, bytes);
+      else if (first) red_premul(&op, tmp, src, jb->count);
+      else red_reduce(&op, tmp, tmp, src, jb->count);
+      first = 0;
+    }
+    if (jb->reduce) red_postop(&op, tmp, tmp, jb->count);
+    for (int r = 0; r < DEV_MAX_RANKS; r++)
+      if (jb->dst_mask >> r & 1) memcpy((char*)(uintptr_t)(tab->buf[jb->dst_buf][r] + jb->dst_off), tmp, bytes);
+    free(tmp);
+  }
+  __atomic_fetch_add(&kernels, 1, __ATOMIC_RELAXED);
 }
 
 static void run_op(struct op* o) {
@@ -105,6 +155,8 @@ static void run_op(struct op* o) {
     case OP_WAIT_EVENT:
       while ((int32_t)(__atomic_load_n(&((struct event*)o->dst)->done, __ATOMIC_ACQUIRE) - o->value) < 0) sched_yield();
       break;
+    case OP_WRITE32: __atomic_store_n((uint32_t*)o->dst, o->value, __ATOMIC_RELEASE); break;
+    case OP_KERNEL: run_kernel(&o->args); break;
   }
 }
 
@@ -198,8 +250,13 @@ EXPORT int cuPointerGetAttributes(unsigned n, int* attrs, void** data, uintptr_t
 /* As the driver: CUDA_ERROR_INVALID_VALUE (1) for memory it does not know. */
 EXPORT int cuPointerGetAttribute(void* data, int attr, uintptr_t p) {
   if (!inited) return 3;
-  if (!find(p)) return 1;
-  if (attr != ATTR_CONTEXT) return 1; /* CONTEXT only */
+  const struct range* r = find(p);
+  if (!r) return 1;
+  if (attr == 7) { /* BUFFER_ID */
+    *(unsigned long long*)data = r->id;
+    return 0;
+  }
+  if (attr != ATTR_CONTEXT) return 1; /* CONTEXT and BUFFER_ID only */
   *(void**)data = &fake_ctx;
   return 0;
 }
@@ -297,27 +354,142 @@ EXPORT int cuCtxGetCurrent(void** ctx) {
   return 0;
 }
 /* Device memory: host memory marked as device memory until freed. */
+static int add_range(void* mem, size_t n, int fd, int imported) {
+  pthread_mutex_lock(&ranges_mu);
+  int ok = nranges < MAX_RANGES;
+  if (ok) ranges[nranges++] = (struct range){(uintptr_t)mem, (uintptr_t)mem + n, 1, fd, imported, next_id++};
+  pthread_mutex_unlock(&ranges_mu);
+  return ok;
+}
+/* Remove the device range at d (imported or not, as asked); its fd, or -2 if none. */
+static int drop_range(uintptr_t d, int imported, size_t* n) {
+  int fd = -2;
+  pthread_mutex_lock(&ranges_mu);
+  for (int i = 0; i < nranges; i++)
+    if (ranges[i].lo == d && ranges[i].kind == 1 && ranges[i].imported == imported) {
+      fd = ranges[i].fd, *n = ranges[i].hi - ranges[i].lo;
+      ranges[i] = ranges[--nranges];
+      break;
+    }
+  pthread_mutex_unlock(&ranges_mu);
+  return fd;
+}
 EXPORT int cuMemAlloc_v2(uintptr_t* d, size_t n) {
   if (!inited) return 3;
   if (!ctx_depth) return E_INVALID_CONTEXT;
-  char* mem = malloc(n ? n : 1);
-  if (!mem || nranges == MAX_RANGES) {
-    free(mem);
+  if (!n) n = 1;
+  int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
+  void* mem = fd < 0 || ftruncate(fd, (off_t)n) != 0 ? MAP_FAILED : mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED || !add_range(mem, n, fd, 0)) {
+    if (mem != MAP_FAILED) munmap(mem, n);
+    if (fd >= 0) close(fd);
     return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
   }
-  ranges[nranges++] = (struct range){(uintptr_t)mem, (uintptr_t)mem + n, 1};
   *d = (uintptr_t)mem;
   return 0;
 }
 EXPORT int cuMemFree_v2(uintptr_t d) {
   if (!ctx_depth) return E_INVALID_CONTEXT;
-  for (int i = 0; i < nranges; i++)
-    if (ranges[i].lo == d && ranges[i].kind == 1) {
-      ranges[i] = ranges[--nranges];
-      free((void*)d);
-      return 0;
-    }
-  return E_INVALID_VALUE;
+  size_t n = 0;
+  int fd = drop_range(d, 0, &n);
+  if (fd == -2) return E_INVALID_VALUE;
+  munmap((void*)d, n);
+  close(fd);
+  return 0;
+}
+/* ---- what ranks on one GPU use: IPC, registered host memory, stream writes, kernels ---- */
+struct ipc_handle { int pid, fd; uint64_t bytes; char pad[48]; };
+EXPORT int cuIpcGetMemHandle(struct ipc_handle* h, uintptr_t base) {
+  const struct range* r = find(base);
+  if (!r || r->lo != base || r->fd < 0 || r->imported) return E_INVALID_VALUE; /* not a cuMemAlloc base */
+  memset(h, 0, sizeof(*h));
+  h->pid = getpid(), h->fd = r->fd, h->bytes = r->hi - r->lo;
+  return 0;
+}
+EXPORT int cuIpcOpenMemHandle_v2(uintptr_t* d, struct ipc_handle h, unsigned flags) {
+  (void)flags;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (h.pid == getpid()) return E_INVALID_CONTEXT; /* as the driver: not in the exporting process */
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", h.pid, h.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return E_INVALID_HANDLE;
+  void* mem = mmap(NULL, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mem == MAP_FAILED || !add_range(mem, h.bytes, -1, 1)) return 2;
+  *d = (uintptr_t)mem;
+  return 0;
+}
+EXPORT int cuIpcCloseMemHandle(uintptr_t d) {
+  size_t n = 0;
+  if (drop_range(d, 1, &n) == -2) return E_INVALID_VALUE;
+  munmap((void*)d, n);
+  return 0;
+}
+EXPORT int cuMemGetAddressRange_v2(uintptr_t* base, size_t* size, uintptr_t p) {
+  if (!inited) return 3;
+  const struct range* r = find(p);
+  if (!r || r->kind != 1) return E_INVALID_VALUE;
+  if (base) *base = r->lo;
+  if (size) *size = r->hi - r->lo;
+  return 0;
+}
+static int registered; /* host ranges registered (atomic builtins) */
+EXPORT int fake_cuda_registered(void) { return __atomic_load_n(&registered, __ATOMIC_RELAXED); }
+EXPORT int cuMemHostRegister_v2(void* p, size_t n, unsigned flags) {
+  (void)p, (void)flags;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  (void)n;
+  __atomic_fetch_add(&registered, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+EXPORT int cuMemHostUnregister(void* p) {
+  (void)p;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  __atomic_fetch_sub(&registered, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+EXPORT int cuStreamWriteValue32_v2(void* s, uintptr_t addr, uint32_t value, unsigned flags) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (flags) return E_INVALID_VALUE;
+  return enqueue(s, (struct op){.kind = OP_WRITE32, .dst = (void*)addr, .value = value});
+}
+static char fake_module;
+EXPORT int cuModuleLoadData(void** mod, const void* image) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (!image) return E_INVALID_VALUE;
+  *mod = &fake_module;
+  return 0;
+}
+EXPORT int cuModuleGetFunction(void** fn, void* mod, const char* name) {
+  if (mod != &fake_module || strncmp(name, DEV_KERNEL_PREFIX, strlen(DEV_KERNEL_PREFIX))) return 500; /* NOT_FOUND */
+  *fn = (void*)(uintptr_t)(1 + atoi(name + strlen(DEV_KERNEL_PREFIX)));
+  return 0;
+}
+EXPORT int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                          unsigned shmem, void* s, void** params, void** extra) {
+  (void)gx, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  const struct dev_args* a = params[0];
+  if ((uintptr_t)fn != (uintptr_t)(1 + a->type) || gy != (unsigned)a->njobs) return E_INVALID_VALUE;
+  struct op o = {.kind = OP_KERNEL};
+  o.args = *a; /* copied at launch, as the driver does */
+  return enqueue(s, o);
+}
+EXPORT int cuCtxGetDevice(int* dev) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  *dev = 0;
+  return 0;
+}
+EXPORT int cuDeviceGetUuid_v2(unsigned char* uuid, int dev) {
+  if (dev != 0) return 101;
+  memcpy(uuid, "fake-gpu-uuid-00", 16);
+  return 0;
+}
+EXPORT int cuDeviceGetAttribute(int* v, int attr, int dev) {
+  if (dev != 0) return 101;
+  *v = attr == 16 ? 4 : 0; /* MULTIPROCESSOR_COUNT */
+  return 0;
 }
 /* The primary context is the fake's one context; setting it current makes the thread's stack one deep. */
 EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {

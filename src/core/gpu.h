@@ -1,0 +1,129 @@
+/* Ranks that share one GPU: calls on device buffers run on the GPU itself (gpu_setup.c, gpu_call.c).
+ *
+ * At init every rank says whether its thread has a current CUDA context and on which device (the
+ * hello, carried in comm_agree's allgather). When every rank of the communicator is on this host and
+ * on the same GPU (and ranks of one process on the same context), the communicator gets `gpu`: a
+ * page of host memory shared by its ranks and mapped for the device, where each rank's CUDA stream
+ * writes and waits for 32-bit barrier words with stream memory operations (never a kernel spinning on
+ * a flag: kernels of different processes do not run at once without MPS), and per rank a ring of
+ * pointer tables in mapped pinned memory.
+ *
+ * A call: its buffers are described (device address within its allocation, and a CUDA IPC handle for
+ * ranks in other processes); the description is allgathered by the host engine on the
+ * communicator's bridge thread, which then opens the peers' buffers (cached per allocation), checks
+ * every field against the call, and fills the call's pointer table. The CUDA stream meanwhile waits
+ * for that table, passes a barrier (every rank's inputs are ready), runs the kernel (devjob.h) that
+ * reads and writes the peers' buffers directly, and passes a second barrier (nobody still reads).
+ * Nothing of this reaches a kernel unless its table carries the call's number. */
+#ifndef CH_CORE_GPU_H
+#define CH_CORE_GPU_H
+
+#include "../cuda/cudrv.h"
+#include "../cuda/devjob.h"
+#include "enqueue.h"
+
+/* What a rank says of itself at init (in comm_agree's message; read from peers, only compared). */
+struct gpu_hello {
+  uint32_t capable; /* a current context, kernels loaded, CHORUS_CUDA_DIRECT on */
+  uint32_t pad;
+  uint64_t ctx_id; /* the context's address: compared only between ranks of one process */
+  unsigned char uuid[16];
+};
+
+#define GPU_SLOTS 64     /* pointer tables per rank: calls whose table may be in use at once */
+#define GPU_IPC_CACHE 32 /* a peer's allocations kept open */
+
+/* Per rank, in the shared page: written by that rank's stream, read by every rank's stream. */
+struct gpu_words {
+  _Alignas(64) _Atomic uint32_t arrive, done;
+};
+struct gpu_seg {
+  uint64_t token; /* the export token (tp_fd_map checks it) */
+  uint32_t n, pad;
+  struct gpu_words w[];
+};
+
+/* This rank's mapped pinned memory: written by the bridge (ready, slot contents), and by the stream
+ * (slot_done); the kernel reads the slots. */
+struct gpu_priv {
+  _Alignas(64) _Atomic uint32_t ready;        /* the last call whose table is filled (or failed) */
+  _Alignas(64) _Atomic uint32_t slot_done[GPU_SLOTS]; /* the last call that finished with each slot */
+  struct dev_table slot[GPU_SLOTS];
+};
+
+struct gpu_ipc { uint64_t id, peer_base; uintptr_t base; size_t size; uint32_t last_seq; };
+struct gpu_own { uint64_t id; uintptr_t base; cudev_ipc_handle h; };
+
+/* comm->gpu. Made at init and freed with the comm. Fields are set at init and read-only afterwards,
+ * except: next_seq (the comm's owner, at launch), own[] (the owner, at enqueue), peer caches (the
+ * bridge thread only), the shared words and priv (atomics, see above). */
+struct gpu_comm {
+  struct ncclComm* comm;
+  void* ctx;
+  int n, rank, sms;
+  int any_proc;          /* some rank is in another process (IPC handles needed) */
+  char* same_proc;       /* [n] */
+  struct gpu_seg* seg;   /* NULL for one rank */
+  void* seg_dev;
+  uint64_t seg_token;
+  struct gpu_priv* priv;
+  void* priv_dev;
+  cudaStream_t bridge;
+  uint32_t next_seq;
+  _Atomic uint32_t launched; /* the last call queued on a stream */
+  struct gpu_own own[16];
+  int nown;
+  struct gpu_ipc (*ipc)[GPU_IPC_CACHE]; /* [n][GPU_IPC_CACHE] */
+};
+
+/* The description of one rank's part of a call (allgathered; peers' are checked before use). */
+struct gpu_buf_desc {
+  uint32_t present, shareable;
+  uint64_t id, off;
+  uint64_t ptr;  /* used only between ranks of one process, and checked against the driver first */
+  uint64_t base; /* the allocation's address in its process: only compared (a reused address is a new allocation) */
+  cudev_ipc_handle h;
+};
+struct gpu_desc {
+  uint32_t seq, func, type, op_kind;
+  int32_t root;
+  uint32_t pad;
+  uint64_t count;
+  uint64_t scalar; /* PreMulSum: this rank's scalar (bits of a double, or an int64_t) */
+  struct gpu_buf_desc buf[2];
+};
+
+/* One call, from enqueue to the bridge's hook. */
+struct gpu_call {
+  struct gpu_comm* g;
+  uint32_t seq;
+  int func, type, root;
+  size_t count;
+  struct red_op red;
+  cudaStream_t stream;
+  const void* ptr[2];
+  struct gpu_desc mine;
+  struct gpu_desc all[]; /* [n]: the allgather's result */
+};
+
+/* gpu_setup.c */
+void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h);
+ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all);
+void gpu_free(struct ncclComm* comm);
+/* Let every stream of the communicator past every barrier and table wait (an abort, or a failure that
+ * leaves peers unable to arrive). Any thread. */
+void gpu_unblock(struct gpu_comm* g);
+
+/* gpu_call.c */
+/* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
+ * host allgather of the descriptions (t->gpu holds the call). */
+int gpu_takes(const struct ch_task* t);
+ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
+/* Free the call of a task that never launched. */
+void gpu_drop(struct ch_task* t);
+/* A group with such calls: queue the exchange on the bridge and the stream's part. 1: handled. */
+int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res);
+/* The bridge's hook after the exchange ran (status st). */
+void gpu_after(void* batch, ch_status st);
+
+#endif

@@ -1,0 +1,381 @@
+/* Ranks on one GPU (gpu.h): one call, from its description at enqueue to its pointer table. */
+#include <stdlib.h>
+#include <string.h>
+#include <stddef.h>
+
+#include "../misc/log.h"
+#include "../misc/utils.h"
+#include "api.h"
+#include "gpu.h"
+
+static const char* fname(int f) {
+  static const char* n[] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclAllReduce"};
+  return f >= 0 && f <= FUNC_ALLREDUCE ? n[f] : "?";
+}
+
+int gpu_takes(const struct ch_task* t) {
+  struct gpu_comm* g = t->comm->gpu;
+  if (!g || t->count == 0 || t->func > FUNC_ALLREDUCE) return 0; /* the others go through host memory */
+  const void* p = t->func == FUNC_BROADCAST && t->comm->rank != t->root ? t->recvbuff : t->sendbuff;
+  return cudrv_ptr_ctx(p) == g->ctx;
+}
+
+/* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
+ * allocation when some rank is another process (kept per allocation: the driver's buffer id). */
+static ch_status describe(struct gpu_comm* g, const void* p, struct gpu_buf_desc* d) {
+  uintptr_t base;
+  size_t size;
+  CHECK(cudev_range(p, g->ctx, &base, &size, &d->id));
+  d->present = 1, d->off = (uintptr_t)p - base, d->ptr = (uintptr_t)p, d->base = base;
+  d->shareable = 1;
+  if (!g->any_proc) return CH_OK;
+  int k = 0;
+  while (k < g->nown && g->own[k].id != d->id) k++;
+  if (k == g->nown) {
+    cudev_ipc_handle h;
+    if (cudev_ipc_get(base, g->ctx, &h) != CH_OK) {
+      d->shareable = 0; /* the bridge fails the call on every rank, naming this buffer */
+      return CH_OK;
+    }
+    k = g->nown < (int)(sizeof(g->own) / sizeof(g->own[0])) ? g->nown++ : (int)(d->id % g->nown);
+    g->own[k].id = d->id, g->own[k].h = h;
+  }
+  d->h = g->own[k].h;
+  return CH_OK;
+}
+
+ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn) {
+  struct gpu_comm* g = t->comm->gpu;
+  int capturing = 0;
+  CHECK(cudrv_capturing(t->stream, g->ctx, &capturing));
+  if (capturing) {
+    WARN("%s: stream %p is being captured into a CUDA graph: Chorus orders calls between ranks from the host, "
+         "which a graph cannot replay; make this call outside the capture (rank %d)", fn, (void*)t->stream, g->rank);
+    return CH_INVALID_USAGE;
+  }
+  struct gpu_call* c = calloc(1, sizeof(*c) + (size_t)g->n * sizeof(c->all[0]));
+  if (!c) return CH_SYSTEM;
+  c->g = g, c->func = t->func, c->type = t->type, c->root = t->root, c->count = t->count, c->stream = t->stream;
+  if (t->func == FUNC_ALLREDUCE || t->func == FUNC_REDUCE || t->func == FUNC_REDUCESCATTER) c->red = t->red;
+  else c->red.kind = RED_SUM;
+  c->ptr[DEV_SEND] = needs_send ? t->sendbuff : NULL;
+  c->ptr[DEV_RECV] = needs_recv ? t->recvbuff : NULL;
+  struct gpu_desc* m = &c->mine;
+  m->func = (uint32_t)c->func, m->type = (uint32_t)c->type, m->op_kind = (uint32_t)c->red.kind, m->count = c->count;
+  m->root = c->func == FUNC_BROADCAST || c->func == FUNC_REDUCE ? c->root : -1;
+  if (red_type_is_float(c->type)) memcpy(&m->scalar, &c->red.scalar_f, sizeof(m->scalar));
+  else memcpy(&m->scalar, &c->red.scalar_i, sizeof(m->scalar));
+  for (int b = 0; b < 2; b++) {
+    if (!c->ptr[b]) continue;
+    ch_status s = describe(g, c->ptr[b], &m->buf[b]);
+    if (s != CH_OK) {
+      free(c);
+      return s;
+    }
+  }
+  /* The call becomes the allgather of the descriptions: it runs on the bridge, in this communicator's
+   * order of calls, and the stream's part is queued at launch (gpu_launch). */
+  t->gpu = c;
+  t->func = FUNC_ALLGATHER, t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->root = 0, t->op = ncclSum;
+  t->sendbuff = &c->mine, t->recvbuff = c->all;
+  INFO(LOG_COLL, "%s: device buffers of %d rank(s) on one GPU: the call runs there", fn, g->n);
+  return CH_OK;
+}
+
+void gpu_drop(struct ch_task* t) {
+  free(t->gpu);
+  t->gpu = NULL;
+}
+
+/* ---- the stream's part ---- */
+
+static void* priv_dev(struct gpu_comm* g, size_t off) { return (char*)g->priv_dev + off; }
+static void* word_dev(struct gpu_comm* g, int r, size_t field) {
+  return (char*)g->seg_dev + offsetof(struct gpu_seg, w) + (size_t)r * sizeof(struct gpu_words) + field;
+}
+
+/* Every rank's stream has written `seq` into its word `field`: my write, then a wait per peer. */
+static ch_status barrier(struct gpu_comm* g, cudaStream_t s, uint32_t seq, size_t field) {
+  CHECK(cudev_write32(s, word_dev(g, g->rank, field), seq, g->ctx));
+  for (int r = 0; r < g->n; r++)
+    if (r != g->rank) CHECK(cudrv_wait_geq(s, word_dev(g, r, field), seq, g->ctx));
+  return CH_OK;
+}
+
+static struct dev_job* job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
+                           uint32_t dst_mask, int dst_buf, uint64_t dst_off, uint64_t count) {
+  struct dev_job* j = &a->job[a->njobs++];
+  memset(j, 0, sizeof(*j));
+  j->reduce = (uint8_t)reduce, j->src_mask = src_mask, j->src_buf = (uint8_t)src_buf, j->src_off = src_off;
+  j->dst_mask = dst_mask, j->dst_buf = (uint8_t)dst_buf, j->dst_off = dst_off, j->count = count;
+  return j;
+}
+
+/* What this rank's kernel does (devjob.h). Reductions: each rank reduces its share of the elements
+ * from every rank's input and writes the result wherever it is wanted, so every byte is read and
+ * written once in all; copies go from where the data is to where this rank's kernel writes. */
+static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
+  int n = g->n, me = g->rank;
+  uint32_t all = n == 32 ? 0xffffffffu : (1u << n) - 1, self = 1u << me;
+  size_t E = red_type_size(c->type), C = c->count, B = C * E;
+  memset(a, 0, sizeof(*a));
+  a->table = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table));
+  a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
+  switch (c->func) {
+    case FUNC_ALLREDUCE: { /* shares aligned to 16 bytes */
+      size_t align = E >= 16 ? 1 : 16 / E, share = UT_ALIGN_UP(UT_DIV_UP(C, (size_t)n), align);
+      size_t off = UT_MIN(C, share * (size_t)me), len = UT_MIN(share, C - off);
+      if (len) job(a, 1, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
+      break;
+    }
+    case FUNC_ALLGATHER: job(a, 0, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
+    case FUNC_REDUCESCATTER: job(a, 1, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
+    case FUNC_BROADCAST: /* a root in place has nothing to do */
+      if (me != c->root || c->ptr[DEV_SEND] != c->ptr[DEV_RECV]) job(a, 0, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      break;
+    case FUNC_REDUCE:
+      if (me == c->root) job(a, 1, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      break;
+  }
+}
+
+static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
+  cudaStream_t s = c->stream;
+  struct dev_args a;
+  fill_args(g, c, &a);
+  CHECK(cudrv_wait_geq(s, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, g->ctx));
+  if (g->seg) CHECK(barrier(g, s, c->seq, offsetof(struct gpu_words, arrive)));
+  if (a.njobs) {
+    void* fn = cudev_kernel(g->ctx, c->type);
+    if (!fn) return CH_SYSTEM;
+    uint64_t most = 0;
+    for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);
+    /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM */
+    uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms, 1) * 4);
+    CHECK(cudev_launch(fn, (unsigned)UT_MAX(gx, 1), (unsigned)a.njobs, s, g->ctx, &a));
+  }
+  if (g->seg) CHECK(barrier(g, s, c->seq, offsetof(struct gpu_words, done)));
+  CHECK(cudev_write32(s, priv_dev(g, offsetof(struct gpu_priv, slot_done) + (c->seq % GPU_SLOTS) * sizeof(uint32_t)),
+                      c->seq, g->ctx));
+  return CH_OK;
+}
+
+struct gpu_batch {
+  int n;
+  struct gpu_call* call[];
+};
+
+int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
+  int ngpu = 0, nall = 0;
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t; t = t->next) nall++, ngpu += t->gpu != NULL;
+  if (!ngpu) return 0;
+  if (ngpu < nall) {
+    WARN("a group mixes calls that run on the GPU (device buffers of ranks sharing one GPU: AllReduce, AllGather, "
+         "ReduceScatter, Broadcast, Reduce) with other calls: issue them in separate groups, or set "
+         "CHORUS_CUDA_DIRECT=0");
+    for (int i = 0; i < n; i++) plans[i]->status = CH_INVALID_USAGE; /* failed in ticket order */
+    plan_exec(plans, n);
+    *res = CH_INVALID_USAGE;
+    return 1;
+  }
+  ch_status e = CH_OK;
+  for (int i = 0; i < n; i++) {
+    struct ncclComm* comm = plans[i]->comm;
+    struct gpu_comm* g = comm->gpu;
+    int k = 0;
+    for (struct ch_task* t = lists[i]; t; t = t->next) k++;
+    struct gpu_batch* b = malloc(sizeof(*b) + (size_t)k * sizeof(b->call[0]));
+    if (!b) { /* nothing queued yet: fail this comm's calls in order */
+      plans[i]->status = CH_SYSTEM;
+      plan_exec(&plans[i], 1);
+      e = CH_SYSTEM;
+      continue;
+    }
+    b->n = 0;
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      struct gpu_call* c = b->call[b->n++] = t->gpu;
+      t->gpu = NULL;
+      c->seq = c->mine.seq = ++g->next_seq;
+      ch_status q = queue_call(g, c); /* waits for the table that the exchange fills */
+      atomic_store_explicit(&g->launched, c->seq, memory_order_release);
+      if (q != CH_OK) { /* the stream may hold part of it: let it and the peers' streams through */
+        comm_set_async_error(comm, q);
+        if (e == CH_OK) e = q;
+      }
+    }
+    /* One rank: the exchange is a copy, done here. Otherwise the bridge runs it with the peers. */
+    if (g->n == 1 || stream_enqueue_hook(g->bridge, &plans[i], 1, gpu_after, b) != CH_OK) {
+      ch_status s = plan_exec(&plans[i], 1);
+      gpu_after(b, s);
+    }
+    plans[i] = NULL;
+  }
+  *res = e;
+  return 1;
+}
+
+/* ---- the bridge's part: check the descriptions, open the peers' buffers, fill the table ---- */
+
+static int cyc_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
+
+static ch_status broken(struct gpu_comm* g) {
+  if (__atomic_load_n(&g->comm->abort_flag, __ATOMIC_ACQUIRE)) return CH_ABORTED;
+  int as = atomic_load(&g->comm->async_result);
+  return as != ncclSuccess && as != ncclInProgress ? (ch_status)as : CH_OK;
+}
+
+/* The call that last used seq's slot (GPU_SLOTS calls earlier) has finished on its stream. */
+static ch_status wait_slot(struct gpu_comm* g, uint32_t seq) {
+  if (seq <= GPU_SLOTS) return CH_OK;
+  _Atomic uint32_t* done = &g->priv->slot_done[seq % GPU_SLOTS];
+  for (uint64_t i = 0; cyc_before(atomic_load_explicit(done, memory_order_acquire), seq - GPU_SLOTS); i++) {
+    CHECK(broken(g));
+    ut_backoff(i);
+  }
+  return CH_OK;
+}
+
+/* An entry whose last call has finished may be closed. */
+static int ipc_idle(struct gpu_comm* g, const struct gpu_ipc* e) {
+  return !cyc_before(atomic_load_explicit(&g->priv->slot_done[e->last_seq % GPU_SLOTS], memory_order_acquire),
+                     e->last_seq);
+}
+
+/* Peer r's allocation `d` mapped here (opened once, kept in r's cache). */
+static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d, uint32_t seq, uintptr_t* base,
+                         size_t* size) {
+  struct gpu_ipc* cache = g->ipc[r];
+  struct gpu_ipc* e = NULL;
+  for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
+    if (cache[k].base && cache[k].id == d->id) e = &cache[k];
+  if (!e) {
+    for (int k = 0; k < GPU_IPC_CACHE; k++) { /* an allocation at the same address was freed: close it */
+      struct gpu_ipc* o = &cache[k];
+      if (o->base && o->peer_base == d->base && ipc_idle(g, o)) cudev_ipc_close(o->base, g->ctx), o->base = 0;
+    }
+    for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
+      if (!cache[k].base) e = &cache[k];
+    for (int k = 0; k < GPU_IPC_CACHE; k++) /* else the least recently used that no stream still uses */
+      if (!e || (cache[k].base && ipc_idle(g, &cache[k]) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
+    if (e->base && !ipc_idle(g, e)) {
+      WARN("rank %d: calls in flight use more than %d buffers of rank %d: wait for some (synchronise the stream)",
+           g->rank, GPU_IPC_CACHE, r);
+      return CH_INVALID_USAGE;
+    }
+    if (e->base) cudev_ipc_close(e->base, g->ctx), e->base = 0;
+    uintptr_t b = 0, b2 = 0;
+    size_t sz = 0;
+    uint64_t id = 0;
+    CHECK(cudev_ipc_open(&d->h, g->ctx, &b));
+    if (cudev_range((void*)b, g->ctx, &b2, &sz, &id) != CH_OK) {
+      cudev_ipc_close(b, g->ctx);
+      return CH_SYSTEM;
+    }
+    e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz;
+  }
+  e->last_seq = seq;
+  *base = e->base, *size = e->size;
+  return CH_OK;
+}
+
+/* Bytes of rank r's buffer b that this rank's kernel touches (0: none). */
+static size_t touched(const struct gpu_call* c, int n, int me, int r, int b) {
+  size_t B = c->count * red_type_size(c->type);
+  switch (c->func) {
+    case FUNC_ALLREDUCE: return B;
+    case FUNC_ALLGATHER: return b == DEV_SEND ? (r == me ? B : 0) : B * (size_t)n;
+    case FUNC_REDUCESCATTER: return b == DEV_SEND ? B * (size_t)n : (r == me ? B : 0);
+    case FUNC_BROADCAST: return b == DEV_SEND ? (r == c->root ? B : 0) : (r == me ? B : 0);
+    case FUNC_REDUCE: return me != c->root ? 0 : b == DEV_SEND ? B : (r == me ? B : 0);
+  }
+  return 0;
+}
+
+static const char* bufname(int b) { return b == DEV_SEND ? "sendbuff" : "recvbuff"; }
+
+static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
+  int n = g->n, me = g->rank;
+  CHECK(broken(g));
+  for (int r = 0; r < n; r++) {
+    const struct gpu_desc *d = &c->all[r], *m = &c->mine;
+    if (d->seq != m->seq || d->func != m->func || d->type != m->type || d->count != m->count || d->root != m->root ||
+        d->op_kind != m->op_kind) {
+      WARN("rank %d: rank %d's call on device buffers differs from this rank's %s (count %zu, type %d, op %u, root "
+           "%d, call #%u): %s count %llu type %u op %u root %d call #%u",
+           me, r, fname(c->func), c->count, c->type, m->op_kind, m->root, m->seq,
+           d->func <= FUNC_ALLREDUCE ? fname((int)d->func) : "another call", (unsigned long long)d->count, d->type,
+           d->op_kind, d->root, d->seq);
+      return CH_INVALID_USAGE;
+    }
+  }
+  CHECK(wait_slot(g, c->seq));
+  struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
+  for (int r = 0; r < n; r++)
+    for (int b = 0; b < 2; b++) {
+      size_t need = touched(c, n, me, r, b);
+      const struct gpu_buf_desc* d = &c->all[r].buf[b];
+      uintptr_t addr = 0, base = 0;
+      size_t size = 0;
+      uint64_t id;
+      if (!need) {
+      } else if (!d->present) {
+        WARN("rank %d: rank %d gave no %s for %s", me, r, bufname(b), fname(c->func));
+        return CH_INVALID_ARG;
+      } else if (r == me) {
+        addr = (uintptr_t)c->ptr[b];
+      } else if (g->same_proc[r]) { /* a thread of this process: its address, if the driver agrees */
+        if (cudev_range((void*)(uintptr_t)d->ptr, g->ctx, &base, &size, &id) != CH_OK || d->ptr + need > base + size) {
+          WARN("rank %d: rank %d's %s %p (+%zu bytes) is not device memory of this context", me, r, bufname(b),
+               (void*)(uintptr_t)d->ptr, need);
+          return CH_INVALID_ARG;
+        }
+        addr = (uintptr_t)d->ptr;
+      } else if (!d->shareable) {
+        WARN("rank %d: rank %d's %s for %s is device memory that cannot be shared with other processes through "
+             "CUDA IPC (cuIpcGetMemHandle refused it: e.g. cuMemCreate memory, or PyTorch's expandable segments); "
+             "allocate it with cudaMalloc or ncclMemAlloc, or set CHORUS_CUDA_DIRECT=0", me, r, bufname(b),
+             fname(c->func));
+        return CH_INVALID_USAGE;
+      } else {
+        CHECK(ipc_get(g, r, d, c->seq, &base, &size));
+        if (d->off > size || need > size - d->off) {
+          WARN("rank %d: rank %d's %s (offset %llu, %zu bytes) lies outside its %zu-byte allocation", me, r,
+               bufname(b), (unsigned long long)d->off, need, size);
+          return CH_INVALID_ARG;
+        }
+        addr = base + d->off;
+      }
+      tab->buf[b][r] = addr;
+    }
+  for (int r = 0; r < n; r++) tab->scalar[r] = c->all[r].scalar; /* only ever multiplies data */
+  atomic_thread_fence(memory_order_release); /* the addresses before the seq that makes them valid */
+  tab->seq = c->seq;
+  return CH_OK;
+}
+
+static void ready_raise(struct gpu_comm* g, uint32_t v) {
+  uint32_t cur = atomic_load_explicit(&g->priv->ready, memory_order_relaxed);
+  while (cyc_before(cur, v) &&
+         !atomic_compare_exchange_weak_explicit(&g->priv->ready, &cur, v, memory_order_release, memory_order_relaxed)) {
+  }
+}
+
+/* On the bridge (or the launching thread for one rank), once the descriptions are exchanged. A failed
+ * call fails its communicator (async error, which lets every stream through: gpu_unblock). */
+void gpu_after(void* batch, ch_status st) {
+  struct gpu_batch* b = batch;
+  for (int i = 0; i < b->n; i++) {
+    struct gpu_call* c = b->call[i];
+    struct gpu_comm* g = c->g;
+    ch_status e = st == CH_OK ? resolve(g, c) : st;
+    if (e != CH_OK) {
+      g->priv->slot[c->seq % GPU_SLOTS].seq = 0;
+      comm_set_async_error(g->comm, e == CH_ABORTED ? CH_ABORTED : e);
+      gpu_unblock(g);
+    }
+    ready_raise(g, c->seq);
+    free(c);
+  }
+  free(b);
+}

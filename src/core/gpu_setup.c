@@ -1,0 +1,256 @@
+/* Ranks on one GPU (gpu.h): what is set up at init and taken down with the communicator. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "../transport/transport.h"
+#include "gpu.h"
+
+void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
+  memset(h, 0, sizeof(*h));
+  void* ctx = comm->cuda_ctx; /* the context current when the application made the communicator */
+  int sms = 0;
+  if (!ctx || !param_int(PARAM_CUDA_DIRECT) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
+    return;
+  if (cudev_device(ctx, h->uuid, &sms) != CH_OK || !cudev_kernel(ctx, 0)) return; /* WARNed */
+  h->capable = 1;
+  h->ctx_id = (uint64_t)(uintptr_t)ctx;
+}
+
+/* ---- the shared page: one mapping per process, registered with CUDA once ---- */
+
+struct seg_map {
+  struct seg_map* next;
+  uint64_t token;
+  void* mem;
+  void* dev;
+  size_t bytes;
+  void* ctx;
+  int refs;
+};
+static pthread_mutex_t maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct seg_map* maps; /* under maps_mu */
+
+/* The mapping of `token` in this process: found (a rank of this process already has it), or made
+ * from mem (rank 0, which created it) or from the exporter's descriptor server. NULL: WARNed. */
+static struct seg_map* seg_get(uint64_t token, void* mem, uint64_t nonce, size_t bytes, void* ctx) {
+  pthread_mutex_lock(&maps_mu);
+  struct seg_map* m = maps;
+  while (m && m->token != token) m = m->next;
+  if (m) {
+    m->refs++;
+    pthread_mutex_unlock(&maps_mu);
+    return m;
+  }
+  int mapped_here = !mem;
+  if (!mem) mem = tp_fd_map(nonce, token, bytes, offsetof(struct gpu_seg, token), 0, 0, "the GPU barrier page");
+  if (mem && (m = calloc(1, sizeof(*m))) != NULL) {
+    m->token = token, m->mem = mem, m->bytes = bytes, m->ctx = ctx, m->refs = 1;
+    if (cudev_host_register(mem, bytes, ctx, &m->dev) == CH_OK) {
+      m->next = maps;
+      maps = m;
+    } else {
+      free(m);
+      m = NULL;
+    }
+  }
+  if (!m && mem && mapped_here) munmap(mem, bytes);
+  pthread_mutex_unlock(&maps_mu);
+  return m;
+}
+
+static void seg_put(void* mem) {
+  pthread_mutex_lock(&maps_mu);
+  for (struct seg_map** pp = &maps; *pp; pp = &(*pp)->next) {
+    struct seg_map* m = *pp;
+    if (m->mem != mem || --m->refs > 0) continue;
+    *pp = m->next;
+    cudev_host_unregister(m->mem, m->ctx);
+    munmap(m->mem, m->bytes);
+    free(m);
+    break;
+  }
+  pthread_mutex_unlock(&maps_mu);
+}
+
+static size_t seg_bytes(int n) { return UT_ALIGN_UP(sizeof(struct gpu_seg) + (size_t)n * sizeof(struct gpu_words), 4096); }
+
+/* Rank 0 creates the page (a sealed memfd, so nothing outlives the processes) and exports it; every
+ * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
+static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, int* ok) {
+  int n = comm->nranks, me = comm->rank, fd = -1;
+  size_t bytes = seg_bytes(n);
+  uint64_t* all = calloc((size_t)n, sizeof(uint64_t));
+  if (!all) return CH_SYSTEM;
+  void* made = NULL;
+  if (me == 0) {
+    fd = tp_memfd_new("chorus-gpu-flags", bytes, 1);
+    made = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (made == MAP_FAILED) {
+      WARN("cannot create %zu bytes of shared memory for the GPU barrier words: %s", bytes, strerror(errno));
+      made = NULL;
+    } else {
+      struct gpu_seg* s = made;
+      s->n = (uint32_t)n;
+      if (!(s->token = tp_fd_export(fd, bytes))) { /* logged */
+        munmap(made, bytes);
+        made = NULL;
+      }
+      all[0] = made ? s->token : 0;
+    }
+  }
+  ch_status s = boot_allgather(comm->boot, all, sizeof(uint64_t));
+  struct seg_map* m = NULL;
+  if (s == CH_OK && all[0]) m = seg_get(all[0], me == 0 ? made : NULL, comm->peers[0].proc_nonce, bytes, g->ctx);
+  if (m && ((struct gpu_seg*)m->mem)->n != (uint32_t)n) { /* not the page rank 0 described */
+    WARN("the GPU barrier page from rank 0 is for %u ranks, not %d: not used", ((struct gpu_seg*)m->mem)->n, n);
+    if (m->mem == made) made = NULL; /* unmapped by seg_put */
+    seg_put(m->mem);
+    m = NULL;
+  }
+  if (me == 0 && made && !m) munmap(made, bytes);
+  for (int r = 0; r < n; r++) all[r] = 0;
+  all[me] = m != NULL;
+  if (s == CH_OK) s = boot_allgather(comm->boot, all, sizeof(uint64_t));
+  *ok = s == CH_OK;
+  for (int r = 0; r < n && *ok; r++) *ok = all[r] != 0;
+  if (me == 0 && fd >= 0) { /* everyone who could map it has */
+    if (made) tp_fd_withdraw(((struct gpu_seg*)made)->token);
+    close(fd);
+  }
+  if (m && *ok) {
+    g->seg = m->mem, g->seg_dev = m->dev;
+  } else if (m) {
+    seg_put(m->mem);
+  }
+  free(all);
+  return s;
+}
+
+/* Why the communicator's calls on device buffers go through host memory, said once at init. */
+static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
+  int n = comm->nranks, me = comm->rank;
+  if (!all[me].capable) return 1; /* no CUDA here: nothing to say */
+  for (int r = 0; r < n; r++) {
+    const char* why = NULL;
+    if (!all[r].capable) why = "has no current CUDA context with Chorus's kernels at init (or CHORUS_CUDA_DIRECT=0)";
+    else if (memcmp(all[r].uuid, all[me].uuid, 16)) why = "is on another GPU";
+    else if (r != me && comm->peer_tp[r] == TP_NET) why = "is on another host";
+    else if (comm->peers[r].proc_nonce == comm->peers[me].proc_nonce && all[r].ctx_id != all[me].ctx_id)
+      why = "is a thread of this process with another CUDA context";
+    if (why) {
+      INFO(LOG_INIT, "rank %d: rank %d %s: calls on device buffers go through host memory", me, r, why);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
+  int n = comm->nranks, me = comm->rank;
+  struct gpu_hello one;
+  if (n == 1) {
+    gpu_hello_fill(comm, &one);
+    all = &one;
+  }
+  if (!all || refuse(comm, all)) return CH_OK;
+  struct gpu_comm* g = calloc(1, sizeof(*g));
+  if (!g) return CH_SYSTEM;
+  g->comm = comm, g->ctx = comm->cuda_ctx, g->n = n, g->rank = me;
+  unsigned char uuid[16];
+  ch_status s = cudev_device(g->ctx, uuid, &g->sms);
+  g->same_proc = calloc((size_t)n, 1);
+  g->ipc = calloc((size_t)n, sizeof(*g->ipc));
+  if (s == CH_OK && (!g->same_proc || !g->ipc)) s = CH_SYSTEM;
+  for (int r = 0; s == CH_OK && r < n; r++) {
+    g->same_proc[r] = comm->peers[r].proc_nonce == comm->peers[me].proc_nonce;
+    g->any_proc |= !g->same_proc[r];
+  }
+  int ok = 1;
+  if (s == CH_OK && n > 1) s = seg_setup(comm, g, &ok); /* every rank takes part: agreed above */
+  if (s == CH_OK && ok) {
+    g->priv = cudrv_host_alloc(sizeof(struct gpu_priv), g->ctx, 1, &g->priv_dev);
+    if (g->priv) memset(g->priv, 0, sizeof(*g->priv));
+    ok = g->priv && stream_create(&g->bridge) == CH_OK;
+  }
+  /* One rank that failed alone here must not leave the others on the GPU path: agree once more. */
+  if (s == CH_OK && n > 1) {
+    uint64_t* oks = calloc((size_t)n, sizeof(uint64_t));
+    if (!oks) s = CH_SYSTEM;
+    if (s == CH_OK) {
+      oks[me] = (uint64_t)ok;
+      s = boot_allgather(comm->boot, oks, sizeof(uint64_t));
+      for (int r = 0; s == CH_OK && r < n; r++) ok &= oks[r] != 0;
+    }
+    free(oks);
+  }
+  if (s != CH_OK || !ok) {
+    if (g->bridge) stream_destroy(g->bridge);
+    if (g->priv) cudrv_host_free(g->priv, g->ctx);
+    if (g->seg) seg_put(g->seg);
+    free(g->same_proc);
+    free(g->ipc);
+    free(g);
+    if (s == CH_OK) INFO(LOG_INIT, "rank %d: the GPU path could not be set up on every rank: calls on device "
+                         "buffers go through host memory", me);
+    return s;
+  }
+  comm->gpu = g;
+  INFO(LOG_INIT, "rank %d: %d rank(s) on one GPU (%d SMs): calls on device buffers run there, %s", me, n, g->sms,
+       g->any_proc ? "sharing buffers through CUDA IPC" : "all ranks threads of this process");
+  return CH_OK;
+}
+
+void gpu_unblock(struct gpu_comm* g) {
+  if (!g) return;
+  uint32_t v = atomic_load_explicit(&g->launched, memory_order_acquire) + 0x40000000u;
+  for (int i = 0; i < GPU_SLOTS; i++) g->priv->slot[i].seq = 0; /* kernels not yet started skip */
+  if (g->seg)
+    for (int r = 0; r < g->n; r++) {
+      atomic_store_explicit(&g->seg->w[r].arrive, v, memory_order_release);
+      atomic_store_explicit(&g->seg->w[r].done, v, memory_order_release);
+    }
+  atomic_store_explicit(&g->priv->ready, v, memory_order_release);
+}
+
+/* Every call queued on a stream has finished (its slot says so). */
+static int all_done(struct gpu_comm* g) {
+  uint32_t last = atomic_load_explicit(&g->launched, memory_order_acquire);
+  for (uint32_t k = 0; k < GPU_SLOTS && k < last; k++) {
+    uint32_t seq = last - k;
+    if ((int32_t)(atomic_load_explicit(&g->priv->slot_done[seq % GPU_SLOTS], memory_order_acquire) - seq) < 0) return 0;
+  }
+  return 1;
+}
+
+void gpu_free(struct ncclComm* comm) {
+  struct gpu_comm* g = comm->gpu;
+  if (!g) return;
+  comm->gpu = NULL;
+  stream_destroy(g->bridge); /* idle: every ticket of the comm is done */
+  int aborted = __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
+  /* Destroy waits (a while) for the streams, as NCCL's does; an abort never waits for a stream. */
+  uint64_t t0 = ut_now_ns();
+  for (uint64_t i = 0; !aborted && !all_done(g) && ut_now_ns() - t0 < 10000000000ull; i++) ut_backoff(i);
+  if (aborted || !all_done(g)) {
+    gpu_unblock(g);
+    INFO(LOG_INIT, "rank %d: CUDA streams may still run calls of this communicator: its GPU barrier page and "
+         "pointer tables are left in place (not freed)", comm->rank);
+    return; /* kept for ever: a stream may still read them */
+  }
+  for (int r = 0; r < g->n; r++)
+    for (int k = 0; k < GPU_IPC_CACHE; k++)
+      if (g->ipc[r][k].base) cudev_ipc_close(g->ipc[r][k].base, g->ctx);
+  cudrv_host_free(g->priv, g->ctx);
+  if (g->seg) seg_put(g->seg);
+  free(g->same_proc);
+  free(g->ipc);
+  free(g);
+}

@@ -1,0 +1,217 @@
+/* The device path's driver calls (cudrv.h, second half): the embedded kernels, CUDA IPC, pinned
+ * shared host memory and stream memory writes. Entry points are looked up once, on first use, from
+ * the driver cudrv.c found; `dv` is filled under `mu` before `state` is published (release), and is
+ * read-only afterwards. Loaded modules: one per context, under `mu`. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "cudrv.h"
+#include "devjob.h"
+
+typedef int cu_result;
+const void* cudev_fatbin(size_t* bytes); /* kernels_blob.c */
+
+static struct {
+  cu_result (*module_load)(void**, const void*);
+  cu_result (*module_fn)(void**, void*, const char*);
+  cu_result (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                      void**);
+  cu_result (*write32)(void*, uintptr_t, uint32_t, unsigned);
+  cu_result (*range)(uintptr_t*, size_t*, uintptr_t);
+  cu_result (*ptr_attr)(void*, int, uintptr_t);
+  cu_result (*ipc_get)(cudev_ipc_handle*, uintptr_t);
+  cu_result (*ipc_open)(uintptr_t*, cudev_ipc_handle, unsigned);
+  cu_result (*ipc_close)(uintptr_t);
+  cu_result (*host_register)(void*, size_t, unsigned);
+  cu_result (*host_unregister)(void*);
+  cu_result (*host_dev_ptr)(uintptr_t*, void*, unsigned);
+  cu_result (*ctx_device)(int*);
+  cu_result (*uuid)(unsigned char*, int);
+  cu_result (*attr)(int*, int, int);
+} dv;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int state; /* 0 not looked, 1 usable, -1 not */
+
+#define MAX_CTX 16
+static struct loaded {
+  void* ctx;
+  void* module;
+  void* fn[DEV_NTYPES];
+} loaded[MAX_CTX]; /* under mu */
+static int nloaded;
+
+static int look(void) {
+  size_t bytes = 0;
+  if (!cudev_fatbin(&bytes) || !bytes || !cudrv_present()) return -1;
+#define SYM(f, name) *(void**)&dv.f = cudrv_sym(name)
+  SYM(module_load, "cuModuleLoadData");
+  SYM(module_fn, "cuModuleGetFunction");
+  SYM(launch, "cuLaunchKernel");
+  SYM(write32, "cuStreamWriteValue32_v2");
+  SYM(range, "cuMemGetAddressRange_v2");
+  SYM(ptr_attr, "cuPointerGetAttribute");
+  SYM(ipc_get, "cuIpcGetMemHandle");
+  SYM(ipc_open, "cuIpcOpenMemHandle_v2");
+  if (!dv.ipc_open) SYM(ipc_open, "cuIpcOpenMemHandle");
+  SYM(ipc_close, "cuIpcCloseMemHandle");
+  SYM(host_register, "cuMemHostRegister_v2");
+  SYM(host_unregister, "cuMemHostUnregister");
+  SYM(host_dev_ptr, "cuMemHostGetDevicePointer_v2");
+  SYM(ctx_device, "cuCtxGetDevice");
+  SYM(uuid, "cuDeviceGetUuid_v2");
+  if (!dv.uuid) SYM(uuid, "cuDeviceGetUuid");
+  SYM(attr, "cuDeviceGetAttribute");
+#undef SYM
+  void** all = (void**)&dv;
+  for (size_t i = 0; i < sizeof(dv) / sizeof(void*); i++)
+    if (!all[i]) {
+      INFO(LOG_INIT, "the CUDA driver lacks an entry point of the device path (#%zu): device buffers go "
+           "through host memory", i);
+      return -1;
+    }
+  return 1;
+}
+
+int cudev_ok(void) {
+  int s = atomic_load_explicit(&state, memory_order_acquire);
+  if (s) return s > 0;
+  pthread_mutex_lock(&mu);
+  if (!(s = atomic_load_explicit(&state, memory_order_relaxed))) {
+    s = look();
+    atomic_store_explicit(&state, s, memory_order_release);
+  }
+  pthread_mutex_unlock(&mu);
+  return s > 0;
+}
+
+/* Run one driver call in ctx; a failure is said once, here. */
+#define IN_CTX(ctx, what, call)                                         \
+  do {                                                                  \
+    cu_result r_ = cudrv_push(ctx);                                     \
+    if (r_ == 0) {                                                      \
+      r_ = (call);                                                      \
+      cudrv_pop(ctx);                                                   \
+    }                                                                   \
+    if (r_ != 0) {                                                      \
+      WARN("%s failed: %s (%d)", what, cudrv_errstr(r_), r_);           \
+      return CH_SYSTEM;                                                 \
+    }                                                                   \
+  } while (0)
+
+static ch_status load_module(void* ctx, struct loaded* l) {
+  size_t bytes;
+  const void* image = cudev_fatbin(&bytes);
+  IN_CTX(ctx, "cuModuleLoadData (Chorus's device kernels; built for sm " "of CHORUS_CUDA_ARCHS)",
+         dv.module_load(&l->module, image));
+  for (int t = 0; t < DEV_NTYPES; t++) {
+    char name[32];
+    snprintf(name, sizeof(name), DEV_KERNEL_PREFIX "%d", t);
+    IN_CTX(ctx, "cuModuleGetFunction", dv.module_fn(&l->fn[t], l->module, name));
+  }
+  return CH_OK;
+}
+
+void* cudev_kernel(void* ctx, int type) {
+  if (!cudev_ok() || type < 0 || type >= DEV_NTYPES) return NULL;
+  void* fn = NULL;
+  pthread_mutex_lock(&mu);
+  int i = 0;
+  while (i < nloaded && loaded[i].ctx != ctx) i++;
+  if (i == nloaded && nloaded < MAX_CTX) {
+    struct loaded l = {.ctx = ctx};
+    if (load_module(ctx, &l) == CH_OK) loaded[nloaded++] = l;
+  }
+  if (i < nloaded) fn = loaded[i].fn[type];
+  pthread_mutex_unlock(&mu);
+  return fn;
+}
+
+ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* ctx, const void* args) {
+  void* params[1] = {(void*)args}; /* copied by the driver at launch */
+  IN_CTX(ctx, "cuLaunchKernel (a Chorus device kernel)", dv.launch(fn, gx, gy, 1, 512, 1, 1, 0, stream, params, NULL));
+  return CH_OK;
+}
+
+ch_status cudev_write32(void* stream, void* dev, uint32_t v, void* ctx) {
+  IN_CTX(ctx, "cuStreamWriteValue32", dv.write32(stream, (uintptr_t)dev, v, 0));
+  return CH_OK;
+}
+
+#define CU_POINTER_ATTRIBUTE_BUFFER_ID 7
+
+ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id) {
+  unsigned long long bid = 0;
+  IN_CTX(ctx, "cuMemGetAddressRange", dv.range(base, size, (uintptr_t)p));
+  IN_CTX(ctx, "cuPointerGetAttribute(BUFFER_ID)", dv.ptr_attr(&bid, CU_POINTER_ATTRIBUTE_BUFFER_ID, (uintptr_t)p));
+  *id = bid;
+  return CH_OK;
+}
+
+/* Quiet: a buffer that cannot be shared is reported by the caller, which knows the call. */
+ch_status cudev_ipc_get(uintptr_t base, void* ctx, cudev_ipc_handle* h) {
+  cu_result r = cudrv_push(ctx);
+  if (r == 0) {
+    r = dv.ipc_get(h, base);
+    cudrv_pop(ctx);
+  }
+  if (r != 0) {
+    INFO(LOG_COLL, "cuIpcGetMemHandle(%p): %s (%d)", (void*)base, cudrv_errstr(r), r);
+    return CH_SYSTEM;
+  }
+  return CH_OK;
+}
+
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
+
+ch_status cudev_ipc_open(const cudev_ipc_handle* h, void* ctx, uintptr_t* base) {
+  IN_CTX(ctx, "cuIpcOpenMemHandle (a peer's buffer)", dv.ipc_open(base, *h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  return CH_OK;
+}
+
+static ch_status ipc_close(uintptr_t base, void* ctx) {
+  IN_CTX(ctx, "cuIpcCloseMemHandle", dv.ipc_close(base));
+  return CH_OK;
+}
+void cudev_ipc_close(uintptr_t base, void* ctx) { ipc_close(base, ctx); }
+
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
+
+ch_status cudev_host_register(void* p, size_t bytes, void* ctx, void** dev) {
+  uintptr_t d = 0;
+  IN_CTX(ctx, "cuMemHostRegister (shared host memory for the ranks' flags)",
+         dv.host_register(p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+  cu_result r = cudrv_push(ctx);
+  if (r == 0) {
+    r = dv.host_dev_ptr(&d, p, 0);
+    if (r != 0) dv.host_unregister(p);
+    cudrv_pop(ctx);
+  }
+  if (r != 0) {
+    WARN("cuMemHostGetDevicePointer failed: %s (%d)", cudrv_errstr(r), r);
+    return CH_SYSTEM;
+  }
+  *dev = (void*)d;
+  return CH_OK;
+}
+
+static ch_status host_unregister(void* p, void* ctx) {
+  IN_CTX(ctx, "cuMemHostUnregister", dv.host_unregister(p));
+  return CH_OK;
+}
+void cudev_host_unregister(void* p, void* ctx) { host_unregister(p, ctx); }
+
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+
+ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms) {
+  int dev = -1;
+  IN_CTX(ctx, "cuCtxGetDevice", dv.ctx_device(&dev));
+  IN_CTX(ctx, "cuDeviceGetUuid", dv.uuid(uuid, dev));
+  IN_CTX(ctx, "cuDeviceGetAttribute", dv.attr(sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  return CH_OK;
+}

@@ -1,0 +1,52 @@
+/* What one launch of Chorus's device kernel does (src/cuda/kernels.cu), shared by the kernel, the host
+ * side that fills it (core/gpu_direct.c) and the tests' stand-in driver, which runs it on the CPU.
+ *
+ * Ranks that share one GPU read and write each other's buffers directly. A call's buffers are named
+ * by (rank, send or recv): the pointer table, in mapped pinned host memory, holds their device
+ * addresses in this process. It is filled by the host once every rank has said what its buffers are;
+ * its `seq` is written last, and a kernel whose table does not carry its own seq (the exchange failed,
+ * or the communicator was aborted) touches no memory. A job reads `count` elements at `src_off` bytes
+ * into the src_buf of every rank in src_mask, combines them (reduce: the call's operation, with its
+ * pre-multiplication and post-division; otherwise exactly one source, copied) and writes the result at
+ * dst_off bytes into the dst_buf of every rank in dst_mask. Per element, all reads come before all
+ * writes, so a destination may be one of the sources (in place). */
+#ifndef CHORUS_CUDA_DEVJOB_H
+#define CHORUS_CUDA_DEVJOB_H
+
+#include <stdint.h>
+
+#define DEV_MAX_RANKS 32 /* ranks of a communicator that run calls on one GPU (masks are 32 bits) */
+#define DEV_MAX_JOBS 4
+
+enum { DEV_SEND = 0, DEV_RECV = 1 };
+
+struct dev_table {
+  volatile uint32_t seq;
+  uint32_t pad;
+  uint64_t buf[2][DEV_MAX_RANKS]; /* device addresses: [DEV_SEND or DEV_RECV][rank] */
+  /* PreMulSum: each rank's own scalar, which multiplies that rank's input (a double for floating
+   * types, an int64_t for integers, as bits) */
+  uint64_t scalar[DEV_MAX_RANKS];
+};
+
+struct dev_job {
+  uint32_t src_mask, dst_mask;
+  uint8_t src_buf, dst_buf, reduce, pad[5];
+  uint64_t src_off, dst_off; /* bytes */
+  uint64_t count;            /* elements */
+};
+
+/* The kernel's one parameter. op_kind: enum red_kind (coll/reduce.h); type: ncclDataType_t. */
+struct dev_args {
+  uint64_t table; /* device address of this call's struct dev_table */
+  uint32_t seq;
+  int32_t type, op_kind, njobs;
+  uint64_t divisor; /* RED_SUMPOSTDIV */
+  struct dev_job job[DEV_MAX_JOBS];
+};
+
+/* The kernel of each type is named chorus_dev_<type number>: "chorus_dev_7" for ncclFloat32. */
+#define DEV_KERNEL_PREFIX "chorus_dev_"
+#define DEV_NTYPES 12
+
+#endif

@@ -1,0 +1,159 @@
+// Chorus's device kernel (see devjob.h): one instantiation per NCCL type, compiled by nvcc into a
+// fatbin that the library embeds (kernels_blob.c) and loads with cuModuleLoadData at run time; the
+// library itself never links CUDA. Arithmetic follows the host kernels (coll/reduce.h): 8-, 16- and
+// 32-bit floats combine in fp32 and round once, integers wrap, max/min of floats follow fmax/fmin,
+// integer SumPostDiv truncates toward zero.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "devjob.h"
+
+namespace {
+
+enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, PREMULSUM = 4, SUMPOSTDIV = 5 };
+
+// Storage type T, compute type A, and the conversions between them.
+template <int TYPE> struct ty;
+#define INT_TYPE(N, T, U)                                       \
+  template <> struct ty<N> {                                    \
+    typedef T store;                                            \
+    typedef U acc; /* unsigned: sums and products wrap */       \
+    static __device__ U load(T v) { return (U)v; }              \
+    static __device__ T save(U v) { return (T)v; }              \
+    static constexpr bool is_int = true, is_signed = (T)-1 < 0; \
+  };
+INT_TYPE(0, int8_t, uint8_t)
+INT_TYPE(1, uint8_t, uint8_t)
+INT_TYPE(2, int32_t, uint32_t)
+INT_TYPE(3, uint32_t, uint32_t)
+INT_TYPE(4, int64_t, uint64_t)
+INT_TYPE(5, uint64_t, uint64_t)
+#define FLOAT_TYPE(N, T, A, LOAD, SAVE)               \
+  template <> struct ty<N> {                          \
+    typedef T store;                                  \
+    typedef A acc;                                    \
+    static __device__ A load(T v) { return LOAD; }    \
+    static __device__ T save(A v) { return SAVE; }    \
+    static constexpr bool is_int = false;             \
+  };
+FLOAT_TYPE(6, __half, float, __half2float(v), __float2half_rn(v))
+FLOAT_TYPE(7, float, float, v, v)
+FLOAT_TYPE(8, double, double, v, v)
+FLOAT_TYPE(9, __nv_bfloat16, float, __bfloat162float(v), __float2bfloat16_rn(v))
+// e4m3 saturates to +-448 (NCCL's satfinite); e5m2 overflows to Inf.
+FLOAT_TYPE(10, __nv_fp8_storage_t, float, __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3))),
+           __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3))
+FLOAT_TYPE(11, __nv_fp8_storage_t, float, __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E5M2))),
+           __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E5M2))
+
+template <int TYPE> struct ops {
+  typedef typename ty<TYPE>::acc A;
+  typedef typename ty<TYPE>::store T;
+  // Max and min compare signed integers as signed.
+  static __device__ bool less(A a, A b) {
+    if constexpr (ty<TYPE>::is_int) {
+      if constexpr (ty<TYPE>::is_signed) return (T)a < (T)b;
+    }
+    return a < b;
+  }
+  static __device__ A combine(int op, A a, A b) {
+    switch (op) {
+      case PROD: return a * b;
+      case MAX:
+        if constexpr (!ty<TYPE>::is_int) return fmax(a, b);
+        else return less(a, b) ? b : a;
+      case MIN:
+        if constexpr (!ty<TYPE>::is_int) return fmin(a, b);
+        else return less(b, a) ? b : a;
+      default: return a + b;
+    }
+  }
+  static __device__ A premul(const dev_args& g, uint64_t scalar, A v) {
+    if (g.op_kind != PREMULSUM) return v;
+    if constexpr (ty<TYPE>::is_int) return v * (A)scalar;
+    else return v * (A)__longlong_as_double((long long)scalar);
+  }
+  static __device__ A postop(const dev_args& g, A v) {
+    if (g.op_kind != SUMPOSTDIV || g.divisor <= 1) return v;
+    if constexpr (!ty<TYPE>::is_int) {
+      return v / (A)g.divisor;
+    } else if constexpr (!ty<TYPE>::is_signed) {
+      return (A)((uint64_t)v / g.divisor);
+    } else { // truncate toward zero: divide the magnitude, unsigned (no overflow at the type's minimum)
+      int64_t s = (int64_t)(T)v;
+      uint64_t m = s < 0 ? 0 - (uint64_t)s : (uint64_t)s;
+      uint64_t q = m / g.divisor;
+      return (A)(s < 0 ? 0 - q : q);
+    }
+  }
+};
+
+template <int TYPE> __device__ void run(const dev_args& g) {
+  typedef typename ty<TYPE>::store T;
+  typedef typename ty<TYPE>::acc A;
+  __shared__ const T* src[DEV_MAX_RANKS];
+  __shared__ uint64_t scalar[DEV_MAX_RANKS];
+  __shared__ T* dst[DEV_MAX_RANKS];
+  __shared__ int nsrc, ndst, live;
+  const dev_job& j = g.job[blockIdx.y];
+  if (threadIdx.x == 0) {
+    const dev_table* tab = (const dev_table*)g.table;
+    live = tab->seq == g.seq; // the table is this call's (not a failed or aborted one)
+    nsrc = ndst = 0;
+    if (live) {
+      for (int r = 0; r < DEV_MAX_RANKS; r++) {
+        if (j.src_mask >> r & 1) scalar[nsrc] = tab->scalar[r], src[nsrc++] = (const T*)(tab->buf[j.src_buf][r] + j.src_off);
+        if (j.dst_mask >> r & 1) dst[ndst++] = (T*)(tab->buf[j.dst_buf][r] + j.dst_off);
+      }
+    }
+  }
+  __syncthreads();
+  if (!live) return;
+  uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (!j.reduce) {
+    // A copy: 16 bytes at a time when every pointer and the length allow it.
+    uint64_t bytes = j.count * sizeof(T);
+    uintptr_t any = (uintptr_t)src[0] | bytes;
+    for (int d = 0; d < ndst; d++) any |= (uintptr_t)dst[d];
+    if ((any & 15) == 0) {
+      const uint4* s = (const uint4*)src[0];
+      for (uint64_t i = first; i < bytes / 16; i += stride) {
+        uint4 v = s[i];
+        for (int d = 0; d < ndst; d++) ((uint4*)dst[d])[i] = v;
+      }
+      return;
+    }
+    for (uint64_t i = first; i < j.count; i += stride) {
+      T v = src[0][i];
+      for (int d = 0; d < ndst; d++) dst[d][i] = v;
+    }
+    return;
+  }
+  for (uint64_t i = first; i < j.count; i += stride) {
+    A acc = ops<TYPE>::premul(g, scalar[0], ty<TYPE>::load(src[0][i]));
+    for (int k = 1; k < nsrc; k++)
+      acc = ops<TYPE>::combine(g.op_kind, acc, ops<TYPE>::premul(g, scalar[k], ty<TYPE>::load(src[k][i])));
+    T v = ty<TYPE>::save(ops<TYPE>::postop(g, acc));
+    for (int d = 0; d < ndst; d++) dst[d][i] = v;
+  }
+}
+
+} // namespace
+
+#define KERNEL(N) \
+  extern "C" __global__ void __launch_bounds__(512) chorus_dev_##N(const dev_args g) { run<N>(g); }
+KERNEL(0)
+KERNEL(1)
+KERNEL(2)
+KERNEL(3)
+KERNEL(4)
+KERNEL(5)
+KERNEL(6)
+KERNEL(7)
+KERNEL(8)
+KERNEL(9)
+KERNEL(10)
+KERNEL(11)
