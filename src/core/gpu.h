@@ -114,6 +114,12 @@ void gpu_free(struct ncclComm* comm);
  * leaves peers unable to arrive). Any thread. */
 void gpu_unblock(struct gpu_comm* g);
 
+/* A peer process's allocation opened in this process (CUDA IPC), shared by every communicator and
+ * rank here that uses it (the driver maps a handle once per process): nonce names the exporting
+ * process. Any thread. */
+ch_status gpu_ipc_open(void* ctx, uint64_t nonce, const struct gpu_buf_desc* d, uintptr_t* base, size_t* size);
+void gpu_ipc_close(void* ctx, uintptr_t base);
+
 /* gpu_call.c */
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
  * host allgather of the descriptions (t->gpu holds the call). */

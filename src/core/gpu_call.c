@@ -252,7 +252,7 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
   if (!e) {
     for (int k = 0; k < GPU_IPC_CACHE; k++) { /* an allocation at the same address was freed: close it */
       struct gpu_ipc* o = &cache[k];
-      if (o->base && o->peer_base == d->base && ipc_idle(g, o)) cudev_ipc_close(o->base, g->ctx), o->base = 0;
+      if (o->base && o->peer_base == d->base && ipc_idle(g, o)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
     }
     for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
       if (!cache[k].base) e = &cache[k];
@@ -263,15 +263,10 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
            g->rank, GPU_IPC_CACHE, r);
       return CH_INVALID_USAGE;
     }
-    if (e->base) cudev_ipc_close(e->base, g->ctx), e->base = 0;
-    uintptr_t b = 0, b2 = 0;
+    if (e->base) gpu_ipc_close(g->ctx, e->base), e->base = 0;
+    uintptr_t b = 0;
     size_t sz = 0;
-    uint64_t id = 0;
-    CHECK(cudev_ipc_open(&d->h, g->ctx, &b));
-    if (cudev_range((void*)b, g->ctx, &b2, &sz, &id) != CH_OK) {
-      cudev_ipc_close(b, g->ctx);
-      return CH_SYSTEM;
-    }
+    CHECK(gpu_ipc_open(g->ctx, g->comm->peers[r].proc_nonce, d, &b, &sz));
     e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz;
   }
   e->last_seq = seq;
@@ -349,8 +344,7 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
       tab->buf[b][r] = addr;
     }
   for (int r = 0; r < n; r++) tab->scalar[r] = c->all[r].scalar; /* only ever multiplies data */
-  atomic_thread_fence(memory_order_release); /* the addresses before the seq that makes them valid */
-  tab->seq = c->seq;
+  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses before the seq that makes them valid */
   return CH_OK;
 }
 
@@ -370,7 +364,7 @@ void gpu_after(void* batch, ch_status st) {
     struct gpu_comm* g = c->g;
     ch_status e = st == CH_OK ? resolve(g, c) : st;
     if (e != CH_OK) {
-      g->priv->slot[c->seq % GPU_SLOTS].seq = 0;
+      __atomic_store_n(&g->priv->slot[c->seq % GPU_SLOTS].seq, 0, __ATOMIC_RELEASE);
       comm_set_async_error(g->comm, e == CH_ABORTED ? CH_ABORTED : e);
       gpu_unblock(g);
     }

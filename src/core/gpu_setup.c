@@ -134,6 +134,58 @@ static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, int* ok) {
   return s;
 }
 
+/* ---- peers' allocations, opened once per process ---- */
+
+struct ipc_open {
+  struct ipc_open* next;
+  uint64_t nonce, id;
+  uintptr_t base;
+  size_t size;
+  int refs;
+};
+static pthread_mutex_t ipc_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ipc_open* opens; /* under ipc_mu */
+
+ch_status gpu_ipc_open(void* ctx, uint64_t nonce, const struct gpu_buf_desc* d, uintptr_t* base, size_t* size) {
+  ch_status s = CH_OK;
+  pthread_mutex_lock(&ipc_mu);
+  struct ipc_open* o = opens;
+  while (o && (o->nonce != nonce || o->id != d->id)) o = o->next;
+  if (o) {
+    o->refs++;
+  } else if ((o = calloc(1, sizeof(*o))) == NULL) {
+    s = CH_SYSTEM;
+  } else if ((s = cudev_ipc_open(&d->h, ctx, &o->base)) == CH_OK) {
+    uintptr_t b;
+    uint64_t id;
+    s = cudev_range((void*)o->base, ctx, &b, &o->size, &id);
+    if (s != CH_OK) cudev_ipc_close(o->base, ctx);
+  }
+  if (s == CH_OK && o->refs == 0) {
+    o->nonce = nonce, o->id = d->id, o->refs = 1;
+    o->next = opens;
+    opens = o;
+  } else if (s != CH_OK) {
+    free(o);
+  }
+  if (s == CH_OK) *base = o->base, *size = o->size;
+  pthread_mutex_unlock(&ipc_mu);
+  return s;
+}
+
+void gpu_ipc_close(void* ctx, uintptr_t base) {
+  pthread_mutex_lock(&ipc_mu);
+  for (struct ipc_open** pp = &opens; *pp; pp = &(*pp)->next) {
+    struct ipc_open* o = *pp;
+    if (o->base != base || --o->refs > 0) continue;
+    *pp = o->next;
+    cudev_ipc_close(o->base, ctx);
+    free(o);
+    break;
+  }
+  pthread_mutex_unlock(&ipc_mu);
+}
+
 /* Why the communicator's calls on device buffers go through host memory, said once at init. */
 static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
   int n = comm->nranks, me = comm->rank;
@@ -211,7 +263,8 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
 void gpu_unblock(struct gpu_comm* g) {
   if (!g) return;
   uint32_t v = atomic_load_explicit(&g->launched, memory_order_acquire) + 0x40000000u;
-  for (int i = 0; i < GPU_SLOTS; i++) g->priv->slot[i].seq = 0; /* kernels not yet started skip */
+  for (int i = 0; i < GPU_SLOTS; i++) /* kernels not yet started skip */
+    __atomic_store_n(&g->priv->slot[i].seq, 0, __ATOMIC_RELEASE);
   if (g->seg)
     for (int r = 0; r < g->n; r++) {
       atomic_store_explicit(&g->seg->w[r].arrive, v, memory_order_release);
@@ -247,7 +300,7 @@ void gpu_free(struct ncclComm* comm) {
   }
   for (int r = 0; r < g->n; r++)
     for (int k = 0; k < GPU_IPC_CACHE; k++)
-      if (g->ipc[r][k].base) cudev_ipc_close(g->ipc[r][k].base, g->ctx);
+      if (g->ipc[r][k].base) gpu_ipc_close(g->ctx, g->ipc[r][k].base);
   cudrv_host_free(g->priv, g->ctx);
   if (g->seg) seg_put(g->seg);
   free(g->same_proc);

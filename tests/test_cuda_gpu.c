@@ -1,0 +1,276 @@
+/* Ranks that share one GPU (core/gpu.h): calls on device buffers run there, kernels reading and
+ * writing the peers' buffers (CUDA IPC between processes), ordered by stream memory operations. The
+ * stand-in driver (cuda_stub/fake_cuda.c) runs the kernels on the CPU with the library's element-wise
+ * code, its device memory is a memfd that another process maps as CUDA IPC would, and its streams
+ * are threads; so these tests check the orchestration, the job each rank runs and the checks of what
+ * peers send, not the CUDA code itself (every_collective_real_gpu does, where a GPU is). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chorus.h"
+#include "misc/param.h"
+#include "nccl.h"
+#include "runner.h"
+
+static struct {
+  int (*init)(unsigned);
+  int (*retain)(void**, int);
+  int (*set)(void*);
+  int (*alloc)(uintptr_t*, size_t);
+  int (*free)(uintptr_t);
+  int (*sync)(void*);
+  int (*kernels)(void);
+  int (*hold)(void*, int*);
+  int (*copy)(void*, void*, const void*, size_t);
+  void (*mark)(const void*, size_t, int);
+} fk;
+
+static void load(void) {
+  void* h = dlopen(CHORUS_FAKE_CUDA, RTLD_NOW | RTLD_GLOBAL);
+  ASSERT(h != NULL);
+  *(void**)&fk.init = dlsym(h, "cuInit");
+  *(void**)&fk.retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+  *(void**)&fk.set = dlsym(h, "cuCtxSetCurrent");
+  *(void**)&fk.alloc = dlsym(h, "cuMemAlloc_v2");
+  *(void**)&fk.free = dlsym(h, "cuMemFree_v2");
+  *(void**)&fk.sync = dlsym(h, "cuStreamSynchronize");
+  *(void**)&fk.kernels = dlsym(h, "fake_cuda_kernels");
+  *(void**)&fk.hold = dlsym(h, "fake_cuda_hold");
+  *(void**)&fk.copy = dlsym(h, "fake_cuda_copy");
+  *(void**)&fk.mark = dlsym(h, "fake_cuda_mark");
+  ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark);
+  EXPECT_EQ(fk.init(0), 0);
+  setenv("CHORUS_CUDA_LIBRARY", CHORUS_FAKE_CUDA, 1);
+  param_reset();
+}
+
+/* As a CUDA application's rank: the device's primary context current on this thread. */
+static void set_device(void) {
+  void* ctx = NULL;
+  ASSERT(fk.retain(&ctx, 0) == 0);
+  ASSERT(fk.set(ctx) == 0);
+}
+
+static float* dev_alloc(size_t n) {
+  uintptr_t d = 0;
+  ASSERT(fk.alloc(&d, n * sizeof(float)) == 0);
+  return (float*)d;
+}
+
+#define N 1000 /* not a multiple of the ranks: AllReduce's shares are uneven */
+
+/* Every collective that runs on the GPU, out of place and in place, on a stream per rank, results
+ * read after the stream; expected values in closed form. */
+static void five_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7000 + 0x10 * rank);
+  float *a = dev_alloc((size_t)N * nranks), *b = dev_alloc((size_t)N * nranks);
+  for (int i = 0; i < N * nranks; i++) a[i] = (float)(rank + i), b[i] = -1;
+  float sum_r = (float)(nranks * (nranks - 1) / 2);
+  /* AllReduce, out of place then in place */
+  NCCL_OK(ncclAllReduce(a, b, N, ncclFloat32, ncclSum, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(b[i] == sum_r + (float)(nranks * i));
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclMax, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(a[i] == (float)(nranks - 1 + i));
+  /* AllGather in place: my block sits at rank * N */
+  for (int i = 0; i < N; i++) a[rank * N + i] = (float)(rank * 1000 + i);
+  NCCL_OK(ncclAllGather(a + rank * N, a, N, ncclFloat32, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int r = 0; r < nranks; r++)
+    for (int i = 0; i < N; i++) EXPECT(a[r * N + i] == (float)(r * 1000 + i));
+  /* ReduceScatter out of place: block r of the sum of every rank's a (equal on all ranks) */
+  NCCL_OK(ncclReduceScatter(a, b, N, ncclFloat32, ncclSum, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(b[i] == (float)(nranks * (rank * 1000 + i)));
+  /* Broadcast from the last rank, out of place */
+  for (int i = 0; i < N; i++) a[i] = (float)(rank * 7 + i);
+  NCCL_OK(ncclBroadcast(a, b, N, ncclFloat32, nranks - 1, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(b[i] == (float)((nranks - 1) * 7 + i));
+  /* Reduce to rank 0, in place at the root: non-roots' recvbuff is not touched */
+  for (int i = 0; i < N; i++) b[i] = -5;
+  NCCL_OK(ncclReduce(a, rank == 0 ? a : b, N, ncclFloat32, ncclSum, 0, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(rank == 0 ? a[i] == (float)(7 * nranks * (nranks - 1) / 2 + nranks * i) : b[i] == -5);
+  /* Avg of integers (SumPostDiv) and a per-rank PreMulSum scalar */
+  int32_t* ia = (int32_t*)a;
+  for (int i = 0; i < N; i++) ia[i] = rank * 4 + i;
+  NCCL_OK(ncclAllReduce(ia, ia, N, ncclInt32, ncclAvg, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(ia[i] == (int32_t)(2 * (nranks - 1) + i));
+  double scalar = (double)(rank + 1);
+  ncclRedOp_t op;
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat64, ncclScalarHostImmediate, comm));
+  double* da = (double*)a;
+  for (int i = 0; i < N / 2; i++) da[i] = (double)i;
+  NCCL_OK(ncclAllReduce(da, da, N / 2, ncclFloat64, op, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  double scalars = (double)(nranks * (nranks + 1) / 2);
+  for (int i = 0; i < N / 2; i++) EXPECT(da[i] == scalars * i);
+  NCCL_OK(ncclRedOpDestroy(op, comm));
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  EXPECT_EQ(fk.free((uintptr_t)b), 0);
+}
+
+TEST_T(cuda_gpu, five_collectives_1_to_4_threads, 120) {
+  load();
+  for (int n = 1; n <= 4; n++) {
+    int before = fk.kernels();
+    rt_run_threads(n, five_body, NULL);
+    EXPECT(fk.kernels() > before); /* on the GPU path, not through host memory */
+  }
+}
+
+TEST_T(cuda_gpu, five_collectives_2_and_3_procs, 120) {
+  load();
+  rt_run_procs(2, five_body, NULL);
+  rt_run_procs(3, five_body, NULL);
+}
+
+/* CHORUS_CUDA_DIRECT=0: the same calls go through host memory (no kernel runs). */
+TEST_T(cuda_gpu, direct_off_goes_through_host_memory, 60) {
+  setenv("CHORUS_CUDA_DIRECT", "0", 1);
+  load();
+  rt_run_threads(2, five_body, NULL);
+  EXPECT_EQ(fk.kernels(), 0);
+}
+
+/* Work queued on the stream before the call is done first: a 'kernel' that holds the stream until
+ * released; the call returns at once and the result is what the held work left plus the peers'. */
+static void order_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7400 + 0x10 * rank);
+  float* a = dev_alloc(N);
+  static float src[2][N];
+  for (int i = 0; i < N; i++) a[i] = 0, src[rank][i] = (float)(rank + 1);
+  static int release[2];
+  ASSERT_EQ(fk.hold(s, &release[rank]), 0);
+  ASSERT_EQ(fk.copy(s, a, src[rank], sizeof(src[rank])), 0); /* 'the producer kernel' */
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s)); /* returns while the stream is held */
+  usleep(20000);
+  EXPECT(a[0] == 0.0f);
+  __atomic_store_n(&release[rank], 1, __ATOMIC_RELEASE);
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(a[i] == 3.0f);
+  NCCL_OK(ncclCommDestroy(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, in_stream_order_2_procs, 60) {
+  load();
+  rt_run_procs(2, order_body, NULL);
+}
+
+/* Ranks that make different calls: every rank fails (async error naming the difference), no stream
+ * stays blocked. */
+static void mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7800 + 0x10 * rank);
+  float* a = dev_alloc(2 * N);
+  ncclResult_t r = ncclAllReduce(a, a, rank == 0 ? N : 2 * N, ncclFloat32, ncclSum, comm, s);
+  EXPECT(r == ncclSuccess || r == ncclInvalidUsage);
+  ASSERT_EQ(fk.sync(s), 0); /* released */
+  ncclResult_t as = ncclSuccess;
+  for (int i = 0; i < 500 && as == ncclSuccess; i++) {
+    NCCL_OK(ncclCommGetAsyncError(comm, &as));
+    if (as == ncclSuccess) usleep(10000);
+  }
+  EXPECT_EQ(as, ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(comm), "differs") != NULL);
+  NCCL_OK(ncclCommAbort(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, different_calls_fail_every_rank, 60) {
+  load();
+  rt_run_procs(2, mismatch_body, NULL);
+}
+
+/* Device memory that CUDA IPC cannot share (here: memory the stand-in was told is device memory,
+ * not from cuMemAlloc) fails the call on every rank with a message that says what to do. */
+static float unshareable[2][N];
+static void unshareable_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  fk.mark(unshareable, sizeof(unshareable), 1);
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7c00 + 0x10 * rank);
+  NCCL_OK(ncclAllReduce(unshareable[rank], unshareable[rank], N, ncclFloat32, ncclSum, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  ncclResult_t as = ncclSuccess;
+  for (int i = 0; i < 500 && as == ncclSuccess; i++) {
+    NCCL_OK(ncclCommGetAsyncError(comm, &as));
+    if (as == ncclSuccess) usleep(10000);
+  }
+  EXPECT_EQ(as, ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(comm), "CUDA IPC") != NULL);
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+TEST_T(cuda_gpu, unshareable_buffer_is_refused_by_name, 60) {
+  load();
+  rt_run_procs(2, unshareable_body, NULL);
+}
+
+/* An abort while the stream is held before the call: returns at once, and the stream, once let go,
+ * runs through (its waits released, its kernel skipped). */
+TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
+  load();
+  set_device();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm[2];
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommInitRank(&comm[r], 2, id, r));
+  NCCL_OK(ncclGroupEnd());
+  float* a = dev_alloc(2 * N);
+  int release = 0;
+  cudaStream_t s0 = (cudaStream_t)(uintptr_t)0x7f00, s1 = (cudaStream_t)(uintptr_t)0x7f10;
+  ASSERT_EQ(fk.hold(s0, &release), 0);
+  /* one thread, two ranks: a group, as nccl-tests' -g does */
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm[0], s0));
+  NCCL_OK(ncclAllReduce(a + N, a + N, N, ncclFloat32, ncclSum, comm[1], s1));
+  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(ncclCommAbort(comm[0]));
+  NCCL_OK(ncclCommAbort(comm[1]));
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  EXPECT_EQ(fk.sync(s0), 0);
+  EXPECT_EQ(fk.sync(s1), 0);
+}
+
+/* A group that mixes a call run on the GPU with one through host memory (AlltoAll) is refused. */
+TEST_T(cuda_gpu, mixed_group_refused, 30) {
+  load();
+  set_device();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  float* a = dev_alloc(N);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x8100;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclAlltoAll(a, a + N / 2, N / 2, ncclFloat32, comm, s));
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(comm), "separate groups") != NULL);
+  EXPECT_EQ(fk.sync(s), 0);
+  NCCL_OK(ncclCommDestroy(comm));
+}
