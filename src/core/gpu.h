@@ -74,6 +74,7 @@ struct gpu_comm {
   struct gpu_own own[16];
   int nown;
   struct gpu_ipc (*ipc)[GPU_IPC_CACHE]; /* [n][GPU_IPC_CACHE] */
+  struct gpu_comm* next_orphan;         /* gpu_setup.c's orphans_mu */
 };
 
 /* The description of one rank's part of a call (allgathered; peers' are checked before use). */

@@ -283,7 +283,34 @@ static int all_done(struct gpu_comm* g) {
   return 1;
 }
 
+static void release(struct gpu_comm* g) {
+  for (int r = 0; r < g->n; r++)
+    for (int k = 0; k < GPU_IPC_CACHE; k++)
+      if (g->ipc[r][k].base) gpu_ipc_close(g->ctx, g->ipc[r][k].base);
+  cudrv_host_free(g->priv, g->ctx);
+  if (g->seg) seg_put(g->seg);
+  free(g->same_proc);
+  free(g->ipc);
+  free(g);
+}
+
+/* Communicators freed while CUDA streams may still use their page and tables: released by a later
+ * gpu_free once those streams are done. Under orphans_mu. */
+static pthread_mutex_t orphans_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gpu_comm* orphans;
+
 void gpu_free(struct ncclComm* comm) {
+  pthread_mutex_lock(&orphans_mu);
+  for (struct gpu_comm** pp = &orphans; *pp;) {
+    struct gpu_comm* o = *pp;
+    if (!all_done(o)) {
+      pp = &o->next_orphan;
+      continue;
+    }
+    *pp = o->next_orphan;
+    release(o);
+  }
+  pthread_mutex_unlock(&orphans_mu);
   struct gpu_comm* g = comm->gpu;
   if (!g) return;
   comm->gpu = NULL;
@@ -295,15 +322,13 @@ void gpu_free(struct ncclComm* comm) {
   if (aborted || !all_done(g)) {
     gpu_unblock(g);
     INFO(LOG_INIT, "rank %d: CUDA streams may still run calls of this communicator: its GPU barrier page and "
-         "pointer tables are left in place (not freed)", comm->rank);
-    return; /* kept for ever: a stream may still read them */
+         "pointer tables are freed later, once they are done", comm->rank);
+    g->comm = NULL;
+    pthread_mutex_lock(&orphans_mu);
+    g->next_orphan = orphans;
+    orphans = g;
+    pthread_mutex_unlock(&orphans_mu);
+    return;
   }
-  for (int r = 0; r < g->n; r++)
-    for (int k = 0; k < GPU_IPC_CACHE; k++)
-      if (g->ipc[r][k].base) gpu_ipc_close(g->ctx, g->ipc[r][k].base);
-  cudrv_host_free(g->priv, g->ctx);
-  if (g->seg) seg_put(g->seg);
-  free(g->same_proc);
-  free(g->ipc);
-  free(g);
+  release(g);
 }
