@@ -27,7 +27,9 @@ run() { # run NAME CMD...: log the command and its output to $OUT/NAME.txt
 if [[ $step == build || $step == all ]]; then
   run env nvidia-smi
   run env nproc
-  run env make -j"$(nproc)" CMAKE_FLAGS="-DCHORUS_PYTHON=$py"
+  # Without nvcc there, carry build/chorus_kernels.fatbin from a build machine and pass it:
+  # CHORUS_FATBIN=path tools/gpu-session.sh build
+  run env make -j"$(nproc)" CMAKE_FLAGS="-DCHORUS_PYTHON=$py${CHORUS_FATBIN:+ -DCHORUS_FATBIN_FILE=$CHORUS_FATBIN}"
   run env build/bin/chorus-info --brief
 fi
 
@@ -41,6 +43,10 @@ if [[ $step == perf || $step == all ]]; then
   done
   run perf build/bin/all_reduce_perf --device -g 2 -b 8 -e 256M -f 4 -n 20 -w 5         # 2 thread ranks
   run perf env CHORUS_CUDA_ASYNC=0 build/bin/all_reduce_perf --device -np 2 -b 8 -e 256M -f 16 -n 10 -w 3
+  run perf env CHORUS_CUDA_DIRECT=0 build/bin/all_reduce_perf --device -np 2 -b 8 -e 256M -f 16 -n 10 -w 3 # staging
+  for t in all_gather reduce_scatter broadcast; do
+    run perf build/bin/${t}_perf --device -np 2 -b 8 -e 256M -f 64 -n 10 -w 3
+  done
   run perf build/bin/all_reduce_perf --device -b 8 -e 8 -n 2000 -w 100                  # 1 rank, 8 B
   # Copy rates on this GPU (pinned host <-> device, device -> device), for the targets' yardsticks.
   run perf "$py" -c '

@@ -13,7 +13,6 @@
 #include "devjob.h"
 
 typedef int cu_result;
-const void* cudev_fatbin(size_t* bytes); /* kernels_blob.c */
 
 static struct {
   cu_result (*module_load)(void**, const void*);

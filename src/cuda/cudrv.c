@@ -231,8 +231,14 @@ int cudrv_describe(char* out, size_t cap) {
     if (cu.device_get && cu.device_get(&d, i) == 0 && cu.device_name) cu.device_name(name, (int)sizeof(name), d);
     len += (size_t)snprintf(out + len, cap - len, "%s %d: %s", i ? ";" : ":", i, name);
   }
+  size_t fb = 0;
+  cudev_fatbin(&fb);
   if (len < cap)
-    snprintf(out + len, cap - len, "; device buffers: %s",
+    len += (size_t)snprintf(out + len, cap - len, "; device kernels: %s%s", cudev_fatbin_archs(),
+                            !fb ? "" : !param_int(PARAM_CUDA_DIRECT) ? " (off: CHORUS_CUDA_DIRECT=0)"
+                                     : ", used by ranks that share one GPU");
+  if (len < cap)
+    snprintf(out + len, cap - len, "; other device buffers: %s",
              !cu.async_ok ? "through host memory, completing before the call returns (no cuStreamWaitValue32_v2)"
              : param_int(PARAM_CUDA_ASYNC) ? "through pinned host memory in CUDA stream order"
                                            : "through host memory, completing before the call returns (CHORUS_CUDA_ASYNC=0)");

@@ -66,6 +66,9 @@ void cudrv_pop(void* ctx);
 
 /* ---- the device path (cudev.c): kernels and memory shared by ranks on one GPU ---- */
 typedef struct { char bytes[64]; } cudev_ipc_handle; /* CUipcMemHandle */
+/* The embedded kernels (kernels_blob.c): the fatbin (NULL, 0: none) and what it was built for. */
+const void* cudev_fatbin(size_t* bytes);
+const char* cudev_fatbin_archs(void);
 /* 1 if the library carries device kernels and the driver has every entry point the path needs. */
 int cudev_ok(void);
 /* The device kernel for ncclDataType_t `type`, loaded into ctx on first use; NULL (WARNed) if not. */

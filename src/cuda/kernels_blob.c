@@ -3,6 +3,10 @@
  * is empty and device buffers go through host memory (core/staging.c). */
 #include <stddef.h>
 
+#ifndef CHORUS_FATBIN_ARCHS
+#define CHORUS_FATBIN_ARCHS "built elsewhere"
+#endif
+
 #ifdef CHORUS_FATBIN_PATH
 /* .incbin keeps the build free of a bin2c step; the symbols stay inside the library. */
 __asm__(".section .rodata\n"
@@ -19,9 +23,11 @@ const void* cudev_fatbin(size_t* bytes) {
   *bytes = (size_t)(chorus_fatbin_end - chorus_fatbin);
   return chorus_fatbin;
 }
+const char* cudev_fatbin_archs(void) { return CHORUS_FATBIN_ARCHS; }
 #else
 const void* cudev_fatbin(size_t* bytes) {
   *bytes = 0;
   return NULL;
 }
+const char* cudev_fatbin_archs(void) { return "none: the build found no nvcc"; }
 #endif
