@@ -96,23 +96,35 @@ template <int TYPE> __device__ void run(const dev_args& g) {
   __shared__ const T* src[DEV_MAX_RANKS];
   __shared__ uint64_t scalar[DEV_MAX_RANKS];
   __shared__ T* dst[DEV_MAX_RANKS];
+  __shared__ uint64_t sp[DEV_MAX_RANKS], dp[DEV_MAX_RANKS], ss[DEV_MAX_RANKS];
   __shared__ int nsrc, ndst, live;
   const dev_job& j = g.job[blockIdx.y];
-  if (threadIdx.x == 0) {
-    const dev_table* tab = (const dev_table*)g.table;
-    live = tab->seq == g.seq; // the table is this call's (not a failed or aborted one)
+  const dev_table* tab = (const dev_table*)g.table;
+  // The table is in host memory: one read per thread, all at once (one round trip, not 2n).
+  unsigned t = threadIdx.x;
+  if (t < DEV_MAX_RANKS) {
+    bool on = j.src_mask >> t & 1;
+    sp[t] = on ? tab->buf[j.src_buf][t] : 0;
+    ss[t] = on ? tab->scalar[t] : 0;
+  } else if (t < 2 * DEV_MAX_RANKS) {
+    unsigned r = t - DEV_MAX_RANKS;
+    dp[r] = j.dst_mask >> r & 1 ? tab->buf[j.dst_buf][r] : 0;
+  } else if (t == 2 * DEV_MAX_RANKS) {
+    live = tab->seq == g.seq; // the table is this call's (not a failed or aborted one's)
+  }
+  __syncthreads();
+  if (t == 0) {
     nsrc = ndst = 0;
-    if (live) {
-      for (int r = 0; r < DEV_MAX_RANKS; r++) {
-        if (j.src_mask >> r & 1) scalar[nsrc] = tab->scalar[r], src[nsrc++] = (const T*)(tab->buf[j.src_buf][r] + j.src_off);
-        if (j.dst_mask >> r & 1) dst[ndst++] = (T*)(tab->buf[j.dst_buf][r] + j.dst_off);
-      }
+    for (int r = 0; r < DEV_MAX_RANKS; r++) {
+      if (j.src_mask >> r & 1) scalar[nsrc] = ss[r], src[nsrc++] = (const T*)(sp[r] + j.src_off);
+      if (j.dst_mask >> r & 1) dst[ndst++] = (T*)(dp[r] + j.dst_off);
     }
   }
   __syncthreads();
-  if (!live) return;
+  if (!live) return; // addresses of another call are never used
   uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
   uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  constexpr int U = 4; // elements in flight per thread: loads of all of them before any use
   if (!j.reduce) {
     // A copy: 16 bytes at a time when every pointer and the length allow it.
     uint64_t bytes = j.count * sizeof(T);
@@ -120,7 +132,16 @@ template <int TYPE> __device__ void run(const dev_args& g) {
     for (int d = 0; d < ndst; d++) any |= (uintptr_t)dst[d];
     if ((any & 15) == 0) {
       const uint4* s = (const uint4*)src[0];
-      for (uint64_t i = first; i < bytes / 16; i += stride) {
+      uint64_t n16 = bytes / 16, i = first;
+      for (; i + (U - 1) * stride < n16; i += U * stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) v[u] = s[i + u * stride];
+        for (int d = 0; d < ndst; d++)
+#pragma unroll
+          for (int u = 0; u < U; u++) ((uint4*)dst[d])[i + u * stride] = v[u];
+      }
+      for (; i < n16; i += stride) {
         uint4 v = s[i];
         for (int d = 0; d < ndst; d++) ((uint4*)dst[d])[i] = v;
       }
@@ -132,7 +153,26 @@ template <int TYPE> __device__ void run(const dev_args& g) {
     }
     return;
   }
-  for (uint64_t i = first; i < j.count; i += stride) {
+  uint64_t i = first;
+  for (; i + (U - 1) * stride < j.count; i += U * stride) {
+    A acc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) acc[u] = ops<TYPE>::premul(g, scalar[0], ty<TYPE>::load(src[0][i + u * stride]));
+    for (int k = 1; k < nsrc; k++) {
+      T v[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) v[u] = src[k][i + u * stride];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        acc[u] = ops<TYPE>::combine(g.op_kind, acc[u], ops<TYPE>::premul(g, scalar[k], ty<TYPE>::load(v[u])));
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      T v = ty<TYPE>::save(ops<TYPE>::postop(g, acc[u]));
+      for (int d = 0; d < ndst; d++) dst[d][i + u * stride] = v;
+    }
+  }
+  for (; i < j.count; i += stride) {
     A acc = ops<TYPE>::premul(g, scalar[0], ty<TYPE>::load(src[0][i]));
     for (int k = 1; k < nsrc; k++)
       acc = ops<TYPE>::combine(g.op_kind, acc, ops<TYPE>::premul(g, scalar[k], ty<TYPE>::load(src[k][i])));
