@@ -71,6 +71,24 @@ static float* dev_alloc(size_t n) {
   return (float*)d;
 }
 
+/* The communicator's asynchronous error, once one is set (up to 5 s). */
+static ncclResult_t async_error(ncclComm_t comm) {
+  ncclResult_t as = ncclSuccess;
+  for (int i = 0; i < 500 && as == ncclSuccess; i++) {
+    NCCL_OK(ncclCommGetAsyncError(comm, &as));
+    if (as == ncclSuccess) usleep(10000);
+  }
+  return as;
+}
+
+/* Every rank finds the failure itself (want, saying `why`), unless a peer's report reaches it first
+ * (through the shared page: ncclRemoteError). */
+static void expect_failed(ncclComm_t comm, ncclResult_t want, const char* why) {
+  ncclResult_t as = async_error(comm);
+  EXPECT(as == want || as == ncclRemoteError);
+  EXPECT(strstr(ncclGetLastError(comm), as == want ? why : "failed this communicator") != NULL);
+}
+
 #define N 1000 /* not a multiple of the ranks: AllReduce's shares are uneven */
 
 /* Every collective that runs on the GPU, out of place and in place, on a stream per rank, results
@@ -199,13 +217,7 @@ static void mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   ncclResult_t r = ncclAllReduce(a, a, rank == 0 ? N : 2 * N, ncclFloat32, ncclSum, comm, s);
   EXPECT(r == ncclSuccess || r == ncclInvalidUsage);
   ASSERT_EQ(fk.sync(s), 0); /* released */
-  ncclResult_t as = ncclSuccess;
-  for (int i = 0; i < 500 && as == ncclSuccess; i++) {
-    NCCL_OK(ncclCommGetAsyncError(comm, &as));
-    if (as == ncclSuccess) usleep(10000);
-  }
-  EXPECT_EQ(as, ncclInvalidUsage);
-  EXPECT(strstr(ncclGetLastError(comm), "differs") != NULL);
+  expect_failed(comm, ncclInvalidUsage, "differs");
   NCCL_OK(ncclCommAbort(comm));
   fk.free((uintptr_t)a);
 }
@@ -228,13 +240,7 @@ static void unshareable_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7c00 + 0x10 * rank);
   NCCL_OK(ncclAllReduce(unshareable[rank], unshareable[rank], N, ncclFloat32, ncclSum, comm, s));
   ASSERT_EQ(fk.sync(s), 0);
-  ncclResult_t as = ncclSuccess;
-  for (int i = 0; i < 500 && as == ncclSuccess; i++) {
-    NCCL_OK(ncclCommGetAsyncError(comm, &as));
-    if (as == ncclSuccess) usleep(10000);
-  }
-  EXPECT_EQ(as, ncclInvalidUsage);
-  EXPECT(strstr(ncclGetLastError(comm), "CUDA IPC") != NULL);
+  expect_failed(comm, ncclInvalidUsage, "CUDA IPC");
   NCCL_OK(ncclCommAbort(comm));
 }
 
@@ -290,4 +296,67 @@ TEST_T(cuda_gpu, mixed_group_refused, 30) {
   EXPECT(strstr(ncclGetLastError(comm), "separate groups") != NULL);
   EXPECT_EQ(fk.sync(s), 0);
   NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* A peer process dies while this rank's stream waits at the call's barrier for it (the exchange of
+ * descriptions was done: no host call is waiting, only the GPU): the watcher finds it gone, fails the
+ * communicator naming it, and the stream runs on. */
+static void dead_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x8400 + 0x10 * rank);
+  float* a = dev_alloc(N);
+  static int never;
+  if (rank == 1) ASSERT_EQ(fk.hold(s, &never), 0); /* its stream never reaches the call */
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
+  if (rank == 1) {
+    usleep(300000); /* the exchange is done on both ranks */
+    _exit(0);
+  }
+  ASSERT_EQ(fk.sync(s), 0); /* let through once rank 1 is found gone */
+  EXPECT_EQ(async_error(comm), ncclRemoteError);
+  EXPECT(strstr(ncclGetLastError(comm), "is gone") != NULL);
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+TEST_T(cuda_gpu, peer_dies_while_the_stream_waits, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(2, dead_peer_body, NULL);
+}
+
+/* CHORUS_TIMEOUT: a peer whose stream never reaches the call (alive, held) fails the call on the
+ * others once the timeout passes, instead of holding their streams for ever. */
+static void held_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x8800 + 0x10 * rank);
+  float* a = dev_alloc(N);
+  static int release;
+  if (rank == 1) ASSERT_EQ(fk.hold(s, &release), 0);
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
+  if (rank == 0) {
+    ASSERT_EQ(fk.sync(s), 0);
+    /* both ranks' watchers time out; whichever is first, the other learns it from the shared page */
+    ncclResult_t as = async_error(comm);
+    const char* why = ncclGetLastError(comm);
+    EXPECT(as == ncclTimeout || as == ncclRemoteError);
+    EXPECT(strstr(why, as == ncclTimeout ? "CHORUS_TIMEOUT" : "rank 1 failed") != NULL);
+  } else {
+    usleep(1500000);
+    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+    ASSERT_EQ(fk.sync(s), 0);
+  }
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+TEST_T(cuda_gpu, stream_that_never_arrives_times_out, 60) {
+  if (no_kernels()) return;
+  setenv("CHORUS_TIMEOUT", "1", 1);
+  load();
+  rt_run_procs(2, held_peer_body, NULL);
 }

@@ -39,7 +39,8 @@ struct gpu_words {
 };
 struct gpu_seg {
   uint64_t token; /* the export token (tp_fd_map checks it) */
-  uint32_t n, pad;
+  uint32_t n;
+  _Atomic int32_t failed_by; /* 1 + the first rank that failed the communicator's GPU calls (gpu_unblock) */
   struct gpu_words w[];
 };
 
@@ -75,6 +76,11 @@ struct gpu_comm {
   int nown;
   struct gpu_ipc (*ipc)[GPU_IPC_CACHE]; /* [n][GPU_IPC_CACHE] */
   struct gpu_comm* next_orphan;         /* gpu_setup.c's orphans_mu */
+  /* gpu_watch.c, under its watch_mu */
+  struct gpu_comm* next_watched;
+  uint32_t watch_seq;   /* the oldest unfinished call when last looked at */
+  uint64_t watch_since; /* since when it is (0: nothing in flight) */
+  int watch_fired;
 };
 
 /* The description of one rank's part of a call (allgathered; peers' are checked before use). */
@@ -120,6 +126,10 @@ void gpu_unblock(struct gpu_comm* g);
  * process. Any thread. */
 ch_status gpu_ipc_open(void* ctx, uint64_t nonce, const struct gpu_buf_desc* d, uintptr_t* base, size_t* size);
 void gpu_ipc_close(void* ctx, uintptr_t base);
+
+/* gpu_watch.c: watch for dead peers and CHORUS_TIMEOUT while calls are in flight (from setup to free). */
+void gpu_watch_add(struct gpu_comm* g);
+void gpu_watch_remove(struct gpu_comm* g);
 
 /* gpu_call.c */
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the

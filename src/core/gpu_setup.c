@@ -255,6 +255,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     return s;
   }
   comm->gpu = g;
+  gpu_watch_add(g);
   INFO(LOG_INIT, "rank %d: %d rank(s) on one GPU (%d SMs): calls on device buffers run there, %s", me, n, g->sms,
        g->any_proc ? "sharing buffers through CUDA IPC" : "all ranks threads of this process");
   return CH_OK;
@@ -265,6 +266,8 @@ void gpu_unblock(struct gpu_comm* g) {
   uint32_t v = atomic_load_explicit(&g->launched, memory_order_acquire) + 0x40000000u;
   for (int i = 0; i < GPU_SLOTS; i++) /* kernels not yet started skip */
     __atomic_store_n(&g->priv->slot[i].seq, 0, __ATOMIC_RELEASE);
+  int32_t none = 0; /* the peers' watchers fail their ranks too (their own tables are theirs to void) */
+  if (g->seg) atomic_compare_exchange_strong(&g->seg->failed_by, &none, g->rank + 1);
   if (g->seg)
     for (int r = 0; r < g->n; r++) {
       atomic_store_explicit(&g->seg->w[r].arrive, v, memory_order_release);
@@ -319,6 +322,7 @@ void gpu_free(struct ncclComm* comm) {
   /* Destroy waits (a while) for the streams, as NCCL's does; an abort never waits for a stream. */
   uint64_t t0 = ut_now_ns();
   for (uint64_t i = 0; !aborted && !all_done(g) && ut_now_ns() - t0 < 10000000000ull; i++) ut_backoff(i);
+  gpu_watch_remove(g); /* it may have let the streams through meanwhile; now before anything goes */
   if (aborted || !all_done(g)) {
     gpu_unblock(g);
     INFO(LOG_INIT, "rank %d: CUDA streams may still run calls of this communicator: its GPU barrier page and "

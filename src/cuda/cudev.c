@@ -88,19 +88,7 @@ int cudev_ok(void) {
   return s > 0;
 }
 
-/* Run one driver call in ctx; a failure is said once, here. */
-#define IN_CTX(ctx, what, call)                                         \
-  do {                                                                  \
-    cu_result r_ = cudrv_push(ctx);                                     \
-    if (r_ == 0) {                                                      \
-      r_ = (call);                                                      \
-      cudrv_pop(ctx);                                                   \
-    }                                                                   \
-    if (r_ != 0) {                                                      \
-      WARN("%s failed: %s (%d)", what, cudrv_errstr(r_), r_);           \
-      return CH_SYSTEM;                                                 \
-    }                                                                   \
-  } while (0)
+#define IN_CTX CUDRV_IN_CTX
 
 static ch_status load_module(void* ctx, struct loaded* l) {
   size_t bytes;

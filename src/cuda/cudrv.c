@@ -255,20 +255,7 @@ void* cudrv_ptr_ctx(const void* p) {
   return ctx;
 }
 
-/* Run one driver call in ctx; what failed is said once, here. */
-#define IN_CTX(ctx, what, call)                                                   \
-  do {                                                                            \
-    void* popped_;                                                                \
-    cu_result r_ = (ctx) ? cu.ctx_push(ctx) : 0;                                  \
-    if (r_ == 0) {                                                                \
-      r_ = (call);                                                                \
-      if (ctx) cu.ctx_pop(&popped_);                                              \
-    }                                                                             \
-    if (r_ != 0) {                                                                \
-      WARN("%s failed: %s (%d)", what, cu_err(r_), r_);                           \
-      return CH_SYSTEM;                                                           \
-    }                                                                             \
-  } while (0)
+#define IN_CTX CUDRV_IN_CTX
 
 ch_status cudrv_capturing(void* stream, void* ctx, int* yes) {
   int status = 0;

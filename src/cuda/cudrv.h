@@ -63,6 +63,20 @@ void* cudrv_sym(const char* name);
 const char* cudrv_errstr(int r);
 int cudrv_push(void* ctx);
 void cudrv_pop(void* ctx);
+/* Run one driver call (an expression giving a CUresult) in ctx; a failure is said once, here, and
+ * returns CH_SYSTEM from the calling function. Needs misc/log.h. */
+#define CUDRV_IN_CTX(ctx, what, call)                         \
+  do {                                                        \
+    int r_ = cudrv_push(ctx);                                 \
+    if (r_ == 0) {                                            \
+      r_ = (call);                                            \
+      cudrv_pop(ctx);                                         \
+    }                                                         \
+    if (r_ != 0) {                                            \
+      WARN("%s failed: %s (%d)", what, cudrv_errstr(r_), r_); \
+      return CH_SYSTEM;                                       \
+    }                                                         \
+  } while (0)
 
 /* ---- the device path (cudev.c): kernels and memory shared by ranks on one GPU ---- */
 typedef struct { char bytes[64]; } cudev_ipc_handle; /* CUipcMemHandle */
