@@ -316,13 +316,13 @@ void gpu_free(struct ncclComm* comm) {
   pthread_mutex_unlock(&orphans_mu);
   struct gpu_comm* g = comm->gpu;
   if (!g) return;
-  comm->gpu = NULL;
   stream_destroy(g->bridge); /* idle: every ticket of the comm is done */
   int aborted = __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
   /* Destroy waits (a while) for the streams, as NCCL's does; an abort never waits for a stream. */
   uint64_t t0 = ut_now_ns();
   for (uint64_t i = 0; !aborted && !all_done(g) && ut_now_ns() - t0 < 10000000000ull; i++) ut_backoff(i);
   gpu_watch_remove(g); /* it may have let the streams through meanwhile; now before anything goes */
+  comm->gpu = NULL;    /* only the watcher (gone now) and the comm's own threads (done) read it */
   if (aborted || !all_done(g)) {
     gpu_unblock(g);
     INFO(LOG_INIT, "rank %d: CUDA streams may still run calls of this communicator: its GPU barrier page and "
