@@ -360,3 +360,23 @@ TEST_T(cuda_gpu, stream_that_never_arrives_times_out, 60) {
   load();
   rt_run_procs(2, held_peer_body, NULL);
 }
+
+/* Two thread ranks on one stream (the legacy NULL stream is one for every thread) would each wait at
+ * the barrier for the other's part, queued behind it: refused by name instead of hanging. */
+static void one_stream_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float* a = dev_alloc(N);
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, NULL));
+  ASSERT_EQ(fk.sync(NULL), 0);
+  expect_failed(comm, ncclInvalidUsage, "a stream each");
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+TEST_T(cuda_gpu, thread_ranks_on_one_stream_refused, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_threads(2, one_stream_body, NULL);
+}

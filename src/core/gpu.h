@@ -97,6 +97,7 @@ struct gpu_desc {
   uint32_t pad;
   uint64_t count;
   uint64_t scalar; /* PreMulSum: this rank's scalar (bits of a double, or an int64_t) */
+  uint64_t stream; /* the call's CUDA stream: only compared between ranks of one process */
   struct gpu_buf_desc buf[2];
 };
 

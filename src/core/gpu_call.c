@@ -63,6 +63,7 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   struct gpu_desc* m = &c->mine;
   m->func = (uint32_t)c->func, m->type = (uint32_t)c->type, m->op_kind = (uint32_t)c->red.kind, m->count = c->count;
   m->root = c->func == FUNC_BROADCAST || c->func == FUNC_REDUCE ? c->root : -1;
+  m->stream = (uint64_t)(uintptr_t)c->stream;
   if (red_type_is_float(c->type)) memcpy(&m->scalar, &c->red.scalar_f, sizeof(m->scalar));
   else memcpy(&m->scalar, &c->red.scalar_i, sizeof(m->scalar));
   for (int b = 0; b < 2; b++) {
@@ -304,6 +305,14 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
       return CH_INVALID_USAGE;
     }
   }
+  for (int r = 0; r < n; r++)
+    if (r != me && g->same_proc[r] && c->all[r].stream == c->mine.stream) {
+      /* each stream would wait at the barrier for the other rank's part, queued behind it */
+      WARN("rank %d: rank %d, a thread of this process, passed the same CUDA stream %p to %s: ranks that share "
+           "a GPU need a stream each (as with NCCL; the legacy NULL stream is one stream for every thread)", me, r,
+           (void*)c->stream, fname(c->func));
+      return CH_INVALID_USAGE;
+    }
   CHECK(wait_slot(g, c->seq));
   struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
   for (int r = 0; r < n; r++)
