@@ -6,13 +6,16 @@
  * peers send, not the CUDA code itself (every_collective_real_gpu does, where a GPU is). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "chorus.h"
+#include "core/gpu.h"
 #include "cuda/cudrv.h"
 #include "misc/param.h"
 #include "nccl.h"
@@ -379,4 +382,36 @@ TEST_T(cuda_gpu, thread_ranks_on_one_stream_refused, 60) {
   if (no_kernels()) return;
   load();
   rt_run_threads(2, one_stream_body, NULL);
+}
+
+/* Call numbers are 32 bits and wrap: 100 calls across the wrap, results right, and the communicator
+ * ends at once (every call seen finished). */
+static pthread_barrier_t wrap_barrier;
+static void wrap_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  gpu_test_seq_base(comm, 0xffffffe0u);
+  pthread_barrier_wait(&wrap_barrier); /* every rank has set its base before anyone's first call */
+  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x8c00 + 0x10 * rank);
+  float* a = dev_alloc(N);
+  for (int it = 0; it < 100; it++) {
+    for (int i = 0; i < N; i++) a[i] = (float)(rank + it);
+    NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
+    ASSERT_EQ(fk.sync(s), 0);
+    for (int i = 0; i < N; i += 97) EXPECT(a[i] == (float)(1 + 2 * it));
+  }
+  double t0 = (double)clock() / CLOCKS_PER_SEC;
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT((double)clock() / CLOCKS_PER_SEC - t0 < 1.0);
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, call_numbers_wrap, 60) {
+  if (no_kernels()) return;
+  load();
+  pthread_barrier_init(&wrap_barrier, NULL, 2);
+  rt_run_threads(2, wrap_body, NULL);
+  pthread_barrier_destroy(&wrap_barrier);
 }

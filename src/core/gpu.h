@@ -128,6 +128,10 @@ void gpu_unblock(struct gpu_comm* g);
 ch_status gpu_ipc_open(void* ctx, uint64_t nonce, const struct gpu_buf_desc* d, uintptr_t* base, size_t* size);
 void gpu_ipc_close(void* ctx, uintptr_t base);
 
+/* Tests: start this rank's call numbers at base (before its first call on device buffers), to
+ * cross the 32-bit wrap. Every rank of the communicator must do it alike. */
+void gpu_test_seq_base(struct ncclComm* comm, uint32_t base);
+
 /* gpu_watch.c: watch for dead peers and CHORUS_TIMEOUT while calls are in flight (from setup to free). */
 void gpu_watch_add(struct gpu_comm* g);
 void gpu_watch_remove(struct gpu_comm* g);

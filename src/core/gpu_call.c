@@ -197,7 +197,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
     for (struct ch_task* t = lists[i]; t; t = t->next) {
       struct gpu_call* c = b->call[b->n++] = t->gpu;
       t->gpu = NULL;
-      c->seq = c->mine.seq = ++g->next_seq;
+      c->seq = c->mine.seq = ++g->next_seq; /* wraps: every comparison of call numbers is cyclic */
       ch_status q = queue_call(g, c); /* waits for the table that the exchange fills */
       atomic_store_explicit(&g->launched, c->seq, memory_order_release);
       if (q != CH_OK) { /* the stream may hold part of it: let it and the peers' streams through */
@@ -228,7 +228,8 @@ static ch_status broken(struct gpu_comm* g) {
 
 /* The call that last used seq's slot (GPU_SLOTS calls earlier) has finished on its stream. */
 static ch_status wait_slot(struct gpu_comm* g, uint32_t seq) {
-  if (seq <= GPU_SLOTS) return CH_OK;
+  /* Cyclic, so it holds across the 32-bit wrap, and for the first calls too (slot_done starts at 0,
+   * which is not before seq - GPU_SLOTS then). */
   _Atomic uint32_t* done = &g->priv->slot_done[seq % GPU_SLOTS];
   for (uint64_t i = 0; cyc_before(atomic_load_explicit(done, memory_order_acquire), seq - GPU_SLOTS); i++) {
     CHECK(broken(g));
@@ -373,7 +374,8 @@ void gpu_after(void* batch, ch_status st) {
     struct gpu_comm* g = c->g;
     ch_status e = st == CH_OK ? resolve(g, c) : st;
     if (e != CH_OK) {
-      __atomic_store_n(&g->priv->slot[c->seq % GPU_SLOTS].seq, 0, __ATOMIC_RELEASE);
+      /* a number that no call using this slot has (slot = number % GPU_SLOTS) */
+      __atomic_store_n(&g->priv->slot[c->seq % GPU_SLOTS].seq, c->seq + 1, __ATOMIC_RELEASE);
       comm_set_async_error(g->comm, e == CH_ABORTED ? CH_ABORTED : e);
       gpu_unblock(g);
     }

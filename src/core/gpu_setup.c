@@ -261,11 +261,20 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   return CH_OK;
 }
 
+void gpu_test_seq_base(struct ncclComm* comm, uint32_t base) {
+  struct gpu_comm* g = comm->gpu;
+  g->next_seq = base;
+  atomic_store(&g->launched, base);
+  atomic_store(&g->priv->ready, base);
+  for (int k = 0; k < GPU_SLOTS; k++) atomic_store(&g->priv->slot_done[k], base);
+  if (g->seg) atomic_store(&g->seg->w[g->rank].arrive, base), atomic_store(&g->seg->w[g->rank].done, base);
+}
+
 void gpu_unblock(struct gpu_comm* g) {
   if (!g) return;
   uint32_t v = atomic_load_explicit(&g->launched, memory_order_acquire) + 0x40000000u;
-  for (int i = 0; i < GPU_SLOTS; i++) /* kernels not yet started skip */
-    __atomic_store_n(&g->priv->slot[i].seq, 0, __ATOMIC_RELEASE);
+  /* Kernels not yet started skip: slot i only serves calls whose number is i modulo GPU_SLOTS. */
+  for (uint32_t i = 0; i < GPU_SLOTS; i++) __atomic_store_n(&g->priv->slot[i].seq, i + 1, __ATOMIC_RELEASE);
   int32_t none = 0; /* the peers' watchers fail their ranks too (their own tables are theirs to void) */
   if (g->seg) atomic_compare_exchange_strong(&g->seg->failed_by, &none, g->rank + 1);
   if (g->seg)
@@ -279,7 +288,7 @@ void gpu_unblock(struct gpu_comm* g) {
 /* Every call queued on a stream has finished (its slot says so). */
 static int all_done(struct gpu_comm* g) {
   uint32_t last = atomic_load_explicit(&g->launched, memory_order_acquire);
-  for (uint32_t k = 0; k < GPU_SLOTS && k < last; k++) {
+  for (uint32_t k = 0; k < GPU_SLOTS; k++) { /* cyclic: slots never used hold 0, which is not before */
     uint32_t seq = last - k;
     if ((int32_t)(atomic_load_explicit(&g->priv->slot_done[seq % GPU_SLOTS], memory_order_acquire) - seq) < 0) return 0;
   }

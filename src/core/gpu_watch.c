@@ -25,8 +25,7 @@ static int running; /* the watcher thread exists (under watch_mu) */
 static int in_flight(struct gpu_comm* g, uint32_t* oldest) {
   uint32_t last = atomic_load_explicit(&g->launched, memory_order_acquire);
   int busy = 0;
-  for (uint32_t k = GPU_SLOTS; k > 0; k--) { /* oldest first */
-    if (k > last) continue;
+  for (uint32_t k = GPU_SLOTS; k > 0; k--) { /* oldest first; cyclic, as gpu_setup.c's all_done */
     uint32_t seq = last - k + 1;
     if ((int32_t)(atomic_load_explicit(&g->priv->slot_done[seq % GPU_SLOTS], memory_order_acquire) - seq) < 0) {
       *oldest = seq;
