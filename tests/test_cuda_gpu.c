@@ -415,3 +415,40 @@ TEST_T(cuda_gpu, call_numbers_wrap, 60) {
   rt_run_threads(2, wrap_body, NULL);
   pthread_barrier_destroy(&wrap_barrier);
 }
+
+/* One rank's calls on one communicator follow call order across the streams they name (as NCCL's
+ * do): call 1 on a held stream X, call 2 on stream Y; a peer must not run call 1 against rank 0's
+ * word for call 2 while X has not produced call 1's input. */
+static void two_streams_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  cudaStream_t x = (cudaStream_t)(uintptr_t)(0x9000 + 0x10 * rank), y = (cudaStream_t)(uintptr_t)(0x9008 + 0x10 * rank);
+  float *a = dev_alloc(N), *b = dev_alloc(N);
+  static float src[N];
+  static int release;
+  for (int i = 0; i < N; i++) a[i] = -100, b[i] = (float)(rank + 1), src[i] = 10;
+  if (rank == 0) {
+    ASSERT_EQ(fk.hold(x, &release), 0);
+    ASSERT_EQ(fk.copy(x, a, src, sizeof(src)), 0); /* call 1's input, produced late */
+  } else {
+    for (int i = 0; i < N; i++) a[i] = 1;
+  }
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, x));
+  NCCL_OK(ncclAllReduce(b, b, N, ncclFloat32, ncclSum, comm, rank == 0 ? y : x));
+  if (rank == 0) {
+    usleep(100000);
+    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  }
+  ASSERT_EQ(fk.sync(x), 0);
+  ASSERT_EQ(fk.sync(y), 0);
+  for (int i = 0; i < N; i++) EXPECT(a[i] == 11.0f && b[i] == 3.0f);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_gpu, call_order_across_streams, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(2, two_streams_body, NULL);
+}

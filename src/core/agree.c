@@ -148,8 +148,11 @@ ch_status comm_agree(struct ncclComm* comm) {
   fill(comm, &all[comm->rank]);
   gpu_hello_fill(comm, &all[comm->rank].gpu);
   ch_status s = boot_allgather(comm->boot, all, sizeof(*all));
-  if (s == CH_OK && (comm->gpu_hellos = calloc((size_t)n, sizeof(struct gpu_hello))) != NULL)
-    for (int r = 0; r < n; r++) comm->gpu_hellos[r] = all[r].gpu;
+  if (s == CH_OK && !(comm->gpu_hellos = calloc((size_t)n, sizeof(struct gpu_hello)))) {
+    WARN("out of memory keeping %d ranks' CUDA hellos", n); /* gpu_setup's allgathers need every rank */
+    s = CH_SYSTEM;
+  }
+  for (int r = 0; s == CH_OK && r < n; r++) comm->gpu_hellos[r] = all[r].gpu;
   int bad = 0;
   for (int r = 0; s == CH_OK && r < n; r++) {
     if (all[r].nrows != AGREE_NROWS) {

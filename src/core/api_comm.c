@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cuda/cudrv.h"
 #include "chorus.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
@@ -145,7 +146,8 @@ CH_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* de
     WARN("ncclCommInitAll: invalid ndev %d", ndev);
     return ncclInvalidArgument;
   }
-  (void)devlist; /* host ranks have no devices; the list only names them */
+  /* Host ranks have no devices. A CUDA program's comms live on the devices listed (the primary
+   * context of each), as NCCL's do, whatever context the calling thread has. */
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
   if (r != ncclSuccess) return r;
@@ -153,6 +155,7 @@ CH_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* de
   for (int i = 0; i < ndev; i++) {
     r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll");
     if (r != ncclSuccess) break;
+    if (devlist && comms[i]->cuda_ctx) comms[i]->cuda_ctx = cudev_device_ctx(devlist[i]);
   }
   ch_status s = group_end();
   if (r == ncclSuccess) r = ch_to_nccl(s);

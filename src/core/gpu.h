@@ -48,6 +48,7 @@ struct gpu_seg {
  * (slot_done); the kernel reads the slots. */
 struct gpu_priv {
   _Alignas(64) _Atomic uint32_t ready;        /* the last call whose table is filled (or failed) */
+  _Atomic int32_t failed;                     /* this rank failed the communicator: no kernel runs */
   _Alignas(64) _Atomic uint32_t slot_done[GPU_SLOTS]; /* the last call that finished with each slot */
   struct dev_table slot[GPU_SLOTS];
 };
@@ -71,6 +72,8 @@ struct gpu_comm {
   void* priv_dev;
   cudaStream_t bridge;
   uint32_t next_seq;
+  cudaStream_t last_stream; /* of the last call queued (the owner, at launch); valid once next_seq moved */
+  int any_launched;
   _Atomic uint32_t launched; /* the last call queued on a stream */
   struct gpu_own own[16];
   int nown;
@@ -86,6 +89,7 @@ struct gpu_comm {
 /* The description of one rank's part of a call (allgathered; peers' are checked before use). */
 struct gpu_buf_desc {
   uint32_t present, shareable;
+  uint32_t foreign, pad; /* device memory of another device or context than the communicator's */
   uint64_t id, off;
   uint64_t ptr;  /* used only between ranks of one process, and checked against the driver first */
   uint64_t base; /* the allocation's address in its process: only compared (a reused address is a new allocation) */
@@ -134,6 +138,7 @@ void gpu_test_seq_base(struct ncclComm* comm, uint32_t base);
 
 /* gpu_watch.c: watch for dead peers and CHORUS_TIMEOUT while calls are in flight (from setup to free). */
 void gpu_watch_add(struct gpu_comm* g);
+void gpu_orphans_tick(void); /* gpu_setup.c */
 void gpu_watch_remove(struct gpu_comm* g);
 
 /* gpu_call.c */

@@ -13,11 +13,10 @@ static const char* fname(int f) {
   return f >= 0 && f <= FUNC_ALLREDUCE ? n[f] : "?";
 }
 
+/* Decided from what every rank knows alike (the comm and the call), never from one rank's buffers:
+ * a buffer that cannot take part (another device's) fails the call on every rank instead. */
 int gpu_takes(const struct ch_task* t) {
-  struct gpu_comm* g = t->comm->gpu;
-  if (!g || t->count == 0 || t->func > FUNC_ALLREDUCE) return 0; /* the others go through host memory */
-  const void* p = t->func == FUNC_BROADCAST && t->comm->rank != t->root ? t->recvbuff : t->sendbuff;
-  return cudrv_ptr_ctx(p) == g->ctx;
+  return t->comm->gpu && t->count > 0 && t->func <= FUNC_ALLREDUCE; /* the others go through host memory */
 }
 
 /* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
@@ -25,6 +24,10 @@ int gpu_takes(const struct ch_task* t) {
 static ch_status describe(struct gpu_comm* g, const void* p, struct gpu_buf_desc* d) {
   uintptr_t base;
   size_t size;
+  if (cudrv_ptr_ctx(p) != g->ctx) { /* not present: every rank fails the call, naming this buffer */
+    d->foreign = 1;
+    return CH_OK;
+  }
   CHECK(cudev_range(p, g->ctx, &base, &size, &d->id));
   d->present = 1, d->off = (uintptr_t)p - base, d->ptr = (uintptr_t)p, d->base = base;
   d->shareable = 1;
@@ -122,6 +125,8 @@ static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
   memset(a, 0, sizeof(*a));
   a->table = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table));
   a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
+  a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
+  a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
   switch (c->func) {
     case FUNC_ALLREDUCE: { /* shares aligned to 16 bytes */
       size_t align = E >= 16 ? 1 : 16 / E, share = UT_ALIGN_UP(UT_DIV_UP(C, (size_t)n), align);
@@ -144,6 +149,11 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
   cudaStream_t s = c->stream;
   struct dev_args a;
   fill_args(g, c, &a);
+  /* A rank's calls on one communicator run in call order whatever streams they name (as NCCL orders
+   * them on its own stream): each rank's barrier words then only move forward, and a peer can never
+   * pass call k against this rank's word for a later call on another stream. */
+  if (g->any_launched && g->last_stream != s) CHECK(cudrv_join(g->last_stream, g->ctx, s, g->ctx));
+  g->last_stream = s, g->any_launched = 1;
   CHECK(cudrv_wait_geq(s, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, g->ctx));
   if (g->seg) CHECK(barrier(g, s, c->seq, offsetof(struct gpu_words, arrive)));
   if (a.njobs) {
@@ -258,8 +268,8 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
     }
     for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
       if (!cache[k].base) e = &cache[k];
-    for (int k = 0; k < GPU_IPC_CACHE; k++) /* else the least recently used that no stream still uses */
-      if (!e || (cache[k].base && ipc_idle(g, &cache[k]) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
+    for (int k = 0; k < GPU_IPC_CACHE && (!e || e->base); k++) /* else the least recently used idle one */
+      if (!e || (ipc_idle(g, &cache[k]) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
     if (e->base && !ipc_idle(g, e)) {
       WARN("rank %d: calls in flight use more than %d buffers of rank %d: wait for some (synchronise the stream)",
            g->rank, GPU_IPC_CACHE, r);
@@ -306,14 +316,18 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
       return CH_INVALID_USAGE;
     }
   }
-  for (int r = 0; r < n; r++)
-    if (r != me && g->same_proc[r] && c->all[r].stream == c->mine.stream) {
-      /* each stream would wait at the barrier for the other rank's part, queued behind it */
-      WARN("rank %d: rank %d, a thread of this process, passed the same CUDA stream %p to %s: ranks that share "
-           "a GPU need a stream each (as with NCCL; the legacy NULL stream is one stream for every thread)", me, r,
-           (void*)c->stream, fname(c->func));
-      return CH_INVALID_USAGE;
-    }
+  /* Thread ranks: each stream would wait at the barrier for the other rank's part, queued behind it
+   * on a shared stream, or (the legacy stream: NULL or CU_STREAM_LEGACY) behind any blocking stream of
+   * the context. cudaStreamPerThread (0x2) is one stream per thread. */
+  for (int r = 0; r < n; r++) {
+    uint64_t theirs = c->all[r].stream, mine = c->mine.stream;
+    if (r == me || !g->same_proc[r] || (theirs != mine && mine > 1 && theirs > 1) || (theirs == mine && mine == 2))
+      continue;
+    WARN("rank %d: rank %d, a thread of this process, passed %s CUDA stream (%p and %p) to %s: ranks that share a "
+         "GPU in one process need a stream each, and not the legacy NULL stream (as with NCCL)", me, r,
+         theirs == mine ? "the same" : "the legacy", (void*)(uintptr_t)mine, (void*)(uintptr_t)theirs, fname(c->func));
+    return CH_INVALID_USAGE;
+  }
   CHECK(wait_slot(g, c->seq));
   struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
   for (int r = 0; r < n; r++)
@@ -324,6 +338,11 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
       size_t size = 0;
       uint64_t id;
       if (!need) {
+      } else if (d->foreign) {
+        WARN("rank %d: rank %d's %s for %s is device memory of another GPU or CUDA context than its communicator's "
+             "(made for the context current at ncclCommInitRank): allocate it there", me, r, bufname(b),
+             fname(c->func));
+        return CH_INVALID_ARG;
       } else if (!d->present) {
         WARN("rank %d: rank %d gave no %s for %s", me, r, bufname(b), fname(c->func));
         return CH_INVALID_ARG;

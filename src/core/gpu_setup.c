@@ -44,8 +44,9 @@ static struct seg_map* seg_get(uint64_t token, void* mem, uint64_t nonce, size_t
   pthread_mutex_lock(&maps_mu);
   struct seg_map* m = maps;
   while (m && m->token != token) m = m->next;
-  if (m) {
+  if (m) { /* a thread of this process mapped it first: rank 0's own mapping is not needed */
     m->refs++;
+    if (mem && mem != m->mem) munmap(mem, bytes);
     pthread_mutex_unlock(&maps_mu);
     return m;
   }
@@ -86,11 +87,12 @@ static size_t seg_bytes(int n) { return UT_ALIGN_UP(sizeof(struct gpu_seg) + (si
  * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
 static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, int* ok) {
   int n = comm->nranks, me = comm->rank, fd = -1;
+  uint64_t token = 0;
   size_t bytes = seg_bytes(n);
   uint64_t* all = calloc((size_t)n, sizeof(uint64_t));
   if (!all) return CH_SYSTEM;
   void* made = NULL;
-  if (me == 0) {
+  if (me == 0 && g) {
     fd = tp_memfd_new("chorus-gpu-flags", bytes, 1);
     made = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (made == MAP_FAILED) {
@@ -103,12 +105,12 @@ static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, int* ok) {
         munmap(made, bytes);
         made = NULL;
       }
-      all[0] = made ? s->token : 0;
+      all[0] = token = made ? s->token : 0;
     }
   }
   ch_status s = boot_allgather(comm->boot, all, sizeof(uint64_t));
   struct seg_map* m = NULL;
-  if (s == CH_OK && all[0]) m = seg_get(all[0], me == 0 ? made : NULL, comm->peers[0].proc_nonce, bytes, g->ctx);
+  if (s == CH_OK && all[0] && g) m = seg_get(all[0], me == 0 ? made : NULL, comm->peers[0].proc_nonce, bytes, g->ctx);
   if (m && ((struct gpu_seg*)m->mem)->n != (uint32_t)n) { /* not the page rank 0 described */
     WARN("the GPU barrier page from rank 0 is for %u ranks, not %d: not used", ((struct gpu_seg*)m->mem)->n, n);
     if (m->mem == made) made = NULL; /* unmapped by seg_put */
@@ -122,7 +124,7 @@ static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, int* ok) {
   *ok = s == CH_OK;
   for (int r = 0; r < n && *ok; r++) *ok = all[r] != 0;
   if (me == 0 && fd >= 0) { /* everyone who could map it has */
-    if (made) tp_fd_withdraw(((struct gpu_seg*)made)->token);
+    if (token) tp_fd_withdraw(token);
     close(fd);
   }
   if (m && *ok) {
@@ -213,20 +215,23 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     all = &one;
   }
   if (!all || refuse(comm, all)) return CH_OK;
+  /* From here every rank takes part in every allgather below (agreed above), whatever fails here: a
+   * rank that failed alone says so, and every rank falls back together. */
   struct gpu_comm* g = calloc(1, sizeof(*g));
-  if (!g) return CH_SYSTEM;
-  g->comm = comm, g->ctx = comm->cuda_ctx, g->n = n, g->rank = me;
-  unsigned char uuid[16];
-  ch_status s = cudev_device(g->ctx, uuid, &g->sms);
-  g->same_proc = calloc((size_t)n, 1);
-  g->ipc = calloc((size_t)n, sizeof(*g->ipc));
-  if (s == CH_OK && (!g->same_proc || !g->ipc)) s = CH_SYSTEM;
-  for (int r = 0; s == CH_OK && r < n; r++) {
-    g->same_proc[r] = comm->peers[r].proc_nonce == comm->peers[me].proc_nonce;
-    g->any_proc |= !g->same_proc[r];
+  int ok = g != NULL;
+  if (g) {
+    g->comm = comm, g->ctx = comm->cuda_ctx, g->n = n, g->rank = me;
+    unsigned char uuid[16];
+    g->same_proc = calloc((size_t)n, 1);
+    g->ipc = calloc((size_t)n, sizeof(*g->ipc));
+    ok = g->same_proc && g->ipc && cudev_device(g->ctx, uuid, &g->sms) == CH_OK;
+    for (int r = 0; ok && r < n; r++) {
+      g->same_proc[r] = comm->peers[r].proc_nonce == comm->peers[me].proc_nonce;
+      g->any_proc |= !g->same_proc[r];
+    }
   }
-  int ok = 1;
-  if (s == CH_OK && n > 1) s = seg_setup(comm, g, &ok); /* every rank takes part: agreed above */
+  ch_status s = CH_OK;
+  if (n > 1) s = seg_setup(comm, ok ? g : NULL, &ok);
   if (s == CH_OK && ok) {
     g->priv = cudrv_host_alloc(sizeof(struct gpu_priv), g->ctx, 1, &g->priv_dev);
     if (g->priv) memset(g->priv, 0, sizeof(*g->priv));
@@ -244,6 +249,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     free(oks);
   }
   if (s != CH_OK || !ok) {
+    if (!g) return s == CH_OK ? CH_SYSTEM : s;
     if (g->bridge) stream_destroy(g->bridge);
     if (g->priv) cudrv_host_free(g->priv, g->ctx);
     if (g->seg) seg_put(g->seg);
@@ -272,11 +278,14 @@ void gpu_test_seq_base(struct ncclComm* comm, uint32_t base) {
 
 void gpu_unblock(struct gpu_comm* g) {
   if (!g) return;
+  /* First the words every kernel reads before touching memory: a stream let through below, here or
+   * at a peer, finds them set. */
+  atomic_store_explicit(&g->priv->failed, 1, memory_order_release);
+  int32_t none = 0; /* the peers' watchers fail their ranks too */
+  if (g->seg) atomic_compare_exchange_strong(&g->seg->failed_by, &none, g->rank + 1);
   uint32_t v = atomic_load_explicit(&g->launched, memory_order_acquire) + 0x40000000u;
   /* Kernels not yet started skip: slot i only serves calls whose number is i modulo GPU_SLOTS. */
   for (uint32_t i = 0; i < GPU_SLOTS; i++) __atomic_store_n(&g->priv->slot[i].seq, i + 1, __ATOMIC_RELEASE);
-  int32_t none = 0; /* the peers' watchers fail their ranks too (their own tables are theirs to void) */
-  if (g->seg) atomic_compare_exchange_strong(&g->seg->failed_by, &none, g->rank + 1);
   if (g->seg)
     for (int r = 0; r < g->n; r++) {
       atomic_store_explicit(&g->seg->w[r].arrive, v, memory_order_release);
@@ -311,11 +320,15 @@ static void release(struct gpu_comm* g) {
 static pthread_mutex_t orphans_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gpu_comm* orphans;
 
-void gpu_free(struct ncclComm* comm) {
+/* Orphans whose streams are done are released; the others are let through again (a stream that went
+ * on after an unblock writes its own, lower, numbers into its words, which a peer may wait on). Called
+ * by every gpu_free and by the watcher ten times a second. */
+void gpu_orphans_tick(void) {
   pthread_mutex_lock(&orphans_mu);
   for (struct gpu_comm** pp = &orphans; *pp;) {
     struct gpu_comm* o = *pp;
     if (!all_done(o)) {
+      gpu_unblock(o);
       pp = &o->next_orphan;
       continue;
     }
@@ -323,6 +336,10 @@ void gpu_free(struct ncclComm* comm) {
     release(o);
   }
   pthread_mutex_unlock(&orphans_mu);
+}
+
+void gpu_free(struct ncclComm* comm) {
+  gpu_orphans_tick();
   struct gpu_comm* g = comm->gpu;
   if (!g) return;
   stream_destroy(g->bridge); /* idle: every ticket of the comm is done */
@@ -332,7 +349,7 @@ void gpu_free(struct ncclComm* comm) {
   for (uint64_t i = 0; !aborted && !all_done(g) && ut_now_ns() - t0 < 10000000000ull; i++) ut_backoff(i);
   gpu_watch_remove(g); /* it may have let the streams through meanwhile; now before anything goes */
   comm->gpu = NULL;    /* only the watcher (gone now) and the comm's own threads (done) read it */
-  if (aborted || !all_done(g)) {
+  if (!all_done(g)) { /* an abort, or streams stuck past the wait */
     gpu_unblock(g);
     INFO(LOG_INIT, "rank %d: CUDA streams may still run calls of this communicator: its GPU barrier page and "
          "pointer tables are freed later, once they are done", comm->rank);

@@ -52,8 +52,14 @@ static void look(struct gpu_comm* g, uint64_t now) {
     log_set_error_sink(prev);
     fail(g, CH_REMOTE);
   }
-  if (g->watch_fired || !in_flight(g, &oldest)) {
+  if (!in_flight(g, &oldest)) {
     g->watch_since = 0;
+    return;
+  }
+  if (atomic_load_explicit(&g->priv->failed, memory_order_acquire)) {
+    /* failed (here, by the bridge or an abort): streams that went on write their own, lower, numbers
+     * into their words, which peers may still wait on: raise them again */
+    gpu_unblock(g);
     return;
   }
   if (!g->watch_since || oldest != g->watch_seq) g->watch_seq = oldest, g->watch_since = now;
@@ -89,6 +95,7 @@ static void* watch_main(void* arg) {
     uint64_t now = ut_now_ns();
     for (struct gpu_comm* g = watched; g; g = g->next_watched) look(g, now);
     pthread_mutex_unlock(&watch_mu);
+    gpu_orphans_tick();
   }
   return NULL;
 }

@@ -193,6 +193,19 @@ static ch_status host_unregister(void* p, void* ctx) {
 }
 void cudev_host_unregister(void* p, void* ctx) { host_unregister(p, ctx); }
 
+void* cudev_device_ctx(int ordinal) {
+  int (*get)(int*, int) = (int (*)(int*, int))cudrv_sym("cuDeviceGet");
+  int (*retain)(void**, int) = (int (*)(void**, int))cudrv_sym("cuDevicePrimaryCtxRetain");
+  int dev = -1;
+  void* ctx = NULL;
+  if (!get || !retain || get(&dev, ordinal) != 0 || retain(&ctx, dev) != 0) {
+    INFO(LOG_INIT, "no primary context for CUDA device %d: its communicator's device buffers go through host memory",
+         ordinal);
+    return NULL;
+  }
+  return ctx; /* the retain is kept: the context outlives the communicator */
+}
+
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 
 ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms) {

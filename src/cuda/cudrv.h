@@ -100,6 +100,8 @@ void cudev_ipc_close(uintptr_t base, void* ctx);
 /* Pin host memory p (shared with other processes) and map it for the device: *dev its device address. */
 ch_status cudev_host_register(void* p, size_t bytes, void* ctx, void** dev);
 void cudev_host_unregister(void* p, void* ctx);
+/* The primary context of device `ordinal` (retained; NULL if none). */
+void* cudev_device_ctx(int ordinal);
 /* The device of ctx: UUID and multiprocessor count. */
 ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms);
 

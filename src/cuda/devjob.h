@@ -39,6 +39,7 @@ struct dev_job {
 /* The kernel's one parameter. op_kind: enum red_kind (coll/reduce.h); type: ncclDataType_t. */
 struct dev_args {
   uint64_t table; /* device address of this call's struct dev_table */
+  uint64_t fail[2]; /* device addresses of 32-bit words (or 0): nonzero once the communicator failed */
   uint32_t seq;
   int32_t type, op_kind, njobs;
   uint64_t divisor; /* RED_SUMPOSTDIV */

@@ -97,7 +97,7 @@ template <int TYPE> __device__ void run(const dev_args& g) {
   __shared__ uint64_t scalar[DEV_MAX_RANKS];
   __shared__ T* dst[DEV_MAX_RANKS];
   __shared__ uint64_t sp[DEV_MAX_RANKS], dp[DEV_MAX_RANKS], ss[DEV_MAX_RANKS];
-  __shared__ int nsrc, ndst, live;
+  __shared__ int nsrc, ndst, live, failed[2];
   const dev_job& j = g.job[blockIdx.y];
   const dev_table* tab = (const dev_table*)g.table;
   // The table is in host memory: one read per thread, all at once (one round trip, not 2n).
@@ -111,6 +111,10 @@ template <int TYPE> __device__ void run(const dev_args& g) {
     dp[r] = j.dst_mask >> r & 1 ? tab->buf[j.dst_buf][r] : 0;
   } else if (t == 2 * DEV_MAX_RANKS) {
     live = tab->seq == g.seq; // the table is this call's (not a failed or aborted one's)
+  } else if (t == 2 * DEV_MAX_RANKS + 1 || t == 2 * DEV_MAX_RANKS + 2) {
+    // a failed communicator: a peer's stream may have been let through its barrier
+    unsigned k = t - 2 * DEV_MAX_RANKS - 1;
+    failed[k] = g.fail[k] ? *(volatile const int*)g.fail[k] : 0;
   }
   __syncthreads();
   if (t == 0) {
@@ -121,7 +125,7 @@ template <int TYPE> __device__ void run(const dev_args& g) {
     }
   }
   __syncthreads();
-  if (!live) return; // addresses of another call are never used
+  if (!live || failed[0] || failed[1]) return; // addresses of another call are never used
   uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
   uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   constexpr int U = 4; // elements in flight per thread: loads of all of them before any use

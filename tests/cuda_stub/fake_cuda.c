@@ -48,16 +48,18 @@ EXPORT int fake_cuda_copies(void) { return __atomic_load_n(&copies, __ATOMIC_REL
 EXPORT int fake_cuda_host_allocs(void) { return __atomic_load_n(&host_allocs, __ATOMIC_RELAXED); }
 EXPORT int fake_cuda_ctx_depth(void) { return ctx_depth; }
 
-static const struct range* find(uintptr_t p) {
-  const struct range* r = NULL;
+/* A copy of the range holding p (0: none): entries move when another is dropped. */
+static int find(uintptr_t p, struct range* out) {
+  int found = 0;
   pthread_mutex_lock(&ranges_mu);
-  for (int i = 0; i < nranges && !r; i++)
-    if (p >= ranges[i].lo && p < ranges[i].hi) r = &ranges[i];
+  for (int i = 0; i < nranges && !found; i++)
+    if (p >= ranges[i].lo && p < ranges[i].hi) *out = ranges[i], found = 1;
   pthread_mutex_unlock(&ranges_mu);
-  return r;
+  return found;
 }
 static int is_device(uintptr_t p, size_t n) {
-  const struct range* r = find(p);
+  struct range rr_;
+  const struct range* r = find(p, &rr_) ? &rr_ : NULL;
   return r && r->kind == 1 && p + n <= r->hi;
 }
 
@@ -109,6 +111,8 @@ static void sleep_ms(int ms) {
 static void run_kernel(const struct dev_args* a) {
   const struct dev_table* tab = (const struct dev_table*)(uintptr_t)a->table;
   if (__atomic_load_n(&tab->seq, __ATOMIC_ACQUIRE) != a->seq) return;
+  for (int k = 0; k < 2; k++)
+    if (a->fail[k] && __atomic_load_n((const int*)(uintptr_t)a->fail[k], __ATOMIC_ACQUIRE)) return;
   struct red_op op = {.kind = a->op_kind, .type = a->type, .divisor = a->divisor};
   size_t es = red_type_size(a->type);
   for (int j = 0; j < a->njobs; j++) {
@@ -239,7 +243,8 @@ EXPORT int cuDeviceGetName(char* name, int len, int d) {
 /* As the driver: success with zeros for a pointer it does not know; NOT_INITIALIZED (3) before cuInit. */
 EXPORT int cuPointerGetAttributes(unsigned n, int* attrs, void** data, uintptr_t p) {
   if (!inited) return 3;
-  const struct range* r = find(p);
+  struct range rr_;
+  const struct range* r = find(p, &rr_) ? &rr_ : NULL;
   for (unsigned i = 0; i < n; i++) {
     if (attrs[i] == ATTR_MEMORY_TYPE) *(unsigned*)data[i] = r ? (r->kind == 1 ? MEMTYPE_DEVICE : MEMTYPE_HOST) : 0;
     else if (attrs[i] == ATTR_IS_MANAGED) *(unsigned*)data[i] = r && r->kind == 2;
@@ -250,7 +255,8 @@ EXPORT int cuPointerGetAttributes(unsigned n, int* attrs, void** data, uintptr_t
 /* As the driver: CUDA_ERROR_INVALID_VALUE (1) for memory it does not know. */
 EXPORT int cuPointerGetAttribute(void* data, int attr, uintptr_t p) {
   if (!inited) return 3;
-  const struct range* r = find(p);
+  struct range rr_;
+  const struct range* r = find(p, &rr_) ? &rr_ : NULL;
   if (!r) return 1;
   if (attr == 7) { /* BUFFER_ID */
     *(unsigned long long*)data = r->id;
@@ -400,7 +406,8 @@ EXPORT int cuMemFree_v2(uintptr_t d) {
 /* ---- what ranks on one GPU use: IPC, registered host memory, stream writes, kernels ---- */
 struct ipc_handle { int pid, fd; uint64_t bytes; char pad[48]; };
 EXPORT int cuIpcGetMemHandle(struct ipc_handle* h, uintptr_t base) {
-  const struct range* r = find(base);
+  struct range rr_;
+  const struct range* r = find(base, &rr_) ? &rr_ : NULL;
   if (!r || r->lo != base || r->fd < 0 || r->imported) return E_INVALID_VALUE; /* not a cuMemAlloc base */
   memset(h, 0, sizeof(*h));
   h->pid = getpid(), h->fd = r->fd, h->bytes = r->hi - r->lo;
@@ -428,7 +435,8 @@ EXPORT int cuIpcCloseMemHandle(uintptr_t d) {
 }
 EXPORT int cuMemGetAddressRange_v2(uintptr_t* base, size_t* size, uintptr_t p) {
   if (!inited) return 3;
-  const struct range* r = find(p);
+  struct range rr_;
+  const struct range* r = find(p, &rr_) ? &rr_ : NULL;
   if (!r || r->kind != 1) return E_INVALID_VALUE;
   if (base) *base = r->lo;
   if (size) *size = r->hi - r->lo;
