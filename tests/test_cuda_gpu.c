@@ -32,6 +32,7 @@ static struct {
   int (*hold)(void*, int*);
   int (*copy)(void*, void*, const void*, size_t);
   void (*mark)(const void*, size_t, int);
+  int (*registered)(void);
 } fk;
 
 /* A build without nvcc has no kernels: every device buffer goes through host memory then. */
@@ -55,7 +56,9 @@ static void load(void) {
   *(void**)&fk.hold = dlsym(h, "fake_cuda_hold");
   *(void**)&fk.copy = dlsym(h, "fake_cuda_copy");
   *(void**)&fk.mark = dlsym(h, "fake_cuda_mark");
-  ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark);
+  *(void**)&fk.registered = dlsym(h, "fake_cuda_registered");
+  ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark &&
+         fk.registered);
   EXPECT_EQ(fk.init(0), 0);
   setenv("CHORUS_CUDA_LIBRARY", CHORUS_FAKE_CUDA, 1);
   param_reset();
@@ -160,6 +163,7 @@ TEST_T(cuda_gpu, five_collectives_1_to_4_threads, 120) {
     int before = fk.kernels();
     rt_run_threads(n, five_body, NULL);
     EXPECT(fk.kernels() > before); /* on the GPU path, not through host memory */
+    EXPECT_EQ(fk.registered(), 0); /* the barrier page: registered once per process, and given back */
   }
 }
 

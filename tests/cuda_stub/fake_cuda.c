@@ -442,20 +442,38 @@ EXPORT int cuMemGetAddressRange_v2(uintptr_t* base, size_t* size, uintptr_t p) {
   if (size) *size = r->hi - r->lo;
   return 0;
 }
-static int registered; /* host ranges registered (atomic builtins) */
-EXPORT int fake_cuda_registered(void) { return __atomic_load_n(&registered, __ATOMIC_RELAXED); }
+/* Registered host ranges: as the driver, registering memory that overlaps a registered range fails
+ * (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED), and so does unregistering what is not registered. */
+#define MAX_REGS 64
+static struct { uintptr_t lo, hi; } regs[MAX_REGS]; /* under ranges_mu */
+static int nregs;
+EXPORT int fake_cuda_registered(void) {
+  pthread_mutex_lock(&ranges_mu);
+  int n = nregs;
+  pthread_mutex_unlock(&ranges_mu);
+  return n;
+}
 EXPORT int cuMemHostRegister_v2(void* p, size_t n, unsigned flags) {
-  (void)p, (void)flags;
+  (void)flags;
   if (!ctx_depth) return E_INVALID_CONTEXT;
-  (void)n;
-  __atomic_fetch_add(&registered, 1, __ATOMIC_RELAXED);
-  return 0;
+  uintptr_t lo = (uintptr_t)p, hi = lo + n;
+  int e = 0;
+  pthread_mutex_lock(&ranges_mu);
+  for (int i = 0; i < nregs && !e; i++)
+    if (lo < regs[i].hi && regs[i].lo < hi) e = 712;
+  if (!e && nregs == MAX_REGS) e = 2;
+  if (!e) regs[nregs].lo = lo, regs[nregs++].hi = hi;
+  pthread_mutex_unlock(&ranges_mu);
+  return e;
 }
 EXPORT int cuMemHostUnregister(void* p) {
-  (void)p;
   if (!ctx_depth) return E_INVALID_CONTEXT;
-  __atomic_fetch_sub(&registered, 1, __ATOMIC_RELAXED);
-  return 0;
+  int e = 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
+  pthread_mutex_lock(&ranges_mu);
+  for (int i = 0; i < nregs && e; i++)
+    if (regs[i].lo == (uintptr_t)p) regs[i] = regs[--nregs], e = 0;
+  pthread_mutex_unlock(&ranges_mu);
+  return e;
 }
 EXPORT int cuStreamWriteValue32_v2(void* s, uintptr_t addr, uint32_t value, unsigned flags) {
   if (!ctx_depth) return E_INVALID_CONTEXT;
