@@ -67,7 +67,6 @@ struct gpu_comm {
   char* same_proc;       /* [n] */
   struct gpu_seg* seg;   /* NULL for one rank */
   void* seg_dev;
-  uint64_t seg_token;
   struct gpu_priv* priv;
   void* priv_dev;
   cudaStream_t bridge;
@@ -125,6 +124,9 @@ void gpu_free(struct ncclComm* comm);
 /* Let every stream of the communicator past every barrier and table wait (an abort, or a failure that
  * leaves peers unable to arrive). Any thread. */
 void gpu_unblock(struct gpu_comm* g);
+/* 1 and *oldest = the oldest call queued on a stream that has not finished there; 0 if none. Any
+ * thread (atomics only). */
+int gpu_unfinished(struct gpu_comm* g, uint32_t* oldest);
 
 /* A peer process's allocation opened in this process (CUDA IPC), shared by every communicator and
  * rank here that uses it (the driver maps a handle once per process): nonce names the exporting

@@ -71,6 +71,10 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   else memcpy(&m->scalar, &c->red.scalar_i, sizeof(m->scalar));
   for (int b = 0; b < 2; b++) {
     if (!c->ptr[b]) continue;
+    if (b == DEV_RECV && c->ptr[DEV_RECV] == c->ptr[DEV_SEND]) { /* in place: the same description */
+      m->buf[DEV_RECV] = m->buf[DEV_SEND];
+      continue;
+    }
     ch_status s = describe(g, c->ptr[b], &m->buf[b]);
     if (s != CH_OK) {
       free(c);
@@ -392,11 +396,9 @@ void gpu_after(void* batch, ch_status st) {
     struct gpu_call* c = b->call[i];
     struct gpu_comm* g = c->g;
     ch_status e = st == CH_OK ? resolve(g, c) : st;
-    if (e != CH_OK) {
-      /* a number that no call using this slot has (slot = number % GPU_SLOTS) */
-      __atomic_store_n(&g->priv->slot[c->seq % GPU_SLOTS].seq, c->seq + 1, __ATOMIC_RELEASE);
-      comm_set_async_error(g->comm, e == CH_ABORTED ? CH_ABORTED : e);
-      gpu_unblock(g);
+    if (e != CH_OK) { /* the error unblocks (voids every table, lets every stream through); an abort is no error */
+      comm_set_async_error(g->comm, e);
+      if (e == CH_ABORTED) gpu_unblock(g);
     }
     ready_raise(g, c->seq);
     free(c);

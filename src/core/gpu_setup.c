@@ -294,14 +294,21 @@ void gpu_unblock(struct gpu_comm* g) {
   atomic_store_explicit(&g->priv->ready, v, memory_order_release);
 }
 
-/* Every call queued on a stream has finished (its slot says so). */
-static int all_done(struct gpu_comm* g) {
+int gpu_unfinished(struct gpu_comm* g, uint32_t* oldest) {
   uint32_t last = atomic_load_explicit(&g->launched, memory_order_acquire);
-  for (uint32_t k = 0; k < GPU_SLOTS; k++) { /* cyclic: slots never used hold 0, which is not before */
-    uint32_t seq = last - k;
-    if ((int32_t)(atomic_load_explicit(&g->priv->slot_done[seq % GPU_SLOTS], memory_order_acquire) - seq) < 0) return 0;
+  for (uint32_t k = GPU_SLOTS; k > 0; k--) { /* oldest first; cyclic: slots never used hold 0, not before */
+    uint32_t seq = last - k + 1;
+    if ((int32_t)(atomic_load_explicit(&g->priv->slot_done[seq % GPU_SLOTS], memory_order_acquire) - seq) < 0) {
+      *oldest = seq;
+      return 1;
+    }
   }
-  return 1;
+  return 0;
+}
+
+static int all_done(struct gpu_comm* g) {
+  uint32_t oldest;
+  return !gpu_unfinished(g, &oldest);
 }
 
 static void release(struct gpu_comm* g) {

@@ -22,20 +22,6 @@ static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gpu_comm* watched;
 static int running; /* the watcher thread exists (under watch_mu) */
 
-static int in_flight(struct gpu_comm* g, uint32_t* oldest) {
-  uint32_t last = atomic_load_explicit(&g->launched, memory_order_acquire);
-  int busy = 0;
-  for (uint32_t k = GPU_SLOTS; k > 0; k--) { /* oldest first; cyclic, as gpu_setup.c's all_done */
-    uint32_t seq = last - k + 1;
-    if ((int32_t)(atomic_load_explicit(&g->priv->slot_done[seq % GPU_SLOTS], memory_order_acquire) - seq) < 0) {
-      *oldest = seq;
-      busy = 1;
-      break;
-    }
-  }
-  return busy;
-}
-
 static void fail(struct gpu_comm* g, ch_status s) {
   g->watch_fired = 1;
   comm_set_async_error(g->comm, s); /* and gpu_unblock */
@@ -52,7 +38,7 @@ static void look(struct gpu_comm* g, uint64_t now) {
     log_set_error_sink(prev);
     fail(g, CH_REMOTE);
   }
-  if (!in_flight(g, &oldest)) {
+  if (!gpu_unfinished(g, &oldest)) {
     g->watch_since = 0;
     return;
   }
