@@ -71,6 +71,16 @@ static void set_device(void) {
   ASSERT(fk.set(ctx) == 0);
 }
 
+/* A rank of a CUDA application: its device current, its communicator made, and (base != 0) a stream
+ * of its own, base + 0x10 * rank. */
+static ncclComm_t open_rank(int rank, int nranks, ncclUniqueId id, uintptr_t base, cudaStream_t* s) {
+  set_device();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  if (s) *s = (cudaStream_t)(base + 0x10 * (uintptr_t)rank);
+  return comm;
+}
+
 static float* dev_alloc(size_t n) {
   uintptr_t d = 0;
   ASSERT(fk.alloc(&d, n * sizeof(float)) == 0);
@@ -101,10 +111,8 @@ static void expect_failed(ncclComm_t comm, ncclResult_t want, const char* why) {
  * read after the stream; expected values in closed form. */
 static void five_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
-  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7000 + 0x10 * rank);
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x7000, &s);
   float *a = dev_alloc((size_t)N * nranks), *b = dev_alloc((size_t)N * nranks);
   for (int i = 0; i < N * nranks; i++) a[i] = (float)(rank + i), b[i] = -1;
   float sum_r = (float)(nranks * (nranks - 1) / 2);
@@ -186,10 +194,8 @@ TEST_T(cuda_gpu, direct_off_goes_through_host_memory, 60) {
  * released; the call returns at once and the result is what the held work left plus the peers'. */
 static void order_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
-  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7400 + 0x10 * rank);
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x7400, &s);
   float* a = dev_alloc(N);
   static float src[2][N];
   for (int i = 0; i < N; i++) a[i] = 0, src[rank][i] = (float)(rank + 1);
@@ -216,10 +222,8 @@ TEST_T(cuda_gpu, in_stream_order_2_procs, 60) {
  * stays blocked. */
 static void mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
-  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x7800 + 0x10 * rank);
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x7800, &s);
   float* a = dev_alloc(2 * N);
   ncclResult_t r = ncclAllReduce(a, a, rank == 0 ? N : 2 * N, ncclFloat32, ncclSum, comm, s);
   EXPECT(r == ncclSuccess || r == ncclInvalidUsage);
@@ -310,10 +314,8 @@ TEST_T(cuda_gpu, mixed_group_refused, 30) {
  * communicator naming it, and the stream runs on. */
 static void dead_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
-  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x8400 + 0x10 * rank);
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x8400, &s);
   float* a = dev_alloc(N);
   static int never;
   if (rank == 1) ASSERT_EQ(fk.hold(s, &never), 0); /* its stream never reaches the call */
@@ -338,10 +340,8 @@ TEST_T(cuda_gpu, peer_dies_while_the_stream_waits, 60) {
  * others once the timeout passes, instead of holding their streams for ever. */
 static void held_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
-  cudaStream_t s = (cudaStream_t)(uintptr_t)(0x8800 + 0x10 * rank);
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x8800, &s);
   float* a = dev_alloc(N);
   static int release;
   if (rank == 1) ASSERT_EQ(fk.hold(s, &release), 0);
@@ -372,9 +372,7 @@ TEST_T(cuda_gpu, stream_that_never_arrives_times_out, 60) {
  * the barrier for the other's part, queued behind it: refused by name instead of hanging. */
 static void one_stream_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  ncclComm_t comm = open_rank(rank, nranks, id, 0, NULL);
   float* a = dev_alloc(N);
   NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, NULL));
   ASSERT_EQ(fk.sync(NULL), 0);
@@ -393,9 +391,7 @@ TEST_T(cuda_gpu, thread_ranks_on_one_stream_refused, 60) {
 static pthread_barrier_t wrap_barrier;
 static void wrap_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  ncclComm_t comm = open_rank(rank, nranks, id, 0, NULL);
   gpu_test_seq_base(comm, 0xffffffe0u);
   pthread_barrier_wait(&wrap_barrier); /* every rank has set its base before anyone's first call */
   cudaStream_t s = (cudaStream_t)(uintptr_t)(0x8c00 + 0x10 * rank);
@@ -406,9 +402,11 @@ static void wrap_body(int rank, int nranks, ncclUniqueId id, void* arg) {
     ASSERT_EQ(fk.sync(s), 0);
     for (int i = 0; i < N; i += 97) EXPECT(a[i] == (float)(1 + 2 * it));
   }
-  double t0 = (double)clock() / CLOCKS_PER_SEC;
+  struct timespec t0, t1; /* wall time: destroy would wait (asleep) for calls it thought unfinished */
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   NCCL_OK(ncclCommDestroy(comm));
-  EXPECT((double)clock() / CLOCKS_PER_SEC - t0 < 1.0);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  EXPECT((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9 < 1.0);
   fk.free((uintptr_t)a);
 }
 
@@ -425,9 +423,7 @@ TEST_T(cuda_gpu, call_numbers_wrap, 60) {
  * word for call 2 while X has not produced call 1's input. */
 static void two_streams_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  set_device();
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  ncclComm_t comm = open_rank(rank, nranks, id, 0, NULL);
   cudaStream_t x = (cudaStream_t)(uintptr_t)(0x9000 + 0x10 * rank), y = (cudaStream_t)(uintptr_t)(0x9008 + 0x10 * rank);
   float *a = dev_alloc(N), *b = dev_alloc(N);
   static float src[N];
