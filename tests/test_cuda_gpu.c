@@ -182,6 +182,20 @@ TEST_T(cuda_gpu, five_collectives_2_and_3_procs, 120) {
   rt_run_procs(3, five_body, NULL);
 }
 
+/* Where CUDA IPC between processes is refused (a sandbox), init finds it out and process ranks go
+ * through host memory: same results, no kernel, no failed call. */
+static void refused_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  five_body(rank, nranks, id, arg);
+  EXPECT_EQ(fk.kernels(), 0);
+}
+
+TEST_T(cuda_gpu, ipc_refused_goes_through_host_memory, 60) {
+  if (no_kernels()) return;
+  setenv("FAKE_CUDA_IPC_REFUSED", "1", 1);
+  load();
+  rt_run_procs(2, refused_body, NULL);
+}
+
 /* CHORUS_CUDA_DIRECT=0: the same calls go through host memory (no kernel runs). */
 TEST_T(cuda_gpu, direct_off_goes_through_host_memory, 60) {
   setenv("CHORUS_CUDA_DIRECT", "0", 1);

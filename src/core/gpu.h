@@ -24,10 +24,12 @@
 
 /* What a rank says of itself at init (in comm_agree's message; read from peers, only compared). */
 struct gpu_hello {
-  uint32_t capable; /* a current context, kernels loaded, CHORUS_CUDA_DIRECT on */
-  uint32_t pad;
-  uint64_t ctx_id; /* the context's address: compared only between ranks of one process */
+  uint32_t capable;  /* a current context, kernels loaded, CHORUS_CUDA_DIRECT on */
+  uint32_t shares;   /* probe below is set: this process can export device memory */
+  uint64_t ctx_id;   /* the context's address: compared only between ranks of one process */
   unsigned char uuid[16];
+  uint64_t probe_id; /* cudev_probe: a peer process opens it at setup (only a handle for the driver) */
+  cudev_ipc_handle probe;
 };
 
 #define GPU_SLOTS 64     /* pointer tables per rank: calls whose table may be in use at once */
@@ -131,7 +133,8 @@ int gpu_unfinished(struct gpu_comm* g, uint32_t* oldest);
 /* A peer process's allocation opened in this process (CUDA IPC), shared by every communicator and
  * rank here that uses it (the driver maps a handle once per process): nonce names the exporting
  * process. Any thread. */
-ch_status gpu_ipc_open(void* ctx, uint64_t nonce, const struct gpu_buf_desc* d, uintptr_t* base, size_t* size);
+ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_handle* h, uintptr_t* base,
+                       size_t* size, int* cu); /* *cu: the driver's refusal (CUresult), said by the caller */
 void gpu_ipc_close(void* ctx, uintptr_t base);
 
 /* Tests: start this rank's call numbers at base (before its first call on device buffers), to

@@ -282,7 +282,12 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
     if (e->base) gpu_ipc_close(g->ctx, e->base), e->base = 0;
     uintptr_t b = 0;
     size_t sz = 0;
-    CHECK(gpu_ipc_open(g->ctx, g->comm->peers[r].proc_nonce, d, &b, &sz));
+    int cu = 0;
+    if (gpu_ipc_open(g->ctx, g->comm->peers[r].proc_nonce, d->id, &d->h, &b, &sz, &cu) != CH_OK) {
+      if (cu) WARN("rank %d: cannot open rank %d's device buffer through CUDA IPC: cuIpcOpenMemHandle: %s (%d)", g->rank,
+                   r, cudrv_errstr(cu), cu);
+      return CH_SYSTEM;
+    }
     e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz;
   }
   e->last_seq = seq;

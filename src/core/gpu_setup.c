@@ -22,6 +22,7 @@ void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   if (cudev_device(ctx, h->uuid, &sms) != CH_OK || !cudev_kernel(ctx, 0)) return; /* WARNed */
   h->capable = 1;
   h->ctx_id = (uint64_t)(uintptr_t)ctx;
+  h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe);
 }
 
 /* ---- the shared page: one mapping per process, registered with CUDA once ---- */
@@ -148,23 +149,27 @@ struct ipc_open {
 static pthread_mutex_t ipc_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ipc_open* opens; /* under ipc_mu */
 
-ch_status gpu_ipc_open(void* ctx, uint64_t nonce, const struct gpu_buf_desc* d, uintptr_t* base, size_t* size) {
+ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_handle* h, uintptr_t* base,
+                       size_t* size, int* cu) {
   ch_status s = CH_OK;
+  *cu = 0;
   pthread_mutex_lock(&ipc_mu);
   struct ipc_open* o = opens;
-  while (o && (o->nonce != nonce || o->id != d->id)) o = o->next;
+  while (o && (o->nonce != nonce || o->id != id)) o = o->next;
   if (o) {
     o->refs++;
   } else if ((o = calloc(1, sizeof(*o))) == NULL) {
     s = CH_SYSTEM;
-  } else if ((s = cudev_ipc_open(&d->h, ctx, &o->base)) == CH_OK) {
+  } else if ((*cu = cudev_ipc_open(h, ctx, &o->base)) != 0) {
+    s = CH_SYSTEM;
+  } else {
     uintptr_t b;
-    uint64_t id;
-    s = cudev_range((void*)o->base, ctx, &b, &o->size, &id);
+    uint64_t here_id;
+    s = cudev_range((void*)o->base, ctx, &b, &o->size, &here_id);
     if (s != CH_OK) cudev_ipc_close(o->base, ctx);
   }
   if (s == CH_OK && o->refs == 0) {
-    o->nonce = nonce, o->id = d->id, o->refs = 1;
+    o->nonce = nonce, o->id = id, o->refs = 1;
     o->next = opens;
     opens = o;
   } else if (s != CH_OK) {
@@ -188,6 +193,28 @@ void gpu_ipc_close(void* ctx, uintptr_t base) {
   pthread_mutex_unlock(&ipc_mu);
 }
 
+/* Whether this process can open every peer process's probe (CUDA IPC may be refused in a sandbox,
+ * or between containers): once per peer process, opened and closed again. Said once, here. */
+static int ipc_works(struct ncclComm* comm, void* ctx, const struct gpu_hello* all) {
+  int n = comm->nranks, me = comm->rank;
+  for (int r = 0; r < n; r++) {
+    uint64_t nonce = comm->peers[r].proc_nonce;
+    int seen = nonce == comm->peers[me].proc_nonce;
+    for (int q = 0; q < r && !seen; q++) seen = comm->peers[q].proc_nonce == nonce;
+    if (seen) continue;
+    uintptr_t base = 0;
+    size_t size = 0;
+    int cu = 0;
+    if (gpu_ipc_open(ctx, nonce, all[r].probe_id, &all[r].probe, &base, &size, &cu) != CH_OK) {
+      INFO(LOG_INIT, "rank %d: CUDA IPC with rank %d's process does not work here (cuIpcOpenMemHandle: %s): calls "
+           "on device buffers go through host memory", me, r, cu ? cudrv_errstr(cu) : "out of memory");
+      return 0;
+    }
+    gpu_ipc_close(ctx, base);
+  }
+  return 1;
+}
+
 /* Why the communicator's calls on device buffers go through host memory, said once at init. */
 static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
   int n = comm->nranks, me = comm->rank;
@@ -199,6 +226,8 @@ static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
     else if (r != me && comm->peer_tp[r] == TP_NET) why = "is on another host";
     else if (comm->peers[r].proc_nonce == comm->peers[me].proc_nonce && all[r].ctx_id != all[me].ctx_id)
       why = "is a thread of this process with another CUDA context";
+    else if (!all[r].shares && r != me && comm->peers[r].proc_nonce != comm->peers[me].proc_nonce)
+      why = "is another process and could not export device memory through CUDA IPC";
     if (why) {
       INFO(LOG_INIT, "rank %d: rank %d %s: calls on device buffers go through host memory", me, r, why);
       return 1;
@@ -229,6 +258,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
       g->same_proc[r] = comm->peers[r].proc_nonce == comm->peers[me].proc_nonce;
       g->any_proc |= !g->same_proc[r];
     }
+    if (ok && g->any_proc) ok = ipc_works(comm, g->ctx, all); /* agreed in seg_setup's second allgather */
   }
   ch_status s = CH_OK;
   if (n > 1) s = seg_setup(comm, ok ? g : NULL, &ok);

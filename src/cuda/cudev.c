@@ -31,6 +31,7 @@ static struct {
   cu_result (*ctx_device)(int*);
   cu_result (*uuid)(unsigned char*, int);
   cu_result (*attr)(int*, int, int);
+  cu_result (*mem_alloc)(uintptr_t*, size_t);
 } dv;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -41,6 +42,9 @@ static struct loaded {
   void* ctx;
   void* module;
   void* fn[DEV_NTYPES];
+  int probe_state; /* 0 not made, 1 made, -1 failed */
+  uint64_t probe_id;
+  cudev_ipc_handle probe;
 } loaded[MAX_CTX]; /* under mu */
 static int nloaded;
 
@@ -65,6 +69,7 @@ static int look(void) {
   SYM(uuid, "cuDeviceGetUuid_v2");
   if (!dv.uuid) SYM(uuid, "cuDeviceGetUuid");
   SYM(attr, "cuDeviceGetAttribute");
+  SYM(mem_alloc, "cuMemAlloc_v2");
 #undef SYM
   void** all = (void**)&dv;
   for (size_t i = 0; i < sizeof(dv) / sizeof(void*); i++)
@@ -103,19 +108,45 @@ static ch_status load_module(void* ctx, struct loaded* l) {
   return CH_OK;
 }
 
-void* cudev_kernel(void* ctx, int type) {
-  if (!cudev_ok() || type < 0 || type >= DEV_NTYPES) return NULL;
-  void* fn = NULL;
-  pthread_mutex_lock(&mu);
+/* ctx's entry, its module loaded on first use; NULL if it cannot be. Under mu. */
+static struct loaded* entry(void* ctx) {
   int i = 0;
   while (i < nloaded && loaded[i].ctx != ctx) i++;
   if (i == nloaded && nloaded < MAX_CTX) {
     struct loaded l = {.ctx = ctx};
     if (load_module(ctx, &l) == CH_OK) loaded[nloaded++] = l;
   }
-  if (i < nloaded) fn = loaded[i].fn[type];
+  return i < nloaded ? &loaded[i] : NULL;
+}
+
+void* cudev_kernel(void* ctx, int type) {
+  if (!cudev_ok() || type < 0 || type >= DEV_NTYPES) return NULL;
+  pthread_mutex_lock(&mu);
+  struct loaded* l = entry(ctx);
+  void* fn = l ? l->fn[type] : NULL;
   pthread_mutex_unlock(&mu);
   return fn;
+}
+
+static ch_status make_probe(void* ctx, struct loaded* l) {
+  uintptr_t p = 0, base;
+  size_t size;
+  IN_CTX(ctx, "cuMemAlloc (256 bytes: a CUDA IPC probe)", dv.mem_alloc(&p, 256));
+  CHECK(cudev_range((void*)p, ctx, &base, &size, &l->probe_id));
+  return cudev_ipc_get(p, ctx, &l->probe);
+}
+
+/* Made once per context and kept, like the module: a peer process may open it at any time during
+ * its init, and 256 bytes are not worth a protocol to know when all have. */
+int cudev_probe(void* ctx, uint64_t* id, cudev_ipc_handle* h) {
+  if (!cudev_ok()) return 0;
+  pthread_mutex_lock(&mu);
+  struct loaded* l = entry(ctx);
+  if (l && !l->probe_state) l->probe_state = make_probe(ctx, l) == CH_OK ? 1 : -1;
+  int ok = l && l->probe_state > 0;
+  if (ok) *id = l->probe_id, *h = l->probe;
+  pthread_mutex_unlock(&mu);
+  return ok;
 }
 
 ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* ctx, const void* args) {
@@ -155,9 +186,13 @@ ch_status cudev_ipc_get(uintptr_t base, void* ctx, cudev_ipc_handle* h) {
 
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
 
-ch_status cudev_ipc_open(const cudev_ipc_handle* h, void* ctx, uintptr_t* base) {
-  IN_CTX(ctx, "cuIpcOpenMemHandle (a peer's buffer)", dv.ipc_open(base, *h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-  return CH_OK;
+int cudev_ipc_open(const cudev_ipc_handle* h, void* ctx, uintptr_t* base) {
+  cu_result r = cudrv_push(ctx);
+  if (r == 0) {
+    r = dv.ipc_open(base, *h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    cudrv_pop(ctx);
+  }
+  return r;
 }
 
 static ch_status ipc_close(uintptr_t base, void* ctx) {

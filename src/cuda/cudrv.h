@@ -95,7 +95,12 @@ ch_status cudev_write32(void* stream, void* dev, uint32_t v, void* ctx);
 ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id);
 /* Legacy CUDA IPC of a cuMemAlloc allocation (base), and its import in another process. */
 ch_status cudev_ipc_get(uintptr_t base, void* ctx, cudev_ipc_handle* h);
-ch_status cudev_ipc_open(const cudev_ipc_handle* h, void* ctx, uintptr_t* base);
+/* Quiet: returns the CUresult (0: opened), for the caller to say which peer's memory failed. */
+int cudev_ipc_open(const cudev_ipc_handle* h, void* ctx, uintptr_t* base);
+/* A small allocation of ctx made once per process and shared through CUDA IPC (*id, *h): a peer
+ * process opens it at init to learn whether CUDA IPC works between the two (it may not in a
+ * sandbox). 0: none could be made. */
+int cudev_probe(void* ctx, uint64_t* id, cudev_ipc_handle* h);
 void cudev_ipc_close(uintptr_t base, void* ctx);
 /* Pin host memory p (shared with other processes) and map it for the device: *dev its device address. */
 ch_status cudev_host_register(void* p, size_t bytes, void* ctx, void** dev);

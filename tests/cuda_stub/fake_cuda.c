@@ -22,7 +22,7 @@
 #define EXPORT __attribute__((visibility("default")))
 enum { ATTR_CONTEXT = 1, ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9 };
 enum { MEMTYPE_HOST = 1, MEMTYPE_DEVICE = 2 };
-enum { E_INVALID_VALUE = 1, E_NOT_INITIALIZED = 3, E_INVALID_CONTEXT = 201, E_INVALID_HANDLE = 400 };
+enum { E_INVALID_VALUE = 1, E_NOT_INITIALIZED = 3, E_INVALID_CONTEXT = 201, E_OPERATING_SYSTEM = 304, E_INVALID_HANDLE = 400 };
 
 #define MAX_RANGES 256
 /* kind 1 device, 2 managed; device memory from cuMemAlloc is a memfd mapping (fd), which another
@@ -417,6 +417,7 @@ EXPORT int cuIpcOpenMemHandle_v2(uintptr_t* d, struct ipc_handle h, unsigned fla
   (void)flags;
   if (!ctx_depth) return E_INVALID_CONTEXT;
   if (h.pid == getpid()) return E_INVALID_CONTEXT; /* as the driver: not in the exporting process */
+  if (getenv("FAKE_CUDA_IPC_REFUSED")) return E_OPERATING_SYSTEM; /* as in a sandbox without it */
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd/%d", h.pid, h.fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -560,7 +561,10 @@ EXPORT int cuStreamSynchronize(void* h) {
   return 0;
 }
 EXPORT int cuGetErrorString(int e, const char** s) {
-  *s = e == 3 ? "initialization error" : e == 101 ? "invalid device ordinal" : e == 201 ? "invalid device context"
-                                                                                      : "fake error";
+  *s = e == 3     ? "initialization error"
+       : e == 101 ? "invalid device ordinal"
+       : e == 201 ? "invalid device context"
+       : e == 304 ? "OS call failed or operation not supported on this OS"
+                  : "fake error";
   return 0;
 }
