@@ -5,7 +5,7 @@ CUDA tensors against closed-form values and a few DDP steps against the same run
     LD_PRELOAD=$PWD/build/lib/libnccl.so.2 python3 tests/torch/gpu_nccl_smoke.py 2
 
 Needs torch with CUDA and a GPU; exits 77 (skipped) otherwise. Not registered in ctest: the GPU
-session script (tools/gpu-session.sh) runs it.
+session script (tools/device-session.sh gpu) runs it.
 """
 import os
 import sys

