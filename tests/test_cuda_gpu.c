@@ -182,6 +182,63 @@ TEST_T(cuda_gpu, five_collectives_2_and_3_procs, 120) {
   rt_run_procs(3, five_body, NULL);
 }
 
+/* AlltoAll, Gather and Scatter on the GPU, out of place and in place (AlltoAll's pairs then swap
+ * blocks between two ranks' buffers), every root. Block j of rank r's data: v(r, j, i). */
+static float v3(int r, int j, int i) { return (float)(r * 100000 + j * 1000 + i); }
+
+static void three_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x8000, &s);
+  float *a = dev_alloc((size_t)N * nranks), *b = dev_alloc((size_t)N * nranks);
+  for (int inplace = 0; inplace < 2; inplace++) {
+    for (int j = 0; j < nranks; j++)
+      for (int i = 0; i < N; i++) a[j * N + i] = v3(rank, j, i), b[j * N + i] = -1;
+    float* out = inplace ? a : b;
+    NCCL_OK(ncclAlltoAll(a, out, N, ncclFloat32, comm, s));
+    ASSERT_EQ(fk.sync(s), 0);
+    for (int j = 0; j < nranks; j++)
+      for (int i = 0; i < N; i++) EXPECT(out[j * N + i] == v3(j, rank, i));
+    for (int root = 0; root < nranks; root++) {
+      /* Gather: in place, the root's input is already its block of the output */
+      for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < N; i++) b[j * N + i] = -1, a[j * N + i] = j ? -2 : v3(rank, 0, i);
+      float* in = inplace && rank == root ? b + (size_t)root * N : a;
+      if (in != a) memcpy(in, a, N * sizeof(float));
+      NCCL_OK(ncclGather(in, b, N, ncclFloat32, root, comm, s));
+      ASSERT_EQ(fk.sync(s), 0);
+      for (int j = 0; rank == root && j < nranks; j++)
+        for (int i = 0; i < N; i++) EXPECT(b[j * N + i] == v3(j, 0, i));
+      /* Scatter: in place, the root's output is its block of the input */
+      for (int j = 0; j < nranks; j++)
+        for (int i = 0; i < N; i++) a[j * N + i] = v3(rank, j, i), b[j * N + i] = -1;
+      float* to = inplace && rank == root ? a + (size_t)root * N : b;
+      NCCL_OK(ncclScatter(a, to, N, ncclFloat32, root, comm, s));
+      ASSERT_EQ(fk.sync(s), 0);
+      for (int i = 0; i < N; i++) EXPECT(to[i] == v3(root, rank, i));
+    }
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  EXPECT_EQ(fk.free((uintptr_t)b), 0);
+}
+
+TEST_T(cuda_gpu, alltoall_gather_scatter_1_to_4_threads, 120) {
+  if (no_kernels()) return;
+  load();
+  for (int n = 1; n <= 4; n++) {
+    int before = fk.kernels();
+    rt_run_threads(n, three_body, NULL);
+    EXPECT(fk.kernels() > before);
+  }
+}
+
+TEST_T(cuda_gpu, alltoall_gather_scatter_2_to_5_procs, 120) {
+  if (no_kernels()) return;
+  load();
+  for (int n = 2; n <= 5; n++) rt_run_procs(n, three_body, NULL);
+}
+
 /* Where CUDA IPC between processes is refused (a sandbox), init finds it out and process ranks go
  * through host memory: same results, no kernel, no failed call. */
 static void refused_body(int rank, int nranks, ncclUniqueId id, void* arg) {
@@ -303,7 +360,7 @@ TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
   EXPECT_EQ(fk.sync(s1), 0);
 }
 
-/* A group that mixes a call run on the GPU with one through host memory (AlltoAll) is refused. */
+/* A group that mixes a call run on the GPU with ones through host memory (Send/Recv) is refused. */
 TEST_T(cuda_gpu, mixed_group_refused, 30) {
   if (no_kernels()) return;
   load();
@@ -316,7 +373,8 @@ TEST_T(cuda_gpu, mixed_group_refused, 30) {
   cudaStream_t s = (cudaStream_t)(uintptr_t)0x8100;
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
-  NCCL_OK(ncclAlltoAll(a, a + N / 2, N / 2, ncclFloat32, comm, s));
+  NCCL_OK(ncclSend(a, N / 2, ncclFloat32, 0, comm, s));
+  NCCL_OK(ncclRecv(a + N / 2, N / 2, ncclFloat32, 0, comm, s));
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
   EXPECT(strstr(ncclGetLastError(comm), "separate groups") != NULL);
   EXPECT_EQ(fk.sync(s), 0);

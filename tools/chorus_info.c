@@ -115,9 +115,9 @@ int main(int argc, char** argv) {
   int has_cuda = cudrv_describe(cuda, sizeof(cuda)) == 0;
   printf("  CUDA: %s\n", cuda);
   if (has_cuda)
-    printf("    ranks that share one GPU: AllReduce, AllGather, ReduceScatter, Broadcast, Reduce run there (the\n"
-           "    kernels above, peers' buffers through CUDA IPC); the rest, and ranks on several GPUs or hosts:\n"
-           "    host copies in the call's stream order; managed memory: used in place after the stream\n");
+    printf("    ranks that share one GPU: every collective runs there (the kernels above, peers' buffers\n"
+           "    through CUDA IPC); Send/Recv, and ranks on several GPUs or hosts: host copies in the call's\n"
+           "    stream order; managed memory: used in place after the stream\n");
   if (brief) return 0;
   printf("\nConfiguration (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");
   for (int id = 0; id < PARAM_COUNT; id++) {

@@ -8,16 +8,18 @@
 #include "api.h"
 #include "gpu.h"
 
+/* The calls that run on the GPU (Send/Recv go through host memory). */
+static int on_gpu(int f) { return (f >= 0 && f <= FUNC_ALLREDUCE) || (f >= FUNC_ALLTOALL && f <= FUNC_GATHER); }
+
 static const char* fname(int f) {
-  static const char* n[] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclAllReduce"};
-  return f >= 0 && f <= FUNC_ALLREDUCE ? n[f] : "?";
+  static const char* n[] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclAllReduce",
+                            "?", "?", "?", "ncclAlltoAll", "ncclScatter", "ncclGather"};
+  return on_gpu(f) ? n[f] : "another call";
 }
 
 /* Decided from what every rank knows alike (the comm and the call), never from one rank's buffers:
  * a buffer that cannot take part (another device's) fails the call on every rank instead. */
-int gpu_takes(const struct ch_task* t) {
-  return t->comm->gpu && t->count > 0 && t->func <= FUNC_ALLREDUCE; /* the others go through host memory */
-}
+int gpu_takes(const struct ch_task* t) { return t->comm->gpu && t->count > 0 && on_gpu(t->func); }
 
 /* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
  * allocation when some rank is another process (kept per allocation: the driver's buffer id). */
@@ -65,7 +67,9 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   c->ptr[DEV_RECV] = needs_recv ? t->recvbuff : NULL;
   struct gpu_desc* m = &c->mine;
   m->func = (uint32_t)c->func, m->type = (uint32_t)c->type, m->op_kind = (uint32_t)c->red.kind, m->count = c->count;
-  m->root = c->func == FUNC_BROADCAST || c->func == FUNC_REDUCE ? c->root : -1;
+  m->root = c->func == FUNC_BROADCAST || c->func == FUNC_REDUCE || c->func == FUNC_GATHER || c->func == FUNC_SCATTER
+                ? c->root
+                : -1;
   m->stream = (uint64_t)(uintptr_t)c->stream;
   if (red_type_is_float(c->type)) memcpy(&m->scalar, &c->red.scalar_f, sizeof(m->scalar));
   else memcpy(&m->scalar, &c->red.scalar_i, sizeof(m->scalar));
@@ -119,6 +123,13 @@ static struct dev_job* job(struct dev_args* a, int reduce, uint32_t src_mask, in
   return j;
 }
 
+/* AlltoAll: rank me exchanges the blocks of the pairs {me, me + k mod n}, k = 1..(n-1)/2, and for an
+ * even n the pair at distance n/2 falls to its lower rank: every pair once, each rank n/2 pairs at most. */
+static int a2a_pair(int n, int me, int r) {
+  int d = (r - me + n) % n;
+  return d > 0 && (d <= (n - 1) / 2 || (n % 2 == 0 && d == n / 2 && me < n / 2));
+}
+
 /* What this rank's kernel does (devjob.h). Reductions: each rank reduces its share of the elements
  * from every rank's input and writes the result wherever it is wanted, so every byte is read and
  * written once in all; copies go from where the data is to where this rank's kernel writes. */
@@ -135,16 +146,31 @@ static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
     case FUNC_ALLREDUCE: { /* shares aligned to 16 bytes */
       size_t align = E >= 16 ? 1 : 16 / E, share = UT_ALIGN_UP(UT_DIV_UP(C, (size_t)n), align);
       size_t off = UT_MIN(C, share * (size_t)me), len = UT_MIN(share, C - off);
-      if (len) job(a, 1, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
+      if (len) job(a, DEV_REDUCE, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
       break;
     }
-    case FUNC_ALLGATHER: job(a, 0, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
-    case FUNC_REDUCESCATTER: job(a, 1, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
+    case FUNC_ALLGATHER: job(a, DEV_COPY, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
+    case FUNC_REDUCESCATTER: job(a, DEV_REDUCE, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
     case FUNC_BROADCAST: /* a root in place has nothing to do */
-      if (me != c->root || c->ptr[DEV_SEND] != c->ptr[DEV_RECV]) job(a, 0, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      if (me != c->root || c->ptr[DEV_SEND] != c->ptr[DEV_RECV])
+        job(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
       break;
     case FUNC_REDUCE:
-      if (me == c->root) job(a, 1, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      if (me == c->root) job(a, DEV_REDUCE, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      break;
+    case FUNC_ALLTOALL: /* its own block (unless in place), then its pairs */
+      if (c->ptr[DEV_SEND] != c->ptr[DEV_RECV]) job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
+      for (int r = 0; r < n; r++)
+        if (a2a_pair(n, me, r)) job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
+      break;
+    case FUNC_GATHER: /* the root pulls every block; its own is already in place when sendbuff is there */
+      for (int r = 0; me == c->root && r < n; r++)
+        if (r != me || (const char*)c->ptr[DEV_SEND] != (const char*)c->ptr[DEV_RECV] + (size_t)me * B)
+          job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
+      break;
+    case FUNC_SCATTER: /* every rank pulls its block from the root (nothing to do for a root in place) */
+      if (me != c->root || (const char*)c->ptr[DEV_RECV] != (const char*)c->ptr[DEV_SEND] + (size_t)me * B)
+        job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
       break;
   }
 }
@@ -165,8 +191,8 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
     if (!fn) return CH_SYSTEM;
     uint64_t most = 0;
     for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);
-    /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM */
-    uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms, 1) * 4);
+    /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM in all */
+    uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a.njobs, 1));
     CHECK(cudev_launch(fn, (unsigned)UT_MAX(gx, 1), (unsigned)a.njobs, s, g->ctx, &a));
   }
   if (g->seg) CHECK(barrier(g, s, c->seq, offsetof(struct gpu_words, done)));
@@ -187,8 +213,8 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
   if (!ngpu) return 0;
   if (ngpu < nall) {
     WARN("a group mixes calls that run on the GPU (device buffers of ranks sharing one GPU: AllReduce, AllGather, "
-         "ReduceScatter, Broadcast, Reduce) with other calls: issue them in separate groups, or set "
-         "CHORUS_CUDA_DIRECT=0");
+         "ReduceScatter, Broadcast, Reduce, AlltoAll, Gather, Scatter) with other calls (Send/Recv): issue them in "
+         "separate groups, or set CHORUS_CUDA_DIRECT=0");
     for (int i = 0; i < n; i++) plans[i]->status = CH_INVALID_USAGE; /* failed in ticket order */
     plan_exec(plans, n);
     *res = CH_INVALID_USAGE;
@@ -304,6 +330,9 @@ static size_t touched(const struct gpu_call* c, int n, int me, int r, int b) {
     case FUNC_REDUCESCATTER: return b == DEV_SEND ? B * (size_t)n : (r == me ? B : 0);
     case FUNC_BROADCAST: return b == DEV_SEND ? (r == c->root ? B : 0) : (r == me ? B : 0);
     case FUNC_REDUCE: return me != c->root ? 0 : b == DEV_SEND ? B : (r == me ? B : 0);
+    case FUNC_ALLTOALL: return r == me || a2a_pair(n, me, r) ? B * (size_t)n : 0;
+    case FUNC_GATHER: return me != c->root ? 0 : b == DEV_SEND ? B : (r == me ? B * (size_t)n : 0);
+    case FUNC_SCATTER: return b == DEV_SEND ? (r == c->root ? B * (size_t)n : 0) : (r == me ? B : 0);
   }
   return 0;
 }
@@ -320,7 +349,7 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
       WARN("rank %d: rank %d's call on device buffers differs from this rank's %s (count %zu, type %d, op %u, root "
            "%d, call #%u): %s count %llu type %u op %u root %d call #%u",
            me, r, fname(c->func), c->count, c->type, m->op_kind, m->root, m->seq,
-           d->func <= FUNC_ALLREDUCE ? fname((int)d->func) : "another call", (unsigned long long)d->count, d->type,
+           fname((int)d->func), (unsigned long long)d->count, d->type,
            d->op_kind, d->root, d->seq);
       return CH_INVALID_USAGE;
     }

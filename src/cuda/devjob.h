@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define DEV_MAX_RANKS 32 /* ranks of a communicator that run calls on one GPU (masks are 32 bits) */
-#define DEV_MAX_JOBS 4
+#define DEV_MAX_JOBS 32  /* Gather: one per source rank */
 
 enum { DEV_SEND = 0, DEV_RECV = 1 };
 
@@ -29,9 +29,15 @@ struct dev_table {
   uint64_t scalar[DEV_MAX_RANKS];
 };
 
+/* A job's kind. DEV_PAIR (AlltoAll): src_mask = dst_mask = ranks a < b, src_off = the block size C
+ * in bytes, dst_off = 0: the job reads send[a] + b*C and send[b] + a*C, then writes them to
+ * recv[b] + a*C and recv[a] + b*C. Each block is touched by this one job, and each element read
+ * before either is written, so a rank whose send and recv buffers are one (in place) is safe. */
+enum { DEV_COPY = 0, DEV_REDUCE = 1, DEV_PAIR = 2 };
+
 struct dev_job {
   uint32_t src_mask, dst_mask;
-  uint8_t src_buf, dst_buf, reduce, pad[5];
+  uint8_t src_buf, dst_buf, reduce /* the kind */, pad[5];
   uint64_t src_off, dst_off; /* bytes */
   uint64_t count;            /* elements */
 };

@@ -117,7 +117,12 @@ template <int TYPE> __device__ void run(const dev_args& g) {
     failed[k] = g.fail[k] ? *(volatile const int*)g.fail[k] : 0;
   }
   __syncthreads();
-  if (t == 0) {
+  if (t == 0 && j.reduce == DEV_PAIR) { // ranks a < b, blocks of j.src_off bytes (devjob.h)
+    uint64_t a = __ffs(j.src_mask) - 1, b = 31 - __clz(j.src_mask), c = j.src_off;
+    src[0] = (const T*)(sp[a] + b * c), src[1] = (const T*)(sp[b] + a * c);
+    dst[0] = (T*)(dp[b] + a * c), dst[1] = (T*)(dp[a] + b * c);
+    nsrc = ndst = 2;
+  } else if (t == 0) {
     nsrc = ndst = 0;
     for (int r = 0; r < DEV_MAX_RANKS; r++) {
       if (j.src_mask >> r & 1) scalar[nsrc] = ss[r], src[nsrc++] = (const T*)(sp[r] + j.src_off);
@@ -129,7 +134,23 @@ template <int TYPE> __device__ void run(const dev_args& g) {
   uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
   uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   constexpr int U = 4; // elements in flight per thread: loads of all of them before any use
-  if (!j.reduce) {
+  if (j.reduce == DEV_PAIR) { // both reads of an element before either write: in place is safe
+    uint64_t bytes = j.count * sizeof(T);
+    if ((((uintptr_t)src[0] | (uintptr_t)src[1] | (uintptr_t)dst[0] | (uintptr_t)dst[1] | bytes) & 15) == 0) {
+      const uint4 *s0 = (const uint4*)src[0], *s1 = (const uint4*)src[1];
+      for (uint64_t i = first; i < bytes / 16; i += stride) {
+        uint4 v0 = s0[i], v1 = s1[i];
+        ((uint4*)dst[0])[i] = v0, ((uint4*)dst[1])[i] = v1;
+      }
+      return;
+    }
+    for (uint64_t i = first; i < j.count; i += stride) {
+      T v0 = src[0][i], v1 = src[1][i];
+      dst[0][i] = v0, dst[1][i] = v1;
+    }
+    return;
+  }
+  if (j.reduce == DEV_COPY) {
     // A copy: 16 bytes at a time when every pointer and the length allow it.
     uint64_t bytes = j.count * sizeof(T);
     uintptr_t any = (uintptr_t)src[0] | bytes;

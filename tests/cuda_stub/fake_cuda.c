@@ -118,6 +118,17 @@ static void run_kernel(const struct dev_args* a) {
   for (int j = 0; j < a->njobs; j++) {
     const struct dev_job* jb = &a->job[j];
     size_t bytes = jb->count * es;
+    if (jb->reduce == DEV_PAIR) { /* ranks a < b; both blocks read before either is written */
+      int ra = __builtin_ctz(jb->src_mask), rb = 31 - __builtin_clz(jb->src_mask);
+      uint64_t c = jb->src_off;
+      char* t2 = malloc(2 * bytes + 1);
+      memcpy(t2, (char*)(uintptr_t)(tab->buf[DEV_SEND][ra] + rb * c), bytes);
+      memcpy(t2 + bytes, (char*)(uintptr_t)(tab->buf[DEV_SEND][rb] + ra * c), bytes);
+      memcpy((char*)(uintptr_t)(tab->buf[DEV_RECV][rb] + ra * c), t2, bytes);
+      memcpy((char*)(uintptr_t)(tab->buf[DEV_RECV][ra] + rb * c), t2 + bytes, bytes);
+      free(t2);
+      continue;
+    }
     char* tmp = malloc(bytes ? bytes : 1);
     int first = 1;
     for (int r = 0; r < DEV_MAX_RANKS; r++) {
