@@ -106,12 +106,15 @@ static void* word_dev(struct gpu_comm* g, int r, size_t field) {
   return (char*)g->seg_dev + offsetof(struct gpu_seg, w) + (size_t)r * sizeof(struct gpu_words) + field;
 }
 
+static void memop(struct cudev_memop* ops, int* k, void* dev, uint32_t value, int wait) {
+  ops[(*k)++] = (struct cudev_memop){.dev = dev, .value = value, .wait = wait};
+}
+
 /* Every rank's stream has written `seq` into its word `field`: my write, then a wait per peer. */
-static ch_status barrier(struct gpu_comm* g, cudaStream_t s, uint32_t seq, size_t field) {
-  CHECK(cudev_write32(s, word_dev(g, g->rank, field), seq, g->ctx));
+static void barrier(struct gpu_comm* g, struct cudev_memop* ops, int* k, uint32_t seq, size_t field) {
+  memop(ops, k, word_dev(g, g->rank, field), seq, 0);
   for (int r = 0; r < g->n; r++)
-    if (r != g->rank) CHECK(cudrv_wait_geq(s, word_dev(g, r, field), seq, g->ctx));
-  return CH_OK;
+    if (r != g->rank) memop(ops, k, word_dev(g, r, field), seq, 1);
 }
 
 static struct dev_job* job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
@@ -184,8 +187,12 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
    * pass call k against this rank's word for a later call on another stream. */
   if (g->any_launched && g->last_stream != s) CHECK(cudrv_join(g->last_stream, g->ctx, s, g->ctx));
   g->last_stream = s, g->any_launched = 1;
-  CHECK(cudrv_wait_geq(s, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, g->ctx));
-  if (g->seg) CHECK(barrier(g, s, c->seq, offsetof(struct gpu_words, arrive)));
+  /* Two batches of stream memory operations around the kernel (one driver call each, not 2n + 3). */
+  struct cudev_memop ops[CUDEV_MAX_MEMOPS];
+  int k = 0;
+  memop(ops, &k, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
+  if (g->seg) barrier(g, ops, &k, c->seq, offsetof(struct gpu_words, arrive));
+  CHECK(cudev_memops(s, ops, k, g->ctx));
   if (a.njobs) {
     void* fn = cudev_kernel(g->ctx, c->type);
     if (!fn) return CH_SYSTEM;
@@ -195,9 +202,11 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
     uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a.njobs, 1));
     CHECK(cudev_launch(fn, (unsigned)UT_MAX(gx, 1), (unsigned)a.njobs, s, g->ctx, &a));
   }
-  if (g->seg) CHECK(barrier(g, s, c->seq, offsetof(struct gpu_words, done)));
-  CHECK(cudev_write32(s, priv_dev(g, offsetof(struct gpu_priv, slot_done) + (c->seq % GPU_SLOTS) * sizeof(uint32_t)),
-                      c->seq, g->ctx));
+  k = 0;
+  if (g->seg) barrier(g, ops, &k, c->seq, offsetof(struct gpu_words, done));
+  size_t done = offsetof(struct gpu_priv, slot_done) + (c->seq % GPU_SLOTS) * sizeof(uint32_t);
+  memop(ops, &k, priv_dev(g, done), c->seq, 0);
+  CHECK(cudev_memops(s, ops, k, g->ctx));
   return CH_OK;
 }
 

@@ -19,7 +19,7 @@ static struct {
   cu_result (*module_fn)(void**, void*, const char*);
   cu_result (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
                       void**);
-  cu_result (*write32)(void*, uintptr_t, uint32_t, unsigned);
+  cu_result (*batch)(void*, unsigned, void*, unsigned);
   cu_result (*range)(uintptr_t*, size_t*, uintptr_t);
   cu_result (*ptr_attr)(void*, int, uintptr_t);
   cu_result (*ipc_get)(cudev_ipc_handle*, uintptr_t);
@@ -55,7 +55,7 @@ static int look(void) {
   SYM(module_load, "cuModuleLoadData");
   SYM(module_fn, "cuModuleGetFunction");
   SYM(launch, "cuLaunchKernel");
-  SYM(write32, "cuStreamWriteValue32_v2");
+  SYM(batch, "cuStreamBatchMemOp_v2"); /* CUDA 11.7, as the asynchronous path's entry points */
   SYM(range, "cuMemGetAddressRange_v2");
   SYM(ptr_attr, "cuPointerGetAttribute");
   SYM(ipc_get, "cuIpcGetMemHandle");
@@ -155,8 +155,26 @@ ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* c
   return CH_OK;
 }
 
-ch_status cudev_write32(void* stream, void* dev, uint32_t v, void* ctx) {
-  IN_CTX(ctx, "cuStreamWriteValue32", dv.write32(stream, (uintptr_t)dev, v, 0));
+/* CUstreamBatchMemOpParams: a 48-byte union whose wait and write members share this layout. */
+struct batch_op {
+  uint32_t operation, pad0;
+  uint64_t address, value; /* a 32-bit value in the low half (little-endian union) */
+  uint32_t flags, pad1;    /* 0: CU_STREAM_WAIT_VALUE_GEQ, CU_STREAM_WRITE_VALUE_DEFAULT */
+  uint64_t alias, pad2;
+};
+_Static_assert(sizeof(struct batch_op) == 48, "CUstreamBatchMemOpParams is 48 bytes");
+#define CU_STREAM_MEM_OP_WAIT_VALUE_32 1
+#define CU_STREAM_MEM_OP_WRITE_VALUE_32 2
+
+ch_status cudev_memops(void* stream, const struct cudev_memop* ops, int n, void* ctx) {
+  struct batch_op b[CUDEV_MAX_MEMOPS];
+  if (n <= 0 || n > CUDEV_MAX_MEMOPS) return n ? CH_INTERNAL : CH_OK;
+  memset(b, 0, (size_t)n * sizeof(b[0]));
+  for (int i = 0; i < n; i++) {
+    b[i].operation = ops[i].wait ? CU_STREAM_MEM_OP_WAIT_VALUE_32 : CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    b[i].address = (uintptr_t)ops[i].dev, b[i].value = ops[i].value;
+  }
+  IN_CTX(ctx, "cuStreamBatchMemOp (the waits and writes of ranks on one GPU)", dv.batch(stream, (unsigned)n, b, 0));
   return CH_OK;
 }
 

@@ -89,8 +89,12 @@ int cudev_ok(void);
 void* cudev_kernel(void* ctx, int type);
 /* Queue the kernel on stream with grid gx x gy of 512 threads; args: a struct dev_args (devjob.h). */
 ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* ctx, const void* args);
-/* Queue a write of v to the 32-bit word at device address dev, after the work queued before it. */
-ch_status cudev_write32(void* stream, void* dev, uint32_t v, void* ctx);
+/* Queue stream memory operations in order, in one driver call: a write of `value` to the 32-bit word
+ * at device address dev, or a wait until that word is at least `value` (cyclic, as
+ * CU_STREAM_WAIT_VALUE_GEQ). */
+struct cudev_memop { void* dev; uint32_t value; int wait; };
+#define CUDEV_MAX_MEMOPS 40 /* a write and a wait per rank, and two more */
+ch_status cudev_memops(void* stream, const struct cudev_memop* ops, int n, void* ctx);
 /* The allocation holding device address p: its base, size and driver buffer id (unique per allocation). */
 ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id);
 /* Legacy CUDA IPC of a cuMemAlloc allocation (base), and its import in another process. */

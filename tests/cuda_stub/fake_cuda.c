@@ -492,6 +492,26 @@ EXPORT int cuStreamWriteValue32_v2(void* s, uintptr_t addr, uint32_t value, unsi
   if (flags) return E_INVALID_VALUE;
   return enqueue(s, (struct op){.kind = OP_WRITE32, .dst = (void*)addr, .value = value});
 }
+/* CUstreamBatchMemOpParams (48 bytes; the wait and write members share this layout). */
+struct batch_op {
+  uint32_t operation, pad0;
+  uint64_t address, value;
+  uint32_t flags, pad1;
+  uint64_t alias, pad2;
+};
+EXPORT int cuStreamBatchMemOp_v2(void* s, unsigned count, const struct batch_op* ops, unsigned flags) {
+  if (!ctx_depth) return E_INVALID_CONTEXT;
+  if (flags || count > 256) return E_INVALID_VALUE;
+  for (unsigned i = 0; i < count; i++) /* as the driver: every operation checked before any is queued */
+    if ((ops[i].operation != 1 && ops[i].operation != 2) || ops[i].flags || ops[i].value >> 32) return E_INVALID_VALUE;
+  for (unsigned i = 0; i < count; i++) {
+    struct op o = {.kind = ops[i].operation == 1 ? OP_WAIT32 : OP_WRITE32, .dst = (void*)(uintptr_t)ops[i].address,
+                   .value = (uint32_t)ops[i].value};
+    int r = enqueue(s, o);
+    if (r) return r;
+  }
+  return 0;
+}
 static char fake_module;
 EXPORT int cuModuleLoadData(void** mod, const void* image) {
   if (!ctx_depth) return E_INVALID_CONTEXT;
