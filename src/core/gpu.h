@@ -64,7 +64,7 @@ struct gpu_own { uint64_t id; uintptr_t base; cudev_ipc_handle h; };
 struct gpu_comm {
   struct ncclComm* comm;
   void* ctx;
-  int n, rank, sms;
+  int n, rank, sms, ordinal; /* ordinal: the device's */
   int any_proc;          /* some rank is in another process (IPC handles needed) */
   char* same_proc;       /* [n] */
   struct gpu_seg* seg;   /* NULL for one rank */

@@ -26,14 +26,21 @@ int gpu_takes(const struct ch_task* t) { return t->comm->gpu && t->count > 0 && 
 static ch_status describe(struct gpu_comm* g, const void* p, struct gpu_buf_desc* d) {
   uintptr_t base;
   size_t size;
-  if (cudrv_ptr_ctx(p) != g->ctx) { /* not present: every rank fails the call, naming this buffer */
+  void* ctx = NULL;
+  int dev = -1, cu = cudev_describe(p, &ctx, &dev, &base, &size, &d->id);
+  if (cu > 0) {
+    WARN("cuPointerGetAttributes(%p) failed: %s (%d)", p, cudrv_errstr(cu), cu);
+    return CH_SYSTEM;
+  }
+  /* Memory of another context, or cuMemCreate memory (no context) of another device: not here. Every
+   * rank fails the call, naming this buffer. */
+  if (cu || (ctx ? ctx != g->ctx : dev != g->ordinal)) {
     d->foreign = 1;
     return CH_OK;
   }
-  CHECK(cudev_range(p, g->ctx, &base, &size, &d->id));
   d->present = 1, d->off = (uintptr_t)p - base, d->ptr = (uintptr_t)p, d->base = base;
-  d->shareable = 1;
-  if (!g->any_proc) return CH_OK;
+  d->shareable = ctx != NULL; /* cuMemCreate memory (no context) is not for legacy CUDA IPC */
+  if (!g->any_proc || !d->shareable) return CH_OK;
   int k = 0;
   while (k < g->nown && g->own[k].id != d->id) k++;
   if (k == g->nown) {

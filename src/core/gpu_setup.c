@@ -16,10 +16,10 @@
 void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   memset(h, 0, sizeof(*h));
   void* ctx = comm->cuda_ctx; /* the context current when the application made the communicator */
-  int sms = 0;
+  int sms = 0, ordinal = -1;
   if (!ctx || !param_int(PARAM_CUDA_DIRECT) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
     return;
-  if (cudev_device(ctx, h->uuid, &sms) != CH_OK || !cudev_kernel(ctx, 0)) return; /* WARNed */
+  if (cudev_device(ctx, h->uuid, &sms, &ordinal) != CH_OK || !cudev_kernel(ctx, 0)) return; /* WARNed */
   h->capable = 1;
   h->ctx_id = (uint64_t)(uintptr_t)ctx;
   h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe);
@@ -253,7 +253,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     unsigned char uuid[16];
     g->same_proc = calloc((size_t)n, 1);
     g->ipc = calloc((size_t)n, sizeof(*g->ipc));
-    ok = g->same_proc && g->ipc && cudev_device(g->ctx, uuid, &g->sms) == CH_OK;
+    ok = g->same_proc && g->ipc && cudev_device(g->ctx, uuid, &g->sms, &g->ordinal) == CH_OK;
     for (int r = 0; ok && r < n; r++) {
       g->same_proc[r] = comm->peers[r].proc_nonce == comm->peers[me].proc_nonce;
       g->any_proc |= !g->same_proc[r];

@@ -22,6 +22,7 @@ static struct {
   cu_result (*batch)(void*, unsigned, void*, unsigned);
   cu_result (*range)(uintptr_t*, size_t*, uintptr_t);
   cu_result (*ptr_attr)(void*, int, uintptr_t);
+  cu_result (*ptr_attrs)(unsigned, int*, void**, uintptr_t);
   cu_result (*ipc_get)(cudev_ipc_handle*, uintptr_t);
   cu_result (*ipc_open)(uintptr_t*, cudev_ipc_handle, unsigned);
   cu_result (*ipc_close)(uintptr_t);
@@ -58,6 +59,7 @@ static int look(void) {
   SYM(batch, "cuStreamBatchMemOp_v2"); /* CUDA 11.7, as the asynchronous path's entry points */
   SYM(range, "cuMemGetAddressRange_v2");
   SYM(ptr_attr, "cuPointerGetAttribute");
+  SYM(ptr_attrs, "cuPointerGetAttributes");
   SYM(ipc_get, "cuIpcGetMemHandle");
   SYM(ipc_open, "cuIpcOpenMemHandle_v2");
   if (!dv.ipc_open) SYM(ipc_open, "cuIpcOpenMemHandle");
@@ -178,7 +180,22 @@ ch_status cudev_memops(void* stream, const struct cudev_memop* ops, int n, void*
   return CH_OK;
 }
 
+#define CU_POINTER_ATTRIBUTE_CONTEXT 1
 #define CU_POINTER_ATTRIBUTE_BUFFER_ID 7
+#define CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+
+int cudev_describe(const void* p, void** ctx, int* ordinal, uintptr_t* base, size_t* size, uint64_t* id) {
+  int attrs[5] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                  CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  unsigned long long bid = 0;
+  *ctx = NULL, *base = 0, *size = 0, *ordinal = -1;
+  void* data[5] = {ctx, &bid, base, size, ordinal};
+  cu_result r = dv.ptr_attrs(5, attrs, data, (uintptr_t)p);
+  *id = bid;
+  return r == 0 && *base <= (uintptr_t)p && (uintptr_t)p - *base < *size ? 0 : r ? r : -1;
+}
 
 ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id) {
   unsigned long long bid = 0;
@@ -261,9 +278,10 @@ void* cudev_device_ctx(int ordinal) {
 
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 
-ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms) {
+ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms, int* ordinal) {
   int dev = -1;
   IN_CTX(ctx, "cuCtxGetDevice", dv.ctx_device(&dev));
+  *ordinal = dev; /* a CUdevice is its ordinal */
   IN_CTX(ctx, "cuDeviceGetUuid", dv.uuid(uuid, dev));
   IN_CTX(ctx, "cuDeviceGetAttribute", dv.attr(sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
   return CH_OK;

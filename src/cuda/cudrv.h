@@ -95,6 +95,10 @@ ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* c
 struct cudev_memop { void* dev; uint32_t value; int wait; };
 #define CUDEV_MAX_MEMOPS 40 /* a write and a wait per rank, and two more */
 ch_status cudev_memops(void* stream, const struct cudev_memop* ops, int n, void* ctx);
+/* In one driver call: the context owning device address p (NULL for cuMemCreate memory, which has
+ * none), its device's ordinal, and the allocation holding it (base, size and the driver's buffer id,
+ * unique per allocation). 0, or the CUresult (-1: not device memory). */
+int cudev_describe(const void* p, void** ctx, int* ordinal, uintptr_t* base, size_t* size, uint64_t* id);
 /* The allocation holding device address p: its base, size and driver buffer id (unique per allocation). */
 ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id);
 /* Legacy CUDA IPC of a cuMemAlloc allocation (base), and its import in another process. */
@@ -112,7 +116,7 @@ void cudev_host_unregister(void* p, void* ctx);
 /* The primary context of device `ordinal` (retained; NULL if none). */
 void* cudev_device_ctx(int ordinal);
 /* The device of ctx: UUID and multiprocessor count. */
-ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms);
+ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms, int* ordinal);
 
 /* Load the driver (chorus-info only) and describe it: 0 with its version and devices, else -1 with why. */
 int cudrv_describe(char* out, size_t cap);

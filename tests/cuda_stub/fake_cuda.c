@@ -260,6 +260,10 @@ EXPORT int cuPointerGetAttributes(unsigned n, int* attrs, void** data, uintptr_t
     if (attrs[i] == ATTR_MEMORY_TYPE) *(unsigned*)data[i] = r ? (r->kind == 1 ? MEMTYPE_DEVICE : MEMTYPE_HOST) : 0;
     else if (attrs[i] == ATTR_IS_MANAGED) *(unsigned*)data[i] = r && r->kind == 2;
     else if (attrs[i] == ATTR_DEVICE_ORDINAL) *(int*)data[i] = r ? 0 : -2;
+    else if (attrs[i] == ATTR_CONTEXT) *(void**)data[i] = r ? &fake_ctx : NULL;
+    else if (attrs[i] == 7) *(unsigned long long*)data[i] = r ? r->id : 0; /* BUFFER_ID */
+    else if (attrs[i] == 11) *(uintptr_t*)data[i] = r && r->kind == 1 ? r->lo : 0; /* RANGE_START_ADDR */
+    else if (attrs[i] == 12) *(size_t*)data[i] = r && r->kind == 1 ? r->hi - r->lo : 0; /* RANGE_SIZE */
   }
   return 0;
 }
