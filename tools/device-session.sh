@@ -114,15 +114,18 @@ mpi_setup() {
 
 scaling() {
   [[ -x $B/bin/all_reduce_perf ]] || build || return 1
-  local ranks=${SCALING_RANKS:-"2 4 8 16"} max=${SCALING_MAX:-256M} algos=${SCALING_ALGOS:-"auto Ring RecDbl Rabenseifner Tree LL LL128 Simple"}
+  local ranks=${SCALING_RANKS:-"2 4 8 16"} max=${SCALING_MAX:-256M} algos=${SCALING_ALGOS:-"auto tuned Ring RecDbl Rabenseifner Tree LL LL128 Simple"}
   local f=scaling np a
   bounded $f 5 sh -c 'nproc; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"'
+  # "tuned": the automatic choice with this machine's constants (chorus-info --calibrate, < 1 s).
+  bounded $f 20 $B/bin/chorus-info --calibrate /tmp/chorus-tune.conf && cat /tmp/chorus-tune.conf >>"$OUT/$f.txt"
   # Small sizes many times, large ones a few: the whole sweep fits its minutes.
   for np in $ranks; do
     for a in $algos; do
       local env=(env)
       case $a in
         auto) ;;
+        tuned) env+=(CHORUS_TUNE_FILE=/tmp/chorus-tune.conf) ;;
         LL | LL128 | Simple) env+=(NCCL_PROTO=$a) ;; # the model's algorithm, this protocol
         *) env+=(NCCL_ALGO=allreduce:$a) ;;
       esac

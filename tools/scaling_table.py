@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables from tools/device-session.sh's scaling log: per rank count, AllReduce time (us,
-out of place) of the automatic choice, every forced algorithm (NCCL_ALGO) and protocol (NCCL_PROTO,
+out of place) of the automatic choice (default constants, and "tuned": this machine's from chorus-info
+--calibrate), every forced algorithm (NCCL_ALGO) and protocol (NCCL_PROTO,
 the model's algorithm) and Open MPI, by size; then auto over the best forced variant and Open MPI
 over auto (the issue's two ratios).
 
@@ -22,7 +23,7 @@ def parse(lines):
             if m:
                 a = re.search(r"NCCL_ALGO=allreduce:(\w+)", line)
                 p = re.search(r"NCCL_PROTO=(\w+)", line)
-                name = a.group(1) if a else p.group(1) if p else "auto"
+                name = a.group(1) if a else p.group(1) if p else "tuned" if "CHORUS_TUNE_FILE" in line else "auto"
                 cur = (int(m.group(1)), name, 5)  # column of the out-of-place time
             m = re.search(r"mpirun .*-np (\d+) .*mpi_coll_bench allreduce", line)
             if m:
@@ -48,8 +49,9 @@ def size(b):
 
 
 def table(np, v):
-    forced = [a for a in v if a not in ("auto", "Open MPI")]
-    cols = (["auto"] if "auto" in v else []) + forced
+    choices = [a for a in ("auto", "tuned") if a in v]  # the model's choice: default and calibrated constants
+    forced = [a for a in v if a not in ("auto", "tuned", "Open MPI")]
+    cols = choices + forced
     sizes = sorted(set().union(*(v[c].keys() for c in cols)))
     out = [f"**{np} process ranks**, time in us (best forced in bold)", ""]
     head = ["bytes"] + cols + ["auto / best forced", "Open MPI", "Open MPI / auto"]
@@ -59,7 +61,7 @@ def table(np, v):
         row = [size(b)]
         for c in cols:
             t = v[c].get(b)
-            row.append("-" if t is None else (f"**{t:.2f}**" if c != "auto" and t == best else f"{t:.2f}"))
+            row.append("-" if t is None else (f"**{t:.2f}**" if c in forced and t == best else f"{t:.2f}"))
         auto, mpi = v.get("auto", {}).get(b), v.get("Open MPI", {}).get(b)
         row.append(f"{auto / best:.2f}" if auto and best else "-")
         row.append(f"{mpi:.2f}" if mpi else "-")
