@@ -239,6 +239,114 @@ TEST_T(cuda_gpu, alltoall_gather_scatter_2_to_5_procs, 120) {
   for (int n = 2; n <= 5; n++) rt_run_procs(n, three_body, NULL);
 }
 
+/* Send/Recv on the GPU: a ring (each rank sends to the next, receives from the previous), then every
+ * rank sends a block to every rank, itself included, and two blocks more to the next rank, all in one
+ * group (the pair's order matches them). Block j from rank r: v3(r, j, i). */
+static void p2p_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9000, &s);
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  size_t M = (size_t)N * (nranks + 2);
+  float *a = dev_alloc(M), *b = dev_alloc(M);
+  for (int i = 0; i < N; i++) a[i] = v3(rank, 0, i), b[i] = -1;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(a, N, ncclFloat32, next, comm, s));
+  NCCL_OK(ncclRecv(b, N, ncclFloat32, prev, comm, s));
+  NCCL_OK(ncclGroupEnd());
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(b[i] == v3(prev, 0, i));
+  for (int j = 0; j < nranks + 2; j++)
+    for (int i = 0; i < N; i++) a[(size_t)j * N + i] = v3(rank, j, i), b[(size_t)j * N + i] = -1;
+  NCCL_OK(ncclGroupStart());
+  for (int p = 0; p < nranks; p++) {
+    NCCL_OK(ncclSend(a + (size_t)p * N, N, ncclFloat32, p, comm, s));
+    NCCL_OK(ncclRecv(b + (size_t)p * N, N, ncclFloat32, p, comm, s));
+  }
+  for (int k = 0; k < 2; k++) { /* matched in order: block n + k of the previous rank into block n + k */
+    NCCL_OK(ncclSend(a + (size_t)(nranks + k) * N, N, ncclFloat32, next, comm, s));
+    NCCL_OK(ncclRecv(b + (size_t)(nranks + k) * N, N, ncclFloat32, prev, comm, s));
+  }
+  NCCL_OK(ncclGroupEnd());
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int j = 0; j < nranks; j++)
+    for (int i = 0; i < N; i++) EXPECT(b[(size_t)j * N + i] == v3(j, rank, i));
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < N; i++) EXPECT(b[(size_t)(nranks + k) * N + i] == v3(prev, nranks + k, i));
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  EXPECT_EQ(fk.free((uintptr_t)b), 0);
+}
+
+TEST_T(cuda_gpu, send_recv_1_to_4_threads, 120) {
+  if (no_kernels()) return;
+  load();
+  for (int n = 1; n <= 4; n++) {
+    int before = fk.kernels();
+    rt_run_threads(n, p2p_body, NULL);
+    EXPECT(fk.kernels() > before);
+  }
+}
+
+TEST_T(cuda_gpu, send_recv_2_to_4_procs, 120) {
+  if (no_kernels()) return;
+  load();
+  for (int n = 2; n <= 4; n++) rt_run_procs(n, p2p_body, NULL);
+}
+
+/* A receive that does not match its send (another count) fails both ranks, naming both sides; no
+ * stream stays blocked. */
+static void p2p_mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9400, &s);
+  float* a = dev_alloc(2 * N);
+  if (rank == 0) NCCL_OK(ncclSend(a, N, ncclFloat32, 1, comm, s));
+  else NCCL_OK(ncclRecv(a, 2 * N, ncclFloat32, 0, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  expect_failed(comm, ncclInvalidUsage, "does not match");
+  NCCL_OK(ncclCommAbort(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, send_recv_mismatch_fails_both, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(2, p2p_mismatch_body, NULL);
+}
+
+/* A send whose receive never comes: CHORUS_TIMEOUT fails it, and its stream, which waits for the
+ * receiver's copy, goes on. */
+static void lonely_send_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9800, &s);
+  float* a = dev_alloc(2 * N);
+  NCCL_OK(ncclGroupStart()); /* connected first: the lonely send then reaches its stream */
+  NCCL_OK(ncclSend(a, N, ncclFloat32, 1 - rank, comm, s));
+  NCCL_OK(ncclRecv(a + N, N, ncclFloat32, 1 - rank, comm, s));
+  NCCL_OK(ncclGroupEnd());
+  ASSERT_EQ(fk.sync(s), 0);
+  if (rank == 0) {
+    ncclResult_t r = ncclSend(a, N, ncclFloat32, 1, comm, s);
+    EXPECT_EQ(r, ncclSuccess);
+    ASSERT_EQ(fk.sync(s), 0);
+    ncclResult_t as = async_error(comm);
+    EXPECT(as == ncclTimeout || as == ncclRemoteError);
+  } else {
+    usleep(1500000);
+  }
+  NCCL_OK(ncclCommAbort(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, send_without_receive_times_out, 60) {
+  if (no_kernels()) return;
+  setenv("CHORUS_TIMEOUT", "1", 1);
+  load();
+  rt_run_procs(2, lonely_send_body, NULL);
+}
+
 /* Where CUDA IPC between processes is refused (a sandbox), init finds it out and process ranks go
  * through host memory: same results, no kernel, no failed call. */
 static void refused_body(int rank, int nranks, ncclUniqueId id, void* arg) {

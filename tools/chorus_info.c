@@ -115,8 +115,8 @@ int main(int argc, char** argv) {
   int has_cuda = cudrv_describe(cuda, sizeof(cuda)) == 0;
   printf("  CUDA: %s\n", cuda);
   if (has_cuda)
-    printf("    ranks that share one GPU: every collective runs there (the kernels above, peers' buffers\n"
-           "    through CUDA IPC); Send/Recv, and ranks on several GPUs or hosts: host copies in the call's\n"
+    printf("    ranks that share one GPU: every collective and Send/Recv runs there (the kernels above,\n"
+           "    peers' buffers through CUDA IPC); ranks on several GPUs or hosts: host copies in the call's\n"
            "    stream order; managed memory: used in place after the stream\n");
   if (brief) return 0;
   printf("\nConfiguration (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");

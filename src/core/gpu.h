@@ -1,4 +1,6 @@
-/* Ranks that share one GPU: calls on device buffers run on the GPU itself (gpu_setup.c, gpu_call.c).
+/* Ranks that share one GPU: calls on device buffers run on the GPU itself (gpu_setup.c: init and
+ * teardown; gpu_call.c: a call's description and its stream's part; gpu_resolve.c: the bridge's part;
+ * gpu_watch.c: dead peers and timeouts).
  *
  * At init every rank says whether its thread has a current CUDA context and on which device (the
  * hello, carried in comm_agree's allgather). When every rank of the communicator is on this host and
@@ -14,7 +16,9 @@
  * every field against the call, and fills the call's pointer table. The CUDA stream meanwhile waits
  * for that table, passes a barrier (every rank's inputs are ready), runs the kernel (devjob.h) that
  * reads and writes the peers' buffers directly, and passes a second barrier (nobody still reads).
- * Nothing of this reaches a kernel unless its table carries the call's number. */
+ * Send/Recv: the send's description goes to its peer alone, and the two streams meet through the
+ * pair's words (struct gpu_pair) instead of barriers. Nothing of this reaches a kernel unless its
+ * table carries the call's number. */
 #ifndef CH_CORE_GPU_H
 #define CH_CORE_GPU_H
 
@@ -32,7 +36,8 @@ struct gpu_hello {
   cudev_ipc_handle probe;
 };
 
-#define GPU_SLOTS 64     /* pointer tables per rank: calls whose table may be in use at once */
+#define GPU_SLOTS 128    /* pointer tables per rank: calls whose table may be in use at once */
+#define GPU_SLOTS_STR "128"
 #define GPU_IPC_CACHE 32 /* a peer's allocations kept open */
 
 /* Per rank, in the shared page: written by that rank's stream, read by every rank's stream. */
@@ -43,8 +48,17 @@ struct gpu_seg {
   uint64_t token; /* the export token (tp_fd_map checks it) */
   uint32_t n;
   _Atomic int32_t failed_by; /* 1 + the first rank that failed the communicator's GPU calls (gpu_unblock) */
-  struct gpu_words w[];
+  struct gpu_words w[];      /* [n], then the pairs' words (gpu_pair_off) */
 };
+/* Per ordered pair src -> dst, after w[n]: the number of sends on that pair whose data is ready
+ * (written by src's stream) and that dst's kernel is done with (written by dst's stream). */
+struct gpu_pair {
+  _Atomic uint32_t sent, copied;
+};
+static inline size_t gpu_pair_off(int n, int src, int dst) {
+  size_t pairs = sizeof(struct gpu_seg) + (size_t)n * sizeof(struct gpu_words);
+  return pairs + ((size_t)src * n + dst) * sizeof(struct gpu_pair);
+}
 
 /* This rank's mapped pinned memory: written by the bridge (ready, slot contents), and by the stream
  * (slot_done); the kernel reads the slots. */
@@ -72,7 +86,11 @@ struct gpu_comm {
   struct gpu_priv* priv;
   void* priv_dev;
   cudaStream_t bridge;
-  uint32_t next_seq;
+  uint32_t next_seq;  /* this rank's calls: tables, slots (the owner, at launch) */
+  uint32_t next_cseq; /* collectives, numbered alike on every rank (the owner, at launch) */
+  _Atomic uint32_t launched_c; /* the last collective queued on a stream */
+  _Atomic uint32_t* p2p_sent;  /* [n]: sends to each peer queued (the owner adds, gpu_unblock reads) */
+  _Atomic uint32_t* p2p_recvd; /* [n]: receives from each peer queued */
   cudaStream_t last_stream; /* of the last call queued (the owner, at launch); valid once next_seq moved */
   int any_launched;
   _Atomic uint32_t launched; /* the last call queued on a stream */
@@ -109,8 +127,8 @@ struct gpu_desc {
 /* One call, from enqueue to the bridge's hook. */
 struct gpu_call {
   struct gpu_comm* g;
-  uint32_t seq;
-  int func, type, root;
+  uint32_t seq, cseq; /* this rank's call number; the collective's, or the send's on its pair */
+  int func, type, root, peer; /* peer: Send/Recv's (-1 otherwise) */
   size_t count;
   struct red_op red;
   cudaStream_t stream;
@@ -147,6 +165,9 @@ void gpu_orphans_tick(void); /* gpu_setup.c */
 void gpu_watch_remove(struct gpu_comm* g);
 
 /* gpu_call.c */
+int gpu_is_p2p(int func);
+const char* gpu_fname(int func);
+int gpu_a2a_pair(int n, int me, int r); /* AlltoAll: rank me moves the blocks of the pair {me, r} */
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
  * host allgather of the descriptions (t->gpu holds the call). */
 int gpu_takes(const struct ch_task* t);
@@ -155,7 +176,11 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
 void gpu_drop(struct ch_task* t);
 /* A group with such calls: queue the exchange on the bridge and the stream's part. 1: handled. */
 int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res);
-/* The bridge's hook after the exchange ran (status st). */
+struct gpu_batch {
+  int n;
+  struct gpu_call* call[];
+};
+/* gpu_resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */
 void gpu_after(void* batch, ch_status st);
 
 #endif

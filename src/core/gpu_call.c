@@ -8,12 +8,13 @@
 #include "api.h"
 #include "gpu.h"
 
-/* The calls that run on the GPU (Send/Recv go through host memory). */
-static int on_gpu(int f) { return (f >= 0 && f <= FUNC_ALLREDUCE) || (f >= FUNC_ALLTOALL && f <= FUNC_GATHER); }
+/* The calls that run on the GPU: every collective, and Send/Recv. */
+static int on_gpu(int f) { return f >= 0 && f <= FUNC_GATHER && f != FUNC_SENDRECV; }
+int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }
 
-static const char* fname(int f) {
+const char* gpu_fname(int f) {
   static const char* n[] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclAllReduce",
-                            "?", "?", "?", "ncclAlltoAll", "ncclScatter", "ncclGather"};
+                            "?", "ncclSend", "ncclRecv", "ncclAlltoAll", "ncclScatter", "ncclGather"};
   return on_gpu(f) ? n[f] : "another call";
 }
 
@@ -68,14 +69,16 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   struct gpu_call* c = calloc(1, sizeof(*c) + (size_t)g->n * sizeof(c->all[0]));
   if (!c) return CH_SYSTEM;
   c->g = g, c->func = t->func, c->type = t->type, c->root = t->root, c->count = t->count, c->stream = t->stream;
+  c->peer = gpu_is_p2p(t->func) ? t->root : -1;
   if (t->func == FUNC_ALLREDUCE || t->func == FUNC_REDUCE || t->func == FUNC_REDUCESCATTER) c->red = t->red;
   else c->red.kind = RED_SUM;
   c->ptr[DEV_SEND] = needs_send ? t->sendbuff : NULL;
   c->ptr[DEV_RECV] = needs_recv ? t->recvbuff : NULL;
   struct gpu_desc* m = &c->mine;
   m->func = (uint32_t)c->func, m->type = (uint32_t)c->type, m->op_kind = (uint32_t)c->red.kind, m->count = c->count;
-  m->root = c->func == FUNC_BROADCAST || c->func == FUNC_REDUCE || c->func == FUNC_GATHER || c->func == FUNC_SCATTER
-                ? c->root
+  m->root = c->func == FUNC_BROADCAST || c->func == FUNC_REDUCE || c->func == FUNC_GATHER || c->func == FUNC_SCATTER ||
+                    gpu_is_p2p(c->func)
+                ? c->root /* the peer, for Send/Recv */
                 : -1;
   m->stream = (uint64_t)(uintptr_t)c->stream;
   if (red_type_is_float(c->type)) memcpy(&m->scalar, &c->red.scalar_f, sizeof(m->scalar));
@@ -92,11 +95,13 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
       return s;
     }
   }
-  /* The call becomes the allgather of the descriptions: it runs on the bridge, in this communicator's
-   * order of calls, and the stream's part is queued at launch (gpu_launch). */
+  /* The call becomes the allgather of the descriptions (a send's goes to its peer; a receive gets
+   * its peer's): it runs on the bridge, in this communicator's order of calls, and the stream's part is
+   * queued at launch (gpu_launch). */
   t->gpu = c;
-  t->func = FUNC_ALLGATHER, t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->root = 0, t->op = ncclSum;
+  t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
   t->sendbuff = &c->mine, t->recvbuff = c->all;
+  if (!gpu_is_p2p(t->func)) t->func = FUNC_ALLGATHER, t->root = 0;
   INFO(LOG_COLL, "%s: device buffers of %d rank(s) on one GPU: the call runs there", fn, g->n);
   return CH_OK;
 }
@@ -113,15 +118,41 @@ static void* word_dev(struct gpu_comm* g, int r, size_t field) {
   return (char*)g->seg_dev + offsetof(struct gpu_seg, w) + (size_t)r * sizeof(struct gpu_words) + field;
 }
 
-static void memop(struct cudev_memop* ops, int* k, void* dev, uint32_t value, int wait) {
-  ops[(*k)++] = (struct cudev_memop){.dev = dev, .value = value, .wait = wait};
+/* Stream memory operations gathered for one driver call (cudev_memops), sent when full or flushed. */
+struct memops {
+  struct gpu_comm* g;
+  cudaStream_t s;
+  ch_status st; /* the first failure */
+  int k;
+  struct cudev_memop op[CUDEV_MAX_MEMOPS];
+};
+
+static ch_status flush(struct memops* o) {
+  if (o->st == CH_OK && o->k) o->st = cudev_memops(o->s, o->op, o->k, o->g->ctx);
+  o->k = 0;
+  return o->st;
+}
+
+static void memop(struct memops* o, void* dev, uint32_t value, int wait) {
+  if (o->k == CUDEV_MAX_MEMOPS) flush(o);
+  o->op[o->k++] = (struct cudev_memop){.dev = dev, .value = value, .wait = wait};
 }
 
 /* Every rank's stream has written `seq` into its word `field`: my write, then a wait per peer. */
-static void barrier(struct gpu_comm* g, struct cudev_memop* ops, int* k, uint32_t seq, size_t field) {
-  memop(ops, k, word_dev(g, g->rank, field), seq, 0);
+static void barrier(struct memops* o, uint32_t seq, size_t field) {
+  struct gpu_comm* g = o->g;
+  memop(o, word_dev(g, g->rank, field), seq, 0);
   for (int r = 0; r < g->n; r++)
-    if (r != g->rank) memop(ops, k, word_dev(g, r, field), seq, 1);
+    if (r != g->rank) memop(o, word_dev(g, r, field), seq, 1);
+}
+
+/* The word of the ordered pair src -> dst: `sent` (the sender's stream reached the send) or `copied`
+ * (the receiver's kernel is done with the sender's buffer). */
+static void* pair_dev(struct gpu_comm* g, int src, int dst, int copied) {
+  return (char*)g->seg_dev + gpu_pair_off(g->n, src, dst) + (copied ? offsetof(struct gpu_pair, copied) : 0);
+}
+static void* slot_done_dev(struct gpu_comm* g, uint32_t seq) {
+  return priv_dev(g, offsetof(struct gpu_priv, slot_done) + (seq % GPU_SLOTS) * sizeof(uint32_t));
 }
 
 static struct dev_job* job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
@@ -135,7 +166,7 @@ static struct dev_job* job(struct dev_args* a, int reduce, uint32_t src_mask, in
 
 /* AlltoAll: rank me exchanges the blocks of the pairs {me, me + k mod n}, k = 1..(n-1)/2, and for an
  * even n the pair at distance n/2 falls to its lower rank: every pair once, each rank n/2 pairs at most. */
-static int a2a_pair(int n, int me, int r) {
+int gpu_a2a_pair(int n, int me, int r) {
   int d = (r - me + n) % n;
   return d > 0 && (d <= (n - 1) / 2 || (n % 2 == 0 && d == n / 2 && me < n / 2));
 }
@@ -148,7 +179,8 @@ static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
   uint32_t all = n == 32 ? 0xffffffffu : (1u << n) - 1, self = 1u << me;
   size_t E = red_type_size(c->type), C = c->count, B = C * E;
   memset(a, 0, sizeof(*a));
-  a->table = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table));
+  size_t slot = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
+  a->table = (uint64_t)(uintptr_t)priv_dev(g, slot);
   a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
   a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
   a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
@@ -171,13 +203,14 @@ static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
     case FUNC_ALLTOALL: /* its own block (unless in place), then its pairs */
       if (c->ptr[DEV_SEND] != c->ptr[DEV_RECV]) job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
       for (int r = 0; r < n; r++)
-        if (a2a_pair(n, me, r)) job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
+        if (gpu_a2a_pair(n, me, r)) job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
       break;
     case FUNC_GATHER: /* the root pulls every block; its own is already in place when sendbuff is there */
       for (int r = 0; me == c->root && r < n; r++)
         if (r != me || (const char*)c->ptr[DEV_SEND] != (const char*)c->ptr[DEV_RECV] + (size_t)me * B)
           job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
       break;
+    case FUNC_RECV: job(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
     case FUNC_SCATTER: /* every rank pulls its block from the root (nothing to do for a root in place) */
       if (me != c->root || (const char*)c->ptr[DEV_RECV] != (const char*)c->ptr[DEV_SEND] + (size_t)me * B)
         job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
@@ -185,52 +218,106 @@ static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
   }
 }
 
-static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
-  cudaStream_t s = c->stream;
+/* This call's kernel, if its rank has anything to do (fill_args). */
+static ch_status run_kernel(struct gpu_comm* g, const struct gpu_call* c, cudaStream_t s) {
   struct dev_args a;
   fill_args(g, c, &a);
-  /* A rank's calls on one communicator run in call order whatever streams they name (as NCCL orders
-   * them on its own stream): each rank's barrier words then only move forward, and a peer can never
-   * pass call k against this rank's word for a later call on another stream. */
+  if (!a.njobs) return CH_OK;
+  void* fn = cudev_kernel(g->ctx, c->type);
+  if (!fn) return CH_SYSTEM;
+  uint64_t most = 0;
+  for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);
+  /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM in all */
+  uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a.njobs, 1));
+  return cudev_launch(fn, (unsigned)UT_MAX(gx, 1), (unsigned)a.njobs, s, g->ctx, &a);
+}
+
+/* A rank's calls on one communicator run in call order whatever streams they name (as NCCL orders
+ * them on its own stream): each rank's barrier words then only move forward, and a peer can never
+ * pass call k against this rank's word for a later call on another stream. */
+static ch_status follow(struct gpu_comm* g, cudaStream_t s) {
   if (g->any_launched && g->last_stream != s) CHECK(cudrv_join(g->last_stream, g->ctx, s, g->ctx));
   g->last_stream = s, g->any_launched = 1;
-  /* Two batches of stream memory operations around the kernel (one driver call each, not 2n + 3). */
-  struct cudev_memop ops[CUDEV_MAX_MEMOPS];
-  int k = 0;
-  memop(ops, &k, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
-  if (g->seg) barrier(g, ops, &k, c->seq, offsetof(struct gpu_words, arrive));
-  CHECK(cudev_memops(s, ops, k, g->ctx));
-  if (a.njobs) {
-    void* fn = cudev_kernel(g->ctx, c->type);
-    if (!fn) return CH_SYSTEM;
-    uint64_t most = 0;
-    for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);
-    /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM in all */
-    uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a.njobs, 1));
-    CHECK(cudev_launch(fn, (unsigned)UT_MAX(gx, 1), (unsigned)a.njobs, s, g->ctx, &a));
-  }
-  k = 0;
-  if (g->seg) barrier(g, ops, &k, c->seq, offsetof(struct gpu_words, done));
-  size_t done = offsetof(struct gpu_priv, slot_done) + (c->seq % GPU_SLOTS) * sizeof(uint32_t);
-  memop(ops, &k, priv_dev(g, done), c->seq, 0);
-  CHECK(cudev_memops(s, ops, k, g->ctx));
   return CH_OK;
 }
 
-struct gpu_batch {
-  int n;
-  struct gpu_call* call[];
-};
+/* A collective: its table, a barrier (every input ready), the kernel, a barrier (nobody still reads),
+ * its slot freed. The operations before and after the kernel go to the driver as one batch each. */
+static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
+  struct memops o = {.g = g, .s = c->stream};
+  CHECK(follow(g, c->stream));
+  memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
+  if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, arrive));
+  CHECK(flush(&o));
+  CHECK(run_kernel(g, c, c->stream));
+  if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, done));
+  memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+  return flush(&o);
+}
+
+/* A group's sends and receives, on the first one's stream (which first waits for the others' work,
+ * and which they wait for after), in three phases so that two ranks that send to each other never
+ * wait for each other: every send says its data is ready; every receive waits for its table and its
+ * sender's data, copies, and says it is done with the sender's buffer; every send waits for that. A
+ * pair's words carry the number of sends on that ordered pair (c->cseq), alike on both sides. */
+static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
+  cudaStream_t s = cs[0]->stream;
+  int me = g->rank;
+  struct memops o = {.g = g, .s = s};
+  CHECK(follow(g, s));
+  for (int i = 1; i < k; i++)
+    if (cs[i]->stream != s) CHECK(cudrv_join(cs[i]->stream, g->ctx, s, g->ctx)); /* twice is harmless */
+  for (int i = 0; i < k; i++)
+    if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 0), cs[i]->cseq, 0);
+  for (int i = 0; i < k; i++)
+    if (cs[i]->func == FUNC_RECV) {
+      memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), cs[i]->seq, 1);
+      if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 0), cs[i]->cseq, 1);
+    }
+  CHECK(flush(&o));
+  for (int i = 0; i < k; i++)
+    if (cs[i]->func == FUNC_RECV) CHECK(run_kernel(g, cs[i], s));
+  for (int i = 0; i < k; i++)
+    if (cs[i]->func == FUNC_RECV && g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 1), cs[i]->cseq, 0);
+  for (int i = 0; i < k; i++)
+    if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 1), cs[i]->cseq, 1);
+  for (int i = 0; i < k; i++) memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
+  CHECK(flush(&o));
+  for (int i = 1; i < k; i++)
+    if (cs[i]->stream != s) CHECK(cudrv_join(s, g->ctx, cs[i]->stream, g->ctx));
+  return CH_OK;
+}
+
+/* Why a group cannot run on the GPU as it is (NULL: it can). */
+static const char* refusal(struct ch_task** lists, int n) {
+  int ngpu = 0, nall = 0;
+  for (int i = 0; i < n; i++) {
+    int np2p = 0, k = 0;
+    for (struct ch_task* t = lists[i]; t; t = t->next, k++) {
+      nall++, ngpu += t->gpu != NULL;
+      np2p += t->gpu && gpu_is_p2p(t->gpu->func);
+    }
+    if (np2p && np2p < k)
+      return "mixes collectives and sends or receives on device buffers of ranks sharing one GPU: issue them in "
+             "separate groups";
+    if (np2p > GPU_SLOTS) /* each needs a table slot of its own until the group's end */
+      return "has more than " GPU_SLOTS_STR " sends and receives on device buffers of ranks sharing one GPU for one "
+             "communicator: split it";
+  }
+  if (ngpu && ngpu < nall)
+    return "mixes calls that run on the GPU (device buffers of ranks sharing one GPU) with calls through host "
+           "memory: issue them in separate groups, or set CHORUS_CUDA_DIRECT=0";
+  return NULL;
+}
 
 int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
-  int ngpu = 0, nall = 0;
+  int ngpu = 0;
   for (int i = 0; i < n; i++)
-    for (struct ch_task* t = lists[i]; t; t = t->next) nall++, ngpu += t->gpu != NULL;
+    for (struct ch_task* t = lists[i]; t; t = t->next) ngpu += t->gpu != NULL;
   if (!ngpu) return 0;
-  if (ngpu < nall) {
-    WARN("a group mixes calls that run on the GPU (device buffers of ranks sharing one GPU: AllReduce, AllGather, "
-         "ReduceScatter, Broadcast, Reduce, AlltoAll, Gather, Scatter) with other calls (Send/Recv): issue them in "
-         "separate groups, or set CHORUS_CUDA_DIRECT=0");
+  const char* why = refusal(lists, n);
+  if (why) {
+    WARN("a group %s", why);
     for (int i = 0; i < n; i++) plans[i]->status = CH_INVALID_USAGE; /* failed in ticket order */
     plan_exec(plans, n);
     *res = CH_INVALID_USAGE;
@@ -250,12 +337,22 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       continue;
     }
     b->n = 0;
+    /* Numbers (all wrap: every comparison is cyclic): seq is this rank's, for its tables; cseq is
+     * alike on the ranks that take part: the collective's number, or the send's on its pair. */
     for (struct ch_task* t = lists[i]; t; t = t->next) {
       struct gpu_call* c = b->call[b->n++] = t->gpu;
       t->gpu = NULL;
-      c->seq = c->mine.seq = ++g->next_seq; /* wraps: every comparison of call numbers is cyclic */
-      ch_status q = queue_call(g, c); /* waits for the table that the exchange fills */
-      atomic_store_explicit(&g->launched, c->seq, memory_order_release);
+      c->seq = ++g->next_seq;
+      if (c->func == FUNC_SEND) c->cseq = atomic_fetch_add(&g->p2p_sent[c->peer], 1) + 1;
+      else if (c->func == FUNC_RECV) c->cseq = atomic_fetch_add(&g->p2p_recvd[c->peer], 1) + 1;
+      else c->cseq = ++g->next_cseq;
+      c->mine.seq = c->cseq;
+    }
+    int p2p = gpu_is_p2p(b->call[0]->func); /* then all are (refusal) */
+    for (int j = 0; j < b->n; j++) {
+      ch_status q = p2p ? (j ? CH_OK : queue_p2p(g, b->call, b->n)) : queue_call(g, b->call[j]);
+      if (!p2p) atomic_store_explicit(&g->launched_c, b->call[j]->cseq, memory_order_release);
+      atomic_store_explicit(&g->launched, b->call[p2p ? b->n - 1 : j]->seq, memory_order_release);
       if (q != CH_OK) { /* the stream may hold part of it: let it and the peers' streams through */
         comm_set_async_error(comm, q);
         if (e == CH_OK) e = q;
@@ -272,186 +369,3 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
   return 1;
 }
 
-/* ---- the bridge's part: check the descriptions, open the peers' buffers, fill the table ---- */
-
-static int cyc_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
-
-static ch_status broken(struct gpu_comm* g) {
-  if (__atomic_load_n(&g->comm->abort_flag, __ATOMIC_ACQUIRE)) return CH_ABORTED;
-  int as = atomic_load(&g->comm->async_result);
-  return as != ncclSuccess && as != ncclInProgress ? (ch_status)as : CH_OK;
-}
-
-/* The call that last used seq's slot (GPU_SLOTS calls earlier) has finished on its stream. */
-static ch_status wait_slot(struct gpu_comm* g, uint32_t seq) {
-  /* Cyclic, so it holds across the 32-bit wrap, and for the first calls too (slot_done starts at 0,
-   * which is not before seq - GPU_SLOTS then). */
-  _Atomic uint32_t* done = &g->priv->slot_done[seq % GPU_SLOTS];
-  for (uint64_t i = 0; cyc_before(atomic_load_explicit(done, memory_order_acquire), seq - GPU_SLOTS); i++) {
-    CHECK(broken(g));
-    ut_backoff(i);
-  }
-  return CH_OK;
-}
-
-/* An entry whose last call has finished may be closed. */
-static int ipc_idle(struct gpu_comm* g, const struct gpu_ipc* e) {
-  return !cyc_before(atomic_load_explicit(&g->priv->slot_done[e->last_seq % GPU_SLOTS], memory_order_acquire),
-                     e->last_seq);
-}
-
-/* Peer r's allocation `d` mapped here (opened once, kept in r's cache). */
-static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d, uint32_t seq, uintptr_t* base,
-                         size_t* size) {
-  struct gpu_ipc* cache = g->ipc[r];
-  struct gpu_ipc* e = NULL;
-  for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
-    if (cache[k].base && cache[k].id == d->id) e = &cache[k];
-  if (!e) {
-    for (int k = 0; k < GPU_IPC_CACHE; k++) { /* an allocation at the same address was freed: close it */
-      struct gpu_ipc* o = &cache[k];
-      if (o->base && o->peer_base == d->base && ipc_idle(g, o)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
-    }
-    for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
-      if (!cache[k].base) e = &cache[k];
-    for (int k = 0; k < GPU_IPC_CACHE && (!e || e->base); k++) /* else the least recently used idle one */
-      if (!e || (ipc_idle(g, &cache[k]) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
-    if (e->base && !ipc_idle(g, e)) {
-      WARN("rank %d: calls in flight use more than %d buffers of rank %d: wait for some (synchronise the stream)",
-           g->rank, GPU_IPC_CACHE, r);
-      return CH_INVALID_USAGE;
-    }
-    if (e->base) gpu_ipc_close(g->ctx, e->base), e->base = 0;
-    uintptr_t b = 0;
-    size_t sz = 0;
-    int cu = 0;
-    if (gpu_ipc_open(g->ctx, g->comm->peers[r].proc_nonce, d->id, &d->h, &b, &sz, &cu) != CH_OK) {
-      if (cu) WARN("rank %d: cannot open rank %d's device buffer through CUDA IPC: cuIpcOpenMemHandle: %s (%d)", g->rank,
-                   r, cudrv_errstr(cu), cu);
-      return CH_SYSTEM;
-    }
-    e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz;
-  }
-  e->last_seq = seq;
-  *base = e->base, *size = e->size;
-  return CH_OK;
-}
-
-/* Bytes of rank r's buffer b that this rank's kernel touches (0: none). */
-static size_t touched(const struct gpu_call* c, int n, int me, int r, int b) {
-  size_t B = c->count * red_type_size(c->type);
-  switch (c->func) {
-    case FUNC_ALLREDUCE: return B;
-    case FUNC_ALLGATHER: return b == DEV_SEND ? (r == me ? B : 0) : B * (size_t)n;
-    case FUNC_REDUCESCATTER: return b == DEV_SEND ? B * (size_t)n : (r == me ? B : 0);
-    case FUNC_BROADCAST: return b == DEV_SEND ? (r == c->root ? B : 0) : (r == me ? B : 0);
-    case FUNC_REDUCE: return me != c->root ? 0 : b == DEV_SEND ? B : (r == me ? B : 0);
-    case FUNC_ALLTOALL: return r == me || a2a_pair(n, me, r) ? B * (size_t)n : 0;
-    case FUNC_GATHER: return me != c->root ? 0 : b == DEV_SEND ? B : (r == me ? B * (size_t)n : 0);
-    case FUNC_SCATTER: return b == DEV_SEND ? (r == c->root ? B * (size_t)n : 0) : (r == me ? B : 0);
-  }
-  return 0;
-}
-
-static const char* bufname(int b) { return b == DEV_SEND ? "sendbuff" : "recvbuff"; }
-
-static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
-  int n = g->n, me = g->rank;
-  CHECK(broken(g));
-  for (int r = 0; r < n; r++) {
-    const struct gpu_desc *d = &c->all[r], *m = &c->mine;
-    if (d->seq != m->seq || d->func != m->func || d->type != m->type || d->count != m->count || d->root != m->root ||
-        d->op_kind != m->op_kind) {
-      WARN("rank %d: rank %d's call on device buffers differs from this rank's %s (count %zu, type %d, op %u, root "
-           "%d, call #%u): %s count %llu type %u op %u root %d call #%u",
-           me, r, fname(c->func), c->count, c->type, m->op_kind, m->root, m->seq,
-           fname((int)d->func), (unsigned long long)d->count, d->type,
-           d->op_kind, d->root, d->seq);
-      return CH_INVALID_USAGE;
-    }
-  }
-  /* Thread ranks: each stream would wait at the barrier for the other rank's part, queued behind it
-   * on a shared stream, or (the legacy stream: NULL or CU_STREAM_LEGACY) behind any blocking stream of
-   * the context. cudaStreamPerThread (0x2) is one stream per thread. */
-  for (int r = 0; r < n; r++) {
-    uint64_t theirs = c->all[r].stream, mine = c->mine.stream;
-    if (r == me || !g->same_proc[r] || (theirs != mine && mine > 1 && theirs > 1) || (theirs == mine && mine == 2))
-      continue;
-    WARN("rank %d: rank %d, a thread of this process, passed %s CUDA stream (%p and %p) to %s: ranks that share a "
-         "GPU in one process need a stream each, and not the legacy NULL stream (as with NCCL)", me, r,
-         theirs == mine ? "the same" : "the legacy", (void*)(uintptr_t)mine, (void*)(uintptr_t)theirs, fname(c->func));
-    return CH_INVALID_USAGE;
-  }
-  CHECK(wait_slot(g, c->seq));
-  struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
-  for (int r = 0; r < n; r++)
-    for (int b = 0; b < 2; b++) {
-      size_t need = touched(c, n, me, r, b);
-      const struct gpu_buf_desc* d = &c->all[r].buf[b];
-      uintptr_t addr = 0, base = 0;
-      size_t size = 0;
-      uint64_t id;
-      if (!need) {
-      } else if (d->foreign) {
-        WARN("rank %d: rank %d's %s for %s is device memory of another GPU or CUDA context than its communicator's "
-             "(made for the context current at ncclCommInitRank): allocate it there", me, r, bufname(b),
-             fname(c->func));
-        return CH_INVALID_ARG;
-      } else if (!d->present) {
-        WARN("rank %d: rank %d gave no %s for %s", me, r, bufname(b), fname(c->func));
-        return CH_INVALID_ARG;
-      } else if (r == me) {
-        addr = (uintptr_t)c->ptr[b];
-      } else if (g->same_proc[r]) { /* a thread of this process: its address, if the driver agrees */
-        if (cudev_range((void*)(uintptr_t)d->ptr, g->ctx, &base, &size, &id) != CH_OK || d->ptr + need > base + size) {
-          WARN("rank %d: rank %d's %s %p (+%zu bytes) is not device memory of this context", me, r, bufname(b),
-               (void*)(uintptr_t)d->ptr, need);
-          return CH_INVALID_ARG;
-        }
-        addr = (uintptr_t)d->ptr;
-      } else if (!d->shareable) {
-        WARN("rank %d: rank %d's %s for %s is device memory that cannot be shared with other processes through "
-             "CUDA IPC (cuIpcGetMemHandle refused it: e.g. cuMemCreate memory, or PyTorch's expandable segments); "
-             "allocate it with cudaMalloc or ncclMemAlloc, or set CHORUS_CUDA_DIRECT=0", me, r, bufname(b),
-             fname(c->func));
-        return CH_INVALID_USAGE;
-      } else {
-        CHECK(ipc_get(g, r, d, c->seq, &base, &size));
-        if (d->off > size || need > size - d->off) {
-          WARN("rank %d: rank %d's %s (offset %llu, %zu bytes) lies outside its %zu-byte allocation", me, r,
-               bufname(b), (unsigned long long)d->off, need, size);
-          return CH_INVALID_ARG;
-        }
-        addr = base + d->off;
-      }
-      tab->buf[b][r] = addr;
-    }
-  for (int r = 0; r < n; r++) tab->scalar[r] = c->all[r].scalar; /* only ever multiplies data */
-  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses before the seq that makes them valid */
-  return CH_OK;
-}
-
-static void ready_raise(struct gpu_comm* g, uint32_t v) {
-  uint32_t cur = atomic_load_explicit(&g->priv->ready, memory_order_relaxed);
-  while (cyc_before(cur, v) &&
-         !atomic_compare_exchange_weak_explicit(&g->priv->ready, &cur, v, memory_order_release, memory_order_relaxed)) {
-  }
-}
-
-/* On the bridge (or the launching thread for one rank), once the descriptions are exchanged. A failed
- * call fails its communicator (async error, which lets every stream through: gpu_unblock). */
-void gpu_after(void* batch, ch_status st) {
-  struct gpu_batch* b = batch;
-  for (int i = 0; i < b->n; i++) {
-    struct gpu_call* c = b->call[i];
-    struct gpu_comm* g = c->g;
-    ch_status e = st == CH_OK ? resolve(g, c) : st;
-    if (e != CH_OK) { /* the error unblocks (voids every table, lets every stream through); an abort is no error */
-      comm_set_async_error(g->comm, e);
-      if (e == CH_ABORTED) gpu_unblock(g);
-    }
-    ready_raise(g, c->seq);
-    free(c);
-  }
-  free(b);
-}

@@ -82,7 +82,7 @@ static void seg_put(void* mem) {
   pthread_mutex_unlock(&maps_mu);
 }
 
-static size_t seg_bytes(int n) { return UT_ALIGN_UP(sizeof(struct gpu_seg) + (size_t)n * sizeof(struct gpu_words), 4096); }
+static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_pair_off(n, n, 0), 4096); }
 
 /* Rank 0 creates the page (a sealed memfd, so nothing outlives the processes) and exports it; every
  * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
@@ -253,7 +253,10 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     unsigned char uuid[16];
     g->same_proc = calloc((size_t)n, 1);
     g->ipc = calloc((size_t)n, sizeof(*g->ipc));
-    ok = g->same_proc && g->ipc && cudev_device(g->ctx, uuid, &g->sms, &g->ordinal) == CH_OK;
+    g->p2p_sent = calloc((size_t)n, sizeof(*g->p2p_sent));
+    g->p2p_recvd = calloc((size_t)n, sizeof(*g->p2p_recvd));
+    ok = g->same_proc && g->ipc && g->p2p_sent && g->p2p_recvd &&
+         cudev_device(g->ctx, uuid, &g->sms, &g->ordinal) == CH_OK;
     for (int r = 0; ok && r < n; r++) {
       g->same_proc[r] = comm->peers[r].proc_nonce == comm->peers[me].proc_nonce;
       g->any_proc |= !g->same_proc[r];
@@ -285,6 +288,8 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     if (g->seg) seg_put(g->seg);
     free(g->same_proc);
     free(g->ipc);
+    free(g->p2p_sent);
+    free(g->p2p_recvd);
     free(g);
     if (s == CH_OK) INFO(LOG_INIT, "rank %d: the GPU path could not be set up on every rank: calls on device "
                          "buffers go through host memory", me);
@@ -299,8 +304,9 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
 
 void gpu_test_seq_base(struct ncclComm* comm, uint32_t base) {
   struct gpu_comm* g = comm->gpu;
-  g->next_seq = base;
+  g->next_seq = g->next_cseq = base;
   atomic_store(&g->launched, base);
+  atomic_store(&g->launched_c, base);
   atomic_store(&g->priv->ready, base);
   for (int k = 0; k < GPU_SLOTS; k++) atomic_store(&g->priv->slot_done[k], base);
   if (g->seg) atomic_store(&g->seg->w[g->rank].arrive, base), atomic_store(&g->seg->w[g->rank].done, base);
@@ -313,13 +319,24 @@ void gpu_unblock(struct gpu_comm* g) {
   atomic_store_explicit(&g->priv->failed, 1, memory_order_release);
   int32_t none = 0; /* the peers' watchers fail their ranks too */
   if (g->seg) atomic_compare_exchange_strong(&g->seg->failed_by, &none, g->rank + 1);
-  uint32_t v = atomic_load_explicit(&g->launched, memory_order_acquire) + 0x40000000u;
+  const uint32_t ahead = 0x40000000u;
+  uint32_t v = atomic_load_explicit(&g->launched, memory_order_acquire) + ahead;
+  uint32_t vc = atomic_load_explicit(&g->launched_c, memory_order_acquire) + ahead;
   /* Kernels not yet started skip: slot i only serves calls whose number is i modulo GPU_SLOTS. */
   for (uint32_t i = 0; i < GPU_SLOTS; i++) __atomic_store_n(&g->priv->slot[i].seq, i + 1, __ATOMIC_RELEASE);
   if (g->seg)
     for (int r = 0; r < g->n; r++) {
-      atomic_store_explicit(&g->seg->w[r].arrive, v, memory_order_release);
-      atomic_store_explicit(&g->seg->w[r].done, v, memory_order_release);
+      atomic_store_explicit(&g->seg->w[r].arrive, vc, memory_order_release);
+      atomic_store_explicit(&g->seg->w[r].done, vc, memory_order_release);
+      /* the words of this rank's pairs, which its stream and the peer's wait on */
+      struct gpu_pair* to = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, g->rank, r));
+      struct gpu_pair* from = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, r, g->rank));
+      uint32_t s = atomic_load_explicit(&g->p2p_sent[r], memory_order_relaxed) + ahead;
+      uint32_t d = atomic_load_explicit(&g->p2p_recvd[r], memory_order_relaxed) + ahead;
+      atomic_store_explicit(&to->sent, s, memory_order_release);
+      atomic_store_explicit(&to->copied, s, memory_order_release);
+      atomic_store_explicit(&from->sent, d, memory_order_release);
+      atomic_store_explicit(&from->copied, d, memory_order_release);
     }
   atomic_store_explicit(&g->priv->ready, v, memory_order_release);
 }
@@ -349,6 +366,8 @@ static void release(struct gpu_comm* g) {
   if (g->seg) seg_put(g->seg);
   free(g->same_proc);
   free(g->ipc);
+  free(g->p2p_sent);
+  free(g->p2p_recvd);
   free(g);
 }
 
