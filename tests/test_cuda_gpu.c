@@ -361,6 +361,26 @@ TEST_T(cuda_gpu, ipc_refused_goes_through_host_memory, 60) {
   rt_run_procs(2, refused_body, NULL);
 }
 
+/* A context destroyed and made again at the same address (cudaDeviceReset) has lost the kernels
+ * loaded into it: the next communicator finds out and loads them again. */
+TEST_T(cuda_gpu, kernels_reloaded_into_a_new_context, 60) {
+  if (no_kernels()) return;
+  load();
+  void* h = dlopen(CHORUS_FAKE_CUDA, RTLD_NOW | RTLD_GLOBAL);
+  void (*new_ctx)(void) = (void (*)(void))dlsym(h, "fake_cuda_new_ctx");
+  int (*loads)(void) = (int (*)(void))dlsym(h, "fake_cuda_module_loads");
+  ASSERT(new_ctx && loads);
+  rt_run_threads(2, five_body, NULL);
+  int first = loads();
+  rt_run_threads(2, five_body, NULL);
+  EXPECT_EQ(loads(), first); /* the same context: loaded once */
+  new_ctx();
+  int before = fk.kernels();
+  rt_run_threads(2, five_body, NULL);
+  EXPECT_EQ(loads(), first + 1);
+  EXPECT(fk.kernels() > before);
+}
+
 /* CHORUS_CUDA_DIRECT=0: the same calls go through host memory (no kernel runs). */
 TEST_T(cuda_gpu, direct_off_goes_through_host_memory, 60) {
   setenv("CHORUS_CUDA_DIRECT", "0", 1);

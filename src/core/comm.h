@@ -121,7 +121,6 @@ struct ncclComm {
   ncclUniqueId init_id;
   int nsplits; /* splits made from this comm (all ranks count alike) */
 
-  int destroyed;
   /* CHORUS_TIMEOUT or chorusCommSetTimeout, in ns (0 = none): read by whichever thread runs a plan. */
   _Atomic uint64_t timeout_ns;
 

@@ -19,10 +19,11 @@ void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   int sms = 0, ordinal = -1;
   if (!ctx || !param_int(PARAM_CUDA_DIRECT) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
     return;
-  if (cudev_device(ctx, h->uuid, &sms, &ordinal) != CH_OK || !cudev_kernel(ctx, 0)) return; /* WARNed */
+  if (cudev_device(ctx, h->uuid, &sms, &ordinal) != CH_OK) return; /* WARNed */
+  h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe); /* first: it checks the context is the same */
+  if (!cudev_kernel(ctx, 0)) return;
   h->capable = 1;
   h->ctx_id = (uint64_t)(uintptr_t)ctx;
-  h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe);
 }
 
 /* ---- the shared page: one mapping per process, registered with CUDA once ---- */

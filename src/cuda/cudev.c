@@ -33,6 +33,7 @@ static struct {
   cu_result (*uuid)(unsigned char*, int);
   cu_result (*attr)(int*, int, int);
   cu_result (*mem_alloc)(uintptr_t*, size_t);
+  cu_result (*ctx_id)(void*, unsigned long long*); /* optional (CUDA 12.0) */
 } dv;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -41,6 +42,7 @@ static _Atomic int state; /* 0 not looked, 1 usable, -1 not */
 #define MAX_CTX 16
 static struct loaded {
   void* ctx;
+  unsigned long long ctx_id; /* 0: unknown (a driver before CUDA 12) */
   void* module;
   void* fn[DEV_NTYPES];
   int probe_state; /* 0 not made, 1 made, -1 failed */
@@ -72,9 +74,10 @@ static int look(void) {
   if (!dv.uuid) SYM(uuid, "cuDeviceGetUuid");
   SYM(attr, "cuDeviceGetAttribute");
   SYM(mem_alloc, "cuMemAlloc_v2");
+  SYM(ctx_id, "cuCtxGetId");
 #undef SYM
   void** all = (void**)&dv;
-  for (size_t i = 0; i < sizeof(dv) / sizeof(void*); i++)
+  for (size_t i = 0; i + 1 < sizeof(dv) / sizeof(void*); i++) /* all but the optional last */
     if (!all[i]) {
       INFO(LOG_INIT, "the CUDA driver lacks an entry point of the device path (#%zu): device buffers go "
            "through host memory", i);
@@ -110,12 +113,22 @@ static ch_status load_module(void* ctx, struct loaded* l) {
   return CH_OK;
 }
 
-/* ctx's entry, its module loaded on first use; NULL if it cannot be. Under mu. */
-static struct loaded* entry(void* ctx) {
+/* ctx's entry, its module loaded on first use; NULL if it cannot be. `check`: make sure it is still
+ * the context the entry was made for (a context destroyed and made again at the same address, by
+ * cudaDeviceReset, has lost its modules and memory): at init only, since it costs a driver call.
+ * Under mu. */
+static struct loaded* entry(void* ctx, int check) {
+  unsigned long long id = 0;
+  if (check && dv.ctx_id && dv.ctx_id(ctx, &id) != 0) id = 0;
   int i = 0;
   while (i < nloaded && loaded[i].ctx != ctx) i++;
+  if (i < nloaded && id && loaded[i].ctx_id && loaded[i].ctx_id != id) {
+    INFO(LOG_INIT, "CUDA context %p was made again since Chorus loaded its kernels into it: loading them again", ctx);
+    loaded[i] = loaded[--nloaded]; /* the old module and probe went with the old context */
+    i = nloaded;
+  }
   if (i == nloaded && nloaded < MAX_CTX) {
-    struct loaded l = {.ctx = ctx};
+    struct loaded l = {.ctx = ctx, .ctx_id = id};
     if (load_module(ctx, &l) == CH_OK) loaded[nloaded++] = l;
   }
   return i < nloaded ? &loaded[i] : NULL;
@@ -124,7 +137,7 @@ static struct loaded* entry(void* ctx) {
 void* cudev_kernel(void* ctx, int type) {
   if (!cudev_ok() || type < 0 || type >= DEV_NTYPES) return NULL;
   pthread_mutex_lock(&mu);
-  struct loaded* l = entry(ctx);
+  struct loaded* l = entry(ctx, 0);
   void* fn = l ? l->fn[type] : NULL;
   pthread_mutex_unlock(&mu);
   return fn;
@@ -143,7 +156,7 @@ static ch_status make_probe(void* ctx, struct loaded* l) {
 int cudev_probe(void* ctx, uint64_t* id, cudev_ipc_handle* h) {
   if (!cudev_ok()) return 0;
   pthread_mutex_lock(&mu);
-  struct loaded* l = entry(ctx);
+  struct loaded* l = entry(ctx, 1);
   if (l && !l->probe_state) l->probe_state = make_probe(ctx, l) == CH_OK ? 1 : -1;
   int ok = l && l->probe_state > 0;
   if (ok) *id = l->probe_id, *h = l->probe;

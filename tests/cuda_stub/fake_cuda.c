@@ -517,10 +517,22 @@ EXPORT int cuStreamBatchMemOp_v2(void* s, unsigned count, const struct batch_op*
   return 0;
 }
 static char fake_module;
+static int module_loads;
+/* The context's unique id (cuCtxGetId, CUDA 12): fake_cuda_new_ctx stands for a context destroyed
+ * and made again at the same address (cudaDeviceReset), whose modules are gone. */
+static unsigned long long ctx_gen = 1;
+EXPORT int cuCtxGetId(void* ctx, unsigned long long* id) {
+  if (ctx != &fake_ctx) return E_INVALID_CONTEXT;
+  *id = __atomic_load_n(&ctx_gen, __ATOMIC_RELAXED);
+  return 0;
+}
+EXPORT void fake_cuda_new_ctx(void) { __atomic_fetch_add(&ctx_gen, 1, __ATOMIC_RELAXED); }
+EXPORT int fake_cuda_module_loads(void) { return __atomic_load_n(&module_loads, __ATOMIC_RELAXED); }
 EXPORT int cuModuleLoadData(void** mod, const void* image) {
   if (!ctx_depth) return E_INVALID_CONTEXT;
   if (!image) return E_INVALID_VALUE;
   *mod = &fake_module;
+  __atomic_fetch_add(&module_loads, 1, __ATOMIC_RELAXED);
   return 0;
 }
 EXPORT int cuModuleGetFunction(void** fn, void* mod, const char* name) {
