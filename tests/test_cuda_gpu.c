@@ -294,6 +294,35 @@ TEST_T(cuda_gpu, send_recv_2_to_4_procs, 120) {
   for (int n = 2; n <= 4; n++) rt_run_procs(n, p2p_body, NULL);
 }
 
+/* Two receives in one group, their sends in two calls at the peer: the first receive's copy must not
+ * wait for the second send, which waits for it. */
+static void two_sends_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9c00, &s);
+  float* a = dev_alloc(2 * N);
+  for (int i = 0; i < 2 * N; i++) a[i] = rank ? v3(1, i / N, i % N) : -1;
+  if (rank == 0) {
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclRecv(a, N, ncclFloat32, 1, comm, s));
+    NCCL_OK(ncclRecv(a + N, N, ncclFloat32, 1, comm, s));
+    NCCL_OK(ncclGroupEnd());
+  } else {
+    NCCL_OK(ncclSend(a, N, ncclFloat32, 0, comm, s));
+    NCCL_OK(ncclSend(a + N, N, ncclFloat32, 0, comm, s));
+  }
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < 2 * N; i++) EXPECT(a[i] == v3(1, i / N, i % N));
+  NCCL_OK(ncclCommDestroy(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, grouped_receives_of_separate_sends, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(2, two_sends_body, NULL);
+}
+
 /* A receive that does not match its send (another count) fails both ranks, naming both sides; no
  * stream stays blocked. */
 static void p2p_mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
@@ -352,6 +381,19 @@ TEST_T(cuda_gpu, send_without_receive_times_out, 60) {
 static void refused_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   five_body(rank, nranks, id, arg);
   EXPECT_EQ(fk.kernels(), 0);
+}
+
+/* One process that cannot export its memory (its probe fails): every rank decides alike at init
+ * (host memory), none waits for the others in setup. */
+static void one_mute_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  if (rank == 1) setenv("FAKE_CUDA_IPC_GET_REFUSED", "1", 1);
+  refused_body(rank, nranks, id, arg);
+}
+
+TEST_T(cuda_gpu, one_process_without_ipc_decides_alike, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(3, one_mute_body, NULL);
 }
 
 TEST_T(cuda_gpu, ipc_refused_goes_through_host_memory, 60) {

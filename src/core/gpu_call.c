@@ -257,9 +257,12 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
 
 /* A group's sends and receives, on the first one's stream (which first waits for the others' work,
  * and which they wait for after), in three phases so that two ranks that send to each other never
- * wait for each other: every send says its data is ready; every receive waits for its table and its
- * sender's data, copies, and says it is done with the sender's buffer; every send waits for that. A
- * pair's words carry the number of sends on that ordered pair (c->cseq), alike on both sides. */
+ * wait for each other: every send says its data is ready; each receive in turn waits for its table
+ * and its sender's data, copies, and says it is done with the sender's buffer (so a peer's later
+ * send, in a group of its own, can wait for an earlier receive here); every send waits for that. A
+ * pair's words carry the number of sends on that ordered pair (c->cseq), alike on both sides.
+ * Receives run one after the other on one stream: receives from several peers whose sends depend on
+ * each other in another order than this group's can wait for each other until CHORUS_TIMEOUT. */
 static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
   cudaStream_t s = cs[0]->stream;
   int me = g->rank;
@@ -269,16 +272,14 @@ static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
     if (cs[i]->stream != s) CHECK(cudrv_join(cs[i]->stream, g->ctx, s, g->ctx)); /* twice is harmless */
   for (int i = 0; i < k; i++)
     if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 0), cs[i]->cseq, 0);
-  for (int i = 0; i < k; i++)
-    if (cs[i]->func == FUNC_RECV) {
-      memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), cs[i]->seq, 1);
-      if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 0), cs[i]->cseq, 1);
-    }
-  CHECK(flush(&o));
-  for (int i = 0; i < k; i++)
-    if (cs[i]->func == FUNC_RECV) CHECK(run_kernel(g, cs[i], s));
-  for (int i = 0; i < k; i++)
-    if (cs[i]->func == FUNC_RECV && g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 1), cs[i]->cseq, 0);
+  for (int i = 0; i < k; i++) {
+    if (cs[i]->func != FUNC_RECV) continue;
+    memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), cs[i]->seq, 1);
+    if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 0), cs[i]->cseq, 1);
+    CHECK(flush(&o));
+    CHECK(run_kernel(g, cs[i], s));
+    if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 1), cs[i]->cseq, 0); /* sent with what follows */
+  }
   for (int i = 0; i < k; i++)
     if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 1), cs[i]->cseq, 1);
   for (int i = 0; i < k; i++) memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);

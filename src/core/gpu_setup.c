@@ -225,10 +225,14 @@ static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
     if (!all[r].capable) why = "has no current CUDA context with Chorus's kernels at init (or CHORUS_CUDA_DIRECT=0)";
     else if (memcmp(all[r].uuid, all[me].uuid, 16)) why = "is on another GPU";
     else if (r != me && comm->peer_tp[r] == TP_NET) why = "is on another host";
-    else if (comm->peers[r].proc_nonce == comm->peers[me].proc_nonce && all[r].ctx_id != all[me].ctx_id)
-      why = "is a thread of this process with another CUDA context";
-    else if (!all[r].shares && r != me && comm->peers[r].proc_nonce != comm->peers[me].proc_nonce)
-      why = "is another process and could not export device memory through CUDA IPC";
+    /* Every rank must decide alike (they all take part in setup's allgathers, or none does): so these
+     * look at every pair of ranks, not only at pairs with this one. */
+    for (int q = 0; q < n && !why; q++) {
+      int same = comm->peers[q].proc_nonce == comm->peers[r].proc_nonce;
+      if (same && all[q].ctx_id != all[r].ctx_id) why = "shares its process with a rank on another CUDA context";
+      else if (!same && !all[r].shares)
+        why = "is one of several processes and could not export device memory through CUDA IPC";
+    }
     if (why) {
       INFO(LOG_INIT, "rank %d: rank %d %s: calls on device buffers go through host memory", me, r, why);
       return 1;

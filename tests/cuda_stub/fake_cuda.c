@@ -421,6 +421,7 @@ EXPORT int cuMemFree_v2(uintptr_t d) {
 /* ---- what ranks on one GPU use: IPC, registered host memory, stream writes, kernels ---- */
 struct ipc_handle { int pid, fd; uint64_t bytes; char pad[48]; };
 EXPORT int cuIpcGetMemHandle(struct ipc_handle* h, uintptr_t base) {
+  if (getenv("FAKE_CUDA_IPC_GET_REFUSED")) return E_INVALID_VALUE; /* this process cannot export */
   struct range rr_;
   const struct range* r = find(base, &rr_) ? &rr_ : NULL;
   if (!r || r->lo != base || r->fd < 0 || r->imported) return E_INVALID_VALUE; /* not a cuMemAlloc base */
