@@ -14,4 +14,7 @@
  * outcome of the caller's own ncclCommAbort, reported as invalid usage of an aborted communicator. */
 static inline ncclResult_t ch_to_nccl(ch_status s) { return s == CH_ABORTED ? ncclInvalidUsage : (ncclResult_t)s; }
 
+/* The NCCL function a FUNC_* names ("ncclAllReduce"; "?" for any other number). */
+const char* api_fname(int func);
+
 #endif

@@ -10,7 +10,7 @@
 #include "enqueue.h"
 #include "tune.h"
 
-static const char* fname(int f) {
+const char* api_fname(int f) {
   static const char* n[FUNC_COUNT] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
                                       "ncclAllReduce", "ncclSendRecv", "ncclSend", "ncclRecv", "ncclAlltoAll",
                                       "ncclScatter", "ncclGather"};
@@ -54,7 +54,7 @@ static ch_status check_memory(struct ch_task* t, const char* fn, int needs_send,
 }
 
 static ch_status check_task(struct ch_task* t) {
-  const char* fn = fname(t->func);
+  const char* fn = api_fname(t->func);
   struct ncclComm* comm = t->comm; /* checked and entered by the caller */
   if (group_init_pending(comm)) {
     /* Waiting for that init here would wait for ever: it only starts at ncclGroupEnd. */
@@ -117,12 +117,12 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
   struct ch_task t = {.func = func, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .type = (int)type,
                       .op = (int)op, .root = root, .comm = comm, .stream = stream};
   struct comm_guard g;
-  ch_status s = comm_check(comm, fname(func));
+  ch_status s = comm_check(comm, api_fname(func));
   if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
     s = check_task(&t);
     if (s == CH_OK) {
       INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
-           fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
+           api_fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
            (void*)comm, comm->nranks);
       s = enq_task(&t);
     } else {

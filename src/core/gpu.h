@@ -37,7 +37,6 @@ struct gpu_hello {
 };
 
 #define GPU_SLOTS 128    /* pointer tables per rank: calls whose table may be in use at once */
-#define GPU_SLOTS_STR "128"
 #define GPU_IPC_CACHE 32 /* a peer's allocations kept open */
 
 /* Per rank, in the shared page: written by that rank's stream, read by every rank's stream. */
@@ -166,7 +165,6 @@ void gpu_watch_remove(struct gpu_comm* g);
 
 /* gpu_call.c */
 int gpu_is_p2p(int func);
-const char* gpu_fname(int func);
 int gpu_a2a_pair(int n, int me, int r); /* AlltoAll: rank me moves the blocks of the pair {me, r} */
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
  * host allgather of the descriptions (t->gpu holds the call). */

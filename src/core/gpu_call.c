@@ -12,12 +12,6 @@
 static int on_gpu(int f) { return f >= 0 && f <= FUNC_GATHER && f != FUNC_SENDRECV; }
 int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }
 
-const char* gpu_fname(int f) {
-  static const char* n[] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclAllReduce",
-                            "?", "ncclSend", "ncclRecv", "ncclAlltoAll", "ncclScatter", "ncclGather"};
-  return on_gpu(f) ? n[f] : "another call";
-}
-
 /* Decided from what every rank knows alike (the comm and the call), never from one rank's buffers:
  * a buffer that cannot take part (another device's) fails the call on every rank instead. */
 int gpu_takes(const struct ch_task* t) { return t->comm->gpu && t->count > 0 && on_gpu(t->func); }
@@ -289,23 +283,21 @@ static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
   return CH_OK;
 }
 
-/* Why a group cannot run on the GPU as it is (NULL: it can). */
-static const char* refusal(struct ch_task** lists, int n) {
-  int ngpu = 0, nall = 0;
+/* Why a group with ngpu calls on the GPU cannot run as it is (NULL: it can). */
+static const char* refusal(struct ch_task** lists, int n, int ngpu) {
+  int nall = 0;
   for (int i = 0; i < n; i++) {
     int np2p = 0, k = 0;
-    for (struct ch_task* t = lists[i]; t; t = t->next, k++) {
-      nall++, ngpu += t->gpu != NULL;
-      np2p += t->gpu && gpu_is_p2p(t->gpu->func);
-    }
+    for (struct ch_task* t = lists[i]; t; t = t->next, k++) np2p += t->gpu && gpu_is_p2p(t->gpu->func);
+    nall += k;
     if (np2p && np2p < k)
       return "mixes collectives and sends or receives on device buffers of ranks sharing one GPU: issue them in "
              "separate groups";
     if (np2p > GPU_SLOTS) /* each needs a table slot of its own until the group's end */
-      return "has more than " GPU_SLOTS_STR " sends and receives on device buffers of ranks sharing one GPU for one "
+      return "has more than " UT_STR(GPU_SLOTS) " sends and receives on device buffers of ranks sharing one GPU for one "
              "communicator: split it";
   }
-  if (ngpu && ngpu < nall)
+  if (ngpu < nall)
     return "mixes calls that run on the GPU (device buffers of ranks sharing one GPU) with calls through host "
            "memory: issue them in separate groups, or set CHORUS_CUDA_DIRECT=0";
   return NULL;
@@ -316,7 +308,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t; t = t->next) ngpu += t->gpu != NULL;
   if (!ngpu) return 0;
-  const char* why = refusal(lists, n);
+  const char* why = refusal(lists, n, ngpu);
   if (why) {
     WARN("a group %s", why);
     for (int i = 0; i < n; i++) plans[i]->status = CH_INVALID_USAGE; /* failed in ticket order */
@@ -349,11 +341,13 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       else c->cseq = ++g->next_cseq;
       c->mine.seq = c->cseq;
     }
-    int p2p = gpu_is_p2p(b->call[0]->func); /* then all are (refusal) */
-    for (int j = 0; j < b->n; j++) {
-      ch_status q = p2p ? (j ? CH_OK : queue_p2p(g, b->call, b->n)) : queue_call(g, b->call[j]);
-      if (!p2p) atomic_store_explicit(&g->launched_c, b->call[j]->cseq, memory_order_release);
-      atomic_store_explicit(&g->launched, b->call[p2p ? b->n - 1 : j]->seq, memory_order_release);
+    /* Queued as one (sends and receives: then all are, by refusal) or call by call. */
+    int p2p = gpu_is_p2p(b->call[0]->func);
+    for (int j = 0; j < b->n; j += p2p ? b->n : 1) {
+      struct gpu_call* c = b->call[p2p ? b->n - 1 : j];
+      ch_status q = p2p ? queue_p2p(g, b->call, b->n) : queue_call(g, c);
+      if (!p2p) atomic_store_explicit(&g->launched_c, c->cseq, memory_order_release);
+      atomic_store_explicit(&g->launched, c->seq, memory_order_release);
       if (q != CH_OK) { /* the stream may hold part of it: let it and the peers' streams through */
         comm_set_async_error(comm, q);
         if (e == CH_OK) e = q;

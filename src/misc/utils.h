@@ -28,6 +28,8 @@ void ut_backoff(uint64_t iter);
 
 #define UT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define UT_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define UT_STR_(x) #x
+#define UT_STR(x) UT_STR_(x) /* a macro's value as a string literal */
 #define UT_DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define UT_ALIGN_UP(a, b) (UT_DIV_UP(a, b) * (b))
 
