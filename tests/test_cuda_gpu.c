@@ -164,15 +164,21 @@ static void five_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   EXPECT_EQ(fk.free((uintptr_t)b), 0);
 }
 
+/* body on 1 to 4 thread ranks, each time on the GPU path (a kernel ran, not host memory), leaving no
+ * host registration behind (the barrier page: registered once per process, and given back). */
+static void on_1_to_4_threads(rt_rank_fn body) {
+  for (int n = 1; n <= 4; n++) {
+    int before = fk.kernels();
+    rt_run_threads(n, body, NULL);
+    EXPECT(fk.kernels() > before);
+    EXPECT_EQ(fk.registered(), 0);
+  }
+}
+
 TEST_T(cuda_gpu, five_collectives_1_to_4_threads, 120) {
   if (no_kernels()) return;
   load();
-  for (int n = 1; n <= 4; n++) {
-    int before = fk.kernels();
-    rt_run_threads(n, five_body, NULL);
-    EXPECT(fk.kernels() > before); /* on the GPU path, not through host memory */
-    EXPECT_EQ(fk.registered(), 0); /* the barrier page: registered once per process, and given back */
-  }
+  on_1_to_4_threads(five_body);
 }
 
 TEST_T(cuda_gpu, five_collectives_2_and_3_procs, 120) {
@@ -226,11 +232,7 @@ static void three_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST_T(cuda_gpu, alltoall_gather_scatter_1_to_4_threads, 120) {
   if (no_kernels()) return;
   load();
-  for (int n = 1; n <= 4; n++) {
-    int before = fk.kernels();
-    rt_run_threads(n, three_body, NULL);
-    EXPECT(fk.kernels() > before);
-  }
+  on_1_to_4_threads(three_body);
 }
 
 TEST_T(cuda_gpu, alltoall_gather_scatter_2_to_5_procs, 120) {
@@ -281,11 +283,7 @@ static void p2p_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST_T(cuda_gpu, send_recv_1_to_4_threads, 120) {
   if (no_kernels()) return;
   load();
-  for (int n = 1; n <= 4; n++) {
-    int before = fk.kernels();
-    rt_run_threads(n, p2p_body, NULL);
-    EXPECT(fk.kernels() > before);
-  }
+  on_1_to_4_threads(p2p_body);
 }
 
 TEST_T(cuda_gpu, send_recv_2_to_4_procs, 120) {
