@@ -112,7 +112,9 @@ static ch_status buf_addr(struct gpu_comm* g, const struct gpu_call* c, int r, i
   if (own) {
     *addr = (uintptr_t)own;
   } else if (g->same_proc[r]) { /* a thread of this process: its address, if the driver agrees */
-    if (cudev_range((void*)(uintptr_t)d->ptr, g->ctx, &base, &size, &id) != CH_OK || d->ptr < base ||
+    void* owner;
+    int dev;
+    if (cudev_describe((void*)(uintptr_t)d->ptr, &owner, &dev, &base, &size, &id) != 0 || d->ptr < base ||
         need > base + size - d->ptr) {
       WARN("rank %d: rank %d's %s %p (+%zu bytes) is not device memory of this context", me, r, bufname(b),
            (void*)(uintptr_t)d->ptr, need);

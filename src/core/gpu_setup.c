@@ -166,8 +166,13 @@ ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_h
   } else {
     uintptr_t b;
     uint64_t here_id;
-    s = cudev_range((void*)o->base, ctx, &b, &o->size, &here_id);
-    if (s != CH_OK) cudev_ipc_close(o->base, ctx);
+    void* owner;
+    int dev;
+    if (cudev_describe((void*)o->base, &owner, &dev, &b, &o->size, &here_id) != 0) {
+      WARN("a peer's allocation opened through CUDA IPC at %p: the driver gives no range for it", (void*)o->base);
+      cudev_ipc_close(o->base, ctx);
+      s = CH_SYSTEM;
+    }
   }
   if (s == CH_OK && o->refs == 0) {
     o->nonce = nonce, o->id = id, o->refs = 1;

@@ -20,8 +20,6 @@ static struct {
   cu_result (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
                       void**);
   cu_result (*batch)(void*, unsigned, void*, unsigned);
-  cu_result (*range)(uintptr_t*, size_t*, uintptr_t);
-  cu_result (*ptr_attr)(void*, int, uintptr_t);
   cu_result (*ptr_attrs)(unsigned, int*, void**, uintptr_t);
   cu_result (*ipc_get)(cudev_ipc_handle*, uintptr_t);
   cu_result (*ipc_open)(uintptr_t*, cudev_ipc_handle, unsigned);
@@ -59,8 +57,6 @@ static int look(void) {
   SYM(module_fn, "cuModuleGetFunction");
   SYM(launch, "cuLaunchKernel");
   SYM(batch, "cuStreamBatchMemOp_v2"); /* CUDA 11.7, as the asynchronous path's entry points */
-  SYM(range, "cuMemGetAddressRange_v2");
-  SYM(ptr_attr, "cuPointerGetAttribute");
   SYM(ptr_attrs, "cuPointerGetAttributes");
   SYM(ipc_get, "cuIpcGetMemHandle");
   SYM(ipc_open, "cuIpcOpenMemHandle_v2");
@@ -146,8 +142,10 @@ void* cudev_kernel(void* ctx, int type) {
 static ch_status make_probe(void* ctx, struct loaded* l) {
   uintptr_t p = 0, base;
   size_t size;
+  void* owner;
+  int dev;
   IN_CTX(ctx, "cuMemAlloc (256 bytes: a CUDA IPC probe)", dv.mem_alloc(&p, 256));
-  CHECK(cudev_range((void*)p, ctx, &base, &size, &l->probe_id));
+  if (cudev_describe((void*)p, &owner, &dev, &base, &size, &l->probe_id) != 0) return CH_SYSTEM;
   return cudev_ipc_get(p, ctx, &l->probe);
 }
 
@@ -208,14 +206,6 @@ int cudev_describe(const void* p, void** ctx, int* ordinal, uintptr_t* base, siz
   cu_result r = dv.ptr_attrs(5, attrs, data, (uintptr_t)p);
   *id = bid;
   return r == 0 && *base <= (uintptr_t)p && (uintptr_t)p - *base < *size ? 0 : r ? r : -1;
-}
-
-ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id) {
-  unsigned long long bid = 0;
-  IN_CTX(ctx, "cuMemGetAddressRange", dv.range(base, size, (uintptr_t)p));
-  IN_CTX(ctx, "cuPointerGetAttribute(BUFFER_ID)", dv.ptr_attr(&bid, CU_POINTER_ATTRIBUTE_BUFFER_ID, (uintptr_t)p));
-  *id = bid;
-  return CH_OK;
 }
 
 /* Quiet: a buffer that cannot be shared is reported by the caller, which knows the call. */

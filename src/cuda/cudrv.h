@@ -99,8 +99,6 @@ ch_status cudev_memops(void* stream, const struct cudev_memop* ops, int n, void*
  * none), its device's ordinal, and the allocation holding it (base, size and the driver's buffer id,
  * unique per allocation). 0, or the CUresult (-1: not device memory). */
 int cudev_describe(const void* p, void** ctx, int* ordinal, uintptr_t* base, size_t* size, uint64_t* id);
-/* The allocation holding device address p: its base, size and driver buffer id (unique per allocation). */
-ch_status cudev_range(const void* p, void* ctx, uintptr_t* base, size_t* size, uint64_t* id);
 /* Legacy CUDA IPC of a cuMemAlloc allocation (base), and its import in another process. */
 ch_status cudev_ipc_get(uintptr_t base, void* ctx, cudev_ipc_handle* h);
 /* Quiet: returns the CUresult (0: opened), for the caller to say which peer's memory failed. */
