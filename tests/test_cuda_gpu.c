@@ -33,6 +33,7 @@ static struct {
   int (*copy)(void*, void*, const void*, size_t);
   void (*mark)(const void*, size_t, int);
   int (*registered)(void);
+  int (*stage_runs)(void);
 } fk;
 
 /* A build without nvcc has no kernels: every device buffer goes through host memory then. */
@@ -57,8 +58,9 @@ static void load(void) {
   *(void**)&fk.copy = dlsym(h, "fake_cuda_copy");
   *(void**)&fk.mark = dlsym(h, "fake_cuda_mark");
   *(void**)&fk.registered = dlsym(h, "fake_cuda_registered");
+  *(void**)&fk.stage_runs = dlsym(h, "fake_cuda_stage_runs");
   ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark &&
-         fk.registered);
+         fk.registered && fk.stage_runs);
   EXPECT_EQ(fk.init(0), 0);
   setenv("CHORUS_CUDA_LIBRARY", CHORUS_FAKE_CUDA, 1);
   param_reset();
@@ -164,15 +166,29 @@ static void five_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   EXPECT_EQ(fk.free((uintptr_t)b), 0);
 }
 
+/* Kernels read their tables from device memory, copied there by the stage kernel: always ("0"),
+ * never (a number of blocks beyond any grid), or as by default (NULL). */
+static void staged(const char* blocks) {
+  if (blocks) setenv("CHORUS_CUDA_STAGE_BLOCKS", blocks, 1);
+  else unsetenv("CHORUS_CUDA_STAGE_BLOCKS");
+  param_reset();
+}
+
 /* body on 1 to 4 thread ranks, each time on the GPU path (a kernel ran, not host memory), leaving no
- * host registration behind (the barrier page: registered once per process, and given back). */
+ * host registration behind (the barrier page: registered once per process, and given back); with
+ * tables read from host memory, then staged into device memory. */
 static void on_1_to_4_threads(rt_rank_fn body) {
-  for (int n = 1; n <= 4; n++) {
-    int before = fk.kernels();
-    rt_run_threads(n, body, NULL);
-    EXPECT(fk.kernels() > before);
-    EXPECT_EQ(fk.registered(), 0);
+  for (int stage = 0; stage < 2; stage++) {
+    staged(stage ? "0" : "1000000");
+    for (int n = 1; n <= 4; n++) {
+      int before = fk.kernels(), staged_before = fk.stage_runs();
+      rt_run_threads(n, body, NULL);
+      EXPECT(fk.kernels() > before);
+      EXPECT(stage ? fk.stage_runs() > staged_before : fk.stage_runs() == staged_before);
+      EXPECT_EQ(fk.registered(), 0);
+    }
   }
+  staged(NULL);
 }
 
 TEST_T(cuda_gpu, five_collectives_1_to_4_threads, 120) {
@@ -185,7 +201,9 @@ TEST_T(cuda_gpu, five_collectives_2_and_3_procs, 120) {
   if (no_kernels()) return;
   load();
   rt_run_procs(2, five_body, NULL);
+  staged("0"); /* the processes' kernels read staged tables */
   rt_run_procs(3, five_body, NULL);
+  staged(NULL);
 }
 
 /* AlltoAll, Gather and Scatter on the GPU, out of place and in place (AlltoAll's pairs then swap
@@ -501,31 +519,39 @@ TEST_T(cuda_gpu, unshareable_buffer_is_refused_by_name, 60) {
 }
 
 /* An abort while the stream is held before the call: returns at once, and the stream, once let go,
- * runs through (its waits released, its kernel skipped). */
+ * runs through (its waits released, its kernel skipped: the data stays), whether the kernel reads its
+ * table from host memory or from the stage kernel's copy. */
 TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
   if (no_kernels()) return;
   load();
   set_device();
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  ncclComm_t comm[2];
-  NCCL_OK(ncclGroupStart());
-  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommInitRank(&comm[r], 2, id, r));
-  NCCL_OK(ncclGroupEnd());
-  float* a = dev_alloc(2 * N);
-  int release = 0;
-  cudaStream_t s0 = (cudaStream_t)(uintptr_t)0x7f00, s1 = (cudaStream_t)(uintptr_t)0x7f10;
-  ASSERT_EQ(fk.hold(s0, &release), 0);
-  /* one thread, two ranks: a group, as nccl-tests' -g does */
-  NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm[0], s0));
-  NCCL_OK(ncclAllReduce(a + N, a + N, N, ncclFloat32, ncclSum, comm[1], s1));
-  NCCL_OK(ncclGroupEnd());
-  NCCL_OK(ncclCommAbort(comm[0]));
-  NCCL_OK(ncclCommAbort(comm[1]));
-  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
-  EXPECT_EQ(fk.sync(s0), 0);
-  EXPECT_EQ(fk.sync(s1), 0);
+  for (int stage = 0; stage < 2; stage++) {
+    staged(stage ? "0" : "1000000");
+    ncclUniqueId id;
+    NCCL_OK(ncclGetUniqueId(&id));
+    ncclComm_t comm[2];
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; r++) NCCL_OK(ncclCommInitRank(&comm[r], 2, id, r));
+    NCCL_OK(ncclGroupEnd());
+    float* a = dev_alloc(2 * N);
+    for (int i = 0; i < 2 * N; i++) a[i] = 1;
+    int release = 0;
+    cudaStream_t s0 = (cudaStream_t)(uintptr_t)(0x7f00 + 0x100 * stage), s1 = (cudaStream_t)(uintptr_t)(0x7f10 + 0x100 * stage);
+    ASSERT_EQ(fk.hold(s0, &release), 0);
+    /* one thread, two ranks: a group, as nccl-tests' -g does */
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm[0], s0));
+    NCCL_OK(ncclAllReduce(a + N, a + N, N, ncclFloat32, ncclSum, comm[1], s1));
+    NCCL_OK(ncclGroupEnd());
+    NCCL_OK(ncclCommAbort(comm[0]));
+    NCCL_OK(ncclCommAbort(comm[1]));
+    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+    EXPECT_EQ(fk.sync(s0), 0);
+    EXPECT_EQ(fk.sync(s1), 0);
+    for (int i = 0; i < 2 * N; i++) EXPECT(a[i] == 1);
+    EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  }
+  staged(NULL);
 }
 
 /* A group that mixes a call run on the GPU with ones through host memory (Send/Recv) is refused. */

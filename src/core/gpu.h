@@ -84,6 +84,8 @@ struct gpu_comm {
   void* seg_dev;
   struct gpu_priv* priv;
   void* priv_dev;
+  void* stage_dev;  /* [GPU_SLOTS] struct dev_staged in device memory: written and read by this rank's stream */
+  int stage_blocks; /* CHORUS_CUDA_STAGE_BLOCKS */
   cudaStream_t bridge;
   uint32_t next_seq;  /* this rank's calls: tables, slots (the owner, at launch) */
   uint32_t next_cseq; /* collectives, numbered alike on every rank (the owner, at launch) */

@@ -278,7 +278,9 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   if (s == CH_OK && ok) {
     g->priv = cudrv_host_alloc(sizeof(struct gpu_priv), g->ctx, 1, &g->priv_dev);
     if (g->priv) memset(g->priv, 0, sizeof(*g->priv));
-    ok = g->priv && stream_create(&g->bridge) == CH_OK;
+    ok = g->priv && stream_create(&g->bridge) == CH_OK &&
+         cudev_dev_alloc(g->ctx, GPU_SLOTS * sizeof(struct dev_staged), &g->stage_dev) == CH_OK;
+    g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
   }
   /* One rank that failed alone here must not leave the others on the GPU path: agree once more. */
   if (s == CH_OK && n > 1) {
@@ -295,6 +297,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     if (!g) return s == CH_OK ? CH_SYSTEM : s;
     if (g->bridge) stream_destroy(g->bridge);
     if (g->priv) cudrv_host_free(g->priv, g->ctx);
+    cudev_dev_free(g->ctx, g->stage_dev);
     if (g->seg) seg_put(g->seg);
     free(g->same_proc);
     free(g->ipc);
@@ -373,6 +376,7 @@ static void release(struct gpu_comm* g) {
     for (int k = 0; k < GPU_IPC_CACHE; k++)
       if (g->ipc[r][k].base) gpu_ipc_close(g->ctx, g->ipc[r][k].base);
   cudrv_host_free(g->priv, g->ctx);
+  cudev_dev_free(g->ctx, g->stage_dev);
   if (g->seg) seg_put(g->seg);
   free(g->same_proc);
   free(g->ipc);

@@ -31,6 +31,7 @@ static struct {
   cu_result (*uuid)(unsigned char*, int);
   cu_result (*attr)(int*, int, int);
   cu_result (*mem_alloc)(uintptr_t*, size_t);
+  cu_result (*mem_free)(uintptr_t);
   cu_result (*ctx_id)(void*, unsigned long long*); /* optional (CUDA 12.0) */
 } dv;
 
@@ -42,7 +43,7 @@ static struct loaded {
   void* ctx;
   unsigned long long ctx_id; /* 0: unknown (a driver before CUDA 12) */
   void* module;
-  void* fn[DEV_NTYPES];
+  void* fn[DEV_NTYPES + 1]; /* the types' kernels, then the stage kernel */
   int probe_state; /* 0 not made, 1 made, -1 failed */
   uint64_t probe_id;
   cudev_ipc_handle probe;
@@ -70,6 +71,7 @@ static int look(void) {
   if (!dv.uuid) SYM(uuid, "cuDeviceGetUuid");
   SYM(attr, "cuDeviceGetAttribute");
   SYM(mem_alloc, "cuMemAlloc_v2");
+  SYM(mem_free, "cuMemFree_v2");
   SYM(ctx_id, "cuCtxGetId");
 #undef SYM
   void** all = (void**)&dv;
@@ -106,6 +108,7 @@ static ch_status load_module(void* ctx, struct loaded* l) {
     snprintf(name, sizeof(name), DEV_KERNEL_PREFIX "%d", t);
     IN_CTX(ctx, "cuModuleGetFunction", dv.module_fn(&l->fn[t], l->module, name));
   }
+  IN_CTX(ctx, "cuModuleGetFunction (" DEV_STAGE_KERNEL ")", dv.module_fn(&l->fn[DEV_STAGE], l->module, DEV_STAGE_KERNEL));
   return CH_OK;
 }
 
@@ -131,7 +134,7 @@ static struct loaded* entry(void* ctx, int check) {
 }
 
 void* cudev_kernel(void* ctx, int type) {
-  if (!cudev_ok() || type < 0 || type >= DEV_NTYPES) return NULL;
+  if (!cudev_ok() || type < 0 || type > DEV_STAGE) return NULL;
   pthread_mutex_lock(&mu);
   struct loaded* l = entry(ctx, 0);
   void* fn = l ? l->fn[type] : NULL;
@@ -165,6 +168,18 @@ int cudev_probe(void* ctx, uint64_t* id, cudev_ipc_handle* h) {
 ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* ctx, const void* args) {
   void* params[1] = {(void*)args}; /* copied by the driver at launch */
   IN_CTX(ctx, "cuLaunchKernel (a Chorus device kernel)", dv.launch(fn, gx, gy, 1, 512, 1, 1, 0, stream, params, NULL));
+  return CH_OK;
+}
+
+ch_status cudev_dev_alloc(void* ctx, size_t bytes, void** dev) {
+  uintptr_t p = 0;
+  IN_CTX(ctx, "cuMemAlloc (the staged tables of ranks on one GPU)", dv.mem_alloc(&p, bytes));
+  *dev = (void*)p;
+  return CH_OK;
+}
+
+ch_status cudev_dev_free(void* ctx, void* dev) {
+  if (dev) IN_CTX(ctx, "cuMemFree (the staged tables of ranks on one GPU)", dv.mem_free((uintptr_t)dev));
   return CH_OK;
 }
 

@@ -85,9 +85,14 @@ const void* cudev_fatbin(size_t* bytes);
 const char* cudev_fatbin_archs(void);
 /* 1 if the library carries device kernels and the driver has every entry point the path needs. */
 int cudev_ok(void);
-/* The device kernel for ncclDataType_t `type`, loaded into ctx on first use; NULL (WARNed) if not. */
+/* The device kernel for ncclDataType_t `type` (or DEV_STAGE: the stage kernel), loaded into ctx on
+ * first use; NULL (WARNed) if not. */
 void* cudev_kernel(void* ctx, int type);
-/* Queue the kernel on stream with grid gx x gy of 512 threads; args: a struct dev_args (devjob.h). */
+/* Device memory in ctx for the device path's own use (cuMemAlloc / cuMemFree; NULL is nothing). */
+ch_status cudev_dev_alloc(void* ctx, size_t bytes, void** dev);
+ch_status cudev_dev_free(void* ctx, void* dev);
+/* Queue the kernel on stream with grid gx x gy of 512 threads; args: a struct dev_args (devjob.h), or
+ * a struct dev_stage_args for the stage kernel. */
 ch_status cudev_launch(void* fn, unsigned gx, unsigned gy, void* stream, void* ctx, const void* args);
 /* Queue stream memory operations in order, in one driver call: a write of `value` to the 32-bit word
  * at device address dev, or a wait until that word is at least `value` (cyclic, as

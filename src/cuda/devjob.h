@@ -5,7 +5,8 @@
  * by (rank, send or recv): the pointer table, in mapped pinned host memory, holds their device
  * addresses in this process. It is filled by the host once every rank has said what its buffers are;
  * its `seq` is written last, and a kernel whose table does not carry its own seq (the exchange failed,
- * or the communicator was aborted) touches no memory. A job reads `count` elements at `src_off` bytes
+ * or the communicator was aborted) touches no memory. A kernel of many blocks reads a copy of the table
+ * and of the failure words that the stage kernel (below) made in device memory just before it. A job reads `count` elements at `src_off` bytes
  * into the src_buf of every rank in src_mask, combines them (reduce: the call's operation, with its
  * pre-multiplication and post-division; otherwise exactly one source, copied) and writes the result at
  * dst_off bytes into the dst_buf of every rank in dst_mask. Per element, all reads come before all
@@ -55,5 +56,20 @@ struct dev_args {
 /* The kernel of each type is named chorus_dev_<type number>: "chorus_dev_7" for ncclFloat32. */
 #define DEV_KERNEL_PREFIX "chorus_dev_"
 #define DEV_NTYPES 12
+
+/* The stage kernel (one block), queued just before a kernel of many blocks: it copies the call's
+ * table and the failure words from host memory into device memory, where that kernel then reads
+ * them. A read of mapped host memory costs each block a round trip over PCIe, and on an H200 a
+ * kernel of 512 blocks that each read the table took over a millisecond whatever its size. */
+#define DEV_STAGE_KERNEL "chorus_stage"
+#define DEV_STAGE DEV_NTYPES /* its index among the loaded kernels, after the types' */
+struct dev_staged {
+  struct dev_table table;
+  uint32_t failed[2];
+};
+struct dev_stage_args {
+  uint64_t table, fail[2]; /* as in dev_args: host memory mapped for the device (a fail word may be 0) */
+  uint64_t dst;            /* device address of a struct dev_staged */
+};
 
 #endif

@@ -100,7 +100,8 @@ template <int TYPE> __device__ void run(const dev_args& g) {
   __shared__ int nsrc, ndst, live, failed[2];
   const dev_job& j = g.job[blockIdx.y];
   const dev_table* tab = (const dev_table*)g.table;
-  // The table is in host memory: one read per thread, all at once (one round trip, not 2n).
+  // The table: in host memory (one read per thread, all at once: one round trip, not 2n), or, for a
+  // grid of many blocks, the stage kernel's copy in device memory (gpu_call.c).
   unsigned t = threadIdx.x;
   if (t < DEV_MAX_RANKS) {
     bool on = j.src_mask >> t & 1;
@@ -233,6 +234,22 @@ template <int TYPE> __device__ void run(const dev_args& g) {
 }
 
 } // namespace
+
+// One block: every word of the table and both failure words read at once (one round trip), then
+// written to device memory for the call's kernel, which runs next on the same stream.
+extern "C" __global__ void __launch_bounds__(512) chorus_stage(const dev_stage_args a) {
+  constexpr unsigned W = sizeof(dev_table) / sizeof(uint64_t);
+  static_assert(sizeof(dev_table) % sizeof(uint64_t) == 0, "the table is copied in 8-byte words");
+  static_assert(W + 2 <= 512, "one thread per word");
+  dev_staged* d = (dev_staged*)a.dst;
+  unsigned t = threadIdx.x;
+  if (t < W) {
+    ((uint64_t*)&d->table)[t] = ((volatile const uint64_t*)a.table)[t];
+  } else if (t < W + 2) {
+    unsigned k = t - W;
+    d->failed[k] = a.fail[k] ? *(volatile const uint32_t*)a.fail[k] : 0;
+  }
+}
 
 #define KERNEL(N) \
   extern "C" __global__ void __launch_bounds__(512) chorus_dev_##N(const dev_args g) { run<N>(g); }

@@ -65,7 +65,7 @@ static int is_device(uintptr_t p, size_t n) {
 
 /* ---- streams ---- */
 
-enum op_kind { OP_COPY, OP_HOST_FN, OP_WAIT32, OP_FILL, OP_HOLD, OP_RECORD, OP_WAIT_EVENT, OP_WRITE32, OP_KERNEL };
+enum op_kind { OP_COPY, OP_HOST_FN, OP_WAIT32, OP_FILL, OP_HOLD, OP_RECORD, OP_WAIT_EVENT, OP_WRITE32, OP_KERNEL, OP_STAGE };
 /* An event: records counts cuEventRecord calls, done the records that streams have reached. Never
  * freed (cuEventDestroy may come before the streams are done with it); kept reachable in `events`. */
 struct event {
@@ -85,7 +85,8 @@ struct op {
   uint32_t value;
   float fill;
   int delay_ms;
-  struct dev_args args; /* OP_KERNEL */
+  struct dev_args args;        /* OP_KERNEL */
+  struct dev_stage_args stage; /* OP_STAGE */
 };
 struct stream {
   uintptr_t handle;
@@ -108,6 +109,9 @@ static void sleep_ms(int ms) {
 /* Chorus's device kernel (src/cuda/kernels.cu, devjob.h) on the CPU, with the host library's
  * element-wise code: every job's sources combined into a scratch block, then written to each
  * destination (all reads before any write, as the kernel does per element). */
+static int stage_runs; /* stage kernels run (fake_cuda_stage_runs) */
+EXPORT int fake_cuda_stage_runs(void) { return __atomic_load_n(&stage_runs, __ATOMIC_RELAXED); }
+
 static void run_kernel(const struct dev_args* a) {
   const struct dev_table* tab = (const struct dev_table*)(uintptr_t)a->table;
   if (__atomic_load_n(&tab->seq, __ATOMIC_ACQUIRE) != a->seq) return;
@@ -172,6 +176,14 @@ static void run_op(struct op* o) {
       break;
     case OP_WRITE32: __atomic_store_n((uint32_t*)o->dst, o->value, __ATOMIC_RELEASE); break;
     case OP_KERNEL: run_kernel(&o->args); break;
+    case OP_STAGE: { /* the stage kernel: the table and the failure words into device memory */
+      struct dev_staged* d = (struct dev_staged*)(uintptr_t)o->stage.dst;
+      memcpy(&d->table, (const void*)(uintptr_t)o->stage.table, sizeof(d->table));
+      for (int k = 0; k < 2; k++)
+        d->failed[k] = o->stage.fail[k] ? __atomic_load_n((uint32_t*)(uintptr_t)o->stage.fail[k], __ATOMIC_ACQUIRE) : 0;
+      __atomic_fetch_add(&stage_runs, 1, __ATOMIC_RELAXED);
+      break;
+    }
   }
 }
 
@@ -537,6 +549,10 @@ EXPORT int cuModuleLoadData(void** mod, const void* image) {
   return 0;
 }
 EXPORT int cuModuleGetFunction(void** fn, void* mod, const char* name) {
+  if (mod == &fake_module && !strcmp(name, DEV_STAGE_KERNEL)) {
+    *fn = (void*)(uintptr_t)(1 + DEV_STAGE);
+    return 0;
+  }
   if (mod != &fake_module || strncmp(name, DEV_KERNEL_PREFIX, strlen(DEV_KERNEL_PREFIX))) return 500; /* NOT_FOUND */
   *fn = (void*)(uintptr_t)(1 + atoi(name + strlen(DEV_KERNEL_PREFIX)));
   return 0;
@@ -545,6 +561,12 @@ EXPORT int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsig
                           unsigned shmem, void* s, void** params, void** extra) {
   (void)gx, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
   if (!ctx_depth) return E_INVALID_CONTEXT;
+  if ((uintptr_t)fn == (uintptr_t)(1 + DEV_STAGE)) {
+    if (gx != 1 || gy != 1) return E_INVALID_VALUE; /* one block */
+    struct op o = {.kind = OP_STAGE};
+    o.stage = *(const struct dev_stage_args*)params[0];
+    return enqueue(s, o);
+  }
   const struct dev_args* a = params[0];
   if ((uintptr_t)fn != (uintptr_t)(1 + a->type) || gy != (unsigned)a->njobs) return E_INVALID_VALUE;
   struct op o = {.kind = OP_KERNEL};
