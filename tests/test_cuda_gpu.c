@@ -166,29 +166,33 @@ static void five_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   EXPECT_EQ(fk.free((uintptr_t)b), 0);
 }
 
-/* Kernels read their tables from device memory, copied there by the stage kernel: always ("0"),
- * never (a number of blocks beyond any grid), or as by default (NULL). */
-static void staged(const char* blocks) {
-  if (blocks) setenv("CHORUS_CUDA_STAGE_BLOCKS", blocks, 1);
-  else unsetenv("CHORUS_CUDA_STAGE_BLOCKS");
+/* How the kernels run: their tables read from host memory or from the stage kernel's copy in device
+ * memory (CHORUS_CUDA_STAGE_BLOCKS: "0" always, a number beyond any grid never), and each rank's
+ * kernel doing its part or rank 0's doing all (CHORUS_CUDA_ONE_KERNEL); NULL: as by default. */
+static void kernels_as(const char* stage_blocks, const char* one_kernel) {
+  const char* names[2] = {"CHORUS_CUDA_STAGE_BLOCKS", "CHORUS_CUDA_ONE_KERNEL"};
+  const char* values[2] = {stage_blocks, one_kernel};
+  for (int i = 0; i < 2; i++)
+    if (values[i]) setenv(names[i], values[i], 1);
+    else unsetenv(names[i]);
   param_reset();
 }
 
 /* body on 1 to 4 thread ranks, each time on the GPU path (a kernel ran, not host memory), leaving no
- * host registration behind (the barrier page: registered once per process, and given back); with
- * tables read from host memory, then staged into device memory. */
+ * host registration behind (the barrier page: registered once per process, and given back): with
+ * tables read from host memory, then staged into device memory, then one kernel for all ranks. */
 static void on_1_to_4_threads(rt_rank_fn body) {
-  for (int stage = 0; stage < 2; stage++) {
-    staged(stage ? "0" : "1000000");
+  for (int v = 0; v < 3; v++) {
+    kernels_as(v == 0 ? "1000000" : v == 1 ? "0" : NULL, v == 2 ? "1" : NULL);
     for (int n = 1; n <= 4; n++) {
       int before = fk.kernels(), staged_before = fk.stage_runs();
       rt_run_threads(n, body, NULL);
       EXPECT(fk.kernels() > before);
-      EXPECT(stage ? fk.stage_runs() > staged_before : fk.stage_runs() == staged_before);
+      if (v < 2) EXPECT(v ? fk.stage_runs() > staged_before : fk.stage_runs() == staged_before);
       EXPECT_EQ(fk.registered(), 0);
     }
   }
-  staged(NULL);
+  kernels_as(NULL, NULL);
 }
 
 TEST_T(cuda_gpu, five_collectives_1_to_4_threads, 120) {
@@ -201,9 +205,9 @@ TEST_T(cuda_gpu, five_collectives_2_and_3_procs, 120) {
   if (no_kernels()) return;
   load();
   rt_run_procs(2, five_body, NULL);
-  staged("0"); /* the processes' kernels read staged tables */
+  kernels_as("0", "0"); /* each process's kernel its own part, from staged tables */
   rt_run_procs(3, five_body, NULL);
-  staged(NULL);
+  kernels_as(NULL, NULL);
 }
 
 /* AlltoAll, Gather and Scatter on the GPU, out of place and in place (AlltoAll's pairs then swap
@@ -256,7 +260,10 @@ TEST_T(cuda_gpu, alltoall_gather_scatter_1_to_4_threads, 120) {
 TEST_T(cuda_gpu, alltoall_gather_scatter_2_to_5_procs, 120) {
   if (no_kernels()) return;
   load();
-  for (int n = 2; n <= 5; n++) rt_run_procs(n, three_body, NULL);
+  for (int n = 2; n <= 5; n++) rt_run_procs(n, three_body, NULL); /* one kernel for all: the default */
+  kernels_as(NULL, "0");                                            /* each process's kernel its part */
+  rt_run_procs(3, three_body, NULL);
+  kernels_as(NULL, NULL);
 }
 
 /* Send/Recv on the GPU: a ring (each rank sends to the next, receives from the previous), then every
@@ -526,7 +533,7 @@ TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
   load();
   set_device();
   for (int stage = 0; stage < 2; stage++) {
-    staged(stage ? "0" : "1000000");
+    kernels_as(stage ? "0" : "1000000", NULL);
     ncclUniqueId id;
     NCCL_OK(ncclGetUniqueId(&id));
     ncclComm_t comm[2];
@@ -551,7 +558,7 @@ TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
     for (int i = 0; i < 2 * N; i++) EXPECT(a[i] == 1);
     EXPECT_EQ(fk.free((uintptr_t)a), 0);
   }
-  staged(NULL);
+  kernels_as(NULL, NULL);
 }
 
 /* A group that mixes a call run on the GPU with ones through host memory (Send/Recv) is refused. */

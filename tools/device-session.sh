@@ -5,9 +5,13 @@
 #
 #   here:  tools/device-session.sh prep     # .devcarry/: Open MPI baseline source + an Open MPI wheel
 #   there: tools/device-session.sh gpu      # issue 14: build, GPU checks, GPU figures, PyTorch  (~5 min)
-#          tools/device-session.sh scaling  # issue 12: 2/4/8/16 process ranks, every algorithm and
-#                                           # protocol forced, the automatic choice, Open MPI  (~4 min)
+#          tools/device-session.sh scaling  # issue 12: 16/8/4/2 process ranks, every algorithm and
+#                                           # protocol forced, the automatic choice, Open MPI  (~4 min
+#                                           # a rank count at 16 cores)
+#          tools/device-session.sh ab       # after a GPU-path change: its choices A/B  (~2 min)
 #   device run: command "tools/device-session.sh gpu", carry [".devcarry"], timeout_s 540
+#   (2026-11-26 on an H200: machine start + transfers ~30 s; build 12 s; gpu 250 s; the scaling of
+#   16 ranks alone took 250 s before large sizes ran unchecked)
 #
 # Every step is bounded (DEADLINE seconds from the start, default 520) so the files under $OUT come
 # back even when something hangs; each step's commands and output go to $OUT/<step>.txt (at most 8
@@ -96,6 +100,21 @@ print("pinned HtoD %.1f GB/s, DtoH %.1f GB/s, DtoD %.1f GB/s (bytes read + writt
     "$py" tests/torch/test_nccl_preload.py
 }
 
+# After a change to the GPU path: each choice of how the kernels run against the other, in one sitting
+# (CHORUS_CUDA_ONE_KERNEL, CHORUS_CUDA_STAGE_BLOCKS), and the point-to-point tool whose check failed.
+ab() {
+  [[ -x $B/bin/all_reduce_perf ]] || build || return 1
+  local p=(-b 8 -e 128M -f 4 -n 20 -w 5 -T 30)
+  bounded ab 30 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
+  bounded ab 30 env CHORUS_CUDA_ONE_KERNEL=0 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
+  bounded ab 30 $B/bin/all_reduce_perf --device -np 4 "${p[@]}"
+  bounded ab 30 $B/bin/all_reduce_perf --device -g 2 "${p[@]}"
+  bounded ab 30 env CHORUS_CUDA_ONE_KERNEL=1 $B/bin/all_reduce_perf --device -g 2 "${p[@]}"
+  bounded ab 20 $B/bin/all_gather_perf --device -np 2 -b 8 -e 128M -f 16 -n 10 -w 3 -T 30
+  bounded ab 30 $B/bin/hypercube_perf --device -g 2 -b 0 -e 1M -f 32 -n 2 -w 1 -d all -T 20
+  bounded ab 30 $B/bin/hypercube_perf --device -np 2 -b 0 -e 1M -f 32 -n 2 -w 1 -d all -T 20
+}
+
 # Open MPI for the baseline: the machine's, else the wheel `prep` carried (unpacked, no network).
 mpi_setup() {
   if [[ -z ${MPI_WHEEL:-} ]] && command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
@@ -124,7 +143,10 @@ scaling() {
   local algos=${SCALING_ALGOS:-"auto tuned Ring RecDbl Rabenseifner Tree Direct Exchange LL LL128 Simple"}
   local f=scaling np a mpi=0
   bounded $f 5 sh -c 'nproc; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"'
-  mpi_setup >>"$OUT/$f.txt" 2>&1 && mpi=1 || echo "# no Open MPI here (and no wheel carried): no baseline" >>"$OUT/$f.txt"
+  # SCALING_MPI=0: no Open MPI runs (its figures taken earlier in the sitting)
+  if [[ ${SCALING_MPI:-1} != 0 ]]; then
+    mpi_setup >>"$OUT/$f.txt" 2>&1 && mpi=1 || echo "# no Open MPI here (and no wheel carried): no baseline" >>"$OUT/$f.txt"
+  fi
   # "tuned": the automatic choice with this machine's constants (chorus-info --calibrate, < 1 s).
   bounded $f 20 $B/bin/chorus-info --calibrate /tmp/chorus-tune.conf && cat /tmp/chorus-tune.conf >>"$OUT/$f.txt"
   # Small sizes many times, large ones a few: the whole sweep fits its minutes.
@@ -141,7 +163,8 @@ scaling() {
         *) env+=(NCCL_ALGO=allreduce:$a) ;;
       esac
       bounded $f 30 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 8 -e 2M -f 4 -n 200 -w 20 -T 20
-      bounded $f 60 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 4M -e "$max" -f 4 -n 5 -w 1 -T 30
+      # large sizes unchecked (-c 0): checking 16 ranks x 256 MiB took the tool ~55 s a run
+      bounded $f 60 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 4M -e "$max" -f 4 -n 5 -w 1 -c 0 -T 30
     done
   done
   "$py" tools/scaling_table.py "$OUT/$f.txt" >"$OUT/scaling_table.md" 2>&1
@@ -158,8 +181,8 @@ prep() { # here, before the first device call
 
 for step in "${@:-gpu}"; do
   case $step in
-    prep | build | gpu | scaling) "$step" ;;
-    *) echo "usage: $0 prep | gpu | scaling | build" >&2; exit 2 ;;
+    prep | build | gpu | ab | scaling) "$step" ;;
+    *) echo "usage: $0 prep | gpu | ab | scaling | build" >&2; exit 2 ;;
   esac
 done
 echo "done in $((SECONDS - start)) s; results in $OUT" | tee -a "$OUT/summary.txt"

@@ -86,6 +86,7 @@ struct gpu_comm {
   void* priv_dev;
   void* stage_dev;  /* [GPU_SLOTS] struct dev_staged in device memory: written and read by this rank's stream */
   int stage_blocks; /* CHORUS_CUDA_STAGE_BLOCKS */
+  int one_kernel;   /* CHORUS_CUDA_ONE_KERNEL, resolved at init: alike on every rank */
   cudaStream_t bridge;
   uint32_t next_seq;  /* this rank's calls: tables, slots (the owner, at launch) */
   uint32_t next_cseq; /* collectives, numbered alike on every rank (the owner, at launch) */
@@ -168,6 +169,7 @@ void gpu_watch_remove(struct gpu_comm* g);
 /* gpu_call.c */
 int gpu_is_p2p(int func);
 int gpu_a2a_pair(int n, int me, int r); /* AlltoAll: rank me moves the blocks of the pair {me, r} */
+int gpu_one_kernel(const struct gpu_comm* g, int func); /* rank 0's kernel does every rank's part */
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
  * host allgather of the descriptions (t->gpu holds the call). */
 int gpu_takes(const struct ch_task* t);

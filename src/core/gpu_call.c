@@ -165,19 +165,25 @@ int gpu_a2a_pair(int n, int me, int r) {
   return d > 0 && (d <= (n - 1) / 2 || (n % 2 == 0 && d == n / 2 && me < n / 2));
 }
 
-/* What this rank's kernel does (devjob.h). Reductions: each rank reduces its share of the elements
- * from every rank's input and writes the result wherever it is wanted, so every byte is read and
- * written once in all; copies go from where the data is to where this rank's kernel writes. */
-static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
-  int n = g->n, me = g->rank;
+/* One kernel does every rank's part, on rank 0's stream (the others only pass the barriers): kernels
+ * of different processes never run at once without MPS, their contexts take turns on the GPU, and on
+ * the H200 each process's kernel added ~0.3 ms to a call whose waits alone took ~25 us. So by default
+ * when some rank is in another process (CHORUS_CUDA_ONE_KERNEL), for every call whose jobs fit one
+ * launch (AlltoAll's pairs: up to 7 ranks). */
+int gpu_one_kernel(const struct gpu_comm* g, int func) {
+  int n = g->n;
+  return g->one_kernel && func != FUNC_RECV && (func != FUNC_ALLTOALL || n + n * (n - 1) / 2 <= DEV_MAX_JOBS);
+}
+
+/* Rank me's part of a call (devjob.h). Reductions: each rank reduces its share of the elements from
+ * every rank's input and writes the result wherever it is wanted, so every byte is read and written
+ * once in all; copies go from where the data is to where rank me's part writes. A part that would
+ * copy a buffer onto itself (in place) is left out where this rank can tell: its own. */
+static void rank_jobs(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a, int me) {
+  int n = g->n, own = me == g->rank;
   uint32_t all = n == 32 ? 0xffffffffu : (1u << n) - 1, self = 1u << me;
   size_t E = red_type_size(c->type), C = c->count, B = C * E;
-  memset(a, 0, sizeof(*a));
-  size_t slot = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
-  a->table = (uint64_t)(uintptr_t)priv_dev(g, slot);
-  a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
-  a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
-  a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
+  const char *send = c->ptr[DEV_SEND], *recv = c->ptr[DEV_RECV];
   switch (c->func) {
     case FUNC_ALLREDUCE: { /* shares aligned to 16 bytes */
       size_t align = E >= 16 ? 1 : 16 / E, share = UT_ALIGN_UP(UT_DIV_UP(C, (size_t)n), align);
@@ -188,28 +194,40 @@ static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
     case FUNC_ALLGATHER: job(a, DEV_COPY, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
     case FUNC_REDUCESCATTER: job(a, DEV_REDUCE, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
     case FUNC_BROADCAST: /* a root in place has nothing to do */
-      if (me != c->root || c->ptr[DEV_SEND] != c->ptr[DEV_RECV])
-        job(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      if (me != c->root || !own || send != recv) job(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
       break;
     case FUNC_REDUCE:
       if (me == c->root) job(a, DEV_REDUCE, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
       break;
     case FUNC_ALLTOALL: /* its own block (unless in place), then its pairs */
-      if (c->ptr[DEV_SEND] != c->ptr[DEV_RECV]) job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
+      if (!own || send != recv) job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
       for (int r = 0; r < n; r++)
         if (gpu_a2a_pair(n, me, r)) job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
       break;
     case FUNC_GATHER: /* the root pulls every block; its own is already in place when sendbuff is there */
       for (int r = 0; me == c->root && r < n; r++)
-        if (r != me || (const char*)c->ptr[DEV_SEND] != (const char*)c->ptr[DEV_RECV] + (size_t)me * B)
+        if (r != me || !own || send != recv + (size_t)me * B)
           job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
       break;
     case FUNC_RECV: job(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
     case FUNC_SCATTER: /* every rank pulls its block from the root (nothing to do for a root in place) */
-      if (me != c->root || (const char*)c->ptr[DEV_RECV] != (const char*)c->ptr[DEV_SEND] + (size_t)me * B)
+      if (me != c->root || !own || recv != send + (size_t)me * B)
         job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
       break;
   }
+}
+
+/* What this rank's kernel does: its own part, every rank's (gpu_one_kernel, rank 0), or nothing. */
+static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
+  memset(a, 0, sizeof(*a));
+  size_t slot = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
+  a->table = (uint64_t)(uintptr_t)priv_dev(g, slot);
+  a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
+  a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
+  a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
+  if (!gpu_one_kernel(g, c->func)) rank_jobs(g, c, a, g->rank);
+  else
+    for (int r = 0; g->rank == 0 && r < g->n; r++) rank_jobs(g, c, a, r);
 }
 
 /* This call's kernel, if its rank has anything to do (fill_args). */

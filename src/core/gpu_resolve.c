@@ -73,8 +73,8 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
   return CH_OK;
 }
 
-/* Bytes of rank r's buffer b that this rank's kernel touches (0: none). */
-static size_t touched(const struct gpu_call* c, int n, int me, int r, int b) {
+/* Bytes of rank r's buffer b that rank me's part touches (0: none). */
+static size_t part_touches(const struct gpu_call* c, int n, int me, int r, int b) {
   size_t B = c->count * red_type_size(c->type);
   switch (c->func) {
     case FUNC_ALLREDUCE: return B;
@@ -87,6 +87,14 @@ static size_t touched(const struct gpu_call* c, int n, int me, int r, int b) {
     case FUNC_SCATTER: return b == DEV_SEND ? (r == c->root ? B * (size_t)n : 0) : (r == me ? B : 0);
   }
   return 0;
+}
+
+/* ... and this rank's kernel: its own part, every rank's (gpu_one_kernel: rank 0), or none. */
+static size_t touched(const struct gpu_comm* g, const struct gpu_call* c, int r, int b) {
+  if (!gpu_one_kernel(g, c->func)) return part_touches(c, g->n, g->rank, r, b);
+  size_t most = 0;
+  for (int p = 0; g->rank == 0 && p < g->n; p++) most = UT_MAX(most, part_touches(c, g->n, p, r, b));
+  return most; /* each counts from the buffer's start */
 }
 
 static const char* bufname(int b) { return b == DEV_SEND ? "sendbuff" : "recvbuff"; }
@@ -172,7 +180,7 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
   struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
   for (int r = 0; r < n; r++)
     for (int b = 0; b < 2; b++) {
-      size_t need = touched(c, n, me, r, b);
+      size_t need = touched(g, c, r, b);
       if (need) CHECK(buf_addr(g, c, r, b, &c->all[r].buf[b], need, r == me ? c->ptr[b] : NULL, &tab->buf[b][r]));
     }
   for (int r = 0; r < n; r++) tab->scalar[r] = c->all[r].scalar; /* only ever multiplies data */

@@ -281,15 +281,18 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     ok = g->priv && stream_create(&g->bridge) == CH_OK &&
          cudev_dev_alloc(g->ctx, GPU_SLOTS * sizeof(struct dev_staged), &g->stage_dev) == CH_OK;
     g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
+    int64_t one = param_int(PARAM_CUDA_ONE_KERNEL); /* any_proc is alike on every rank */
+    g->one_kernel = one < 0 ? g->any_proc : one != 0;
   }
   /* One rank that failed alone here must not leave the others on the GPU path: agree once more. */
   if (s == CH_OK && n > 1) {
     uint64_t* oks = calloc((size_t)n, sizeof(uint64_t));
     if (!oks) s = CH_SYSTEM;
     if (s == CH_OK) {
-      oks[me] = (uint64_t)ok;
+      oks[me] = (uint64_t)ok | (ok && g->one_kernel ? 2u : 0u);
       s = boot_allgather(comm->boot, oks, sizeof(uint64_t));
-      for (int r = 0; s == CH_OK && r < n; r++) ok &= oks[r] != 0;
+      for (int r = 0; s == CH_OK && r < n; r++) ok &= (oks[r] & 1) != 0;
+      if (ok) g->one_kernel = (oks[0] & 2) != 0; /* rank 0's choice, should ranks' settings differ */
     }
     free(oks);
   }
