@@ -26,6 +26,7 @@ static struct {
   cu_result (*stream_sync)(void*);
   cu_result (*dtod_async)(uintptr_t, uintptr_t, size_t, void*);
   cu_result (*error_string)(cu_result, const char**);
+  cu_result (*ctx_sync)(void);
   int ndev;
 } cu;
 
@@ -57,10 +58,11 @@ void perf_cuda_open(perf_ctx* ctx) {
   SYM(stream_sync, "cuStreamSynchronize");
   SYM(dtod_async, "cuMemcpyDtoDAsync_v2");
   SYM(error_string, "cuGetErrorString");
+  SYM(ctx_sync, "cuCtxSynchronize");
 #undef SYM
   if (!cu.init || !cu.device_count || !cu.device_get || !cu.primary_retain || !cu.ctx_set || !cu.mem_alloc ||
       !cu.mem_free || !cu.htod || !cu.dtoh || !cu.stream_create || !cu.stream_destroy || !cu.stream_sync ||
-      !cu.dtod_async)
+      !cu.dtod_async || !cu.ctx_sync)
     perf_fail_msg(ctx, PERF_INVALID_USAGE, "--device: %s lacks CUDA driver entry points", name);
   cu_check(ctx, cu.init(0), "cuInit");
   cu_check(ctx, cu.device_count(&cu.ndev), "cuDeviceGetCount");
@@ -84,8 +86,13 @@ void* perf_cuda_alloc(perf_ctx* ctx, size_t bytes) {
 void perf_cuda_free(perf_ctx* ctx, void* p) { cu_check(ctx, cu.mem_free((uintptr_t)p), "cuMemFree"); }
 
 void perf_cuda_copy(perf_ctx* ctx, void* dst, const void* src, size_t bytes, int to_device) {
-  if (to_device) cu_check(ctx, cu.htod((uintptr_t)dst, src, bytes), "cuMemcpyHtoD");
-  else cu_check(ctx, cu.dtoh(dst, (uintptr_t)src, bytes), "cuMemcpyDtoH");
+  /* A copy from pageable memory may return before its DMA has landed, and the ranks' streams are
+   * NON_BLOCKING, so nothing orders them after it: on an H200 such a late copy of the initial data
+   * overwrote results of work queued next (hypercube_perf out of place, wrong elements). Wait. */
+  if (to_device) {
+    cu_check(ctx, cu.htod((uintptr_t)dst, src, bytes), "cuMemcpyHtoD");
+    cu_check(ctx, cu.ctx_sync(), "cuCtxSynchronize");
+  } else cu_check(ctx, cu.dtoh(dst, (uintptr_t)src, bytes), "cuMemcpyDtoH");
 }
 
 cudaStream_t perf_cuda_stream(perf_ctx* ctx) {
