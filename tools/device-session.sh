@@ -149,22 +149,30 @@ scaling() {
   fi
   # "tuned": the automatic choice with this machine's constants (chorus-info --calibrate, < 1 s).
   bounded $f 20 $B/bin/chorus-info --calibrate /tmp/chorus-tune.conf && cat /tmp/chorus-tune.conf >>"$OUT/$f.txt"
-  # Small sizes many times, large ones a few: the whole sweep fits its minutes.
+  # Small sizes many times, large ones a few. Every variant SCALING_REPS times, interleaved (the
+  # table keeps each one's best): single runs on the H200 machine differed by up to 1.6x between a
+  # variant and the automatic choice that picks it.
+  local rep reps=${SCALING_REPS:-3}
   for np in $ranks; do
-    ((mpi)) && bounded $f 60 "$mpibin/mpirun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
-      --mca btl "$btl,self" /tmp/mpi_coll_bench allreduce 8 "$(numfmt --from=iec "$max")"
-    for a in $algos; do
-      local env=(env)
-      case $a in
-        auto) ;;
-        tuned) env+=(CHORUS_TUNE_FILE=/tmp/chorus-tune.conf) ;;
-        LL | LL128 | Simple) env+=(NCCL_PROTO=$a) ;; # the model's algorithm, this protocol
-        Exchange) ((np == 2)) || continue; env+=(NCCL_ALGO=allreduce:$a) ;; # two ranks only
-        *) env+=(NCCL_ALGO=allreduce:$a) ;;
-      esac
-      bounded $f 30 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 8 -e 2M -f 4 -n 200 -w 20 -T 20
-      # large sizes unchecked (-c 0): checking 16 ranks x 256 MiB took the tool ~55 s a run
-      bounded $f 60 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 4M -e "$max" -f 4 -n 5 -w 1 -c 0 -T 30
+    # the automatic choice at each size on this machine (rank 0's TUNING log): choices.txt
+    bounded choices 20 sh -c "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING $B/bin/chorusrun -n $np $B/bin/all_reduce_perf \
+      -b 8 -e $max -f 4 -n 1 -w 0 -c 0 2>&1 | grep '\[0\] NCCL INFO AllReduce' | sed 's/.*AllReduce //' | sort -u | sort -n"
+    for ((rep = 0; rep < reps; rep++)); do
+      ((mpi)) && bounded $f 60 "$mpibin/mpirun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+        --mca btl "$btl,self" /tmp/mpi_coll_bench allreduce 8 "$(numfmt --from=iec "$max")"
+      for a in $algos; do
+        local env=(env)
+        case $a in
+          auto) ;;
+          tuned) env+=(CHORUS_TUNE_FILE=/tmp/chorus-tune.conf) ;;
+          LL | LL128 | Simple) env+=(NCCL_PROTO=$a) ;; # the model's algorithm, this protocol
+          Exchange) ((np == 2)) || continue; env+=(NCCL_ALGO=allreduce:$a) ;; # two ranks only
+          *) env+=(NCCL_ALGO=allreduce:$a) ;;
+        esac
+        bounded $f 30 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 8 -e 2M -f 4 -n 200 -w 20 -T 20
+        # large sizes unchecked (-c 0): checking 16 ranks x 256 MiB took the tool ~55 s a run
+        bounded $f 60 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 4M -e "$max" -f 4 -n 5 -w 1 -c 0 -T 30
+      done
     done
   done
   "$py" tools/scaling_table.py "$OUT/$f.txt" >"$OUT/scaling_table.md" 2>&1
