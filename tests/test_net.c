@@ -276,12 +276,19 @@ TEST_T(net, peer_killed, 90) {
   return;
 #endif
   force_net();
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
+  /* The victim is forked before the unique id exists and reads it from a pipe: ncclGetUniqueId may
+   * start the bootstrap root's thread, and under AddressSanitizer a fork while that thread holds the
+   * allocator's lock left the victim deadlocked in its first malloc, its peers waiting in init (a
+   * timeout in 3 of 6 runs). */
+  int idpipe[2];
+  ASSERT(pipe(idpipe) == 0);
   fflush(stdout);
   pid_t victim = fork();
   ASSERT(victim >= 0);
   if (victim == 0) {
+    ncclUniqueId id;
+    close(idpipe[1]);
+    if (read(idpipe[0], &id, sizeof(id)) != (ssize_t)sizeof(id)) _exit(3);
     ncclComm_t comm;
     if (ncclCommInitRank(&comm, KILL_RANKS, id, KILL_RANKS - 1) != ncclSuccess) _exit(3);
     float* buf = calloc(KILL_COUNT, sizeof(float));
@@ -297,6 +304,11 @@ TEST_T(net, peer_killed, 90) {
     sleep(30);
     _exit(4);
   }
+  close(idpipe[0]);
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ASSERT(write(idpipe[1], &id, sizeof(id)) == (ssize_t)sizeof(id));
+  close(idpipe[1]);
   pthread_t th[KILL_RANKS - 1];
   void* args[KILL_RANKS - 1][2];
   uint64_t t0 = now_ns();
