@@ -210,6 +210,21 @@ TEST_T(cuda_gpu, five_collectives_2_and_3_procs, 120) {
   kernels_as(NULL, NULL);
 }
 
+/* Ranks whose CHORUS_CUDA_ONE_KERNEL differ take rank 0's (agreed at init): rank 0 alone says arg's
+ * value, the others the other one; either way every rank's part runs exactly once. */
+static void one_kernel_differs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int zero_says = *(int*)arg;
+  kernels_as(NULL, (rank == 0) == zero_says ? "1" : "0");
+  five_body(rank, nranks, id, NULL);
+}
+
+TEST_T(cuda_gpu, one_kernel_settings_differ, 60) {
+  if (no_kernels()) return;
+  load();
+  for (int zero_says = 0; zero_says < 2; zero_says++) rt_run_procs(3, one_kernel_differs_body, &zero_says);
+  kernels_as(NULL, NULL);
+}
+
 /* AlltoAll, Gather and Scatter on the GPU, out of place and in place (AlltoAll's pairs then swap
  * blocks between two ranks' buffers), every root. Block j of rank r's data: v(r, j, i). */
 static float v3(int r, int j, int i) { return (float)(r * 100000 + j * 1000 + i); }
