@@ -63,7 +63,7 @@ gpu() { # in order of what matters most, so that a deadline cuts the least neede
     -e 1M -f 32 -n 2 -w 1 -T 15
   bounded check 150 $B/bin/chorus-tests perf_check.every_collective_real_gpu
   # The issue's figures: AllReduce on 2 and 4 processes sharing the GPU, copy rates, real NCCL.
-  local p=(-b 8 -e 256M -f 4 -n 20 -w 5 -T 30)
+  local p=(-b 16 -e 256M -f 4 -n 20 -w 5 -T 30) # 16 B x 4^k ends at 256 MiB, the issue's size
   for np in 2 4; do bounded perf 40 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"; done
   bounded perf 30 $B/bin/all_reduce_perf --device -b 8 -e 8 -n 2000 -w 100 # 1 rank, 8 B
   bounded perf 20 "$py" -c '
@@ -104,7 +104,7 @@ print("pinned HtoD %.1f GB/s, DtoH %.1f GB/s, DtoD %.1f GB/s (bytes read + writt
 # (CHORUS_CUDA_ONE_KERNEL, CHORUS_CUDA_STAGE_BLOCKS), and the point-to-point tool whose check failed.
 ab() {
   [[ -x $B/bin/all_reduce_perf ]] || build || return 1
-  local p=(-b 8 -e 128M -f 4 -n 20 -w 5 -T 30)
+  local p=(-b 16 -e 256M -f 4 -n 20 -w 5 -T 30)
   bounded ab 30 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
   bounded ab 30 env CHORUS_CUDA_ONE_KERNEL=0 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
   bounded ab 30 $B/bin/all_reduce_perf --device -np 4 "${p[@]}"
