@@ -167,9 +167,9 @@ int gpu_a2a_pair(int n, int me, int r) {
 
 /* One kernel does every rank's part, on rank 0's stream (the others only pass the barriers): kernels
  * of different processes never run at once without MPS, their contexts take turns on the GPU, and on
- * the H200 each process's kernel added ~0.3 ms to a call whose waits alone took ~25 us. So by default
- * when some rank is in another process (CHORUS_CUDA_ONE_KERNEL), for every call whose jobs fit one
- * launch (AlltoAll's pairs: up to 7 ranks). */
+ * the H200 each process's kernel added ~0.3 ms to a call whose waits alone took ~25 us; thread ranks
+ * ran as fast or faster with one kernel too. So by default (CHORUS_CUDA_ONE_KERNEL), for every call
+ * whose jobs fit one launch (AlltoAll's pairs: up to 7 ranks). */
 int gpu_one_kernel(const struct gpu_comm* g, int func) {
   int n = g->n;
   return g->one_kernel && func != FUNC_RECV && (func != FUNC_ALLTOALL || n + n * (n - 1) / 2 <= DEV_MAX_JOBS);
