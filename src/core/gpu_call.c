@@ -235,22 +235,18 @@ static ch_status run_kernel(struct gpu_comm* g, const struct gpu_call* c, cudaSt
   struct dev_args a;
   fill_args(g, c, &a);
   if (!a.njobs) return CH_OK;
-  void* fn = cudev_kernel(g->ctx, c->type);
-  if (!fn) return CH_SYSTEM;
   uint64_t most = 0;
   for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);
   /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM in all */
   uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a.njobs, 1));
   gx = UT_MAX(gx, 1);
   if (gx * (uint64_t)a.njobs >= (uint64_t)g->stage_blocks) { /* the table read once, into device memory */
-    void* stage = cudev_kernel(g->ctx, DEV_STAGE);
-    if (!stage) return CH_SYSTEM;
     struct dev_staged* d = (struct dev_staged*)((char*)g->stage_dev + (c->seq % GPU_SLOTS) * sizeof(*d));
     struct dev_stage_args sa = {.table = a.table, .fail = {a.fail[0], a.fail[1]}, .dst = (uintptr_t)d};
-    CHECK(cudev_launch(stage, 1, 1, s, g->ctx, &sa));
+    CHECK(cudev_launch(g->fn[DEV_STAGE], 1, 1, s, g->ctx, &sa));
     a.table = (uintptr_t)&d->table, a.fail[0] = (uintptr_t)&d->failed[0], a.fail[1] = (uintptr_t)&d->failed[1];
   }
-  return cudev_launch(fn, (unsigned)gx, (unsigned)a.njobs, s, g->ctx, &a);
+  return cudev_launch(g->fn[c->type], (unsigned)gx, (unsigned)a.njobs, s, g->ctx, &a);
 }
 
 /* A rank's calls on one communicator run in call order whatever streams they name (as NCCL orders

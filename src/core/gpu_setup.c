@@ -280,9 +280,9 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     if (g->priv) memset(g->priv, 0, sizeof(*g->priv));
     ok = g->priv && stream_create(&g->bridge) == CH_OK &&
          cudev_dev_alloc(g->ctx, GPU_SLOTS * sizeof(struct dev_staged), &g->stage_dev) == CH_OK;
+    for (int t = 0; ok && t <= DEV_STAGE; t++) ok = (g->fn[t] = cudev_kernel(g->ctx, t)) != NULL;
     g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
-    int64_t one = param_int(PARAM_CUDA_ONE_KERNEL); /* any_proc is alike on every rank */
-    g->one_kernel = one < 0 ? g->any_proc : one != 0;
+    g->one_kernel = param_int(PARAM_CUDA_ONE_KERNEL) != 0;
   }
   /* One rank that failed alone here must not leave the others on the GPU path: agree once more. */
   if (s == CH_OK && n > 1) {
