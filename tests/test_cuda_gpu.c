@@ -180,10 +180,11 @@ static void kernels_as(const char* stage_blocks, const char* one_kernel) {
 
 /* body on 1 to 4 thread ranks, each time on the GPU path (a kernel ran, not host memory), leaving no
  * host registration behind (the barrier page: registered once per process, and given back): with
- * tables read from host memory, then staged into device memory, then one kernel for all ranks. */
+ * tables read from host memory, then staged into device memory (one kernel for all ranks, the
+ * default), then each rank's kernel doing its own part. */
 static void on_1_to_4_threads(rt_rank_fn body) {
   for (int v = 0; v < 3; v++) {
-    kernels_as(v == 0 ? "1000000" : v == 1 ? "0" : NULL, v == 2 ? "1" : NULL);
+    kernels_as(v == 0 ? "1000000" : v == 1 ? "0" : NULL, v == 2 ? "0" : NULL);
     for (int n = 1; n <= 4; n++) {
       int before = fk.kernels(), staged_before = fk.stage_runs();
       rt_run_threads(n, body, NULL);
@@ -557,7 +558,7 @@ TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
     NCCL_OK(ncclGroupEnd());
     float* a = dev_alloc(2 * N);
     for (int i = 0; i < 2 * N; i++) a[i] = 1;
-    int release = 0;
+    int release = 0, staged_before = fk.stage_runs();
     cudaStream_t s0 = (cudaStream_t)(uintptr_t)(0x7f00 + 0x100 * stage), s1 = (cudaStream_t)(uintptr_t)(0x7f10 + 0x100 * stage);
     ASSERT_EQ(fk.hold(s0, &release), 0);
     /* one thread, two ranks: a group, as nccl-tests' -g does */
@@ -571,6 +572,7 @@ TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
     EXPECT_EQ(fk.sync(s0), 0);
     EXPECT_EQ(fk.sync(s1), 0);
     for (int i = 0; i < 2 * N; i++) EXPECT(a[i] == 1);
+    EXPECT(stage ? fk.stage_runs() > staged_before : fk.stage_runs() == staged_before);
     EXPECT_EQ(fk.free((uintptr_t)a), 0);
   }
   kernels_as(NULL, NULL);
