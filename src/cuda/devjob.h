@@ -6,8 +6,8 @@
  * addresses in this process. It is filled by the host once every rank has said what its buffers are;
  * its `seq` is written last, and a kernel whose table does not carry its own seq (the exchange failed,
  * or the communicator was aborted) touches no memory. A kernel of many blocks reads a copy of the table
- * and of the failure words that the stage kernel (below) made in device memory just before it. A job reads `count` elements at `src_off` bytes
- * into the src_buf of every rank in src_mask, combines them (reduce: the call's operation, with its
+ * and of the failure words that the stage kernel (below) made in device memory just before it. A job
+ * reads `count` elements at `src_off` bytes into the src_buf of every rank in src_mask, combines them (reduce: the call's operation, with its
  * pre-multiplication and post-division; otherwise exactly one source, copied) and writes the result at
  * dst_off bytes into the dst_buf of every rank in dst_mask. Per element, all reads come before all
  * writes, so a destination may be one of the sources (in place). */

@@ -106,12 +106,12 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Chorus's device kernel (src/cuda/kernels.cu, devjob.h) on the CPU, with the host library's
- * element-wise code: every job's sources combined into a scratch block, then written to each
- * destination (all reads before any write, as the kernel does per element). */
 static int stage_runs; /* stage kernels run (fake_cuda_stage_runs) */
 EXPORT int fake_cuda_stage_runs(void) { return __atomic_load_n(&stage_runs, __ATOMIC_RELAXED); }
 
+/* Chorus's device kernel (src/cuda/kernels.cu, devjob.h) on the CPU, with the host library's
+ * element-wise code: every job's sources combined into a scratch block, then written to each
+ * destination (all reads before any write, as the kernel does per element). */
 static void run_kernel(const struct dev_args* a) {
   const struct dev_table* tab = (const struct dev_table*)(uintptr_t)a->table;
   if (__atomic_load_n(&tab->seq, __ATOMIC_ACQUIRE) != a->seq) return;
@@ -620,9 +620,9 @@ EXPORT int cuCtxPopCurrent_v2(void** ctx) {
   if (ctx) *ctx = &fake_ctx;
   return 0;
 }
-/* Waits for everything queued on the stream, as the driver does. */
 /* The stand-in's host-to-device copies are done when they return: nothing else to wait for here. */
 EXPORT int cuCtxSynchronize(void) { return inited ? (ctx_depth ? 0 : E_INVALID_CONTEXT) : 3; }
+/* Waits for everything queued on the stream, as the driver does. */
 EXPORT int cuStreamSynchronize(void* h) {
   if (!inited) return 3;
   __atomic_fetch_add(&syncs, 1, __ATOMIC_RELAXED);
