@@ -53,7 +53,8 @@ void perf_fail_nccl(perf_ctx* ctx, ncclResult_t r, const char* what, const char*
 #define CK(call) PERF_NCCL_CHECK(th->ctx, call)
 
 static void mark_progress(perf_thread* th) {
-  __atomic_store_n(&th->ctx->progress_ns[th->thread], perf_now_ns(), __ATOMIC_RELAXED);
+  uint64_t* n = &th->ctx->progress[th->thread].n;
+  __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
 }
 
 /* In-place allreduce of n doubles per local rank (scratch), on the synchronous NULL stream. */

@@ -274,12 +274,17 @@ static void* thread_entry(void* arg) {
 static void* watchdog(void* arg) {
   perf_ctx* ctx = arg;
   uint64_t limit = (uint64_t)ctx->o.timeout_s * 1000000000ull;
+  int nt = ctx->o.nthreads;
+  uint64_t* seen = calloc((size_t)nt * 2, sizeof(uint64_t)); /* per thread: count, when it changed */
+  if (!seen) perf_fail_msg(ctx, PERF_INTERNAL, "out of memory");
+  for (int t = 0; t < nt; t++) seen[2 * t + 1] = perf_now_ns();
   for (;;) {
     usleep(50000);
     uint64_t now = perf_now_ns();
-    for (int t = 0; t < ctx->o.nthreads; t++) {
-      uint64_t p = __atomic_load_n(&ctx->progress_ns[t], __ATOMIC_RELAXED);
-      if (__atomic_load_n(&ctx->busy[t], __ATOMIC_RELAXED) && now > p && now - p > limit)
+    for (int t = 0; t < nt; t++) {
+      uint64_t p = __atomic_load_n(&ctx->progress[t].n, __ATOMIC_RELAXED);
+      if (p != seen[2 * t]) seen[2 * t] = p, seen[2 * t + 1] = now;
+      if (__atomic_load_n(&ctx->busy[t], __ATOMIC_RELAXED) && now - seen[2 * t + 1] > limit)
         perf_fail_msg(ctx, PERF_TIMEOUT, "Test timeout (%ds): thread %d (ranks %d-%d) made no progress",
                       ctx->o.timeout_s,
                       t, (ctx->proc * ctx->o.nthreads + t) * ctx->o.ngpus,
@@ -303,11 +308,12 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
   if (ctx->mem_cap >= 0 && ctx->mem_cap < 64) ctx->mem_cap = 64;
 
   ctx->comms = calloc((size_t)per_proc, sizeof(ncclComm_t));
-  ctx->progress_ns = calloc((size_t)nt, sizeof(uint64_t));
+  ctx->progress = aligned_alloc(64, (size_t)nt * sizeof(*ctx->progress));
+  if (ctx->progress) memset(ctx->progress, 0, (size_t)nt * sizeof(*ctx->progress));
   ctx->busy = calloc((size_t)nt, sizeof(int));
   perf_thread* th = calloc((size_t)nt, sizeof(*th));
-  if (!ctx->comms || !ctx->progress_ns || !ctx->busy || !th) perf_fail_msg(ctx, PERF_INTERNAL, "out of memory");
-  for (int t = 0; t < nt; t++) ctx->progress_ns[t] = perf_now_ns(), ctx->busy[t] = 1;
+  if (!ctx->comms || !ctx->progress || !ctx->busy || !th) perf_fail_msg(ctx, PERF_INTERNAL, "out of memory");
+  for (int t = 0; t < nt; t++) ctx->busy[t] = 1;
   pthread_barrier_init(&ctx->threads_met, NULL, (unsigned)nt);
   pthread_t wd;
   if (o->timeout_s > 0) {
