@@ -3,6 +3,7 @@
  * that is not in rank order (CHORUS_RING_ORDER permutes it on one host: ranks there stay on
  * shared memory, so the whole collective matrix runs on permuted rings without the network). */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,35 @@ static void mixed_order_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST(topo, ring_order_must_agree) { rt_run_procs(3, mixed_order_body, NULL); }
+
+/* Waiting ranks spin only when this host's ranks have a CPU each: counted over the union of their
+ * processes' affinity, so ranks bound one per CPU (chorusrun --bind core, mpirun's default) spin,
+ * and ranks whose processes all share one CPU do not. Needs 2 CPUs. */
+struct affinity_case {
+  int distinct; /* rank r on CPU r, else every rank on CPU 0 */
+};
+static void affinity_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct affinity_case* c = arg;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(c->distinct ? rank : 0, &set);
+  ASSERT(sched_setaffinity(0, sizeof(set), &set) == 0);
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  EXPECT_EQ(comm->oversubscribed, !c->distinct);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST(topo, bound_ranks_spin_when_each_has_a_cpu) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0 || !CPU_ISSET(0, &set) || !CPU_ISSET(1, &set)) {
+    printf("    SKIP: needs CPUs 0 and 1\n");
+    return;
+  }
+  struct affinity_case distinct = {1}, shared = {0};
+  rt_run_procs(2, affinity_body, &distinct);
+  rt_run_procs(2, affinity_body, &shared);
+}
 
 /* ---- every collective on permuted rings ---- */
 

@@ -162,12 +162,20 @@ scaling() {
   # table keeps each one's best): single runs on the H200 machine differed by up to 1.6x between a
   # variant and the automatic choice that picks it.
   local rep reps=${SCALING_REPS:-3}
+  # SCALING_BIND=core (default): rank i on CPU i for both, as Open MPI binds by default; a variant and
+  # auto picking it differed by up to 1.8x between unbound runs (8 ranks, 512 KiB-16 MiB), too much
+  # to tell the model's misses from placement. none: unbound, as the first 16-core table.
+  local run=($B/bin/chorusrun) mpibind=(--bind-to none)
+  if [[ ${SCALING_BIND:-core} == core ]]; then
+    run+=(--bind core) mpibind=(--map-by hwthread --bind-to hwthread)
+  fi
+  echo "# binding: ${SCALING_BIND:-core}" >>"$OUT/$f.txt"
   for np in $ranks; do
     # the automatic choice at each size on this machine (rank 0's TUNING log): choices.txt
     bounded choices 20 sh -c "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING $B/bin/chorusrun -n $np $B/bin/all_reduce_perf \
       -b 8 -e $max -f 4 -n 1 -w 0 -c 0 2>&1 | grep '\[0\] NCCL INFO AllReduce' | sed 's/.*AllReduce //' | sort -u | sort -n"
     for ((rep = 0; rep < reps; rep++)); do
-      ((mpi)) && bounded $f 60 "$mpibin/mpirun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+      ((mpi)) && bounded $f 60 "$mpibin/mpirun" --allow-run-as-root --oversubscribe "${mpibind[@]}" -np "$np" \
         --mca btl "$btl,self" /tmp/mpi_coll_bench allreduce 8 "$(numfmt --from=iec "$max")"
       for a in $algos; do
         local env=(env)
@@ -178,9 +186,9 @@ scaling() {
           Exchange) ((np == 2)) || continue; env+=(NCCL_ALGO=allreduce:$a) ;; # two ranks only
           *) env+=(NCCL_ALGO=allreduce:$a) ;;
         esac
-        bounded $f 30 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 8 -e 2M -f 4 -n 200 -w 20 -T 20
+        bounded $f 30 "${env[@]}" "${run[@]}" -n "$np" $B/bin/all_reduce_perf -b 8 -e 2M -f 4 -n 200 -w 20 -T 20
         # large sizes unchecked (-c 0): checking 16 ranks x 256 MiB took the tool ~55 s a run
-        bounded $f 60 "${env[@]}" $B/bin/chorusrun -n "$np" $B/bin/all_reduce_perf -b 4M -e "$max" -f 4 -n 5 -w 1 -c 0 -T 30
+        bounded $f 60 "${env[@]}" "${run[@]}" -n "$np" $B/bin/all_reduce_perf -b 4M -e "$max" -f 4 -n 5 -w 1 -c 0 -T 30
       done
     done
   done

@@ -77,6 +77,7 @@ static void fill_info(struct boot_rank_info* info, int rank, int nranks, const u
   snprintf(info->hostname, sizeof(info->hostname), "%s", ut_hostname());
   info->listen_addr = *listen_addr;
   boot_query_addr(listen_addr, &info->query_addr); /* same interface: wherever peers reach us */
+  ut_cpu_mask(info->cpus, BOOT_CPU_WORDS);
 }
 
 static void id_key(const struct boot_id* id, struct boot_key* key) {

@@ -22,6 +22,7 @@
 
 /* What each rank tells the root when it joins. The root checks that all ranks agree on nranks,
  * library version and wire version, and fails every rank with one message naming who differs. */
+#define BOOT_CPU_WORDS 16
 struct boot_rank_info {
   int32_t rank;
   int32_t nranks;
@@ -35,6 +36,9 @@ struct boot_rank_info {
   char hostname[64];
   union sock_addr listen_addr; /* where this rank accepts peer connections */
   union sock_addr query_addr;  /* its process's stall query service (AF_UNSPEC: none; query.c) */
+  /* CPUs its process may run on when it joined (0-1023; any bits are valid): ranks of one host
+   * spin only if the union of theirs has a CPU for each (init.c) */
+  uint64_t cpus[BOOT_CPU_WORDS];
 };
 
 struct boot_state; /* opaque */

@@ -233,7 +233,16 @@ static ch_status comm_setup(struct ncclComm* comm) {
     }
     break;
   }
-  comm->oversubscribed = threads > ut_ncpus();
+  /* CPUs for this host's ranks: the union of their processes' affinity, not ours alone (a launcher
+   * that binds rank i to CPU i leaves each process one CPU, yet no two ranks share one; measured on
+   * 2 CPUs, 2 bound ranks, 8 B: 0.59 us yielding as if oversubscribed against 0.24 spinning). */
+  uint64_t cpus[BOOT_CPU_WORDS] = {0};
+  for (int r = 0; r < n; r++)
+    if (comm->peers[r].host_hash == mine->host_hash)
+      for (int w = 0; w < BOOT_CPU_WORDS; w++) cpus[w] |= comm->peers[r].cpus[w];
+  int ncpus = 0;
+  for (int w = 0; w < BOOT_CPU_WORDS; w++) ncpus += __builtin_popcountll(cpus[w]);
+  comm->oversubscribed = threads > (ncpus ? ncpus : ut_ncpus());
 
   comm->sizes.buff[PROTO_SIMPLE] = fifo_param(PARAM_BUFFSIZE);
   comm->sizes.buff[PROTO_LL] = fifo_param(PARAM_LL_BUFFSIZE);

@@ -142,6 +142,14 @@ int ut_ncpus(void) {
   return n > 0 ? (int)n : 1;
 }
 
+void ut_cpu_mask(uint64_t* words, int nwords) {
+  memset(words, 0, sizeof(uint64_t) * (size_t)nwords);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  for (int c = 0; c < CPU_SETSIZE && c < 64 * nwords; c++)
+    if (CPU_ISSET(c, &set)) words[c / 64] |= 1ull << (c % 64);
+}
+
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

@@ -21,6 +21,8 @@ uint64_t ut_proc_nonce(void);
 uint64_t ut_pid_ns(void);
 const char* ut_hostname(void);
 int ut_ncpus(void);
+/* This thread's CPU affinity as a bit mask of CPUs 0 .. 64*nwords-1 (higher CPUs left out). */
+void ut_cpu_mask(uint64_t* words, int nwords);
 /* False once the process has exited, including a zombie not yet reaped by its parent. */
 int ut_pid_alive(int pid);
 /* Wait politely: spin for a while, then yield, then sleep. `iter` counts calls in this wait. */
