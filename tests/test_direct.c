@@ -69,6 +69,12 @@ TEST(direct, one_plain_buffer_falls_back) {
   rt_run_procs(3, mixed_body, (void*)1);
 }
 
+/* 4 ranks (3 above): the fallback on a power of two. */
+TEST(direct, one_plain_buffer_falls_back_4) {
+  direct_everywhere();
+  rt_run_procs(4, mixed_body, (void*)1);
+}
+
 /* 40 allocations, more than the 32 mappings a rank keeps: old ones are unmapped and remapped. */
 static void many_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
@@ -159,6 +165,7 @@ static void toggle_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST(direct, fallback_then_direct_again) {
   direct_everywhere();
   rt_run_procs(2, toggle_body, NULL);
+  rt_run_procs(4, toggle_body, NULL);
 }
 
 /* Item 11: calls that do not match across ranks (rank 1 passes twice the count, or doubles instead of

@@ -255,6 +255,41 @@ TEST_T(tuning, recdbl_for_small_allreduce, 60) {
   rt_run_procs(4, recdbl_body, NULL);
 }
 
+/* Direct between processes falls back, when some buffer is not from ncclMemAlloc, to what the model
+ * would choose among Exchange and Ring, on Direct's one channel; Ring when NCCL_ALGO allows neither. */
+static void fallback_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  const size_t sizes[] = {256 << 10, 1 << 20, 64 << 20};
+  for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+    struct tune_choice a, b;
+    unsigned keep = comm->algo_mask[FUNC_ALLREDUCE];
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &a);
+    comm->algo_mask[FUNC_ALLREDUCE] = keep & (B(ALGO_EXCHANGE) | B(ALGO_RING));
+    if (!comm->algo_mask[FUNC_ALLREDUCE]) comm->algo_mask[FUNC_ALLREDUCE] = B(ALGO_RING);
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &b);
+    comm->algo_mask[FUNC_ALLREDUCE] = keep;
+    if (a.algo != ALGO_DIRECT) continue; /* not chosen here (NCCL_ALGO) */
+    EXPECT_EQ(a.fallback, nranks == 2 && sizes[s] <= comm->exchange_max_bytes ? ALGO_EXCHANGE : ALGO_RING);
+    if (a.fallback != b.algo || a.proto != b.proto)
+      rt_fail(__FILE__, __LINE__, "NCCL_ALGO=%s, %zu bytes: fallback %s/%s, without Direct %s/%s", param_str(PARAM_ALGO),
+              sizes[s], tune_algo_name(a.fallback), tune_proto_name(a.proto), tune_algo_name(b.algo),
+              tune_proto_name(b.proto));
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(tuning, direct_falls_back_to_exchange_or_ring, 90) {
+  rt_run_procs(4, fallback_body, NULL);
+  set("NCCL_ALGO", "Ring,Direct");
+  rt_run_procs(4, fallback_body, NULL);
+  set("NCCL_ALGO", "Direct");
+  rt_run_procs(4, fallback_body, NULL);
+  set("NCCL_ALGO", NULL);
+  rt_run_procs(2, fallback_body, NULL);
+}
+
 /* ---- errors: malformed at init, nothing runnable at the call ---- */
 
 static void init_fails_body(int rank, int nranks, ncclUniqueId id, void* arg) {

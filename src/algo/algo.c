@@ -50,6 +50,12 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
 
 int algo_uses_peers(int algo) { return algo == ALGO_RECDBL || algo == ALGO_TREE || algo == ALGO_RABEN; }
 
+const char* algo_name(int algo) {
+  static const char* names[] = {"Tree", "Ring", "Exchange", "Direct", "RecDbl", "Rabenseifner"};
+  _Static_assert(sizeof(names) / sizeof(names[0]) == ALGO_COUNT, "a name for every algorithm");
+  return algo >= 0 && algo < ALGO_COUNT ? names[algo] : "?";
+}
+
 void algo_peer_set(int rank, int n, const struct algo_tree* trees, int ntrees, char* mark) {
   if (n == 1) return;
   struct algo_pof2 me = algo_pof2_of(rank, n);

@@ -130,6 +130,7 @@ struct ch_op {
  * of steps on a connection is the same at both ends. Their peers are connected with the rings
  * (algo_peer_set): ranks whose calls differ never wait for each other in connection setup. */
 int algo_uses_peers(int algo);
+const char* algo_name(int algo); /* as NCCL_ALGO and the TUNING log spell it */
 /* Number of primitive steps the op needs; then fill the primitive for step `idx` < that number. */
 uint64_t algo_nsteps(const struct ch_op* op);
 void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p);

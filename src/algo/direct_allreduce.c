@@ -150,7 +150,7 @@ int direct_allreduce_try(struct ch_op* op) {
       if (op->maps && (c->slot[k].send.token == 0 || c->slot[k].recv.token == 0)) {
         INFO(LOG_COLL, "AllReduce seq %llu: rank %d's buffers are not from ncclMemAlloc, so not reachable by "
              "other processes: using %s", (unsigned long long)seq, k,
-             op->fallback_algo == ALGO_EXCHANGE ? "Exchange" : "Ring");
+             algo_name(op->fallback_algo));
         return DIRECT_FALLBACK;
       }
     }

@@ -139,6 +139,13 @@ static void direct_describe(struct ch_op* op) {
   mem_describe(op->recvbuff, bytes, &op->drecv);
 }
 
+/* Elements per FIFO step of the connections op->algo runs on: the rings', or the per-peer ones
+ * (RecDbl, Rabenseifner, Tree, and sends and receives). */
+static void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_t esize) {
+  const struct tp_sizes* sz = coll && !algo_uses_peers(op->algo) ? &comm->sizes : &comm->p2p_sizes;
+  op->chunk = prim_step_elems(op->proto, sz->buff[op->proto] / CH_STEPS, esize ? esize : 1);
+}
+
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out) {
   /* Flatten: collectives stay, grouped p2p patterns become send/recv. */
   int ntasks = 0;
@@ -157,6 +164,10 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
     tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
+    if (has_p2p && algo_uses_peers(t->how.fallback) && t->how.algo == ALGO_DIRECT) {
+      t->how.fallback = ALGO_RING; /* as below, for the algorithm Direct may switch to */
+      t->how.proto = PROTO_SIMPLE;
+    }
     if (has_p2p && algo_uses_peers(t->how.algo)) {
       /* Its steps share the per-peer connections with the group's sends and receives, whose lanes
        * run in no fixed order with it: the two ends could disagree on the order of steps. (One
@@ -248,8 +259,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       } else {
         op->ctx.in = &comm->p2p[t->root].recv;
       }
-      const struct tp_sizes* sz = is_coll(t->func) && !algo_uses_peers(op->algo) ? &comm->sizes : &comm->p2p_sizes;
-      op->chunk = prim_step_elems(t->how.proto, sz->buff[t->how.proto] / CH_STEPS, esize ? esize : 1);
+      op_set_chunk(comm, op, is_coll(t->func), esize);
       struct ch_lane* ln = &plan->lanes[lane_idx[lane_of(comm, t, c)]];
       ln->ops[ln->nops++] = op;
     }
@@ -322,8 +332,11 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
         if (r == DIRECT_MISMATCH) atomic_store(&comm->poisoned, 1); /* every rank logged it: no second WARN */
         break;
       }
-      if (r == DIRECT_FALLBACK) /* some buffer is unreachable: every rank switches to the FIFO algorithm */
-        op->algo = op->fallback_algo, op->idx = 0, op->nidx = algo_nsteps(op) + 1;
+      if (r == DIRECT_FALLBACK) { /* some buffer is unreachable: every rank switches to the FIFO algorithm */
+        op->algo = op->fallback_algo, op->idx = 0;
+        op_set_chunk(comm, op, 1, op->esize); /* before counting its steps */
+        op->nidx = algo_nsteps(op) + 1;
+      }
       else
         op->idx++;
       progressed = 1;

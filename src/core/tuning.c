@@ -14,13 +14,11 @@
 #include "tuner_abi.h"
 
 static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
-static const char* algo_names[] = {"Tree", "Ring", "Exchange", "Direct", "RecDbl", "Rabenseifner"};
-_Static_assert(sizeof(algo_names) / sizeof(algo_names[0]) == ALGO_COUNT, "a name for every algorithm");
 static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
                                              "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
 
 const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? proto_names[p] : "?"; }
-const char* tune_algo_name(int a) { return a >= 0 && a < ALGO_COUNT ? algo_names[a] : "?"; }
+const char* tune_algo_name(int a) { return algo_name(a); }
 const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? func_names[f] : "?"; }
 
 /* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
@@ -272,18 +270,21 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   *by_tuner = comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
   int algo = ALGO_RING, proto = PROTO_SIMPLE;
   cheapest(*by_tuner ? cost : t, &algo, &proto);
-  /* Direct between processes runs the FIFO algorithm when some buffer is not from ncclMemAlloc (known
-   * only when the call runs): the protocol given is that algorithm's best. */
-  int exch = func == FUNC_ALLREDUCE && n == 2 && (comm->algo_mask[i] & (1u << ALGO_EXCHANGE)) &&
-             bytes <= comm->exchange_max_bytes;
-  out->fallback = algo == ALGO_DIRECT ? (exch ? ALGO_EXCHANGE : ALGO_RING) : algo;
+  /* Direct between processes runs another algorithm when some buffer is not from ncclMemAlloc (known
+   * only when the call runs, on every rank alike): the cheaper of Exchange and Ring on the one
+   * channel Direct's op has (Ring when NCCL_ALGO allows neither), on its best protocol. Not RecDbl,
+   * Rabenseifner or Tree: where Direct is chosen (256 KiB up) the model predicts Rabenseifner
+   * within 1% of Ring, so cannot tell them apart, and measured on 2 CPUs (4 processes) Ring was
+   * 1.2-2x faster from 4 MiB; the 16-core single runs disagreed (docs/PERFORMANCE.md). */
+  out->fallback = algo;
   if (algo == ALGO_DIRECT) {
-    double best = -1;
-    for (int j = 0; j < CH_NPROTO; j++) {
-      int p = proto_order[j];
-      double v = (pm >> p) & 1 ? cost_us(comm, func, out->fallback, p, bytes, nch) : -1;
-      if (v >= 0 && (best < 0 || v < best)) best = v, proto = p;
-    }
+    unsigned fm = (em & (1u << ALGO_EXCHANGE)) | 1u << ALGO_RING;
+    double fb[ALGO_COUNT][CH_NPROTO];
+    for (int a = 0; a < ALGO_COUNT; a++)
+      for (int p = 0; p < CH_NPROTO; p++)
+        fb[a][p] = ((fm >> a) & (pm >> p) & 1) ? cost_us(comm, func, a, p, bytes, 1) : -1.0;
+    cheapest(fb, &out->fallback, &proto);
+    if (n == 2 && algo_uses_peers(out->fallback)) out->fallback = ALGO_RING;
   }
   /* On 2 ranks RecDbl, Rabenseifner and Tree are one link each way, the same steps as Ring, so they
    * run as Ring there and need no connections of their own (tune_peer_algos). */
@@ -307,8 +308,8 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choi
   double us = choose(comm, func, bytes, out, &by_tuner);
   int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;
   INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s",
-       tune_func_name(func), bytes, algo_names[out->algo], note ? " if all buffers are from ncclMemAlloc, else " : "",
-       note ? algo_names[out->fallback] : "", proto_names[out->proto], out->nch, us,
+       tune_func_name(func), bytes, algo_name(out->algo), note ? " if all buffers are from ncclMemAlloc, else " : "",
+       note ? algo_name(out->fallback) : "", proto_names[out->proto], out->nch, us,
        by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
        out->stream ? ", streaming stores" : "");
 }
