@@ -519,6 +519,31 @@ TEST_T(cuda_gpu, different_calls_fail_every_rank, 60) {
   rt_run_procs(2, mismatch_body, NULL);
 }
 
+/* A peer's buffer smaller than the call needs (rank 1's: AllGather's recvbuff, AlltoAll's sendbuff,
+ * one block instead of nranks) fails the call on every rank, naming it, before any kernel touches
+ * it: what is checked is read off the kernel's own jobs (gpu_resolve.c). */
+static void small_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int a2a = arg != NULL;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x7e00, &s);
+  size_t full = (size_t)nranks * N, short_one = rank == 1 ? N : full;
+  float* send = dev_alloc(a2a ? short_one : N);
+  float* recv = dev_alloc(a2a ? full : short_one);
+  if (a2a) NCCL_OK(ncclAlltoAll(send, recv, N, ncclFloat32, comm, s));
+  else NCCL_OK(ncclAllGather(send, recv, N, ncclFloat32, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  expect_failed(comm, ncclInvalidArgument, "outside");
+  NCCL_OK(ncclCommAbort(comm));
+  fk.free((uintptr_t)send), fk.free((uintptr_t)recv);
+}
+
+TEST_T(cuda_gpu, peer_buffer_too_small_fails_every_rank, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(3, small_body, NULL);
+  rt_run_procs(3, small_body, (void*)1);
+}
+
 /* Device memory that CUDA IPC cannot share (here: memory the stand-in was told is device memory,
  * not from cuMemAlloc) fails the call on every rank with a message that says what to do. */
 static float unshareable[2][N];

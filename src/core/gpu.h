@@ -171,6 +171,9 @@ void gpu_watch_remove(struct gpu_comm* g);
 int gpu_is_p2p(int func);
 int gpu_a2a_pair(int n, int me, int r); /* AlltoAll: rank me moves the blocks of the pair {me, r} */
 int gpu_one_kernel(const struct gpu_comm* g, int func); /* rank 0's kernel does every rank's part */
+struct dev_args;
+/* The jobs of this rank's kernel for call c (none: it launches nothing); also what resolve checks. */
+void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a);
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
  * host allgather of the descriptions (t->gpu holds the call). */
 int gpu_takes(const struct ch_task* t);

@@ -218,7 +218,7 @@ static void rank_jobs(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
 }
 
 /* What this rank's kernel does: its own part, every rank's (gpu_one_kernel, rank 0), or nothing. */
-static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
+void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
   memset(a, 0, sizeof(*a));
   size_t slot = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
   a->table = (uint64_t)(uintptr_t)priv_dev(g, slot);
@@ -230,10 +230,10 @@ static void fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
     for (int r = 0; g->rank == 0 && r < g->n; r++) rank_jobs(g, c, a, r);
 }
 
-/* This call's kernel, if its rank has anything to do (fill_args). */
+/* This call's kernel, if its rank has anything to do (gpu_fill_args). */
 static ch_status run_kernel(struct gpu_comm* g, const struct gpu_call* c, cudaStream_t s) {
   struct dev_args a;
-  fill_args(g, c, &a);
+  gpu_fill_args(g, c, &a);
   if (!a.njobs) return CH_OK;
   uint64_t most = 0;
   for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);

@@ -73,28 +73,24 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
   return CH_OK;
 }
 
-/* Bytes of rank r's buffer b that rank me's part touches (0: none). */
-static size_t part_touches(const struct gpu_call* c, int n, int me, int r, int b) {
-  size_t B = c->count * red_type_size(c->type);
-  switch (c->func) {
-    case FUNC_ALLREDUCE: return B;
-    case FUNC_ALLGATHER: return b == DEV_SEND ? (r == me ? B : 0) : B * (size_t)n;
-    case FUNC_REDUCESCATTER: return b == DEV_SEND ? B * (size_t)n : (r == me ? B : 0);
-    case FUNC_BROADCAST: return b == DEV_SEND ? (r == c->root ? B : 0) : (r == me ? B : 0);
-    case FUNC_REDUCE: return me != c->root ? 0 : b == DEV_SEND ? B : (r == me ? B : 0);
-    case FUNC_ALLTOALL: return r == me || gpu_a2a_pair(n, me, r) ? B * (size_t)n : 0;
-    case FUNC_GATHER: return me != c->root ? 0 : b == DEV_SEND ? B : (r == me ? B * (size_t)n : 0);
-    case FUNC_SCATTER: return b == DEV_SEND ? (r == c->root ? B * (size_t)n : 0) : (r == me ? B : 0);
+/* need[r][b]: bytes from the start of rank r's buffer b that this rank's kernel touches (0: none),
+ * read off the jobs it runs, so that what is checked is what the kernel does (devjob.h). */
+static void touched(const struct dev_args* a, size_t esize, size_t need[][2]) {
+  for (int i = 0; i < a->njobs; i++) {
+    const struct dev_job* j = &a->job[i];
+    uint64_t bytes = j->count * esize;
+    if (j->reduce == DEV_PAIR) { /* ranks x < y: each one's blocks at the other's index, in both buffers */
+      int x = __builtin_ctz(j->src_mask), y = 31 - __builtin_clz(j->src_mask);
+      size_t ex = (size_t)(y + 1) * bytes, ey = (size_t)(x + 1) * bytes;
+      need[x][DEV_SEND] = UT_MAX(need[x][DEV_SEND], ex), need[x][DEV_RECV] = UT_MAX(need[x][DEV_RECV], ex);
+      need[y][DEV_SEND] = UT_MAX(need[y][DEV_SEND], ey), need[y][DEV_RECV] = UT_MAX(need[y][DEV_RECV], ey);
+      continue;
+    }
+    for (uint32_t m = j->src_mask; m; m &= m - 1)
+      need[__builtin_ctz(m)][j->src_buf] = UT_MAX(need[__builtin_ctz(m)][j->src_buf], j->src_off + bytes);
+    for (uint32_t m = j->dst_mask; m; m &= m - 1)
+      need[__builtin_ctz(m)][j->dst_buf] = UT_MAX(need[__builtin_ctz(m)][j->dst_buf], j->dst_off + bytes);
   }
-  return 0;
-}
-
-/* ... and this rank's kernel: its own part, every rank's (gpu_one_kernel: rank 0), or none. */
-static size_t touched(const struct gpu_comm* g, const struct gpu_call* c, int r, int b) {
-  if (!gpu_one_kernel(g, c->func)) return part_touches(c, g->n, g->rank, r, b);
-  size_t most = 0;
-  for (int p = 0; g->rank == 0 && p < g->n; p++) most = UT_MAX(most, part_touches(c, g->n, p, r, b));
-  return most; /* each counts from the buffer's start */
 }
 
 static const char* bufname(int b) { return b == DEV_SEND ? "sendbuff" : "recvbuff"; }
@@ -178,11 +174,14 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
   for (int r = 0; r < n; r++) CHECK(streams_apart(g, c, r, c->all[r].stream));
   CHECK(wait_slot(g, c->seq));
   struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
+  struct dev_args a;
+  size_t need[32][2] = {{0}}; /* n <= 32: the jobs' rank masks */
+  gpu_fill_args(g, c, &a);
+  touched(&a, red_type_size(c->type), need);
   for (int r = 0; r < n; r++)
-    for (int b = 0; b < 2; b++) {
-      size_t need = touched(g, c, r, b);
-      if (need) CHECK(buf_addr(g, c, r, b, &c->all[r].buf[b], need, r == me ? c->ptr[b] : NULL, &tab->buf[b][r]));
-    }
+    for (int b = 0; b < 2; b++)
+      if (need[r][b])
+        CHECK(buf_addr(g, c, r, b, &c->all[r].buf[b], need[r][b], r == me ? c->ptr[b] : NULL, &tab->buf[b][r]));
   for (int r = 0; r < n; r++) tab->scalar[r] = c->all[r].scalar; /* only ever multiplies data */
   __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses before the seq that makes them valid */
   return CH_OK;
