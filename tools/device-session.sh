@@ -11,7 +11,11 @@
 #          tools/device-session.sh ab       # after a GPU-path change: its choices A/B  (~2 min)
 #   device run: command "tools/device-session.sh gpu", carry [".devcarry"], timeout_s 540
 #   (2026-11-26 on an H200: machine start + transfers ~30 s; build 12 s; gpu 250 s; the scaling of
-#   16 ranks alone took 250 s before large sizes ran unchecked)
+#   16 ranks alone took 250 s before large sizes ran unchecked). .devcarry now also holds NCCL 2.32
+#   cut to sm_90 (33 MB; prep makes it): `gpu` runs real NCCL with two and four ranks on the GPU,
+#   which the machines' NCCL 2.28 refused (~+60 s). With 15 device minutes a session, plan
+#   `gpu` (~5.5 min) then `DEADLINE=560 SCALING_RANKS="16 8" SCALING_REPS=2 tools/device-session.sh
+#   scaling` (timeout_s 590), and give the machine back.
 #
 # Every step is bounded (DEADLINE seconds from the start, default 520) so the files under $OUT come
 # back even when something hangs; each step's commands and output go to $OUT/<step>.txt (at most 8
