@@ -278,10 +278,12 @@ TEST_T(cuda, group_of_two_streams, 30) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-/* A caller that runs ahead of its stream: once both pinned blocks are queued, the next call waits
- * for the oldest to come back instead of pinning a block per call in flight (pinning 256 MiB takes
- * tens of ms); a group takes as many blocks as it has calls, waiting for none of its own. */
-TEST_T(cuda, calls_ahead_of_the_stream_reuse_two_blocks, 30) {
+/* A caller that runs ahead of its stream: once CHORUS_CUDA_STAGING_MAX_BYTES of pinned blocks are
+ * queued (here two), the next call waits for one to come back and still returns before the stream
+ * runs it (it used to complete before returning, through malloc'd copies); a group whose calls need
+ * more than that waits for none of its own blocks: it completes before returning. */
+TEST_T(cuda, calls_ahead_of_the_stream_wait_for_pinned_memory, 30) {
+  setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "131072", 1); /* two 64 KiB blocks */
   load_fake(1);
   ncclComm_t comm = one_rank();
   enum { N = 2048, CALLS = 6 };
@@ -298,15 +300,16 @@ TEST_T(cuda, calls_ahead_of_the_stream_reuse_two_blocks, 30) {
   for (int c = 0; c < CALLS; c++)
     for (int i = 0; i < N; i++) EXPECT(b[c][i] == (float)(c + 1));
   EXPECT_EQ(fill(s, a[0], N, 9.0f, 100), 0);
-  NCCL_OK(ncclGroupStart()); /* three calls of one group: three blocks, none waited for */
+  NCCL_OK(ncclGroupStart()); /* three calls of one group: no third block, none waited for */
   for (int c = 0; c < 3; c++) NCCL_OK(ncclAllReduce(a[c], b[c], N, ncclFloat32, ncclMax, comm, s));
   NCCL_OK(ncclGroupEnd());
-  EXPECT_EQ(host_allocs(), 4);
+  EXPECT_EQ(host_allocs(), 3);
   EXPECT_EQ(cu_sync(s), 0);
   for (int i = 0; i < N; i++) EXPECT(b[0][i] == 9.0f && b[1][i] == 2.0f && b[2][i] == 3.0f);
   printf("    6 calls issued in %.0f ms behind a 200 ms kernel\n", took * 1e3);
   NCCL_OK(ncclCommDestroy(comm));
   EXPECT_EQ(host_allocs(), 0);
+  unsetenv("CHORUS_CUDA_STAGING_MAX_BYTES");
 }
 
 struct waiting_call {
@@ -325,6 +328,7 @@ static void* issue_one(void* arg) {
 
 /* A call waiting for a pinned block that a stuck stream holds returns when the comm is aborted. */
 TEST_T(cuda, abort_while_waiting_for_a_block, 30) {
+  setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "131072", 1); /* two 64 KiB blocks */
   load_fake(1);
   ncclComm_t comm = one_rank();
   static float a[3][256];
@@ -350,6 +354,27 @@ TEST_T(cuda, abort_while_waiting_for_a_block, 30) {
   NCCL_OK(ncclCommDestroy(other));
 }
 
+/* ... and when the communicator fails meanwhile (here: the stuck stream's call times out). */
+TEST_T(cuda, comm_failure_ends_the_wait_for_a_block, 30) {
+  setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "131072", 1);
+  setenv("CHORUS_TIMEOUT", "1", 1);
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[3][256];
+  static int release;
+  mark(a, sizeof(a), 1);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7f00;
+  EXPECT_EQ(hold(s, &release), 0);
+  NCCL_OK(ncclAllReduce(a[0], a[0], 256, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclAllReduce(a[1], a[1], 256, ncclFloat32, ncclSum, comm, s));
+  double t0 = now_s();
+  EXPECT(ncclAllReduce(a[2], a[2], 256, ncclFloat32, ncclSum, comm, s) == ncclTimeout);
+  EXPECT(now_s() - t0 < 5.0);
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  EXPECT_EQ(cu_sync(s), 0);
+  NCCL_OK(ncclCommAbort(comm));
+}
+
 /* Two process ranks, each with a stream: AllReduce in place, many times (staging memory reused). */
 static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
@@ -367,8 +392,8 @@ static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   float want = 0;
   for (int r = 0; r < nranks; r++) want += (float)(r + 19);
   for (int i = 0; i < 10000; i++) EXPECT(x[i] == want);
-  int allocs = host_allocs(); /* the flag and CHORUS_CUDA_STAGING_BLOCKS (2) blocks, not one per call */
-  EXPECT(allocs >= 2 && allocs <= 3);
+  int allocs = host_allocs(); /* one block per call in flight (up to 20) and the flag */
+  EXPECT(allocs >= 2 && allocs <= 21);
   for (int iter = 0; iter < 20; iter++) { /* one call in flight at a time: no new block */
     NCCL_OK(ncclAllReduce(x, x, 10000, ncclFloat32, ncclMin, comm, s));
     EXPECT_EQ(cu_sync(s), 0);

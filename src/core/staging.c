@@ -134,11 +134,10 @@ static void block_drop_idle(struct stage_comm* sc) {
   }
 }
 
-/* A new block, within CHORUS_CUDA_STAGING_MAX_BYTES once idle blocks are given back (or first, when
- * `replace`: they are too small for this call); NULL: none. */
-static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ctx, int replace) {
+/* A new block, within CHORUS_CUDA_STAGING_MAX_BYTES once idle blocks are given back; NULL: none. */
+static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ctx) {
   size_t want = UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10), cap = (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES);
-  if (replace || sc->pinned_bytes + want > cap) block_drop_idle(sc);
+  if (sc->pinned_bytes + want > cap) block_drop_idle(sc);
   if (sc->pinned_bytes + want > cap) return NULL;
   struct pin_block* b = calloc(1, sizeof(*b));
   if (!b) return NULL;
@@ -153,45 +152,45 @@ static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ct
   return b;
 }
 
-/* A block for a call of `bytes`: a free one, else a new one while the pool has fewer than
- * CHORUS_CUDA_STAGING_BLOCKS, else the next one the streams hand back. Pinning is slow (a 256 MiB
- * block takes tens of ms) and back-to-back calls on one stream run one after another anyway, so a
- * caller that runs ahead of its stream waits here, as NCCL's does when its queue is full, instead of
- * pinning a block per call in flight. Only blocks of launched gates are waited for (those of this
- * group free only after it launches), until an abort or CHORUS_TIMEOUT. *why: CH_ABORTED, or CH_OK
- * with NULL when no block can be had (the call then completes before returning). */
+/* A block for a call of `bytes`: a free one, else a new one within CHORUS_CUDA_STAGING_MAX_BYTES, else
+ * the next one the streams hand back. A caller that runs that far ahead of its streams waits here,
+ * as NCCL's does when its queue is full: before, it completed the call before returning, through
+ * freshly malloc'd copies (page faults on every page), once per pool's worth of calls, which cost
+ * most of the first GPU sitting's time through host memory. The wait starts where the synchronous
+ * way did (the pool's bytes spent), for one earlier call where that waited for every call queued on
+ * the stream, and only for blocks of launched gates (this group's own free only after it launches).
+ * It ends at an abort or when the communicator fails (*why): a block that never comes back belongs
+ * to a call that fails after CHORUS_TIMEOUT (its stream never reached it, or a peer never came).
+ * NULL with *why CH_OK: nothing to wait for, or the call alone passes the cap. */
 static struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t bytes, void* ctx, ch_status* why) {
-  int max_blocks = (int)UT_MAX(1, param_int(PARAM_CUDA_STAGING_BLOCKS)), said = 0;
-  uint64_t t0 = 0, timeout = atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed);
+  int noted = 0;
+  uint64_t t0 = 0;
   *why = CH_OK;
+  if (UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10) > (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES))
+    return NULL;
   for (uint64_t i = 0;; i++) {
     struct pin_block* b = block_free_fit(sc, bytes, ctx);
-    if (b) return b;
-    int nblocks = 0, queued = 0, idle = 0;
-    for (struct pin_block* p = sc->blocks; p; p = p->next) {
-      int busy = atomic_load_explicit(&p->busy, memory_order_acquire);
-      nblocks++, queued += busy && p->queued, idle += !busy;
-    }
-    /* Below the count, or free blocks too small for this call (replaced), or nothing that will come
-     * back: pin one. */
-    if ((nblocks < max_blocks || idle || !queued) && (b = block_new(sc, bytes, ctx, nblocks >= max_blocks)))
-      return b;
+    if (b || (b = block_new(sc, bytes, ctx))) return b;
+    int queued = 0;
+    for (struct pin_block* p = sc->blocks; p; p = p->next)
+      queued += p->queued && atomic_load_explicit(&p->busy, memory_order_acquire);
     if (!queued) return NULL;
     if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
       *why = CH_ABORTED;
       return NULL;
     }
+    int failed = atomic_load_explicit(&comm->async_result, memory_order_relaxed); /* logged where it happened */
+    if (failed) {
+      *why = (ch_status)failed;
+      return NULL;
+    }
     uint64_t now = ut_now_ns();
     if (!t0) t0 = now;
-    if (timeout && now - t0 > timeout) {
-      if (!said) INFO(LOG_COLL, "rank %d: no staging block came back from the CUDA streams in %.0f s: pinning "
-                      "another", comm->rank, (double)(now - t0) / 1e9);
-      return block_new(sc, bytes, ctx, 0);
-    }
-    if (!said && now - t0 > 10000000000ull) {
-      said = 1;
-      INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for its CUDA stream to finish an "
-           "earlier call and hand its pinned block back (CHORUS_CUDA_STAGING_BLOCKS=%d)", comm->rank, max_blocks);
+    if (!noted && now - t0 > 10000000000ull) {
+      noted = 1;
+      INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for the CUDA streams to finish earlier calls "
+           "and hand pinned memory back (CHORUS_CUDA_STAGING_MAX_BYTES=%lld in use)", comm->rank,
+           (long long)sc->pinned_bytes);
     }
     ut_backoff(i);
   }
@@ -305,7 +304,7 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   st->async = param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() && (sc = stage_comm_get(t->comm, ctx)) != NULL;
   ch_status why;
   if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) {
-    if (why != CH_OK) { /* aborted while waiting for a block */
+    if (why != CH_OK) { /* aborted, or the communicator failed, while waiting for a block */
       stage_free(st);
       return why;
     }

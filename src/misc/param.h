@@ -30,9 +30,7 @@
   X(CUDA_ASYNC, "CHORUS_CUDA_ASYNC", P_INT, 1, "",                                                 \
     "1 = a call on device buffers with a CUDA stream returns at once and runs in that stream's order (copies, host function, stream wait); 0 = it synchronises the stream and completes before returning") \
   X(CUDA_STAGING_MAX_BYTES, "CHORUS_CUDA_STAGING_MAX_BYTES", P_INT, 1 << 30, "",                   \
-    "pinned host memory per communicator for device buffers in flight; a call that would pass it completes before returning instead") \
-  X(CUDA_STAGING_BLOCKS, "CHORUS_CUDA_STAGING_BLOCKS", P_INT, 2, "",                                \
-    "pinned blocks per communicator that calls on device buffers through host memory reuse: when all are queued on streams, the next call waits for the oldest instead of pinning more (a group takes as many as it has calls)") \
+    "pinned host memory per communicator for device buffers in flight; a call that would pass it waits for the streams to hand some back (one larger than it completes before returning)") \
   X(CUDA_DIRECT, "CHORUS_CUDA_DIRECT", P_INT, 1, "",                                               \
     "1 = calls on device buffers of ranks that share one GPU run there (kernels reading peers' buffers through CUDA IPC); 0 = through host memory") \
   X(CUDA_STAGE_BLOCKS, "CHORUS_CUDA_STAGE_BLOCKS", P_INT, 4, "",                                   \
