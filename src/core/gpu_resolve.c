@@ -81,7 +81,8 @@ static void touched(const struct dev_args* a, size_t esize, size_t need[][2]) {
     uint64_t bytes = j->count * esize;
     if (j->reduce == DEV_PAIR) { /* ranks x < y: each one's blocks at the other's index, in both buffers */
       int x = __builtin_ctz(j->src_mask), y = 31 - __builtin_clz(j->src_mask);
-      size_t ex = (size_t)(y + 1) * bytes, ey = (size_t)(x + 1) * bytes;
+      size_t blk = j->src_off; /* the block size, as the kernel reads it (devjob.h) */
+      size_t ex = (size_t)(y + 1) * blk, ey = (size_t)(x + 1) * blk;
       need[x][DEV_SEND] = UT_MAX(need[x][DEV_SEND], ex), need[x][DEV_RECV] = UT_MAX(need[x][DEV_RECV], ex);
       need[y][DEV_SEND] = UT_MAX(need[y][DEV_SEND], ey), need[y][DEV_RECV] = UT_MAX(need[y][DEV_RECV], ey);
       continue;
