@@ -375,6 +375,28 @@ TEST_T(cuda, comm_failure_ends_the_wait_for_a_block, 30) {
   NCCL_OK(ncclCommAbort(comm));
 }
 
+/* An abort from another thread while a staged call waits in this thread's open group: the group's
+ * end drops it and hands its pinned block back to a pool the group's reference kept alive. */
+static void* abort_comm(void* arg) {
+  ncclCommAbort((ncclComm_t)arg);
+  return NULL;
+}
+TEST_T(cuda, abort_during_open_group_with_a_staged_call, 30) {
+  load_fake(1);
+  ncclComm_t comm = one_rank();
+  static float a[256];
+  mark(a, sizeof(a), 1);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7f80;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, a, 256, ncclFloat32, ncclSum, comm, s));
+  pthread_t th;
+  ASSERT(pthread_create(&th, NULL, abort_comm, comm) == 0);
+  pthread_join(th, NULL);
+  EXPECT(ncclGroupEnd() != ncclSuccess);
+  EXPECT_EQ(cu_sync(s), 0);
+  EXPECT_EQ(host_allocs(), 0); /* the pool went with the group's last reference */
+}
+
 /* Two process ranks, each with a stream: AllReduce in place, many times (staging memory reused). */
 static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;

@@ -258,3 +258,21 @@ static void two_threads_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(safety, one_comm_two_threads_refused, 30) { rt_run_both(2, two_threads_body, NULL); }
+
+/* An abort from another thread while this thread has calls on the comm in an open group: the
+ * group's end must not touch the freed communicator. */
+TEST_T(safety, abort_during_open_group, 30) {
+  ncclUniqueId id;
+  ncclComm_t comm;
+  NCCL_OK(ncclGetUniqueId(&id));
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  static float a[64];
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, a, 64, ncclFloat32, ncclSum, comm, NULL));
+  struct aborter ab = {comm, 0, 0};
+  pthread_t t;
+  ASSERT(pthread_create(&t, NULL, abort_later, &ab) == 0);
+  pthread_join(t, NULL);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage); /* its calls dropped, said by a WARN */
+  EXPECT(strstr(ncclGetLastError(NULL), "aborted or destroyed") != NULL);
+}

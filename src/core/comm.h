@@ -132,6 +132,12 @@ struct ncclComm {
   _Atomic int revoked; /* ncclCommRevoke: no more collectives; split, shrink and destroy still work */
   _Atomic int poisoned; /* a call did not match across ranks; its connections are poisoned (mismatch.c) */
   _Atomic int users;
+  /* 1 for the handle, until ncclCommAbort/ncclCommDestroy has torn the comm down, + 1 for each of
+   * its calls queued in some thread's open group (that thread adds it in enq_task and drops it when
+   * ncclGroupEnd is done with the call): whoever drops the last frees the struct and its staging
+   * pool, which the group's end still touches (comm_unref). Atomic. */
+  _Atomic int refs;
+  _Atomic int dead; /* comm_free has begun: only refs' part of the struct is left (group.c checks) */
   struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
   /* Device buffers in CUDA stream order (staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */
@@ -149,6 +155,7 @@ ch_status comm_check(const struct ncclComm* comm, const char* fn);
 /* Wait until a nonblocking init has finished; returns its result. */
 ch_status comm_ensure_ready(struct ncclComm* comm);
 void comm_set_async_error(struct ncclComm* comm, ch_status s);
+void comm_unref(struct ncclComm* comm); /* drop a reference (refs): the last frees comm */
 
 /* Bracket a public call on comm (after comm_check): counts the caller in `users` and routes its
  * WARNs to the comm's last-error record. comm_enter fails with CH_ABORTED once abort has begun. */

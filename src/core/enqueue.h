@@ -28,6 +28,7 @@ struct ch_task {
   cudaStream_t stream;
   struct stage* stage; /* device buffers staged through host memory (staging.c), or NULL */
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu_call.c): t is their exchange, or NULL */
+  int held;             /* queued in an open group: holds a reference on comm (group.c) */
   struct ch_task* next;
 };
 

@@ -112,6 +112,8 @@ ch_status enq_task(struct ch_task* t) {
   }
   tasks[ntasks_] = *t;
   tasks[ntasks_].next = NULL;
+  tasks[ntasks_].held = depth > 0;
+  if (depth > 0) atomic_fetch_add(&t->comm->refs, 1); /* an abort meanwhile leaves comm to us */
   ntasks_++;
   if (depth == 0) {
     depth = 1;
@@ -317,12 +319,28 @@ static ch_status group_close(float* simulate) {
   int n = ntasks_;
   ch_status res = group_run(simulate);
   /* A simulated group ran nothing: no result to copy back. */
-  return finish_stages(n, !simulate && (res == CH_OK || res == CH_IN_PROGRESS), res);
+  res = finish_stages(n, !simulate && (res == CH_OK || res == CH_IN_PROGRESS), res);
+  for (int k = 0; k < n; k++) /* the last touch of each comm */
+    if (tasks[k].held) comm_unref(tasks[k].comm);
+  return res;
+}
+
+/* A comm of the group aborted or destroyed (by another thread) since its calls were queued: nothing
+ * of it may be used but its struct and staging pool, which the group's references keep. */
+static int group_lost_comm(void) {
+  for (int k = 0; k < ntasks_; k++)
+    if (tasks[k].held && (__atomic_load_n(&tasks[k].comm->abort_flag, __ATOMIC_SEQ_CST) || atomic_load(&tasks[k].comm->dead))) {
+      WARN("ncclGroupEnd: communicator %p was aborted or destroyed after this group queued calls on it: the "
+           "group's calls are dropped", (void*)tasks[k].comm);
+      return 1;
+    }
+  return 0;
 }
 
 static ch_status group_run(float* simulate) {
   ch_status res = group_error;
   group_error = CH_OK;
+  if (res == CH_OK && group_lost_comm()) res = CH_ABORTED;
   if (res != CH_OK) {
     /* An earlier call in this group failed its checks: drop its calls, but still create the
      * communicators it asked for, whose handles the caller already holds. */

@@ -142,6 +142,7 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
     return CH_SYSTEM;
   }
   comm->magic = CH_COMM_MAGIC;
+  atomic_init(&comm->refs, 1);
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;
@@ -417,9 +418,20 @@ ch_status comm_init_job(struct ncclComm* comm) {
   return res;
 }
 
+/* What a queued call's group end may still touch (enq_task's references): freed with the last. */
+void comm_unref(struct ncclComm* comm) {
+  if (atomic_fetch_sub(&comm->refs, 1) != 1) return;
+  stage_comm_free(comm); /* its bridge thread is idle: every ticket is done */
+  log_sink_destroy(&comm->last_error);
+  comm->magic = 0;
+  free(comm);
+}
+
+/* Tear comm down; the struct goes now, or with the last call still queued in an open group (the
+ * abort of a comm whose owner thread is between ncclGroupStart and ncclGroupEnd). */
 void comm_free(struct ncclComm* comm) {
+  atomic_store(&comm->dead, 1);
   stall_unregister(comm); /* before anything it reads goes */
-  stage_comm_free(comm);  /* its bridge thread is idle: every ticket is done */
   gpu_free(comm);
   free(comm->gpu_hellos);
   plan_free(atomic_load(&comm->reuse_plan));
@@ -433,7 +445,6 @@ void comm_free(struct ncclComm* comm) {
   free(comm->p2p);
   free(comm->scratch);
   free(comm->peer_scratch);
-  log_sink_destroy(&comm->last_error);
-  comm->magic = 0;
-  free(comm);
+  comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = NULL, comm->scratch = comm->peer_scratch = NULL;
+  comm_unref(comm);
 }
