@@ -19,7 +19,7 @@ def parse(lines):
     for line in lines:
         if line.startswith("$ "):
             cur = None
-            m = re.search(r"chorusrun -n (\d+) .*all_reduce_perf", line)
+            m = re.search(r"chorusrun (?:--bind \w+ )?-n (\d+) .*all_reduce_perf", line)
             if m:
                 a = re.search(r"NCCL_ALGO=allreduce:(\w+)", line)
                 p = re.search(r"NCCL_PROTO=(\w+)", line)
