@@ -259,20 +259,33 @@ static void two_threads_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(safety, one_comm_two_threads_refused, 30) { rt_run_both(2, two_threads_body, NULL); }
 
-/* An abort from another thread while this thread has calls on the comm in an open group: the
- * group's end must not touch the freed communicator. */
-TEST_T(safety, abort_during_open_group, 30) {
-  ncclUniqueId id;
-  ncclComm_t comm;
+/* An abort (or a destroy) from another thread while this thread has calls on the comm in an open
+ * group: the group's end must not touch the freed communicator; it drops that comm's calls and runs
+ * the others of the group (another comm's here: its result is checked). */
+static void* destroy_comm(void* arg) {
+  ncclCommDestroy((ncclComm_t)arg);
+  return NULL;
+}
+static void lost_in_group(int destroy) {
+  ncclUniqueId id, id2;
+  ncclComm_t comm, other;
   NCCL_OK(ncclGetUniqueId(&id));
   NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
-  static float a[64];
+  NCCL_OK(ncclGetUniqueId(&id2));
+  NCCL_OK(ncclCommInitRank(&other, 1, id2, 0));
+  static float a[64], b[64], c[64];
+  for (int i = 0; i < 64; i++) a[i] = b[i] = (float)i, c[i] = 0;
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(a, a, 64, ncclFloat32, ncclSum, comm, NULL));
+  NCCL_OK(ncclAllReduce(b, c, 64, ncclFloat32, ncclSum, other, NULL));
   struct aborter ab = {comm, 0, 0};
   pthread_t t;
-  ASSERT(pthread_create(&t, NULL, abort_later, &ab) == 0);
+  ASSERT(pthread_create(&t, NULL, destroy ? destroy_comm : abort_later, destroy ? (void*)comm : (void*)&ab) == 0);
   pthread_join(t, NULL);
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage); /* its calls dropped, said by a WARN */
-  EXPECT(strstr(ncclGetLastError(NULL), "aborted or destroyed") != NULL);
+  EXPECT(strstr(ncclGetLastError(NULL), "aborted, revoked or destroyed") != NULL);
+  for (int i = 0; i < 64; i++) EXPECT(c[i] == (float)i); /* the other comm's call ran */
+  NCCL_OK(ncclCommDestroy(other));
 }
+TEST_T(safety, abort_during_open_group, 30) { lost_in_group(0); }
+TEST_T(safety, destroy_during_open_group, 30) { lost_in_group(1); }

@@ -182,17 +182,20 @@ TEST(topo, ring_order_must_agree) { rt_run_procs(3, mixed_order_body, NULL); }
  * processes' affinity, so ranks bound one per CPU (chorusrun --bind core, mpirun's default) spin,
  * and ranks whose processes all share one CPU do not. Needs 2 CPUs. */
 struct affinity_case {
-  int distinct; /* rank r on CPU r, else every rank on CPU 0 */
+  int cpu[3];  /* per rank: the CPU it is bound to, -1: unbound */
+  int want[3]; /* per rank: oversubscribed */
 };
 static void affinity_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   const struct affinity_case* c = arg;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(c->distinct ? rank : 0, &set);
-  ASSERT(sched_setaffinity(0, sizeof(set), &set) == 0);
+  if (c->cpu[rank] >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(c->cpu[rank], &set);
+    ASSERT(sched_setaffinity(0, sizeof(set), &set) == 0);
+  }
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
-  EXPECT_EQ(comm->oversubscribed, !c->distinct);
+  EXPECT_EQ(comm->oversubscribed, c->want[rank]);
   NCCL_OK(ncclCommDestroy(comm));
 }
 
@@ -202,9 +205,14 @@ TEST(topo, bound_ranks_spin_when_each_has_a_cpu) {
     printf("    SKIP: needs CPUs 0 and 1\n");
     return;
   }
-  struct affinity_case distinct = {1}, shared = {0};
-  rt_run_procs(2, affinity_body, &distinct);
-  rt_run_procs(2, affinity_body, &shared);
+  struct affinity_case distinct = {{0, 1, -1}, {0, 0, 0}}, shared = {{0, 0, -1}, {1, 1, 1}};
+  rt_run_procs(2, affinity_body, &distinct); /* one CPU each */
+  rt_run_procs(2, affinity_body, &shared);   /* both on CPU 0 */
+  if (CPU_COUNT(&set) >= 3) { /* (with 2 CPUs, 3 ranks are oversubscribed anyway) */
+    /* two on CPU 0 beside an unbound one: the two yield, the unbound one has room */
+    struct affinity_case crowded = {{0, 0, -1}, {1, 1, 0}};
+    rt_run_procs(3, affinity_body, &crowded);
+  }
 }
 
 /* ---- every collective on permuted rings ---- */

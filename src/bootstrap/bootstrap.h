@@ -36,8 +36,8 @@ struct boot_rank_info {
   char hostname[64];
   union sock_addr listen_addr; /* where this rank accepts peer connections */
   union sock_addr query_addr;  /* its process's stall query service (AF_UNSPEC: none; query.c) */
-  /* CPUs its process may run on when it joined (0-1023; any bits are valid): ranks of one host
-   * spin only if the union of theirs has a CPU for each (init.c) */
+  /* CPUs its joining thread may run on (0-1023; any bits are valid): ranks of one host spin only
+   * if theirs leave a CPU for each (init.c) */
   uint64_t cpus[BOOT_CPU_WORDS];
 };
 

@@ -125,6 +125,7 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
            api_fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
            (void*)comm, comm->nranks);
       s = enq_task(&t);
+      if (s != CH_OK) group_set_error(s); /* not queued (out of memory): the group must not run without it */
     } else {
       group_set_error(s);
     }

@@ -217,7 +217,10 @@ CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   comm_join_init(comm);
   comm_wait_idle(comm);
-  /* A watchdog thread may still be in ncclCommGetAsyncError: let it out before freeing. */
+  /* Nothing is queued any more: from here on a thread that enters comm (a group that queued calls
+   * on it before, a query) sees `dead` and leaves, as with an abort's flag (the same Dekker pair);
+   * one inside (a watchdog in ncclCommGetAsyncError) is let out before freeing. */
+  atomic_store(&comm->dead, 1); /* not abort_flag: gpu_free still waits for the streams, as NCCL's */
   for (uint64_t i = 0; atomic_load(&comm->users) > 0 || atomic_load(&comm->owner); i++) ut_backoff(i);
   comm_free(comm);
   return ncclSuccess;

@@ -137,7 +137,9 @@ struct ncclComm {
    * ncclGroupEnd is done with the call): whoever drops the last frees the struct and its staging
    * pool, which the group's end still touches (comm_unref). Atomic. */
   _Atomic int refs;
-  _Atomic int dead; /* comm_free has begun: only refs' part of the struct is left (group.c checks) */
+  /* ncclCommDestroy has begun (its Dekker pair with comm_enter, like abort_flag's; comm_free sets it
+   * too): no thread enters any more, and once freed only refs' part of the struct is left. */
+  _Atomic int dead;
   struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
   /* Device buffers in CUDA stream order (staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */

@@ -29,6 +29,7 @@ struct ch_task {
   struct stage* stage; /* device buffers staged through host memory (staging.c), or NULL */
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu_call.c): t is their exchange, or NULL */
   int held;             /* queued in an open group: holds a reference on comm (group.c) */
+  int lost;             /* its comm was aborted or destroyed before the group ended: dropped */
   struct ch_task* next;
 };
 

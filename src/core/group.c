@@ -29,6 +29,7 @@ ch_status group_defer_init(struct ncclComm* comm) {
     WARN("too many communicator inits in one group (max %d)", MAX_GROUP_INITS);
     return CH_INVALID_USAGE;
   }
+  atomic_fetch_add(&comm->refs, 1); /* run_inits' last touch drops it: an abort meanwhile frees the rest */
   inits[ninits++] = comm;
   return CH_OK;
 }
@@ -46,10 +47,17 @@ static void* init_thread_main(void* arg) {
 }
 
 /* Blocking comms: run all inits concurrently and join. Nonblocking ones keep running in background. */
+static ch_status run_inits_held(int n);
 static ch_status run_inits(void) {
-  ch_status res = CH_OK;
   int n = ninits;
   ninits = 0;
+  ch_status res = run_inits_held(n);
+  for (int i = 0; i < n; i++) comm_unref(inits[i]);
+  return res;
+}
+
+static ch_status run_inits_held(int n) {
+  ch_status res = CH_OK;
   if (n == 1 && inits[0]->blocking) return comm_init_job(inits[0]);
   char started[MAX_GROUP_INITS] = {0};
   for (int i = 0; i < n; i++) {
@@ -82,8 +90,11 @@ static _Thread_local size_t need_cap;
 
 static pthread_key_t tl_key;
 static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
+static void drop_held(int n);
 static void tl_release(void* unused) {
   (void)unused;
+  drop_held(ntasks_); /* a thread that ended inside a group: its calls never run */
+  ntasks_ = 0;
   free(tasks);
   free(need_buf);
   tasks = NULL, need_buf = NULL;
@@ -181,9 +192,10 @@ static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_s
 
 /* Split the group's calls by communicator (keeping call order), plan, connect and run or queue them. */
 static ch_status launch_tasks(void) {
-  int ntasks = ntasks_;
+  int ntasks = ntasks_, lost = 0;
   ntasks_ = 0;
-  if (!ntasks) return CH_OK;
+  for (int k = 0; k < ntasks; k++) lost += tasks[k].lost;
+  if (lost == ntasks) return CH_OK;
   if (ntasks == 1) { /* the common case, a lone repeated collective: its plan is ready and connected */
     struct comm_guard g;
     ch_status res = comm_enter(tasks[0].comm, &g);
@@ -216,6 +228,7 @@ static ch_status launch_tasks(void) {
   }
   for (int k = 0; k < ntasks; k++) {
     struct ch_task* t = &tasks[k];
+    if (t->lost) continue;
     int i = 0;
     while (i < ncomms && comms[i] != t->comm) i++;
     if (i == ncomms) {
@@ -285,7 +298,10 @@ static float estimate_us(void) {
   double us = 0;
   for (int k = 0; k < ntasks_; k++) {
     struct tune_choice how;
+    struct comm_guard g;
+    if (tasks[k].lost || !comm_try_enter(tasks[k].comm, &g)) continue; /* an abort waits for us */
     us += tune_predict(tasks[k].comm, tasks[k].func, tasks[k].count * red_type_size(tasks[k].type), &how);
+    comm_leave(&g);
   }
   return (float)us;
 }
@@ -302,13 +318,20 @@ static ch_status finish_stages(int n, int ok, ch_status res) {
   for (int k = 0; k < n; k++) {
     gpu_drop(&tasks[k]); /* a call that never launched */
     if (!tasks[k].stage) continue;
-    ch_status s = stage_out(&tasks[k], ok);
+    ch_status s = stage_out(&tasks[k], ok && !tasks[k].lost);
     if (res == CH_OK) res = s;
   }
   return res;
 }
 
-static ch_status group_run(float* simulate);
+/* The group is done with its n calls: host copies freed, and each held comm let go (its last touch). */
+static void drop_held(int n) {
+  finish_stages(n, 0, CH_OK);
+  for (int k = 0; k < n; k++)
+    if (tasks[k].held) comm_unref(tasks[k].comm);
+}
+
+static ch_status group_run(float* simulate, ch_status* lost);
 
 static ch_status group_close(float* simulate) {
   if (depth == 0) {
@@ -317,30 +340,33 @@ static ch_status group_close(float* simulate) {
   }
   if (--depth > 0) return CH_OK;
   int n = ntasks_;
-  ch_status res = group_run(simulate);
-  /* A simulated group ran nothing: no result to copy back. */
+  ch_status lost = CH_OK, res = group_run(simulate, &lost);
+  /* A simulated group ran nothing: no result to copy back (nor do dropped calls). */
   res = finish_stages(n, !simulate && (res == CH_OK || res == CH_IN_PROGRESS), res);
   for (int k = 0; k < n; k++) /* the last touch of each comm */
     if (tasks[k].held) comm_unref(tasks[k].comm);
+  return res == CH_OK ? lost : res;
+}
+
+/* Calls on a comm aborted, revoked or destroyed (by another thread) since this group queued them:
+ * nothing of it may be used but its struct and staging pool, which the calls' references keep.
+ * They are dropped (lost); the group's other calls run. A later abort is seen by comm_enter. */
+static ch_status group_drop_lost(void) {
+  ch_status res = CH_OK;
+  for (int k = 0; k < ntasks_; k++) {
+    struct ncclComm* c = tasks[k].comm;
+    if (!tasks[k].held || !(__atomic_load_n(&c->abort_flag, __ATOMIC_SEQ_CST) || atomic_load(&c->dead))) continue;
+    if (res == CH_OK)
+      WARN("ncclGroupEnd: communicator %p was aborted, revoked or destroyed after this group queued calls on it: "
+           "those calls are dropped", (void*)c);
+    tasks[k].lost = 1, res = CH_ABORTED;
+  }
   return res;
 }
 
-/* A comm of the group aborted or destroyed (by another thread) since its calls were queued: nothing
- * of it may be used but its struct and staging pool, which the group's references keep. */
-static int group_lost_comm(void) {
-  for (int k = 0; k < ntasks_; k++)
-    if (tasks[k].held && (__atomic_load_n(&tasks[k].comm->abort_flag, __ATOMIC_SEQ_CST) || atomic_load(&tasks[k].comm->dead))) {
-      WARN("ncclGroupEnd: communicator %p was aborted or destroyed after this group queued calls on it: the "
-           "group's calls are dropped", (void*)tasks[k].comm);
-      return 1;
-    }
-  return 0;
-}
-
-static ch_status group_run(float* simulate) {
+static ch_status group_run(float* simulate, ch_status* lost) {
   ch_status res = group_error;
   group_error = CH_OK;
-  if (res == CH_OK && group_lost_comm()) res = CH_ABORTED;
   if (res != CH_OK) {
     /* An earlier call in this group failed its checks: drop its calls, but still create the
      * communicators it asked for, whose handles the caller already holds. */
@@ -355,6 +381,7 @@ static ch_status group_run(float* simulate) {
       return res;
     }
   }
+  *lost = group_drop_lost();
   if (simulate) { /* estimate, then drop the calls: nothing is launched */
     *simulate = estimate_us();
     drop_tasks();

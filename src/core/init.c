@@ -42,7 +42,7 @@ static int enter_shared(struct ncclComm* comm, struct comm_guard* g) {
    * see its flag and leave without touching anything else. */
   atomic_fetch_add(&comm->users, 1);
   g->exclusive = 0;
-  if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) return 1;
+  if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST) && !atomic_load(&comm->dead)) return 1;
   atomic_fetch_sub(&comm->users, 1);
   return 0;
 }
@@ -71,20 +71,21 @@ ch_status comm_enter(struct ncclComm* comm, struct comm_guard* g) {
    * using the comm at the same time (NCCL communicators are not thread-safe, except for abort and
    * the queries) from the owner. */
   if (!atomic_compare_exchange_strong(&comm->owner, &prev, me)) {
-    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) goto aborted;
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST) || atomic_load(&comm->dead)) goto aborted;
     WARN("rank %d: communicator %p is used by two threads at once; a communicator takes calls from one thread "
          "at a time (any thread may call ncclCommAbort and ncclCommGetAsyncError)", comm->rank, (void*)comm);
     return CH_INVALID_USAGE;
   }
   g->exclusive = 1;
-  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST)) {
+  if (__atomic_load_n(&comm->abort_flag, __ATOMIC_SEQ_CST) || atomic_load(&comm->dead)) {
     atomic_store_explicit(&comm->owner, 0, memory_order_release);
     goto aborted;
   }
   enter_done(comm, g);
   return CH_OK;
 aborted:
-  WARN("rank %d: the communicator is being aborted (ncclCommAbort); it cannot be used", comm->rank);
+  WARN("rank %d: the communicator is being %s; it cannot be used", comm->rank,
+       atomic_load(&comm->dead) ? "destroyed" : "aborted (ncclCommAbort)");
   return CH_ABORTED;
 }
 
@@ -237,13 +238,20 @@ static ch_status comm_setup(struct ncclComm* comm) {
   /* CPUs for this host's ranks: the union of their processes' affinity, not ours alone (a launcher
    * that binds rank i to CPU i leaves each process one CPU, yet no two ranks share one; measured on
    * 2 CPUs, 2 bound ranks, 8 B: 0.59 us yielding as if oversubscribed against 0.24 spinning). */
+  /* Also ranks crowded onto my own CPUs while others have room: those whose CPUs all lie within
+   * mine, against how many mine are (two ranks bound to CPU 0 beside an unbound one). */
   uint64_t cpus[BOOT_CPU_WORDS] = {0};
-  for (int r = 0; r < n; r++)
-    if (comm->peers[r].host_hash == mine->host_hash)
-      for (int w = 0; w < BOOT_CPU_WORDS; w++) cpus[w] |= comm->peers[r].cpus[w];
-  int ncpus = 0;
-  for (int w = 0; w < BOOT_CPU_WORDS; w++) ncpus += __builtin_popcountll(cpus[w]);
-  comm->oversubscribed = threads > (ncpus ? ncpus : ut_ncpus());
+  int within = 0, ncpus = 0, nmine = 0;
+  for (int r = 0; r < n; r++) {
+    const uint64_t* m = comm->peers[r].cpus;
+    if (comm->peers[r].host_hash != mine->host_hash) continue;
+    int sub = 1;
+    for (int w = 0; w < BOOT_CPU_WORDS; w++) cpus[w] |= m[w], sub &= !(m[w] & ~mine->cpus[w]);
+    within += sub;
+  }
+  for (int w = 0; w < BOOT_CPU_WORDS; w++)
+    ncpus += __builtin_popcountll(cpus[w]), nmine += __builtin_popcountll(mine->cpus[w]);
+  comm->oversubscribed = ncpus ? threads > ncpus || (nmine && within > nmine) : threads > ut_ncpus();
 
   comm->sizes.buff[PROTO_SIMPLE] = fifo_param(PARAM_BUFFSIZE);
   comm->sizes.buff[PROTO_LL] = fifo_param(PARAM_LL_BUFFSIZE);
@@ -434,7 +442,7 @@ void comm_free(struct ncclComm* comm) {
   stall_unregister(comm); /* before anything it reads goes */
   gpu_free(comm);
   free(comm->gpu_hellos);
-  plan_free(atomic_load(&comm->reuse_plan));
+  plan_free(atomic_exchange(&comm->reuse_plan, NULL)); /* the struct may outlive this (refs) */
   tune_fini(comm);
   comm_free_connections(comm);
   direct_release(comm);

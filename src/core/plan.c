@@ -164,10 +164,6 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
     tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
-    if (has_p2p && algo_uses_peers(t->how.fallback) && t->how.algo == ALGO_DIRECT) {
-      t->how.fallback = ALGO_RING; /* as below, for the algorithm Direct may switch to */
-      t->how.proto = PROTO_SIMPLE;
-    }
     if (has_p2p && algo_uses_peers(t->how.algo)) {
       /* Its steps share the per-peer connections with the group's sends and receives, whose lanes
        * run in no fixed order with it: the two ends could disagree on the order of steps. (One

@@ -278,13 +278,13 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
    * 1.2-2x faster from 4 MiB; the 16-core single runs disagreed (docs/PERFORMANCE.md). */
   out->fallback = algo;
   if (algo == ALGO_DIRECT) {
-    unsigned fm = (em & (1u << ALGO_EXCHANGE)) | 1u << ALGO_RING;
+    unsigned fm = em & (1u << ALGO_EXCHANGE | 1u << ALGO_RING);
+    if (!fm) fm = 1u << ALGO_RING;
     double fb[ALGO_COUNT][CH_NPROTO];
     for (int a = 0; a < ALGO_COUNT; a++)
       for (int p = 0; p < CH_NPROTO; p++)
         fb[a][p] = ((fm >> a) & (pm >> p) & 1) ? cost_us(comm, func, a, p, bytes, 1) : -1.0;
     cheapest(fb, &out->fallback, &proto);
-    if (n == 2 && algo_uses_peers(out->fallback)) out->fallback = ALGO_RING;
   }
   /* On 2 ranks RecDbl, Rabenseifner and Tree are one link each way, the same steps as Ring, so they
    * run as Ring there and need no connections of their own (tune_peer_algos). */
