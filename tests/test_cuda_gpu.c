@@ -34,6 +34,7 @@ static struct {
   void (*mark)(const void*, size_t, int);
   int (*registered)(void);
   int (*stage_runs)(void);
+  int (*destroy)(void*);
 } fk;
 
 /* A build without nvcc has no kernels: every device buffer goes through host memory then. */
@@ -58,6 +59,7 @@ static void load(void) {
   *(void**)&fk.copy = dlsym(h, "fake_cuda_copy");
   *(void**)&fk.mark = dlsym(h, "fake_cuda_mark");
   *(void**)&fk.registered = dlsym(h, "fake_cuda_registered");
+  *(void**)&fk.destroy = dlsym(h, "cuStreamDestroy_v2");
   *(void**)&fk.stage_runs = dlsym(h, "fake_cuda_stage_runs");
   ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark &&
          fk.registered && fk.stage_runs);
@@ -537,6 +539,27 @@ static void small_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   fk.free((uintptr_t)send), fk.free((uintptr_t)recv);
 }
 
+/* A buffer not aligned to its elements (rank 1's, 2 bytes into a float allocation) fails the call on
+ * every rank before any kernel loads from it: a misaligned load would end the GPU's context. */
+static void misaligned_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x7f00, &s);
+  float* a = dev_alloc(N + 1);
+  float* p = rank == 1 ? (float*)((char*)a + 2) : a;
+  NCCL_OK(ncclAllReduce(p, p, N, ncclFloat32, ncclSum, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  expect_failed(comm, ncclInvalidArgument, "not aligned");
+  NCCL_OK(ncclCommAbort(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, misaligned_buffer_fails_every_rank, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(2, misaligned_body, NULL);
+}
+
 TEST_T(cuda_gpu, peer_buffer_too_small_fails_every_rank, 60) {
   if (no_kernels()) return;
   load();
@@ -766,4 +789,32 @@ TEST_T(cuda_gpu, call_order_across_streams, 60) {
   if (no_kernels()) return;
   load();
   rt_run_procs(2, two_streams_body, NULL);
+}
+
+/* The application destroys a call's stream once its work is queued (allowed), then calls on another:
+ * the order between the two calls goes through the communicator's own event, not the gone stream. */
+static void destroyed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  uintptr_t base = (uintptr_t)arg; /* streams of their own per run: destroyed ones stay destroyed */
+  ncclComm_t comm = open_rank(rank, nranks, id, 0, NULL);
+  cudaStream_t x = (cudaStream_t)(base + 0x10 * rank), y = (cudaStream_t)(base + 8 + 0x10 * rank);
+  float* a = dev_alloc(N);
+  for (int i = 0; i < N; i++) a[i] = (float)(rank + 1);
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, x));
+  ASSERT_EQ(fk.destroy(x), 0); /* its queued work still runs */
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, y));
+  ASSERT_EQ(fk.sync(y), 0);
+  ncclResult_t as;
+  NCCL_OK(ncclCommGetAsyncError(comm, &as));
+  EXPECT_EQ(as, ncclSuccess);
+  float want = (float)(nranks * (nranks + 1) / 2 * nranks);
+  for (int i = 0; i < N; i++) EXPECT(a[i] == want);
+  NCCL_OK(ncclCommDestroy(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, next_call_after_the_stream_is_destroyed, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_threads(2, destroyed_body, (void*)(uintptr_t)0x9a00);
+  rt_run_procs(2, destroyed_body, (void*)(uintptr_t)0x9b00);
 }

@@ -79,7 +79,9 @@ struct gpu_comm {
   void* ctx;
   int n, rank, sms, ordinal; /* ordinal: the device's */
   int any_proc;          /* some rank is in another process (IPC handles needed) */
-  char* same_proc;       /* [n] */
+  char* same_proc;       /* [n]: a thread of this process (checked against gpu_setup.c's local ranks) */
+  uint64_t comm_hash;    /* its key among the local ranks */
+  int local;             /* registered there */
   struct gpu_seg* seg;   /* NULL for one rank */
   void* seg_dev;
   struct gpu_priv* priv;
@@ -95,6 +97,7 @@ struct gpu_comm {
   _Atomic uint32_t* p2p_sent;  /* [n]: sends to each peer queued (the owner adds, gpu_unblock reads) */
   _Atomic uint32_t* p2p_recvd; /* [n]: receives from each peer queued */
   cudaStream_t last_stream; /* of the last call queued (the owner, at launch); valid once next_seq moved */
+  void* done_ev;            /* recorded after each call on its stream; a call on another waits for it */
   int any_launched;
   _Atomic uint32_t launched; /* the last call queued on a stream */
   struct gpu_own own[16];

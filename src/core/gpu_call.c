@@ -251,11 +251,20 @@ static ch_status run_kernel(struct gpu_comm* g, const struct gpu_call* c, cudaSt
 
 /* A rank's calls on one communicator run in call order whatever streams they name (as NCCL orders
  * them on its own stream): each rank's barrier words then only move forward, and a peer can never
- * pass call k against this rank's word for a later call on another stream. */
+ * pass call k against this rank's word for a later call on another stream. Through an event the
+ * communicator owns, recorded after each call (done), not one recorded on the previous call's
+ * stream at the next call: the application may have destroyed that stream meanwhile (allowed once
+ * its work is queued), which would fail the call or, with the handle reused, order it after
+ * another stream's work. */
 static ch_status follow(struct gpu_comm* g, cudaStream_t s) {
-  if (g->any_launched && g->last_stream != s) CHECK(cudrv_join(g->last_stream, g->ctx, s, g->ctx));
+  if (g->any_launched && g->last_stream != s) CHECK(cudrv_event_wait(s, g->done_ev, g->ctx));
   g->last_stream = s, g->any_launched = 1;
   return CH_OK;
+}
+
+static ch_status done(struct gpu_comm* g, cudaStream_t s) {
+  if (!g->done_ev) CHECK(cudrv_event_new(&g->done_ev, g->ctx));
+  return cudrv_event_record(g->done_ev, s, g->ctx);
 }
 
 /* A collective: its table, a barrier (every input ready), the kernel, a barrier (nobody still reads),
@@ -269,7 +278,8 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
   CHECK(run_kernel(g, c, c->stream));
   if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, done));
   memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
-  return flush(&o);
+  CHECK(flush(&o));
+  return done(g, c->stream);
 }
 
 /* A group's sends and receives, on the first one's stream (which first waits for the others' work,
@@ -301,8 +311,9 @@ static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
     if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 1), cs[i]->cseq, 1);
   for (int i = 0; i < k; i++) memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
   CHECK(flush(&o));
+  CHECK(done(g, s));
   for (int i = 1; i < k; i++)
-    if (cs[i]->stream != s) CHECK(cudrv_join(s, g->ctx, cs[i]->stream, g->ctx));
+    if (cs[i]->stream != s) CHECK(cudrv_event_wait(cs[i]->stream, g->done_ev, g->ctx));
   return CH_OK;
 }
 

@@ -140,6 +140,14 @@ static ch_status buf_addr(struct gpu_comm* g, const struct gpu_call* c, int r, i
     }
     *addr = base + d->off;
   }
+  /* The kernels load and store whole elements: a misaligned one faults, which ends the CUDA context
+   * of every rank on the GPU (a peer's offset comes from the wire). */
+  size_t esize = red_type_size(c->type);
+  if (*addr % (esize ? esize : 1)) {
+    WARN("rank %d: rank %d's %s for %s (%p) is not aligned to its %zu-byte elements", me, r, bufname(b), fn,
+         (void*)(uintptr_t)*addr, esize);
+    return CH_INVALID_ARG;
+  }
   return CH_OK;
 }
 

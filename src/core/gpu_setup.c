@@ -246,6 +246,48 @@ static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
   return 0;
 }
 
+/* The ranks of GPU paths in this process, so that a peer that claims this process's nonce (sent in
+ * the bootstrap, which every rank of the job sees) is taken for a thread here, whose pointers are
+ * used as they are, only if it really is one. Under local_mu. */
+static pthread_mutex_t local_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct local_rank {
+  uint64_t comm_hash;
+  int rank;
+} * locals;
+static int nlocals, locals_cap;
+
+static int local_add(uint64_t hash, int rank) {
+  pthread_mutex_lock(&local_mu);
+  int ok = 1;
+  if (nlocals == locals_cap) {
+    int cap = locals_cap ? 2 * locals_cap : 16;
+    struct local_rank* p = realloc(locals, sizeof(*p) * (size_t)cap);
+    if (p) locals = p, locals_cap = cap;
+    else ok = 0;
+  }
+  if (ok) locals[nlocals++] = (struct local_rank){hash, rank};
+  pthread_mutex_unlock(&local_mu);
+  return ok;
+}
+
+static int local_has(uint64_t hash, int rank) {
+  pthread_mutex_lock(&local_mu);
+  int found = 0;
+  for (int i = 0; i < nlocals && !found; i++) found = locals[i].comm_hash == hash && locals[i].rank == rank;
+  pthread_mutex_unlock(&local_mu);
+  return found;
+}
+
+static void local_remove(uint64_t hash, int rank) {
+  pthread_mutex_lock(&local_mu);
+  for (int i = 0; i < nlocals; i++)
+    if (locals[i].comm_hash == hash && locals[i].rank == rank) {
+      locals[i] = locals[--nlocals];
+      break;
+    }
+  pthread_mutex_unlock(&local_mu);
+}
+
 ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   int n = comm->nranks, me = comm->rank;
   struct gpu_hello one;
@@ -271,10 +313,18 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
       g->same_proc[r] = comm->peers[r].proc_nonce == comm->peers[me].proc_nonce;
       g->any_proc |= !g->same_proc[r];
     }
+    g->comm_hash = comm->comm_hash;
+    if (ok) ok = g->local = local_add(g->comm_hash, me); /* before seg_setup's allgathers: seen after them */
     if (ok && g->any_proc) ok = ipc_works(comm, g->ctx, all); /* agreed in seg_setup's second allgather */
   }
   ch_status s = CH_OK;
   if (n > 1) s = seg_setup(comm, ok ? g : NULL, &ok);
+  for (int r = 0; s == CH_OK && ok && r < n; r++)
+    if (g->same_proc[r] && !local_has(g->comm_hash, r)) {
+      WARN("rank %d: rank %d gave this process's nonce but is no rank of this communicator in this process: "
+           "calls on device buffers go through host memory", me, r);
+      ok = 0;
+    }
   if (s == CH_OK && ok) {
     g->priv = cudrv_host_alloc(sizeof(struct gpu_priv), g->ctx, 1, &g->priv_dev);
     if (g->priv) memset(g->priv, 0, sizeof(*g->priv));
@@ -302,6 +352,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     if (g->priv) cudrv_host_free(g->priv, g->ctx);
     cudev_dev_free(g->ctx, g->stage_dev);
     if (g->seg) seg_put(g->seg);
+    if (g->local) local_remove(g->comm_hash, me);
     free(g->same_proc);
     free(g->ipc);
     free(g->p2p_sent);
@@ -375,6 +426,8 @@ static int all_done(struct gpu_comm* g) {
 }
 
 static void release(struct gpu_comm* g) {
+  if (g->local) local_remove(g->comm_hash, g->rank);
+  if (g->done_ev) cudrv_event_free(g->done_ev, g->ctx);
   for (int r = 0; r < g->n; r++)
     for (int k = 0; k < GPU_IPC_CACHE; k++)
       if (g->ipc[r][k].base) gpu_ipc_close(g->ctx, g->ipc[r][k].base);

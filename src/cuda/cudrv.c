@@ -328,6 +328,25 @@ ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx) {
   return s;
 }
 
+ch_status cudrv_event_new(void** ev, void* ctx) {
+  *ev = NULL;
+  IN_CTX(ctx, "cuEventCreate", cu.event_create(ev, CU_EVENT_DISABLE_TIMING));
+  return CH_OK;
+}
+
+ch_status cudrv_event_record(void* ev, void* stream, void* ctx) { return record_in(ev, stream, ctx); }
+
+ch_status cudrv_event_wait(void* stream, void* ev, void* ctx) {
+  IN_CTX(ctx, "cuStreamWaitEvent", cu.wait_event(stream, ev, 0));
+  return CH_OK;
+}
+
+void cudrv_event_free(void* ev, void* ctx) {
+  if (!ev || cudrv_push(ctx) != 0) return;
+  cu.event_destroy(ev); /* a stream may still wait on it: the driver frees it after */
+  cudrv_pop(ctx);
+}
+
 static int dev_mem_ok(void) { return cudrv_present() && cu.ctx_current && cu.mem_alloc && cu.mem_free; }
 
 void* cudrv_current_ctx(void) {

@@ -50,6 +50,11 @@ ch_status cudrv_wait_geq(void* stream, void* dev, uint32_t value, void* ctx);
 /* Work queued on `to` from now on waits for the work queued on `from` so far (an event), each stream
  * in its own context. */
 ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx);
+/* An event of ctx (*ev), recorded on a stream, waited for by another; freed with cudrv_event_free. */
+ch_status cudrv_event_new(void** ev, void* ctx);
+ch_status cudrv_event_record(void* ev, void* stream, void* ctx);
+ch_status cudrv_event_wait(void* stream, void* ev, void* ctx);
+void cudrv_event_free(void* ev, void* ctx);
 
 /* ncclMemAlloc's device side: the calling thread's current context (NULL: none, or no driver), and
  * device memory in it. */

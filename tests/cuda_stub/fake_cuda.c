@@ -96,6 +96,7 @@ struct stream {
   pthread_cond_t cv;
   struct op *head, *tail;
   int running; /* an op is being run */
+  int destroyed; /* cuStreamDestroy: what is queued still runs; new work is refused */
 };
 static struct stream streams[64];
 static int nstreams;
@@ -226,6 +227,7 @@ static struct stream* stream_of(void* h) {
 
 static int enqueue(void* h, struct op o) {
   struct stream* s = stream_of(h);
+  if (s && __atomic_load_n(&s->destroyed, __ATOMIC_ACQUIRE)) return E_INVALID_HANDLE;
   struct op* p = malloc(sizeof(*p));
   if (!s || !p) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
   *p = o;
@@ -609,8 +611,9 @@ EXPORT int cuStreamCreate(void** s, unsigned flags) {
   *s = (void*)__atomic_fetch_add(&next_stream, 0x100, __ATOMIC_RELAXED);
   return 0;
 }
-EXPORT int cuStreamDestroy_v2(void* s) {
-  (void)s; /* its thread stays: handles are never reused */
+EXPORT int cuStreamDestroy_v2(void* h) {
+  struct stream* s = stream_of(h); /* its thread stays: handles are never reused */
+  if (s) __atomic_store_n(&s->destroyed, 1, __ATOMIC_RELEASE);
   return 0;
 }
 EXPORT int cuCtxPushCurrent_v2(void* ctx) { return ctx == &fake_ctx ? (ctx_depth++, 0) : E_INVALID_CONTEXT; }
