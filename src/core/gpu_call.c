@@ -385,10 +385,22 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       if (q != CH_OK) { /* the stream may hold part of it: let it and the peers' streams through */
         comm_set_async_error(comm, q);
         if (e == CH_OK) e = q;
+        /* Its slot-done write may never have been queued: mark it here, or the comm would look busy
+         * for ever (destroy waits, then orphans it). The comm has failed: no later call reuses the
+         * slot, and a write the stream still makes carries the same number. */
+        for (int k = p2p ? 0 : j; k < (p2p ? b->n : j + 1); k++)
+          atomic_store_explicit(&g->priv->slot_done[b->call[k]->seq % GPU_SLOTS], b->call[k]->seq, memory_order_release);
       }
     }
-    /* One rank: the exchange is a copy, done here. Otherwise the bridge runs it with the peers. */
-    if (g->n == 1 || stream_enqueue_hook(g->bridge, &plans[i], 1, gpu_after, b) != CH_OK) {
+    /* One rank: the exchange is a copy, done here. Otherwise the bridge runs it with the peers, in
+     * order: where it cannot take it (out of memory), it runs here once the bridge has run the earlier
+     * ones (gpu_after's state is the bridge's, and tables must be filled in call order). */
+    int here = g->n == 1;
+    if (!here && stream_enqueue_hook(g->bridge, &plans[i], 1, gpu_after, b) != CH_OK) {
+      stream_wait_idle(g->bridge);
+      here = 1;
+    }
+    if (here) {
       ch_status s = plan_exec(&plans[i], 1);
       gpu_after(b, s);
     }
