@@ -812,6 +812,33 @@ static void destroyed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   fk.free((uintptr_t)a);
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A call that cannot be queued (its stream is gone) fails the communicator, which is then not left
+ * looking busy: ncclCommDestroy returns without waiting for a call that will never finish. */
+static void unqueued_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0, NULL);
+  cudaStream_t x = (cudaStream_t)(uintptr_t)(0x9c00 + 0x10 * rank);
+  float* a = dev_alloc(N);
+  ASSERT_EQ(fk.destroy(x), 0);
+  EXPECT(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, x) != ncclSuccess);
+  double t0 = now_s();
+  ncclCommDestroy(comm);
+  EXPECT(now_s() - t0 < 5.0);
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, unqueued_call_does_not_hold_destroy, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(2, unqueued_body, NULL);
+}
+
 TEST_T(cuda_gpu, next_call_after_the_stream_is_destroyed, 60) {
   if (no_kernels()) return;
   load();
