@@ -289,3 +289,20 @@ static void lost_in_group(int destroy) {
 }
 TEST_T(safety, abort_during_open_group, 30) { lost_in_group(0); }
 TEST_T(safety, destroy_during_open_group, 30) { lost_in_group(1); }
+
+/* An abort of a comm whose init waits for this thread's ncclGroupEnd: it does not wait for that
+ * group (whose thread might be waiting for the aborter), and the group's end then runs no init and
+ * touches nothing freed. */
+TEST_T(safety, abort_of_a_deferred_init, 30) {
+  ncclUniqueId id;
+  ncclComm_t comm = NULL;
+  NCCL_OK(ncclGetUniqueId(&id));
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  struct aborter ab = {comm, 0, 0};
+  pthread_t t;
+  ASSERT(pthread_create(&t, NULL, abort_later, &ab) == 0);
+  pthread_join(t, NULL); /* returned without our ncclGroupEnd */
+  EXPECT(ab.took_ms < 2000);
+  EXPECT(ncclGroupEnd() != ncclSuccess);
+}

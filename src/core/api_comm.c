@@ -238,6 +238,11 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
    * first every thread inside a call on comm leaves (comm_enter's Dekker pair), then the init
    * thread, the init caller and queued plans finish. */
   for (uint64_t i = 0; atomic_load(&comm->users) > 0 || atomic_load(&comm->owner); i++) ut_backoff(i);
+  /* An init deferred to a group's end that has not begun (that group may be another thread's, which
+   * may be waiting for us) never will: nothing to wait for. */
+  int not_begun = 0;
+  if (atomic_compare_exchange_strong(&comm->init_gate, &not_begun, 2))
+    atomic_store(&comm->init_state, ncclInvalidUsage);
   comm_join_init(comm);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   while (atomic_load(&comm->init_caller)) ut_backoff(1000000);

@@ -117,6 +117,10 @@ struct ncclComm {
    * comms, else ncclCommDestroy / ncclCommAbort): exactly once. ncclCommGetAsyncError never joins. */
   _Atomic int init_thread_live;
   _Atomic int init_caller; /* a blocking ncclCommInitRank* is still inside the library with this comm */
+  /* Its init: 0 deferred to a group's end (maybe another thread's) and not begun, 1 begun (or not
+   * deferred: split comms), 2 cancelled by an abort first (which then need not wait for it).
+   * Compare-exchanged from 0 by run_inits and ncclCommAbort. */
+  _Atomic int init_gate;
   /* arguments kept for a deferred or background init */
   ncclUniqueId init_id;
   int nsplits; /* splits made from this comm (all ranks count alike) */

@@ -30,6 +30,7 @@ ch_status group_defer_init(struct ncclComm* comm) {
     return CH_INVALID_USAGE;
   }
   atomic_fetch_add(&comm->refs, 1); /* run_inits' last touch drops it: an abort meanwhile frees the rest */
+  atomic_store(&comm->init_gate, 0);
   inits[ninits++] = comm;
   return CH_OK;
 }
@@ -56,11 +57,21 @@ static ch_status run_inits(void) {
   return res;
 }
 
+/* Begin comm's init, unless an abort cancelled it first (init_gate). */
+static int init_begin(struct ncclComm* comm) {
+  int expected = 0;
+  return atomic_compare_exchange_strong(&comm->init_gate, &expected, 1);
+}
+
 static ch_status run_inits_held(int n) {
   ch_status res = CH_OK;
-  if (n == 1 && inits[0]->blocking) return comm_init_job(inits[0]);
+  if (n == 1 && inits[0]->blocking) return init_begin(inits[0]) ? comm_init_job(inits[0]) : CH_ABORTED;
   char started[MAX_GROUP_INITS] = {0};
   for (int i = 0; i < n; i++) {
+    if (!init_begin(inits[i])) {
+      res = CH_ABORTED;
+      continue;
+    }
     if (pthread_create(&inits[i]->init_thread, NULL, init_thread_main, inits[i]) != 0) {
       WARN("cannot start an init thread: %s", strerror(errno));
       atomic_store(&inits[i]->init_state, ncclSystemError);

@@ -144,6 +144,7 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   }
   comm->magic = CH_COMM_MAGIC;
   atomic_init(&comm->refs, 1);
+  atomic_init(&comm->init_gate, 1); /* begun, unless deferred to a group's end (group_defer_init) */
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;
