@@ -326,18 +326,25 @@ static void* issue_one(void* arg) {
   return NULL;
 }
 
-/* A call waiting for a pinned block that a stuck stream holds returns when the comm is aborted. */
-TEST_T(cuda, abort_while_waiting_for_a_block, 30) {
-  setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "131072", 1); /* two 64 KiB blocks */
+/* A one-rank comm whose pinned memory (CHORUS_CUDA_STAGING_MAX_BYTES: two 64 KiB blocks) is held by
+ * two calls on a stream stuck before them; a[2] is for a third. */
+static ncclComm_t stuck_pool(float (*a)[256], cudaStream_t s, int* release) {
+  setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "131072", 1);
   load_fake(1);
   ncclComm_t comm = one_rank();
-  static float a[3][256];
-  static int release;
-  mark(a, sizeof(a), 1);
-  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7d00;
-  EXPECT_EQ(hold(s, &release), 0);
+  mark(a, 3 * sizeof(a[0]), 1);
+  EXPECT_EQ(hold(s, release), 0);
   NCCL_OK(ncclAllReduce(a[0], a[0], 256, ncclFloat32, ncclSum, comm, s));
   NCCL_OK(ncclAllReduce(a[1], a[1], 256, ncclFloat32, ncclSum, comm, s));
+  return comm;
+}
+
+/* A call waiting for a pinned block that a stuck stream holds returns when the comm is aborted. */
+TEST_T(cuda, abort_while_waiting_for_a_block, 30) {
+  static float a[3][256];
+  static int release;
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x7d00;
+  ncclComm_t comm = stuck_pool(a, s, &release);
   struct waiting_call w = {comm, a[2], s, ncclSuccess, 0};
   pthread_t th;
   ASSERT(pthread_create(&th, NULL, issue_one, &w) == 0);
@@ -356,17 +363,11 @@ TEST_T(cuda, abort_while_waiting_for_a_block, 30) {
 
 /* ... and when the communicator fails meanwhile (here: the stuck stream's call times out). */
 TEST_T(cuda, comm_failure_ends_the_wait_for_a_block, 30) {
-  setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "131072", 1);
   setenv("CHORUS_TIMEOUT", "1", 1);
-  load_fake(1);
-  ncclComm_t comm = one_rank();
   static float a[3][256];
   static int release;
-  mark(a, sizeof(a), 1);
   cudaStream_t s = (cudaStream_t)(uintptr_t)0x7f00;
-  EXPECT_EQ(hold(s, &release), 0);
-  NCCL_OK(ncclAllReduce(a[0], a[0], 256, ncclFloat32, ncclSum, comm, s));
-  NCCL_OK(ncclAllReduce(a[1], a[1], 256, ncclFloat32, ncclSum, comm, s));
+  ncclComm_t comm = stuck_pool(a, s, &release);
   double t0 = now_s();
   EXPECT(ncclAllReduce(a[2], a[2], 256, ncclFloat32, ncclSum, comm, s) == ncclTimeout);
   EXPECT(now_s() - t0 < 5.0);
