@@ -148,8 +148,13 @@ static ch_status make_probe(void* ctx, struct loaded* l) {
   void* owner;
   int dev;
   IN_CTX(ctx, "cuMemAlloc (256 bytes: a CUDA IPC probe)", dv.mem_alloc(&p, 256));
-  if (cudev_describe((void*)p, &owner, &dev, &base, &size, &l->probe_id) != 0) return CH_SYSTEM;
-  return cudev_ipc_get(p, ctx, &l->probe);
+  ch_status s = cudev_describe((void*)p, &owner, &dev, &base, &size, &l->probe_id) != 0 ? CH_SYSTEM
+                                                                                      : cudev_ipc_get(p, ctx, &l->probe);
+  if (s != CH_OK && cudrv_push(ctx) == 0) { /* kept only when peers may open it */
+    dv.mem_free(p);
+    cudrv_pop(ctx);
+  }
+  return s;
 }
 
 /* Made once per context and kept, like the module: a peer process may open it at any time during
