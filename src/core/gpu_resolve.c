@@ -30,9 +30,13 @@ static ch_status wait_slot(struct gpu_comm* g, uint32_t seq) {
   return CH_OK;
 }
 
-/* An entry whose last call has finished may be closed. */
-static int ipc_idle(struct gpu_comm* g, const struct gpu_ipc* e) {
-  return !cyc_before(atomic_load_explicit(&g->priv->slot_done[e->last_seq % GPU_SLOTS], memory_order_acquire),
+/* An entry whose last call has finished may be closed: that call's slot says so, or it is at least
+ * GPU_SLOTS calls before `now`, the call being resolved, whose wait_slot (and its predecessors')
+ * waited for every such call; the second also when a cyclic comparison with a number 2^31 calls
+ * old would not tell. */
+static int ipc_idle(struct gpu_comm* g, const struct gpu_ipc* e, uint32_t now) {
+  return now - e->last_seq >= GPU_SLOTS ||
+         !cyc_before(atomic_load_explicit(&g->priv->slot_done[e->last_seq % GPU_SLOTS], memory_order_acquire),
                      e->last_seq);
 }
 
@@ -46,13 +50,13 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
   if (!e) {
     for (int k = 0; k < GPU_IPC_CACHE; k++) { /* an allocation at the same address was freed: close it */
       struct gpu_ipc* o = &cache[k];
-      if (o->base && o->peer_base == d->base && ipc_idle(g, o)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
+      if (o->base && o->peer_base == d->base && ipc_idle(g, o, seq)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
     }
     for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
       if (!cache[k].base) e = &cache[k];
     for (int k = 0; k < GPU_IPC_CACHE && (!e || e->base); k++) /* else the least recently used idle one */
-      if (!e || (ipc_idle(g, &cache[k]) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
-    if (e->base && !ipc_idle(g, e)) {
+      if (!e || (ipc_idle(g, &cache[k], seq) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
+    if (e->base && !ipc_idle(g, e, seq)) {
       WARN("rank %d: calls in flight use more than %d buffers of rank %d: wait for some (synchronise the stream)",
            g->rank, GPU_IPC_CACHE, r);
       return CH_INVALID_USAGE;
