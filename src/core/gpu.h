@@ -97,7 +97,7 @@ struct gpu_comm {
   _Atomic uint32_t* p2p_sent;  /* [n]: sends to each peer queued (the owner adds, gpu_unblock reads) */
   _Atomic uint32_t* p2p_recvd; /* [n]: receives from each peer queued */
   cudaStream_t last_stream; /* of the last call queued (the owner, at launch); valid once next_seq moved */
-  void* done_ev;            /* recorded after each call on its stream; a call on another waits for it */
+  void* done_ev; /* recorded after each call on its stream, a call on another waits for it (the owner, at launch) */
   int any_launched;
   _Atomic uint32_t launched; /* the last call queued on a stream */
   struct gpu_own own[16];
