@@ -134,7 +134,7 @@ ch_status enq_task(struct ch_task* t) {
   }
   tasks[ntasks_] = *t;
   tasks[ntasks_].next = NULL;
-  tasks[ntasks_].held = depth > 0;
+  tasks[ntasks_].held = depth > 0, tasks[ntasks_].lost = 0;
   if (depth > 0) atomic_fetch_add(&t->comm->refs, 1); /* an abort meanwhile leaves comm to us */
   ntasks_++;
   if (depth == 0) {

@@ -155,10 +155,10 @@ static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ct
 /* A block for a call of `bytes`: a free one, else a new one within CHORUS_CUDA_STAGING_MAX_BYTES, else
  * the next one the streams hand back. A caller that runs that far ahead of its streams waits here,
  * as NCCL's does when its queue is full: before, it completed the call before returning, through
- * freshly malloc'd copies (page faults on every page), once per pool's worth of calls, which cost
- * most of the first GPU sitting's time through host memory. The wait starts where the synchronous
- * way did (the pool's bytes spent), for one earlier call where that waited for every call queued on
- * the stream, and only for blocks of launched gates (this group's own free only after it launches).
+ * freshly malloc'd copies (page faults on every page), once per pool's worth of calls: the likely
+ * cause of the first GPU sitting's slow host staging (not measured on a GPU). The wait starts where
+ * the synchronous way did (the pool's bytes spent), for one earlier call where that waited for every
+ * call queued on the stream, and only for blocks of launched gates (this group's own free only after it launches).
  * It ends at an abort or when the communicator fails (*why): a block that never comes back belongs
  * to a call that fails after CHORUS_TIMEOUT (its stream never reached it, or a peer never came).
  * NULL with *why CH_OK: nothing to wait for, or the call alone passes the cap. */
