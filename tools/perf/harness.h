@@ -23,8 +23,8 @@ typedef struct perf_ctx {
   double mem_cap;               /* largest maxBytes this host's memory allows, or -1 */
   pthread_barrier_t threads_met;
   /* per thread: operations finished so far (-T). Only the thread writes its own (relaxed atomic, a
-   * counter and no clock read: 1 rank, 8 B went from 0.15-0.18 to 0.12 us, PERFORMANCE.md); the watchdog reads
-   * them. Each on its own cache line, so threads do not slow each other down. */
+   * counter and no clock read: 1 rank, 8 B went from 0.15-0.18 to 0.12 us, PERFORMANCE.md); the
+   * watchdog reads them. Each on its own cache line, so threads do not slow each other down. */
   struct perf_progress { uint64_t n; char pad[56]; }* progress;
   int* busy;                    /* per thread: still measuring (atomic) */
   int result;                   /* exit code, set by thread 0 */
