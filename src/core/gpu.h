@@ -167,7 +167,7 @@ void gpu_test_seq_base(struct ncclComm* comm, uint32_t base);
 
 /* gpu_watch.c: watch for dead peers and CHORUS_TIMEOUT while calls are in flight (from setup to free). */
 void gpu_watch_add(struct gpu_comm* g);
-void gpu_orphans_tick(void); /* gpu_setup.c */
+void gpu_orphans_tick(int here); /* gpu_setup.c; here = 0: frees go to the reaper (cudrv_defer) */
 void gpu_watch_remove(struct gpu_comm* g);
 
 /* gpu_call.c */

@@ -138,10 +138,12 @@ static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, int* ok) {
   return s;
 }
 
-/* ---- peers' allocations, opened once per process ---- */
+/* ---- peers' allocations, opened once per process and context (the driver maps a handle once per
+ * context, and a mapping made in one context is not an address in another) ---- */
 
 struct ipc_open {
   struct ipc_open* next;
+  void* ctx;
   uint64_t nonce, id;
   uintptr_t base;
   size_t size;
@@ -156,7 +158,7 @@ ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_h
   *cu = 0;
   pthread_mutex_lock(&ipc_mu);
   struct ipc_open* o = opens;
-  while (o && (o->nonce != nonce || o->id != id)) o = o->next;
+  while (o && (o->nonce != nonce || o->id != id || o->ctx != ctx)) o = o->next;
   if (o) {
     o->refs++;
   } else if ((o = calloc(1, sizeof(*o))) == NULL) {
@@ -175,7 +177,7 @@ ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_h
     }
   }
   if (s == CH_OK && o->refs == 0) {
-    o->nonce = nonce, o->id = id, o->refs = 1;
+    o->ctx = ctx, o->nonce = nonce, o->id = id, o->refs = 1;
     o->next = opens;
     opens = o;
   } else if (s != CH_OK) {
@@ -190,7 +192,7 @@ void gpu_ipc_close(void* ctx, uintptr_t base) {
   pthread_mutex_lock(&ipc_mu);
   for (struct ipc_open** pp = &opens; *pp; pp = &(*pp)->next) {
     struct ipc_open* o = *pp;
-    if (o->base != base || --o->refs > 0) continue;
+    if (o->base != base || o->ctx != ctx || --o->refs > 0) continue;
     *pp = o->next;
     cudev_ipc_close(o->base, ctx);
     free(o);
@@ -426,7 +428,7 @@ static int all_done(struct gpu_comm* g) {
 }
 
 static void release(struct gpu_comm* g) {
-  if (g->local) local_remove(g->comm_hash, g->rank);
+  if (g->local) local_remove(g->comm_hash, g->rank), g->local = 0;
   if (g->done_ev) cudrv_event_free(g->done_ev, g->ctx);
   for (int r = 0; r < g->n; r++)
     for (int k = 0; k < GPU_IPC_CACHE; k++)
@@ -446,10 +448,23 @@ static void release(struct gpu_comm* g) {
 static pthread_mutex_t orphans_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gpu_comm* orphans;
 
-/* Orphans whose streams are done are released; the others are let through again (a stream that went
- * on after an unblock writes its own, lower, numbers into its words, which a peer may wait on). Called
+static void release_job(void* g, void* unused) {
+  (void)unused;
+  release(g);
+}
+/* The frees may wait for the whole device: off this thread when the device may be waiting for it
+ * (the watcher), or when it must not wait for a stuck stream (an abort). */
+static void release_on(struct gpu_comm* g, int here) {
+  if (g->local) local_remove(g->comm_hash, g->rank), g->local = 0; /* no call of it is checked any more */
+  if (here) release(g);
+  else cudrv_defer(release_job, g, NULL);
+}
+
+/* Orphans whose streams are done are released (here, or by the reaper: cuMemFreeHost waits for the
+ * device, which may wait for the watcher); the others are let through again (a stream that went on
+ * after an unblock writes its own, lower, numbers into its words, which a peer may wait on). Called
  * by every gpu_free and by the watcher ten times a second. */
-void gpu_orphans_tick(void) {
+void gpu_orphans_tick(int here) {
   pthread_mutex_lock(&orphans_mu);
   for (struct gpu_comm** pp = &orphans; *pp;) {
     struct gpu_comm* o = *pp;
@@ -459,13 +474,13 @@ void gpu_orphans_tick(void) {
       continue;
     }
     *pp = o->next_orphan;
-    release(o);
+    release_on(o, here);
   }
   pthread_mutex_unlock(&orphans_mu);
 }
 
 void gpu_free(struct ncclComm* comm) {
-  gpu_orphans_tick();
+  gpu_orphans_tick(!__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE));
   struct gpu_comm* g = comm->gpu;
   if (!g) return;
   stream_destroy(g->bridge); /* idle: every ticket of the comm is done */
@@ -486,5 +501,5 @@ void gpu_free(struct ncclComm* comm) {
     pthread_mutex_unlock(&orphans_mu);
     return;
   }
-  release(g);
+  release_on(g, !aborted); /* an abort never waits for a stream, not even another comm's */
 }

@@ -81,7 +81,7 @@ static void* watch_main(void* arg) {
     uint64_t now = ut_now_ns();
     for (struct gpu_comm* g = watched; g; g = g->next_watched) look(g, now);
     pthread_mutex_unlock(&watch_mu);
-    gpu_orphans_tick();
+    gpu_orphans_tick(0); /* never a free here: the device may be waiting for this thread */
   }
   return NULL;
 }

@@ -129,7 +129,7 @@ static void block_drop_idle(struct stage_comm* sc) {
     if (atomic_load_explicit(&b->busy, memory_order_acquire)) { pp = &b->next; continue; }
     *pp = b->next;
     sc->pinned_bytes -= b->bytes;
-    cudrv_host_free(b->host, b->ctx);
+    cudrv_host_free_later(b->host, b->ctx); /* a peer's stream may wait for this caller's next call */
     free(b);
   }
 }
@@ -212,14 +212,26 @@ static void sc_free(struct stage_comm* sc) {
   free(sc);
 }
 
+static void sc_free_job(void* sc, void* unused) {
+  (void)unused;
+  sc_free(sc);
+}
+/* cuMemFreeHost waits for the whole device: an abort hands the frees to the reaper (cudrv_defer), as
+ * it never waits for a stream, not even one stuck in another communicator's call. */
+static void sc_free_on(struct stage_comm* sc, int here) {
+  if (here) sc_free(sc);
+  else cudrv_defer(sc_free_job, sc, NULL);
+}
+
 void stage_comm_free(struct ncclComm* comm) {
   struct stage_comm* sc = comm->stage;
+  int here = !__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
   pthread_mutex_lock(&orphans_mu);
   for (struct stage_comm** pp = &orphans; *pp;) {
     struct stage_comm* o = *pp;
     if (atomic_load_explicit(&o->outstanding, memory_order_acquire)) { pp = &o->next_orphan; continue; }
     *pp = o->next_orphan;
-    sc_free(o);
+    sc_free_on(o, here);
   }
   pthread_mutex_unlock(&orphans_mu);
   if (!sc) return;
@@ -227,7 +239,7 @@ void stage_comm_free(struct ncclComm* comm) {
   stream_destroy(sc->bridge); /* nothing of comm is queued any more: its thread just ends */
   int left = atomic_load_explicit(&sc->outstanding, memory_order_acquire);
   if (!left) {
-    sc_free(sc);
+    sc_free_on(sc, here);
     return;
   }
   INFO(LOG_COLL, "rank %d: %d staged calls are still queued on CUDA streams: their pinned memory is freed later",

@@ -39,6 +39,11 @@ ch_status cudrv_capturing(void* stream, void* ctx, int* yes);
 /* Pinned host memory (portable; mapped: *dev gets its device address), or NULL with a WARN. */
 void* cudrv_host_alloc(size_t bytes, void* ctx, int mapped, void** dev);
 void cudrv_host_free(void* p, void* ctx);
+/* cuMemFreeHost and cuMemFree wait for the whole device: a thread that a stream may be waiting for
+ * (one issuing calls, the GPU watcher) queues such frees here, and a thread of their own (reaper.c)
+ * runs them in order. fn(a, b) runs there (on the caller's thread only if that thread cannot start). */
+void cudrv_defer(void (*fn)(void* a, void* b), void* a, void* b);
+void cudrv_host_free_later(void* p, void* ctx);
 ch_status cudrv_copy_async(int to_host, void* host, void* dev, size_t bytes, void* stream, void* ctx);
 /* Queue fn(arg) on stream: it runs on a driver thread after the work queued before it, and must not
  * call CUDA. */

@@ -367,8 +367,24 @@ EXPORT int cuMemHostAlloc(void** p, size_t n, unsigned flags) {
   __atomic_fetch_add(&host_allocs, 1, __ATOMIC_RELAXED);
   return 0;
 }
+/* cuMemFreeHost and cuMemFree wait, as the driver's do, until every stream has run everything queued
+ * on it (a stream blocked in a wait blocks the free); FAKE_CUDA_FREE_SYNCS=0: they do not. */
+static void free_syncs(void) {
+  const char* e = getenv("FAKE_CUDA_FREE_SYNCS");
+  if (e && e[0] == '0') return;
+  pthread_mutex_lock(&streams_mu);
+  int n = nstreams;
+  pthread_mutex_unlock(&streams_mu);
+  for (int i = 0; i < n; i++) {
+    struct stream* s = &streams[i];
+    pthread_mutex_lock(&s->mu);
+    while (s->head || s->running) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+  }
+}
 EXPORT int cuMemFreeHost(void* p) {
   if (!ctx_depth) return E_INVALID_CONTEXT;
+  free_syncs();
   free(p);
   __atomic_fetch_sub(&host_allocs, 1, __ATOMIC_RELAXED);
   return 0;
@@ -425,6 +441,7 @@ EXPORT int cuMemAlloc_v2(uintptr_t* d, size_t n) {
 }
 EXPORT int cuMemFree_v2(uintptr_t d) {
   if (!ctx_depth) return E_INVALID_CONTEXT;
+  free_syncs();
   size_t n = 0;
   int fd = drop_range(d, 0, &n);
   if (fd == -2) return E_INVALID_VALUE;
