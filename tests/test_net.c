@@ -159,6 +159,36 @@ TEST_T(net, impostor_rejected, 60) {
   tp_conn_free(&ic);
 }
 
+/* A step header that announces more than the slot, read by the waiting rank (direct reads), goes back
+ * to the proxy, which fails the link: only the proxy walks its records (conn_fail), so the rank thread
+ * must not (it did, racing the proxy's list). */
+TEST_T(net, oversized_step_is_failed_by_the_proxy, 60) {
+  union sock_addr lo;
+  ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
+  unsigned char key[32];
+  memset(key, 7, sizeof(key));
+  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
+  struct conn rc = {0}, sc = {0};
+  struct tp_handle h;
+  rc.peer = 1, sc.peer = 0;
+  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
+  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
+  ASSERT(tp_net_wait_bound(&rc, &rx) == CH_OK);
+  ASSERT(rc.net->slot_bytes < 8192 && rc.net->direct_max >= 8192);
+  tp_net_poll(&rc); /* the rank takes the socket, as a waiting engine does */
+  struct net_step bad = {.bytes = 8192};
+  ASSERT(send(sc.net->fd, &bad, sizeof(bad), MSG_NOSIGNAL) == (ssize_t)sizeof(bad)); /* as a broken sender */
+  for (int i = 0; i < 500 && tp_net_state(&rc) == 0; i++) tp_net_poll(&rc), usleep(2000);
+  EXPECT_EQ(tp_net_state(&rc), 2);
+  EXPECT_EQ(atomic_load(&rc.net->rank_reads), 0); /* handed back: the proxy failed it */
+  EXPECT_EQ(atomic_load(&dummy_err), (int)CH_REMOTE);
+  atomic_store(&dummy_err, 0);
+  tp_conn_free(&sc);
+  tp_conn_free(&rc);
+}
+
 /* Garbage sent to a running job's listener does not disturb it. */
 static void garbage_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;

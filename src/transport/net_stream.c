@@ -190,6 +190,13 @@ static int step_in_hand(const struct net_conn* n) {
   return n->off >= sizeof(n->cur) && n->cur.bytes <= n->slot_bytes && n->off == sizeof(n->cur) + n->cur.bytes;
 }
 
+/* A header read that needs no more bytes to act on (a goodbye, or a step larger than the slot: the
+ * rank hands such a header back), so no epoll edge may come for it either. */
+static int header_in_hand(const struct net_conn* n) {
+  return n->off == sizeof(n->cur) && n->cur.bytes != NET_POISON &&
+         (n->cur.bytes == NET_BYE || n->cur.bytes > n->slot_bytes);
+}
+
 /* Read the stream: bytes carried over first (never beyond them: the next call goes to the socket). */
 static ssize_t net_read(struct net_conn* n, void* dst, size_t len) {
   if (!carry_left(n)) return recv(n->fd, dst, len, MSG_DONTWAIT);
@@ -218,7 +225,7 @@ static int read_ok(struct net_conn* n, int direct, ssize_t r, int* back) {
 static int recv_steps(struct net_conn* n, int direct, int* back) {
   int did = 0;
   const size_t hs = sizeof(n->cur);
-  while (direct || n->rd_ready || carry_left(n) || step_in_hand(n)) {
+  while (direct || n->rd_ready || carry_left(n) || step_in_hand(n) || header_in_hand(n)) {
     if (direct && n->off == 0 && !carry_left(n)) { /* a new step: header and a small payload at once */
       ssize_t r = recv(n->fd, n->carry, sizeof(n->carry), MSG_DONTWAIT);
       if (!read_ok(n, direct, r, back)) break;
@@ -231,7 +238,10 @@ static int recv_steps(struct net_conn* n, int direct, int* back) {
       n->off += (size_t)r;
       if (n->off < hs) continue;
     }
-    if (direct && (n->cur.bytes > n->direct_max || n->cur.bytes == NET_POISON || n->cur.bytes == NET_BYE)) {
+    /* A step larger than the slot goes back too: only the proxy fails a link (conn_fail walks its
+     * list of records). */
+    if (direct && (n->cur.bytes > n->direct_max || n->cur.bytes > n->slot_bytes || n->cur.bytes == NET_POISON ||
+                   n->cur.bytes == NET_BYE)) {
       if (n->cur.bytes > n->direct_max && n->cur.bytes <= n->slot_bytes) n->big = 1;
       *back = 1;
       break;
@@ -326,7 +336,7 @@ int net_progress_recv(struct net_conn* n) {
     }
     n->hup_event = 0;
     did = recv_steps(n, 0, NULL);
-    n->pending = carry_left(n) || step_in_hand(n); /* for can_progress, which holds no busy */
+    n->pending = carry_left(n) || step_in_hand(n) || header_in_hand(n); /* for can_progress (no busy) */
     atomic_store_explicit(&n->busy, 0, memory_order_release);
   }
   return did;
