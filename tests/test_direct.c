@@ -75,6 +75,13 @@ TEST(direct, one_plain_buffer_falls_back_4) {
   rt_run_procs(4, mixed_body, (void*)1);
 }
 
+/* 18 ranks, each with a send and a receive allocation: one call maps 34 peer buffers, more than the
+ * 32 mappings a small communicator keeps; it used to unmap one the call still used (SIGSEGV). */
+TEST_T(direct, one_call_maps_more_buffers_than_32, 120) {
+  direct_everywhere();
+  rt_run_procs(18, mixed_body, NULL);
+}
+
 /* 40 allocations, more than the 32 mappings a rank keeps: old ones are unmapped and remapped. */
 static void many_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;

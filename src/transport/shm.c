@@ -85,7 +85,9 @@ ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const s
 
 /* ---- peer allocations (direct algorithms) ---- */
 
-#define MAP_CACHE_SLOTS 32
+/* At least this many mappings are kept; and always more than one call maps (a send and a receive
+ * buffer per peer), so the least recently used entry is never one the call still uses. */
+#define MAP_CACHE_MIN_SLOTS 32
 
 struct tp_map_entry {
   int rank;
@@ -97,7 +99,8 @@ struct tp_map_entry {
 };
 /* Owned by one communicator; used by the thread running its plans, one at a time. */
 struct tp_map_cache {
-  struct tp_map_entry e[MAP_CACHE_SLOTS];
+  struct tp_map_entry* e; /* [nslots] */
+  int nslots;
   uint64_t clock;
   int nranks;
   uint64_t nonces[]; /* [nranks] each rank's process nonce: names its descriptor server */
@@ -107,14 +110,20 @@ struct tp_map_cache* tp_map_cache_new(int nranks, const uint64_t* nonces) {
   struct tp_map_cache* mc = calloc(1, sizeof(*mc) + sizeof(uint64_t) * (size_t)nranks);
   if (!mc) return NULL;
   mc->nranks = nranks;
+  mc->nslots = nranks * 2 + 1 > MAP_CACHE_MIN_SLOTS ? nranks * 2 + 1 : MAP_CACHE_MIN_SLOTS;
+  if (!(mc->e = calloc((size_t)mc->nslots, sizeof(*mc->e)))) {
+    free(mc);
+    return NULL;
+  }
   memcpy(mc->nonces, nonces, sizeof(uint64_t) * (size_t)nranks);
   return mc;
 }
 
 void tp_map_cache_free(struct tp_map_cache* mc) {
   if (!mc) return;
-  for (int i = 0; i < MAP_CACHE_SLOTS; i++)
+  for (int i = 0; i < mc->nslots; i++)
     if (mc->e[i].base) munmap(mc->e[i].base, mc->e[i].bytes);
+  free(mc->e);
   free(mc);
 }
 
@@ -125,7 +134,7 @@ char* tp_map_peer(struct tp_map_cache* mc, int rank, uint64_t token, size_t user
   }
   struct tp_map_entry* victim = &mc->e[0];
   mc->clock++;
-  for (int i = 0; i < MAP_CACHE_SLOTS; i++) {
+  for (int i = 0; i < mc->nslots; i++) {
     struct tp_map_entry* e = &mc->e[i];
     if (e->base && e->rank == rank && e->token == token && e->user == user_bytes) {
       e->used = mc->clock;
