@@ -28,3 +28,25 @@ TYPES_PROCS(2, 60)
 TYPES_PROCS(3, 60)
 TYPES_PROCS(5, 90)
 TYPES_PROCS(8, 120)
+
+/* PreMulSum op numbers are each rank's own: rank 0 made another op first, so the same call carries
+ * number 6 there and 5 on rank 1. Through FIFOs (Direct off) this was taken for a mismatch. */
+static void premul_numbers_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float two = 2, three = 3, buf[64];
+  ncclRedOp_t extra, op;
+  if (rank == 0) NCCL_OK(ncclRedOpCreatePreMulSum(&extra, &three, ncclFloat32, ncclScalarHostImmediate, comm));
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &two, ncclFloat32, ncclScalarHostImmediate, comm));
+  for (int i = 0; i < 64; i++) buf[i] = (float)(rank + 1);
+  NCCL_OK(ncclAllReduce(buf, buf, 64, ncclFloat32, op, comm, NULL));
+  for (int i = 0; i < 64; i++) EXPECT(buf[i] == (float)(nranks * (nranks + 1)));
+  NCCL_OK(ncclRedOpDestroy(op, comm));
+  if (rank == 0) NCCL_OK(ncclRedOpDestroy(extra, comm));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST_T(coll_types, premulsum_numbers_differ_across_ranks, 60) {
+  setenv("CHORUS_DIRECT_MIN_BYTES", "-1", 1);
+  rt_run_both(3, premul_numbers_body, NULL);
+}

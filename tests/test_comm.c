@@ -54,6 +54,43 @@ TEST_T(comm, init_all, 30) {
   for (int i = 0; i < 3; i++) NCCL_OK(ncclCommDestroy(comms[i]));
 }
 
+/* Nonblocking comms (NCCL_COMM_BLOCKING=0): ncclCommInitAll returns while they initialise, and they
+ * become usable (it used to take ncclInProgress for a failure and free them under their init threads). */
+TEST_T(comm, init_all_nonblocking, 30) {
+  setenv("NCCL_COMM_BLOCKING", "0", 1);
+  param_reset();
+  ncclComm_t comms[3] = {NULL, NULL, NULL};
+  ncclResult_t r = ncclCommInitAll(comms, 3, NULL);
+  EXPECT(r == ncclSuccess || r == ncclInProgress);
+  for (int i = 0; i < 3; i++) {
+    ASSERT(comms[i] != NULL);
+    ncclResult_t st = ncclInProgress;
+    for (int k = 0; k < 2000 && st == ncclInProgress; k++) {
+      NCCL_OK(ncclCommGetAsyncError(comms[i], &st));
+      if (st == ncclInProgress) usleep(5000);
+    }
+    EXPECT_EQ(st, ncclSuccess);
+    check_comm(comms[i], i, 3);
+  }
+  for (int i = 0; i < 3; i++) NCCL_OK(ncclCommDestroy(comms[i]));
+}
+
+/* An init that a group refuses (more than it holds) hands back no communicator, and the group's
+ * other inits can still be aborted before it ends (a handle stuck "in progress" hung both). */
+TEST_T(comm, init_refused_by_a_full_group_gives_no_handle, 60) {
+  enum { MAX = 1024 };
+  static ncclComm_t c[MAX];
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  NCCL_OK(ncclGroupStart());
+  for (int i = 0; i < MAX; i++) NCCL_OK(ncclCommInitRank(&c[i], 2, id, 0));
+  ncclComm_t extra = (ncclComm_t)&extra;
+  EXPECT_EQ(ncclCommInitRank(&extra, 2, id, 0), ncclInvalidUsage);
+  EXPECT(extra == NULL);
+  for (int i = 0; i < MAX; i++) NCCL_OK(ncclCommAbort(c[i])); /* cancels the deferred inits */
+  EXPECT(ncclGroupEnd() != ncclInProgress);
+}
+
 /* Waits up to 2 s for lingering helper threads/sockets of the last job to go; returns when both counts
  * are back at or below the baseline, so one slow exit does not look like a leak. */
 static void settle(int fds0, int threads0, int* fds, int* threads) {

@@ -75,7 +75,7 @@ static const char* type_name(uint32_t t) {
 
 static const char* op_name(uint32_t op) {
   static const char* names[] = {"sum", "prod", "max", "min", "avg"};
-  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "premulsum or user-defined op";
+  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "premulsum";
 }
 
 /* Calls as messages name them (header fields come from peers: every one is bounded here):

@@ -113,8 +113,17 @@ static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueI
    * because that thread reads it concurrently. */
   __atomic_store_n(newcomm, comm, __ATOMIC_RELEASE);
   if (group_depth() > 0) {
+    s = group_defer_init(comm); /* WARNs when refused */
+    if (s != CH_OK) { /* never to run: the caller gets no handle to a comm stuck in progress */
+      __atomic_store_n(newcomm, NULL, __ATOMIC_RELEASE);
+      atomic_store(&comm->init_state, (int)ch_to_nccl(s));
+      if (!__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
+        comm_free(comm);
+        return ch_to_nccl(s);
+      }
+    }
     atomic_store(&comm->init_caller, 0);
-    return ch_to_nccl(group_defer_init(comm));
+    return ch_to_nccl(s);
   }
   group_start();
   group_defer_init(comm);
@@ -152,16 +161,19 @@ CH_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* de
   ncclResult_t r = ncclGetUniqueId(&id);
   if (r != ncclSuccess) return r;
   group_start();
+  int made = 0; /* comms[0..made) are ours: the rest of the caller's array is left alone */
   for (int i = 0; i < ndev; i++) {
     r = init_rank(&comms[i], ndev, &id, i, NULL, "ncclCommInitAll");
     if (r != ncclSuccess) break;
+    made = i + 1;
     if (devlist && comms[i]->cuda_ctx) comms[i]->cuda_ctx = cudev_device_ctx(devlist[i]);
   }
   ch_status s = group_end();
   if (r == ncclSuccess) r = ch_to_nccl(s);
-  if (r != ncclSuccess) {
-    for (int i = 0; i < ndev; i++) {
-      if (comms[i]) comm_free(comms[i]);
+  if (r != ncclSuccess && r != ncclInProgress) { /* InProgress: nonblocking comms, still initialising */
+    /* Abort, not free: a nonblocking comm's init thread may be running (abort joins it). */
+    for (int i = 0; i < made; i++) {
+      if (comms[i]) ncclCommAbort(comms[i]);
       comms[i] = NULL;
     }
   }

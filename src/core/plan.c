@@ -113,9 +113,12 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
   op->ctx.scratch = comm->scratch;
   /* hdr.seq is filled when the plan starts (plan_start): a call counts only once it runs. A send and
    * its recv describe the same thing, the call that made them (see struct xfer_hdr). */
+  /* A PreMulSum op's number is this rank's own (ranks create and destroy them in their own order):
+   * every such op describes the call alike, as Direct's slots do. */
+  uint32_t op_id = t->op >= ncclNumOps ? (uint32_t)ncclNumOps : (uint32_t)t->op;
   if (is_coll(t->func))
-    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
-                                    (uint32_t)t->op, t->root};
+    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count, op_id,
+                                    t->root};
   else
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)(t->origin ? t->origin : FUNC_SENDRECV),
                                     (uint32_t)t->type, t->count, 0, t->origin ? t->origin_root : -1};
