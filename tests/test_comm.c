@@ -38,6 +38,12 @@ TEST_T(comm, init_destroy_1, 30) { rt_run_both(1, init_destroy_body, NULL); }
 TEST_T(comm, init_destroy_2, 30) { rt_run_both(2, init_destroy_body, NULL); }
 TEST_T(comm, init_destroy_4, 30) { rt_run_both(4, init_destroy_body, NULL); }
 TEST_T(comm, init_destroy_8, 60) { rt_run_both(8, init_destroy_body, NULL); }
+/* CHORUS_INIT_TIMEOUT=0 is no limit, as CHORUS_TIMEOUT=0 is (it made every init time out at once). */
+TEST_T(comm, init_timeout_0_is_no_limit, 30) {
+  setenv("CHORUS_INIT_TIMEOUT", "0", 1);
+  param_reset();
+  rt_run_both(2, init_destroy_body, NULL);
+}
 
 TEST_T(comm, init_all, 30) {
   ncclComm_t comms[4] = {NULL, NULL, NULL, NULL};

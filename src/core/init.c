@@ -409,7 +409,8 @@ ch_status comm_init_job(struct ncclComm* comm) {
   log_set_thread_rank(comm->rank);
   struct log_err_sink* prev_sink = log_set_error_sink(&comm->last_error);
   stall_install_signal();
-  uint64_t deadline = ut_now_ns() + (uint64_t)param_int(PARAM_INIT_TIMEOUT) * 1000000000ull;
+  int64_t init_s = param_int(PARAM_INIT_TIMEOUT); /* 0 or less: no deadline, as the root reads it */
+  uint64_t deadline = init_s > 0 ? ut_now_ns() + (uint64_t)init_s * 1000000000ull : 0;
   uint64_t t0 = ut_now_ns();
   ch_status res = CH_OK;
   if (!comm->boot) { /* split comms arrive with their bootstrap and peers already made */

@@ -26,6 +26,14 @@ static int by_key(const void* a, const void* b) {
  * this rank is child rank me and owns *lsock until it passes to the child's bootstrap. */
 static ch_status build_child(struct ncclComm* parent, const int* prank, const union sock_addr* addrs, int m, int me,
                              uint64_t salt, struct sock* lsock, const ncclConfig_t* cfg, struct ncclComm** out) {
+  for (int i = 0; i < m; i++) { /* from the wire: an address the child's bootstrap can use, or nothing */
+    int fam = addrs[i].sa.sa_family;
+    if ((fam != AF_INET && fam != AF_INET6) || sock_addr_port(&addrs[i]) == 0) {
+      WARN("rank %d (parent rank %d) sent no usable listen address for the new communicator (family %d): not "
+           "made", i, prank[i], fam);
+      return CH_REMOTE;
+    }
+  }
   struct ncclComm* comm = NULL;
   ch_status res = comm_alloc(&comm, m, me, cfg);
   if (res != CH_OK) return res;
@@ -65,6 +73,7 @@ ch_status comm_split(struct ncclComm* parent, int color, int key, struct ncclCom
   CHECK_GOTO(boot_new_listener(parent->boot, &lsock), res, done);
   all[parent->rank] = (struct split_info){color, key, parent->rank, 0, lsock.addr};
   CHECK_GOTO(boot_allgather(parent->boot, all, sizeof(*all)), res, done);
+  for (int r = 0; r < n; r++) all[r].prank = r; /* the slot says who sent it, not the wire */
   parent->nsplits++;
   if (color == NCCL_SPLIT_NOCOLOR) goto done;
 

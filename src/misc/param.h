@@ -51,7 +51,7 @@
   X(SHM_DISABLE, "NCCL_SHM_DISABLE", P_INT, 0, "", "1 = never use shared memory between processes") \
   X(COMM_BLOCKING, "NCCL_COMM_BLOCKING", P_INT, -1, "", "0 = nonblocking communicators (-1 = config)") \
   X(INIT_TIMEOUT, "CHORUS_INIT_TIMEOUT", P_INT, 120, "",                                           \
-    "seconds a rank waits for all ranks to join at init before reporting who is missing")          \
+    "seconds a rank waits for all ranks to join at init before reporting who is missing (0: no limit)") \
   X(TIMEOUT, "CHORUS_TIMEOUT", P_INT, 1800, "",                                                    \
     "seconds a call may wait without any progress before it fails with ncclTimeout and reports what it waits for (0 = never)") \
   X(DUMP_SIGNAL, "CHORUS_DUMP_SIGNAL", P_STR, 0, "",                                              \
