@@ -189,6 +189,38 @@ TEST_T(net, oversized_step_is_failed_by_the_proxy, 60) {
   tp_conn_free(&rc);
 }
 
+/* A fork child that inherits communicators over the network: using one is refused (its threads and
+ * sockets are the parent's), destroying or aborting one only lets go (it waited for ever for a proxy
+ * thread the child does not have); the parent's comms go on. Not in a TSan suite: a fork after threads. */
+TEST_T(net, fork_child_lets_inherited_comms_go, 60) {
+  force_net();
+  ncclComm_t comms[2];
+  NCCL_OK(ncclCommInitAll(comms, 2, NULL));
+  float v[2] = {1, 2};
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclAllReduce(&v[r], &v[r], 1, ncclFloat32, ncclSum, comms[r], NULL));
+  NCCL_OK(ncclGroupEnd());
+  EXPECT(v[0] == 3.0f && v[1] == 3.0f);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    alarm(20);
+    float x = 1;
+    int bad = ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, comms[0], NULL) != ncclInvalidUsage;
+    bad |= ncclCommDestroy(comms[0]) != ncclSuccess;
+    bad |= ncclCommAbort(comms[1]) != ncclSuccess;
+    _exit(bad);
+  }
+  int st = 0;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclAllReduce(&v[r], &v[r], 1, ncclFloat32, ncclSum, comms[r], NULL));
+  NCCL_OK(ncclGroupEnd());
+  EXPECT(v[0] == 6.0f && v[1] == 6.0f);
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
+}
+
 /* Garbage sent to a running job's listener does not disturb it. */
 static void garbage_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;

@@ -1,6 +1,7 @@
 /* NCCL API: versions, errors, unique ids and communicator lifecycle. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../cuda/cudrv.h"
 #include "chorus.h"
@@ -222,8 +223,18 @@ CH_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
   return ch_to_nccl(s);
 }
 
+/* A comm inherited through fork: its threads and sockets are the parent's, so tearing it down would
+ * wait for threads that do not exist here (it hung) or close what the parent still uses. Let go. */
+static int let_go_inherited(ncclComm_t comm, const char* fn) {
+  if (!comm_inherited(comm)) return 0;
+  INFO(LOG_INIT, "%s: communicator %p belongs to process %d (this one, %d, is its fork): left to it, not torn down",
+       fn, (void*)comm, comm->pid, (int)getpid());
+  return 1;
+}
+
 CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
   if (comm == NULL) return ncclSuccess; /* as NCCL: destroying NULL is a no-op */
+  if (let_go_inherited(comm, "ncclCommDestroy")) return ncclSuccess;
   ch_status s = comm_check(comm, "ncclCommDestroy");
   if (s != CH_OK) return ch_to_nccl(s);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
@@ -240,6 +251,7 @@ CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
 
 CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (comm == NULL) return ncclSuccess;
+  if (let_go_inherited(comm, "ncclCommAbort")) return ncclSuccess;
   ch_status s = comm_check(comm, "ncclCommAbort");
   if (s != CH_OK) return ch_to_nccl(s);
   if (__atomic_exchange_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST)) {

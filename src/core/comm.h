@@ -44,6 +44,10 @@ struct tune_model; /* tune.h */
 
 struct ncclComm {
   uint64_t magic;
+  /* The process that made it (set at alloc, read-only): a fork child that inherits the comm has none
+   * of its threads, so it may not use it, and destroying it there only lets go (comm_inherited). */
+  uint64_t proc_nonce;
+  int pid;
   int rank, nranks;
   int local_rank, local_nranks; /* among ranks on this host */
   int nnodes;
@@ -156,8 +160,11 @@ struct ncclComm {
   struct gpu_comm* gpu;
 };
 
-/* Validate a handle passed by the user; WARNs and returns CH_INVALID_ARG if bad. */
+/* Validate a handle passed by the user; WARNs and returns CH_INVALID_ARG if bad, CH_INVALID_USAGE in
+ * a fork child that inherited it. */
 ch_status comm_check(const struct ncclComm* comm, const char* fn);
+/* A valid handle made by the process this one forked from (no WARN). */
+int comm_inherited(const struct ncclComm* comm);
 /* Wait until a nonblocking init has finished; returns its result. */
 ch_status comm_ensure_ready(struct ncclComm* comm);
 void comm_set_async_error(struct ncclComm* comm, ch_status s);

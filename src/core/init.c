@@ -30,7 +30,17 @@ ch_status comm_check(const struct ncclComm* comm, const char* fn) {
     WARN("%s: comm %p is not a valid communicator (destroyed, or never initialised)", fn, (const void*)comm);
     return CH_INVALID_ARG;
   }
+  if (comm->proc_nonce != ut_proc_nonce()) {
+    WARN("%s: communicator %p was made by process %d, which forked this one (pid %d): a forked child cannot "
+         "use it (its threads and connections stayed with the parent; NCCL's cannot either): make a "
+         "communicator in the child", fn, (const void*)comm, comm->pid, (int)getpid());
+    return CH_INVALID_USAGE;
+  }
   return CH_OK;
+}
+
+int comm_inherited(const struct ncclComm* comm) {
+  return comm && comm->magic == CH_COMM_MAGIC && comm->proc_nonce != ut_proc_nonce();
 }
 
 /* The comm this thread entered last (owner thread only): a nested enter of it costs no atomic. */
@@ -143,6 +153,8 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
     return CH_SYSTEM;
   }
   comm->magic = CH_COMM_MAGIC;
+  comm->proc_nonce = ut_proc_nonce();
+  comm->pid = (int)getpid();
   atomic_init(&comm->refs, 1);
   atomic_init(&comm->init_gate, 1); /* begun, unless deferred to a group's end (group_defer_init) */
   comm->nranks = nranks;
