@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -219,6 +221,40 @@ TEST_T(net, fork_child_lets_inherited_comms_go, 60) {
   NCCL_OK(ncclGroupEnd());
   EXPECT(v[0] == 6.0f && v[1] == 6.0f);
   for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
+}
+
+/* The proxy runs out of descriptors as a sender's connection arrives (accept4: EMFILE): it tries again
+ * shortly and says why. The listener is edge-triggered, so the connection used to wait in the backlog
+ * until another one arrived, and its receiver timed out blaming the sender. */
+TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
+  union sock_addr lo;
+  ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
+  unsigned char key[32];
+  memset(key, 7, sizeof(key));
+  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
+  struct conn rc = {0}, sc = {0};
+  struct tp_handle h;
+  rc.peer = 1, sc.peer = 0;
+  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
+  usleep(100000); /* the proxy sleeps in epoll_wait */
+  struct rlimit rl = {256, 256};
+  ASSERT(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+  static int fill[300];
+  int nf = 0, fd;
+  while (nf < 300 && (fd = open("/dev/null", O_RDONLY)) >= 0) fill[nf++] = fd;
+  ASSERT(nf > 0);
+  close(fill[--nf]); /* one left: the sender's socket takes it, the proxy's accept finds none */
+  EXPECT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
+  usleep(200000);
+  while (nf) close(fill[--nf]);
+  uint64_t t0 = now_ns();
+  while (atomic_load(&rc.net->state) != NET_BOUND && now_ns() - t0 < 3000000000ull) usleep(10000);
+  EXPECT_EQ(atomic_load(&rc.net->state), NET_BOUND);
+  tp_conn_free(&sc);
+  tp_conn_free(&rc);
+  atomic_store(&dummy_err, 0);
 }
 
 /* Garbage sent to a running job's listener does not disturb it. */

@@ -82,6 +82,8 @@ static _Atomic int px_evfd = -1;  /* eventfd: any thread may write it */
 static _Atomic int px_changes;    /* incoming or closing records wait in sync_lists */
 static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
 static int accept_blocked;        /* proxy (reset before it starts): accepts wait in the backlog */
+static uint64_t accept_retry_at;  /* proxy: when a blocked accept is tried again (0: once a slot frees) */
+static int accept_warned;         /* proxy: said why accepts wait (out of descriptors); 0 after one succeeds */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
 
 void net_sockopts(int fd) {
@@ -289,7 +291,7 @@ static void read_hello(struct pending* p) {
 static void accept_all(void) {
   for (;;) {
     if (px.nacc >= MAX_ACCEPTS) { /* leave the rest in the kernel's backlog until a slot frees */
-      accept_blocked = 1;
+      accept_blocked = 1, accept_retry_at = 0;
       return;
     }
     union sock_addr ra;
@@ -297,9 +299,19 @@ static void accept_all(void) {
     memset(&ra, 0, sizeof(ra));
     int fd = accept4(px.listener.fd, &ra.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      return; /* EAGAIN, or a transient error: the next edge retries */
+      int e = errno;
+      if (e == EINTR || e == ECONNABORTED) continue;
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        /* The connection stays in the backlog, and the listener is edge-triggered: no new edge will
+         * come for it, so try again shortly rather than on the next connection. */
+        if (!accept_warned)
+          WARN("net listener: cannot accept a peer's connection: %s (trying again every 100 ms; raise the "
+               "descriptor limit, ulimit -n, if this lasts)", strerror(e));
+        accept_warned = 1, accept_blocked = 1, accept_retry_at = ut_now_ns() + 100000000ull;
+      }
+      return; /* EAGAIN: the next edge */
     }
+    accept_warned = 0;
     struct pending* p = NULL;
     for (int i = 0; i < MAX_ACCEPTS && !p; i++)
       if (px.acc[i].fd < 0) p = &px.acc[i];
@@ -446,7 +458,7 @@ static void* proxy_main(void* arg) {
   for (;;) {
     if (atomic_load_explicit(&px_changes, memory_order_acquire) && sync_lists()) break;
     if (px.nacc) expire_accepts();
-    if (accept_blocked && px.nacc < MAX_ACCEPTS) {
+    if (accept_blocked && px.nacc < MAX_ACCEPTS && (!accept_retry_at || ut_now_ns() >= accept_retry_at)) {
       accept_blocked = 0;
       accept_all();
     }
@@ -465,7 +477,7 @@ static void* proxy_main(void* arg) {
     set_sleeping(TP_SLEEP_PROXY);
     atomic_thread_fence(memory_order_seq_cst); /* pairs with tp_wake's fence */
     if (!atomic_load(&px_changes) && !can_progress()) {
-      ne = epoll_wait(px.epfd, ev, 64, px.nacc ? 200 : -1);
+      ne = epoll_wait(px.epfd, ev, 64, accept_blocked ? 100 : px.nacc ? 200 : -1);
       set_sleeping(0);
       handle_events(ev, ne > 0 ? ne : 0);
     } else {
@@ -503,7 +515,7 @@ ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union 
   if (px.state == PX_NONE) {
     for (int i = 0; i < MAX_ACCEPTS; i++) px.acc[i].fd = -1;
     px.nacc = 0;
-    accept_blocked = 0;
+    accept_blocked = 0, accept_retry_at = 0, accept_warned = 0;
     s = ensure_epoll();
     union sock_addr a = *hint;
     if (a.sa.sa_family == AF_INET6) a.sin6.sin6_port = 0;
