@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "chorus.h"
+#include "misc/param.h"
 #include "coll_util.h"
 #include "runner.h"
 
@@ -198,6 +199,51 @@ TEST_T(coll_p2p, mixed_group, 90) {
   rt_run_both(3, mixed_group_body, NULL);
   rt_run_threads(5, mixed_group_body, NULL);
   rt_run_threads(1, mixed_group_body, NULL);
+}
+
+/* The mixed group with each peer algorithm forced (RecDbl, Rabenseifner, Tree run beside the group's
+ * sends and receives, on FIFOs of their own), on 3 and 5 ranks. */
+TEST_T(coll_p2p, mixed_group_peer_algos, 180) {
+  static const char* algos[] = {"allreduce:recdbl", "allreduce:rabenseifner", "allreduce:tree;broadcast:tree;reduce:tree"};
+  for (int a = 0; a < 3; a++) {
+    setenv("NCCL_ALGO", algos[a], 1);
+    setenv("CHORUS_DIRECT_MIN_BYTES", "-1", 1);
+    param_reset();
+    rt_run_both(3, mixed_group_body, NULL);
+    rt_run_threads(5, mixed_group_body, NULL);
+  }
+}
+
+/* Ranks 0 and 1 group an AllReduce with a send between them; rank 2 calls it alone. Each rank chooses
+ * the algorithm alike (RecDbl here): ranks whose group had sends and receives used to switch to Ring
+ * on their own, and all waited for each other until CHORUS_TIMEOUT. */
+static void lone_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  float buf[8], p2p[8];
+  for (int rep = 0; rep < 3; rep++) {
+    for (int i = 0; i < 8; i++) buf[i] = (float)(rank + 1 + rep), p2p[i] = (float)(rank * 10 + i);
+    if (rank < 2) {
+      NCCL_OK(ncclGroupStart());
+      NCCL_OK(ncclAllReduce(buf, buf, 8, ncclFloat32, ncclSum, comm, NULL));
+      if (rank == 0) NCCL_OK(ncclSend(p2p, 8, ncclFloat32, 1, comm, NULL));
+      else NCCL_OK(ncclRecv(p2p, 8, ncclFloat32, 0, comm, NULL));
+      NCCL_OK(ncclGroupEnd());
+    } else {
+      NCCL_OK(ncclAllReduce(buf, buf, 8, ncclFloat32, ncclSum, comm, NULL));
+    }
+    for (int i = 0; i < 8; i++) EXPECT(buf[i] == (float)(nranks * (nranks + 1) / 2 + nranks * rep));
+    if (rank == 1)
+      for (int i = 0; i < 8; i++) EXPECT(p2p[i] == (float)i);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST_T(coll_p2p, group_with_sends_on_some_ranks_only, 60) {
+  setenv("NCCL_ALGO", "allreduce:recdbl", 1);
+  setenv("CHORUS_DIRECT_MIN_BYTES", "-1", 1);
+  setenv("CHORUS_TIMEOUT", "20", 1);
+  param_reset();
+  rt_run_both(3, lone_peer_body, NULL);
 }
 
 TEST_T(coll_p2p, nested_groups, 90) {

@@ -306,3 +306,38 @@ TEST_T(safety, abort_of_a_deferred_init, 30) {
   EXPECT(ab.took_ms < 2000);
   EXPECT(ncclGroupEnd() != ncclSuccess);
 }
+
+/* A call on comm X queued on a host stream behind comm Y's call, which waits for a peer that never
+ * calls: ncclCommAbort(X) returns at once (it waited for Y's call to time out), X's call ends aborted,
+ * and the stream goes on once Y is aborted too. */
+static ncclComm_t q_y[2];
+static float q_a[2][1024];
+static void* q_warm(void* p) {
+  int r = (int)(intptr_t)p;
+  NCCL_OK(ncclAllReduce(q_a[r], q_a[r], 1024, ncclFloat32, ncclSum, q_y[r], NULL));
+  return NULL;
+}
+TEST_T(safety, abort_of_a_call_queued_behind_a_stuck_one, 60) {
+  setenv("CHORUS_TIMEOUT", "40", 1);
+  ncclComm_t x;
+  NCCL_OK(ncclCommInitAll(q_y, 2, NULL));
+  NCCL_OK(ncclCommInitAll(&x, 1, NULL));
+  pthread_t t[2];
+  for (intptr_t i = 0; i < 2; i++) ASSERT(pthread_create(&t[i], NULL, q_warm, (void*)i) == 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  cudaStream_t s;
+  NCCL_OK(chorusStreamCreate(&s));
+  static float b[1024];
+  NCCL_OK(ncclAllReduce(q_a[0], q_a[0], 1024, ncclFloat32, ncclSum, q_y[0], s)); /* rank 1 never calls */
+  NCCL_OK(ncclAllReduce(b, b, 1024, ncclFloat32, ncclSum, x, s));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  NCCL_OK(ncclCommAbort(x));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  EXPECT(took < 2.0);
+  NCCL_OK(ncclCommAbort(q_y[0]));
+  EXPECT(chorusStreamSynchronize(s) != ncclSuccess); /* both calls ended aborted */
+  NCCL_OK(chorusStreamDestroy(s));
+  NCCL_OK(ncclCommDestroy(q_y[1]));
+}

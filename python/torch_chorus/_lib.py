@@ -32,6 +32,17 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * NCCL_UNIQUE_ID_BYTES)]
 
 
+class Config(ctypes.Structure):
+    """The head of ncclConfig_t: the library takes a shorter struct from older headers and keeps its
+    defaults for the fields it lacks."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", ctypes.c_int)]
+
+    def __init__(self, blocking):
+        super().__init__(ctypes.sizeof(Config), 0xCAFEBEEF, 22809, blocking)  # NCCL_VERSION(2, 28, 9)
+
+
 _P = ctypes.c_void_p
 _I = ctypes.c_int
 _Z = ctypes.c_size_t
@@ -42,6 +53,7 @@ _PROTOS = {
     "chorusGetVersion": [ctypes.POINTER(_I)],
     "ncclGetUniqueId": [ctypes.POINTER(UniqueId)],
     "ncclCommInitRank": [ctypes.POINTER(_P), _I, UniqueId, _I],
+    "ncclCommInitRankConfig": [ctypes.POINTER(_P), _I, UniqueId, _I, ctypes.POINTER(Config)],
     "ncclCommDestroy": [_P],
     "ncclCommAbort": [_P],
     "ncclCommGetAsyncError": [_P, ctypes.POINTER(_I)],

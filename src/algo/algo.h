@@ -125,8 +125,8 @@ struct ch_op {
 };
 
 /* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Rabenseifner, Tree) name the
- * peer of each step (prim.peers) and use the per-peer connections (the ones send/recv use): one
- * channel, and never in a group with send/recv on the same communicator (plan.c), so that the order
+ * peer of each step (prim.peers) and use per-peer connections of their own (comm->apeer, not the ones
+ * send/recv use, whose lanes run in no fixed order with a collective): one channel, so that the order
  * of steps on a connection is the same at both ends. Their peers are connected with the rings
  * (algo_peer_set): ranks whose calls differ never wait for each other in connection setup. */
 int algo_uses_peers(int algo);

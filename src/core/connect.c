@@ -9,6 +9,17 @@
 #define TAG_RING (BOOT_TAG_CONNECT)
 #define TAG_P2P (BOOT_TAG_CONNECT + CH_MAX_CHANNELS)
 #define TAG_ACK (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 1)
+#define TAG_APEER (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 2)
+
+/* The per-peer connection sets: 0, sends and receives (need[0..n)); 1, the peers of RecDbl,
+ * Rabenseifner and Tree (need[n+1..2n+1), marked with the rings). Apart, so that a group's sends and
+ * receives, whose lanes run in no fixed order with a collective, never share a FIFO with its steps;
+ * every phase walks set 1 before set 0, so both ends agree on the order of their messages. */
+static struct ch_p2p* peer_set(struct ncclComm* comm, int set) { return set ? comm->apeer : comm->p2p; }
+static const char* set_need(const struct ncclComm* comm, const char* need, int set) {
+  return set ? need + comm->nranks + 1 : need;
+}
+static int set_tag(int set) { return set ? TAG_APEER : TAG_P2P; }
 
 static void tp_ctx_of(struct ncclComm* comm, int peer, struct tp_ctx* x) {
   const struct boot_key* key = boot_secret(comm->boot);
@@ -186,13 +197,17 @@ static ch_status phase_recv(struct ncclComm* comm, const char* need_send, const 
     tp_conn_free(&ch->recv); /* the sender expects a new offer for every channel */
     CHECK(offer(comm, &comm->sizes, &ch->recv, ch->prev, TAG_RING + c, st));
   }
-  for (int p = 0; p < n; p++) {
-    if (p == comm->rank) {
-      if (*st == CH_OK && (need_send[p] || need_recv[p])) *st = connect_self(comm);
-      continue;
+  for (int set = 1; set >= 0; set--) {
+    struct ch_p2p* ps = peer_set(comm, set);
+    const char *ns = set_need(comm, need_send, set), *nr = set_need(comm, need_recv, set);
+    for (int p = 0; p < n; p++) {
+      if (p == comm->rank) {
+        if (!set && *st == CH_OK && (ns[p] || nr[p])) *st = connect_self(comm);
+        continue;
+      }
+      if (!nr[p] || ps[p].recv.connected) continue;
+      CHECK(offer(comm, &comm->p2p_sizes, &ps[p].recv, p, set_tag(set), st));
     }
-    if (!need_recv[p] || comm->p2p[p].recv.connected) continue;
-    CHECK(offer(comm, &comm->p2p_sizes, &comm->p2p[p].recv, p, TAG_P2P, st));
   }
   return CH_OK;
 }
@@ -208,11 +223,16 @@ static ch_status phase_send(struct ncclComm* comm, const char* need_send, int ri
     INFO(LOG_INIT, "rank %d: %d ring channel(s) connected, prev %d via %s, next %d via %s", comm->rank,
          comm->nchannels, comm->channels[0].prev, tp_name(comm->peer_tp[comm->channels[0].prev]),
          comm->channels[0].next, tp_name(comm->peer_tp[comm->channels[0].next]));
-  for (int p = 0; p < comm->nranks; p++) {
-    if (p == comm->rank || !need_send[p] || comm->p2p[p].send.connected) continue;
-    CHECK(attach(comm, &comm->p2p_sizes, &comm->p2p[p].send, p, TAG_P2P, st));
-    if (comm->p2p[p].send.connected)
-      INFO(LOG_P2P, "rank %d -> rank %d connected via %s", comm->rank, p, tp_name(comm->peer_tp[p]));
+  for (int set = 1; set >= 0; set--) {
+    struct ch_p2p* ps = peer_set(comm, set);
+    const char* ns = set_need(comm, need_send, set);
+    for (int p = 0; p < comm->nranks; p++) {
+      if (p == comm->rank || !ns[p] || ps[p].send.connected) continue;
+      CHECK(attach(comm, &comm->p2p_sizes, &ps[p].send, p, set_tag(set), st));
+      if (ps[p].send.connected)
+        INFO(LOG_P2P, "rank %d -> rank %d connected via %s%s", comm->rank, p, tp_name(comm->peer_tp[p]),
+             set ? " (for RecDbl, Rabenseifner, Tree)" : "");
+    }
   }
   return CH_OK;
 }
@@ -226,10 +246,14 @@ static ch_status phase_ack(struct ncclComm* comm, const char* need_recv, int rin
     all &= ok;
   }
   if (rings && all && *st == CH_OK) comm->rings_connected = 1;
-  for (int p = 0; p < comm->nranks; p++) {
-    if (p == comm->rank || !need_recv[p] || comm->p2p[p].recv_acked) continue;
-    CHECK(take_ack(comm, p, &comm->p2p[p].recv, st, &ok));
-    comm->p2p[p].recv_acked = ok;
+  for (int set = 1; set >= 0; set--) {
+    struct ch_p2p* ps = peer_set(comm, set);
+    const char* nr = set_need(comm, need_recv, set);
+    for (int p = 0; p < comm->nranks; p++) {
+      if (p == comm->rank || !nr[p] || ps[p].recv_acked) continue;
+      CHECK(take_ack(comm, p, &ps[p].recv, st, &ok));
+      ps[p].recv_acked = ok;
+    }
   }
   return CH_OK;
 }
@@ -241,8 +265,9 @@ static void drop_incomplete(struct ncclComm* comm, int rings) {
     tp_conn_free(&comm->channels[c].send);
     tp_conn_free(&comm->channels[c].recv);
   }
-  for (int p = 0; p < comm->nranks; p++)
-    if (p != comm->rank && !comm->p2p[p].recv_acked) tp_conn_free(&comm->p2p[p].recv);
+  for (int set = 0; set < 2; set++)
+    for (int p = 0; p < comm->nranks; p++)
+      if (p != comm->rank && !peer_set(comm, set)[p].recv_acked) tp_conn_free(&peer_set(comm, set)[p].recv);
 }
 
 /* Each communicator goes through all three phases even when its own part failed (so its peers get
@@ -288,11 +313,12 @@ void comm_free_connections(struct ncclComm* comm) {
     tp_conn_free(&comm->channels[c].send);
     tp_conn_free(&comm->channels[c].recv);
   }
-  if (comm->p2p) {
-    for (int p = 0; p < comm->nranks; p++) {
+  for (int set = 0; set < 2; set++) {
+    struct ch_p2p* ps = peer_set(comm, set);
+    for (int p = 0; ps && p < comm->nranks; p++) {
       /* self: send and recv share one FIFO owned by recv */
-      tp_conn_free(&comm->p2p[p].send);
-      tp_conn_free(&comm->p2p[p].recv);
+      tp_conn_free(&ps[p].send);
+      tp_conn_free(&ps[p].recv);
     }
   }
 }

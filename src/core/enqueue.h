@@ -154,6 +154,11 @@ void stream_destroy(cudaStream_t s);
 void stream_wait_idle(cudaStream_t s);
 /* Wait until nothing of `comm` is queued or running anywhere. */
 ch_status comm_wait_idle(struct ncclComm* comm);
+/* ncclCommAbort (its flag set): comm's batches that no stream has begun end now, aborted, instead of
+ * when their stream gets past the calls before them (another communicator's, perhaps stuck). */
+void stream_cancel_comm(struct ncclComm* comm);
+/* A plan that never ran ends aborted: released and its completion published (stream_cancel_comm). */
+void plan_cancel(struct ch_plan* plan);
 
 /* Describe buf for direct algorithms (mem.c): 1 if [buf, buf + bytes) lies in one memfd-backed
  * ncclMemAlloc allocation that other local processes can map, else 0 (out still has the address). */

@@ -175,7 +175,8 @@ static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, in
 }
 
 #define SMALL 8
-/* Mark the connections a plan needs (need_send[n]: the rings); returns whether some are missing. */
+/* Mark the connections a plan needs (comm_connect's layout: [0, n) sends and receives, [n] the rings,
+ * [n + 1, 2n + 1) the peers of RecDbl, Rabenseifner and Tree); returns whether some are missing. */
 static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_send, char* need_recv) {
   int n = c->nranks, unconnected = 0;
   for (int k = 0; k < pl->nops; k++) {
@@ -193,8 +194,8 @@ static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_s
       /* With the rings, on every rank's first collective alike: the peers of RecDbl, Rabenseifner
        * and Tree for any call, so that ranks whose calls differ never wait for each other here. */
       if (!c->rings_connected && tune_peer_algos(c)) {
-        algo_peer_set(c->rank, n, c->trees, c->ntrees, need_send);
-        algo_peer_set(c->rank, n, c->trees, c->ntrees, need_recv);
+        algo_peer_set(c->rank, n, c->trees, c->ntrees, need_send + n + 1);
+        algo_peer_set(c->rank, n, c->trees, c->ntrees, need_recv + n + 1);
       }
     }
   }
@@ -254,7 +255,7 @@ static ch_status launch_tasks(void) {
   /* Inside the library on every comm of the group until we return: an abort waits for us. */
   for (; entered < ncomms; entered++) CHECK_GOTO(comm_enter(comms[entered], &guards[entered]), res, out);
   size_t need = 0;
-  for (int i = 0; i < ncomms; i++) need += 2 * ((size_t)comms[i]->nranks + 1);
+  for (int i = 0; i < ncomms; i++) need += 2 * (2 * (size_t)comms[i]->nranks + 1);
   if (need > need_cap) {
     if (!need_cap) tl_register();
     char* p = realloc(need_buf, need);
@@ -270,8 +271,8 @@ static ch_status launch_tasks(void) {
   for (int i = 0, at = 0; i < ncomms; i++) {
     int n = comms[i]->nranks;
     need_send[i] = need_buf + at;
-    need_recv[i] = need_buf + at + n + 1;
-    at += 2 * (n + 1);
+    need_recv[i] = need_buf + at + 2 * n + 1;
+    at += 2 * (2 * n + 1);
     CHECK_GOTO(comm_ensure_ready(comms[i]), res, out);
     CHECK_GOTO(plan_build(comms[i], lists[i], &plans[i]), res, out);
     unconnected |= plan_needs(comms[i], plans[i], need_send[i], need_recv[i]);

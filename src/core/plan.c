@@ -162,19 +162,11 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks, nops = 0, nused = 0;
   if (!grow((void**)&bs.lane_n, &bs.lane_cap, nlanes, sizeof(int))) return CH_SYSTEM;
   memset(bs.lane_n, 0, sizeof(int) * (size_t)nlanes);
-  int has_p2p = 0;
-  for (int i = 0; i < ntasks; i++) has_p2p |= !is_coll(bs.tasks[i].func);
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
+    /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
+     * FIFOs of their own (comm->apeer), apart from the group's sends and receives. */
     tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
-    if (has_p2p && algo_uses_peers(t->how.algo)) {
-      /* Its steps share the per-peer connections with the group's sends and receives, whose lanes
-       * run in no fixed order with it: the two ends could disagree on the order of steps. (One
-       * channel, as tune_choose gave it.) */
-      INFO(LOG_TUNING, "%s: Ring instead of %s, as the group also sends and receives", tune_func_name(t->func),
-           tune_algo_name(t->how.algo));
-      t->how.algo = t->how.fallback = ALGO_RING;
-    }
     if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1;
     for (int c = 0; c < t->how.nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
     nops += t->how.nch;
@@ -345,8 +337,8 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
     algo_step(op, op->idx, &p);
     if (p.peers) { /* RecDbl, Rabenseifner, Tree: this step's peer connections (group.c connects
                     * them with the rings) */
-      if (p.recv) op->ctx.in = &comm->p2p[p.in_peer].recv;
-      if (p.send) op->ctx.out = &comm->p2p[p.out_peer].send;
+      if (p.recv) op->ctx.in = &comm->apeer[p.in_peer].recv;
+      if (p.send) op->ctx.out = &comm->apeer[p.out_peer].send;
       if ((p.recv && !op->ctx.in->connected) || (p.send && !op->ctx.out->connected)) {
         WARN("rank %d: %s needs a connection with rank %d that was not set up (internal error)", comm->rank,
              tune_algo_name(op->algo), p.recv && !op->ctx.in->connected ? p.in_peer : p.out_peer);
@@ -392,6 +384,8 @@ static ch_status check_links(struct ncclComm* comm, const struct prim_ctx* block
   for (int r = 0; comm->p2p && r < comm->nranks; r++) {
     CHECK(check_conn(comm, &comm->p2p[r].send, blocked, culprit));
     CHECK(check_conn(comm, &comm->p2p[r].recv, blocked, culprit));
+    CHECK(check_conn(comm, &comm->apeer[r].send, blocked, culprit));
+    CHECK(check_conn(comm, &comm->apeer[r].recv, blocked, culprit));
   }
   return CH_OK;
 }
@@ -512,6 +506,11 @@ static ch_status finish_plan(struct ch_plan** slot) {
   plan_release(pl);
   atomic_fetch_add(&comm->done_ticket, 1); /* the last touch of comm */
   return st;
+}
+
+void plan_cancel(struct ch_plan* pl) {
+  pl->status = CH_ABORTED;
+  finish_plan(&pl);
 }
 
 /* Plans are owned by plan_exec from the call on: each is released as it finishes and plans[i] becomes

@@ -124,6 +124,36 @@ ch_status comm_wait_idle(struct ncclComm* comm) {
   return CH_OK;
 }
 
+/* Only batches of comm's plans alone, without device-buffer hooks (a gate or an after function: those
+ * run, and abort, in turn). Lock order: live_mu, then a stream's mu. */
+void stream_cancel_comm(struct ncclComm* comm) {
+  pthread_mutex_lock(&live_mu);
+  for (struct ch_stream* st = live; st; st = st->next_live) {
+    pthread_mutex_lock(&st->mu);
+    int cancelled = 0;
+    struct ch_batch* prev = NULL;
+    for (struct ch_batch** pp = &st->head; *pp;) {
+      struct ch_batch* b = *pp;
+      int only = !b->gate && !b->after;
+      for (int i = 0; i < b->n && only; i++) only = b->plans[i]->comm == comm;
+      if (!only) {
+        prev = b, pp = &b->next;
+        continue;
+      }
+      *pp = b->next;
+      if (st->tail == b) st->tail = prev;
+      for (int i = 0; i < b->n; i++) plan_cancel(b->plans[i]);
+      free(b);
+      st->pending--;
+      if (st->err == CH_OK) st->err = CH_ABORTED;
+      cancelled = 1;
+    }
+    if (cancelled) pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+  }
+  pthread_mutex_unlock(&live_mu);
+}
+
 static struct ch_stream* stream_get(cudaStream_t s, const char* fn) {
   struct ch_stream* st = (struct ch_stream*)s;
   if (!s || !stream_is_ours(s) || st->magic != STREAM_MAGIC) {
