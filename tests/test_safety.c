@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "chorus.h"
+#include "core/comm.h"
 #include "runner.h"
 
 static uint64_t now_ms(void) {
@@ -340,4 +341,48 @@ TEST_T(safety, abort_of_a_call_queued_behind_a_stuck_one, 60) {
   EXPECT(chorusStreamSynchronize(s) != ncclSuccess); /* both calls ended aborted */
   NCCL_OK(chorusStreamDestroy(s));
   NCCL_OK(ncclCommDestroy(q_y[1]));
+}
+
+/* ncclCommAbort during ncclCommRevoke (which raises the abort flag to stop the calls in flight, then
+ * lowered it): the abort was refused ("already being aborted") and then lost when the flag came down. */
+struct rr_ctx {
+  ncclComm_t comm;
+  int delay_us;
+  ncclResult_t rc;
+};
+static void* rr_call(void* p) {
+  struct rr_ctx* c = p;
+  static float v[256];
+  c->rc = ncclAllReduce(v, v, 256, ncclFloat32, ncclSum, c->comm, NULL); /* its peer never calls */
+  return NULL;
+}
+static void* rr_revoke(void* p) {
+  struct rr_ctx* c = p;
+  usleep((useconds_t)c->delay_us);
+  c->rc = ncclCommRevoke(c->comm, NCCL_REVOKE_DEFAULT);
+  return NULL;
+}
+static void* rr_abort(void* p) { /* once the revoke has raised the flag: it is inside its quiesce */
+  struct rr_ctx* c = p;
+  for (int i = 0; i < 50000 && !__atomic_load_n(&c->comm->abort_flag, __ATOMIC_ACQUIRE); i++) usleep(100);
+  usleep((useconds_t)c->delay_us);
+  c->rc = ncclCommAbort(c->comm);
+  return NULL;
+}
+TEST_T(safety, abort_during_revoke_is_not_lost, 60) {
+  for (int it = 0; it < 12; it++) {
+    ncclComm_t c[2];
+    NCCL_OK(ncclCommInitAll(c, 2, NULL));
+    struct rr_ctx call = {c[0], 0, ncclSuccess}, rev = {c[0], 20000, ncclSuccess},
+                  ab = {c[0], (it % 4) * 300, ncclInternalError};
+    pthread_t t[3];
+    ASSERT(pthread_create(&t[0], NULL, rr_call, &call) == 0);
+    ASSERT(pthread_create(&t[1], NULL, rr_revoke, &rev) == 0);
+    ASSERT(pthread_create(&t[2], NULL, rr_abort, &ab) == 0);
+    for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+    EXPECT_EQ(ab.rc, ncclSuccess);
+    EXPECT(call.rc != ncclSuccess);
+    EXPECT(rev.rc == ncclSuccess || rev.rc == ncclInvalidUsage);
+    NCCL_OK(ncclCommAbort(c[1]));
+  }
 }

@@ -254,10 +254,12 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   if (let_go_inherited(comm, "ncclCommAbort")) return ncclSuccess;
   ch_status s = comm_check(comm, "ncclCommAbort");
   if (s != CH_OK) return ch_to_nccl(s);
-  if (__atomic_exchange_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST)) {
+  if (atomic_exchange(&comm->aborting, 1)) {
     WARN("ncclCommAbort: communicator %p is already being aborted by another thread", (void*)comm);
     return ncclInvalidUsage;
   }
+  /* A revoke or shrink may hold the flag already: it is counted in users, and leaves it raised. */
+  __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
   /* Every wait in the library polls the flag at least every ~100 ms, so these waits are bounded:
    * first every thread inside a call on comm leaves (comm_enter's Dekker pair), then the init
    * thread, the init caller and queued plans finish. */
@@ -276,18 +278,29 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   return ncclSuccess;
 }
 
-/* Stop every call on comm without freeing it: raise the abort flag, wait until no thread is inside a
- * call and nothing is queued, then lower the flag. Calls that were blocked return ncclInvalidUsage. */
+/* Stop every call on comm without freeing it: raise the abort flag, wait until no other thread is
+ * inside a call and nothing is queued, then lower the flag (unless an abort came meanwhile). Calls
+ * that were blocked return ncclInvalidUsage. The caller is counted in users from here until
+ * quiesce_end (an abort waits for it, as for any call): CH_OK only. */
 static ch_status comm_quiesce(struct ncclComm* comm, const char* fn) {
-  if (__atomic_exchange_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST)) {
-    WARN("%s: communicator %p is being aborted or revoked by another thread", fn, (void*)comm);
+  atomic_fetch_add(&comm->users, 1); /* Dekker pair with ncclCommAbort's flag, as comm_try_enter */
+  if (atomic_load(&comm->aborting)) {
+    atomic_fetch_sub(&comm->users, 1);
+    WARN("%s: communicator %p is being aborted by another thread", fn, (void*)comm);
     return CH_INVALID_USAGE;
   }
-  for (uint64_t i = 0; atomic_load(&comm->users) > 0 || atomic_load(&comm->owner); i++) ut_backoff(i);
+  if (__atomic_exchange_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST)) {
+    atomic_fetch_sub(&comm->users, 1);
+    WARN("%s: communicator %p is being revoked or shrunk by another thread", fn, (void*)comm);
+    return CH_INVALID_USAGE;
+  }
+  for (uint64_t i = 0; atomic_load(&comm->users) > 1 || atomic_load(&comm->owner); i++) ut_backoff(i);
   comm_wait_idle(comm);
   __atomic_store_n(&comm->abort_flag, 0, __ATOMIC_SEQ_CST);
+  if (atomic_load(&comm->aborting)) __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST); /* its flag stays */
   return CH_OK;
 }
+static void quiesce_end(struct ncclComm* comm) { atomic_fetch_sub(&comm->users, 1); }
 
 /* NCCL 2.28 semantics: outstanding calls end, later collectives fail with ncclInvalidUsage; the comm
  * can still be split, shrunk and destroyed. Safe from any thread, like ncclCommAbort. */
@@ -300,7 +313,10 @@ CH_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
   }
   atomic_store(&comm->revoked, 1); /* first: a call entering from now on is refused */
   s = comm_quiesce(comm, "ncclCommRevoke");
-  if (s == CH_OK) INFO(LOG_INIT, "rank %d: communicator %p revoked", comm->rank, (void*)comm);
+  if (s == CH_OK) {
+    INFO(LOG_INIT, "rank %d: communicator %p revoked", comm->rank, (void*)comm);
+    quiesce_end(comm); /* last touch */
+  }
   return ch_to_nccl(s);
 }
 
@@ -338,9 +354,12 @@ CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int
   ncclConfig_t cfg = comm->config;
   if (config && (s = comm_parse_config(config, &cfg)) != CH_OK) return ch_to_nccl(s);
   /* NCCL_SHRINK_ABORT: calls still blocked on the dead ranks end first (this thread is not in one). */
-  if (shrinkFlags == NCCL_SHRINK_ABORT && (s = comm_quiesce(comm, "ncclCommShrink")) != CH_OK) return ch_to_nccl(s);
+  int quiesced = shrinkFlags == NCCL_SHRINK_ABORT;
+  if (quiesced && (s = comm_quiesce(comm, "ncclCommShrink")) != CH_OK) return ch_to_nccl(s);
   struct comm_guard g;
-  if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
+  s = comm_enter(comm, &g);
+  if (quiesced) quiesce_end(comm); /* entered (or refused): an abort may go on */
+  if (s != CH_OK) return ch_to_nccl(s);
   /* Not comm_ensure_ready: a comm with an asynchronous error (a dead peer) is what shrink is for. */
   int st = atomic_load(&comm->init_state);
   if (st != ncclSuccess) {

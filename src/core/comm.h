@@ -116,7 +116,10 @@ struct ncclComm {
   struct conn* polled[COMM_POLLED_MAX];
   int npolled;
 
-  volatile int abort_flag;           /* set by ncclCommAbort; polled everywhere */
+  volatile int abort_flag;           /* set by ncclCommAbort (and for a while by Revoke); polled everywhere */
+  /* ncclCommAbort claimed the comm (exchange: one abort). A revoke or shrink that raised abort_flag to
+   * stop the calls in flight lowers it again only if no abort claimed the comm meanwhile. */
+  _Atomic int aborting;
   _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */
   _Atomic int init_state;            /* ncclInProgress until init finishes, then its result */
   pthread_t init_thread;   /* written before init_thread_live is set */
