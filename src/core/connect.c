@@ -309,6 +309,15 @@ ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, ch
 }
 
 void comm_free_connections(struct ncclComm* comm) {
+  for (int c = 0; c < comm->nchannels; c++) { /* every flush starts now: one 30 s budget, not one each */
+    tp_conn_closing(&comm->channels[c].send);
+    tp_conn_closing(&comm->channels[c].recv);
+  }
+  for (int set = 0; set < 2; set++)
+    for (int p = 0; peer_set(comm, set) && p < comm->nranks; p++) {
+      tp_conn_closing(&peer_set(comm, set)[p].send);
+      tp_conn_closing(&peer_set(comm, set)[p].recv);
+    }
   for (int c = 0; c < comm->nchannels; c++) {
     tp_conn_free(&comm->channels[c].send);
     tp_conn_free(&comm->channels[c].recv);

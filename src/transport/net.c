@@ -206,6 +206,10 @@ int tp_net_state(const struct conn* c) {
   return st == NET_FAILED ? 2 : st == NET_CLOSED ? 1 : 0;
 }
 
+void tp_conn_closing(struct conn* c) {
+  if (c->connected && c->transport == TP_NET && c->net) proxy_closing(c->net);
+}
+
 static void net_free(struct conn* c) {
   if (c->net) proxy_unregister(c->net); /* the proxy no longer touches the record or the FIFO */
   free(c->net);

@@ -545,12 +545,16 @@ ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union 
   return s;
 }
 
-void proxy_unregister(struct net_conn* n) {
+void proxy_closing(struct net_conn* n) {
   pthread_mutex_lock(&px.lock);
   n->closing = 1;
   atomic_store(&px_changes, 1);
   pthread_mutex_unlock(&px.lock);
   tp_proxy_kick();
+}
+
+void proxy_unregister(struct net_conn* n) {
+  proxy_closing(n);
   pthread_mutex_lock(&px.lock);
   while (!n->released) pthread_cond_wait(&px.cond, &px.lock);
   if (px.state == PX_EXITED) {

@@ -221,6 +221,10 @@ static inline void tp_conn_idle(struct conn* c) {
   if (c->connected && o->idle) o->idle(c);
 }
 void tp_conn_free(struct conn* c);
+/* Before freeing many connections: let each one start closing now (a network sender flushes what
+ * its rank posted, up to 30 s), so that their flushes overlap instead of running one after another.
+ * Nothing for local FIFOs. */
+void tp_conn_closing(struct conn* c);
 
 /* The implementations (fifo.c, shm.c, net.c), also called by tests. */
 ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
