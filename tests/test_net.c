@@ -257,6 +257,40 @@ TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
   atomic_store(&dummy_err, 0);
 }
 
+/* 300 connections that never authenticate (a flood, or a scanner) do not keep a real sender out: the
+ * oldest waiting one makes room for a newer one, as at the bootstrap's listeners (it used to wait in
+ * the backlog until the flood's sockets expired, 10 s). */
+TEST_T(net, listener_flood_drops_the_oldest, 60) {
+  union sock_addr lo;
+  ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
+  unsigned char key[32];
+  memset(key, 7, sizeof(key));
+  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
+  struct conn rc = {0}, sc = {0};
+  struct tp_handle h;
+  rc.peer = 1, sc.peer = 0;
+  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
+  enum { FLOOD = 300 };
+  static struct sock junk[FLOOD];
+  int n = 0;
+  for (int k = 0; k < FLOOD; k++) {
+    struct sock_wait w = {NULL, 0};
+    if (sock_connect(&h.addr, &junk[n], &w) == CH_OK) n++;
+  }
+  EXPECT(n > 256);
+  usleep(200000); /* the proxy has taken them in */
+  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
+  uint64_t t0 = now_ns();
+  while (atomic_load(&rc.net->state) != NET_BOUND && now_ns() - t0 < 4000000000ull) usleep(10000);
+  EXPECT_EQ(atomic_load(&rc.net->state), NET_BOUND);
+  for (int k = 0; k < n; k++) sock_close(&junk[k]);
+  tp_conn_free(&sc);
+  tp_conn_free(&rc);
+  atomic_store(&dummy_err, 0);
+}
+
 /* Garbage sent to a running job's listener does not disturb it. */
 static void garbage_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;

@@ -167,44 +167,6 @@ int boot_uid_check(const struct boot_key* key, int fd, const union sock_addr* re
   return 0;
 }
 
-/* Rejections are remembered per host address (not port: scanners vary it). */
-#define REJECT_SLOTS 32
-#define REJECT_QUIET_NS (60ull * 1000000000ull)
-static pthread_mutex_t reject_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-  unsigned char addr[16];
-  int family;
-  uint64_t last;
-} rejects[REJECT_SLOTS]; /* under reject_lock */
-
-void boot_warn_reject(const char* who, const union sock_addr* remote, const char* why) {
-  unsigned char a[16] = {0};
-  int fam = remote->sa.sa_family;
-  if (fam == AF_INET) memcpy(a, &remote->sin.sin_addr, 4);
-  else if (fam == AF_INET6) memcpy(a, &remote->sin6.sin6_addr, 16);
-  uint64_t now = ut_now_ns();
-  int loud = 1;
-  pthread_mutex_lock(&reject_lock);
-  int slot = -1, oldest = 0;
-  for (int i = 0; i < REJECT_SLOTS; i++) {
-    if (rejects[i].family == fam && !memcmp(rejects[i].addr, a, 16)) slot = i;
-    if (rejects[i].last < rejects[oldest].last) oldest = i;
-  }
-  if (slot >= 0 && rejects[slot].last && now - rejects[slot].last < REJECT_QUIET_NS) loud = 0;
-  if (slot < 0) slot = oldest;
-  if (loud) {
-    memcpy(rejects[slot].addr, a, 16);
-    rejects[slot].family = fam;
-    rejects[slot].last = now;
-  }
-  pthread_mutex_unlock(&reject_lock);
-  char s[64];
-  sock_addr_str(remote, s, sizeof(s));
-  if (loud) WARN("%s: rejected a connection from %s: %s (further rejections from this host for 60 s are logged at INFO)",
-                 who, s, why);
-  else INFO(LOG_BOOTSTRAP, "%s: rejected a connection from %s: %s", who, s, why);
-}
-
 int boot_text_field(char* s, size_t size) {
   s[size - 1] = '\0';
   for (size_t i = 0; s[i]; i++)

@@ -110,8 +110,6 @@ int boot_peer_mac_ok(const struct boot_key* key, int server, const struct boot_h
 /* BOOT_AUTH_UID: 0 if the other end of fd is on another host or is owned by our uid; else -1
  * with *why filled. Always 0 for BOOT_AUTH_SECRET. */
 int boot_uid_check(const struct boot_key* key, int fd, const union sock_addr* remote, char* why, size_t len);
-/* WARN once per remote host address per minute (INFO otherwise), so a scanner cannot flood logs. */
-void boot_warn_reject(const char* who, const union sock_addr* remote, const char* why);
 
 /* Start the root on `addr` (port 0 = ephemeral) in a detached thread; the bound address is
  * returned in *bound. It serves one job, then exits. */

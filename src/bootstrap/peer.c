@@ -179,7 +179,7 @@ static int send_small(int fd, const void* buf, size_t n) {
 static void reject(struct boot_state* b, struct boot_conn* c, const char* why) {
   char who[64];
   snprintf(who, sizeof(who), "Bootstrap rank %d", b->rank);
-  boot_warn_reject(who, &c->addr, why);
+  sock_warn_reject(who, &c->addr, why);
   conn_kill(b, c);
 }
 
@@ -374,7 +374,7 @@ static void accept_new(struct boot_state* b) {
     }
     char why[160];
     if (boot_uid_check(&b->key, fd, &addr, why, sizeof(why)) != 0) {
-      boot_warn_reject(who, &addr, why);
+      sock_warn_reject(who, &addr, why);
       close(fd);
       continue;
     }

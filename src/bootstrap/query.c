@@ -187,7 +187,7 @@ static void* worker(void* argp) {
   if (io_all(a.fd, &rh, sizeof(rh), deadline, 1, NULL) == 0) io_all(a.fd, reply, len, deadline, 1, NULL);
   goto quiet;
 reject:
-  boot_warn_reject("Stall query service", &a.remote, why);
+  sock_warn_reject("Stall query service", &a.remote, why);
 quiet:
   memset(&key, 0, sizeof(key));
   free(reply);

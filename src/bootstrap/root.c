@@ -351,7 +351,7 @@ static int root_read(struct root* r, struct root_conn* c) {
     snprintf(who, sizeof(who), "Bootstrap root %s", r->name);
     if (c->state == RC_HELLO) {
       if (c->hello.magic != r->magic || c->hello.kind != BOOT_KIND_JOIN) {
-        boot_warn_reject(who, &c->peer, "not a Chorus join of this version");
+        sock_warn_reject(who, &c->peer, "not a Chorus join of this version");
         return -1;
       }
       struct boot_srv_proof sp;
@@ -362,7 +362,7 @@ static int root_read(struct root* r, struct root_conn* c) {
       c->state = RC_PROOF;
     } else if (c->state == RC_PROOF) {
       if (!boot_mac_ok(&r->key, 0, &c->hello, c->nonce_s, c->proof.mac)) {
-        boot_warn_reject(who, &c->peer, "it does not know this job's secret (a different job or secret, or an impostor)");
+        sock_warn_reject(who, &c->peer, "it does not know this job's secret (a different job or secret, or an impostor)");
         return -1;
       }
       if (c->hello.arg != sizeof(struct boot_rank_info)) {
@@ -420,7 +420,7 @@ static void root_accept(struct root* r) {
     }
     char why[160];
     if (boot_uid_check(&r->key, fd, &peer, why, sizeof(why)) != 0) {
-      boot_warn_reject(who, &peer, why);
+      sock_warn_reject(who, &peer, why);
       close(fd);
       continue;
     }

@@ -10,6 +10,7 @@
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,4 +440,42 @@ ch_status sock_recv_all(struct sock* s, void* buf, size_t n, const struct sock_w
 void sock_close(struct sock* s) {
   if (s->fd >= 0) close(s->fd);
   s->fd = -1;
+}
+
+/* Rejections are remembered per host address (not port: scanners vary it). */
+#define REJECT_SLOTS 32
+#define REJECT_QUIET_NS (60ull * 1000000000ull)
+static pthread_mutex_t reject_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  unsigned char addr[16];
+  int family;
+  uint64_t last;
+} rejects[REJECT_SLOTS]; /* under reject_lock */
+
+void sock_warn_reject(const char* who, const union sock_addr* remote, const char* why) {
+  unsigned char a[16] = {0};
+  int fam = remote->sa.sa_family;
+  if (fam == AF_INET) memcpy(a, &remote->sin.sin_addr, 4);
+  else if (fam == AF_INET6) memcpy(a, &remote->sin6.sin6_addr, 16);
+  uint64_t now = ut_now_ns();
+  int loud = 1;
+  pthread_mutex_lock(&reject_lock);
+  int slot = -1, oldest = 0;
+  for (int i = 0; i < REJECT_SLOTS; i++) {
+    if (rejects[i].family == fam && !memcmp(rejects[i].addr, a, 16)) slot = i;
+    if (rejects[i].last < rejects[oldest].last) oldest = i;
+  }
+  if (slot >= 0 && rejects[slot].last && now - rejects[slot].last < REJECT_QUIET_NS) loud = 0;
+  if (slot < 0) slot = oldest;
+  if (loud) {
+    memcpy(rejects[slot].addr, a, 16);
+    rejects[slot].family = fam;
+    rejects[slot].last = now;
+  }
+  pthread_mutex_unlock(&reject_lock);
+  char s[64];
+  sock_addr_str(remote, s, sizeof(s));
+  if (loud) WARN("%s: rejected a connection from %s: %s (further rejections from this host for 60 s are logged at INFO)",
+                 who, s, why);
+  else INFO(LOG_BOOTSTRAP | LOG_NET, "%s: rejected a connection from %s: %s", who, s, why);
 }

@@ -92,4 +92,8 @@ ch_status sock_wait_check(const struct sock_wait* w);
 /* Milliseconds to pass to poll(): at most 100, less when the deadline is nearer. */
 int sock_wait_slice_ms(const struct sock_wait* w);
 
+/* A WARN that `who` rejected a connection from remote (why); further ones from that host for 60 s
+ * go to INFO, so a scanner cannot flood the log. Any thread. */
+void sock_warn_reject(const char* who, const union sock_addr* remote, const char* why);
+
 #endif

@@ -48,8 +48,8 @@
 #define PX_RELAX() __asm__ volatile("" ::: "memory")
 #endif
 
-#define MAX_ACCEPTS 256 /* sockets accepted and still authenticating; more wait in the backlog */
-#define ACCEPT_TIMEOUT_NS (10ull * 1000000000ull) /* an accepted socket must authenticate by then */
+#define MAX_ACCEPTS 64 /* sockets accepted and still authenticating; a newer one evicts the oldest */
+#define ACCEPT_TIMEOUT_NS (5ull * 1000000000ull) /* an accepted socket must authenticate by then */
 #define DRAIN_TIMEOUT_NS (30ull * 1000000000ull)  /* a closing sender flushes posted steps this long */
 #define ABORT_FLUSH_NS (200ull * 1000000ull)       /* an aborted one, only a poison record, this long */
 #define TAG_LISTENER ((void*)1)
@@ -81,7 +81,7 @@ static struct {
 static _Atomic int px_evfd = -1;  /* eventfd: any thread may write it */
 static _Atomic int px_changes;    /* incoming or closing records wait in sync_lists */
 static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
-static int accept_blocked;        /* proxy (reset before it starts): accepts wait in the backlog */
+static int accept_blocked;        /* proxy (reset before it starts): out of descriptors, accepts wait */
 static uint64_t accept_retry_at;  /* proxy: when a blocked accept is tried again (0: once a slot frees) */
 static int accept_warned;         /* proxy: said why accepts wait (out of descriptors); 0 after one succeeds */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
@@ -224,15 +224,7 @@ void tp_proxy_post(_Atomic uint64_t* word, uint32_t how) {
 static void take_incoming_locked(void);
 
 static void reject(struct pending* p, const char* why) {
-  static uint64_t last_warn;
-  char a[64];
-  uint64_t now = ut_now_ns();
-  if (now - last_warn > 1000000000ull || !last_warn) { /* a scanner cannot flood the log */
-    last_warn = now;
-    WARN("net listener: rejected a connection from %s: %s", sock_addr_str(&p->remote, a, sizeof(a)), why);
-  } else {
-    INFO(LOG_NET, "net listener: rejected a connection from %s: %s", sock_addr_str(&p->remote, a, sizeof(a)), why);
-  }
+  sock_warn_reject("net listener", &p->remote, why); /* once a minute per host: a scanner cannot flood the log */
   ep_del(p->fd);
   close(p->fd);
   p->fd = -1;
@@ -290,10 +282,6 @@ static void read_hello(struct pending* p) {
 
 static void accept_all(void) {
   for (;;) {
-    if (px.nacc >= MAX_ACCEPTS) { /* leave the rest in the kernel's backlog until a slot frees */
-      accept_blocked = 1, accept_retry_at = 0;
-      return;
-    }
     union sock_addr ra;
     socklen_t len = sizeof(ra);
     memset(&ra, 0, sizeof(ra));
@@ -315,9 +303,10 @@ static void accept_all(void) {
     struct pending* p = NULL;
     for (int i = 0; i < MAX_ACCEPTS && !p; i++)
       if (px.acc[i].fd < 0) p = &px.acc[i];
-    if (!p) { /* cannot happen (nacc counts the used slots) */
-      close(fd);
-      continue;
+    if (!p) { /* a flood: the oldest waiting socket makes room, as at the bootstrap's listeners */
+      for (int i = 0; i < MAX_ACCEPTS; i++)
+        if (!p || px.acc[i].deadline < p->deadline) p = &px.acc[i];
+      reject(p, "too many connections waiting to authenticate: the oldest is dropped");
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
