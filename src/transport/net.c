@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../misc/log.h"
 #include "../misc/param.h"
@@ -134,6 +135,16 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
       WARN("rank %d: cannot connect to rank %d's network listener %s (%s)", x->rank, c->peer,
            sock_addr_str(&h->addr, a, sizeof(a)), ch_status_str(st));
     return st == CH_ABORTED ? st : CH_REMOTE;
+  }
+  /* Without a secret, data may go only to our own uid: on this host, the listener's owner (its
+   * process may have died and another user taken the port since the offer), as the bootstrap checks. */
+  uid_t owner;
+  if (x->uid_mode && sock_addr_is_local(&h->addr) && (sock_peer_uid(s.fd, &owner) != 0 || owner != geteuid())) {
+    WARN("rank %d: the network listener %s offered by rank %d belongs to another user (or its owner cannot be "
+         "found in /proc/net/tcp) and this job has no CHORUS_SECRET: not sending to it", x->rank,
+         sock_addr_str(&h->addr, a, sizeof(a)), c->peer);
+    sock_close(&s);
+    return CH_REMOTE;
   }
   net_sockopts(s.fd);
   struct net_hello hello;
