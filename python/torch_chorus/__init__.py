@@ -62,15 +62,70 @@ def _wrap_batch_isend_irecv():
         for g in groups:
             g.start_coalescing()
         try:
-            return orig(p2p_op_list)
-        finally:
+            works = orig(p2p_op_list)
+        except BaseException as e:  # nothing of the batch is issued: fail what was queued
             for g in groups:
-                g.end_coalescing()
+                g._abandon_coalescing(e)
+            raise
+        for g in groups:
+            g.end_coalescing()
+        return works
 
     batch_isend_irecv._chorus_wrapped = True
     c10d.batch_isend_irecv = batch_isend_irecv
     dist.batch_isend_irecv = batch_isend_irecv
 
 
+def _chorus_engine(group, device):
+    """The chorus engine serving group's device, or None."""
+    if isinstance(group, ChorusBackend):
+        return group
+    try:
+        b = group._get_backend(torch.device(device) if device is not None else torch.device("cpu"))
+    except Exception:  # no backend for that device, or not a ProcessGroup
+        return None
+    b = getattr(b, "engine", b)  # the C++ front holds the engine
+    return b if isinstance(b, ChorusBackend) else None
+
+
+def _wrap_coalescing_manager():
+    """torch's _coalescing_manager (batch_isend_irecv uses it) has no try/finally: when its body raises
+    (an unsupported dtype in a batch, say), the group stays in torch's coalescing state (later
+    all_reduces are only recorded) and the backend stays coalescing (later calls are only queued), and
+    every later call on the group returns as if it ran. For chorus groups, undo both, then re-raise."""
+    import contextlib
+    import functools
+
+    c10d = dist.distributed_c10d
+    orig = getattr(c10d, "_coalescing_manager", None)
+    if orig is None or getattr(orig, "_chorus_wrapped", False):
+        return
+
+    @functools.wraps(orig)
+    @contextlib.contextmanager
+    def _coalescing_manager(group=None, device=None, async_ops=False):
+        entered = False
+        try:
+            with orig(group, device, async_ops) as cm:
+                entered = True
+                yield cm
+        except BaseException as e:
+            g = (group if group is not None else c10d._get_default_group()) if entered else None
+            engine = _chorus_engine(g, device) if g is not None else None
+            if engine is not None:
+                state = getattr(getattr(c10d, "_world", None), "pg_coalesce_state", None)
+                if state is not None:
+                    state.pop(g, None)
+                if device:  # the manager started the backend's coalescing
+                    engine._abandon_coalescing(e)
+            raise
+
+    _coalescing_manager._chorus_wrapped = True
+    c10d._coalescing_manager = _coalescing_manager
+    if hasattr(dist, "_coalescing_manager"):
+        dist._coalescing_manager = _coalescing_manager
+
+
+_wrap_coalescing_manager()
 if backend.AS_PROCESS_GROUP:
     _wrap_batch_isend_irecv()

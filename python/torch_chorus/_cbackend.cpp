@@ -5,6 +5,8 @@
 // ncclAllReduce through a pointer the engine hands over) and forwards every other call to the
 // Python engine, whose Works it returns unwrapped. Built against the torch it runs with (build_cext.py);
 // where it cannot be built or loaded the engine is registered directly, as before.
+// ChorusWork is the Work of the engine's asynchronous calls (make_work): torch's future-wrapping Work
+// does not raise a failed future's error from wait() and refuses a wait with a timeout.
 //
 // Who touches what: `fast_` (atomic) is written by the engine's threads whenever its queue state
 // changes and read by the issuing thread here; `fn_`/`comm_` are set before the engine allows the
@@ -13,8 +15,13 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <torch/csrc/jit/python/pybind_utils.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace {
 
@@ -47,6 +54,56 @@ int nccl_op(c10d::ReduceOp::RedOpType op) {
     default: return -1;  // PREMUL_SUM, bitwise: the engine decides (or refuses)
   }
 }
+
+// Completes (Work::finish) when the engine's future does: wait() raises its error and honours a timeout,
+// is_completed() polls. The future's callback holds the Work weakly: a dropped Work is no cycle.
+class ChorusWork : public Work {
+ public:
+  explicit ChorusWork(c10::intrusive_ptr<c10::ivalue::Future> fut) : fut_(std::move(fut)) {}
+
+  static c10::intrusive_ptr<ChorusWork> make(const py::object& pyfut) {
+    auto fut = pyfut.cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
+    auto w = c10::make_intrusive<ChorusWork>(fut);
+    c10::weak_intrusive_ptr<ChorusWork> weak(w);
+    fut->addCallback([weak](c10::ivalue::Future& f) {
+      if (auto w = weak.lock()) w->finish(f.hasError() ? error_of(f) : nullptr);
+    });
+    return w;
+  }
+
+  // The engine fails a future by raising Chorus's message from a callback (ops.py, _unwrap): wait()
+  // raises that message as a DistBackendError, without torch's callback prefix.
+  static std::exception_ptr error_of(c10::ivalue::Future& f) {
+    std::string msg = f.tryRetrieveErrorMessage();
+    for (const char* prefix : {"Got the following error when running the callback: ", "RuntimeError: "}) {
+      if (msg.rfind(prefix, 0) == 0) msg.erase(0, std::char_traits<char>::length(prefix));
+    }
+    try {
+      C10_THROW_ERROR(DistBackendError, msg);
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::optional<py::gil_scoped_release> nogil;  // the settler that completes it needs the GIL
+    if (PyGILState_Check()) nogil.emplace();
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout == kNoTimeout) {
+      cv_.wait(lock, [this] { return completed_; });
+    } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+      C10_THROW_ERROR(DistBackendError, "chorus: Work.wait: the operation did not complete within " +
+                                            std::to_string(timeout.count()) + " ms (it goes on in the background)");
+    }
+    if (exception_) std::rethrow_exception(exception_);
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return fut_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> fut_;
+};
 
 class ChorusCBackend : public c10d::Backend {
  public:
@@ -179,5 +236,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_allowed", &ChorusCBackend::set_allowed)
       .def("set_done_work", &ChorusCBackend::set_done_work)
       .def_property_readonly("engine", &ChorusCBackend::engine);
+  py::class_<ChorusWork, Work, c10::intrusive_ptr<ChorusWork>>(m, "ChorusWork");
+  m.def("make_work", &ChorusWork::make);
   m.attr("TORCH_VERSION") = py::str(CHORUS_TORCH_VERSION);  // the torch it was built against
 }

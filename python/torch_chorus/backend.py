@@ -4,10 +4,12 @@ Execution model. An operation the caller waits for at once (opts.asyncOp False: 
 `dist.all_reduce(t)` sends) runs on the calling thread with the NULL stream and returns a finished
 Work: no thread hand-off on the latency path. An asynchronous one (async_op=True, DDP's buckets) is
 issued on the backend's chorus host stream, which runs calls in issue order in the background, and
-returns a Work wrapping a torch Future; a watcher thread waits for the stream (chorusStreamSynchronize,
-GIL released) and completes the futures, so wait(), is_completed() and get_future() are torch's own.
-A synchronous call made while asynchronous ones are queued goes on the stream too, so a communicator
-never runs calls from two threads at once.
+returns the backend's own Work over a torch Future (wait() raises when the operation failed and
+honours a timeout; torch's future-wrapping Work does neither); a watcher thread waits for the stream
+(chorusStreamSynchronize, GIL released) and completes the futures. A synchronous call made while
+asynchronous ones are queued goes on the stream too, so a communicator never runs calls from two
+threads at once. A call that stages a copy of a tensor (non-contiguous, PREMUL_SUM scaling) first lets
+what was issued before it finish and copy back (`_drain`), so the copy holds what issue order says.
 
 Point-to-point calls carry no asyncOp flag: each goes on the stream at once (as with ProcessGroupNCCL,
 an isend/irecv exchange of large messages posted one by one can wait on itself). Between
@@ -15,9 +17,9 @@ start_coalescing and end_coalescing (batch_isend_irecv, _coalescing_manager) cal
 issued as one NCCL group (ncclGroupStart/End), so they progress together.
 
 Who touches what: `_lock` guards the issue/complete bookkeeping (`_issued`, `_done_upto`, `_pending`,
-`_p2p`, `_batch`, `_first_bad`, `_error`) and is the watcher's condition lock; `_sync_lock` serialises
-chorusStreamSynchronize calls so that an error it reports (and then clears) is attributed to the right
-range of operations. One Python thread per process group issues operations (as with every backend).
+`_unsettled`, `_p2p`, `_batch`, `_first_bad`, `_error`, each _Op's `claimed`) and is the watcher's
+condition lock; `_sync_lock` serialises chorusStreamSynchronize calls so that an error it reports (and
+then clears) is attributed to the right range of operations. One Python thread per process group issues operations (as with every backend).
 """
 import atexit
 import ctypes
@@ -76,13 +78,6 @@ def _real(t):
     return torch.view_as_real(t) if t.is_complex() else t
 
 
-def _src(t):
-    """A contiguous tensor with t's values, for reading."""
-    _check_cpu(t)
-    t = _real(t)
-    return t if t.is_contiguous() else t.contiguous()
-
-
 class _Out:
     """Where an operation writes: the tensor itself, or a contiguous stand-in copied back at the end."""
 
@@ -125,23 +120,66 @@ class _Op:
 
     Its public future `fut` is `raw.then(_unwrap)`: a failure becomes an error raised by a callback,
     which torch stores as a C++ error. An error set with Future.set_exception instead crashes DDP's
-    reducer (torch 2.15 dereferences it in parseCppCommHookResult: measured, SIGSEGV)."""
+    reducer (torch 2.15 dereferences it in parseCppCommHookResult: measured, SIGSEGV). `raw` is done
+    once the copy-backs have run; `claimed` says a thread has begun settling it (_settle)."""
 
-    __slots__ = ("seq", "raw", "fut", "post", "keep", "result")
+    __slots__ = ("seq", "raw", "fut", "post", "keep", "result", "what", "claimed")
 
-    def __init__(self, post, keep, result):
+    def __init__(self, post, keep, result, what=""):
         self.raw = torch.futures.Future()
         self.fut = self.raw.then(_unwrap)
-        self.seq, self.post, self.keep, self.result = 0, post, keep, result
+        self.seq, self.post, self.keep, self.result, self.what, self.claimed = 0, post, keep, result, what, False
 
     def fail(self, msg):
         self.raw.set_result(_Failure(msg))
 
 
-def _failed_work(msg):
-    op = _Op(None, None, None)
-    op.fail(msg)
-    return _from_future(op.fut)
+_TimeoutError = getattr(dist, "DistBackendError", RuntimeError)
+
+
+def _wait_op(op, timeout=None):
+    """Wait for op (timeout: a timedelta, zero or None = no limit); raise if it failed or time ran out."""
+    secs = timeout.total_seconds() if timeout is not None else 0
+    if not op.raw.done():
+        if secs <= 0:
+            op.raw.wait()
+        else:
+            done = threading.Event()
+            op.raw.add_done_callback(lambda _: done.set())
+            if not done.wait(secs):
+                raise _TimeoutError(f"chorus: Work.wait: {op.what or 'the operation'} did not complete within "
+                                    f"{secs:g} s (it goes on in the background)")
+    v = op.raw.value()
+    if isinstance(v, _Failure):
+        raise RuntimeError(v.msg)
+
+
+class _Work(dist.Work):
+    """What an asynchronous call returns with the Python engine registered directly (the C++ front
+    returns its ChorusWork, _cbackend.cpp): torch's future-wrapping Work neither raises a failure from
+    wait() nor takes a timeout. torch forwards wait() and get_future() to a Python Work (ProcessGroup
+    mode calls it directly, is_completed() too)."""
+
+    def __init__(self, op):
+        super().__init__()
+        self._op = op
+
+    def wait(self, timeout=None):
+        _wait_op(self._op, timeout)
+        return True
+
+    def get_future(self):
+        return self._op.fut
+
+    def is_completed(self):
+        return self._op.raw.done()
+
+    def is_success(self):
+        return self._op.raw.done() and not isinstance(self._op.raw.value(), _Failure)
+
+    def exception(self):
+        v = self._op.raw.value() if self._op.raw.done() else None
+        return RuntimeError(v.msg) if isinstance(v, _Failure) else None
 
 
 class _AsyncOpts:
@@ -190,6 +228,7 @@ class ChorusEngine(_BASE):
         self._first_bad = None  # seq of the first batch that may have failed
         self._error = None  # that failure's message
         self._pending = []  # _Op issued, not yet completed (they hold the buffers alive)
+        self._unsettled = set()  # _Op issued whose copy-backs and futures are not done yet
         self._p2p = []  # calls queued while coalescing: (what, issue, _Op)
         self._batch = 0  # >0 between start_ and end_coalescing: calls are queued, then issued as one group
         self._watcher = None
@@ -200,6 +239,7 @@ class ChorusEngine(_BASE):
         self._closed = False
         self._name = group_name
         self._front = None  # the C++ Backend torch holds, when it runs the fast all_reduce (_cbackend.cpp)
+        self._make_work = _Work  # _Op -> the Work an asynchronous call returns (the front's ChorusWork)
         _live.add(self)
         self._comm = ctypes.c_void_p()
         # What synchronous calls return: one finished C++ Work, so torch's wait() on it never re-enters
@@ -220,17 +260,51 @@ class ChorusEngine(_BASE):
             if len(raw) != _lib.NCCL_UNIQUE_ID_BYTES:
                 raise RuntimeError(f"chorus: bad unique id in the store ({len(raw)} bytes)")
             ctypes.memmove(ctypes.byref(uid), raw, len(raw))
-        self._check(lib.ncclCommInitRank(ctypes.byref(self._comm), size, uid, rank), "ncclCommInitRank",
-                    comm=None)
         secs = timeout.total_seconds() if timeout is not None else 0
+        self._init_comm(uid, secs)
         if secs > 0:
             self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
 
+    def _init_comm(self, uid, secs):
+        """ncclCommInitRank within the process group's timeout: nonblocking (in Chorus that changes
+        init only), polled, aborted when the time is up. The library has no per-call init timeout
+        (CHORUS_INIT_TIMEOUT, read once per process, still bounds it too)."""
+        cfg = _lib.Config(blocking=0)
+        rc = lib.ncclCommInitRankConfig(ctypes.byref(self._comm), self._size, uid, self._rank, ctypes.byref(cfg))
+        if rc not in (_lib.ncclSuccess, _lib.ncclInProgress):
+            self._check(rc, "ncclCommInitRank", comm=None)
+        deadline = time.monotonic() + secs if secs > 0 else None
+        state, pause = ctypes.c_int(rc), 0.0005
+        while True:
+            rc = lib.ncclCommGetAsyncError(self._comm, ctypes.byref(state))
+            if rc != _lib.ncclSuccess or state.value != _lib.ncclInProgress:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                lib.ncclCommAbort(self._comm)
+                self._comm = None
+                group = f" (group {self._name})" if self._name and self._name != "0" else ""
+                raise RuntimeError(f"chorus: ncclCommInitRank on rank {self._rank}{group} did not complete within "
+                                   f"the process group's timeout ({secs:g} s): not every rank of the group joined")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)
+        rc = rc or state.value
+        if rc != _lib.ncclSuccess:
+            msg = f"chorus: ncclCommInitRank failed on rank {self._rank}: {_lib.error_string(rc)}: " \
+                  f"{_lib.last_error(self._comm) or _lib.last_error(None)}"
+            lib.ncclCommAbort(self._comm)
+            self._comm = None
+            raise RuntimeError(msg)
+
     # ---- the C++ front (_cbackend.cpp) ----
 
-    def _attach_front(self, front):
-        """front runs synchronous all_reduces itself while nothing is queued here (_fast_update)."""
+    def _attach_front(self, front, make_work):
+        """front runs synchronous all_reduces itself while nothing is queued here (_fast_update);
+        make_work(future) makes its ChorusWork, a C++ Work whose wait() torch calls without Python."""
         self._front = front
+        self._make_work = lambda op: make_work(op.fut)
+        done = torch.futures.Future()
+        done.set_result([])
+        self._done_work = make_work(done)
         front.set_done_work(self._done_work)
         front.set_fast(ctypes.cast(lib.ncclAllReduce, ctypes.c_void_p).value, self._comm.value, False)
         self._fast_update()
@@ -276,34 +350,55 @@ class ChorusEngine(_BASE):
             try:
                 return self._run_async(what, issue, result, post, keep)
             except RuntimeError as e:
-                return _failed_work(str(e))
+                return self._failed_work(str(e))
         self._healthy()
         if self._batch:  # a synchronous call inside coalescing: torch would wait on it, so it stands in
-            self._p2p.append((what, issue, _Op(post, keep, result)))
+            self._p2p.append((what, issue, _Op(post, keep, result, what)))
             return self._done_work
         if self._done_upto == self._issued:
             self._check(issue(None), what)
             if post is not None:
-                post()
+                try:
+                    post()
+                except Exception as e:
+                    raise RuntimeError(f"chorus: {what} on rank {self._rank}: copying the result back failed: {e}") from e
             return self._done_work
-        op = _Op(post, keep, result)
+        op = _Op(post, keep, result, what)
         with self._lock:
             self._issue(what, issue, [op])
         self._wait_seq(op.seq)
-        op.fut.wait()  # the copy-backs have run (by whichever thread settled it)
-        if self._first_bad is not None and op.seq >= self._first_bad:
-            raise RuntimeError(self._error)
+        _wait_op(op)  # the copy-backs have run (by whichever thread settled it); raises if it failed
         return self._done_work
 
     def _run_async(self, what, issue, result, post, keep):
         self._healthy()
-        op = _Op(post, keep, result)
+        op = _Op(post, keep, result, what)
         if self._batch:  # completes with the group end_coalescing issues
             self._p2p.append((what, issue, op))
-            return _from_future(op.fut)
+            return self._make_work(op)
         with self._lock:
             self._issue(what, issue, [op])
-        return _from_future(op.fut)
+        return self._make_work(op)
+
+    def _failed_work(self, msg):
+        op = _Op(None, None, None)
+        op.fail(msg)
+        return self._make_work(op)
+
+    def _drain(self):
+        """Before a call stages a copy of a tensor (a non-contiguous input or output, a PREMUL_SUM
+        scaling): let what was issued before it complete and copy back, so that the copy holds what
+        issue order says (the stream would run the call in order, but on a stale copy). Ops no thread
+        has begun to settle are settled here (this may be a settler, inside a callback)."""
+        if not self._unsettled:
+            return
+        target = self._issued
+        self._wait_seq(target)
+        with self._lock:
+            ops = [op for op in self._unsettled if op.seq <= target]
+        self._settle(ops)
+        for op in ops:
+            op.raw.wait()
 
     def _issue(self, what, issue, ops):
         """With _lock held: put one batch on the stream for the given _Ops."""
@@ -319,6 +414,7 @@ class ChorusEngine(_BASE):
         for op in ops:
             op.seq = self._issued
             self._pending.append(op)
+            self._unsettled.add(op)
         self._cv.notify()
 
     def start_coalescing(self):
@@ -340,7 +436,7 @@ class ChorusEngine(_BASE):
                 rc = rc or fn(s)
             return lib.ncclGroupEnd() or rc
 
-        group = _Op(None, None, [])
+        group = _Op(None, None, [], what)
         try:
             self._healthy()
             with self._lock:
@@ -349,8 +445,22 @@ class ChorusEngine(_BASE):
             for _, _, op in calls:
                 if not op.raw.done():
                     op.fail(str(e))
-            return _failed_work(str(e))
-        return _from_future(group.fut)
+            return self._failed_work(str(e))
+        return self._make_work(group)
+
+    def _abandon_coalescing(self, why):
+        """The body of a coalescing block raised, and torch's _coalescing_manager then never ends it
+        (no try/finally): leave coalescing, so later calls run, and fail the calls queued in the
+        block, which never will (__init__._wrap_coalescing_manager calls this)."""
+        if not self._batch:
+            return
+        self._batch -= 1
+        self._fast_update()
+        if self._batch:
+            return
+        calls, self._p2p = self._p2p, []
+        for what, _, op in calls:
+            op.fail(f"chorus: {what} on rank {self._rank} was not run: its coalescing block raised: {why}")
 
     # The names torch's Python code calls on a ProcessGroup (older torch, AS_PROCESS_GROUP).
     def _start_coalescing(self, device=None):
@@ -382,16 +492,31 @@ class ChorusEngine(_BASE):
         return done
 
     def _settle(self, done):
-        """Copy back and complete the futures, without _lock: their callbacks may issue operations."""
+        """Copy back and complete the futures, without _lock: their callbacks may issue operations.
+        Each op once, by the first thread to claim it (a settler, the watcher's hand-over, or _drain).
+        A copy-back that raises fails its own op only: the thread and the rest of `done` go on."""
         for op in done:
+            with self._lock:
+                if op.claimed:
+                    continue
+                op.claimed = True
             bad = self._first_bad is not None and op.seq >= self._first_bad
+            msg = self._error if bad else None
             if not bad and op.post is not None:
-                op.post()
+                try:
+                    op.post()
+                except Exception as e:
+                    msg = f"chorus: {op.what or 'an operation'} on rank {self._rank}: copying the result back failed: {e}"
             op.keep = None
-            if bad:
-                op.fail(self._error)
-            else:
-                op.raw.set_result(op.result)
+            try:
+                if msg is not None:
+                    op.fail(msg)
+                else:
+                    op.raw.set_result(op.result)
+            except Exception:  # a done-callback that raised: the op is complete all the same
+                pass
+            with self._lock:
+                self._unsettled.discard(op)
 
     def _hand_over(self, done):
         """Watcher: have a settler thread complete `done`. A callback may block waiting for a later

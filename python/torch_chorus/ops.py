@@ -2,7 +2,8 @@
 
 Layout rules: NCCL takes one contiguous buffer per call, so non-contiguous tensors are read through
 a contiguous copy and written through a contiguous stand-in copied back on completion (`_Out`); lists of
-per-rank tensors go through one flat buffer. Complex tensors travel as their real pairs. Uneven
+per-rank tensors go through one flat buffer. Copies of what a call reads are made through `_src`,
+`_out`, `_scaled` and `_stage`, which first let earlier calls finish (`_drain`): issue order. Complex tensors travel as their real pairs. Uneven
 all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
 """
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real, _src
+from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real
 
 
 def _reduce_op(opts):
@@ -22,6 +23,7 @@ def _reduce_op(opts):
 
 
 _FAST_DTYPES = {k: v for k, v in _DTYPES.items() if k is not torch.bool}
+_PREMUL_DTYPES = (torch.float16, torch.float32, torch.bfloat16, torch.float64)  # what ProcessGroupNCCL takes
 _STRIDED = torch.strided
 _ncclAllReduce = lib.ncclAllReduce
 
@@ -42,6 +44,8 @@ class ChorusBackend(ChorusEngine):
         elif kind in _OPS:
             return _OPS[kind], None
         elif kind == _R.PREMUL_SUM:
+            if t.dtype not in _PREMUL_DTYPES:  # the scaled copy would be float: refuse, on every rank alike
+                raise TypeError(f"chorus: PREMUL_SUM needs a half, float, bfloat16 or double tensor, got {t.dtype}")
             factor = getattr(op, "factor", None)
             if factor is None:
                 raise RuntimeError("chorus: PREMUL_SUM needs a torch whose ReduceOp exposes its factor "
@@ -54,10 +58,32 @@ class ChorusBackend(ChorusEngine):
             raise RuntimeError(f"chorus: ReduceOp.{name} is not supported (NCCL has no bitwise reductions)")
         raise RuntimeError(f"chorus: ReduceOp.{name} is not supported for {t.dtype} tensors")
 
-    @staticmethod
-    def _scaled(buf, scale):
+    def _scaled(self, buf, scale):
         """What a reduction sends: buf, or a scaled copy of it (PREMUL_SUM)."""
-        return buf if scale is None else buf * scale
+        if scale is None:
+            return buf
+        self._drain()
+        return buf * scale
+
+    def _src(self, t):
+        """A contiguous tensor with t's values, for reading (a copy made in issue order)."""
+        _check_cpu(t)
+        t = _real(t)
+        if t.is_contiguous():
+            return t
+        self._drain()
+        return t.contiguous()
+
+    def _out(self, t, need_values=True):
+        """_Out(t), whose stand-in copy of t's values (if any) is made in issue order."""
+        if need_values and t.device.type == "cpu" and not _real(t).is_contiguous():
+            self._drain()
+        return _Out(t, need_values)
+
+    def _stage(self, tensors):
+        """One flat copy of tensors (made in issue order)."""
+        self._drain()
+        return torch.cat([_real(i).reshape(-1) for i in tensors])
 
     @staticmethod
     def _finishers(outs):
@@ -95,7 +121,7 @@ class ChorusBackend(ChorusEngine):
                 ps, p, n, dt, comm = src.data_ptr(), t.data_ptr(), t.numel(), _dtype(t), self._comm
                 return self._run(what, opts, lambda s: lib.ncclAllReduce(ps, p, n, dt, op, comm, s), tensors,
                                  None, (t, src))
-        outs = [_Out(t) for t in tensors]
+        outs = [self._out(t) for t in tensors]
         ops = [self._redop(_reduce_op(opts), t) for t in tensors]
         srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
         comm = self._comm
@@ -112,7 +138,7 @@ class ChorusBackend(ChorusEngine):
 
     def broadcast(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
-        outs = [_Out(t, need_values=(self._rank == root)) for t in tensors]
+        outs = [self._out(t, need_values=(self._rank == root)) for t in tensors]
 
         def issue(s):
             lib.ncclGroupStart()
@@ -127,7 +153,7 @@ class ChorusBackend(ChorusEngine):
 
     def reduce(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
-        outs = [_Out(t) for t in tensors]
+        outs = [self._out(t) for t in tensors]
         ops = [self._redop(_reduce_op(opts), t) for t in tensors]
         srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
 
@@ -160,15 +186,35 @@ class ChorusBackend(ChorusEngine):
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(input_tensors) != 1 or len(output_tensors) != 1:
             raise RuntimeError("chorus: allgather takes one input tensor and one output list per process")
-        inp = _src(input_tensors[0])
+        inp = self._src(input_tensors[0])
         outputs = output_tensors[0]
         if len(outputs) != self._size:
             raise RuntimeError(f"chorus: allgather needs {self._size} output tensors, got {len(outputs)}")
+        if any(_real(o).numel() != inp.numel() for o in outputs):
+            return self._allgather_uneven(output_tensors, inp, opts)
         flat, post = self._gather_flat(outputs, inp)
         n, dt, comm = inp.numel(), _dtype(inp), self._comm
         return self._run("allgather", opts,
                          lambda s: lib.ncclAllGather(inp.data_ptr(), flat.data_ptr(), n, dt, comm, s),
                          output_tensors, post, (inp, flat))
+
+    def _allgather_uneven(self, output_tensors, inp, opts):
+        """Outputs of different sizes (ProcessGroupNCCL takes them too): one broadcast per rank, grouped."""
+        outs = [self._out(o, need_values=False) for o in output_tensors[0]]
+        if outs[self._rank].buf.numel() != inp.numel() or any(o.buf.dtype != inp.dtype for o in outs):
+            raise RuntimeError("chorus: all_gather: output tensors must have the input's dtype, and this rank's "
+                               "output the input's size")
+        me, dt, comm = self._rank, _dtype(inp), self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for r, o in enumerate(outs):
+                send = inp.data_ptr() if r == me else None
+                rc = rc or lib.ncclBroadcast(send, o.buf.data_ptr(), o.buf.numel(), dt, r, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("allgather", opts, issue, output_tensors, self._finishers(outs), (inp, outs))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
@@ -181,8 +227,8 @@ class ChorusBackend(ChorusEngine):
         return self._allgather_into(outputs, inputs, opts, "allgather_into_tensor_coalesced")
 
     def _allgather_into(self, outputs, inputs, opts, what):
-        srcs = [_src(i) for i in inputs]
-        outs = [_Out(o, need_values=False) for o in outputs]
+        srcs = [self._src(i) for i in inputs]
+        outs = [self._out(o, need_values=False) for o in outputs]
         for s_, o in zip(srcs, outs):
             if o.buf.numel() != s_.numel() * self._size or o.buf.dtype != s_.dtype:
                 raise RuntimeError(f"chorus: {what}: the output must hold world_size ({self._size}) "
@@ -200,7 +246,7 @@ class ChorusBackend(ChorusEngine):
 
     def gather(self, output_tensors, input_tensors, opts=None):
         root, comm = opts.rootRank, self._comm
-        inp = _src(input_tensors[0])
+        inp = self._src(input_tensors[0])
         flat, post = None, None
         if self._rank == root:
             outputs = output_tensors[0]
@@ -214,7 +260,7 @@ class ChorusBackend(ChorusEngine):
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root, comm = opts.rootRank, self._comm
-        out = _Out(output_tensors[0], need_values=False)
+        out = self._out(output_tensors[0], need_values=False)
         flat = None
         if self._rank == root:
             inputs = input_tensors[0]
@@ -224,7 +270,7 @@ class ChorusBackend(ChorusEngine):
                 _check_cpu(i)
                 if _real(i).numel() != out.buf.numel():
                     raise RuntimeError("chorus: scatter inputs must have the output's size")
-            flat = torch.cat([_real(i).reshape(-1) for i in inputs])
+            flat = self._stage(inputs)
         fp = flat.data_ptr() if flat is not None else None
         n, dt = out.buf.numel(), _dtype(out.buf)
         return self._run("scatter", opts,
@@ -232,15 +278,15 @@ class ChorusBackend(ChorusEngine):
                          output_tensors, self._finishers([out]), (out, flat))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        out = _Out(output_tensors[0], need_values=False)
+        out = self._out(output_tensors[0], need_values=False)
         inputs = input_tensors[0]
         if len(inputs) != self._size:
             raise RuntimeError(f"chorus: reduce_scatter needs {self._size} input tensors")
         for i in inputs:
             _check_cpu(i)
-            if _real(i).numel() != out.buf.numel():
-                raise RuntimeError("chorus: reduce_scatter inputs must have the output's size")
-        flat = torch.cat([_real(i).reshape(-1) for i in inputs])
+        if any(_real(i).numel() != out.buf.numel() for i in inputs):
+            return self._reduce_scatter_uneven(out, output_tensors, inputs, opts)
+        flat = self._stage(inputs)
         op, scale = self._redop(_reduce_op(opts), output_tensors[0])
         if scale is not None:
             flat.mul_(scale)  # a copy already
@@ -249,6 +295,26 @@ class ChorusBackend(ChorusEngine):
                          lambda s: lib.ncclReduceScatter(flat.data_ptr(), out.buf.data_ptr(), n, dt, op, comm, s),
                          output_tensors, self._finishers([out]), (out, flat))
 
+    def _reduce_scatter_uneven(self, out, output_tensors, inputs, opts):
+        """Inputs of different sizes (ProcessGroupNCCL takes them too): one reduce per rank, grouped."""
+        if _real(inputs[self._rank]).numel() != out.buf.numel():
+            raise RuntimeError("chorus: reduce_scatter: this rank's input must have the output's size")
+        op, scale = self._redop(_reduce_op(opts), output_tensors[0])
+        srcs = [self._scaled(self._src(i), scale) for i in inputs]
+        if any(i.dtype != out.buf.dtype for i in srcs):
+            raise RuntimeError("chorus: reduce_scatter inputs must have the output's dtype")
+        me, dt, comm = self._rank, _dtype(out.buf), self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for r, i in enumerate(srcs):
+                recv = out.buf.data_ptr() if r == me else None
+                rc = rc or lib.ncclReduce(i.data_ptr(), recv, i.numel(), dt, op, r, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("reduce_scatter", opts, issue, output_tensors, self._finishers([out]), (out, srcs))
+
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
 
@@ -256,8 +322,8 @@ class ChorusBackend(ChorusEngine):
         return self._reduce_scatter_into(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
 
     def _reduce_scatter_into(self, outputs, inputs, opts, what):
-        srcs = [_src(i) for i in inputs]
-        outs = [_Out(o, need_values=False) for o in outputs]
+        srcs = [self._src(i) for i in inputs]
+        outs = [self._out(o, need_values=False) for o in outputs]
         for s_, o in zip(srcs, outs):
             if s_.numel() != o.buf.numel() * self._size or o.buf.dtype != s_.dtype:
                 raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
@@ -277,8 +343,8 @@ class ChorusBackend(ChorusEngine):
         return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        src = _src(input)
-        out = _Out(output, need_values=False)
+        src = self._src(input)
+        out = self._out(output, need_values=False)
         size, comm, dt = self._size, self._comm, _dtype(src)
         if not output_split_sizes and not input_split_sizes:
             if src.numel() % size or out.buf.numel() != src.numel():
@@ -322,8 +388,8 @@ class ChorusBackend(ChorusEngine):
         size, comm = self._size, self._comm
         if len(output_tensors) != size or len(input_tensors) != size:
             raise RuntimeError(f"chorus: all_to_all needs {size} input and {size} output tensors")
-        srcs = [_src(t) for t in input_tensors]
-        outs = [_Out(t, need_values=False) for t in output_tensors]
+        srcs = [self._src(t) for t in input_tensors]
+        outs = [self._out(t, need_values=False) for t in output_tensors]
         for o in outs:
             _dtype(o.buf)
 
@@ -346,13 +412,13 @@ class ChorusBackend(ChorusEngine):
     # ---- point to point (tags are accepted and ignored: messages between two ranks match in order) ----
 
     def send(self, tensors, dst, tag):
-        src = _src(tensors[0])
+        src = self._src(tensors[0])
         n, dt, comm = src.numel(), _dtype(src), self._comm
         return self._run("send", _ASYNC, lambda s: lib.ncclSend(src.data_ptr(), n, dt, dst, comm, s),
                                tensors, None, src)
 
     def recv(self, tensors, src_rank, tag):
-        out = _Out(tensors[0], need_values=False)
+        out = self._out(tensors[0], need_values=False)
         n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
         return self._run("recv", _ASYNC, lambda s: lib.ncclRecv(out.buf.data_ptr(), n, dt, src_rank, comm, s),
                                tensors, self._finishers([out]), out)
@@ -383,7 +449,7 @@ def create_backend_ext(opts, backend_options=None):
     if _cext is None:
         return engine
     front = _cext.ChorusCBackend(engine, opts.group_rank, opts.group_size)
-    engine._attach_front(front)
+    engine._attach_front(front, _cext.make_work)
     return front
 
 

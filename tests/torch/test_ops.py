@@ -163,6 +163,22 @@ def check_gather_scatter(rank, size):
             out = torch.zeros(n, dtype=dtype)
             dist.reduce_scatter_tensor(out, inp, op=op)
             check_equal(torch, out, want.to(dtype), f"reduce_scatter_tensor {dtype} {op}")
+    # uneven lists, as ProcessGroupNCCL takes them: rank r's part has r + 1 elements
+    for dtype in (torch.float32, torch.int64):
+        outs = [torch.zeros(r + 1, dtype=dtype) for r in range(size)]
+        dist.all_gather(outs, torch.full((rank + 1,), 10 * rank + 1).to(dtype))
+        for r in range(size):
+            check_equal(torch, outs[r], torch.full((r + 1,), 10 * r + 1).to(dtype), f"uneven all_gather {dtype} [{r}]")
+        for op in (R.SUM, R.MAX):
+            out = torch.zeros(rank + 1, dtype=dtype)
+            dist.reduce_scatter(out, [torch.full((p + 1,), 10 * rank + p).to(dtype) for p in range(size)], op=op)
+            want = 10 * size * (size - 1) // 2 + size * rank if op == R.SUM else 10 * (size - 1) + rank
+            check_equal(torch, out, torch.full((rank + 1,), want).to(dtype), f"uneven reduce_scatter {dtype} {op}")
+    outs = [torch.zeros(r + 1, 2)[:, 1] for r in range(size)]
+    w = dist.all_gather(outs, torch.full((rank + 1,), float(rank)), async_op=True)
+    w.wait()
+    for r in range(size):
+        check_equal(torch, outs[r], torch.full((r + 1,), float(r)), f"uneven async all_gather, strided [{r}]")
 
 
 def check_all_to_all(rank, size):
