@@ -386,3 +386,40 @@ TEST_T(safety, abort_during_revoke_is_not_lost, 60) {
     NCCL_OK(ncclCommAbort(c[1]));
   }
 }
+
+/* As above, with a group of X and Z queued between Y's stuck call and X's lone call: the lone call is
+ * taken off the stream but ends only after X's grouped call (completions keep X's call order), which
+ * ends once Y is aborted; the abort used to finish it at once and leave the grouped call waiting for a
+ * turn that never came (the abort hung). */
+static void* q_abort_y_later(void* p) {
+  (void)p;
+  usleep(300 * 1000);
+  NCCL_OK(ncclCommAbort(q_y[0]));
+  return NULL;
+}
+TEST_T(safety, abort_keeps_call_order_behind_a_grouped_call, 60) {
+  ncclComm_t x, z;
+  NCCL_OK(ncclCommInitAll(q_y, 2, NULL));
+  NCCL_OK(ncclCommInitAll(&x, 1, NULL));
+  NCCL_OK(ncclCommInitAll(&z, 1, NULL));
+  pthread_t t[2];
+  for (intptr_t i = 0; i < 2; i++) ASSERT(pthread_create(&t[i], NULL, q_warm, (void*)i) == 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  cudaStream_t s;
+  NCCL_OK(chorusStreamCreate(&s));
+  static float bx[1024], bz[1024], bx2[1024];
+  NCCL_OK(ncclAllReduce(q_a[0], q_a[0], 1024, ncclFloat32, ncclSum, q_y[0], s)); /* rank 1 never calls */
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(bx, bx, 1024, ncclFloat32, ncclSum, x, s));
+  NCCL_OK(ncclAllReduce(bz, bz, 1024, ncclFloat32, ncclSum, z, s));
+  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(ncclAllReduce(bx2, bx2, 1024, ncclFloat32, ncclSum, x, s));
+  pthread_t ay;
+  ASSERT(pthread_create(&ay, NULL, q_abort_y_later, NULL) == 0);
+  NCCL_OK(ncclCommAbort(x)); /* returns once Y's abort lets the grouped call end */
+  pthread_join(ay, NULL);
+  EXPECT(chorusStreamSynchronize(s) != ncclSuccess);
+  NCCL_OK(chorusStreamDestroy(s));
+  NCCL_OK(ncclCommDestroy(z));
+  NCCL_OK(ncclCommDestroy(q_y[1]));
+}

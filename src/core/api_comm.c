@@ -272,8 +272,7 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   comm_join_init(comm);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   while (atomic_load(&comm->init_caller)) ut_backoff(1000000);
-  stream_cancel_comm(comm); /* its calls queued behind another comm's (perhaps stuck) need not wait */
-  comm_wait_idle(comm);
+  comm_wait_idle_aborting(comm); /* its calls queued behind another comm's (perhaps stuck) need not wait */
   comm_free(comm);
   return ncclSuccess;
 }

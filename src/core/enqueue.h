@@ -76,7 +76,7 @@ struct ch_plan {
   int reusable, key_func, key_type, key_root;
   int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
   size_t key_count;
-  struct ch_plan* next; /* stream queue */
+  struct ch_plan* next; /* comm_wait_idle_aborting's list of plans taken off their streams */
 };
 
 /* Group layer (group.c). Every API call goes through enq_task. */
@@ -154,10 +154,12 @@ void stream_destroy(cudaStream_t s);
 void stream_wait_idle(cudaStream_t s);
 /* Wait until nothing of `comm` is queued or running anywhere. */
 ch_status comm_wait_idle(struct ncclComm* comm);
-/* ncclCommAbort (its flag set): comm's batches that no stream has begun end now, aborted, instead of
- * when their stream gets past the calls before them (another communicator's, perhaps stuck). */
-void stream_cancel_comm(struct ncclComm* comm);
-/* A plan that never ran ends aborted: released and its completion published (stream_cancel_comm). */
+/* ncclCommAbort (its flag set): wait until nothing of comm is queued or running, as comm_wait_idle,
+ * but take comm's batches that no stream has begun off their streams first (they may sit behind
+ * another communicator's call, perhaps stuck): each such plan ends aborted when its ticket comes up,
+ * here, instead of when its stream gets to it. */
+void comm_wait_idle_aborting(struct ncclComm* comm);
+/* A plan that never ran ends aborted: released and its completion published (its ticket is due). */
 void plan_cancel(struct ch_plan* plan);
 
 /* Describe buf for direct algorithms (mem.c): 1 if [buf, buf + bytes) lies in one memfd-backed

@@ -99,6 +99,10 @@ static ch_status expand_task(const struct ch_task* t, int rank, int nranks, int*
   return CH_OK;
 }
 
+/* The op as a call's header names it: a PreMulSum op's number is this rank's own (ranks create and
+ * destroy them in their own order), so every such op describes the call alike, as Direct's slots do. */
+static uint32_t hdr_op(int op) { return op >= ncclNumOps ? (uint32_t)ncclNumOps : (uint32_t)op; }
+
 static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_task* t, struct red_op* red) {
   op->func = t->func;
   op->sendbuff = t->sendbuff;
@@ -113,12 +117,9 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
   op->ctx.scratch = comm->scratch;
   /* hdr.seq is filled when the plan starts (plan_start): a call counts only once it runs. A send and
    * its recv describe the same thing, the call that made them (see struct xfer_hdr). */
-  /* A PreMulSum op's number is this rank's own (ranks create and destroy them in their own order):
-   * every such op describes the call alike, as Direct's slots do. */
-  uint32_t op_id = t->op >= ncclNumOps ? (uint32_t)ncclNumOps : (uint32_t)t->op;
   if (is_coll(t->func))
-    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count, op_id,
-                                    t->root};
+    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
+                                    hdr_op(t->op), t->root};
   else
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)(t->origin ? t->origin : FUNC_SENDRECV),
                                     (uint32_t)t->type, t->count, 0, t->origin ? t->origin_root : -1};
@@ -292,7 +293,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     if (op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back last time */
     if (op->algo == ALGO_DIRECT) direct_describe(op);
     op->ctx.hdr.seq = 1; /* the plan's only collective; made absolute by plan_start */
-    op->ctx.hdr.op = (uint32_t)t->op;
+    op->ctx.hdr.op = hdr_op(t->op);
     op->ctx.wait_word = NULL;
     op->ctx.wait_sleeping = NULL;
   }

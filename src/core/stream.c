@@ -125,12 +125,15 @@ ch_status comm_wait_idle(struct ncclComm* comm) {
 }
 
 /* Only batches of comm's plans alone, without device-buffer hooks (a gate or an after function: those
- * run, and abort, in turn). Lock order: live_mu, then a stream's mu. */
-void stream_cancel_comm(struct ncclComm* comm) {
+ * run, and abort, in turn). Completions are published in ticket order (a plan waits for done_ticket
+ * to reach its ticket before it starts): a plan taken off ends only once every earlier plan of comm
+ * has, whichever stream runs those. Lock order: live_mu, then a stream's mu. */
+void comm_wait_idle_aborting(struct ncclComm* comm) {
+  struct ch_plan* taken = NULL;
   pthread_mutex_lock(&live_mu);
   for (struct ch_stream* st = live; st; st = st->next_live) {
     pthread_mutex_lock(&st->mu);
-    int cancelled = 0;
+    int removed = 0;
     struct ch_batch* prev = NULL;
     for (struct ch_batch** pp = &st->head; *pp;) {
       struct ch_batch* b = *pp;
@@ -142,16 +145,28 @@ void stream_cancel_comm(struct ncclComm* comm) {
       }
       *pp = b->next;
       if (st->tail == b) st->tail = prev;
-      for (int i = 0; i < b->n; i++) plan_cancel(b->plans[i]);
+      for (int i = 0; i < b->n; i++) b->plans[i]->next = taken, taken = b->plans[i];
       free(b);
       st->pending--;
       if (st->err == CH_OK) st->err = CH_ABORTED;
-      cancelled = 1;
+      removed = 1;
     }
-    if (cancelled) pthread_cond_broadcast(&st->cv);
+    if (removed) pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
   }
   pthread_mutex_unlock(&live_mu);
+  for (uint64_t i = 0; atomic_load(&comm->done_ticket) != atomic_load(&comm->next_ticket); i++) {
+    uint64_t due = atomic_load(&comm->done_ticket);
+    for (struct ch_plan** pp = &taken; *pp; pp = &(*pp)->next)
+      if ((*pp)->ticket == due) {
+        struct ch_plan* pl = *pp;
+        *pp = pl->next;
+        plan_cancel(pl); /* done_ticket moves on */
+        i = 0;
+        break;
+      }
+    ut_backoff(i);
+  }
 }
 
 static struct ch_stream* stream_get(cudaStream_t s, const char* fn) {
