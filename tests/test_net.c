@@ -239,8 +239,8 @@ TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
   rc.peer = 1, sc.peer = 0;
   ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
   usleep(100000); /* the proxy sleeps in epoll_wait */
-  struct rlimit rl = {256, 256};
-  ASSERT(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+  struct rlimit was, rl = {256, 256};
+  ASSERT(getrlimit(RLIMIT_NOFILE, &was) == 0 && setrlimit(RLIMIT_NOFILE, &rl) == 0);
   static int fill[300];
   int nf = 0, fd;
   while (nf < 300 && (fd = open("/dev/null", O_RDONLY)) >= 0) fill[nf++] = fd;
@@ -255,11 +255,12 @@ TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
   tp_conn_free(&sc);
   tp_conn_free(&rc);
   atomic_store(&dummy_err, 0);
+  setrlimit(RLIMIT_NOFILE, &was); /* for a run without fork (--no-fork) */
 }
 
-/* 300 connections that never authenticate (a flood, or a scanner) do not keep a real sender out: the
- * oldest waiting one makes room for a newer one, as at the bootstrap's listeners (it used to wait in
- * the backlog until the flood's sockets expired, 10 s). */
+/* 300 connections that never authenticate (a flood, or a scanner) do not keep a real sender out: once
+ * all 256 places are taken, the oldest that has been silent for 1 s makes room for a newer one (it used
+ * to wait in the backlog until the flood's sockets expired, 10 s). */
 TEST_T(net, listener_flood_drops_the_oldest, 60) {
   union sock_addr lo;
   ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);

@@ -465,6 +465,7 @@ static void release_on(struct gpu_comm* g, int here) {
  * after an unblock writes its own, lower, numbers into its words, which a peer may wait on). Called
  * by every gpu_free and by the watcher ten times a second. */
 void gpu_orphans_tick(int here) {
+  struct gpu_comm* done = NULL;
   pthread_mutex_lock(&orphans_mu);
   for (struct gpu_comm** pp = &orphans; *pp;) {
     struct gpu_comm* o = *pp;
@@ -474,9 +475,15 @@ void gpu_orphans_tick(int here) {
       continue;
     }
     *pp = o->next_orphan;
-    release_on(o, here);
+    o->next_orphan = done, done = o;
   }
   pthread_mutex_unlock(&orphans_mu);
+  /* Off the lock: a free may wait for the device, and the watcher takes the lock ten times a second. */
+  while (done) {
+    struct gpu_comm* o = done;
+    done = o->next_orphan;
+    release_on(o, here);
+  }
 }
 
 void gpu_free(struct ncclComm* comm) {

@@ -70,18 +70,19 @@ void cudrv_defer(void (*fn)(void*, void*), void* a, void* b) {
            strerror(e));
     }
   }
-  if (j && running) {
+  int queued = j && running;
+  if (queued) {
     *j = (struct job){NULL, fn, a, b};
     if (q_tail) q_tail->next = j;
     else q_head = j;
     q_tail = j;
     pthread_cond_signal(&q_cv);
-    j = NULL;
   }
-  int inline_run = !running;
   pthread_mutex_unlock(&q_mu);
-  free(j);
-  if (inline_run) fn(a, b); /* no thread (or no memory for the job): better a wait than a leak */
+  if (!queued) { /* no thread, or no memory for the job: better a wait here than a leak */
+    free(j);
+    fn(a, b);
+  }
 }
 
 static void host_free_job(void* p, void* ctx) { cudrv_host_free(p, ctx); }

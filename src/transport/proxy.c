@@ -48,8 +48,10 @@
 #define PX_RELAX() __asm__ volatile("" ::: "memory")
 #endif
 
-#define MAX_ACCEPTS 64 /* sockets accepted and still authenticating; a newer one evicts the oldest */
+#define MAX_ACCEPTS 256 /* sockets accepted and still authenticating (a large job's burst fits) */
 #define ACCEPT_TIMEOUT_NS (5ull * 1000000000ull) /* an accepted socket must authenticate by then */
+#define EVICT_AFTER_NS (1000000000ull) /* when all are taken, one silent this long makes room */
+#define ACCEPTS_PER_PASS 32 /* then the proxy moves data again before accepting more */
 #define DRAIN_TIMEOUT_NS (30ull * 1000000000ull)  /* a closing sender flushes posted steps this long */
 #define ABORT_FLUSH_NS (200ull * 1000000ull)       /* an aborted one, only a poison record, this long */
 #define TAG_LISTENER ((void*)1)
@@ -81,7 +83,7 @@ static struct {
 static _Atomic int px_evfd = -1;  /* eventfd: any thread may write it */
 static _Atomic int px_changes;    /* incoming or closing records wait in sync_lists */
 static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
-static int accept_blocked;        /* proxy (reset before it starts): out of descriptors, accepts wait */
+static int accept_blocked;        /* proxy (reset before it starts): connections wait in the backlog */
 static uint64_t accept_retry_at;  /* proxy: when a blocked accept is tried again (0: once a slot frees) */
 static int accept_warned;         /* proxy: said why accepts wait (out of descriptors); 0 after one succeeds */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
@@ -280,8 +282,26 @@ static void read_hello(struct pending* p) {
   }
 }
 
+/* A free slot for a new socket, or NULL. When all are taken, the oldest socket that has been silent
+ * for EVICT_AFTER_NS is dropped for it (a flood cannot keep peers out); a burst of real senders, whose
+ * hellos are moments behind their connects, is never evicted. */
+static struct pending* free_slot(void) {
+  struct pending* old = NULL;
+  for (int i = 0; i < MAX_ACCEPTS; i++) {
+    if (px.acc[i].fd < 0) return &px.acc[i];
+    if (!old || px.acc[i].deadline < old->deadline) old = &px.acc[i];
+  }
+  if (old->deadline + EVICT_AFTER_NS > ut_now_ns() + ACCEPT_TIMEOUT_NS) return NULL;
+  reject(old, "too many connections waiting to authenticate: the oldest is dropped");
+  return old;
+}
+
 static void accept_all(void) {
-  for (;;) {
+  for (int k = 0;; k++) {
+    if (k == ACCEPTS_PER_PASS || (px.nacc >= MAX_ACCEPTS && !free_slot())) {
+      accept_blocked = 1, accept_retry_at = k == ACCEPTS_PER_PASS ? 0 : ut_now_ns() + 10000000ull;
+      return; /* the rest wait in the backlog: the next pass, or once a slot frees or ages */
+    }
     union sock_addr ra;
     socklen_t len = sizeof(ra);
     memset(&ra, 0, sizeof(ra));
@@ -300,13 +320,10 @@ static void accept_all(void) {
       return; /* EAGAIN: the next edge */
     }
     accept_warned = 0;
-    struct pending* p = NULL;
-    for (int i = 0; i < MAX_ACCEPTS && !p; i++)
-      if (px.acc[i].fd < 0) p = &px.acc[i];
-    if (!p) { /* a flood: the oldest waiting socket makes room, as at the bootstrap's listeners */
-      for (int i = 0; i < MAX_ACCEPTS; i++)
-        if (!p || px.acc[i].deadline < p->deadline) p = &px.acc[i];
-      reject(p, "too many connections waiting to authenticate: the oldest is dropped");
+    struct pending* p = free_slot();
+    if (!p) { /* cannot happen: checked before the accept */
+      close(fd);
+      continue;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -447,7 +464,7 @@ static void* proxy_main(void* arg) {
   for (;;) {
     if (atomic_load_explicit(&px_changes, memory_order_acquire) && sync_lists()) break;
     if (px.nacc) expire_accepts();
-    if (accept_blocked && px.nacc < MAX_ACCEPTS && (!accept_retry_at || ut_now_ns() >= accept_retry_at)) {
+    if (accept_blocked && (!accept_retry_at || ut_now_ns() >= accept_retry_at)) {
       accept_blocked = 0;
       accept_all();
     }
