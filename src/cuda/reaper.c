@@ -6,8 +6,10 @@
  * this rank's input), or the GPU watcher, the one thread that lets streams stuck on a dead peer go,
  * would wait for the device while the device waits for it. Such frees are queued here instead.
  *
- * `q_head`, `q_tail`, `running`: under q_mu. The thread is detached and never ends; a fork child
- * starts without it and drops the parent's queue (its contexts are not the child's). */
+ * `q_head`, `q_tail`, `running`, `exiting`: under q_mu. The thread is detached and never ends; a fork
+ * child starts without it and drops the parent's queue (its contexts are not the child's); once the
+ * process exits it makes no more driver calls (the driver may be torn down by then). Frees handed
+ * over by an abort may still be queued when it returns: the pinned memory goes back a moment later. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -27,13 +29,14 @@ static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t q_cv = PTHREAD_COND_INITIALIZER;
 static struct job *q_head, *q_tail;
 static int running;
+static int exiting; /* the process is exiting: no more driver calls from here (CUDA may be torn down) */
 
 static void* reaper_main(void* arg) {
   (void)arg;
   log_set_thread_rank(-1);
   pthread_mutex_lock(&q_mu);
   for (;;) {
-    while (!q_head) pthread_cond_wait(&q_cv, &q_mu);
+    while (!q_head || exiting) pthread_cond_wait(&q_cv, &q_mu);
     struct job* j = q_head;
     if (!(q_head = j->next)) q_tail = NULL;
     pthread_mutex_unlock(&q_mu);
@@ -52,8 +55,16 @@ static void at_child(void) {
   q_head = q_tail = NULL; /* leaked on purpose: the parent's pinned memory is not the child's to free */
   running = 0;
 }
+static void at_exit(void) { /* what is still queued is the process's to give back */
+  pthread_mutex_lock(&q_mu);
+  exiting = 1;
+  pthread_mutex_unlock(&q_mu);
+}
 static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
-static void install_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void install_hooks(void) {
+  pthread_atfork(at_prepare, at_parent, at_child);
+  atexit(at_exit);
+}
 
 void cudrv_defer(void (*fn)(void*, void*), void* a, void* b) {
   pthread_once(&hooks_once, install_hooks);
