@@ -70,17 +70,20 @@ static struct seg_map* seg_get(uint64_t token, void* mem, uint64_t nonce, size_t
 }
 
 static void seg_put(void* mem) {
+  struct seg_map* last = NULL;
   pthread_mutex_lock(&maps_mu);
   for (struct seg_map** pp = &maps; *pp; pp = &(*pp)->next) {
     struct seg_map* m = *pp;
     if (m->mem != mem || --m->refs > 0) continue;
-    *pp = m->next;
-    cudev_host_unregister(m->mem, m->ctx);
-    munmap(m->mem, m->bytes);
-    free(m);
+    *pp = m->next, last = m;
     break;
   }
   pthread_mutex_unlock(&maps_mu);
+  if (!last) return;
+  /* Off the lock (the driver may wait for the device): a new seg_get of the token maps it anew. */
+  cudev_host_unregister(last->mem, last->ctx);
+  munmap(last->mem, last->bytes);
+  free(last);
 }
 
 static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_pair_off(n, n, 0), 4096); }
@@ -148,6 +151,7 @@ struct ipc_open {
   uintptr_t base;
   size_t size;
   int refs;
+  int closing; /* its last user is closing it, off the lock: an open of the same waits until it is gone */
 };
 static pthread_mutex_t ipc_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ipc_open* opens; /* under ipc_mu */
@@ -157,8 +161,15 @@ ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_h
   ch_status s = CH_OK;
   *cu = 0;
   pthread_mutex_lock(&ipc_mu);
-  struct ipc_open* o = opens;
-  while (o && (o->nonce != nonce || o->id != id || o->ctx != ctx)) o = o->next;
+  struct ipc_open* o;
+  for (uint64_t i = 0;; i++) { /* the driver maps a handle once per context: wait out a close of it */
+    o = opens;
+    while (o && (o->nonce != nonce || o->id != id || o->ctx != ctx)) o = o->next;
+    if (!o || !o->closing) break;
+    pthread_mutex_unlock(&ipc_mu);
+    ut_backoff(i);
+    pthread_mutex_lock(&ipc_mu);
+  }
   if (o) {
     o->refs++;
   } else if ((o = calloc(1, sizeof(*o))) == NULL) {
@@ -188,17 +199,26 @@ ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_h
   return s;
 }
 
+/* The driver call runs off the lock: it may wait for the device, and the bridges open under it. */
 void gpu_ipc_close(void* ctx, uintptr_t base) {
+  struct ipc_open* last = NULL;
   pthread_mutex_lock(&ipc_mu);
-  for (struct ipc_open** pp = &opens; *pp; pp = &(*pp)->next) {
-    struct ipc_open* o = *pp;
-    if (o->base != base || o->ctx != ctx || --o->refs > 0) continue;
-    *pp = o->next;
-    cudev_ipc_close(o->base, ctx);
-    free(o);
-    break;
-  }
+  for (struct ipc_open* o = opens; o; o = o->next)
+    if (o->base == base && o->ctx == ctx && !o->closing) {
+      if (--o->refs == 0) o->closing = 1, last = o;
+      break;
+    }
   pthread_mutex_unlock(&ipc_mu);
+  if (!last) return;
+  cudev_ipc_close(last->base, ctx);
+  pthread_mutex_lock(&ipc_mu);
+  for (struct ipc_open** pp = &opens; *pp; pp = &(*pp)->next)
+    if (*pp == last) {
+      *pp = last->next;
+      break;
+    }
+  pthread_mutex_unlock(&ipc_mu);
+  free(last);
 }
 
 /* Whether this process can open every peer process's probe (CUDA IPC may be refused in a sandbox,
