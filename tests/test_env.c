@@ -16,7 +16,8 @@ static const char* const ALL_VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCA
                                        "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                                        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK",
                                        "PMI_SIZE", "PMIX_RANK", "PMIX_NAMESPACE", "SLURM_PROCID", "SLURM_NTASKS",
-                                       "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_STEP_ID", "NCCL_COMM_ID", 0};
+                                       "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_STEP_ID", "NCCL_COMM_ID", "SLURM_NNODES",
+                                       "SLURM_STEP_NUM_NODES", "PMI_ID", 0};
 
 static void clear_env(void) {
   for (int i = 0; ALL_VARS[i]; i++) unsetenv(ALL_VARS[i]);
@@ -64,7 +65,33 @@ static int free_port(void) {
   return ntohs(a.sin_port);
 }
 
-enum launcher { TORCHRUN, OPENMPI, SLURM };
+/* Launcher values Chorus cannot use are refused with a WARN, never read as something else: a rank
+ * number past int (it was rank 0 of 1), a MASTER_PORT with no next port or no number (65536, port
+ * 1), a Slurm step over several nodes or a PMI_ID (a per-process id) without a root address (each
+ * rank picked its own loopback root and init hung until its timeout). */
+TEST(envinit, unusable_launcher_values_refused) {
+  int r, n, lr, ln;
+  ncclComm_t comm;
+  clear_env();
+  setenv("RANK", "4294967296", 1), setenv("WORLD_SIZE", "4294967297", 1);
+  EXPECT_EQ(chorusEnvRankInfo(&r, &n, &lr, &ln), ncclInvalidUsage);
+  clear_env();
+  setenv("RANK", "0", 1), setenv("WORLD_SIZE", "2", 1), setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "65535", 1);
+  EXPECT_EQ(chorusInitFromEnv(&comm), ncclInvalidUsage);
+  setenv("MASTER_PORT", "abc", 1);
+  EXPECT_EQ(chorusInitFromEnv(&comm), ncclInvalidUsage);
+  clear_env();
+  setenv("SLURM_PROCID", "1", 1), setenv("SLURM_NTASKS", "8", 1), setenv("SLURM_LOCALID", "0", 1);
+  setenv("SLURM_JOB_ID", "4242", 1), setenv("SLURM_NNODES", "2", 1);
+  EXPECT_EQ(chorusInitFromEnv(&comm), ncclInvalidUsage);
+  clear_env();
+  setenv("PMI_RANK", "1", 1), setenv("PMI_SIZE", "2", 1), setenv("PMI_ID", "1", 1);
+  EXPECT_EQ(chorusInitFromEnv(&comm), ncclInvalidUsage);
+  clear_env();
+}
+
+enum launcher { TORCHRUN, OPENMPI, SLURM, TORCHRUN6 };
 
 /* Two processes initialise from the environment alone and sum their ranks. */
 static void run_launcher(enum launcher l) {
@@ -76,9 +103,10 @@ static void run_launcher(enum launcher l) {
     kids[rank] = fork();
     if (kids[rank] == 0) {
       clear_env();
-      if (l == TORCHRUN) {
+      if (l == TORCHRUN || l == TORCHRUN6) {
         setint("RANK", rank), setint("WORLD_SIZE", 2), setint("LOCAL_RANK", rank);
-        setenv("MASTER_ADDR", "127.0.0.1", 1), setint("MASTER_PORT", port - 1); /* root uses PORT + 1 */
+        setenv("MASTER_ADDR", l == TORCHRUN6 ? "::1" : "127.0.0.1", 1); /* IPv6: no brackets, as torchrun */
+        setint("MASTER_PORT", port - 1);                                  /* root uses PORT + 1 */
       } else if (l == OPENMPI) {
         setint("OMPI_COMM_WORLD_RANK", rank), setint("OMPI_COMM_WORLD_SIZE", 2);
         setint("OMPI_COMM_WORLD_LOCAL_RANK", rank), setint("OMPI_COMM_WORLD_LOCAL_SIZE", 2);
@@ -108,3 +136,14 @@ static void run_launcher(enum launcher l) {
 TEST_T(envinit, init_under_torchrun_vars, 30) { run_launcher(TORCHRUN); }
 TEST_T(envinit, init_under_openmpi_vars, 30) { run_launcher(OPENMPI); }
 TEST_T(envinit, init_under_slurm_vars, 30) { run_launcher(SLURM); }
+TEST_T(envinit, init_under_torchrun_vars_ipv6, 30) {
+  int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+  int ok = fd >= 0 && bind(fd, (struct sockaddr*)&a, sizeof(a)) == 0;
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    printf("    skipped: no IPv6 loopback here\n");
+    return;
+  }
+  run_launcher(TORCHRUN6);
+}

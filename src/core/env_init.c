@@ -1,6 +1,8 @@
 /* chorusInitFromEnv: one call that works under chorusrun, torchrun, Open MPI (mpirun), PMI and Slurm.
  * Launcher variables describe the job rather than tune the library, so they are read here, in one
  * place, fresh on every call (not through the cached tunables table). */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +19,13 @@ static int env_int(const char* const* names, int* out) {
     const char* v = getenv(names[i]);
     if (v && *v) {
       char* end;
+      errno = 0;
       long x = strtol(v, &end, 10);
-      if (*end == 0) {
+      if (*end == 0 && errno == 0 && x >= INT_MIN && x <= INT_MAX) {
         *out = (int)x;
         return 1;
       }
+      WARN("%s=%s is not a number Chorus can use: ignored", names[i], v); /* never a silent rank 0 of 1 */
     }
   }
   return 0;
@@ -63,13 +67,27 @@ static int root_address(int nranks, int local_nranks, char* out, size_t len) {
   const char* port = getenv("MASTER_PORT");
   if (addr && port) {
     /* torchrun's own store listens on MASTER_PORT; the root takes the next port. */
-    snprintf(out, len, "%s:%d", addr, atoi(port) + 1);
+    char* end;
+    errno = 0;
+    long p = strtol(port, &end, 10);
+    if (!*port || *end || errno || p < 1 || p > 65534) {
+      WARN("chorusInitFromEnv: MASTER_PORT=%s is not a port below 65535 (the bootstrap root takes the next one)",
+           port);
+      return -1;
+    }
+    int v6 = strchr(addr, ':') && addr[0] != '['; /* an IPv6 literal takes brackets before the port */
+    snprintf(out, len, v6 ? "[%s]:%ld" : "%s:%ld", addr, p + 1);
     return 1;
   }
-  if (nranks == local_nranks) {
-    /* Everything on this host (mpirun/srun on one node): derive a port from the job's identity. */
+  /* Everything on this host (mpirun/srun on one node): derive a port from the job's identity. Slurm
+   * says how many nodes the step has, not how many of its tasks are here. */
+  int nodes = 1;
+  const char* const NODE_VARS[] = {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", 0};
+  int have_nodes = env_int(NODE_VARS, &nodes);
+  if (nranks == local_nranks && (!have_nodes || nodes == 1)) {
+    /* PMI_ID is not one: under Hydra it is each process's own id. */
     const char* const JOB_VARS[] = {"PMIX_NAMESPACE", "OMPI_MCA_orte_jobid", "OMPI_MCA_ess_base_jobid",
-                                    "SLURM_JOB_ID", "PMI_ID", 0};
+                                    "SLURM_JOB_ID", 0};
     for (int i = 0; JOB_VARS[i]; i++) {
       const char* v = getenv(JOB_VARS[i]);
       if (!v || !*v) continue;
@@ -95,7 +113,9 @@ CH_API(ncclResult_t, chorusInitFromEnv, ncclComm_t* comm) {
     return r;
   }
   char addr[256];
-  if (!root_address(nranks, ln, addr, sizeof(addr))) {
+  int found = root_address(nranks, ln, addr, sizeof(addr));
+  if (found < 0) return ncclInvalidUsage; /* WARNed */
+  if (!found) {
     WARN("chorusInitFromEnv: rank %d of %d cannot tell where the bootstrap root is: set NCCL_COMM_ID=host:port "
          "(or MASTER_ADDR and MASTER_PORT) to an address of rank 0's host", rank, nranks);
     return ncclInvalidUsage;
