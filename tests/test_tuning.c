@@ -333,6 +333,29 @@ TEST_T(tuning, tune_file_malformed_fails_init, 60) {
   rt_run_threads(2, init_fails_body, "/nonexistent/chorus-tune.conf cannot be read");
 }
 
+/* What chorus-info --calibrate writes reads back exactly (%.6g made chan_bytes 1048580), behind a
+ * comment line longer than the reader's buffer (a long path in it split the line and failed init);
+ * a directory is not a file (it read as an empty one). */
+TEST_T(tuning, tune_file_round_trips, 60) {
+  char path[64];
+  snprintf(path, sizeof(path), "/tmp/chorus-tune-%d-rt.conf", (int)getpid());
+  FILE* f = fopen(path, "w");
+  ASSERT(f);
+  fputc('#', f);
+  for (int i = 0; i < 300; i++) fputc('x', f);
+  fputc('\n', f);
+  tune_model_write(f, tune_model_defaults());
+  fclose(f);
+  set("CHORUS_TUNE_FILE", path);
+  EXPECT_EQ(tune_model_status(), CH_OK);
+  EXPECT(memcmp(tune_model_get(), tune_model_defaults(), sizeof(struct tune_model)) == 0);
+  EXPECT_EQ(tune_model_get()->chan_bytes, (size_t)1 << 20);
+  unlink(path);
+  set("CHORUS_TUNE_FILE", "/tmp");
+  EXPECT_EQ(tune_model_status(), CH_INVALID_USAGE);
+  set("CHORUS_TUNE_FILE", NULL);
+}
+
 /* The file's constants drive the choice: hops made dear enough favour RecDbl up to large sizes. */
 static void tune_file_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;

@@ -146,6 +146,11 @@ int calibrate_main(const char* path) {
   } else {
     printf("  network transport not measured (no usable interface?): defaults kept\n");
   }
+  if (strlen(path) > 255) { /* the library refuses longer CHORUS_TUNE_FILE values */
+    fprintf(stderr, "chorus-info --calibrate: %s is longer than 255 characters: CHORUS_TUNE_FILE could not name it\n",
+            path);
+    return 1;
+  }
   FILE* f = fopen(path, "w");
   if (!f) return perror(path), 1;
   time_t now = time(NULL);

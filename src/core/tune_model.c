@@ -123,10 +123,23 @@ static void load(struct loaded* e) {
     return;
   }
   char line[256];
-  int lineno = 0;
+  int lineno = 0, whole = 1;
   while (e->status == CH_OK && fgets(line, sizeof(line), f)) {
+    int starts = whole; /* the previous piece ended its line: this one starts the next */
+    whole = strchr(line, '\n') != NULL || feof(f);
+    if (!starts) continue; /* the rest of a long line (a comment: a constant's line is short) */
     lineno++;
+    if (!whole && line[strspn(line, " \t")] != '#') {
+      snprintf(e->why, sizeof(e->why), "CHORUS_TUNE_FILE %s line %d: longer than %zu characters", e->path, lineno,
+               sizeof(line) - 2);
+      e->status = CH_INVALID_USAGE;
+      break;
+    }
     e->status = parse_line(&e->m, line, lineno, e->path, e->why, sizeof(e->why));
+  }
+  if (e->status == CH_OK && ferror(f)) { /* a directory opens, and reads fail (EISDIR) */
+    snprintf(e->why, sizeof(e->why), "CHORUS_TUNE_FILE %s cannot be read: %s", e->path, strerror(errno));
+    e->status = CH_INVALID_USAGE;
   }
   fclose(f);
   if (e->status != CH_OK) e->m = defaults; /* never half a file */
@@ -185,7 +198,8 @@ int64_t tune_model_hash(void) {
 void tune_model_write(FILE* f, const struct tune_model* m) {
   for (size_t k = 0; k < NKEYS; k++) {
     const char* at = (const char*)m + keys[k].off;
-    double v = keys[k].is_size ? (double)*(const size_t*)at : *(const double*)at;
-    fprintf(f, "%-18s = %.6g\n", keys[k].name, v);
+    /* Exactly what is read back: %.6g turned 1048576 into 1048580 (one channel fewer at 1 MiB multiples). */
+    if (keys[k].is_size) fprintf(f, "%-18s = %zu\n", keys[k].name, *(const size_t*)at);
+    else fprintf(f, "%-18s = %.17g\n", keys[k].name, *(const double*)at);
   }
 }
