@@ -204,6 +204,8 @@ TEST(perf_args, bad_values) {
   static const char* cases[][2] = {
       {"-b 12X", "invalid size specified for 'minbytes': '12X'"},
       {"-e -5", "invalid size specified for 'maxbytes': '-5'"},
+      {"-b nan", "invalid size specified for 'minbytes': 'nan'"}, /* NaN to size_t was undefined */
+      {"-e inf", "invalid size specified for 'maxbytes': 'inf'"},
       {"-i 1Q", "invalid size specified for 'stepBytes'"},
       {"-b 1M -e 1K", "invalid sizes for 'minbytes' and 'maxbytes': 1048576 > 1024"},
       {"-n abc", "invalid value 'abc' for --iters"},

@@ -77,7 +77,7 @@ static int parse_size(const char* s, size_t* out) {
   char* end;
   errno = 0;
   double v = strtod(s, &end);
-  if (end == s || errno || v < 0) return -1;
+  if (end == s || errno || !(v >= 0 && v <= 1e18)) return -1; /* also NaN and infinities */
   double unit = 1;
   if (*end) {
     switch (*end) {

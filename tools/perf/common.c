@@ -333,7 +333,9 @@ static void gather_devices(perf_thread* th) {
   for (int i = 0; i < th->nlocal; i++) {
     mine[i].rank = th->rank0 + i;
     mine[i].pid = (int32_t)getpid();
-    mine[i].device = (ctx->local_proc * ctx->o.nthreads + th->thread) * ctx->o.ngpus + i;
+    /* The device it runs on: a thread's -g ranks share its one GPU (nccl-tests gives each its own) */
+    int local = ctx->local_proc * ctx->o.nthreads + th->thread;
+    mine[i].device = ctx->o.device ? perf_cuda_ordinal(local) : local * ctx->o.ngpus + i;
     snprintf(mine[i].host, sizeof mine[i].host, "%.63s", host);
     CK(ncclAllGather(&mine[i], all + (size_t)i * nr, sizeof(perf_devrec), ncclUint8, th->comms[i], NULL));
   }

@@ -69,10 +69,12 @@ void perf_cuda_open(perf_ctx* ctx) {
   if (cu.ndev < 1) perf_fail_msg(ctx, PERF_INVALID_USAGE, "--device: no CUDA device");
 }
 
+int perf_cuda_ordinal(int local_rank) { return cu.ndev > 0 ? local_rank % cu.ndev : 0; }
+
 void perf_cuda_bind(perf_ctx* ctx, int local_rank) {
   int dev = 0;
   void* pctx = NULL;
-  cu_check(ctx, cu.device_get(&dev, local_rank % cu.ndev), "cuDeviceGet");
+  cu_check(ctx, cu.device_get(&dev, perf_cuda_ordinal(local_rank)), "cuDeviceGet");
   cu_check(ctx, cu.primary_retain(&pctx, dev), "cuDevicePrimaryCtxRetain");
   cu_check(ctx, cu.ctx_set(pctx), "cuCtxSetCurrent");
 }

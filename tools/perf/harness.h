@@ -51,6 +51,8 @@ typedef struct perf_thread {
 /* cuda.c (--device): the driver, opened at run time */
 void perf_cuda_open(perf_ctx* ctx);
 void perf_cuda_bind(perf_ctx* ctx, int local_rank); /* make its device's primary context current */
+/* The device a thread of local index local_rank binds (all of its -g ranks share it). */
+int perf_cuda_ordinal(int local_rank);
 void* perf_cuda_alloc(perf_ctx* ctx, size_t bytes);
 void perf_cuda_free(perf_ctx* ctx, void* p);
 void perf_cuda_copy(perf_ctx* ctx, void* dst, const void* src, size_t bytes, int to_device);

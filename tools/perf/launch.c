@@ -303,9 +303,9 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
   const char* mb = getenv("NCCL_TESTS_MIN_BW");
   ctx->min_bw = mb ? atof(mb) : -1;
   /* Two buffers per rank on this host, and 1 GiB left for everything else. */
-  double avail = mem_available();
+  double avail = mem_available(); /* -1: unknown, then no cap; less than 1 GiB: the smallest cap */
   ctx->mem_cap = avail < 0 ? -1 : (avail - (double)(1u << 30)) / (2.0 * local_procs * per_proc);
-  if (ctx->mem_cap >= 0 && ctx->mem_cap < 64) ctx->mem_cap = 64;
+  if (avail >= 0 && ctx->mem_cap < 64) ctx->mem_cap = 64;
 
   ctx->comms = calloc((size_t)per_proc, sizeof(ncclComm_t));
   ctx->progress = aligned_alloc(64, (size_t)nt * sizeof(*ctx->progress));
