@@ -581,6 +581,28 @@ TEST(chorusrun, killed_rank_signal) {
   cmd_free(&r);
 }
 
+/* A crash after the first failure is reported too (it may be the cause: a peer seeing the crashed
+ * rank's sockets close can be reaped first); ranks ended by our SIGTERM are not. */
+TEST(chorusrun, later_crash_is_reported) {
+  cmd_result r = run(30, NULL, bin("chorusrun"), "-n", "3", "sh", "-c",
+                     "trap '' TERM; if [ $RANK = 0 ]; then sleep 0.3; exit 1; fi; if [ $RANK = 1 ]; then sleep 0.6; "
+                     "kill -SEGV $$; fi; sleep 20",
+                     (char*)NULL);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_HAS(r.err, ") also died: killed by signal SIGSEGV\n");
+  EXPECT(!strstr(r.err, "rank 2 (pid ") || !strstr(r.err, "also died: killed by signal SIGKILL"));
+  cmd_free(&r);
+}
+
+TEST(chorusrun, first_rank_overflow_refused) {
+  const char* const env[] = {"NCCL_COMM_ID=127.0.0.1:1", NULL};
+  cmd_result r = run(30, env, bin("chorusrun"), "--first-rank", "2147483647", "--world-size", "5", "-n", "2", "true",
+                     (char*)NULL);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_HAS(r.err, "do not fit in a world of 5");
+  cmd_free(&r);
+}
+
 TEST(chorusrun, sigkill_after_grace) {
   /* Rank 1 ignores SIGTERM: it gets SIGKILL about 2 s after rank 0 failed. */
   cmd_result r = run(30, NULL, bin("chorusrun"), "-n", "2", "sh", "-c",

@@ -11,7 +11,7 @@
  * own process group so that signals reach whatever it started. The first rank to fail (non-zero exit
  * or a signal) is reported, the others get SIGTERM and, 2 s later, SIGKILL, and chorusrun exits with
  * the failed rank's status (128+signal for a signal). --timeout ends a run that takes too long with
- * exit code 124, naming the ranks still running. SIGINT and SIGTERM are forwarded to every rank. */
+ * exit code 124, naming the ranks still running. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every rank. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <dirent.h>
@@ -108,7 +108,7 @@ static void usage(void) {
          "  --first-rank R        with --world-size: the ranks started here are R..R+N-1 of a larger job\n"
          "  --world-size W        (used in the commands --hosts prints; takes NCCL_COMM_ID from the environment)\n"
          "When a rank fails, the others get SIGTERM, then SIGKILL 2 s later, and chorusrun exits with the\n"
-         "failed rank's status (128+signal if it was killed). SIGINT and SIGTERM are passed on to the ranks.\n");
+         "failed rank's status (128+signal if it was killed). SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the ranks.\n");
 }
 
 static int parse_num(const char* s, long lo, long hi, long* out) {
@@ -189,8 +189,9 @@ static int parse_args(int argc, char** argv) {
   if (opt.n < 0) return usage_error("the number of ranks (-n N) is required");
   if ((opt.first >= 0) != (opt.world >= 0)) return usage_error("--first-rank and --world-size go together");
   if (opt.first < 0) opt.first = 0, opt.world = opt.n;
-  else if (opt.first + opt.n > opt.world)
-    return usage_error("ranks %d..%d do not fit in a world of %d", opt.first, opt.first + opt.n - 1, opt.world);
+  else if ((long long)opt.first + opt.n > opt.world) /* in long long: --first-rank may be INT_MAX */
+    return usage_error("ranks %d..%lld do not fit in a world of %d", opt.first, (long long)opt.first + opt.n - 1,
+                       opt.world);
   return 0;
 }
 
@@ -261,7 +262,7 @@ static int print_hosts(void) {
     printf(" -n %d --first-rank %d --world-size %d", opt.per_host, r0, world);
     if (opt.bind) printf(" --bind %s", opt.bind == BIND_CORE ? "core" : "numa");
     if (opt.tag) printf(" --tag-output");
-    if (opt.timeout > 0) printf(" --timeout %g", opt.timeout);
+    if (opt.timeout > 0) printf(" --timeout %.15g", opt.timeout); /* %g printed 1234567 as 1.23457e+06 */
     for (char** a = opt.argv; *a; a++) {
       putchar(' ');
       print_quoted(*a);
@@ -494,6 +495,7 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
+  sigaction(SIGQUIT, &sa, NULL); /* Ctrl-\: passed on too (it dumped core and left the ranks running) */
   signal(SIGPIPE, SIG_IGN);
 
   struct rank* ranks = calloc((size_t)opt.n, sizeof(*ranks));
@@ -605,6 +607,13 @@ int main(int argc, char** argv) {
       r->running = 0;
       r->status = st;
       int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (failed >= 0 && WIFSIGNALED(st) && WTERMSIG(st) != SIGTERM && WTERMSIG(st) != SIGKILL) {
+        /* A crash after the first failure (which may only be its consequence: a peer that saw the
+         * crashed rank's sockets close first) is said too; not the ranks our SIGTERM/SIGKILL ended. */
+        char nb[32];
+        fprintf(stderr, "chorusrun: rank %d (pid %d) also died: killed by signal %s\n", r->rank, (int)pid,
+                sig_name(WTERMSIG(st), nb, sizeof nb));
+      }
       if (code == 0 || failed >= 0 || timed_out || interrupted) continue;
       failed = r->rank, fail_code = code;
       char nb[32];
