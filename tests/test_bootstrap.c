@@ -578,6 +578,9 @@ TEST(bootstrap, params_env_file_and_errors) {
   param_reset();
   EXPECT(!strcmp(param_str(PARAM_ALGO), "Ring"));
   EXPECT(!strcmp(held, "Tree")); /* old strings stay valid */
+  setenv("NCCL_ALGO", "", 1); /* set but empty: the default, not the file's value (as NCCL) */
+  param_reset();
+  EXPECT(!strcmp(param_str(PARAM_ALGO), ""));
   unlink(path);
 }
 

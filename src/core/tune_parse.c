@@ -72,18 +72,26 @@ static int parse_list(const char* s, const char* e, int is_algo, unsigned* mask,
     while (q < e && *q != ',') q++;
     const char *ts = p, *te = q;
     trim(&ts, &te);
+    if (ts == te) { /* "ring,", ",ring": an empty name is skipped, as NCCL's strtok does */
+      p = q + 1;
+      continue;
+    }
     int found = -1;
     for (int i = 0; i < nnames(is_algo) && found < 0; i++)
       if (span_is(ts, te, names(is_algo)[i].name)) found = names(is_algo)[i].bit;
     if (found < 0) {
-      if (ts == te) snprintf(why, cap, "empty name in a list");
-      else snprintf(why, cap, "unknown %s '%.*s' (known: %s)", is_algo ? "algorithm" : "protocol", (int)(te - ts),
-                    ts, is_algo ? "Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct"
-                                : "LL, LL128, Simple");
+      snprintf(why, cap, "unknown %s '%.*s' (known: %s)", is_algo ? "algorithm" : "protocol", (int)(te - ts), ts,
+               is_algo ? "Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct, RecDbl, "
+                         "Rabenseifner"
+                       : "LL, LL128, Simple");
       return -1;
     }
     listed |= 1u << found;
     p = q + 1;
+  }
+  if (!listed && !invert) {
+    snprintf(why, cap, "an entry names nothing");
+    return -1;
   }
   *mask = invert ? all & ~listed : listed;
   return 0;
@@ -95,18 +103,15 @@ ch_status tune_parse(const char* env, const char* value, int is_algo, unsigned m
   if (!value) return CH_OK;
   const char* end = value + strlen(value);
   char why[256] = "";
-  int entry = 0;
+  int entry = 0, seen = 0; /* entries, and the non-empty ones among them */
   for (const char* p = value; p <= end; entry++) {
     const char* q = p;
     while (q < end && *q != ';') q++;
     const char *s = p, *e = q;
     trim(&s, &e);
     p = q + 1;
-    if (s == e) {
-      if (entry == 0 && q == end) return CH_OK; /* empty or blank value: unset */
-      snprintf(why, sizeof(why), "empty entry %d", entry + 1);
-      goto bad;
-    }
+    if (s == e) continue; /* "ring;", ";;^": empty entries are skipped, as NCCL's strtok does */
+    seen++;
     const char* colon = memchr(s, ':', (size_t)(e - s));
     int func = -1;
     if (colon) {
@@ -124,7 +129,7 @@ ch_status tune_parse(const char* env, const char* value, int is_algo, unsigned m
         snprintf(why, sizeof(why), "entry %d has more than one ':'", entry + 1);
         goto bad;
       }
-    } else if (entry > 0) {
+    } else if (seen > 1) {
       snprintf(why, sizeof(why), "entry %d has no 'collective:' prefix (only the first entry may omit it)",
                entry + 1);
       goto bad;

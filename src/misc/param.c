@@ -151,8 +151,9 @@ static void load_locked(enum param_id id, struct pending_log* pl) {
   const char* env = table[id].env;
   const char* source = "default";
   const char* v = getenv(env);
-  if (v && v[0]) {
-    source = "environment";
+  if (v) { /* set, even empty: a config file does not override it (NCCL applies them with setenv(.., 0)) */
+    if (v[0]) source = "environment";
+    else v = NULL; /* empty: the default, as unset */
   } else if (id != PARAM_CONF_FILE) {
     conf_load();
     const char* path = NULL;

@@ -23,7 +23,7 @@
     "linear backoff step between connect retries (ms)")                                            \
   X(HOSTID, "NCCL_HOSTID", P_STR, 0, "", "host identity override (default hostname + boot id)")    \
   X(ALGO, "NCCL_ALGO", P_STR, 0, "",                                                              \
-    "algorithms allowed: [func:]list;... of Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct (^ excludes); empty = auto") \
+    "algorithms allowed: [func:]list;... of Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct, RecDbl, Rabenseifner (^ excludes); empty = auto") \
   X(PROTO, "NCCL_PROTO", P_STR, 0, "", "protocols allowed: [func:]list;... of LL, LL128, Simple (^ excludes)") \
   X(CUDA_LIBRARY, "CHORUS_CUDA_LIBRARY", P_STR, 0, "libcuda.so.1",                                \
     "the CUDA driver library to look for in the process (buffers are classified only if it is loaded)") \
