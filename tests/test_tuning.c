@@ -665,7 +665,14 @@ TEST_T(tuning, tuner_plugin_forces_tree, 90) {
   const char* lib = csv_plugin();
   if (!lib) return;
   set("NCCL_TUNER_PLUGIN", lib);
-  use_rules("allreduce,0,-1,tree,simple\n");
+  /* A line longer than the plugin's buffer is skipped whole (its tail, a Ring rule here, was parsed as
+   * a line of its own), and a count past int refused (it wrapped into 2: a rule for 2 ranks). */
+  static char rules[2048];
+  char pad[511];
+  memset(pad, 'x', 510), pad[510] = 0; /* '#' and these fill the 511 bytes fgets takes; the rest is the tail */
+  snprintf(rules, sizeof(rules), "#%sallreduce,0,-1,ring,simple\nallreduce,0,-1,ring,simple,1,1,4294967299\n"
+           "allreduce,0,-1,tree,simple\n", pad);
+  use_rules(rules);
   struct want_choice tree[] = {{FUNC_ALLREDUCE, 8, ALGO_TREE, PROTO_SIMPLE, 1},
                                {FUNC_ALLREDUCE, 1 << 20, ALGO_TREE, PROTO_SIMPLE, 1},
                                {FUNC_BROADCAST, 8, ALGO_RING, PROTO_LL, 0},

@@ -7,6 +7,7 @@
  * collnet_direct, collnet_chain, nvls, nvls_tree, pat; ll, ll128, simple. */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,8 @@ static int parse_line(char* text, struct rule* r, const char** why) {
   int idx[7] = {1, 2, 5, 6, 7, 8, 9};
   for (int i = 0; i < 7; i++)
     if (idx[i] < n && parse_int(field[idx[i]], &v[i]) != 0) return *why = "a number field is not an integer >= -1", -1;
+  for (int i = 2; i < 7; i++) /* int fields: a bigger number must not wrap into a small one */
+    if (v[i] > INT_MAX) return *why = "a number field is larger than an int", -1;
   if (v[0] < 0) v[0] = 0;
   if (v[1] >= 0 && v[1] < v[0]) return *why = "maxbytes is below minbytes", -1;
   r->min_bytes = v[0], r->max_bytes = v[1];
@@ -118,6 +121,12 @@ static ncclResult_t csv_init(void** context, uint64_t comm_id, size_t nranks, si
   for (int no = 1; fgets(line, sizeof(line), f); no++) {
     const char* why = NULL;
     struct rule r;
+    if (!strchr(line, '\n') && !feof(f)) { /* longer than the buffer: skip the rest, never parse it as a line */
+      int ch;
+      while ((ch = fgetc(f)) != EOF && ch != '\n') {}
+      LOG(c, NCCL_LOG_WARN, "tuner-csv: %s line %d ignored: longer than %zu characters", path, no, sizeof(line) - 2);
+      continue;
+    }
     int rc = parse_line(line, &r, &why);
     if (rc == 1) continue;
     if (rc < 0) {

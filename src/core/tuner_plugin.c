@@ -129,6 +129,11 @@ void tuner_open(struct ncclComm* comm) {
   comm->tuner = NULL, comm->tuner_ctx = NULL;
   const char* value = param_str(PARAM_TUNER_PLUGIN);
   char cand[2][512];
+  if (strlen(value) >= sizeof(cand[0])) { /* it would be cut: a name no file has, compared cut */
+    WARN("NCCL_TUNER_PLUGIN is longer than %zu characters: this communicator goes without a tuner plugin",
+         sizeof(cand[0]) - 1);
+    return;
+  }
   if (tuner_candidates(value, cand) == 0) return;
   pthread_mutex_lock(&mu);
   struct tune_plugin* p = NULL;

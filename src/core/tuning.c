@@ -36,7 +36,7 @@ int tune_uses_net(const struct ncclComm* comm) {
 
 int tune_net_socks(void) {
   int64_t threads = UT_MAX(1, UT_MIN(16, param_int(PARAM_SOCKET_NTHREADS)));
-  int64_t socks = UT_MAX(1, param_int(PARAM_NSOCKS_PERTHREAD));
+  int64_t socks = UT_MAX(1, UT_MIN((int64_t)CH_MAX_CHANNELS, param_int(PARAM_NSOCKS_PERTHREAD))); /* no overflow below */
   return (int)UT_MIN((int64_t)CH_MAX_CHANNELS, threads * socks);
 }
 
