@@ -313,15 +313,25 @@ static void bind_rank(int i) {
     for (int a = 0; a < nn; a++) /* node numbers in order */
       for (int b = a + 1; b < nn; b++)
         if (nodes[b] < nodes[a]) { int t = nodes[a]; nodes[a] = nodes[b]; nodes[b] = t; }
-    char path[96], line[4096];
-    snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", nodes[i % nn]);
-    FILE* f = fopen(path, "r");
-    int ok = f && fgets(line, sizeof line, f) && parse_cpulist(line, &set) > 0;
-    if (f) fclose(f);
-    if (!ok) {
-      fprintf(stderr, "chorusrun: cannot read %s; rank not bound\n", path);
+    /* Only nodes with CPUs this process may use (memory-only nodes have none; taskset narrows them) */
+    cpu_set_t allowed, sets[64];
+    int ns = 0;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) CPU_ZERO(&allowed);
+    for (int k = 0; k < nn && ns < 64; k++) {
+      char path[96], line[4096];
+      snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", nodes[k]);
+      FILE* f = fopen(path, "r");
+      int ok = f && fgets(line, sizeof line, f) && parse_cpulist(line, &sets[ns]) > 0;
+      if (f) fclose(f);
+      if (!ok) continue;
+      CPU_AND(&sets[ns], &sets[ns], &allowed);
+      if (CPU_COUNT(&sets[ns]) > 0) ns++;
+    }
+    if (ns == 0) {
+      fprintf(stderr, "chorusrun: no NUMA node has CPUs this process may use; rank not bound\n");
       return;
     }
+    set = sets[i % ns];
   }
   if (sched_setaffinity(0, sizeof set, &set) != 0)
     fprintf(stderr, "chorusrun: binding local rank %d failed: %s\n", i, strerror(errno));
