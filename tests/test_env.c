@@ -88,6 +88,9 @@ TEST(envinit, unusable_launcher_values_refused) {
   clear_env();
   setenv("PMI_RANK", "1", 1), setenv("PMI_SIZE", "2", 1), setenv("PMI_ID", "1", 1);
   EXPECT_EQ(chorusInitFromEnv(&comm), ncclInvalidUsage);
+  clear_env(); /* a bad RANK is refused, not replaced by another launcher's (torchrun inside srun) */
+  setenv("RANK", "x1", 1), setenv("WORLD_SIZE", "2", 1), setenv("SLURM_PROCID", "1", 1), setenv("SLURM_NTASKS", "2", 1);
+  EXPECT_EQ(chorusEnvRankInfo(&r, &n, &lr, &ln), ncclInvalidUsage);
   clear_env();
 }
 
@@ -111,6 +114,7 @@ static void run_launcher(enum launcher l) {
         setint("OMPI_COMM_WORLD_RANK", rank), setint("OMPI_COMM_WORLD_SIZE", 2);
         setint("OMPI_COMM_WORLD_LOCAL_RANK", rank), setint("OMPI_COMM_WORLD_LOCAL_SIZE", 2);
         setenv("PMIX_NAMESPACE", ns, 1); /* one host: the root port derives from the job */
+        setenv("SLURM_NNODES", "2", 1);  /* mpirun inside a 2-node allocation: its local size decides */
       } else {
         setint("SLURM_PROCID", rank), setint("SLURM_NTASKS", 2), setint("SLURM_LOCALID", rank);
         setenv("SLURM_JOB_ID", ns, 1), setenv("SLURM_STEP_ID", "0", 1);

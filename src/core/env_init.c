@@ -14,6 +14,8 @@
 #include "api.h"
 #include "../bootstrap/bootstrap.h"
 
+/* The first of names that is set: 1 with its value, 0 if none is set, -1 (WARNed) if it is not an int:
+ * never a later launcher's variable instead, nor a silent rank 0 of 1. */
 static int env_int(const char* const* names, int* out) {
   for (int i = 0; names[i]; i++) {
     const char* v = getenv(names[i]);
@@ -25,7 +27,8 @@ static int env_int(const char* const* names, int* out) {
         *out = (int)x;
         return 1;
       }
-      WARN("%s=%s is not a number Chorus can use: ignored", names[i], v); /* never a silent rank 0 of 1 */
+      WARN("%s=%s is not a number Chorus can use", names[i], v);
+      return -1;
     }
   }
   return 0;
@@ -39,7 +42,9 @@ static const char* const LSIZE_VARS[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LO
 
 CH_API(ncclResult_t, chorusEnvRankInfo, int* rank, int* nranks, int* localRank, int* localNranks) {
   int r, n, lr, ln;
-  if (!env_int(RANK_VARS, &r) || !env_int(SIZE_VARS, &n)) {
+  int hr = env_int(RANK_VARS, &r), hn = env_int(SIZE_VARS, &n);
+  if (hr < 0 || hn < 0) return ncclInvalidUsage; /* WARNed */
+  if (!hr || !hn) {
     /* Not an error by itself: tools ask this to learn whether a launcher started them. */
     INFO(LOG_INIT, "chorusEnvRankInfo: no launcher rank/size in the environment");
     return ncclInvalidUsage;
@@ -48,8 +53,10 @@ CH_API(ncclResult_t, chorusEnvRankInfo, int* rank, int* nranks, int* localRank, 
     WARN("chorusEnvRankInfo: launcher says rank %d of %d, which is not valid", r, n);
     return ncclInvalidUsage;
   }
-  if (!env_int(LRANK_VARS, &lr)) lr = r;
-  if (!env_int(LSIZE_VARS, &ln)) ln = n;
+  int hlr = env_int(LRANK_VARS, &lr), hln = env_int(LSIZE_VARS, &ln);
+  if (hlr < 0 || hln < 0) return ncclInvalidUsage; /* WARNed */
+  if (!hlr) lr = r;
+  if (!hln) ln = n;
   if (rank) *rank = r;
   if (nranks) *nranks = n;
   if (localRank) *localRank = lr;
@@ -58,7 +65,7 @@ CH_API(ncclResult_t, chorusEnvRankInfo, int* rank, int* nranks, int* localRank, 
 }
 
 /* Where rank 0 runs the bootstrap root. */
-static int root_address(int nranks, int local_nranks, char* out, size_t len) {
+static int root_address(int nranks, int local_nranks, int local_known, char* out, size_t len) {
   if (param_is_set(PARAM_COMM_ID)) {
     snprintf(out, len, "%s", param_str(PARAM_COMM_ID));
     return 1;
@@ -79,12 +86,14 @@ static int root_address(int nranks, int local_nranks, char* out, size_t len) {
     snprintf(out, len, v6 ? "[%s]:%ld" : "%s:%ld", addr, p + 1);
     return 1;
   }
-  /* Everything on this host (mpirun/srun on one node): derive a port from the job's identity. Slurm
-   * says how many nodes the step has, not how many of its tasks are here. */
+  /* Everything on this host (mpirun/srun on one node): derive a port from the job's identity. A
+   * launcher that gave a local size said so; Slurm gives none, only how many nodes the step has
+   * (an mpirun inside a multi-node allocation inherits SLURM_NNODES but says its local size). */
   int nodes = 1;
   const char* const NODE_VARS[] = {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", 0};
-  int have_nodes = env_int(NODE_VARS, &nodes);
-  if (nranks == local_nranks && (!have_nodes || nodes == 1)) {
+  int one_host = nranks == local_nranks;
+  if (one_host && !local_known && env_int(NODE_VARS, &nodes) != 0 && nodes != 1) one_host = 0;
+  if (one_host) {
     /* PMI_ID is not one: under Hydra it is each process's own id. */
     const char* const JOB_VARS[] = {"PMIX_NAMESPACE", "OMPI_MCA_orte_jobid", "OMPI_MCA_ess_base_jobid",
                                     "SLURM_JOB_ID", 0};
@@ -113,7 +122,8 @@ CH_API(ncclResult_t, chorusInitFromEnv, ncclComm_t* comm) {
     return r;
   }
   char addr[256];
-  int found = root_address(nranks, ln, addr, sizeof(addr));
+  int unused, local_known = env_int(LSIZE_VARS, &unused) > 0;
+  int found = root_address(nranks, ln, local_known, addr, sizeof(addr));
   if (found < 0) return ncclInvalidUsage; /* WARNed */
   if (!found) {
     WARN("chorusInitFromEnv: rank %d of %d cannot tell where the bootstrap root is: set NCCL_COMM_ID=host:port "

@@ -103,15 +103,14 @@ ch_status tune_parse(const char* env, const char* value, int is_algo, unsigned m
   if (!value) return CH_OK;
   const char* end = value + strlen(value);
   char why[256] = "";
-  int entry = 0, seen = 0; /* entries, and the non-empty ones among them */
+  int entry = 0;
   for (const char* p = value; p <= end; entry++) {
     const char* q = p;
     while (q < end && *q != ';') q++;
     const char *s = p, *e = q;
     trim(&s, &e);
     p = q + 1;
-    if (s == e) continue; /* "ring;", ";;^": empty entries are skipped, as NCCL's strtok does */
-    seen++;
+    if (s == e) continue; /* "ring;", "ring;;allreduce:tree": empty entries are skipped, as by NCCL's strtok */
     const char* colon = memchr(s, ':', (size_t)(e - s));
     int func = -1;
     if (colon) {
@@ -129,7 +128,7 @@ ch_status tune_parse(const char* env, const char* value, int is_algo, unsigned m
         snprintf(why, sizeof(why), "entry %d has more than one ':'", entry + 1);
         goto bad;
       }
-    } else if (seen > 1) {
+    } else if (entry > 0) { /* as NCCL: only an entry at the start ("^", not ";;^") may omit it */
       snprintf(why, sizeof(why), "entry %d has no 'collective:' prefix (only the first entry may omit it)",
                entry + 1);
       goto bad;

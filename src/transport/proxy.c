@@ -482,7 +482,8 @@ static void* proxy_main(void* arg) {
     }
     set_sleeping(TP_SLEEP_PROXY);
     atomic_thread_fence(memory_order_seq_cst); /* pairs with tp_wake's fence */
-    if (!atomic_load(&px_changes) && !can_progress()) {
+    /* Connections left in the backlog by the per-pass cap (no retry time) are work too. */
+    if (!atomic_load(&px_changes) && !can_progress() && !(accept_blocked && !accept_retry_at)) {
       ne = epoll_wait(px.epfd, ev, 64, accept_blocked ? 100 : px.nacc ? 200 : -1);
       set_sleeping(0);
       handle_events(ev, ne > 0 ? ne : 0);
