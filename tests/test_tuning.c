@@ -667,7 +667,7 @@ TEST_T(tuning, tuner_plugin_forces_tree, 90) {
   if (!lib) return;
   set("NCCL_TUNER_PLUGIN", lib);
   /* A line longer than the plugin's buffer is skipped whole (its tail, a Ring rule here, was parsed as
-   * a line of its own), and a count past int refused (it wrapped into 2: a rule for 2 ranks). */
+   * a line of its own), and a count past int refused (4294967299 wrapped into 3: a rule for these 3 ranks). */
   static char rules[2048];
   char pad[511];
   memset(pad, 'x', 510), pad[510] = 0; /* '#' and these fill the 511 bytes fgets takes; the rest is the tail */

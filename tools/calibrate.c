@@ -115,6 +115,11 @@ static double memcpy_bw(void) {
 }
 
 int calibrate_main(const char* path) {
+  if (strlen(path) > 255) { /* the library refuses longer CHORUS_TUNE_FILE values: say so before measuring */
+    fprintf(stderr, "chorus-info --calibrate: %s is longer than 255 characters: CHORUS_TUNE_FILE could not name it\n",
+            path);
+    return 1;
+  }
   static const char* pn[CH_NPROTO] = {"LL", "LL128", "Simple"};
   struct tune_model m = *tune_model_defaults();
   const size_t small = 8, large = 1u << 20, net_large = 4u << 20;
@@ -145,11 +150,6 @@ int calibrate_main(const char* path) {
            m.net_step_us, m.net_bw);
   } else {
     printf("  network transport not measured (no usable interface?): defaults kept\n");
-  }
-  if (strlen(path) > 255) { /* the library refuses longer CHORUS_TUNE_FILE values */
-    fprintf(stderr, "chorus-info --calibrate: %s is longer than 255 characters: CHORUS_TUNE_FILE could not name it\n",
-            path);
-    return 1;
   }
   FILE* f = fopen(path, "w");
   if (!f) return perror(path), 1;

@@ -617,7 +617,9 @@ int main(int argc, char** argv) {
       r->running = 0;
       r->status = st;
       int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      if (failed >= 0 && WIFSIGNALED(st) && WTERMSIG(st) != SIGTERM && WTERMSIG(st) != SIGKILL) {
+      int forwarded = WIFSIGNALED(st) && (WTERMSIG(st) == SIGTERM || WTERMSIG(st) == SIGKILL ||
+                                         WTERMSIG(st) == interrupted); /* signals we sent it */
+      if (failed >= 0 && WIFSIGNALED(st) && !forwarded) {
         /* A crash after the first failure (which may only be its consequence: a peer that saw the
          * crashed rank's sockets close first) is said too; not the ranks our SIGTERM/SIGKILL ended. */
         char nb[32];

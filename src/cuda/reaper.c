@@ -8,7 +8,7 @@
  *
  * `q_head`, `q_tail`, `running`, `exiting`: under q_mu. The thread is detached and never ends; a fork
  * child starts without it and drops the parent's queue (its contexts are not the child's); once the
- * process exits it makes no more driver calls (the driver may be torn down by then). Frees handed
+ * process exits it starts no more jobs (the driver may be torn down by then; one running goes on). Frees handed
  * over by an abort may still be queued when it returns: the pinned memory goes back a moment later. */
 #define _GNU_SOURCE
 #include <errno.h>
