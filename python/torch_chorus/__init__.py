@@ -103,10 +103,14 @@ def _wrap_coalescing_manager():
 
     @functools.wraps(orig)
     @contextlib.contextmanager
-    def _coalescing_manager(group=None, device=None, async_ops=False):
+    def _coalescing_manager(*args, **kwargs):
+        # torch's own parameters pass through as given (a later torch may add some); only these two
+        # are read, by name or position as torch 2.x declares them: (group=None, device=None, ...)
+        group = kwargs.get("group", args[0] if args else None)
+        device = kwargs.get("device", args[1] if len(args) > 1 else None)
         entered = False
         try:
-            with orig(group, device, async_ops) as cm:
+            with orig(*args, **kwargs) as cm:
                 entered = True
                 yield cm
         except BaseException as e:

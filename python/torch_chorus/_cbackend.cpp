@@ -101,6 +101,13 @@ class ChorusWork : public Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return fut_; }
 
+  // The tensors the operation wrote, as the Work it replaced gave them (deprecated, still called).
+  std::vector<at::Tensor> result() override {
+    wait(kNoTimeout);
+    const c10::IValue& v = fut_->value();
+    return v.isTensorList() ? v.toTensorVector() : std::vector<at::Tensor>{};
+  }
+
  private:
   c10::intrusive_ptr<c10::ivalue::Future> fut_;
 };

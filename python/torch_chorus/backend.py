@@ -229,6 +229,7 @@ class ChorusEngine(_BASE):
         self._error = None  # that failure's message
         self._pending = []  # _Op issued, not yet completed (they hold the buffers alive)
         self._unsettled = set()  # _Op issued whose copy-backs and futures are not done yet
+        self._sync_call = False  # the issuing thread is in a synchronous call (ops.py sets it): _drain may wait
         self._p2p = []  # calls queued while coalescing: (what, issue, _Op)
         self._batch = 0  # >0 between start_ and end_coalescing: calls are queued, then issued as one group
         self._watcher = None
@@ -355,6 +356,8 @@ class ChorusEngine(_BASE):
         if self._batch:  # a synchronous call inside coalescing: torch would wait on it, so it stands in
             self._p2p.append((what, issue, _Op(post, keep, result, what)))
             return self._done_work
+        if any(op.post is not None for op in list(self._unsettled)):
+            self._drain()  # an earlier result still to be copied back may land in what this call reads
         if self._done_upto == self._issued:
             self._check(issue(None), what)
             if post is not None:
@@ -386,11 +389,15 @@ class ChorusEngine(_BASE):
         return self._make_work(op)
 
     def _drain(self):
-        """Before a call stages a copy of a tensor (a non-contiguous input or output, a PREMUL_SUM
-        scaling): let what was issued before it complete and copy back, so that the copy holds what
-        issue order says (the stream would run the call in order, but on a stale copy). Ops no thread
-        has begun to settle are settled here (this may be a settler, inside a callback)."""
-        if not self._unsettled:
+        """Before a synchronous call stages a copy of a tensor (a non-contiguous input or output, a
+        PREMUL_SUM scaling) or is issued behind calls with copy-backs pending: let what was issued
+        before it complete and copy back, so that it sees what issue order says (the stream would run
+        it in order, but on a stale copy, or before an earlier result is copied back). A synchronous
+        call waits for those calls anyway. An asynchronous one does not wait here: it would block its
+        caller, and ranks that issue calls on two groups in different orders (valid with NCCL) would
+        wait for each other; it stages at call time (docs/PYTORCH.md). Ops no thread has begun to
+        settle are settled here (this may be a settler, inside a callback)."""
+        if not self._sync_call or not self._unsettled:
             return
         target = self._issued
         self._wait_seq(target)

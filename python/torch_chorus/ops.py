@@ -3,7 +3,8 @@
 Layout rules: NCCL takes one contiguous buffer per call, so non-contiguous tensors are read through
 a contiguous copy and written through a contiguous stand-in copied back on completion (`_Out`); lists of
 per-rank tensors go through one flat buffer. Copies of what a call reads are made through `_src`,
-`_out`, `_scaled` and `_stage`, which first let earlier calls finish (`_drain`): issue order. Complex tensors travel as their real pairs. Uneven
+`_out`, `_scaled` and `_stage`, which in a synchronous call first let earlier calls finish (`_drain`): issue
+order. Complex tensors travel as their real pairs. Uneven
 all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
 """
 
@@ -436,6 +437,33 @@ class ChorusBackend(ChorusEngine):
     reduce_scatter_single = _reduce_scatter_base
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     all_to_all_single = alltoall_base
+
+
+def _sync_calls(cls):
+    """Mark the collectives' synchronous calls (opts.asyncOp False) for _drain, which only they may
+    wait in: an asynchronous call must never block its caller on earlier calls."""
+    import functools
+
+    def wrap(f):
+        @functools.wraps(f)
+        def call(self, *args, **kwargs):
+            opts = kwargs.get("opts", args[-1] if args else None)
+            outer = self._sync_call  # one op may call another (allgather_coalesced)
+            self._sync_call = opts is not None and hasattr(opts, "asyncOp") and not opts.asyncOp
+            try:
+                return f(self, *args, **kwargs)
+            finally:
+                self._sync_call = outer
+        return call
+
+    for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced",
+                 "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
+                 "reduce_scatter_tensor_coalesced", "alltoall_base", "alltoall"):
+        setattr(cls, name, wrap(getattr(cls, name)))
+    return cls
+
+
+_sync_calls(ChorusBackend)
 
 
 def create_backend(store, rank, size, timeout):

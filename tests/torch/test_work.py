@@ -178,11 +178,12 @@ def order_body(rank, size, path):
     dist.all_reduce(x, op=dist._make_nccl_premul_sum(1.0))
     w.wait()
     check_equal(torch, x, torch.full((n,), 4.0), "async all_reduce then PREMUL_SUM")
-    x = torch.ones(n)
-    ws = [dist.all_reduce(x, async_op=True), dist.all_reduce(x, op=dist._make_nccl_premul_sum(1.0), async_op=True)]
-    for w in ws:
-        w.wait()
-    check_equal(torch, x, torch.full((n,), 4.0), "async all_reduce then async PREMUL_SUM")
+    m = torch.ones(n, 2)
+    col = m[:, 0]
+    w = dist.all_reduce(col, async_op=True)  # its result is copied back on completion
+    dist.all_reduce(m)  # a contiguous call over the same memory runs after that copy-back: 4, not 2
+    w.wait()
+    check_equal(torch, m[:, 0], torch.full((n,), 4.0), "async all_reduce of a column, then sync of its matrix")
     m = torch.ones(n, 2)
     w = dist.all_reduce(m, async_op=True)
     outs = [torch.zeros(n) for _ in range(size)]
@@ -190,6 +191,37 @@ def order_body(rank, size, path):
     w.wait()
     for o in outs:
         check_equal(torch, o, torch.full((n,), 2.0), "all_gather of a column after an async all_reduce")
+    dist.destroy_process_group()
+
+
+def cross_group_body(rank, size, path):
+    """Asynchronous calls never wait for earlier ones: rank 0 queues two on the world group (the second
+    stages a copy of a column) before a synchronous call on group B, which rank 1 makes first. When
+    the staging waited for the first call, rank 0 waited for rank 1 and rank 1 for rank 0 (NCCL runs
+    this program)."""
+    init(dist, rank, size, path)
+    b = dist.new_group([0, 1])
+    warm_up()  # a communicator's first call connects it, on the calling thread: both before the test
+    dist.all_reduce(torch.ones(1), group=b)
+    n = 1 << 16
+    m = torch.ones(n, 2)
+    y = torch.ones(4)
+    t0 = time.monotonic()
+    if rank == 0:
+        w1 = dist.all_reduce(m, async_op=True)
+        w2 = dist.all_reduce(m[:, 1], async_op=True)
+        dist.all_reduce(y, group=b)
+    else:
+        dist.all_reduce(y, group=b)
+        w1 = dist.all_reduce(m, async_op=True)
+        w2 = dist.all_reduce(m[:, 1], async_op=True)
+    w1.wait()
+    w2.wait()
+    took = time.monotonic() - t0
+    if took > 3:
+        raise AssertionError(f"rank {rank}: the calls took {took:.1f} s: an asynchronous call waited")
+    check_equal(torch, y, torch.full((4,), 2.0), "group B's all_reduce")
+    check_equal(torch, m[:, 0], torch.full((n,), 2.0), "the matrix's first column")
     dist.destroy_process_group()
 
 
@@ -210,6 +242,7 @@ def init_timeout_body(rank, size, path):
 
 if __name__ == "__main__":
     for body in (failed_wait_body, wait_timeout_body, premul_body, batch_raise_body, copyback_body, order_body,
+                 cross_group_body,
                  init_timeout_body):
         spawn(body, 2, timeout=90)
     print("PASS")
