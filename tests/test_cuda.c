@@ -302,8 +302,11 @@ TEST_T(cuda, calls_ahead_of_the_stream_wait_for_pinned_memory, 30) {
   for (int c = 0; c < CALLS; c++) NCCL_OK(ncclAllReduce(a[c], b[c], N, ncclFloat32, ncclSum, comm, s));
   double took = now_s() - t0;
   EXPECT(took >= 0.15); /* the third call waited for the first, behind the 200 ms kernel */
-  EXPECT_EQ(host_allocs(), 3); /* the flag and two blocks */
+  /* the flag and two blocks, and perhaps one block given back that the reaper frees once the stream
+   * is idle (a block that came back just as a call looked may be given back for a new one) */
+  EXPECT(host_allocs() == 3 || host_allocs() == 4);
   EXPECT_EQ(cu_sync(s), 0);
+  for (int i = 0; i < 500 && host_allocs() > 3; i++) usleep(10 * 1000);
   for (int c = 0; c < CALLS; c++)
     for (int i = 0; i < N; i++) EXPECT(b[c][i] == (float)(c + 1));
   EXPECT_EQ(fill(s, a[0], N, 9.0f, 100), 0);

@@ -123,8 +123,10 @@ static struct pin_block* block_free_fit(struct stage_comm* sc, size_t bytes, voi
   return best;
 }
 
-static void block_drop_idle(struct stage_comm* sc) {
-  for (struct pin_block** pp = &sc->blocks; *pp;) {
+/* Give idle blocks back until `want` more bytes fit under cap (not all of them: the next calls may
+ * reuse the rest). */
+static void block_drop_idle(struct stage_comm* sc, size_t want, size_t cap) {
+  for (struct pin_block** pp = &sc->blocks; *pp && sc->pinned_bytes + want > cap;) {
     struct pin_block* b = *pp;
     if (atomic_load_explicit(&b->busy, memory_order_acquire)) { pp = &b->next; continue; }
     *pp = b->next;
@@ -137,7 +139,11 @@ static void block_drop_idle(struct stage_comm* sc) {
 /* A new block, within CHORUS_CUDA_STAGING_MAX_BYTES once idle blocks are given back; NULL: none. */
 static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ctx) {
   size_t want = UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10), cap = (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES);
-  if (sc->pinned_bytes + want > cap) block_drop_idle(sc);
+  if (sc->pinned_bytes + want > cap) {
+    struct pin_block* fit = block_free_fit(sc, bytes, ctx); /* one may have come back since the caller looked */
+    if (fit) return fit;
+    block_drop_idle(sc, want, cap);
+  }
   if (sc->pinned_bytes + want > cap) return NULL;
   struct pin_block* b = calloc(1, sizeof(*b));
   if (!b) return NULL;
