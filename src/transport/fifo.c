@@ -159,6 +159,6 @@ static void fifo_free(struct conn* c) {
 }
 
 const struct tp_ops tp_local_ops = {"local", tp_local_recv_setup, tp_local_send_connect, fifo_recv_done, NULL, NULL, NULL,
-                                    fifo_wake, fifo_free};
+                                    fifo_wake, fifo_free, NULL};
 const struct tp_ops tp_shm_ops = {"shm", tp_shm_recv_setup, tp_shm_send_connect, fifo_recv_done, NULL, NULL, NULL,
-                                  fifo_wake, fifo_free};
+                                  fifo_wake, fifo_free, NULL};

@@ -217,8 +217,8 @@ int tp_net_state(const struct conn* c) {
   return st == NET_FAILED ? 2 : st == NET_CLOSED ? 1 : 0;
 }
 
-void tp_conn_closing(struct conn* c) {
-  if (c->connected && c->transport == TP_NET && c->net) proxy_closing(c->net);
+static void net_closing(struct conn* c) {
+  if (c->net) proxy_closing(c->net);
 }
 
 static void net_free(struct conn* c) {
@@ -230,4 +230,4 @@ static void net_free(struct conn* c) {
 }
 
 const struct tp_ops tp_net_ops = {"net", tp_net_recv_setup, tp_net_send_connect, net_recv_done, tp_net_state,
-                                  tp_net_poll, tp_net_idle, net_wake, net_free};
+                                  tp_net_poll, tp_net_idle, net_wake, net_free, net_closing};

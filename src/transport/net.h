@@ -129,7 +129,7 @@ void net_sockopts(int fd); /* buffers (CHORUS_NET_SOCKBUF_BYTES), link timeout, 
 ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener);
 /* Ask the proxy to drop n (graceful bye, close) and wait until it no longer touches n or its FIFO. */
 void proxy_unregister(struct net_conn* n);
-/* The first half of that, without the wait (tp_conn_closing). */
+/* The first half of that, without the wait (the transport's closing op). */
 void proxy_closing(struct net_conn* n);
 /* The process's net listener address, if a proxy runs (tests). */
 int proxy_listener_addr(union sock_addr* out);

@@ -201,6 +201,10 @@ struct tp_ops {
   /* Wake whoever waits at the other end of c (after a poison: fifo_ctrl up/down records). */
   void (*wake)(struct conn* c, int we_send);
   void (*free)(struct conn* c);
+  /* Before freeing many connections: start closing c now (a network sender flushes what its rank
+   * posted, up to 30 s), so that their flushes overlap instead of running one after another. NULL:
+   * nothing to flush. */
+  void (*closing)(struct conn* c);
 };
 extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_net_ops;
 static inline const struct tp_ops* tp_ops_of(int kind) {
@@ -221,10 +225,10 @@ static inline void tp_conn_idle(struct conn* c) {
   if (c->connected && o->idle) o->idle(c);
 }
 void tp_conn_free(struct conn* c);
-/* Before freeing many connections: let each one start closing now (a network sender flushes what
- * its rank posted, up to 30 s), so that their flushes overlap instead of running one after another.
- * Nothing for local FIFOs. */
-void tp_conn_closing(struct conn* c);
+static inline void tp_conn_closing(struct conn* c) {
+  const struct tp_ops* o = tp_ops_of(c->transport);
+  if (c->connected && o->closing) o->closing(c);
+}
 
 /* The implementations (fifo.c, shm.c, net.c), also called by tests. */
 ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
