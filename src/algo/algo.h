@@ -125,7 +125,7 @@ struct ch_op {
 };
 
 /* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Rabenseifner, Tree) name the
- * peer of each step (prim.peers) and use per-peer connections of their own (comm->apeer, not the ones
+ * peer of each step (prim.peers) and use per-peer connections of their own (comm_apeer, not the ones
  * send/recv use, whose lanes run in no fixed order with a collective): one channel, so that the order
  * of steps on a connection is the same at both ends. Their peers are connected with the rings
  * (algo_peer_set): ranks whose calls differ never wait for each other in connection setup. */

@@ -67,10 +67,10 @@ struct ncclComm {
   struct algo_tree trees[2]; /* this rank in the Tree algorithm's trees (topo_tree.c); read-only after init */
   int ntrees;
   int tree_depth; /* hops from a tree's root to its deepest leaf (cost model) */
-  struct ch_p2p* p2p; /* [nranks] */
-  /* [nranks] the peers of RecDbl, Rabenseifner and Tree, connected with the rings (connect.c): FIFOs
-   * apart from p2p's, which a group's sends and receives use in no fixed order with a collective */
-  struct ch_p2p* apeer;
+  /* [2 * nranks]: [r] sends and receives with rank r; [nranks + r] the FIFOs of RecDbl, Rabenseifner
+   * and Tree with r, connected with the rings (connect.c), apart from the first, which a group's sends
+   * and receives use in no fixed order with a collective (comm_apeer) */
+  struct ch_p2p* p2p;
   struct tp_sizes sizes;     /* ring FIFOs */
   struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */
   char* scratch; /* LL/LL128 staging, one slot payload */
@@ -166,6 +166,8 @@ struct ncclComm {
   struct gpu_comm* gpu;
 };
 
+static inline struct ch_p2p* comm_apeer(struct ncclComm* comm, int r) { return &comm->p2p[comm->nranks + r]; }
+
 /* Validate a handle passed by the user; WARNs and returns CH_INVALID_ARG if bad, CH_INVALID_USAGE in
  * a fork child that inherited it. */
 ch_status comm_check(const struct ncclComm* comm, const char* fn);
@@ -197,7 +199,7 @@ void comm_join_init(struct ncclComm* comm);
 /* Connect what the next plans need and is not connected yet, for several communicators at once
  * (one thread may drive many ranks). need_send[i][p] / need_recv[i][p] flag peers p of comms[i] for
  * sends and receives, need_send[i][nranks] asks for the rings, and need_*[i][nranks + 1 + p] flags p
- * as a peer of RecDbl, Rabenseifner or Tree (apeer): 2 * nranks + 1 flags each. Two phases (all receivers publish their FIFOs, then all
+ * as a peer of RecDbl, Rabenseifner or Tree (comm_apeer): 2 * nranks + 1 flags each. Two phases (all receivers publish their FIFOs, then all
  * senders attach), so no order of peers can deadlock. */
 ch_status comm_connect(struct ncclComm** comms, int ncomms, char** need_send, char** need_recv);
 /* Test hook: the next `count` connection setups of comm fail at this rank's receiving

@@ -15,7 +15,7 @@
  * Rabenseifner and Tree (need[n+1..2n+1), marked with the rings). Apart, so that a group's sends and
  * receives, whose lanes run in no fixed order with a collective, never share a FIFO with its steps;
  * every phase walks set 1 before set 0, so both ends agree on the order of their messages. */
-static struct ch_p2p* peer_set(struct ncclComm* comm, int set) { return set ? comm->apeer : comm->p2p; }
+static struct ch_p2p* peer_set(struct ncclComm* comm, int set) { return comm->p2p + (set ? comm->nranks : 0); }
 static const char* set_need(const struct ncclComm* comm, const char* need, int set) {
   return set ? need + comm->nranks + 1 : need;
 }
@@ -265,9 +265,8 @@ static void drop_incomplete(struct ncclComm* comm, int rings) {
     tp_conn_free(&comm->channels[c].send);
     tp_conn_free(&comm->channels[c].recv);
   }
-  for (int set = 0; set < 2; set++)
-    for (int p = 0; p < comm->nranks; p++)
-      if (p != comm->rank && !peer_set(comm, set)[p].recv_acked) tp_conn_free(&peer_set(comm, set)[p].recv);
+  for (int k = 0; k < 2 * comm->nranks; k++) /* both sets */
+    if (k != comm->rank && !comm->p2p[k].recv_acked) tp_conn_free(&comm->p2p[k].recv);
 }
 
 /* Each communicator goes through all three phases even when its own part failed (so its peers get
@@ -313,21 +312,17 @@ void comm_free_connections(struct ncclComm* comm) {
     tp_conn_closing(&comm->channels[c].send);
     tp_conn_closing(&comm->channels[c].recv);
   }
-  for (int set = 0; set < 2; set++)
-    for (int p = 0; peer_set(comm, set) && p < comm->nranks; p++) {
-      tp_conn_closing(&peer_set(comm, set)[p].send);
-      tp_conn_closing(&peer_set(comm, set)[p].recv);
-    }
+  for (int k = 0; comm->p2p && k < 2 * comm->nranks; k++) { /* both sets */
+    tp_conn_closing(&comm->p2p[k].send);
+    tp_conn_closing(&comm->p2p[k].recv);
+  }
   for (int c = 0; c < comm->nchannels; c++) {
     tp_conn_free(&comm->channels[c].send);
     tp_conn_free(&comm->channels[c].recv);
   }
-  for (int set = 0; set < 2; set++) {
-    struct ch_p2p* ps = peer_set(comm, set);
-    for (int p = 0; ps && p < comm->nranks; p++) {
-      /* self: send and recv share one FIFO owned by recv */
-      tp_conn_free(&ps[p].send);
-      tp_conn_free(&ps[p].recv);
-    }
+  for (int k = 0; comm->p2p && k < 2 * comm->nranks; k++) {
+    /* self: send and recv share one FIFO owned by recv */
+    tp_conn_free(&comm->p2p[k].send);
+    tp_conn_free(&comm->p2p[k].recv);
   }
 }

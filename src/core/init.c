@@ -210,9 +210,8 @@ static ch_status comm_setup(struct ncclComm* comm) {
   int n = comm->nranks, me = comm->rank;
   const struct boot_rank_info* mine = &comm->peers[me];
   comm->peer_tp = calloc((size_t)n, sizeof(int));
-  comm->p2p = calloc((size_t)n, sizeof(struct ch_p2p));
-  comm->apeer = calloc((size_t)n, sizeof(struct ch_p2p));
-  if (!comm->peer_tp || !comm->p2p || !comm->apeer) return CH_SYSTEM;
+  comm->p2p = calloc(2 * (size_t)n, sizeof(struct ch_p2p));
+  if (!comm->peer_tp || !comm->p2p) return CH_SYSTEM;
   uint64_t* hosts = calloc((size_t)n, sizeof(uint64_t));
   if (!hosts) return CH_SYSTEM;
   int nhosts = 0;
@@ -466,9 +465,8 @@ void comm_free(struct ncclComm* comm) {
   free(comm->peers);
   free(comm->peer_tp);
   free(comm->p2p);
-  free(comm->apeer);
   free(comm->scratch);
   free(comm->peer_scratch);
-  comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = comm->apeer = NULL, comm->scratch = comm->peer_scratch = NULL;
+  comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = NULL, comm->scratch = comm->peer_scratch = NULL;
   comm_unref(comm);
 }

@@ -56,11 +56,9 @@ static void poison_all(struct ncclComm* comm, const struct xfer_poison* rec) {
     tp_conn_poison(&comm->channels[c].send, 1, rec);
     tp_conn_poison(&comm->channels[c].recv, 0, rec);
   }
-  for (int r = 0; comm->p2p && r < comm->nranks; r++) {
-    tp_conn_poison(&comm->p2p[r].send, 1, rec);
-    tp_conn_poison(&comm->p2p[r].recv, 0, rec);
-    tp_conn_poison(&comm->apeer[r].send, 1, rec);
-    tp_conn_poison(&comm->apeer[r].recv, 0, rec);
+  for (int k = 0; comm->p2p && k < 2 * comm->nranks; k++) { /* both per-peer sets */
+    tp_conn_poison(&comm->p2p[k].send, 1, rec);
+    tp_conn_poison(&comm->p2p[k].recv, 0, rec);
   }
 }
 
@@ -124,13 +122,11 @@ static int clique_mismatch(const struct ncclComm* comm, const struct ch_plan* pl
  * will read it. The rank thread owns each conn's step; tail is read with acquire after hdr[] was
  * stored before it. */
 static int conn_mismatch(const struct ncclComm* comm, const struct xfer_hdr* mine, struct xfer_poison* rec) {
-  int n = comm->nranks, nch = comm->nchannels;
-  for (int k = 0; k < nch + 2 * n; k++) {
-    int r = (k - nch) % n; /* then every peer's p2p FIFO, then its apeer one */
-    const struct conn* c = k < nch                        ? &comm->channels[k].recv
-                           : !comm->p2p || r == comm->rank ? NULL
-                           : k < nch + n                   ? &comm->p2p[r].recv
-                                                           : &comm->apeer[r].recv;
+  int nch = comm->nchannels;
+  for (int k = 0; k < nch + 2 * comm->nranks; k++) { /* the rings', then both per-peer sets */
+    const struct conn* c = k < nch                               ? &comm->channels[k].recv
+                           : comm->p2p && k - nch != comm->rank ? &comm->p2p[k - nch].recv
+                                                                 : NULL;
     if (!c || !c->connected || !c->ctrl || atomic_load_explicit(&c->ctrl->tail, memory_order_acquire) <= c->step)
       continue;
     struct xfer_hdr h = c->ctrl->hdr[c->step % CH_STEPS];
@@ -177,9 +173,8 @@ ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
     }
   for (int c = 0; c < comm->nchannels && !hit; c++)
     hit = tp_conn_poisoned(&comm->channels[c].send, 1, &rec) || tp_conn_poisoned(&comm->channels[c].recv, 0, &rec);
-  for (int r = 0; comm->p2p && r < comm->nranks && !hit; r++)
-    hit = tp_conn_poisoned(&comm->p2p[r].send, 1, &rec) || tp_conn_poisoned(&comm->p2p[r].recv, 0, &rec) ||
-          tp_conn_poisoned(&comm->apeer[r].send, 1, &rec) || tp_conn_poisoned(&comm->apeer[r].recv, 0, &rec);
+  for (int k = 0; comm->p2p && k < 2 * comm->nranks && !hit; k++) /* both per-peer sets */
+    hit = tp_conn_poisoned(&comm->p2p[k].send, 1, &rec) || tp_conn_poisoned(&comm->p2p[k].recv, 0, &rec);
   if (!hit) return CH_OK;
   if (!atomic_exchange(&comm->poisoned, 1)) {
     say(comm, &rec);

@@ -166,7 +166,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   for (int i = 0; i < ntasks; i++) {
     struct ch_task* t = &bs.tasks[i];
     /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
-     * FIFOs of their own (comm->apeer), apart from the group's sends and receives. */
+     * FIFOs of their own (comm_apeer), apart from the group's sends and receives. */
     tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
     if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1;
     for (int c = 0; c < t->how.nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
@@ -338,8 +338,8 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
     algo_step(op, op->idx, &p);
     if (p.peers) { /* RecDbl, Rabenseifner, Tree: this step's peer connections (group.c connects
                     * them with the rings) */
-      if (p.recv) op->ctx.in = &comm->apeer[p.in_peer].recv;
-      if (p.send) op->ctx.out = &comm->apeer[p.out_peer].send;
+      if (p.recv) op->ctx.in = &comm_apeer(comm, p.in_peer)->recv;
+      if (p.send) op->ctx.out = &comm_apeer(comm, p.out_peer)->send;
       if ((p.recv && !op->ctx.in->connected) || (p.send && !op->ctx.out->connected)) {
         WARN("rank %d: %s needs a connection with rank %d that was not set up (internal error)", comm->rank,
              tune_algo_name(op->algo), p.recv && !op->ctx.in->connected ? p.in_peer : p.out_peer);
@@ -382,11 +382,9 @@ static ch_status check_links(struct ncclComm* comm, const struct prim_ctx* block
     CHECK(check_conn(comm, &comm->channels[c].send, blocked, culprit));
     CHECK(check_conn(comm, &comm->channels[c].recv, blocked, culprit));
   }
-  for (int r = 0; comm->p2p && r < comm->nranks; r++) {
-    CHECK(check_conn(comm, &comm->p2p[r].send, blocked, culprit));
-    CHECK(check_conn(comm, &comm->p2p[r].recv, blocked, culprit));
-    CHECK(check_conn(comm, &comm->apeer[r].send, blocked, culprit));
-    CHECK(check_conn(comm, &comm->apeer[r].recv, blocked, culprit));
+  for (int k = 0; comm->p2p && k < 2 * comm->nranks; k++) { /* both per-peer sets */
+    CHECK(check_conn(comm, &comm->p2p[k].send, blocked, culprit));
+    CHECK(check_conn(comm, &comm->p2p[k].recv, blocked, culprit));
   }
   return CH_OK;
 }
