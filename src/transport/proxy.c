@@ -282,23 +282,24 @@ static void read_hello(struct pending* p) {
   }
 }
 
-/* A free slot for a new socket, or NULL. When all are taken, the oldest socket that has been silent
- * for EVICT_AFTER_NS is dropped for it (a flood cannot keep peers out); a burst of real senders, whose
- * hellos are moments behind their connects, is never evicted. */
-static struct pending* free_slot(void) {
+/* A slot for a new socket, or NULL: a free one, else, when all are taken, the oldest socket if it has
+ * been silent for EVICT_AFTER_NS (a flood cannot keep peers out; a burst of real senders, whose hellos
+ * are moments behind their connects, is never evicted). evict: drop that socket now (only once a new
+ * one is accepted: none may be waiting). */
+static struct pending* free_slot(int evict) {
   struct pending* old = NULL;
   for (int i = 0; i < MAX_ACCEPTS; i++) {
     if (px.acc[i].fd < 0) return &px.acc[i];
     if (!old || px.acc[i].deadline < old->deadline) old = &px.acc[i];
   }
-  if (old->deadline + EVICT_AFTER_NS > ut_now_ns() + ACCEPT_TIMEOUT_NS) return NULL;
-  reject(old, "too many connections waiting to authenticate: the oldest is dropped");
+  if (old->deadline + EVICT_AFTER_NS > ut_now_ns() + ACCEPT_TIMEOUT_NS) return NULL; /* accepted < 1 s ago */
+  if (evict) reject(old, "too many connections waiting to authenticate: the oldest is dropped");
   return old;
 }
 
 static void accept_all(void) {
   for (int k = 0;; k++) {
-    if (k == ACCEPTS_PER_PASS || (px.nacc >= MAX_ACCEPTS && !free_slot())) {
+    if (k == ACCEPTS_PER_PASS || !free_slot(0)) {
       accept_blocked = 1, accept_retry_at = k == ACCEPTS_PER_PASS ? 0 : ut_now_ns() + 10000000ull;
       return; /* the rest wait in the backlog: the next pass, or once a slot frees or ages */
     }
@@ -320,7 +321,7 @@ static void accept_all(void) {
       return; /* EAGAIN: the next edge */
     }
     accept_warned = 0;
-    struct pending* p = free_slot();
+    struct pending* p = free_slot(1);
     if (!p) { /* cannot happen: checked before the accept */
       close(fd);
       continue;
