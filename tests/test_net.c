@@ -161,34 +161,50 @@ TEST_T(net, impostor_rejected, 60) {
   tp_conn_free(&ic);
 }
 
+/* One network connection on the loopback, rank 1 -> rank 0, set up by hand (the receiving end first,
+ * then the sender, as the tests below need), with the job key of these tests. */
+struct net_pair {
+  union sock_addr lo;
+  unsigned char key[32];
+  struct tp_ctx rx, tx;
+  struct tp_sizes sz;
+  struct conn rc, sc;
+  struct tp_handle h;
+};
+static void pair_listen(struct net_pair* p) {
+  memset(p, 0, sizeof(*p));
+  ASSERT(sock_parse_addr("127.0.0.1:0", &p->lo) == CH_OK);
+  memset(p->key, 7, sizeof(p->key));
+  p->rx = (struct tp_ctx){0, &p->lo, &p->lo, 0, p->key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  p->tx = (struct tp_ctx){1, &p->lo, &p->lo, 0, p->key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
+  p->sz = (struct tp_sizes){{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
+  p->rc.peer = 1, p->sc.peer = 0;
+  ASSERT(tp_net_recv_setup(&p->rc, &p->sz, &p->h, &p->rx) == CH_OK);
+}
+static ch_status pair_connect(struct net_pair* p) { return tp_net_send_connect(&p->sc, &p->sz, &p->h, &p->tx); }
+static void pair_free(struct net_pair* p) {
+  tp_conn_free(&p->sc);
+  tp_conn_free(&p->rc);
+  atomic_store(&dummy_err, 0);
+}
+
 /* A step header that announces more than the slot, read by the waiting rank (direct reads), goes back
  * to the proxy, which fails the link: only the proxy walks its records (conn_fail), so the rank thread
  * must not (it did, racing the proxy's list). */
 TEST_T(net, oversized_step_is_failed_by_the_proxy, 60) {
-  union sock_addr lo;
-  ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
-  unsigned char key[32];
-  memset(key, 7, sizeof(key));
-  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
-  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
-  struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
-  struct conn rc = {0}, sc = {0};
-  struct tp_handle h;
-  rc.peer = 1, sc.peer = 0;
-  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
-  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
-  ASSERT(tp_net_wait_bound(&rc, &rx) == CH_OK);
-  ASSERT(rc.net->slot_bytes < 8192 && rc.net->direct_max >= 8192);
-  tp_net_poll(&rc); /* the rank takes the socket, as a waiting engine does */
+  static struct net_pair p;
+  pair_listen(&p);
+  ASSERT(pair_connect(&p) == CH_OK);
+  ASSERT(tp_net_wait_bound(&p.rc, &p.rx) == CH_OK);
+  ASSERT(p.rc.net->slot_bytes < 8192 && p.rc.net->direct_max >= 8192);
+  tp_net_poll(&p.rc); /* the rank takes the socket, as a waiting engine does */
   struct net_step bad = {.bytes = 8192};
-  ASSERT(send(sc.net->fd, &bad, sizeof(bad), MSG_NOSIGNAL) == (ssize_t)sizeof(bad)); /* as a broken sender */
-  for (int i = 0; i < 500 && tp_net_state(&rc) == 0; i++) tp_net_poll(&rc), usleep(2000);
-  EXPECT_EQ(tp_net_state(&rc), 2);
-  EXPECT_EQ(atomic_load(&rc.net->rank_reads), 0); /* handed back: the proxy failed it */
+  ASSERT(send(p.sc.net->fd, &bad, sizeof(bad), MSG_NOSIGNAL) == (ssize_t)sizeof(bad)); /* as a broken sender */
+  for (int i = 0; i < 500 && tp_net_state(&p.rc) == 0; i++) tp_net_poll(&p.rc), usleep(2000);
+  EXPECT_EQ(tp_net_state(&p.rc), 2);
+  EXPECT_EQ(atomic_load(&p.rc.net->rank_reads), 0); /* handed back: the proxy failed it */
   EXPECT_EQ(atomic_load(&dummy_err), (int)CH_REMOTE);
-  atomic_store(&dummy_err, 0);
-  tp_conn_free(&sc);
-  tp_conn_free(&rc);
+  pair_free(&p);
 }
 
 /* A fork child that inherits communicators over the network: using one is refused (its threads and
@@ -227,17 +243,8 @@ TEST_T(net, fork_child_lets_inherited_comms_go, 60) {
  * shortly and says why. The listener is edge-triggered, so the connection used to wait in the backlog
  * until another one arrived, and its receiver timed out blaming the sender. */
 TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
-  union sock_addr lo;
-  ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
-  unsigned char key[32];
-  memset(key, 7, sizeof(key));
-  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
-  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
-  struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
-  struct conn rc = {0}, sc = {0};
-  struct tp_handle h;
-  rc.peer = 1, sc.peer = 0;
-  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
+  static struct net_pair p;
+  pair_listen(&p);
   usleep(100000); /* the proxy sleeps in epoll_wait */
   struct rlimit was, rl = {256, 256};
   ASSERT(getrlimit(RLIMIT_NOFILE, &was) == 0 && setrlimit(RLIMIT_NOFILE, &rl) == 0);
@@ -246,15 +253,13 @@ TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
   while (nf < 300 && (fd = open("/dev/null", O_RDONLY)) >= 0) fill[nf++] = fd;
   ASSERT(nf > 0);
   close(fill[--nf]); /* one left: the sender's socket takes it, the proxy's accept finds none */
-  EXPECT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
+  EXPECT(pair_connect(&p) == CH_OK);
   usleep(200000);
   while (nf) close(fill[--nf]);
   uint64_t t0 = now_ns();
-  while (atomic_load(&rc.net->state) != NET_BOUND && now_ns() - t0 < 3000000000ull) usleep(10000);
-  EXPECT_EQ(atomic_load(&rc.net->state), NET_BOUND);
-  tp_conn_free(&sc);
-  tp_conn_free(&rc);
-  atomic_store(&dummy_err, 0);
+  while (atomic_load(&p.rc.net->state) != NET_BOUND && now_ns() - t0 < 3000000000ull) usleep(10000);
+  EXPECT_EQ(atomic_load(&p.rc.net->state), NET_BOUND);
+  pair_free(&p);
   setrlimit(RLIMIT_NOFILE, &was); /* for a run without fork (--no-fork) */
 }
 
@@ -262,34 +267,23 @@ TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
  * all 256 places are taken, the oldest that has been silent for 1 s makes room for a newer one (it used
  * to wait in the backlog until the flood's sockets expired, 10 s). */
 TEST_T(net, listener_flood_drops_the_oldest, 60) {
-  union sock_addr lo;
-  ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
-  unsigned char key[32];
-  memset(key, 7, sizeof(key));
-  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
-  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL};
-  struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
-  struct conn rc = {0}, sc = {0};
-  struct tp_handle h;
-  rc.peer = 1, sc.peer = 0;
-  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
+  static struct net_pair p;
+  pair_listen(&p);
   enum { FLOOD = 300 };
   static struct sock junk[FLOOD];
   int n = 0;
   for (int k = 0; k < FLOOD; k++) {
     struct sock_wait w = {NULL, 0};
-    if (sock_connect(&h.addr, &junk[n], &w) == CH_OK) n++;
+    if (sock_connect(&p.h.addr, &junk[n], &w) == CH_OK) n++;
   }
   EXPECT(n > 256);
   usleep(200000); /* the proxy has taken them in */
-  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
+  ASSERT(pair_connect(&p) == CH_OK);
   uint64_t t0 = now_ns();
-  while (atomic_load(&rc.net->state) != NET_BOUND && now_ns() - t0 < 4000000000ull) usleep(10000);
-  EXPECT_EQ(atomic_load(&rc.net->state), NET_BOUND);
+  while (atomic_load(&p.rc.net->state) != NET_BOUND && now_ns() - t0 < 4000000000ull) usleep(10000);
+  EXPECT_EQ(atomic_load(&p.rc.net->state), NET_BOUND);
   for (int k = 0; k < n; k++) sock_close(&junk[k]);
-  tp_conn_free(&sc);
-  tp_conn_free(&rc);
-  atomic_store(&dummy_err, 0);
+  pair_free(&p);
 }
 
 /* Garbage sent to a running job's listener does not disturb it. */
