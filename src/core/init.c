@@ -30,7 +30,7 @@ ch_status comm_check(const struct ncclComm* comm, const char* fn) {
     WARN("%s: comm %p is not a valid communicator (destroyed, or never initialised)", fn, (const void*)comm);
     return CH_INVALID_ARG;
   }
-  if (comm->proc_nonce != ut_proc_nonce()) {
+  if (comm_inherited(comm)) {
     WARN("%s: communicator %p was made by process %d, which forked this one (pid %d): a forked child cannot "
          "use it (its threads and connections stayed with the parent; NCCL's cannot either): make a "
          "communicator in the child", fn, (const void*)comm, comm->pid, (int)getpid());
