@@ -15,7 +15,7 @@
 #include "misc/sha256.h"
 #include "misc/utils.h"
 #include "nccl.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 
 static ncclComm_t comm;
 static union sock_addr qaddr;

@@ -23,7 +23,7 @@
 #include "bootstrap/bootstrap.h"
 #include "chorus.h"
 #include "coll_util.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 #include "misc/param.h"
 #include "netns_util.h"
 #include "runner.h"

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "coll_util.h"
-#include "core/topo.h"
+#include "tune/topo.h"
 #include "misc/param.h"
 #include "runner.h"
 

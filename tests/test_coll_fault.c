@@ -15,9 +15,11 @@
 
 #include "chorus.h"
 #include "coll_util.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 #include "runner.h"
 
+#include "core/init.h"
+#include "core/connect.h"
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -1,4 +1,4 @@
-/* Ranks that share one GPU (core/gpu.h): calls on device buffers run there, kernels reading and
+/* Ranks that share one GPU (gpu/gpu.h): calls on device buffers run there, kernels reading and
  * writing the peers' buffers (CUDA IPC between processes), ordered by stream memory operations. The
  * stand-in driver (cuda_stub/fake_cuda.c) runs the kernels on the CPU with the library's element-wise
  * code, its device memory is a memfd that another process maps as CUDA IPC would, and its streams
@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "chorus.h"
-#include "core/gpu.h"
+#include "gpu/gpu.h"
 #include "cuda/cudrv.h"
 #include "misc/param.h"
 #include "nccl.h"
@@ -523,7 +523,7 @@ TEST_T(cuda_gpu, different_calls_fail_every_rank, 60) {
 
 /* A peer's buffer smaller than the call needs (rank 1's: AllGather's recvbuff, AlltoAll's sendbuff,
  * one block instead of nranks) fails the call on every rank, naming it, before any kernel touches
- * it: what is checked is read off the kernel's own jobs (gpu_resolve.c). */
+ * it: what is checked is read off the kernel's own jobs (gpu/resolve.c). */
 static void small_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   int a2a = arg != NULL;
   cudaStream_t s;

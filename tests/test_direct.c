@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "coll_util.h"
-#include "core/comm.h"
-#include "core/enqueue.h"
+#include "comm/comm.h"
+#include "comm/work.h"
 #include "misc/param.h"
 #include "runner.h"
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "bootstrap/bootstrap.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 #include "misc/log.h"
 #include "misc/param.h"
 #include "misc/socket.h"

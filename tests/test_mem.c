@@ -4,11 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/comm.h"
-#include "core/enqueue.h"
+#include "comm/comm.h"
+#include "comm/work.h"
 #include "misc/param.h"
 #include "runner.h"
 
+#include "core/memreg.h"
 TEST(mem, alloc_free_and_bad_pointers) {
   void* p = NULL;
   NCCL_OK(ncclMemAlloc(&p, 1 << 20));

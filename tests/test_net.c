@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "coll_util.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 #include "misc/param.h"
 #include "runner.h"
 #include "transport/net.h"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "chorus.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 #include "runner.h"
 
 #define N 1000 /* not a multiple of 2, 3 or 64: every algorithm has ragged parts */

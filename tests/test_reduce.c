@@ -1,4 +1,4 @@
-/* Element-wise kernels (src/coll/reduce.h): every type x every reduction kind with closed-form
+/* Element-wise kernels (src/reduce/reduce.h): every type x every reduction kind with closed-form
  * expected values, aliasing, vector-loop tails, misalignment, wrap-around and NaN rules, and
  * exhaustive checks of the 16- and 8-bit float conversions against an independent double-precision
  * rounding reference. Calls the internal red_* functions directly. */
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/coll/reduce.h"
-#include "../src/coll/reduce_impl.h"
+#include "../src/reduce/reduce.h"
+#include "../src/reduce/reduce_impl.h"
 #include "runner.h"
 
 static const int all_types[] = {ncclInt8,    ncclUint8,  ncclInt32,    ncclUint32,
@@ -571,8 +571,8 @@ TEST(reduce, stream_copy) {
   for (int off = 0; off < 64; off += 3)
     for (size_t len = 0; len <= 600; len += len < 140 ? 1 : 37) {
       memset(dst, 0xee, sizeof dst);
-      red_stream_copy(dst + off, src + (off % 5), len);
-      red_stream_fence();
+      red_nt_copy(dst + off, src + (off % 5), len);
+      red_nt_fence();
       for (int i = 0; i < (int)sizeof dst; i++) {
         int in = i >= off && (size_t)(i - off) < len;
         unsigned want = in ? src[i - off + off % 5] : 0xee;

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "chorus.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 #include "runner.h"
 
 static uint64_t now_ms(void) {

@@ -16,8 +16,8 @@
 
 #include "bootstrap/boot_internal.h"
 #include "chorus.h"
-#include "core/comm.h"
-#include "core/stall.h"
+#include "comm/comm.h"
+#include "fault/stall.h"
 #include "misc/param.h"
 #include "misc/utils.h"
 #include "runner.h"

@@ -96,7 +96,7 @@ static void dump_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   if (rank == 0) {
     pthread_join(t, NULL);
     const char* e = ncclGetLastError(comm);
-    /* The last WARN is the job-wide summary (stall_job.c): rank 1 has not reached call #2. */
+    /* The last WARN is the job-wide summary (fault/stall_job.c): rank 1 has not reached call #2. */
     if (!strstr(e, "on request") || !strstr(e, "AllReduce #2 (1 KiB): rank 0 waiting, rank 1 last completed #1"))
       rt_fail(__FILE__, __LINE__, "no report naming rank 1; last error: %s", e);
   }

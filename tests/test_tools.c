@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/tune.h"
+#include "tune/tune.h"
 #include "misc/param.h"
 #include "runner.h"
 

@@ -1,4 +1,4 @@
-/* Topology-aware rings (src/core/topo.c): ranks of one host are contiguous in the ring whatever the
+/* Topology-aware rings (src/tune/rings.c): ranks of one host are contiguous in the ring whatever the
  * rank numbering, every rank computes the same ring, and every ring algorithm is correct on a ring
  * that is not in rank order (CHORUS_RING_ORDER permutes it on one host: ranks there stay on
  * shared memory, so the whole collective matrix runs on permuted rings without the network). */
@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "coll_util.h"
-#include "core/comm.h"
-#include "core/topo.h"
+#include "comm/comm.h"
+#include "tune/topo.h"
 #include "misc/param.h"
 #include "runner.h"
 

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "chorus.h"
-#include "core/comm.h"
+#include "comm/comm.h"
 #include "misc/utils.h"
 #include "runner.h"
 

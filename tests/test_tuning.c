@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/comm.h"
-#include "core/tune.h"
+#include "comm/comm.h"
+#include "tune/tune.h"
 #include "misc/log.h"
 #include "misc/param.h"
 #include "misc/utils.h"
@@ -148,7 +148,7 @@ TEST(tuning, mask_text_for_reports) {
   EXPECT(strlen(tiny) < sizeof(tiny));
 }
 
-/* ---- the default model keeps the choices made before it (the rules of the previous tuning.c), among
+/* ---- the default model keeps the choices made before it (the rules of the previous tune/choose.c), among
  * the algorithms that existed then (those added since are excluded; their choice is tested below) ---- */
 
 static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned pm, unsigned am, struct tune_choice* out) {

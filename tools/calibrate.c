@@ -1,7 +1,7 @@
 /* chorus-info --calibrate: measure the cost model's constants on this machine and write them in
  * CHORUS_TUNE_FILE's format. Two ranks (processes, as a job runs them) time a one-hop AllReduce
  * (NCCL_ALGO=Exchange) per protocol, small (the hop's latency) and large (its bandwidth), over shared
- * memory and then over the network transport on loopback. The model (core/tuning.c) prices a one-hop
+ * memory and then over the network transport on loopback. The model (tune/choose.c) prices a one-hop
  * AllReduce of b bytes at step_us + 2 b / (copy_bw x proto_eff), and over the network at
  * net_step_us + b / net_bw: copy_bw is fitted so that the fastest protocol has proto_eff 1 (the rate
  * at which a rank moves data through a FIFO, which a plain memcpy of one core does not predict). */
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "nccl.h"
-#include "../src/core/tune.h"
+#include "../src/tune/tune.h"
 #include "../src/misc/param.h"
 #include "../src/misc/utils.h"
 #include "calibrate.h"

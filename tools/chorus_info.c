@@ -10,13 +10,14 @@
 
 #include "chorus.h"
 #include "../src/bootstrap/boot_internal.h"
-#include "../src/core/stall.h"
+#include "../src/fault/stall.h"
 #include "../src/cuda/cudrv.h"
 #include "../src/misc/param.h"
 #include "../src/misc/socket.h"
 #include "../src/misc/utils.h"
 #include "calibrate.h"
 
+#include "../src/tune/tune.h"
 static void print_numa(void) {
   DIR* d = opendir("/sys/devices/system/node");
   int found = 0;

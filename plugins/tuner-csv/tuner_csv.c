@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "tuner_abi.h"
+#include "plugin_abi.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_RULES 256

@@ -30,7 +30,7 @@ enum ch_algo {
  * (token 0: not in such an allocation, so only its own process can reach the buffer). */
 struct direct_buf {
   uint64_t addr;        /* threads only */
-  uint64_t token;       /* processes: export token of the allocation (mem.c, transport/fdpass.c) */
+  uint64_t token;       /* processes: export token of the allocation (api/mem.c, transport/fdpass.c) */
   uint64_t alloc_bytes; /* size of the allocation */
   uint64_t off;         /* of the buffer in the allocation */
 };
@@ -55,7 +55,7 @@ struct direct_slot {
   _Alignas(64) _Atomic uint64_t done;
   char pad[56];
   /* The collective this rank runs now, published for every collective (not only Direct) when its
-   * plan starts: ranks that wait compare it in their slow path (core/mismatch.c), so two calls that
+   * plan starts: ranks that wait compare it in their slow path (fault/mismatch.c), so two calls that
    * exchange no FIFO data with each other (Direct against a ring) still meet. A seqlock (ver odd while
    * written) over atomic words: readers skip a torn copy. */
   _Alignas(64) _Atomic uint64_t call_ver;
@@ -89,7 +89,7 @@ static inline size_t direct_clique_bytes(int n) {
 struct direct_clique* direct_clique_new(int n);
 void direct_clique_release(struct direct_clique* c);
 
-/* This rank in one tree of the communicator (core/topo_tree.c): parent (-1 at the root) and children. */
+/* This rank in one tree of the communicator (tune/trees.c): parent (-1 at the root) and children. */
 struct algo_tree {
   int up;
   int down[3];

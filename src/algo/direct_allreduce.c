@@ -4,7 +4,7 @@
  * element is read n times and written n times in total, against about four passes through FIFOs.
  *
  * Threads of one process reach each other's buffers by address. Processes reach buffers allocated
- * with ncclMemAlloc (memfd-backed, src/core/mem.c) by mapping them (transport/shm.c); when any rank's
+ * with ncclMemAlloc (memfd-backed, src/api/mem.c) by mapping them (transport/shm.c); when any rank's
  * buffer is elsewhere, all ranks see it in the slots and run the FIFO algorithm instead.
  *
  * Each rank's contribution goes through that rank's own premul (ncclRedOpCreatePreMulSum scalars are
@@ -71,7 +71,7 @@ static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
     algo_call_text(b, sizeof(b), &rec.theirs);
     WARN("rank %d called %s but rank %d called %s: the call does not match across ranks; no rank touched "
          "another's buffers, every rank returns ncclInvalidUsage", op->rank, a, k, b);
-    /* Logged: local ranks that are not in Direct learn it from my slot (core/mismatch.c). */
+    /* Logged: local ranks that are not in Direct learn it from my slot (fault/mismatch.c). */
     direct_slot_poison(&c->slot[op->rank], &rec);
     return 0;
   }
@@ -104,7 +104,7 @@ static int reach(struct ch_op* op, int k, const struct direct_buf* shared, const
 }
 
 /* My segment: reduce through an L1-sized block, then write the block to every rank's receive buffer
- * (streaming stores for large results, coll/red_stream.c). One pass over everything. */
+ * (streaming stores for large results, reduce/nt_copy.c). One pass over everything. */
 static void reduce_scatter_segment(struct ch_op* op, const struct red_op* red, char** send, char** recv, size_t at,
                                    size_t len) {
   int n = op->nranks, me = op->rank;
@@ -118,11 +118,11 @@ static void reduce_scatter_segment(struct ch_op* op, const struct red_op* red, c
       if (k != me) red_reduce(&red[k], block, block, send[k] + b, m);
     if (red_has_postop(&red[me])) red_postop(&red[me], block, block, m);
     for (int k = 0; k < n; k++) {
-      if (op->ctx.stream_dst) red_stream_copy(recv[k] + b, block, m * es);
+      if (op->ctx.nt_dst) red_nt_copy(recv[k] + b, block, m * es);
       else memcpy(recv[k] + b, block, m * es);
     }
   }
-  if (op->ctx.stream_dst) red_stream_fence();
+  if (op->ctx.nt_dst) red_nt_fence();
 }
 
 int direct_allreduce_try(struct ch_op* op) {

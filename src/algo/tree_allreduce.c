@@ -1,5 +1,5 @@
 /* Tree AllReduce (NCCL's double binary tree): the data is split in two halves, each reduced up one
- * tree to its root and broadcast back down it. The trees (core/topo_tree.c) are binary across hosts
+ * tree to its root and broadcast back down it. The trees (tune/trees.c) are binary across hosts
  * with a chain inside each host; the second tree mirrors or shifts the first, so a rank that forwards
  * a lot in one tree is a leaf in the other and both halves move at once. Latency grows with the depth,
  * 2 log2(hosts) + 2 (ranks per host - 1) hops, where the ring takes 2(n-1).

@@ -11,12 +11,12 @@
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
-#include "agree.h"
-#include "enqueue.h"
-#include "gpu.h"
-#include "topo.h"
-#include "tune.h"
+#include "../comm/work.h"
+#include "../tune/topo.h"
+#include "../tune/tune.h"
 
+#include "init.h"
+#include "exec.h"
 enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
 
 /* One row per setting: the name a user can act on, how to print it, and its value as this rank uses
@@ -146,7 +146,7 @@ ch_status comm_agree(struct ncclComm* comm) {
     return CH_SYSTEM;
   }
   fill(comm, &all[comm->rank]);
-  gpu_hello_fill(comm, &all[comm->rank].gpu);
+  if (ch_comm_hooks.hello) ch_comm_hooks.hello(comm, &all[comm->rank].gpu);
   ch_status s = boot_allgather(comm->boot, all, sizeof(*all));
   if (s == CH_OK && !(comm->gpu_hellos = calloc((size_t)n, sizeof(struct gpu_hello)))) {
     WARN("out of memory keeping %d ranks' CUDA hellos", n); /* gpu_setup's allgathers need every rank */

@@ -4,8 +4,10 @@
 #include <string.h>
 
 #include "../misc/log.h"
-#include "comm.h"
+#include "../comm/comm.h"
 
+#include "init.h"
+#include "connect.h"
 #define TAG_RING (BOOT_TAG_CONNECT)
 #define TAG_P2P (BOOT_TAG_CONNECT + CH_MAX_CHANNELS)
 #define TAG_ACK (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 1)

@@ -6,10 +6,14 @@
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
-#include "enqueue.h"
-#include "gpu.h"
-#include "tune.h"
+#include "../comm/work.h"
+#include "../tune/tune.h"
 
+#include "group.h"
+#include "plan.h"
+#include "exec.h"
+#include "init.h"
+#include "connect.h"
 #define MAX_GROUP_INITS 1024
 
 static _Thread_local int depth;
@@ -125,8 +129,7 @@ ch_status enq_task(struct ch_task* t) {
     struct ch_task* p = realloc(tasks, sizeof(*p) * (size_t)cap);
     if (!p) {
       WARN("out of memory queueing a call");
-      stage_out(t, 0); /* never queued: nobody else frees its host copies */
-      gpu_drop(t);
+      exec_finish(t, 0); /* never queued: nobody else frees what its executor holds */
       return CH_SYSTEM;
     }
     tasks = p;
@@ -146,31 +149,24 @@ ch_status enq_task(struct ch_task* t) {
 
 static void drop_tasks(void) { ntasks_ = 0; }
 
-/* Where a group runs: on a Chorus host stream when every call of the group names that one stream (the
- * stream's thread then runs all the group's plans together, so two communicators sharing the stream
- * progress at once); otherwise (no stream, a foreign one, or several) here, before returning. Tickets
- * keep each communicator's order behind plans already queued on host streams either way. */
-static cudaStream_t group_stream(struct ch_task** lists, int n) {
-  cudaStream_t s = lists[0]->stream;
+/* A group runs on the highest executor any of its calls needs (core/exec.h): device buffers on the GPU
+ * or staged, else a Chorus host stream when every call names it, else here, before returning. Tickets
+ * keep each communicator's order behind plans already queued elsewhere either way. */
+static enum ch_exec group_exec(struct ch_task** lists, int n) {
+  int e = EXEC_HOST;
   for (int i = 0; i < n; i++)
-    for (const struct ch_task* t = lists[i]; t; t = t->next)
-      if (t->stream != s) return NULL;
-  return s && stream_is_ours(s) ? s : NULL;
+    for (const struct ch_task* t = lists[i]; t; t = t->next) e = t->exec > e ? t->exec : e;
+  return (enum ch_exec)e;
 }
 
-/* Connected plans, one per communicator (lists[i]: its tasks): queue them on their host stream, or
- * run them here and release them. Every plans[i] is NULL afterwards. */
+/* Connected plans, one per communicator (lists[i]: its tasks): handed to their executor, or run here
+ * and released. Every plans[i] is NULL afterwards. */
 static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, int n) {
   /* Tickets keep each communicator's plans in call order across threads and streams. */
   for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
   ch_status res = CH_OK;
-  if (gpu_launch(plans, lists, n, &res)) return res;   /* device buffers of ranks on one GPU */
-  if (stage_launch(plans, lists, n, &res)) return res; /* device buffers in CUDA stream order */
-  cudaStream_t stream = group_stream(lists, n);
-  if (stream && stream_enqueue(stream, plans, n) == CH_OK) {
-    for (int i = 0; i < n; i++) plans[i] = NULL;
-    return CH_OK;
-  }
+  const struct ch_executor* x = ch_executors[group_exec(lists, n)];
+  if (x->launch && x->launch(plans, lists, n, &res)) return res;
   return plan_exec(plans, n); /* takes the plans: each is kept for reuse or freed, and NULLed */
 }
 
@@ -305,7 +301,7 @@ out:
   return res;
 }
 
-/* ncclGroupSimulateEnd: the sum of the cost model's predictions for the calls (tuning.c). */
+/* ncclGroupSimulateEnd: the sum of the cost model's predictions for the calls (tune/choose.c). */
 static float estimate_us(void) {
   double us = 0;
   for (int k = 0; k < ntasks_; k++) {
@@ -324,13 +320,11 @@ ch_status group_end(void) { return group_close(NULL); }
 
 ch_status group_simulate_end(float* estimated_us) { return group_close(estimated_us); }
 
-/* The group's calls with device buffers (staging.c): results back to device memory if it ran (ok),
- * host copies freed either way. tasks[] still holds the group's n calls after launch or drop. */
-static ch_status finish_stages(int n, int ok, ch_status res) {
+/* The group is done with its n calls: each executor finishes its own (device results copied back if
+ * the group ran (ok), host copies freed either way). tasks[] still holds them after launch or drop. */
+static ch_status finish_tasks(int n, int ok, ch_status res) {
   for (int k = 0; k < n; k++) {
-    gpu_drop(&tasks[k]); /* a call that never launched */
-    if (!tasks[k].stage) continue;
-    ch_status s = stage_out(&tasks[k], ok && !tasks[k].lost);
+    ch_status s = exec_finish(&tasks[k], ok && !tasks[k].lost);
     if (res == CH_OK) res = s;
   }
   return res;
@@ -338,7 +332,7 @@ static ch_status finish_stages(int n, int ok, ch_status res) {
 
 /* The group is done with its n calls: host copies freed, and each held comm let go (its last touch). */
 static void drop_held(int n) {
-  finish_stages(n, 0, CH_OK);
+  finish_tasks(n, 0, CH_OK);
   for (int k = 0; k < n; k++)
     if (tasks[k].held) comm_unref(tasks[k].comm);
 }
@@ -354,7 +348,7 @@ static ch_status group_close(float* simulate) {
   int n = ntasks_;
   ch_status lost = CH_OK, res = group_run(simulate, &lost);
   /* A simulated group ran nothing: no result to copy back (nor do dropped calls). */
-  res = finish_stages(n, !simulate && (res == CH_OK || res == CH_IN_PROGRESS), res);
+  res = finish_tasks(n, !simulate && (res == CH_OK || res == CH_IN_PROGRESS), res);
   for (int k = 0; k < n; k++) /* the last touch of each comm */
     if (tasks[k].held) comm_unref(tasks[k].comm);
   return res == CH_OK ? lost : res;

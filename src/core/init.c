@@ -9,18 +9,19 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "gpu.h"
 #include "chorus.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
-#include "agree.h"
-#include "enqueue.h"
+#include "../comm/work.h"
 #include "init.h"
-#include "stall.h"
-#include "topo.h"
-#include "tune.h"
+#include "exec.h"
+#include "../fault/stall.h"
+#include "../tune/topo.h"
+#include "../tune/tune.h"
 
+#include "plan.h"
+#include "connect.h"
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   if (!comm) {
     WARN("%s: comm is NULL", fn);
@@ -143,7 +144,7 @@ void comm_set_async_error(struct ncclComm* comm, ch_status s) {
   /* An abort is the caller's own doing, not an asynchronous failure of the communicator. */
   if (s != CH_OK && s != CH_ABORTED) atomic_compare_exchange_strong(&comm->async_result, &expected, (int)s);
   /* Streams of ranks on one GPU may wait for a peer that will not come: let them through. */
-  if (s != CH_OK && s != CH_ABORTED && comm->gpu) gpu_unblock(comm->gpu);
+  if (s != CH_OK && s != CH_ABORTED && ch_comm_hooks.failed) ch_comm_hooks.failed(comm);
 }
 
 ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConfig_t* config) {
@@ -299,15 +300,15 @@ static ch_status comm_setup(struct ncclComm* comm) {
   /* NCCL stripes a large network transfer over NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD sockets
    * per peer. Each channel has its own socket per peer, and a large call splits its data over its
    * channels: a communicator that uses the network gets that many channels, so those sockets carry
-   * a large call in parallel (tuning.c lets large calls use them). */
+   * a large call in parallel (tune/choose.c lets large calls use them). */
   if (tune_uses_net(comm)) comm->nchannels = UT_MAX(comm->nchannels, tune_net_socks());
-  CHECK(comm_build_rings(comm)); /* topo.c: ranks of one host contiguous */
-  CHECK(comm_build_trees(comm)); /* topo_tree.c */
+  CHECK(comm_build_rings(comm)); /* tune/rings.c: ranks of one host contiguous */
+  CHECK(comm_build_trees(comm)); /* tune/trees.c */
   tune_init(comm);
   CHECK(comm_agree(comm)); /* before anything whose steps depend on those settings (direct_setup) */
   CHECK(tune_check(comm)); /* NCCL_ALGO/NCCL_PROTO parsed (compared across ranks first) */
   CHECK(direct_setup(comm));
-  ch_status gs = gpu_setup(comm, comm->gpu_hellos); /* every rank takes part alike: the hellos agree */
+  ch_status gs = ch_comm_hooks.setup ? ch_comm_hooks.setup(comm, comm->gpu_hellos) : CH_OK; /* alike on every rank */
   free(comm->gpu_hellos);
   comm->gpu_hellos = NULL;
   CHECK(gs);
@@ -432,7 +433,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
   }
   if (res == CH_OK) boot_name_peers(comm->boot, comm->peers); /* its failure reports name pid and host */
   if (res == CH_OK) res = comm_setup(comm);
-  if (res == CH_OK) stall_register(comm); /* answers stall queries from here on (stall_job.c) */
+  if (res == CH_OK) stall_register(comm); /* answers stall queries from here on (fault/stall_job.c) */
   if (res == CH_OK)
     INFO(LOG_INIT, "rank %d: init done in %.2f ms", comm->rank, (double)(ut_now_ns() - t0) / 1e6);
   log_set_error_sink(prev_sink); /* before init_state: a waiter may free comm once it is set */
@@ -443,7 +444,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
 /* What a queued call's group end may still touch (enq_task's references): freed with the last. */
 void comm_unref(struct ncclComm* comm) {
   if (atomic_fetch_sub(&comm->refs, 1) != 1) return;
-  stage_comm_free(comm); /* its bridge thread is idle: every ticket is done */
+  if (ch_comm_hooks.release) ch_comm_hooks.release(comm); /* every ticket is done */
   log_sink_destroy(&comm->last_error);
   comm->magic = 0;
   free(comm);
@@ -454,7 +455,7 @@ void comm_unref(struct ncclComm* comm) {
 void comm_free(struct ncclComm* comm) {
   atomic_store(&comm->dead, 1);
   stall_unregister(comm); /* before anything it reads goes */
-  gpu_free(comm);
+  if (ch_comm_hooks.teardown) ch_comm_hooks.teardown(comm);
   free(comm->gpu_hellos);
   plan_free(atomic_exchange(&comm->reuse_plan, NULL)); /* the struct may outlive this (refs) */
   tune_fini(comm);

@@ -10,8 +10,14 @@
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
-#include "enqueue.h"
+#include "../comm/work.h"
 
+#include "plan.h"
+#include "../tune/tune.h"
+#include "../fault/stall.h"
+#include "../fault/mismatch.h"
+#include "memreg.h"
+#include "init.h"
 #if defined(__x86_64__) || defined(__i386__)
 #define CH_CPU_RELAX() __builtin_ia32_pause()
 #elif defined(__aarch64__)
@@ -230,7 +236,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       if (is_coll(t->func)) op->ctx.hdr.seq = (uint64_t)plan->ncoll; /* 1-based, relative to the start */
       op->algo = t->how.algo;
       op->proto = op->ctx.proto = t->how.proto;
-      op->ctx.stream_dst = t->how.stream;
+      op->ctx.nt_dst = t->how.stream;
       op->part_off = UT_MIN(t->count, (size_t)c * per);
       op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
       if (is_coll(t->func)) {
@@ -390,7 +396,7 @@ static ch_status check_links(struct ncclComm* comm, const struct prim_ctx* block
 }
 
 /* A failure found here is passed on: every connection of the communicator is poisoned with the
- * culprit's rank (mismatch.c), so ranks that do not talk to it directly fail now, naming it, instead
+ * culprit's rank (fault/mismatch.c), so ranks that do not talk to it directly fail now, naming it, instead
  * of at their timeout. */
 static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx* blocked) {
   int culprit = -1;

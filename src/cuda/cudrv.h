@@ -1,6 +1,6 @@
 /* The CUDA driver, found at run time and never linked: a process that does not use CUDA never loads
  * it, and a machine without it works as before. This layer classifies buffers, copies between host
- * and device memory (core/staging.c moves device buffers through host memory), synchronises a CUDA
+ * and device memory (gpu/staging.c moves device buffers through host memory), synchronises a CUDA
  * stream, and describes the driver for chorus-info. */
 #ifndef CHORUS_CUDA_CUDRV_H
 #define CHORUS_CUDA_CUDRV_H
@@ -25,7 +25,7 @@ ch_status cudrv_copy_dtoh(void* dst, const void* dev, size_t bytes);
 ch_status cudrv_copy_htod(void* dev, const void* src, size_t bytes);
 /* Wait for the work queued on a CUDA stream (CH_OK when the driver is absent). */
 ch_status cudrv_stream_sync(void* stream);
-/* The asynchronous path (core/staging.c): a call on device buffers is queued on its CUDA stream as
+/* The asynchronous path (gpu/staging.c): a call on device buffers is queued on its CUDA stream as
  * copies to pinned host memory, a host function that tells Chorus the input is there, a wait for a
  * flag Chorus writes when the call is done, and copies back. Every function below runs in context ctx
  * (the buffers' own, from cudrv_ptr_ctx; pushed around the call and popped again), queues work on

@@ -1,5 +1,5 @@
 /* What one launch of Chorus's device kernel does (src/cuda/kernels.cu), shared by the kernel, the host
- * side that fills it (core/gpu_direct.c) and the tests' stand-in driver, which runs it on the CPU.
+ * side that fills it (gpu/call.c) and the tests' stand-in driver, which runs it on the CPU.
  *
  * Ranks that share one GPU read and write each other's buffers directly. A call's buffers are named
  * by (rank, send or recv): the pointer table, in mapped pinned host memory, holds their device
@@ -43,7 +43,7 @@ struct dev_job {
   uint64_t count;            /* elements */
 };
 
-/* The kernel's one parameter. op_kind: enum red_kind (coll/reduce.h); type: ncclDataType_t. */
+/* The kernel's one parameter. op_kind: enum red_kind (reduce/reduce.h); type: ncclDataType_t. */
 struct dev_args {
   uint64_t table; /* device address of this call's struct dev_table */
   uint64_t fail[2]; /* device addresses of 32-bit words (or 0): nonzero once the communicator failed */

@@ -1,6 +1,6 @@
 // Chorus's device kernel (see devjob.h): one instantiation per NCCL type, compiled by nvcc into a
 // fatbin that the library embeds (kernels_blob.c) and loads with cuModuleLoadData at run time; the
-// library itself never links CUDA. Arithmetic follows the host kernels (coll/reduce.h): 8-, 16- and
+// library itself never links CUDA. Arithmetic follows the host kernels (reduce/reduce.h): 8-, 16- and
 // 32-bit floats combine in fp32 and round once, integers wrap, max/min of floats follow fmax/fmin,
 // integer SumPostDiv truncates toward zero.
 #include <cuda_bf16.h>
@@ -101,7 +101,7 @@ template <int TYPE> __device__ void run(const dev_args& g) {
   const dev_job& j = g.job[blockIdx.y];
   const dev_table* tab = (const dev_table*)g.table;
   // The table: in host memory (one read per thread, all at once: one round trip, not 2n), or, for a
-  // grid of many blocks, the stage kernel's copy in device memory (gpu_call.c).
+  // grid of many blocks, the stage kernel's copy in device memory (gpu/call.c).
   unsigned t = threadIdx.x;
   if (t < DEV_MAX_RANKS) {
     bool on = j.src_mask >> t & 1;

@@ -70,8 +70,8 @@ static void compute(const struct prim_ctx* ctx, const struct prim* p, const char
 static void compute_streamed(const struct prim_ctx* ctx, const struct prim* p, const char* in, char* dst) {
   size_t bytes = p->nelem * ctx->esize;
   if (in && !p->reduce && !p->postop) {
-    red_stream_copy(dst, in, bytes);
-    red_stream_fence();
+    red_nt_copy(dst, in, bytes);
+    red_nt_fence();
     return;
   }
   _Alignas(64) char block[4096];
@@ -82,9 +82,9 @@ static void compute_streamed(const struct prim_ctx* ctx, const struct prim* p, c
     q.nelem = p->nelem - off < per ? p->nelem - off : per;
     q.src = p->src ? p->src + at : NULL;
     compute(ctx, &q, in ? in + at : NULL, block);
-    red_stream_copy(dst + at, block, q.nelem * ctx->esize);
+    red_nt_copy(dst + at, block, q.nelem * ctx->esize);
   }
-  red_stream_fence();
+  red_nt_fence();
 }
 
 int prim_try(struct prim_ctx* ctx, const struct prim* p) {
@@ -118,7 +118,7 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
   }
 
   char* out_slot = p->send ? slot_ptr(ctx->out, proto, ctx->out->step) : NULL;
-  if (p->dst && !p->send && ctx->stream_dst && p->dst != p->src) {
+  if (p->dst && !p->send && ctx->nt_dst && p->dst != p->src) {
     compute_streamed(ctx, p, in, p->dst);
   } else if (p->dst) {
     compute(ctx, p, in, p->dst);

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../coll/reduce.h"
+#include "../reduce/reduce.h"
 #include "../transport/transport.h"
 
 struct prim {
@@ -42,7 +42,7 @@ struct prim_ctx {
   size_t esize;
   const struct red_op* red;
   char* scratch; /* >= largest LL/LL128 slot payload */
-  int stream_dst; /* write final results (dst, not also sent) with streaming stores: a large output */
+  int nt_dst; /* write final results (dst, not also sent) with streaming stores: a large output */
   /* Set when prim_try returns 0: what to sleep on (see prim_wait). */
   _Atomic uint64_t* wait_word;
   _Atomic uint32_t* wait_sleeping;

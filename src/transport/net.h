@@ -113,7 +113,7 @@ int tp_net_poll(struct conn* c);
 /* The rank stops waiting on c (it sleeps, or waits on another connection): the proxy reads it again. */
 void tp_net_idle(struct conn* c);
 
-/* net_stream.c: one connection's stream, for the proxy thread (1 if anything moved) and for a rank
+/* net_link.c: one connection's stream, for the proxy thread (1 if anything moved) and for a rank
  * that just posted on send FIFO n (1 if steps are left for the proxy). */
 int net_progress_send(struct net_conn* n);
 int net_progress_recv(struct net_conn* n);

@@ -14,7 +14,7 @@
  * wr_ready stay set until a call returns EAGAIN, so no pass wastes a syscall on an idle socket.
  *
  * This file runs the thread: its epoll set, accepting and authenticating sockets, sleeping and
- * waking, and the records' lifetime; net_stream.c moves each connection's bytes.
+ * waking, and the records' lifetime; net_link.c moves each connection's bytes.
  *
  * Ownership: a record (struct net_conn) is built by a rank thread and handed over through
  * px.incoming; from then on only this thread touches its progress fields. Teardown (destroy or abort)

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "coll/reduce.h"
+#include "reduce/reduce.h"
 #include "cuda/devjob.h"
 
 #define EXPORT __attribute__((visibility("default")))

@@ -1,0 +1,26 @@
+/* Definition helper for exported API functions: each gets default visibility and a p-prefixed alias
+ * (NCCL's profiling interposition names). Status mapping to ncclResult_t happens only here. */
+#ifndef CH_API_H
+#define CH_API_H
+
+#include "nccl.h"
+#include "../misc/status.h"
+
+struct ncclComm;
+struct red_op;
+
+#define CH_API(ret, name, ...)                                                               \
+  __attribute__((visibility("default"))) ret p##name(__VA_ARGS__) __attribute__((alias(#name))); \
+  __attribute__((visibility("default"))) ret name(__VA_ARGS__)
+
+/* ch_status values equal ncclResult_t, except the internal CH_ABORTED: an aborted call is an expected
+ * outcome of the caller's own ncclCommAbort, reported as invalid usage of an aborted communicator. */
+static inline ncclResult_t ch_to_nccl(ch_status s) { return s == CH_ABORTED ? ncclInvalidUsage : (ncclResult_t)s; }
+
+/* The NCCL function a FUNC_* names ("ncclAllReduce"; "?" for any other number). */
+const char* api_fname(int func);
+
+/* Build the reduction for (op, type) on comm (api/mem.c); CH_INVALID_ARG with a WARN if op is not valid. */
+ch_status api_red_op(struct ncclComm* comm, int op, int type, struct red_op* out);
+
+#endif

@@ -1,0 +1,217 @@
+/* NCCL API: collectives, send/recv and groups. Every call is checked here, once, with a WARN that
+ * names the function and the bad value; then it becomes a task for the group layer. */
+#include <stdint.h>
+#include <string.h>
+
+#include "../cuda/cudrv.h"
+#include "../gpu/gpu.h"
+#include "../misc/log.h"
+#include "api.h"
+#include "../comm/work.h"
+#include "../tune/tune.h"
+
+#include "../gpu/staging.h"
+#include "../core/group.h"
+#include "../core/host_stream.h"
+#include "../core/exec.h"
+#include "../core/init.h"
+const char* api_fname(int f) {
+  static const char* n[FUNC_COUNT] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
+                                      "ncclAllReduce", "ncclSendRecv", "ncclSend", "ncclRecv", "ncclAlltoAll",
+                                      "ncclScatter", "ncclGather"};
+  return f >= 0 && f < FUNC_COUNT ? n[f] : "?";
+}
+
+static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
+static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
+
+/* Where the call runs (core/exec.h), decided here once and recorded in t->exec. CUDA buffers
+ * (cuda/cudrv.h) are looked at only in a process that has the CUDA driver loaded. Device memory of
+ * ranks sharing one GPU runs there (gpu/call.c); other device memory cannot be read by the host, so
+ * such a call runs on host copies (gpu/staging.c). Managed memory is host memory to us, once the work
+ * queued on the call's CUDA stream (NULL: the legacy stream) is done, as NCCL orders a call after it.
+ * One call takes buffers of one kind. Host buffers run on a Chorus host stream's thread when the call
+ * names one, else on the calling thread. */
+static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+  int ours = t->stream && stream_is_ours(t->stream);
+  t->exec = ours ? EXEC_HOST_STREAM : EXEC_HOST;
+  if (!cudrv_present()) return CH_OK;
+  const void* bufs[2] = {needs_send ? t->sendbuff : NULL, needs_recv ? t->recvbuff : NULL};
+  static const char* names[2] = {"sendbuff", "recvbuff"};
+  static const char* kinds[3] = {"host memory", "CUDA device memory", "CUDA managed memory"};
+  enum cu_mem k[2] = {CU_MEM_HOST, CU_MEM_HOST};
+  int dev[2] = {-1, -1}, ndev = 0, nhost = 0, managed = 0;
+  for (int i = 0; i < 2; i++) {
+    if (!bufs[i]) continue;
+    k[i] = cudrv_classify(bufs[i], &dev[i]);
+    ndev += k[i] == CU_MEM_DEVICE, nhost += k[i] == CU_MEM_HOST, managed |= k[i] == CU_MEM_MANAGED;
+  }
+  if (ndev && nhost) {
+    WARN("%s: sendbuff %p is %s but recvbuff %p is %s: one call takes host buffers or CUDA buffers, not both "
+         "(rank %d)", fn, bufs[0], kinds[k[0]], bufs[1], kinds[k[1]], t->comm->rank);
+    return CH_INVALID_ARG;
+  }
+  if (ndev && ours) {
+    int i = k[0] == CU_MEM_DEVICE ? 0 : 1;
+    WARN("%s: %s %p is CUDA device memory (device %d), but the stream is a Chorus host stream: pass the CUDA "
+         "stream the buffers are used on (or NULL) (rank %d)", fn, names[i], bufs[i], dev[i], t->comm->rank);
+    return CH_INVALID_ARG;
+  }
+  if (ndev && gpu_takes(t)) {
+    t->exec = EXEC_KERNEL;
+    return gpu_in(t, needs_send, needs_recv, fn);
+  }
+  if (ndev) {
+    t->exec = EXEC_STAGE;
+    return stage_in(t, needs_send, needs_recv, fn);
+  }
+  if (managed && !ours) CHECK(cudrv_stream_sync(t->stream));
+  return CH_OK;
+}
+
+static ch_status check_task(struct ch_task* t) {
+  const char* fn = api_fname(t->func);
+  struct ncclComm* comm = t->comm; /* checked and entered by the caller */
+  if (group_init_pending(comm)) {
+    /* Waiting for that init here would wait for ever: it only starts at ncclGroupEnd. */
+    WARN("%s: communicator %p is created in the same group (ncclCommInitRank* and collectives on the new "
+         "communicator cannot share a group, as in NCCL); call ncclGroupEnd first", fn, (void*)comm);
+    return CH_INVALID_USAGE;
+  }
+  CHECK(comm_ensure_ready(comm));
+  if (atomic_load_explicit(&comm->revoked, memory_order_relaxed)) {
+    WARN("%s: communicator %p was revoked (ncclCommRevoke); shrink, split or destroy it", fn, (void*)comm);
+    return CH_INVALID_USAGE;
+  }
+  if (t->type < 0 || t->type >= ncclNumTypes) {
+    WARN("%s: invalid datatype %d (valid: 0..%d)", fn, t->type, ncclNumTypes - 1);
+    return CH_INVALID_ARG;
+  }
+  if (has_op(t->func)) CHECK(api_red_op(comm, t->op, t->type, &t->red));
+  CHECK(tune_check_call(comm, t->func)); /* NCCL_ALGO/NCCL_PROTO leave it something to run */
+  if (has_root(t->func) && (t->root < 0 || t->root >= comm->nranks)) {
+    WARN("%s: invalid root %d (nranks is %d)", fn, t->root, comm->nranks);
+    return CH_INVALID_ARG;
+  }
+  if ((t->func == FUNC_SEND || t->func == FUNC_RECV) && (t->root < 0 || t->root >= comm->nranks)) {
+    WARN("%s: invalid peer %d (nranks is %d)", fn, t->root, comm->nranks);
+    return CH_INVALID_ARG;
+  }
+  if (t->count == 0) return place_call(t, fn, 0, 0); /* touches no buffer */
+  /* The largest buffer the call spans (a block per rank for the gathering kinds) must be addressable. */
+  int per_rank = t->func == FUNC_ALLGATHER || t->func == FUNC_REDUCESCATTER || t->func == FUNC_ALLTOALL ||
+                 t->func == FUNC_GATHER || t->func == FUNC_SCATTER;
+  size_t esize = red_type_size(t->type), limit = (size_t)PTRDIFF_MAX / esize / (per_rank ? (size_t)comm->nranks : 1);
+  if (t->count > limit) {
+    WARN("%s: count %zu x %zu-byte %s%s overflows the address space (rank %d)", fn, t->count, esize,
+         red_type_name(t->type), per_rank ? " per rank" : "", comm->rank);
+    return CH_INVALID_ARG;
+  }
+  /* Which buffers this rank actually touches. */
+  int rank = comm->rank;
+  int needs_send = t->func != FUNC_RECV && !(t->func == FUNC_BROADCAST && rank != t->root) &&
+                   !(t->func == FUNC_SCATTER && rank != t->root);
+  int needs_recv = t->func != FUNC_SEND && !(t->func == FUNC_REDUCE && rank != t->root) &&
+                   !(t->func == FUNC_GATHER && rank != t->root);
+  if (needs_send && !t->sendbuff) {
+    WARN("%s: sendbuff is NULL (count %zu, rank %d)", fn, t->count, rank);
+    return CH_INVALID_ARG;
+  }
+  if (needs_recv && !t->recvbuff) {
+    WARN("%s: recvbuff is NULL (count %zu, rank %d)", fn, t->count, rank);
+    return CH_INVALID_ARG;
+  }
+  CHECK(place_call(t, fn, needs_send, needs_recv));
+  if (t->stream && t->exec == EXEC_HOST)
+    INFO(LOG_COLL, "%s: stream %p is not a Chorus host stream; the call completes before returning", fn,
+         (void*)t->stream);
+  return CH_OK;
+}
+
+static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  struct ch_task t = {.func = func, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .type = (int)type,
+                      .op = (int)op, .root = root, .comm = comm, .stream = stream};
+  struct comm_guard g;
+  ch_status s = comm_check(comm, api_fname(func));
+  if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
+    s = check_task(&t);
+    if (s == CH_OK) {
+      INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
+           api_fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
+           (void*)comm, comm->nranks);
+      s = enq_task(&t);
+      if (s != CH_OK) group_set_error(s); /* not queued (out of memory): the group must not run without it */
+    } else {
+      group_set_error(s);
+    }
+    comm_leave(&g);
+    return ch_to_nccl(s);
+  }
+  group_set_error(s);
+  return ch_to_nccl(s);
+}
+
+CH_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+       cudaStream_t stream) {
+  return submit(FUNC_BROADCAST, buff, buff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+       ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
+       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_ALLTOALL, sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream);
+}
+CH_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+       int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+CH_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+       ncclComm_t comm, cudaStream_t stream) {
+  return submit(FUNC_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm, stream);
+}
+CH_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+       cudaStream_t stream) {
+  return submit(FUNC_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream);
+}
+
+CH_API(ncclResult_t, ncclGroupStart, void) { return ch_to_nccl(group_start()); }
+CH_API(ncclResult_t, ncclGroupEnd, void) { return ch_to_nccl(group_end()); }
+
+CH_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo) {
+  if (!simInfo) {
+    WARN("ncclGroupSimulateEnd: simInfo is NULL");
+    return ncclInvalidArgument;
+  }
+  if (simInfo->magic != 0x74685283) {
+    WARN("ncclGroupSimulateEnd: simInfo not initialized via NCCL_SIM_INFO_INITIALIZER");
+    return ncclInvalidArgument;
+  }
+  /* As in NCCL, the calls of the group are evaluated, not run. */
+  float us = 0;
+  ch_status s = group_simulate_end(&us);
+  if (s == CH_OK) simInfo->estimatedTime = us;
+  return ch_to_nccl(s);
+}

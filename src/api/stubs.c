@@ -1,0 +1,102 @@
+/* Entry points of NCCL 2.29 and later that nccl.h (2.28.9) does not declare. Programs built against a
+ * newer NCCL import them whether or not they call them (PyTorch 2.15's libtorch_cuda.so binds them
+ * when it loads: without them, `LD_PRELOAD=libnccl.so.2` of Chorus would fail `import torch`). Each
+ * takes NCCL's arguments; the ones Chorus has no use for refuse by name instead of crashing. */
+#include <stdint.h>
+
+#include "../misc/log.h"
+#include "api.h"
+#include "../comm/comm.h"
+
+#include "../core/init.h"
+/* ncclCommMemStat_t (NCCL 2.29.7) */
+enum { STAT_GPU_MEM_SUSPEND = 0, STAT_GPU_MEM_SUSPENDED = 1, STAT_GPU_MEM_PERSIST = 2, STAT_GPU_MEM_TOTAL = 3 };
+
+static ncclResult_t refuse(ncclComm_t comm, const char* fn, const char* why) {
+  if (comm && comm_check(comm, fn) != CH_OK) return ncclInvalidArgument;
+  WARN("%s: %s (not supported by Chorus)", fn, why);
+  return ncclInvalidUsage;
+}
+
+/* Suspend releases GPU memory a communicator can do without while idle: Chorus holds none (its
+ * FIFOs are host memory), so there is nothing to release and nothing to bring back. */
+CH_API(ncclResult_t, ncclCommSuspend, ncclComm_t comm, int flags) {
+  (void)flags;
+  ch_status s = comm_check(comm, "ncclCommSuspend");
+  if (s == CH_OK) INFO(LOG_INIT, "ncclCommSuspend: rank %d holds no GPU memory to release", comm->rank);
+  return ch_to_nccl(s);
+}
+
+CH_API(ncclResult_t, ncclCommResume, ncclComm_t comm) { return ch_to_nccl(comm_check(comm, "ncclCommResume")); }
+
+CH_API(ncclResult_t, ncclCommMemStats, ncclComm_t comm, int stat, uint64_t* value) {
+  ch_status s = comm_check(comm, "ncclCommMemStats");
+  if (s != CH_OK) return ch_to_nccl(s);
+  if (!value) {
+    WARN("ncclCommMemStats: value is NULL");
+    return ncclInvalidArgument;
+  }
+  if (stat < STAT_GPU_MEM_SUSPEND || stat > STAT_GPU_MEM_TOTAL) {
+    WARN("ncclCommMemStats: unknown stat %d (0..%d)", stat, STAT_GPU_MEM_TOTAL);
+    return ncclInvalidArgument;
+  }
+  *value = 0; /* no GPU memory, of any kind */
+  return ncclSuccess;
+}
+
+CH_API(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId* uniqueId) {
+  (void)uniqueId;
+  return refuse(comm, "ncclCommGetUniqueId", "growing a communicator (ncclCommGrow)");
+}
+
+CH_API(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+       ncclComm_t* newcomm, ncclConfig_t* config) {
+  (void)nRanks, (void)uniqueId, (void)rank, (void)config;
+  if (newcomm) *newcomm = NULL;
+  return refuse(comm, "ncclCommGrow", "growing a communicator; make a new one with ncclCommInitRank");
+}
+
+CH_API(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void** outUserPtr) {
+  (void)win;
+  if (outUserPtr) *outUserPtr = NULL;
+  return refuse(comm, "ncclWinGetUserPtr", "symmetric memory windows");
+}
+
+CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+       ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+       cudaStream_t stream) {
+  (void)localbuff, (void)count, (void)datatype, (void)peer, (void)peerWin, (void)peerWinOffset, (void)sigIdx;
+  (void)ctx, (void)flags, (void)stream;
+  return refuse(comm, "ncclPutSignal", "one-sided operations on windows");
+}
+
+CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+       cudaStream_t stream) {
+  (void)peer, (void)sigIdx, (void)ctx, (void)flags, (void)stream;
+  return refuse(comm, "ncclSignal", "one-sided operations on windows");
+}
+
+CH_API(ncclResult_t, ncclWaitSignal, int nDesc, void* signalDescs, ncclComm_t comm, cudaStream_t stream) {
+  (void)nDesc, (void)signalDescs, (void)stream;
+  return refuse(comm, "ncclWaitSignal", "one-sided operations on windows");
+}
+
+/* The device API (nccl_device.h): kernels that communicate from the GPU. */
+CH_API(ncclResult_t, ncclDevCommCreate, ncclComm_t comm, const void* reqs, void* outDevComm) {
+  (void)reqs, (void)outDevComm;
+  return refuse(comm, "ncclDevCommCreate", "the device API (nccl_device.h)");
+}
+
+CH_API(ncclResult_t, ncclDevCommDestroy, ncclComm_t comm, const void* devComm) {
+  (void)devComm;
+  return refuse(comm, "ncclDevCommDestroy", "the device API (nccl_device.h)");
+}
+
+/* Their arguments are not read: only their names are known here. */
+CH_API(ncclResult_t, ncclGetPeerDevicePointer, void) {
+  return refuse(NULL, "ncclGetPeerDevicePointer", "the device API (nccl_device.h)");
+}
+
+CH_API(ncclResult_t, ncclGetLsaMultimemDevicePointer, void) {
+  return refuse(NULL, "ncclGetLsaMultimemDevicePointer", "the device API (nccl_device.h)");
+}

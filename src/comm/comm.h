@@ -1,0 +1,183 @@
+/* The communicator and the state every layer above the transports shares. */
+#ifndef CH_COMM_H
+#define CH_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "nccl.h"
+#include "../algo/algo.h"
+#include "../bootstrap/bootstrap.h"
+#include "../cuda/cudrv.h"
+#include "../reduce/reduce.h"
+#include "../misc/log.h"
+#include "../misc/status.h"
+#include "../transport/transport.h"
+
+#define CH_MAX_CHANNELS 16
+#define CH_COMM_MAGIC 0x43484f5255534d4dULL /* "CHORUSMM" */
+
+struct ch_channel {
+  int id;
+  int* ring;        /* ring[i] = rank at ring position i */
+  int ring_index;   /* my position */
+  int prev, next;   /* ranks */
+  struct conn send; /* to next */
+  struct conn recv; /* from prev */
+};
+
+/* Connections for send/recv with one peer (created on first use). */
+struct ch_p2p {
+  struct conn send;
+  struct conn recv;
+  int recv_acked; /* the sender has mapped our FIFO */
+};
+
+struct ch_redop_slot {
+  int used;
+  struct red_op red; /* kind RED_PREMULSUM with the scalar */
+};
+#define CH_MAX_REDOPS 64
+
+/* Ranks sharing one GPU (gpu/gpu.h): what a rank says of itself at init (in comm_agree's message; read
+ * from peers, only compared). */
+struct gpu_hello {
+  uint32_t capable;  /* a current context, kernels loaded, CHORUS_CUDA_DIRECT on */
+  uint32_t shares;   /* probe below is set: this process can export device memory */
+  uint64_t ctx_id;   /* the context's address: compared only between ranks of one process */
+  unsigned char uuid[16];
+  uint64_t probe_id; /* cudev_probe: a peer process opens it at setup (only a handle for the driver) */
+  cudev_ipc_handle probe;
+};
+
+struct ch_plan;    /* comm/work.h */
+struct tune_model; /* tune/tune.h */
+
+struct ncclComm {
+  uint64_t magic;
+  /* The process that made it (set at alloc, read-only): a fork child that inherits the comm has none
+   * of its threads, so it may not use it, and destroying it there only lets go (comm_inherited). */
+  uint64_t proc_nonce;
+  int pid;
+  int rank, nranks;
+  int local_rank, local_nranks; /* among ranks on this host */
+  int nnodes;
+  int oversubscribed; /* more local ranks than CPUs: waiting ranks must not spin */
+  uint64_t comm_hash;
+  ncclConfig_t config;
+  int blocking;
+  char name[64];
+
+  struct boot_state* boot;
+  struct boot_rank_info* peers; /* [nranks] */
+  int* peer_tp;                 /* [nranks] transport kind to reach each rank */
+
+  int nchannels;
+  struct ch_channel channels[CH_MAX_CHANNELS];
+  int rings_connected;
+  struct algo_tree trees[2]; /* this rank in the Tree algorithm's trees (tune/trees.c); read-only after init */
+  int ntrees;
+  int tree_depth; /* hops from a tree's root to its deepest leaf (cost model) */
+  /* [2 * nranks]: [r] sends and receives with rank r; [nranks + r] the FIFOs of RecDbl, Rabenseifner
+   * and Tree with r, connected with the rings (connect.c), apart from the first, which a group's sends
+   * and receives use in no fixed order with a collective (comm_apeer) */
+  struct ch_p2p* p2p;
+  struct tp_sizes sizes;     /* ring FIFOs */
+  struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */
+  char* scratch; /* LL/LL128 staging, one slot payload */
+  char* peer_scratch; /* Tree Reduce partial results: one step of the per-peer FIFOs (init.c); used only
+                       * by the thread running this comm's current plan (plans run one at a time,
+                       * and a plan's Tree Reduces share one lane) */
+
+  struct ch_redop_slot redops[CH_MAX_REDOPS];
+  size_t exchange_max_bytes;
+  size_t direct_min_bytes;
+  size_t stream_min_bytes;
+  int min_nchannels, max_nchannels; /* NCCL_MIN/MAX_NCHANNELS, read once (tune/choose.c) */
+  struct direct_clique* clique; /* all ranks on this host: direct algorithms (init.c, direct_allreduce.c) */
+  struct tp_map_cache* maps;    /* processes: peers' ncclMemAlloc buffers mapped here */
+  size_t shm_direct_min_bytes;
+  /* Allowed by NCCL_PROTO / NCCL_ALGO, per collective (index: tune.h tune_mask_index); set by tune_init,
+   * read-only afterwards. tune_bad: a value did not parse (init fails after comm_agree). */
+  unsigned proto_mask[6], algo_mask[6];
+  int tune_bad;
+  unsigned proto_ok; /* protocols the transports can carry (network: Simple only) */
+  int tune_net;      /* some ranks talk over the network: the cost model uses its hop costs */
+  const struct tune_model* model; /* the cost model's constants (tune/model.c): set by tune_init, immutable */
+  /* NCCL_TUNER_PLUGIN (tune/plugin.c): set at init, released by comm_free; called by the thread in a
+   * call on this comm. tuner_failed: a getCollInfo error was reported (once). */
+  struct tune_plugin* tuner;
+  void* tuner_ctx;
+  _Atomic int tuner_failed;
+
+  /* Ordering of work: plans run in ticket order, one at a time per communicator. */
+  atomic_uint_fast64_t next_ticket;
+  atomic_uint_fast64_t done_ticket;
+  /* Collectives run (sequence number carried in transfer headers). Advanced when a plan starts, by
+   * the thread running the plan whose ticket is current (plan.c); others may only read it (logs). */
+  _Atomic uint64_t seq;
+  /* The last single-collective plan that ran to completion, kept for a repeat (plan.c). Stored by
+   * plan_release before the plan's done_ticket moves; taken by plan_reuse (compare-exchange) or
+   * freed by comm_free once no ticket is outstanding. */
+  struct ch_plan* _Atomic reuse_plan;
+  /* Receive connections whose sockets this communicator's waiting thread has read itself (the
+   * network lets a rank do that, tp_conn_poll); all given back to the transport before it sleeps.
+   * Touched only by the thread running the plan whose ticket is current, like seq (plan.c). */
+#define COMM_POLLED_MAX 8
+  struct conn* polled[COMM_POLLED_MAX];
+  int npolled;
+
+  volatile int abort_flag;           /* set by ncclCommAbort (and for a while by Revoke); polled everywhere */
+  /* ncclCommAbort claimed the comm (exchange: one abort). A revoke or shrink that raised abort_flag to
+   * stop the calls in flight lowers it again only if no abort claimed the comm meanwhile. */
+  _Atomic int aborting;
+  _Atomic int async_result;          /* first asynchronous failure (ncclResult_t) */
+  _Atomic int init_state;            /* ncclInProgress until init finishes, then its result */
+  pthread_t init_thread;   /* written before init_thread_live is set */
+  /* 1 while init_thread is to be joined; whoever exchanges it to 0 joins (run_inits for blocking
+   * comms, else ncclCommDestroy / ncclCommAbort): exactly once. ncclCommGetAsyncError never joins. */
+  _Atomic int init_thread_live;
+  _Atomic int init_caller; /* a blocking ncclCommInitRank* is still inside the library with this comm */
+  /* Its init: 0 deferred to a group's end (maybe another thread's) and not begun, 1 begun (or not
+   * deferred: split comms), 2 cancelled by an abort first (which then need not wait for it).
+   * Compare-exchanged from 0 by run_inits and ncclCommAbort. */
+  _Atomic int init_gate;
+  /* arguments kept for a deferred or background init */
+  ncclUniqueId init_id;
+  int nsplits; /* splits made from this comm (all ranks count alike) */
+
+  /* CHORUS_TIMEOUT or chorusCommSetTimeout, in ns (0 = none): read by whichever thread runs a plan. */
+  _Atomic uint64_t timeout_ns;
+
+  /* Who is inside a public call on this comm: `owner` names the one thread in a call that uses it
+   * (comm_enter: collectives, groups, split, finalize; 0 = none), `users` counts threads in queries
+   * that may run beside it (comm_try_enter: ncclCommGetAsyncError, ncclCommCount...). ncclCommAbort
+   * sets abort_flag, then waits for both to drop to 0 before freeing anything. */
+  _Atomic uintptr_t owner;
+  _Atomic int revoked; /* ncclCommRevoke: no more collectives; split, shrink and destroy still work */
+  _Atomic int poisoned; /* a call did not match across ranks; its connections are poisoned (fault/mismatch.c) */
+  _Atomic int users;
+  /* 1 for the handle, until ncclCommAbort/ncclCommDestroy has torn the comm down, + 1 for each of
+   * its calls queued in some thread's open group (that thread adds it in enq_task and drops it when
+   * ncclGroupEnd is done with the call): whoever drops the last frees the struct and its staging
+   * pool, which the group's end still touches (comm_unref). Atomic. */
+  _Atomic int refs;
+  /* ncclCommDestroy has begun (its Dekker pair with comm_enter, like abort_flag's; comm_free sets it
+   * too): no thread enters any more, and once freed only refs' part of the struct is left. */
+  _Atomic int dead;
+  struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
+  /* Device buffers in CUDA stream order (gpu/staging.c): made by the first such call and used by the
+   * thread in a call on this comm (owner); freed by comm_free. */
+  struct stage_comm* stage;
+  /* Ranks sharing one GPU (gpu.h): the context current when the application made the comm (its
+   * creating thread), the peers' hellos from comm_agree (until gpu_setup), and the GPU path, made at
+   * init and read-only afterwards but for its own documented fields. */
+  void* cuda_ctx;
+  struct gpu_hello* gpu_hellos;
+  struct gpu_comm* gpu;
+};
+
+static inline struct ch_p2p* comm_apeer(struct ncclComm* comm, int r) { return &comm->p2p[comm->nranks + r]; }
+
+#endif

@@ -1,0 +1,67 @@
+/* The work a call becomes: a task (one checked call), and the plan its group's tasks turn into
+ * (per-channel operations in lanes). Types only: the layers that build and run them have their own
+ * headers (core/group.h, core/plan.h). */
+#ifndef CH_WORK_H
+#define CH_WORK_H
+
+#include "comm.h"
+
+/* What tune/choose.c chose for one call. */
+struct tune_choice {
+  int algo, proto, nch;
+  int fallback; /* algorithm when Direct finds a buffer other processes cannot reach */
+  int stream; /* write results with streaming stores */
+};
+
+struct ch_task {
+  int func;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  int type;
+  int op; /* ncclRedOp_t */
+  int root; /* root, or peer for send/recv */
+  /* send/recv made by expand_task: the call they come from and its root (0 / -1 for ncclSend/Recv) */
+  int origin, origin_root;
+  struct tune_choice how; /* chosen by plan_build */
+  struct red_op red;    /* built once, when the call is checked */
+  struct ncclComm* comm;
+  cudaStream_t stream;
+  int exec; /* enum ch_exec (core/exec.h): where it runs, decided once when it is checked (api/coll.c) */
+  struct stage* stage; /* device buffers staged through host memory (gpu/staging.c), or NULL */
+  struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu/call.c): t is their exchange, or NULL */
+  int held;             /* queued in an open group: holds a reference on comm (group.c) */
+  int lost;             /* its comm was aborted or destroyed before the group ended: dropped */
+  struct ch_task* next;
+};
+
+/* A lane is a queue of operations that share connections and so must run one after another. */
+struct ch_lane {
+  struct ch_op** ops;
+  int nops, cur;
+};
+
+/* Ownership: the building thread owns a plan until launch; then plan_exec (the calling thread, or
+ * the stream thread) owns it until it finishes, when plan_exec releases it: kept in comm->reuse_plan
+ * (taken back only by plan_reuse's compare-exchange) or freed. */
+struct ch_plan {
+  struct ncclComm* comm;
+  size_t alloc_bytes;
+  uint64_t ticket;
+  struct ch_op* ops;
+  int nops;
+  struct ch_lane* lanes;
+  int nlanes;
+  struct ch_op** lane_ops; /* storage for every lane's op list */
+  struct red_op* reds;     /* one per task */
+  int ncoll;               /* collectives in the plan: comm->seq advances by this when it starts */
+  int started, done;       /* done: ran to the end (only such a plan is kept for reuse) */
+  ch_status status;
+  /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
+  int reusable, key_func, key_type, key_root;
+  int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
+  size_t key_count;
+  struct ch_plan* next; /* comm_wait_idle_aborting's list of plans taken off their streams */
+};
+
+#endif

@@ -1,0 +1,36 @@
+/* Host streams (core/host_stream.c): a thread per chorusStreamCreate stream runs the plans queued on it. */
+#ifndef CH_CORE_HOST_STREAM_H
+#define CH_CORE_HOST_STREAM_H
+
+#include "../comm/work.h"
+
+#include "plan.h"
+/* Host streams (core/host_stream.c). */
+int stream_is_ours(cudaStream_t s);
+/* Queue a group's plans on s as one batch; CH_SYSTEM (out of memory): the caller runs them itself. */
+ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n);
+/* The same with an executor's hooks, run by the stream's thread: before(arg, plans, n) ahead of the
+ * plans, after(arg, status of the plans) behind them (either may be NULL). */
+ch_status stream_enqueue_hook(cudaStream_t s, struct ch_plan** plans, int n, void (*before)(void*, struct ch_plan**, int),
+                              void (*after)(void*, ch_status), void* arg);
+/* Host streams for the library's own use (chorusStreamCreate/Destroy without the API checks). */
+ch_status stream_create(cudaStream_t* s);
+void stream_destroy(cudaStream_t s);
+/* chorusStreamCreate's streams: whether s is one (else a WARN naming fn); wait for everything queued
+ * and take the first error since the last sync; CH_IN_PROGRESS while anything is queued, else that error. */
+int stream_valid(cudaStream_t s, const char* fn);
+ch_status stream_sync(cudaStream_t s);
+ch_status stream_query(cudaStream_t s);
+/* Wait until nothing is queued or running on s. */
+void stream_wait_idle(cudaStream_t s);
+/* Wait until nothing of `comm` is queued or running anywhere. */
+ch_status comm_wait_idle(struct ncclComm* comm);
+/* ncclCommAbort (its flag set): wait until nothing of comm is queued or running, as comm_wait_idle,
+ * but take comm's batches that no stream has begun off their streams first (they may sit behind
+ * another communicator's call, perhaps stuck): each such plan ends aborted when its ticket comes up,
+ * here, instead of when its stream gets to it. */
+void comm_wait_idle_aborting(struct ncclComm* comm);
+/* A plan that never ran ends aborted: released and its completion published (its ticket is due). */
+void plan_cancel(struct ch_plan* plan);
+
+#endif

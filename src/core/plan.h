@@ -1,0 +1,20 @@
+/* Plans and the engine that runs them (core/plan.c). */
+#ifndef CH_CORE_PLAN_H
+#define CH_CORE_PLAN_H
+
+#include "../comm/work.h"
+
+/* Plans (plan.c). */
+ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out);
+void plan_free(struct ch_plan* plan);
+/* The plan of the previous call on comm, re-armed for task t, if it was the same collective with the
+ * same count, type and root; NULL otherwise (then build one). */
+struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t);
+/* Done with a plan: keep it on its comm for a repeat if it ran to completion, else free it. NULL is
+ * a no-op. Not for a plan whose completion was published (plan_exec releases those itself). */
+void plan_release(struct ch_plan* plan);
+/* Run plans to completion (plans of several communicators progress together). Takes ownership:
+ * each plan is released before its completion is published, and plans[i] is set to NULL. */
+ch_status plan_exec(struct ch_plan** plans, int n);
+
+#endif

@@ -1,0 +1,415 @@
+/* Ranks on one GPU (gpu.h): one call, from its description at enqueue to its pointer table. */
+#include <stdlib.h>
+#include <string.h>
+#include <stddef.h>
+
+#include "../misc/log.h"
+#include "../misc/utils.h"
+#include "../api/api.h"
+#include "gpu.h"
+
+#include "../core/plan.h"
+#include "../core/host_stream.h"
+#include "../core/init.h"
+/* The calls that run on the GPU: every collective, and Send/Recv. */
+static int on_gpu(int f) { return f >= 0 && f <= FUNC_GATHER && f != FUNC_SENDRECV; }
+int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }
+
+/* Decided from what every rank knows alike (the comm and the call), never from one rank's buffers:
+ * a buffer that cannot take part (another device's) fails the call on every rank instead. */
+int gpu_takes(const struct ch_task* t) { return t->comm->gpu && t->count > 0 && on_gpu(t->func); }
+
+/* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
+ * allocation when some rank is another process (kept per allocation: the driver's buffer id). */
+static ch_status describe(struct gpu_comm* g, const void* p, struct gpu_buf_desc* d) {
+  uintptr_t base;
+  size_t size;
+  void* ctx = NULL;
+  int dev = -1, cu = cudev_describe(p, &ctx, &dev, &base, &size, &d->id);
+  if (cu > 0) {
+    WARN("cuPointerGetAttributes(%p) failed: %s (%d)", p, cudrv_errstr(cu), cu);
+    return CH_SYSTEM;
+  }
+  /* Memory of another context, or cuMemCreate memory (no context) of another device: not here. Every
+   * rank fails the call, naming this buffer. */
+  if (cu || (ctx ? ctx != g->ctx : dev != g->ordinal)) {
+    d->foreign = 1;
+    return CH_OK;
+  }
+  d->present = 1, d->off = (uintptr_t)p - base, d->ptr = (uintptr_t)p, d->base = base;
+  d->shareable = ctx != NULL; /* cuMemCreate memory (no context) is not for legacy CUDA IPC */
+  if (!g->any_proc || !d->shareable) return CH_OK;
+  int k = 0;
+  while (k < g->nown && g->own[k].id != d->id) k++;
+  if (k == g->nown) {
+    cudev_ipc_handle h;
+    if (cudev_ipc_get(base, g->ctx, &h) != CH_OK) {
+      d->shareable = 0; /* the bridge fails the call on every rank, naming this buffer */
+      return CH_OK;
+    }
+    k = g->nown < (int)(sizeof(g->own) / sizeof(g->own[0])) ? g->nown++ : (int)(d->id % g->nown);
+    g->own[k].id = d->id, g->own[k].h = h;
+  }
+  d->h = g->own[k].h;
+  return CH_OK;
+}
+
+ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn) {
+  struct gpu_comm* g = t->comm->gpu;
+  int capturing = 0;
+  CHECK(cudrv_capturing(t->stream, g->ctx, &capturing));
+  if (capturing) {
+    WARN("%s: stream %p is being captured into a CUDA graph: Chorus orders calls between ranks from the host, "
+         "which a graph cannot replay; make this call outside the capture (rank %d)", fn, (void*)t->stream, g->rank);
+    return CH_INVALID_USAGE;
+  }
+  struct gpu_call* c = calloc(1, sizeof(*c) + (size_t)g->n * sizeof(c->all[0]));
+  if (!c) return CH_SYSTEM;
+  c->g = g, c->func = t->func, c->type = t->type, c->root = t->root, c->count = t->count, c->stream = t->stream;
+  c->peer = gpu_is_p2p(t->func) ? t->root : -1;
+  if (t->func == FUNC_ALLREDUCE || t->func == FUNC_REDUCE || t->func == FUNC_REDUCESCATTER) c->red = t->red;
+  else c->red.kind = RED_SUM;
+  c->ptr[DEV_SEND] = needs_send ? t->sendbuff : NULL;
+  c->ptr[DEV_RECV] = needs_recv ? t->recvbuff : NULL;
+  struct gpu_desc* m = &c->mine;
+  m->func = (uint32_t)c->func, m->type = (uint32_t)c->type, m->op_kind = (uint32_t)c->red.kind, m->count = c->count;
+  m->root = c->func == FUNC_BROADCAST || c->func == FUNC_REDUCE || c->func == FUNC_GATHER || c->func == FUNC_SCATTER ||
+                    gpu_is_p2p(c->func)
+                ? c->root /* the peer, for Send/Recv */
+                : -1;
+  m->stream = (uint64_t)(uintptr_t)c->stream;
+  if (red_type_is_float(c->type)) memcpy(&m->scalar, &c->red.scalar_f, sizeof(m->scalar));
+  else memcpy(&m->scalar, &c->red.scalar_i, sizeof(m->scalar));
+  for (int b = 0; b < 2; b++) {
+    if (!c->ptr[b]) continue;
+    if (b == DEV_RECV && c->ptr[DEV_RECV] == c->ptr[DEV_SEND]) { /* in place: the same description */
+      m->buf[DEV_RECV] = m->buf[DEV_SEND];
+      continue;
+    }
+    ch_status s = describe(g, c->ptr[b], &m->buf[b]);
+    if (s != CH_OK) {
+      free(c);
+      return s;
+    }
+  }
+  /* The call becomes the allgather of the descriptions (a send's goes to its peer; a receive gets
+   * its peer's): it runs on the bridge, in this communicator's order of calls, and the stream's part is
+   * queued at launch (gpu_launch). */
+  t->gpu = c;
+  t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
+  t->sendbuff = &c->mine, t->recvbuff = c->all;
+  if (!gpu_is_p2p(t->func)) t->func = FUNC_ALLGATHER, t->root = 0;
+  INFO(LOG_COLL, "%s: device buffers of %d rank(s) on one GPU: the call runs there", fn, g->n);
+  return CH_OK;
+}
+
+void gpu_drop(struct ch_task* t) {
+  free(t->gpu);
+  t->gpu = NULL;
+}
+
+/* ---- the stream's part ---- */
+
+static void* priv_dev(struct gpu_comm* g, size_t off) { return (char*)g->priv_dev + off; }
+static void* word_dev(struct gpu_comm* g, int r, size_t field) {
+  return (char*)g->seg_dev + offsetof(struct gpu_seg, w) + (size_t)r * sizeof(struct gpu_words) + field;
+}
+
+/* Stream memory operations gathered for one driver call (cudev_memops), sent when full or flushed. */
+struct memops {
+  struct gpu_comm* g;
+  cudaStream_t s;
+  ch_status st; /* the first failure */
+  int k;
+  struct cudev_memop op[CUDEV_MAX_MEMOPS];
+};
+
+static ch_status flush(struct memops* o) {
+  if (o->st == CH_OK && o->k) o->st = cudev_memops(o->s, o->op, o->k, o->g->ctx);
+  o->k = 0;
+  return o->st;
+}
+
+static void memop(struct memops* o, void* dev, uint32_t value, int wait) {
+  if (o->k == CUDEV_MAX_MEMOPS) flush(o);
+  o->op[o->k++] = (struct cudev_memop){.dev = dev, .value = value, .wait = wait};
+}
+
+/* Every rank's stream has written `seq` into its word `field`: my write, then a wait per peer. */
+static void barrier(struct memops* o, uint32_t seq, size_t field) {
+  struct gpu_comm* g = o->g;
+  memop(o, word_dev(g, g->rank, field), seq, 0);
+  for (int r = 0; r < g->n; r++)
+    if (r != g->rank) memop(o, word_dev(g, r, field), seq, 1);
+}
+
+/* The word of the ordered pair src -> dst: `sent` (the sender's stream reached the send) or `copied`
+ * (the receiver's kernel is done with the sender's buffer). */
+static void* pair_dev(struct gpu_comm* g, int src, int dst, int copied) {
+  return (char*)g->seg_dev + gpu_pair_off(g->n, src, dst) + (copied ? offsetof(struct gpu_pair, copied) : 0);
+}
+static void* slot_done_dev(struct gpu_comm* g, uint32_t seq) {
+  return priv_dev(g, offsetof(struct gpu_priv, slot_done) + (seq % GPU_SLOTS) * sizeof(uint32_t));
+}
+
+static struct dev_job* job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
+                           uint32_t dst_mask, int dst_buf, uint64_t dst_off, uint64_t count) {
+  struct dev_job* j = &a->job[a->njobs++];
+  memset(j, 0, sizeof(*j));
+  j->reduce = (uint8_t)reduce, j->src_mask = src_mask, j->src_buf = (uint8_t)src_buf, j->src_off = src_off;
+  j->dst_mask = dst_mask, j->dst_buf = (uint8_t)dst_buf, j->dst_off = dst_off, j->count = count;
+  return j;
+}
+
+/* AlltoAll: rank me exchanges the blocks of the pairs {me, me + k mod n}, k = 1..(n-1)/2, and for an
+ * even n the pair at distance n/2 falls to its lower rank: every pair once, each rank n/2 pairs at most. */
+int gpu_a2a_pair(int n, int me, int r) {
+  int d = (r - me + n) % n;
+  return d > 0 && (d <= (n - 1) / 2 || (n % 2 == 0 && d == n / 2 && me < n / 2));
+}
+
+/* One kernel does every rank's part, on rank 0's stream (the others only pass the barriers): kernels
+ * of different processes never run at once without MPS, their contexts take turns on the GPU, and on
+ * the H200 each process's kernel added ~0.3 ms to a call whose waits alone took ~25 us; thread ranks
+ * ran as fast or faster with one kernel too. So by default (CHORUS_CUDA_ONE_KERNEL), for every call
+ * whose jobs fit one launch (AlltoAll's pairs: up to 7 ranks). */
+int gpu_one_kernel(const struct gpu_comm* g, int func) {
+  int n = g->n;
+  return g->one_kernel && func != FUNC_RECV && (func != FUNC_ALLTOALL || n + n * (n - 1) / 2 <= DEV_MAX_JOBS);
+}
+
+/* Rank me's part of a call (devjob.h). Reductions: each rank reduces its share of the elements from
+ * every rank's input and writes the result wherever it is wanted, so every byte is read and written
+ * once in all; copies go from where the data is to where rank me's part writes. A part that would
+ * copy a buffer onto itself (in place) is left out where this rank can tell: its own. */
+static void rank_jobs(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a, int me) {
+  int n = g->n, own = me == g->rank;
+  uint32_t all = n == 32 ? 0xffffffffu : (1u << n) - 1, self = 1u << me;
+  size_t E = red_type_size(c->type), C = c->count, B = C * E;
+  const char *send = c->ptr[DEV_SEND], *recv = c->ptr[DEV_RECV];
+  switch (c->func) {
+    case FUNC_ALLREDUCE: { /* shares aligned to 16 bytes */
+      size_t align = E >= 16 ? 1 : 16 / E, share = UT_ALIGN_UP(UT_DIV_UP(C, (size_t)n), align);
+      size_t off = UT_MIN(C, share * (size_t)me), len = UT_MIN(share, C - off);
+      if (len) job(a, DEV_REDUCE, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
+      break;
+    }
+    case FUNC_ALLGATHER: job(a, DEV_COPY, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
+    case FUNC_REDUCESCATTER: job(a, DEV_REDUCE, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
+    case FUNC_BROADCAST: /* a root in place has nothing to do */
+      if (me != c->root || !own || send != recv) job(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      break;
+    case FUNC_REDUCE:
+      if (me == c->root) job(a, DEV_REDUCE, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      break;
+    case FUNC_ALLTOALL: /* its own block (unless in place), then its pairs */
+      if (!own || send != recv) job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
+      for (int r = 0; r < n; r++)
+        if (gpu_a2a_pair(n, me, r)) job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
+      break;
+    case FUNC_GATHER: /* the root pulls every block; its own is already in place when sendbuff is there */
+      for (int r = 0; me == c->root && r < n; r++)
+        if (r != me || !own || send != recv + (size_t)me * B)
+          job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
+      break;
+    case FUNC_RECV: job(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
+    case FUNC_SCATTER: /* every rank pulls its block from the root (nothing to do for a root in place) */
+      if (me != c->root || !own || recv != send + (size_t)me * B)
+        job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
+      break;
+  }
+}
+
+/* What this rank's kernel does: its own part, every rank's (gpu_one_kernel, rank 0), or nothing. */
+void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
+  memset(a, 0, sizeof(*a));
+  size_t slot = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
+  a->table = (uint64_t)(uintptr_t)priv_dev(g, slot);
+  a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
+  a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
+  a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
+  if (!gpu_one_kernel(g, c->func)) rank_jobs(g, c, a, g->rank);
+  else
+    for (int r = 0; g->rank == 0 && r < g->n; r++) rank_jobs(g, c, a, r);
+}
+
+/* This call's kernel, if its rank has anything to do (gpu_fill_args). */
+static ch_status run_kernel(struct gpu_comm* g, const struct gpu_call* c, cudaStream_t s) {
+  struct dev_args a;
+  gpu_fill_args(g, c, &a);
+  if (!a.njobs) return CH_OK;
+  uint64_t most = 0;
+  for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);
+  /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM in all */
+  uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a.njobs, 1));
+  gx = UT_MAX(gx, 1);
+  if (gx * (uint64_t)a.njobs >= (uint64_t)g->stage_blocks) { /* the table read once, into device memory */
+    struct dev_staged* d = (struct dev_staged*)((char*)g->stage_dev + (c->seq % GPU_SLOTS) * sizeof(*d));
+    struct dev_stage_args sa = {.table = a.table, .fail = {a.fail[0], a.fail[1]}, .dst = (uintptr_t)d};
+    CHECK(cudev_launch(g->fn[DEV_STAGE], 1, 1, s, g->ctx, &sa));
+    a.table = (uintptr_t)&d->table, a.fail[0] = (uintptr_t)&d->failed[0], a.fail[1] = (uintptr_t)&d->failed[1];
+  }
+  return cudev_launch(g->fn[c->type], (unsigned)gx, (unsigned)a.njobs, s, g->ctx, &a);
+}
+
+/* A rank's calls on one communicator run in call order whatever streams they name (as NCCL orders
+ * them on its own stream): each rank's barrier words then only move forward, and a peer can never
+ * pass call k against this rank's word for a later call on another stream. Through an event the
+ * communicator owns, recorded after each call (done), not one recorded on the previous call's
+ * stream at the next call: the application may have destroyed that stream meanwhile (allowed once
+ * its work is queued), which would fail the call or, with the handle reused, order it after
+ * another stream's work. */
+static ch_status follow(struct gpu_comm* g, cudaStream_t s) {
+  if (g->any_launched && g->last_stream != s) CHECK(cudrv_event_wait(s, g->done_ev, g->ctx));
+  g->last_stream = s, g->any_launched = 1;
+  return CH_OK;
+}
+
+static ch_status done(struct gpu_comm* g, cudaStream_t s) {
+  if (!g->done_ev) CHECK(cudrv_event_new(&g->done_ev, g->ctx));
+  return cudrv_event_record(g->done_ev, s, g->ctx);
+}
+
+/* A collective: its table, a barrier (every input ready), the kernel, a barrier (nobody still reads),
+ * its slot freed. The operations before and after the kernel go to the driver as one batch each. */
+static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
+  struct memops o = {.g = g, .s = c->stream};
+  CHECK(follow(g, c->stream));
+  memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
+  if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, arrive));
+  CHECK(flush(&o));
+  CHECK(run_kernel(g, c, c->stream));
+  if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, done));
+  memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+  CHECK(flush(&o));
+  return done(g, c->stream);
+}
+
+/* A group's sends and receives, on the first one's stream (which first waits for the others' work,
+ * and which they wait for after), in three phases so that two ranks that send to each other never
+ * wait for each other: every send says its data is ready; each receive in turn waits for its table
+ * and its sender's data, copies, and says it is done with the sender's buffer (so a peer's later
+ * send, in a group of its own, can wait for an earlier receive here); every send waits for that. A
+ * pair's words carry the number of sends on that ordered pair (c->cseq), alike on both sides.
+ * Receives run one after the other on one stream: receives from several peers whose sends depend on
+ * each other in another order than this group's can wait for each other until CHORUS_TIMEOUT. */
+static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
+  cudaStream_t s = cs[0]->stream;
+  int me = g->rank;
+  struct memops o = {.g = g, .s = s};
+  CHECK(follow(g, s));
+  for (int i = 1; i < k; i++)
+    if (cs[i]->stream != s) CHECK(cudrv_join(cs[i]->stream, g->ctx, s, g->ctx)); /* twice is harmless */
+  for (int i = 0; i < k; i++)
+    if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 0), cs[i]->cseq, 0);
+  for (int i = 0; i < k; i++) {
+    if (cs[i]->func != FUNC_RECV) continue;
+    memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), cs[i]->seq, 1);
+    if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 0), cs[i]->cseq, 1);
+    CHECK(flush(&o));
+    CHECK(run_kernel(g, cs[i], s));
+    if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 1), cs[i]->cseq, 0); /* sent with what follows */
+  }
+  for (int i = 0; i < k; i++)
+    if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 1), cs[i]->cseq, 1);
+  for (int i = 0; i < k; i++) memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
+  CHECK(flush(&o));
+  CHECK(done(g, s));
+  for (int i = 1; i < k; i++)
+    if (cs[i]->stream != s) CHECK(cudrv_event_wait(cs[i]->stream, g->done_ev, g->ctx));
+  return CH_OK;
+}
+
+/* Why a group with ngpu calls on the GPU cannot run as it is (NULL: it can). */
+static const char* refusal(struct ch_task** lists, int n, int ngpu) {
+  int nall = 0;
+  for (int i = 0; i < n; i++) {
+    int np2p = 0, k = 0;
+    for (struct ch_task* t = lists[i]; t; t = t->next, k++) np2p += t->gpu && gpu_is_p2p(t->gpu->func);
+    nall += k;
+    if (np2p && np2p < k)
+      return "mixes collectives and sends or receives on device buffers of ranks sharing one GPU: issue them in "
+             "separate groups";
+    if (np2p > GPU_SLOTS) /* each needs a table slot of its own until the group's end */
+      return "has more than " UT_STR(GPU_SLOTS) " sends and receives on device buffers of ranks sharing one GPU for one "
+             "communicator: split it";
+  }
+  if (ngpu < nall)
+    return "mixes calls that run on the GPU (device buffers of ranks sharing one GPU) with calls through host "
+           "memory: issue them in separate groups, or set CHORUS_CUDA_DIRECT=0";
+  return NULL;
+}
+
+int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
+  int ngpu = 0;
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t; t = t->next) ngpu += t->gpu != NULL;
+  if (!ngpu) return 0;
+  const char* why = refusal(lists, n, ngpu);
+  if (why) {
+    WARN("a group %s", why);
+    for (int i = 0; i < n; i++) plans[i]->status = CH_INVALID_USAGE; /* failed in ticket order */
+    plan_exec(plans, n);
+    *res = CH_INVALID_USAGE;
+    return 1;
+  }
+  ch_status e = CH_OK;
+  for (int i = 0; i < n; i++) {
+    struct ncclComm* comm = plans[i]->comm;
+    struct gpu_comm* g = comm->gpu;
+    int k = 0;
+    for (struct ch_task* t = lists[i]; t; t = t->next) k++;
+    struct gpu_batch* b = malloc(sizeof(*b) + (size_t)k * sizeof(b->call[0]));
+    if (!b) { /* nothing queued yet: fail this comm's calls in order */
+      plans[i]->status = CH_SYSTEM;
+      plan_exec(&plans[i], 1);
+      e = CH_SYSTEM;
+      continue;
+    }
+    b->n = 0;
+    /* Numbers (all wrap: every comparison is cyclic): seq is this rank's, for its tables; cseq is
+     * alike on the ranks that take part: the collective's number, or the send's on its pair. */
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      struct gpu_call* c = b->call[b->n++] = t->gpu;
+      t->gpu = NULL;
+      c->seq = ++g->next_seq;
+      if (c->func == FUNC_SEND) c->cseq = atomic_fetch_add(&g->p2p_sent[c->peer], 1) + 1;
+      else if (c->func == FUNC_RECV) c->cseq = atomic_fetch_add(&g->p2p_recvd[c->peer], 1) + 1;
+      else c->cseq = ++g->next_cseq;
+      c->mine.seq = c->cseq;
+    }
+    /* Queued as one (sends and receives: then all are, by refusal) or call by call. */
+    int p2p = gpu_is_p2p(b->call[0]->func);
+    for (int j = 0; j < b->n; j += p2p ? b->n : 1) {
+      struct gpu_call* c = b->call[p2p ? b->n - 1 : j];
+      ch_status q = p2p ? queue_p2p(g, b->call, b->n) : queue_call(g, c);
+      if (!p2p) atomic_store_explicit(&g->launched_c, c->cseq, memory_order_release);
+      atomic_store_explicit(&g->launched, c->seq, memory_order_release);
+      if (q != CH_OK) { /* the stream may hold part of it: let it and the peers' streams through */
+        comm_set_async_error(comm, q);
+        if (e == CH_OK) e = q;
+        /* Its slot-done write may never have been queued: mark it here, or the comm would look busy
+         * for ever (destroy waits, then orphans it). The comm has failed: no later call reuses the
+         * slot, and a write the stream still makes carries the same number. */
+        for (int k = p2p ? 0 : j; k < (p2p ? b->n : j + 1); k++)
+          atomic_store_explicit(&g->priv->slot_done[b->call[k]->seq % GPU_SLOTS], b->call[k]->seq, memory_order_release);
+      }
+    }
+    /* One rank: the exchange is a copy, done here. Otherwise the bridge runs it with the peers, in
+     * order: where it cannot take it (out of memory), it runs here once the bridge has run the earlier
+     * ones (gpu_after's state is the bridge's, and tables must be filled in call order). */
+    int here = g->n == 1;
+    if (!here && stream_enqueue_hook(g->bridge, &plans[i], 1, NULL, gpu_after, b) != CH_OK) {
+      stream_wait_idle(g->bridge);
+      here = 1;
+    }
+    if (here) {
+      ch_status s = plan_exec(&plans[i], 1);
+      gpu_after(b, s);
+    }
+    plans[i] = NULL;
+  }
+  *res = e;
+  return 1;
+}
+

@@ -1,0 +1,186 @@
+/* Ranks that share one GPU: calls on device buffers run on the GPU itself (gpu/setup.c: init and
+ * teardown; gpu/call.c: a call's description and its stream's part; gpu/resolve.c: the bridge's part;
+ * gpu/watch.c: dead peers and timeouts).
+ *
+ * At init every rank says whether its thread has a current CUDA context and on which device (the
+ * hello, carried in comm_agree's allgather). When every rank of the communicator is on this host and
+ * on the same GPU (and ranks of one process on the same context), the communicator gets `gpu`: a
+ * page of host memory shared by its ranks and mapped for the device, where each rank's CUDA stream
+ * writes and waits for 32-bit barrier words with stream memory operations (never a kernel spinning on
+ * a flag: kernels of different processes do not run at once without MPS), and per rank a ring of
+ * pointer tables in mapped pinned memory.
+ *
+ * A call: its buffers are described (device address within its allocation, and a CUDA IPC handle for
+ * ranks in other processes); the description is allgathered by the host engine on the
+ * communicator's bridge thread, which then opens the peers' buffers (cached per allocation), checks
+ * every field against the call, and fills the call's pointer table. The CUDA stream meanwhile waits
+ * for that table, passes a barrier (every rank's inputs are ready), runs the kernel (devjob.h) that
+ * reads and writes the peers' buffers directly, and passes a second barrier (nobody still reads).
+ * Send/Recv: the send's description goes to its peer alone, and the two streams meet through the
+ * pair's words (struct gpu_pair) instead of barriers. Nothing of this reaches a kernel unless its
+ * table carries the call's number. */
+#ifndef CH_CORE_GPU_H
+#define CH_CORE_GPU_H
+
+#include "../cuda/cudrv.h"
+#include "../cuda/devjob.h"
+#include "../comm/work.h"
+
+
+#define GPU_SLOTS 128    /* pointer tables per rank: calls whose table may be in use at once */
+#define GPU_IPC_CACHE 32 /* a peer's allocations kept open */
+
+/* Per rank, in the shared page: written by that rank's stream, read by every rank's stream. */
+struct gpu_words {
+  _Alignas(64) _Atomic uint32_t arrive, done;
+};
+struct gpu_seg {
+  uint64_t token; /* the export token (tp_fd_map checks it) */
+  uint32_t n;
+  _Atomic int32_t failed_by; /* 1 + the first rank that failed the communicator's GPU calls (gpu_unblock) */
+  struct gpu_words w[];      /* [n], then the pairs' words (gpu_pair_off) */
+};
+/* Per ordered pair src -> dst, after w[n]: the number of sends on that pair whose data is ready
+ * (written by src's stream) and that dst's kernel is done with (written by dst's stream). */
+struct gpu_pair {
+  _Atomic uint32_t sent, copied;
+};
+static inline size_t gpu_pair_off(int n, int src, int dst) {
+  size_t pairs = sizeof(struct gpu_seg) + (size_t)n * sizeof(struct gpu_words);
+  return pairs + ((size_t)src * n + dst) * sizeof(struct gpu_pair);
+}
+
+/* This rank's mapped pinned memory: written by the bridge (ready, slot contents), and by the stream
+ * (slot_done); the kernel reads the slots. */
+struct gpu_priv {
+  _Alignas(64) _Atomic uint32_t ready;        /* the last call whose table is filled (or failed) */
+  _Atomic int32_t failed;                     /* this rank failed the communicator: no kernel runs */
+  _Alignas(64) _Atomic uint32_t slot_done[GPU_SLOTS]; /* the last call that finished with each slot */
+  struct dev_table slot[GPU_SLOTS];
+};
+
+struct gpu_ipc { uint64_t id, peer_base; uintptr_t base; size_t size; uint32_t last_seq; };
+struct gpu_own { uint64_t id; uintptr_t base; cudev_ipc_handle h; };
+
+/* comm->gpu. Made at init and freed with the comm. Fields are set at init and read-only afterwards,
+ * except: next_seq (the comm's owner, at launch), own[] (the owner, at enqueue), peer caches (the
+ * bridge thread only), the shared words and priv (atomics, see above). */
+struct gpu_comm {
+  struct ncclComm* comm;
+  void* ctx;
+  int n, rank, sms, ordinal; /* ordinal: the device's */
+  int any_proc;          /* some rank is in another process (IPC handles needed) */
+  char* same_proc;       /* [n]: a thread of this process (checked against gpu/setup.c's local ranks) */
+  uint64_t comm_hash;    /* its key among the local ranks */
+  int local;             /* registered there */
+  struct gpu_seg* seg;   /* NULL for one rank */
+  void* seg_dev;
+  struct gpu_priv* priv;
+  void* priv_dev;
+  void* stage_dev;  /* [GPU_SLOTS] struct dev_staged in device memory: written and read by this rank's stream */
+  int stage_blocks; /* CHORUS_CUDA_STAGE_BLOCKS */
+  int one_kernel;   /* CHORUS_CUDA_ONE_KERNEL, rank 0's: alike on every rank */
+  void* fn[DEV_STAGE + 1]; /* the kernels in ctx (cudev_kernel), looked up once at init */
+  cudaStream_t bridge;
+  uint32_t next_seq;  /* this rank's calls: tables, slots (the owner, at launch) */
+  uint32_t next_cseq; /* collectives, numbered alike on every rank (the owner, at launch) */
+  _Atomic uint32_t launched_c; /* the last collective queued on a stream */
+  _Atomic uint32_t* p2p_sent;  /* [n]: sends to each peer queued (the owner adds, gpu_unblock reads) */
+  _Atomic uint32_t* p2p_recvd; /* [n]: receives from each peer queued */
+  cudaStream_t last_stream; /* of the last call queued (the owner, at launch); valid once next_seq moved */
+  void* done_ev; /* recorded after each call on its stream, a call on another waits for it (the owner, at launch) */
+  int any_launched;
+  _Atomic uint32_t launched; /* the last call queued on a stream */
+  struct gpu_own own[16];
+  int nown;
+  struct gpu_ipc (*ipc)[GPU_IPC_CACHE]; /* [n][GPU_IPC_CACHE] */
+  struct gpu_comm* next_orphan;         /* gpu/setup.c's orphans_mu */
+  /* gpu/watch.c, under its watch_mu */
+  struct gpu_comm* next_watched;
+  uint32_t watch_seq;   /* the oldest unfinished call when last looked at */
+  uint64_t watch_since; /* since when it is (0: nothing in flight) */
+  int watch_fired;
+};
+
+/* The description of one rank's part of a call (allgathered; peers' are checked before use). */
+struct gpu_buf_desc {
+  uint32_t present, shareable;
+  uint32_t foreign, pad; /* device memory of another device or context than the communicator's */
+  uint64_t id, off;
+  uint64_t ptr;  /* used only between ranks of one process, and checked against the driver first */
+  uint64_t base; /* the allocation's address in its process: only compared (a reused address is a new allocation) */
+  cudev_ipc_handle h;
+};
+struct gpu_desc {
+  uint32_t seq, func, type, op_kind;
+  int32_t root;
+  uint32_t pad;
+  uint64_t count;
+  uint64_t scalar; /* PreMulSum: this rank's scalar (bits of a double, or an int64_t) */
+  uint64_t stream; /* the call's CUDA stream: only compared between ranks of one process */
+  struct gpu_buf_desc buf[2];
+};
+
+/* One call, from enqueue to the bridge's hook. */
+struct gpu_call {
+  struct gpu_comm* g;
+  uint32_t seq, cseq; /* this rank's call number; the collective's, or the send's on its pair */
+  int func, type, root, peer; /* peer: Send/Recv's (-1 otherwise) */
+  size_t count;
+  struct red_op red;
+  cudaStream_t stream;
+  const void* ptr[2];
+  struct gpu_desc mine;
+  struct gpu_desc all[]; /* [n]: the allgather's result */
+};
+
+/* gpu/setup.c */
+void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h);
+ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all);
+void gpu_free(struct ncclComm* comm);
+/* Let every stream of the communicator past every barrier and table wait (an abort, or a failure that
+ * leaves peers unable to arrive). Any thread. */
+void gpu_unblock(struct gpu_comm* g);
+/* 1 and *oldest = the oldest call queued on a stream that has not finished there; 0 if none. Any
+ * thread (atomics only). */
+int gpu_unfinished(struct gpu_comm* g, uint32_t* oldest);
+
+/* A peer process's allocation opened in this process (CUDA IPC), shared by every communicator and
+ * rank here that uses it (the driver maps a handle once per process): nonce names the exporting
+ * process. Any thread. */
+ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_handle* h, uintptr_t* base,
+                       size_t* size, int* cu); /* *cu: the driver's refusal (CUresult), said by the caller */
+void gpu_ipc_close(void* ctx, uintptr_t base);
+
+/* Tests: start this rank's call numbers at base (before its first call on device buffers), to
+ * cross the 32-bit wrap. Every rank of the communicator must do it alike. */
+void gpu_test_seq_base(struct ncclComm* comm, uint32_t base);
+
+/* gpu/watch.c: watch for dead peers and CHORUS_TIMEOUT while calls are in flight (from setup to free). */
+void gpu_watch_add(struct gpu_comm* g);
+void gpu_orphans_tick(int here); /* gpu/setup.c; here = 0: frees go to the reaper (cudrv_defer) */
+void gpu_watch_remove(struct gpu_comm* g);
+
+/* gpu/call.c */
+int gpu_is_p2p(int func);
+int gpu_a2a_pair(int n, int me, int r); /* AlltoAll: rank me moves the blocks of the pair {me, r} */
+int gpu_one_kernel(const struct gpu_comm* g, int func); /* rank 0's kernel does every rank's part */
+struct dev_args;
+/* The jobs of this rank's kernel for call c (none: it launches nothing); also what resolve checks. */
+void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a);
+/* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
+ * host allgather of the descriptions (t->gpu holds the call). */
+int gpu_takes(const struct ch_task* t);
+ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
+/* Free the call of a task that never launched. */
+void gpu_drop(struct ch_task* t);
+/* A group with such calls: queue the exchange on the bridge and the stream's part. 1: handled. */
+int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res);
+struct gpu_batch {
+  int n;
+  struct gpu_call* call[];
+};
+/* gpu/resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */
+void gpu_after(void* batch, ch_status st);
+
+#endif

@@ -1,0 +1,553 @@
+/* CUDA device buffers through host memory: the host path cannot read device memory, so a call whose
+ * buffers are device memory runs on host copies. Two ways, chosen per call (stage_in):
+ *  - asynchronous (the default where the driver has stream memory operations, CUDA 11.7+): the call
+ *    returns at once, as NCCL's does. At launch (stage_launch) each CUDA stream of the group gets
+ *    copies of its inputs to pinned host memory and a host function that tells Chorus they are there;
+ *    then a wait for this communicator's flag word; then copies of the results back and a host
+ *    function that hands the host memory back. A Chorus host stream per communicator (the bridge)
+ *    runs the group's plans once every stream's inputs are in, then writes the flag. Work queued on
+ *    the streams before the group is done first, and work queued after waits for the results.
+ *  - synchronous (CHORUS_CUDA_ASYNC=0, an older driver, a group that also has host buffers, or the
+ *    pinned budget spent): the stream is synchronised, the input copied, the call runs like any host
+ *    call and the result is copied back before the group returns.
+ * Graph capture of such a call is refused (the host part would not be replayed).
+ * Ownership: a task's stage is made and finished by the thread in the call (the comm's owner);
+ * stage_launch hands its pinned blocks to a gate, which the last of its host functions releases. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../cuda/cudrv.h"
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "../comm/work.h"
+
+#include "staging.h"
+#include "../core/plan.h"
+#include "../core/host_stream.h"
+#include "../core/init.h"
+/* Pinned host memory of one communicator, reused across calls. `busy` is set by the comm's owner
+ * when it hands the block to a call and cleared (release) by whoever finishes that call: the owner
+ * (synchronous path) or a gate's last host function. */
+struct pin_block {
+  struct pin_block* next;
+  struct stage_comm* owner; /* whose pool: counted in its `outstanding` while a gate holds the block */
+  char* host;
+  size_t bytes;
+  void* ctx; /* allocated in */
+  _Atomic int busy;
+  int queued; /* the owner's: handed to a launched gate, so it frees once the streams get there */
+};
+
+/* comm->stage: made by the first asynchronous call; fields are the comm owner's unless said. */
+struct stage_comm {
+  cudaStream_t bridge; /* Chorus host stream that runs the staged plans (its thread writes *flag) */
+  void* ctx;
+  _Atomic uint32_t* flag; /* mapped pinned word: the last gate the bridge opened */
+  void* flag_dev;
+  uint32_t next_seq;
+  struct pin_block* blocks;
+  size_t pinned_bytes;
+  /* Gates whose streams may still touch this pool: one for the flag (the gate's own pool) and one per
+   * block of the pool a gate holds (a group over several comms holds blocks of each). Any thread. */
+  _Atomic int outstanding;
+  struct stage_comm* next_orphan; /* under orphans_mu */
+};
+
+struct stage {
+  struct pin_block* pin; /* asynchronous: one pinned block for both copies */
+  char* block[2];        /* synchronous: host copies, one when the buffers overlap, else one each */
+  void* dev_send;
+  char* host_send;
+  size_t send_bytes;
+  void* dev_recv; /* where the result goes back to */
+  char* host_recv;
+  size_t recv_bytes;
+  void* ctx;     /* the buffers' context */
+  int async;     /* copies go on the stream at launch */
+};
+
+/* One group's staged calls: opened by the bridge, released by the streams' last host functions. */
+struct stage_gate {
+  struct stage_comm* sc;
+  uint32_t seq;
+  int expected;          /* streams whose inputs the plans wait for */
+  int arrived;           /* under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  /* The bridge, each stream's arrival and the first stream's last host function: the gate and its
+   * blocks go back only once every stream is past every copy that uses them. */
+  _Atomic int refs;
+  int nblocks;
+  struct pin_block* blocks[];
+};
+
+/* Bytes of sendbuff and recvbuff a call spans (count is per rank for the gathering kinds). */
+static void extents(const struct ch_task* t, int nranks, size_t* sb, size_t* rb) {
+  size_t one = t->count * red_type_size(t->type), all = one * (size_t)nranks;
+  switch (t->func) {
+    case FUNC_ALLGATHER: case FUNC_GATHER: *sb = one, *rb = all; break;
+    case FUNC_REDUCESCATTER: case FUNC_SCATTER: *sb = all, *rb = one; break;
+    case FUNC_ALLTOALL: *sb = *rb = all; break;
+    default: *sb = *rb = one; break;
+  }
+}
+
+/* ---- pinned blocks ---- */
+
+static void block_put(struct pin_block* b) { atomic_store_explicit(&b->busy, 0, memory_order_release); }
+
+static struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx) {
+  if (comm->stage) return comm->stage;
+  struct stage_comm* sc = calloc(1, sizeof(*sc));
+  if (!sc) return NULL;
+  sc->ctx = ctx;
+  sc->flag = cudrv_host_alloc(64, ctx, 1, &sc->flag_dev);
+  if (!sc->flag || stream_create(&sc->bridge) != CH_OK) {
+    cudrv_host_free((void*)sc->flag, ctx);
+    free(sc);
+    return NULL;
+  }
+  atomic_store(sc->flag, 0);
+  comm->stage = sc;
+  return sc;
+}
+
+/* The smallest free block of at least `bytes` (taken), or NULL. */
+static struct pin_block* block_free_fit(struct stage_comm* sc, size_t bytes, void* ctx) {
+  struct pin_block* best = NULL;
+  for (struct pin_block* b = sc->blocks; b; b = b->next)
+    if (!atomic_load_explicit(&b->busy, memory_order_acquire) && b->bytes >= bytes && b->ctx == ctx &&
+        (!best || b->bytes < best->bytes))
+      best = b;
+  if (best) atomic_store_explicit(&best->busy, 1, memory_order_relaxed), best->queued = 0;
+  return best;
+}
+
+/* Give idle blocks back until `want` more bytes fit under cap (not all of them: the next calls may
+ * reuse the rest). */
+static void block_drop_idle(struct stage_comm* sc, size_t want, size_t cap) {
+  for (struct pin_block** pp = &sc->blocks; *pp && sc->pinned_bytes + want > cap;) {
+    struct pin_block* b = *pp;
+    if (atomic_load_explicit(&b->busy, memory_order_acquire)) { pp = &b->next; continue; }
+    *pp = b->next;
+    sc->pinned_bytes -= b->bytes;
+    cudrv_host_free_later(b->host, b->ctx); /* a peer's stream may wait for this caller's next call */
+    free(b);
+  }
+}
+
+/* A new block, within CHORUS_CUDA_STAGING_MAX_BYTES once idle blocks are given back; NULL: none. */
+static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ctx) {
+  size_t want = UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10), cap = (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES);
+  if (sc->pinned_bytes + want > cap) {
+    struct pin_block* fit = block_free_fit(sc, bytes, ctx); /* one may have come back since the caller looked */
+    if (fit) return fit;
+    block_drop_idle(sc, want, cap);
+  }
+  if (sc->pinned_bytes + want > cap) return NULL;
+  struct pin_block* b = calloc(1, sizeof(*b));
+  if (!b) return NULL;
+  if (!(b->host = cudrv_host_alloc(want, ctx, 0, NULL))) {
+    free(b);
+    return NULL;
+  }
+  b->bytes = want, b->ctx = ctx, b->next = sc->blocks, b->owner = sc;
+  atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
+  sc->blocks = b;
+  sc->pinned_bytes += want;
+  return b;
+}
+
+/* A block for a call of `bytes`: a free one, else a new one within CHORUS_CUDA_STAGING_MAX_BYTES, else
+ * the next one the streams hand back. A caller that runs that far ahead of its streams waits here,
+ * as NCCL's does when its queue is full: before, it completed the call before returning, through
+ * freshly malloc'd copies (page faults on every page), once per pool's worth of calls: the likely
+ * cause of the first GPU sitting's slow host staging (not measured on a GPU). The wait starts where
+ * the synchronous way did (the pool's bytes spent), for one earlier call where that waited for every
+ * call queued on the stream, and only for blocks of launched gates (this group's own free only after it launches).
+ * It ends at an abort or when the communicator fails (*why): a block that never comes back belongs
+ * to a call that fails after CHORUS_TIMEOUT (its stream never reached it, or a peer never came).
+ * NULL with *why CH_OK: nothing to wait for, or the call alone passes the cap. */
+static struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t bytes, void* ctx, ch_status* why) {
+  int noted = 0;
+  uint64_t t0 = 0;
+  *why = CH_OK;
+  if (UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10) > (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES))
+    return NULL;
+  for (uint64_t i = 0;; i++) {
+    struct pin_block* b = block_free_fit(sc, bytes, ctx);
+    if (b || (b = block_new(sc, bytes, ctx))) return b;
+    int queued = 0;
+    for (struct pin_block* p = sc->blocks; p; p = p->next)
+      queued += p->queued && atomic_load_explicit(&p->busy, memory_order_acquire);
+    if (!queued) return NULL;
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
+      *why = CH_ABORTED;
+      return NULL;
+    }
+    int failed = atomic_load_explicit(&comm->async_result, memory_order_relaxed); /* logged where it happened */
+    if (failed) {
+      *why = (ch_status)failed;
+      return NULL;
+    }
+    uint64_t now = ut_now_ns();
+    if (!t0) t0 = now;
+    if (!noted && now - t0 > 10000000000ull) {
+      noted = 1;
+      INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for the CUDA streams to finish earlier calls "
+           "and hand pinned memory back (CHORUS_CUDA_STAGING_MAX_BYTES=%lld in use)", comm->rank,
+           (long long)sc->pinned_bytes);
+    }
+    ut_backoff(i);
+  }
+}
+
+/* Pinned memory of freed communicators that CUDA streams still use (an abort while a stream was
+ * stuck before the call): freed by a later stage_comm_free once the streams are done with it (a
+ * host function may not call CUDA to free it). Under orphans_mu. */
+static pthread_mutex_t orphans_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct stage_comm* orphans;
+
+static void sc_free(struct stage_comm* sc) {
+  for (struct pin_block* b = sc->blocks, *next; b; b = next) {
+    next = b->next;
+    cudrv_host_free(b->host, b->ctx);
+    free(b);
+  }
+  cudrv_host_free((void*)sc->flag, sc->ctx);
+  free(sc);
+}
+
+static void sc_free_job(void* sc, void* unused) {
+  (void)unused;
+  sc_free(sc);
+}
+/* cuMemFreeHost waits for the whole device: an abort hands the frees to the reaper (cudrv_defer), as
+ * it never waits for a stream, not even one stuck in another communicator's call. */
+static void sc_free_on(struct stage_comm* sc, int here) {
+  if (here) sc_free(sc);
+  else cudrv_defer(sc_free_job, sc, NULL);
+}
+
+void stage_comm_free(struct ncclComm* comm) {
+  struct stage_comm* sc = comm->stage;
+  int here = !__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
+  pthread_mutex_lock(&orphans_mu);
+  for (struct stage_comm** pp = &orphans; *pp;) {
+    struct stage_comm* o = *pp;
+    if (atomic_load_explicit(&o->outstanding, memory_order_acquire)) { pp = &o->next_orphan; continue; }
+    *pp = o->next_orphan;
+    sc_free_on(o, here);
+  }
+  pthread_mutex_unlock(&orphans_mu);
+  if (!sc) return;
+  comm->stage = NULL;
+  stream_destroy(sc->bridge); /* nothing of comm is queued any more: its thread just ends */
+  int left = atomic_load_explicit(&sc->outstanding, memory_order_acquire);
+  if (!left) {
+    sc_free_on(sc, here);
+    return;
+  }
+  INFO(LOG_COLL, "rank %d: %d staged calls are still queued on CUDA streams: their pinned memory is freed later",
+       comm->rank, left);
+  pthread_mutex_lock(&orphans_mu);
+  sc->next_orphan = orphans;
+  orphans = sc;
+  pthread_mutex_unlock(&orphans_mu);
+}
+
+/* ---- per call ---- */
+
+static void stage_free(struct stage* st) {
+  if (st->pin) block_put(st->pin);
+  free(st->block[0]);
+  free(st->block[1]);
+  free(st);
+}
+
+/* Host memory for the copies: pinned (asynchronous) or malloc'd; one region when the buffers overlap. */
+static int stage_alloc(struct ncclComm* comm, struct stage* st, struct stage_comm* sc, uintptr_t s, size_t sb,
+                       uintptr_t r, size_t rb, ch_status* why) {
+  int overlap = sb && rb && s < r + rb && r < s + sb;
+  uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
+  *why = CH_OK;
+  if (st->async) {
+    size_t total = overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb;
+    if (!(st->pin = block_get(comm, sc, total, st->ctx, why))) return 0;
+    st->host_send = st->pin->host + (overlap ? s - lo : 0);
+    st->host_recv = st->pin->host + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
+    return 1;
+  }
+  if (overlap) { /* in place, or overlapping: one block keeps the layout */
+    if (!(st->block[0] = malloc(hi - lo))) return 0;
+    st->host_send = st->block[0] + (s - lo), st->host_recv = st->block[0] + (r - lo);
+    return 1;
+  }
+  if (sb && !(st->block[0] = malloc(sb))) return 0;
+  if (rb && !(st->block[1] = malloc(rb))) return 0;
+  st->host_send = st->block[0], st->host_recv = st->block[1];
+  return 1;
+}
+
+/* The synchronous way in: wait for the stream, copy the input. */
+static ch_status stage_copy_in_now(struct ch_task* t, struct stage* st) {
+  CHECK(cudrv_stream_sync(t->stream)); /* the inputs are written */
+  if (st->send_bytes) CHECK(cudrv_copy_dtoh(st->host_send, st->dev_send, st->send_bytes));
+  return CH_OK;
+}
+
+ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn) {
+  size_t sb, rb;
+  extents(t, t->comm->nranks, &sb, &rb);
+  if (!needs_send) sb = 0;
+  if (!needs_recv) rb = 0;
+  uintptr_t s = (uintptr_t)t->sendbuff, r = (uintptr_t)t->recvbuff;
+  void* ctx = cudrv_ptr_ctx(sb ? t->sendbuff : t->recvbuff);
+  if (cudrv_async_ok()) {
+    int capturing = 0;
+    CHECK(cudrv_capturing(t->stream, ctx, &capturing));
+    if (capturing) {
+      WARN("%s: stream %p is being captured into a CUDA graph: Chorus runs calls on device buffers through host "
+           "memory, which a graph cannot replay; make this call outside the capture (rank %d)",
+           fn, (void*)t->stream, t->comm->rank);
+      return CH_INVALID_USAGE;
+    }
+  }
+  struct stage* st = calloc(1, sizeof(*st));
+  if (!st) goto oom;
+  st->ctx = ctx;
+  st->dev_send = (void*)s, st->send_bytes = sb;
+  st->dev_recv = (void*)r, st->recv_bytes = rb;
+  struct stage_comm* sc = NULL;
+  st->async = param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() && (sc = stage_comm_get(t->comm, ctx)) != NULL;
+  ch_status why;
+  if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) {
+    if (why != CH_OK) { /* aborted, or the communicator failed, while waiting for a block */
+      stage_free(st);
+      return why;
+    }
+    if (!st->async) goto oom;
+    INFO(LOG_COLL, "%s: no pinned host memory for %zu + %zu bytes within CHORUS_CUDA_STAGING_MAX_BYTES: the call "
+         "completes before returning", fn, sb, rb);
+    st->async = 0;
+    if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) goto oom;
+  }
+  if (!st->async) {
+    ch_status e = stage_copy_in_now(t, st);
+    if (e != CH_OK) {
+      stage_free(st);
+      return e;
+    }
+  }
+  if (sb) t->sendbuff = st->host_send;
+  if (rb) t->recvbuff = st->host_recv;
+  t->stage = st;
+  INFO(LOG_COLL, "%s: device buffers staged through %zu + %zu bytes of host memory (%s)", fn, sb, rb,
+       st->async ? "in stream order" : "completes before returning");
+  return CH_OK;
+oom:
+  WARN("%s: out of memory for host copies of device buffers (%zu + %zu bytes, rank %d)", fn, sb, rb, t->comm->rank);
+  if (st) stage_free(st);
+  return CH_SYSTEM;
+}
+
+ch_status stage_out(struct ch_task* t, int ok) {
+  struct stage* st = t->stage;
+  if (!st) return CH_OK;
+  t->stage = NULL;
+  ch_status s = CH_OK;
+  if (st->async && ok) { /* never reached the stream (a group that ran here): synchronously after all */
+    WARN("internal: a staged call was not launched on its stream");
+    s = CH_INTERNAL;
+  } else if (ok && st->recv_bytes) {
+    s = cudrv_copy_htod(st->dev_recv, st->host_recv, st->recv_bytes);
+  }
+  stage_free(st);
+  return s;
+}
+
+/* ---- asynchronous launch ---- */
+
+static void gate_unref(struct stage_gate* g) {
+  if (atomic_fetch_sub_explicit(&g->refs, 1, memory_order_acq_rel) != 1) return;
+  struct stage_comm* sc = g->sc;
+  for (int i = 0; i < g->nblocks; i++) {
+    struct stage_comm* owner = g->blocks[i]->owner;
+    block_put(g->blocks[i]);
+    atomic_fetch_sub_explicit(&owner->outstanding, 1, memory_order_release); /* the last touch of the block */
+  }
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+  free(g);
+  atomic_fetch_sub_explicit(&sc->outstanding, 1, memory_order_release); /* the last touch of sc */
+}
+
+static void gate_count(struct stage_gate* g) {
+  pthread_mutex_lock(&g->mu);
+  g->arrived++;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Host functions (a driver thread; no CUDA calls, no waiting). */
+static void gate_arrive(void* arg) {
+  gate_count(arg);
+  gate_unref(arg);
+}
+static void gate_release(void* arg) { gate_unref(arg); }
+
+/* The bridge: wait until every stream's inputs are in host memory. A stream that does not get there
+ * before an abort or the comm's timeout fails every plan of the batch (none may run on inputs that
+ * never came); the gate still opens, so the streams that did arrive run on. */
+static void gate_wait(void* arg, struct ch_plan** plans, int n) {
+  struct stage_gate* g = arg;
+  uint64_t t0 = ut_now_ns(), timeout = UINT64_MAX;
+  for (int i = 0; i < n; i++) {
+    uint64_t c = atomic_load_explicit(&plans[i]->comm->timeout_ns, memory_order_relaxed);
+    if (c && c < timeout) timeout = c;
+  }
+  int said = 0;
+  ch_status fail = CH_OK;
+  pthread_mutex_lock(&g->mu);
+  while (g->arrived < g->expected && fail == CH_OK) {
+    for (int i = 0; i < n; i++)
+      if (__atomic_load_n(&plans[i]->comm->abort_flag, __ATOMIC_RELAXED)) fail = CH_ABORTED;
+    uint64_t waited = ut_now_ns() - t0;
+    if (fail == CH_OK && waited > timeout) {
+      WARN("rank %d: a call on device buffers waited %.0f s for its CUDA stream to reach it (%d of %d streams "
+           "there): failing it (CHORUS_TIMEOUT)", plans[0]->comm->rank, (double)waited / 1e9, g->arrived, g->expected);
+      fail = CH_TIMEOUT;
+    }
+    if (fail != CH_OK) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    if (!said && ut_now_ns() - t0 > 10000000000ull) {
+      said = 1;
+      INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for its CUDA stream to reach it (%d of %d "
+           "streams there)", plans[0]->comm->rank, g->arrived, g->expected);
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+  if (fail != CH_OK)
+    for (int i = 0; i < n; i++) plans[i]->status = fail; /* plan_exec fails them in ticket order */
+}
+
+/* After the plans ran (or failed): results are in host memory; the first stream may copy them back.
+ * Gates of one pool open in the bridge's queue order, so the flag only moves forward. */
+static void gate_open(void* arg, ch_status plans_status) {
+  (void)plans_status; /* it opens whatever the plans did: the CUDA streams wait for it */
+  struct stage_gate* g = arg;
+  atomic_store_explicit(g->sc->flag, g->seq, memory_order_release); /* after every result byte */
+  gate_unref(g);
+}
+
+/* The group's async stages run synchronously after all (it also has host buffers, or no memory for
+ * the gate). A failed copy fails the call through its comm's async error: plan_exec then fails the
+ * plan at its start, keeping the comm's tickets in order. */
+static void stage_degrade(struct ch_task** lists, int n) {
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      struct stage* st = t->stage;
+      if (!st || !st->async) continue;
+      st->async = 0;
+      ch_status e = stage_copy_in_now(t, st);
+      if (e != CH_OK) comm_set_async_error(t->comm, e);
+    }
+}
+
+/* Queue the streams' side of a group whose calls are all staged asynchronously, and its plans on the
+ * bridge. 1: done (plans taken, *res its status), 0: not such a group (run it as before). */
+int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
+  int ntasks = 0, nasync = 0;
+  for (int i = 0; i < n; i++) /* calls of count 0 touch no buffer: they need no stage */
+    for (struct ch_task* t = lists[i]; t; t = t->next) ntasks += t->count > 0, nasync += t->stage && t->stage->async;
+  if (!nasync) return 0;
+  if (nasync < ntasks) { /* host buffers too: everything completes here */
+    stage_degrade(lists, n);
+    return 0;
+  }
+  struct stage_comm* sc = plans[0]->comm->stage;
+  struct stage_gate* g = calloc(1, sizeof(*g) + (size_t)ntasks * sizeof(g->blocks[0]));
+  cudaStream_t* streams = calloc((size_t)ntasks, sizeof(*streams));
+  void** sctx = calloc((size_t)ntasks, sizeof(*sctx));
+  struct ncclComm** plans_comm = calloc((size_t)n, sizeof(*plans_comm)); /* plans are taken below */
+  if (!g || !streams || !sctx || !plans_comm) {
+    free(g), free(streams), free(sctx), free(plans_comm);
+    stage_degrade(lists, n);
+    return 0;
+  }
+  int ns = 0;
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      if (!t->stage) continue;
+      int k = 0;
+      while (k < ns && streams[k] != t->stream) k++;
+      if (k == ns) streams[ns] = t->stream, sctx[ns++] = t->stage->ctx;
+      g->blocks[g->nblocks++] = t->stage->pin;
+      t->stage->pin->queued = 1; /* the comm's owner: frees once this gate's streams are done */
+      atomic_fetch_add(&t->stage->pin->owner->outstanding, 1);
+    }
+  g->sc = sc, g->expected = ns, g->seq = ++sc->next_seq;
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  atomic_store(&g->refs, 2 + ns); /* the bridge, each stream's arrival, the first stream's release */
+  atomic_fetch_add(&sc->outstanding, 1);
+  ch_status e = CH_OK;
+  /* Inputs: each stream copies its calls' inputs, then says so. A stream that cannot be told counts
+   * as there (the call fails through the comm's async error instead of waiting for ever) but keeps
+   * its reference: copies of it already queued may still write the blocks. */
+  for (int k = 0; k < ns; k++) {
+    ch_status ek = CH_OK;
+    for (int i = 0; i < n; i++)
+      for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
+        if (t->stage && t->stream == streams[k])
+          ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, t->stream, t->stage->ctx);
+    if (ek == CH_OK) ek = cudrv_host_fn(streams[k], gate_arrive, g, sctx[k]);
+    if (ek != CH_OK) gate_count(g), e = ek;
+  }
+  for (int i = 0; i < n; i++) plans_comm[i] = plans[i]->comm;
+  if (e != CH_OK)
+    for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], e);
+  if (stream_enqueue_hook(sc->bridge, plans, n, gate_wait, gate_open, g) != CH_OK) {
+    /* Out of memory: run it here, once the bridge has opened every earlier gate of this pool (the
+     * flag must not move backwards). */
+    stream_wait_idle(sc->bridge);
+    gate_wait(g, plans, n);
+    e = plan_exec(plans, n);
+    gate_open(g, e);
+  }
+  for (int i = 0; i < n; i++) plans[i] = NULL;
+  /* Results: the first stream waits for the flag, copies every result back and hands the gate back;
+   * the group's other streams wait for those copies (an event), as NCCL makes every stream of a group
+   * wait for its kernel. */
+  ch_status ek = cudrv_wait_geq(streams[0], sc->flag_dev, g->seq, sctx[0]);
+  for (int i = 0; i < n; i++)
+    for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
+      if (t->stage)
+        ek = cudrv_copy_async(0, t->stage->host_recv, t->stage->dev_recv, t->stage->recv_bytes, streams[0], t->stage->ctx);
+  for (int k = 1; k < ns && ek == CH_OK; k++) ek = cudrv_join(streams[0], sctx[0], streams[k], sctx[k]);
+  if (ek == CH_OK) ek = cudrv_host_fn(streams[0], gate_release, g, sctx[0]);
+  if (ek != CH_OK) { /* the reference stays: its blocks stay busy, since queued copies may use them */
+    if (e == CH_OK) e = ek;
+    for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], ek);
+  }
+  for (int i = 0; i < n; i++) /* the blocks are the gate's now */
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      if (!t->stage) continue;
+      t->stage->pin = NULL;
+      stage_free(t->stage);
+      t->stage = NULL;
+    }
+  free(streams);
+  free(sctx);
+  free(plans_comm);
+  *res = e;
+  return 1;
+}

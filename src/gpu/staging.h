@@ -1,0 +1,19 @@
+/* Device buffers in CUDA stream order, staged through host memory (gpu/staging.c). */
+#ifndef CH_GPU_STAGING_H
+#define CH_GPU_STAGING_H
+
+#include "../comm/work.h"
+
+/* gpu/staging.c: t's touched buffers are CUDA device memory. stage_in waits for t's CUDA stream, copies
+ * the input to host memory and points t at host copies; stage_out (when t's group has run) copies the
+ * result back if ok, and frees. */
+ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
+ch_status stage_out(struct ch_task* t, int ok);
+/* A group whose calls were all staged asynchronously: queue copies, host functions and waits on the
+ * CUDA streams and the plans on comm's bridge stream. 1: done (plans taken), 0: run it as before. */
+struct ch_plan;
+int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res);
+/* comm_free: the bridge stream and the pinned memory. */
+void stage_comm_free(struct ncclComm* comm);
+
+#endif

@@ -1,0 +1,315 @@
+/* The one place that chooses algorithm, protocol and channel count, and says why (NCCL_DEBUG=INFO,
+ * NCCL_DEBUG_SUBSYS=TUNING). The choice is the cheapest prediction of a cost model in NCCL's form
+ * (latency per step + bytes / bandwidth, per collective x algorithm x protocol x channels), among
+ * what NCCL_ALGO/NCCL_PROTO allow and this communicator can run; a tuner plugin may edit the
+ * predictions first (tune/plugin.c). docs/TUNING.md describes the model and where each constant
+ * comes from. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
+#include "tune.h"
+#include "plugin_abi.h"
+
+static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
+static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
+                                             "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
+
+const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? proto_names[p] : "?"; }
+const char* tune_algo_name(int a) { return algo_name(a); }
+const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? func_names[f] : "?"; }
+
+/* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
+ * what all know: hosts, processes, and NCCL_SHM_DISABLE / NCCL_P2P_DISABLE (agreed at init). */
+int tune_uses_net(const struct ncclComm* comm) {
+  int n = comm->nranks, procs = 0;
+  if (n < 2) return 0;
+  for (int r = 1; r < n; r++) {
+    if (comm->peers[r].host_hash != comm->peers[0].host_hash) return 1;
+    procs |= comm->peers[r].proc_nonce != comm->peers[0].proc_nonce;
+  }
+  int shm_off = param_int(PARAM_SHM_DISABLE) != 0, p2p_off = param_int(PARAM_P2P_DISABLE) != 0;
+  return shm_off && (procs || p2p_off);
+}
+
+int tune_net_socks(void) {
+  int64_t threads = UT_MAX(1, UT_MIN(16, param_int(PARAM_SOCKET_NTHREADS)));
+  int64_t socks = UT_MAX(1, UT_MIN((int64_t)CH_MAX_CHANNELS, param_int(PARAM_NSOCKS_PERTHREAD))); /* no overflow below */
+  return (int)UT_MIN((int64_t)CH_MAX_CHANNELS, threads * socks);
+}
+
+void tune_init(struct ncclComm* comm) {
+  comm->tune_bad = 0;
+  /* A malformed value fails init, after comm_agree has compared it across ranks (tune_check). */
+  if (tune_parse("NCCL_PROTO", param_str(PARAM_PROTO), 0, comm->proto_mask) != CH_OK) comm->tune_bad |= 1;
+  if (tune_parse("NCCL_ALGO", param_str(PARAM_ALGO), 1, comm->algo_mask) != CH_OK) comm->tune_bad |= 2;
+  /* LL/LL128 readiness rests on flags stored last with release order; a recv() into a slot gives no
+   * such order (the proxy publishes whole slots through tail), and only Simple steps record their
+   * size for the proxy. So a communicator that uses the network runs Simple only. */
+  comm->tune_net = tune_uses_net(comm);
+  comm->model = tune_model_get(); /* CHORUS_TUNE_FILE is looked up once per communicator */
+  comm->proto_ok = comm->tune_net ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
+  comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
+  comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
+  comm->stream_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
+  comm->shm_direct_min_bytes = (size_t)param_int(PARAM_SHM_DIRECT_MIN_BYTES);
+  comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
+  comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
+  /* Striping over sockets (init.c): large calls may use that many channels, a socket each per peer. */
+  if (comm->tune_net) comm->max_nchannels = UT_MAX(comm->max_nchannels, UT_MIN(comm->nchannels, tune_net_socks()));
+  tuner_open(comm);
+}
+
+int64_t tune_agree_value(const struct ncclComm* comm, int is_algo) {
+  if (comm->tune_bad & (is_algo ? 2 : 1)) return TUNE_MALFORMED;
+  return tune_mask_pack(is_algo, is_algo ? comm->algo_mask : comm->proto_mask);
+}
+
+ch_status tune_check(struct ncclComm* comm) {
+  return comm->tune_bad || tune_model_status() != CH_OK ? CH_INVALID_USAGE : CH_OK;
+}
+
+void tune_fini(struct ncclComm* comm) { tuner_close(comm); }
+
+/* Algorithms this communicator can run for func, whatever NCCL_ALGO says. Update when an algorithm
+ * is added. */
+static unsigned runnable_algos(const struct ncclComm* comm, int func) {
+  unsigned m = 0;
+  if (func < TUNE_P2P) m |= 1u << ALGO_RING;
+  if (func == FUNC_ALLREDUCE && comm->nranks == 2) m |= 1u << ALGO_EXCHANGE;
+  if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
+  if (comm->nranks > 1 && func == FUNC_ALLREDUCE) m |= 1u << ALGO_RECDBL | 1u << ALGO_RABEN;
+  if (comm->nranks > 1 && (func == FUNC_ALLREDUCE || func == FUNC_BROADCAST || func == FUNC_REDUCE))
+    m |= 1u << ALGO_TREE;
+  return m;
+}
+
+int tune_peer_algos(const struct ncclComm* comm) {
+  if (comm->nranks <= 2) return 0; /* run as Ring there (choose) */
+  unsigned peer = 1u << ALGO_RECDBL | 1u << ALGO_RABEN | 1u << ALGO_TREE;
+  for (int f = 0; f < TUNE_P2P; f++)
+    if (comm->algo_mask[f] & runnable_algos(comm, f) & peer) return 1;
+  return 0;
+}
+
+static void put_names(unsigned m, int is_algo, int nbits, char* out, size_t cap) {
+  size_t len = 0;
+  out[0] = 0;
+  for (int b = 0; b < nbits && len < cap; b++)
+    if (m & (1u << b)) {
+      int k = snprintf(out + len, cap - len, "%s%s", len ? "," : "", tune_bit_name(is_algo, b));
+      if (k > 0) len += (size_t)k;
+    }
+  if (!out[0]) snprintf(out, cap, "none");
+}
+
+ch_status tune_check_call(struct ncclComm* comm, int func) {
+  if (comm->nranks == 1) return CH_OK; /* a local copy: nothing to choose */
+  int i = tune_mask_index(func);
+  const char* fn = tune_func_name(func);
+  char a[160], b[160];
+  if (!(comm->proto_mask[i] & comm->proto_ok)) {
+    put_names(comm->proto_mask[i], 0, CH_NPROTO, a, sizeof(a));
+    put_names(comm->proto_ok, 0, CH_NPROTO, b, sizeof(b));
+    WARN("%s: NCCL_PROTO=%s leaves it no protocol this communicator can use (allowed for %s: %s; runnable: %s%s)",
+         fn, param_str(PARAM_PROTO), fn, a, b, comm->proto_ok == 1u << PROTO_SIMPLE ?
+         ", as the network transport carries only Simple" : "");
+    return CH_INVALID_USAGE;
+  }
+  if (func < TUNE_P2P && !(comm->algo_mask[i] & runnable_algos(comm, func))) {
+    put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
+    put_names(runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
+    WARN("%s: NCCL_ALGO=%s leaves it no algorithm Chorus can run (allowed for %s: %s; Chorus runs %s here: "
+         "CollNet, NVLS and PAT are not implemented, Tree serves AllReduce, Broadcast and Reduce, RecDbl and Rabenseifner AllReduce, "
+         "Exchange needs 2 ranks, "
+         "Direct one host)",
+         fn, param_str(PARAM_ALGO), fn, a, b);
+    return CH_INVALID_USAGE;
+  }
+  return CH_OK;
+}
+
+/* Per rank, in units of the call's bytes: steps (hops one after another), bytes moved, and copies per
+ * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place).
+ * net: hops cross the network transport (its latency and bandwidth replace the memory copy's). */
+static double predict_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
+  const struct tune_model* model = comm->model;
+  int n = comm->nranks, net = comm->tune_net;
+  double steps, traffic, copies = 2.0;
+  double dn = n;
+  if (algo == ALGO_DIRECT) {
+    traffic = 2.0 * (dn - 1) / dn; /* read peers' inputs, write peers' outputs: its segment */
+    return model->direct_us + (double)bytes * traffic / model->copy_bw;
+  }
+  if (n == 1) {
+    steps = 0, traffic = 1, copies = 1; /* local copy */
+  } else if (algo == ALGO_EXCHANGE) {
+    steps = 1, traffic = 1;
+  } else if (algo == ALGO_TREE && (func == FUNC_BROADCAST || func == FUNC_REDUCE)) {
+    int p = 1, log = 0; /* binomial over the largest power of two p <= n, extra ranks folded */
+    while (p * 2 <= n) p *= 2, log++;
+    steps = log + (p != n ? 1 : 0), traffic = log; /* the root exchanges with log2(p) children */
+  } else if (algo == ALGO_TREE) {
+    /* up then down; each rank receives (or sends) its half from up to two children per tree, for
+     * both halves: about twice the bytes per rank, and the whole up phase precedes the down phase */
+    steps = 2.0 * comm->tree_depth, traffic = 2;
+  } else if (algo == ALGO_RECDBL || algo == ALGO_RABEN) {
+    int p = 1, log = 0;
+    while (p * 2 <= n) p *= 2, log++;
+    int fold = p != n ? 2 : 0; /* extra ranks: the whole vector in and out */
+    if (algo == ALGO_RECDBL) steps = log + fold, traffic = steps; /* the whole vector every hop */
+    else steps = 2 * log + fold, traffic = 2.0 * (p - 1) / p + fold;
+  } else if (func == FUNC_ALLREDUCE) {
+    steps = 2 * (dn - 1), traffic = 2 * (dn - 1) / dn;
+  } else if (func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER) {
+    steps = dn - 1, traffic = dn - 1; /* bytes: one rank's block */
+  } else if (func == FUNC_BROADCAST || func == FUNC_REDUCE) {
+    steps = dn - 1, traffic = 1; /* pipelined along the ring */
+  } else if (func >= FUNC_ALLTOALL) {
+    steps = dn - 1, traffic = dn - 1; /* a block to or from each peer */
+  } else {
+    steps = 1, traffic = 1; /* send/recv */
+  }
+  double bw = model->copy_bw * model->proto_eff[proto] * (1.0 + model->chan_gain * (nch - 1));
+  if (net) return steps * model->net_step_us + (double)bytes * traffic / model->net_bw;
+  return steps * model->step_us[proto] + (double)bytes * traffic * copies / bw;
+}
+
+/* What the choice compares (and a plugin sees): the prediction, with LL above its size penalised so
+ * that it is taken only when nothing else is allowed. Logs and ncclGroupSimulateEnd get predict_us. */
+static double cost_us(const struct ncclComm* comm, int func, int algo, int proto, size_t bytes, int nch) {
+  const struct tune_model* model = comm->model;
+  double t = predict_us(comm, func, algo, proto, bytes, nch);
+  return proto == PROTO_LL && algo != ALGO_DIRECT && bytes > model->ll_max_bytes ? t * model->ll_penalty : t;
+}
+
+/* Algorithms allowed and runnable for this call. The size thresholds (CHORUS_EXCHANGE_MAX_BYTES,
+ * CHORUS_*DIRECT_MIN_BYTES) bound where Chorus's own algorithms run; where they rule out everything
+ * NCCL_ALGO allows, Ring runs the call (what Exchange and Direct fall back to). */
+static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes) {
+  if (comm->nranks == 1 || func >= TUNE_P2P) return 1u << ALGO_RING;
+  unsigned allow = comm->algo_mask[func] & runnable_algos(comm, func), e = allow;
+  if (bytes > comm->exchange_max_bytes) e &= ~(1u << ALGO_EXCHANGE);
+  if ((e & (1u << ALGO_DIRECT)) && bytes < (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes))
+    e &= ~(1u << ALGO_DIRECT);
+  /* Tree Broadcast/Reduce save hops, which cost little within a host: measured there, back-to-back
+   * calls ran as fast or faster on Ring (the root's log2(n) sends per call weigh more); across
+   * hosts Tree wins small messages (PERFORMANCE.md). Chosen there only, or when forced. */
+  if ((func == FUNC_BROADCAST || func == FUNC_REDUCE) && !comm->tune_net && (e & ~(1u << ALGO_TREE)))
+    e &= ~(1u << ALGO_TREE);
+  return e ? e : 1u << ALGO_RING;
+}
+
+/* Preference among equal predictions: Chorus's specialised algorithms first, Simple first. */
+static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_RECDBL, ALGO_RABEN, ALGO_TREE};
+static const int proto_order[CH_NPROTO] = {PROTO_SIMPLE, PROTO_LL128, PROTO_LL};
+
+/* Cheapest entry of cost (negative: not available); 0 if none. */
+static int cheapest(double cost[ALGO_COUNT][CH_NPROTO], int* algo, int* proto) {
+  int found = 0;
+  for (int i = 0; i < ALGO_COUNT; i++)
+    for (int j = 0; j < CH_NPROTO; j++) {
+      int a = algo_order[i], p = proto_order[j];
+      if (cost[a][p] < 0) continue;
+      if (!found || cost[a][p] < cost[*algo][*proto]) *algo = a, *proto = p, found = 1;
+    }
+  return found;
+}
+
+/* Ask the plugin (NCCL columns only: Chorus's own algorithms keep the model's predictions). Entries
+ * Chorus cannot run stay unavailable whatever the plugin writes. Returns 1 if its table was used. */
+static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t[ALGO_COUNT][CH_NPROTO],
+                         double cost[ALGO_COUNT][CH_NPROTO], int* nch) {
+  float table[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];
+  for (int a = 0; a < NCCL_NUM_ALGORITHMS; a++)
+    for (int p = 0; p < NCCL_NUM_PROTOCOLS; p++) table[a][p] = (float)NCCL_ALGO_PROTO_IGNORE;
+  static const int shown[] = {ALGO_TREE, ALGO_RING}; /* same ids in NCCL's table */
+  for (int k = 0; k < 2; k++)
+    for (int p = 0; p < CH_NPROTO; p++) table[shown[k]][p] = (float)t[shown[k]][p];
+  size_t nccl_bytes = bytes * (func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER ? (size_t)comm->nranks : 1);
+  int pnch = 0, rc = tuner_get_coll_info(comm, func, nccl_bytes, &table[0][0], &pnch);
+  int first = 0;
+  if (rc != 0) {
+    if (atomic_compare_exchange_strong(&comm->tuner_failed, &first, 1))
+      WARN("tuner plugin %s: getCollInfo(%s, %zu bytes) returned %d; using Chorus's own choice (reported once)",
+           tuner_name(comm), tune_func_name(func), nccl_bytes, rc);
+    return 0;
+  }
+  memcpy(cost, t, sizeof(double) * ALGO_COUNT * CH_NPROTO);
+  for (int k = 0; k < 2; k++)
+    for (int p = 0; p < CH_NPROTO; p++)
+      if (t[shown[k]][p] >= 0) cost[shown[k]][p] = table[shown[k]][p] >= 0 ? table[shown[k]][p] : -1.0;
+  int a, p;
+  if (!cheapest(cost, &a, &p)) {
+    if (atomic_compare_exchange_strong(&comm->tuner_failed, &first, 1))
+      WARN("tuner plugin %s ruled out every entry Chorus can run for %s %zu bytes; using Chorus's own choice "
+           "(reported once)", tuner_name(comm), tune_func_name(func), nccl_bytes);
+    return 0;
+  }
+  if (pnch > 0) *nch = UT_MIN(pnch, comm->nchannels);
+  return 1;
+}
+
+/* Direct works on the whole vector; RecDbl, Rabenseifner and Tree use the per-peer connections, one
+ * set per pair. */
+static int algo_one_channel(int algo) { return algo == ALGO_DIRECT || algo_uses_peers(algo); }
+
+static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out, int* by_tuner) {
+  const struct tune_model* model = comm->model;
+  int n = comm->nranks, i = tune_mask_index(func);
+  unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes);
+  if (!pm) pm = 1u << PROTO_SIMPLE; /* only if tune_check_call was bypassed */
+  int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes / model->chan_bytes));
+  nch = UT_MAX(1, UT_MIN(nch, comm->nchannels));
+  double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
+  for (int a = 0; a < ALGO_COUNT; a++)
+    for (int p = 0; p < CH_NPROTO; p++)
+      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(comm, func, a, p, bytes, algo_one_channel(a) ? 1 : nch) : -1.0;
+  *by_tuner = comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
+  int algo = ALGO_RING, proto = PROTO_SIMPLE;
+  cheapest(*by_tuner ? cost : t, &algo, &proto);
+  /* Direct between processes runs another algorithm when some buffer is not from ncclMemAlloc (known
+   * only when the call runs, on every rank alike): the cheaper of Exchange and Ring on the one
+   * channel Direct's op has (Ring when NCCL_ALGO allows neither), on its best protocol. Not RecDbl,
+   * Rabenseifner or Tree: where Direct is chosen (256 KiB up) the model predicts Rabenseifner
+   * within 1% of Ring, so cannot tell them apart, and measured on 2 CPUs (4 processes) Ring was
+   * 1.2-2x faster from 4 MiB; the 16-core single runs disagreed (docs/PERFORMANCE.md). */
+  out->fallback = algo;
+  if (algo == ALGO_DIRECT) {
+    unsigned fm = em & (1u << ALGO_EXCHANGE | 1u << ALGO_RING);
+    if (!fm) fm = 1u << ALGO_RING;
+    double fb[ALGO_COUNT][CH_NPROTO];
+    for (int a = 0; a < ALGO_COUNT; a++)
+      for (int p = 0; p < CH_NPROTO; p++)
+        fb[a][p] = ((fm >> a) & (pm >> p) & 1) ? cost_us(comm, func, a, p, bytes, 1) : -1.0;
+    cheapest(fb, &out->fallback, &proto);
+  }
+  /* On 2 ranks RecDbl, Rabenseifner and Tree are one link each way, the same steps as Ring, so they
+   * run as Ring there and need no connections of their own (tune_peer_algos). */
+  if (n == 2 && algo_uses_peers(algo)) algo = out->fallback = ALGO_RING;
+  out->algo = algo;
+  out->proto = proto;
+  out->nch = algo_one_channel(algo) ? 1 : nch;
+  /* A result larger than the caches is not read back soon: stream it (reduce/nt_copy.c). */
+  size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)n : bytes;
+  out->stream = out_bytes >= comm->stream_min_bytes;
+  return predict_us(comm, func, algo, proto, bytes, out->nch);
+}
+
+double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
+  int by_tuner;
+  return choose(comm, func, bytes, out, &by_tuner);
+}
+
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
+  int by_tuner;
+  double us = choose(comm, func, bytes, out, &by_tuner);
+  int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s",
+       tune_func_name(func), bytes, algo_name(out->algo), note ? " if all buffers are from ncclMemAlloc, else " : "",
+       note ? algo_name(out->fallback) : "", proto_names[out->proto], out->nch, us,
+       by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
+       out->stream ? ", streaming stores" : "");
+}
