@@ -645,3 +645,35 @@ TEST(bootstrap, utils) {
   EXPECT(ut_now_ns() - t0 < 2 * SEC);
   EXPECT(!strcmp(ch_status_str(CH_TIMEOUT), "timeout"));
 }
+
+/* A failure passing through CHECK leaves "file:line -> status" at NCCL_DEBUG=INFO, as NCCL's NCCLCHECK
+ * does: a malformed NCCL_ALGO fails init deep in setup, and the trail names core/init.c. */
+static ch_status trail_fails(void) { return CH_INVALID_ARG; }
+static int trail_line;
+static ch_status trail_passes_through(void) {
+  trail_line = __LINE__ + 1;
+  CHECK(trail_fails());
+  return CH_OK;
+}
+TEST(bootstrap, check_leaves_a_trail) {
+  char path[128], buf[16384];
+  snprintf(path, sizeof(path), "/tmp/chorus-trail-%d.txt", (int)getpid());
+  unlink(path);
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_FILE", path, 1);
+  param_reset();
+  ASSERT_EQ(trail_passes_through(), CH_INVALID_ARG);
+  setenv("NCCL_ALGO", "NoSuchAlgorithm", 1);
+  ncclComm_t comm = NULL;
+  EXPECT(ncclCommInitAll(&comm, 1, NULL) == ncclInvalidUsage);
+  unsetenv("NCCL_ALGO");
+  unsetenv("NCCL_DEBUG");
+  unsetenv("NCCL_DEBUG_FILE");
+  param_reset();
+  read_file(path, buf, sizeof(buf));
+  unlink(path);
+  char want[64];
+  snprintf(want, sizeof(want), "test_bootstrap.c:%d -> 4 (invalid argument", trail_line);
+  EXPECT(strstr(buf, want) != NULL);
+  EXPECT(strstr(buf, "core/init.c:") != NULL && strstr(buf, " -> 5 (invalid usage") != NULL);
+}

@@ -539,3 +539,35 @@ TEST_T(net_procs, striped_sockets_3, 240) {
   struct cu_sweep sw = {.types = net_types, .ntypes = 1, .ops = net_ops, .nops = 2, .big = {(size_t)3 << 20, 0}};
   rt_run_procs(3, cu_sweep_body, &sw);
 }
+
+/* Transports are one priority list (tp_table): a peer gets the first whose probe accepts it, with
+ * NCCL's rules for NCCL_P2P_DISABLE / NCCL_SHM_DISABLE, and the layers above read only flags. */
+TEST(net, transport_priority_list) {
+  for (int k = 0; k < TP_COUNT; k++) {
+    ASSERT(tp_table[k] != NULL && tp_table[k]->name && tp_table[k]->recv_setup && tp_table[k]->send_connect);
+    EXPECT(!strcmp(tp_name(k), tp_table[k]->name));
+  }
+  EXPECT(tp_table[TP_COUNT - 1]->can_connect == NULL); /* the last row takes any peer */
+  struct tp_peer self = {.self = 1, .same_host = 1, .same_proc = 1}, thread = {.same_host = 1, .same_proc = 1};
+  struct tp_peer proc = {.same_host = 1}, remote = {0};
+  const char* why = NULL;
+  EXPECT_EQ(tp_choose(&self, &why), TP_LOCAL);
+  EXPECT_EQ(tp_choose(&thread, &why), TP_LOCAL);
+  EXPECT_EQ(tp_choose(&proc, &why), TP_SHM);
+  EXPECT_EQ(tp_choose(&remote, &why), TP_NET);
+  EXPECT(why && strstr(why, "host"));
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  param_reset();
+  EXPECT_EQ(tp_choose(&self, &why), TP_LOCAL); /* a rank always reaches itself */
+  EXPECT_EQ(tp_choose(&thread, &why), TP_SHM);
+  setenv("NCCL_SHM_DISABLE", "1", 1);
+  param_reset();
+  EXPECT_EQ(tp_choose(&thread, &why), TP_NET);
+  EXPECT_EQ(tp_choose(&proc, &why), TP_NET);
+  unsetenv("NCCL_P2P_DISABLE");
+  unsetenv("NCCL_SHM_DISABLE");
+  param_reset();
+  EXPECT(tp_flags(TP_LOCAL) & TP_F_SAME_PROC);
+  EXPECT((tp_flags(TP_SHM) & (TP_F_SAME_HOST | TP_F_PID_WATCH)) == (TP_F_SAME_HOST | TP_F_PID_WATCH));
+  EXPECT((tp_flags(TP_NET) & (TP_F_NETWORK | TP_F_SAME_HOST)) == TP_F_NETWORK);
+}

@@ -6,6 +6,7 @@
 
 #include "chorus.h"
 #include "comm/comm.h"
+#include "core/exec.h"
 #include "runner.h"
 
 #define N 1000 /* not a multiple of 2, 3 or 64: every algorithm has ragged parts */
@@ -128,4 +129,14 @@ TEST_T(plan, abort_races_finishing_call, 120) {
     if (r.res != ncclSuccess && r.res != ncclInvalidUsage)
       rt_fail(__FILE__, __LINE__, "iteration %d: the racing call -> %d (%s)", it, (int)r.res, ncclGetErrorString(r.res));
   }
+}
+
+/* Where a call runs is one table (core/exec.h): every executor has a row, in precedence order, and
+ * only the host engine runs plans itself (launch NULL). */
+TEST(plan, executor_table) {
+  for (int e = 0; e < EXEC_COUNT; e++) ASSERT(ch_executors[e] != NULL && ch_executors[e]->name != NULL);
+  EXPECT(ch_executors[EXEC_HOST]->launch == NULL);
+  for (int e = EXEC_HOST + 1; e < EXEC_COUNT; e++) EXPECT(ch_executors[e]->launch != NULL);
+  EXPECT(ch_executors[EXEC_STAGE]->finish != NULL && ch_executors[EXEC_KERNEL]->finish != NULL);
+  EXPECT(ch_comm_hooks.setup != NULL && ch_comm_hooks.failed != NULL && ch_comm_hooks.teardown != NULL);
 }

@@ -216,21 +216,24 @@ static ch_status comm_setup(struct ncclComm* comm) {
   uint64_t* hosts = calloc((size_t)n, sizeof(uint64_t));
   if (!hosts) return CH_SYSTEM;
   int nhosts = 0;
+  unsigned kinds_said = 0;
   comm->local_nranks = 0;
   for (int r = 0; r < n; r++) {
     const struct boot_rank_info* p = &comm->peers[r];
     int same_host = p->host_hash == mine->host_hash;
     if (same_host && r < me) comm->local_rank++;
     if (same_host) comm->local_nranks++;
-    /* NCCL's rules: P2P_DISABLE keeps threads of one process off their direct (here: heap) path,
-     * SHM_DISABLE keeps processes off shared memory; what is left is the network. */
-    int same_proc = same_host && p->proc_nonce == mine->proc_nonce;
-    if (r == me || (same_proc && !param_int(PARAM_P2P_DISABLE))) comm->peer_tp[r] = TP_LOCAL;
-    else if (same_host && !param_int(PARAM_SHM_DISABLE)) comm->peer_tp[r] = TP_SHM;
-    else comm->peer_tp[r] = TP_NET;
-    int k = 0;
-    while (k < nhosts && hosts[k] != p->host_hash) k++;
-    if (k == nhosts) hosts[nhosts++] = p->host_hash;
+    /* The first transport of the priority list whose probe accepts the peer (transport/fifo.c). */
+    struct tp_peer tp = {.self = r == me, .same_host = same_host, .same_proc = same_host && p->proc_nonce == mine->proc_nonce};
+    const char* why;
+    int k = comm->peer_tp[r] = tp_choose(&tp, &why);
+    if (!(kinds_said & (1u << k)) && r != me) {
+      kinds_said |= 1u << k;
+      INFO(LOG_INIT | LOG_NET, "rank %d: %s carries connections to peers such as rank %d (%s)", me, tp_name(k), r, why);
+    }
+    int h = 0;
+    while (h < nhosts && hosts[h] != p->host_hash) h++;
+    if (h == nhosts) hosts[nhosts++] = p->host_hash;
   }
   free(hosts);
   comm->nnodes = nhosts;
@@ -239,7 +242,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
    * with them yielding. Count one proxy per local process. */
   int threads = comm->local_nranks;
   for (int r = 0; r < n; r++) {
-    if (comm->peer_tp[r] != TP_NET) continue;
+    if (!(tp_flags(comm->peer_tp[r]) & TP_F_NETWORK)) continue;
     for (int q = 0; q < n; q++) { /* local processes: one proxy each */
       int first = comm->peers[q].host_hash == mine->host_hash;
       for (int o = 0; o < q && first; o++)
@@ -313,16 +316,17 @@ static ch_status comm_setup(struct ncclComm* comm) {
   comm->gpu_hellos = NULL;
   CHECK(gs);
 
-  int shm = 0, local = 0, net = 0;
-  for (int r = 0; r < n; r++) {
-    shm |= comm->peer_tp[r] == TP_SHM, net |= comm->peer_tp[r] == TP_NET;
-    local |= r != me && comm->peer_tp[r] == TP_LOCAL;
-  }
+  unsigned used = 0;
+  for (int r = 0; r < n; r++)
+    if (r != me) used |= 1u << comm->peer_tp[r];
+  char kinds[64] = "";
+  size_t at = 0;
+  for (int k = 0; k < TP_COUNT; k++)
+    if (used & (1u << k)) at += (size_t)snprintf(kinds + at, sizeof(kinds) - at, " %s", tp_name(k));
   log_peer_transports(comm);
   INFO(LOG_INIT, "Chorus %s (NCCL API %d.%d.%d): comm %p rank %d/%d on %s pid %d, %d local rank(s), %d host(s), "
-       "%d channel(s), transports:%s%s%s%s", CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm,
-       me, n, mine->hostname, mine->pid, comm->local_nranks, comm->nnodes, comm->nchannels, local ? " local" : "",
-       shm ? " shm" : "", net ? " net" : "", (!local && !shm && !net) ? " self" : "");
+       "%d channel(s), transports:%s", CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm,
+       me, n, mine->hostname, mine->pid, comm->local_nranks, comm->nnodes, comm->nchannels, used ? kinds : " self");
   return CH_OK;
 }
 
@@ -334,13 +338,13 @@ static ch_status comm_setup(struct ncclComm* comm) {
  * rank has said whether it got the clique. */
 static int clique_on_heap(const struct ncclComm* comm) {
   int threads = comm->nranks > 1;
-  for (int r = 0; r < comm->nranks; r++) threads &= comm->peer_tp[r] == TP_LOCAL;
+  for (int r = 0; r < comm->nranks; r++) threads &= !!(tp_flags(comm->peer_tp[r]) & TP_F_SAME_PROC);
   return threads;
 }
 
 static ch_status direct_setup(struct ncclComm* comm) {
   int n = comm->nranks, threads = clique_on_heap(comm), host = n > 1;
-  for (int r = 0; r < n; r++) host &= comm->peer_tp[r] == TP_LOCAL || comm->peer_tp[r] == TP_SHM;
+  for (int r = 0; r < n; r++) host &= !!(tp_flags(comm->peer_tp[r]) & TP_F_SAME_HOST);
   if (!host || param_int(PARAM_DIRECT_MIN_BYTES) < 0) return CH_OK;
   if (!threads && param_int(PARAM_SHM_DIRECT_MIN_BYTES) < 0) return CH_OK;
   uint64_t token = 0, *all = calloc((size_t)n, sizeof(uint64_t));

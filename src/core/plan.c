@@ -406,7 +406,7 @@ static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx*
     return s;
   }
   for (int r = 0; r < comm->nranks; r++) {
-    if (comm->peer_tp[r] != TP_SHM) continue;
+    if (!(tp_flags(comm->peer_tp[r]) & TP_F_PID_WATCH)) continue;
     /* A pid from another PID namespace (a container) means nothing here. */
     uint64_t ns = comm->peers[comm->rank].pid_ns;
     if (ns == 0 || comm->peers[r].pid_ns != ns) continue;

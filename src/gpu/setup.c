@@ -252,7 +252,7 @@ static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
     const char* why = NULL;
     if (!all[r].capable) why = "has no current CUDA context with Chorus's kernels at init (or CHORUS_CUDA_DIRECT=0)";
     else if (memcmp(all[r].uuid, all[me].uuid, 16)) why = "is on another GPU";
-    else if (r != me && comm->peer_tp[r] == TP_NET) why = "is on another host";
+    else if (r != me && !(tp_flags(comm->peer_tp[r]) & TP_F_SAME_HOST)) why = "is on another host (or NCCL_SHM_DISABLE)";
     /* Every rank must decide alike (they all take part in setup's allgathers, or none does): so these
      * look at every pair of ranks, not only at pairs with this one. */
     for (int q = 0; q < n && !why; q++) {

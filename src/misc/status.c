@@ -1,4 +1,7 @@
 /* Text for each status. The strings follow ncclGetErrorString so the API layer can return them as-is. */
+#include <string.h>
+
+#include "log.h"
 #include "status.h"
 
 const char* ch_status_str(ch_status s) {
@@ -15,4 +18,11 @@ const char* ch_status_str(ch_status s) {
     case CH_ABORTED: return "communicator aborted";
     default: return "unknown result code";
   }
+}
+
+void ch_trail(const char* file, int line, ch_status s) {
+  if (s == CH_IN_PROGRESS) return;
+  const char* at = file; /* the path under src/, whatever the checkout's */
+  for (const char* p = strstr(file, "/src/"); p; p = strstr(p + 1, "/src/")) at = p + 5;
+  INFO(LOG_ALL, "%s:%d -> %d (%s)", at, line, (int)s, ch_status_str(s));
 }

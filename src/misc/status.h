@@ -21,17 +21,28 @@ typedef enum ch_status {
 
 const char* ch_status_str(ch_status s);
 
-/* Propagate a failure. The cause has been logged once where it was first seen. */
-#define CHECK(call)                        \
-  do {                                     \
-    ch_status ch_s_ = (call);              \
-    if (ch_s_ != CH_OK) return ch_s_;      \
+/* A failing CHECK's breadcrumb: "core/init.c:312 -> 5 (invalid usage ...)" at NCCL_DEBUG=INFO, as
+ * NCCL's NCCLCHECK leaves one, so a failure deep in setup shows the path it took (status.c). */
+void ch_trail(const char* file, int line, ch_status s);
+
+/* Propagate a failure. The cause has been logged once where it was first seen; each CHECK it passes
+ * through adds a breadcrumb (not for CH_IN_PROGRESS, which is no failure). */
+#define CHECK(call)                                      \
+  do {                                                   \
+    ch_status ch_s_ = (call);                            \
+    if (ch_s_ != CH_OK) {                                \
+      ch_trail(__FILE__, __LINE__, ch_s_);               \
+      return ch_s_;                                      \
+    }                                                    \
   } while (0)
 
-#define CHECK_GOTO(call, res, label)       \
-  do {                                     \
-    (res) = (call);                        \
-    if ((res) != CH_OK) goto label;        \
+#define CHECK_GOTO(call, res, label)                     \
+  do {                                                   \
+    (res) = (call);                                      \
+    if ((res) != CH_OK) {                                \
+      ch_trail(__FILE__, __LINE__, (res));               \
+      goto label;                                        \
+    }                                                    \
   } while (0)
 
 /* Run a system call, retrying on EINTR; on failure log the call and errno text. */

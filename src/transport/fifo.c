@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../misc/log.h"
+#include "../misc/param.h"
 #include "../misc/utils.h"
 #include "transport.h"
 
@@ -46,9 +47,28 @@ int tp_conn_poisoned(const struct conn* c, int we_send, struct xfer_poison* out)
   return 1;
 }
 
-const char* tp_name(int kind) {
-  static const char* names[TP_COUNT] = {"local", "shm", "net"};
-  return kind >= 0 && kind < TP_COUNT ? names[kind] : "?";
+const char* tp_name(int kind) { return kind >= 0 && kind < TP_COUNT ? tp_table[kind]->name : "?"; }
+
+/* NCCL's rules: NCCL_P2P_DISABLE keeps threads of one process off their direct (here: heap) path,
+ * NCCL_SHM_DISABLE keeps processes off shared memory; what is left is the network. */
+static int local_can_connect(const struct tp_peer* p, const char** why) {
+  if (p->self) return *why = "self", 1;
+  return p->same_proc && !param_int(PARAM_P2P_DISABLE) && (*why = "threads of one process", 1);
+}
+static int shm_can_connect(const struct tp_peer* p, const char** why) {
+  return p->same_host && !param_int(PARAM_SHM_DISABLE) && (*why = "processes of one host", 1);
+}
+
+int tp_choose(const struct tp_peer* p, const char** why) {
+  for (int k = 0; k < TP_COUNT; k++) {
+    const struct tp_ops* o = tp_table[k];
+    if (!o->can_connect || o->can_connect(p, why)) {
+      if (!o->can_connect) *why = p->same_host ? "NCCL_SHM_DISABLE / NCCL_P2P_DISABLE" : "another host";
+      return k;
+    }
+  }
+  *why = "no transport";
+  return TP_COUNT - 1; /* the last row takes any peer */
 }
 
 ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x) {
@@ -158,7 +178,25 @@ static void fifo_free(struct conn* c) {
   c->fd = -1;
 }
 
-const struct tp_ops tp_local_ops = {"local", tp_local_recv_setup, tp_local_send_connect, fifo_recv_done, NULL, NULL, NULL,
-                                    fifo_wake, fifo_free, NULL};
-const struct tp_ops tp_shm_ops = {"shm", tp_shm_recv_setup, tp_shm_send_connect, fifo_recv_done, NULL, NULL, NULL,
-                                  fifo_wake, fifo_free, NULL};
+const struct tp_ops tp_local_ops = {
+    .name = "local",
+    .can_connect = local_can_connect,
+    .flags = TP_F_SAME_PROC | TP_F_SAME_HOST,
+    .recv_setup = tp_local_recv_setup,
+    .send_connect = tp_local_send_connect,
+    .recv_done = fifo_recv_done,
+    .wake = fifo_wake,
+    .free = fifo_free,
+};
+const struct tp_ops tp_shm_ops = {
+    .name = "shm",
+    .can_connect = shm_can_connect,
+    .flags = TP_F_SAME_HOST | TP_F_PID_WATCH,
+    .recv_setup = tp_shm_recv_setup,
+    .send_connect = tp_shm_send_connect,
+    .recv_done = fifo_recv_done,
+    .wake = fifo_wake,
+    .free = fifo_free,
+};
+
+const struct tp_ops* const tp_table[TP_COUNT] = {[TP_LOCAL] = &tp_local_ops, [TP_SHM] = &tp_shm_ops, [TP_NET] = &tp_net_ops};

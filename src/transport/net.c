@@ -229,5 +229,17 @@ static void net_free(struct conn* c) {
   c->fd = -1;
 }
 
-const struct tp_ops tp_net_ops = {"net", tp_net_recv_setup, tp_net_send_connect, net_recv_done, tp_net_state,
-                                  tp_net_poll, tp_net_idle, net_wake, net_free, net_closing};
+const struct tp_ops tp_net_ops = {
+    .name = "net",
+    .can_connect = NULL, /* the last resort: any peer */
+    .flags = TP_F_NETWORK,
+    .recv_setup = tp_net_recv_setup,
+    .send_connect = tp_net_send_connect,
+    .recv_done = net_recv_done,
+    .health = tp_net_state,
+    .poll = tp_net_poll,
+    .idle = tp_net_idle,
+    .wake = net_wake,
+    .free = net_free,
+    .closing = net_closing,
+};
