@@ -378,7 +378,7 @@ TEST(perf_output, json_and_plots) {
   EXPECT_HAS(text, "all_reduce_perf float sum, in-place");
   EXPECT_HAS(text, "</svg>");
 
-  /* chorus-plot overlays the JSON with a table in the format of shared/baselines/run.sh. */
+  /* chorus-plot overlays the JSON with a peer baseline table ("## title", then size time algbw busbw check). */
   f = fopen(base, "w");
   ASSERT(f != NULL);
   fprintf(f, "## Open MPI 4.1.4 shared memory (btl vader)\n# mpi allreduce nranks 1\n"
@@ -504,6 +504,35 @@ TEST(perf_modes, under_chorusrun) {
   EXPECT_EQ(count_str(r.out, "# Collective test starting"), 1);
   EXPECT_EQ(count_str(r.out, "#  Rank "), 4); /* 2 processes x 2 threads */
   EXPECT_HAS(r.out, "# Out of bounds values : 0 OK");
+  cmd_free(&r);
+}
+
+/* The harness's own exchanges (device records, the unique id under a launcher, times, error counts,
+ * the barrier) are send/recv: NCCL_ALGO and NCCL_PROTO restrict only the operation being timed.
+ * NCCL_ALGO=Tree leaves AllGather no algorithm, which once failed every tool before its first row. */
+TEST_T(perf_modes, bookkeeping_ignores_nccl_algo, 180) {
+  static const char* const tree[] = {"NCCL_ALGO=Tree", NULL};
+  cmd_result r = run(120, tree, bin("chorusrun"), "-n", "3", bin("all_reduce_perf"), "-b", "8", "-e", "64K", "-f",
+                     "4", "-n", "2", (char*)NULL);
+  if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+    rt_fail(__FILE__, __LINE__, "chorusrun -n 3: exit %d\n%s%s", r.status, r.out, r.err);
+  cmd_free(&r);
+  /* threads under a launcher (the id goes to the other process first), -m and -z together */
+  r = run(120, tree, bin("chorusrun"), "-n", "2", bin("all_reduce_perf"), "-t", "2", "-b", "8", "-e", "4K", "-f", "4",
+          "-n", "2", "-m", "2", "-z", "1", (char*)NULL);
+  if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+    rt_fail(__FILE__, __LINE__, "chorusrun -n 2 -t 2: exit %d\n%s%s", r.status, r.out, r.err);
+  cmd_free(&r);
+  static const char* const ll[] = {"NCCL_PROTO=LL", NULL};
+  r = perf("broadcast_perf", "-t 3 -b 8 -e 64K -f 4 -n 2 -I 1", ll);
+  if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+    rt_fail(__FILE__, __LINE__, "NCCL_PROTO=LL: exit %d\n%s%s", r.status, r.out, r.err);
+  cmd_free(&r);
+  /* the timed AllGather itself still obeys */
+  r = perf("all_gather_perf", "-t 3 -b 8 -e 64 -n 1", tree);
+  EXPECT_EQ(r.status, 3);
+  EXPECT_HAS(r.err, "AllGather: NCCL_ALGO=Tree leaves it no algorithm");
+  EXPECT_HAS(r.err, "ctx->coll->run");
   cmd_free(&r);
 }
 
