@@ -120,14 +120,17 @@ int calibrate_main(const char* path) {
             path);
     return 1;
   }
-  static const char* pn[CH_NPROTO] = {"LL", "LL128", "Simple"};
+  const char* pn[CH_NPROTO];
+  for (int p = 0; p < CH_NPROTO; p++) pn[p] = ch_proto_name(p);
+  char exchange[64]; /* NCCL_ALGO: one hop, whatever the size */
+  snprintf(exchange, sizeof(exchange), "%s:%s", ch_func_name(FUNC_ALLREDUCE), ch_algo_name(ALGO_EXCHANGE));
   struct tune_model m = *tune_model_defaults();
   const size_t small = 8, large = 1u << 20, net_large = 4u << 20;
   printf("chorus-info --calibrate: 2 ranks, one-hop AllReduce (Exchange), best of 3 runs each\n");
   double ts[CH_NPROTO], tl[CH_NPROTO], best = 0;
   for (int p = 0; p < CH_NPROTO; p++) {
-    ts[p] = measure("allreduce:Exchange", pn[p], 0, small, 5000);
-    tl[p] = measure("allreduce:Exchange", pn[p], 0, large, 100);
+    ts[p] = measure(exchange, pn[p], 0, small, 5000);
+    tl[p] = measure(exchange, pn[p], 0, large, 100);
     if (ts[p] < 0 || tl[p] <= ts[p]) return fprintf(stderr, "calibrate: %s over shared memory failed\n", pn[p]), 1;
     double rate = 2.0 * (double)large / (tl[p] - ts[p]);
     if (rate > best) best = rate;
@@ -141,8 +144,8 @@ int calibrate_main(const char* path) {
     printf("  %-6s 8 B %.2f us, 1 MiB %.1f us -> step_us.%s = %.3g, proto_eff.%s = %.3g\n", pn[p], ts[p], tl[p],
            pn[p], m.step_us[p], pn[p], m.proto_eff[p]);
   }
-  double ns = measure("allreduce:Exchange", "Simple", 1, small, 500);
-  double nl = measure("allreduce:Exchange", "Simple", 1, net_large, 10);
+  double ns = measure(exchange, pn[PROTO_SIMPLE], 1, small, 500);
+  double nl = measure(exchange, pn[PROTO_SIMPLE], 1, net_large, 10);
   if (ns > 0 && nl > ns) {
     m.net_step_us = ns;
     m.net_bw = (double)net_large / (nl - ns);

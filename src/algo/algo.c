@@ -50,11 +50,7 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
 
 int algo_uses_peers(int algo) { return algo == ALGO_RECDBL || algo == ALGO_TREE || algo == ALGO_RABEN; }
 
-const char* algo_name(int algo) {
-  static const char* names[] = {"Tree", "Ring", "Exchange", "Direct", "RecDbl", "Rabenseifner"};
-  _Static_assert(sizeof(names) / sizeof(names[0]) == ALGO_COUNT, "a name for every algorithm");
-  return algo >= 0 && algo < ALGO_COUNT ? names[algo] : "?";
-}
+const char* algo_name(int algo) { return algo >= 0 && algo < ALGO_COUNT ? ch_algo_name(algo) : "?"; }
 
 void algo_peer_set(int rank, int n, const struct algo_tree* trees, int ntrees, char* mark) {
   if (n == 1) return;
@@ -67,15 +63,10 @@ void algo_peer_set(int rank, int n, const struct algo_tree* trees, int ntrees, c
   }
 }
 
+/* Header fields come from peers: out-of-range values print as such. */
 static const char* type_name(uint32_t t) {
-  static const char* names[] = {"int8",    "uint8",   "int32",   "uint32",   "int64",     "uint64",
-                                "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
-  return t < sizeof(names) / sizeof(names[0]) ? names[t] : "invalid type";
-}
-
-static const char* op_name(uint32_t op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
-  return op < sizeof(names) / sizeof(names[0]) ? names[op] : "premulsum";
+  const char* n = t < ncclNumTypes ? ch_type_name((int)t) : NULL;
+  return n ? n : "invalid type";
 }
 
 /* Calls as messages name them (header fields come from peers: every one is bounded here):
@@ -84,24 +75,19 @@ void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
   unsigned long long cnt = (unsigned long long)h->count, seq = (unsigned long long)h->seq;
   const char* ty = type_name(h->type);
   int f = h->func < FUNC_COUNT ? (int)h->func : -1;
+  const char* fn = ch_func_text(f);
+  /* every op from ncclNumOps up is a PreMulSum */
+  const char* op = ch_op_name(h->op < ncclNumOps ? (int)h->op : ncclNumOps);
   switch (f) {
     case FUNC_ALLREDUCE:
-    case FUNC_REDUCESCATTER:
-      snprintf(b, n, "%s(%llu x %s, %s) #%llu", f == FUNC_ALLREDUCE ? "AllReduce" : "ReduceScatter", cnt, ty,
-               op_name(h->op), seq);
-      break;
-    case FUNC_REDUCE:
-      snprintf(b, n, "Reduce(%llu x %s, %s, root %d) #%llu", cnt, ty, op_name(h->op), h->root, seq);
-      break;
-    case FUNC_BROADCAST: snprintf(b, n, "Broadcast(%llu x %s, root %d) #%llu", cnt, ty, h->root, seq); break;
-    case FUNC_ALLGATHER: snprintf(b, n, "AllGather(%llu x %s) #%llu", cnt, ty, seq); break;
-    case FUNC_SENDRECV: snprintf(b, n, "Send/Recv(%llu x %s)", cnt, ty); break;
-    case FUNC_ALLTOALL: snprintf(b, n, "AlltoAll(%llu x %s per rank)", cnt, ty); break;
+    case FUNC_REDUCESCATTER: snprintf(b, n, "%s(%llu x %s, %s) #%llu", fn, cnt, ty, op, seq); break;
+    case FUNC_REDUCE: snprintf(b, n, "%s(%llu x %s, %s, root %d) #%llu", fn, cnt, ty, op, h->root, seq); break;
+    case FUNC_BROADCAST: snprintf(b, n, "%s(%llu x %s, root %d) #%llu", fn, cnt, ty, h->root, seq); break;
+    case FUNC_ALLGATHER: snprintf(b, n, "%s(%llu x %s) #%llu", fn, cnt, ty, seq); break;
+    case FUNC_SENDRECV: snprintf(b, n, "%s(%llu x %s)", fn, cnt, ty); break;
+    case FUNC_ALLTOALL: snprintf(b, n, "%s(%llu x %s per rank)", fn, cnt, ty); break;
     case FUNC_GATHER:
-    case FUNC_SCATTER:
-      snprintf(b, n, "%s(%llu x %s, root %d)", f == FUNC_GATHER ? "Gather" : "Scatter", cnt, ty, h->root);
-      break;
+    case FUNC_SCATTER: snprintf(b, n, "%s(%llu x %s, root %d)", fn, cnt, ty, h->root); break;
     default: snprintf(b, n, "an unknown call (%u)", (unsigned)h->func); break;
   }
 }
-

@@ -9,20 +9,26 @@
 #include <stdlib.h>
 #include <stdint.h>
 
+#include "../misc/names.h"
 #include "../proto/prims.h"
 
-/* NCCL's ncclFunc_t numbering. */
-enum ch_func {
-  FUNC_BROADCAST = 0, FUNC_REDUCE = 1, FUNC_ALLGATHER = 2, FUNC_REDUCESCATTER = 3, FUNC_ALLREDUCE = 4,
-  FUNC_SENDRECV = 5, FUNC_SEND = 6, FUNC_RECV = 7, FUNC_ALLTOALL = 8, FUNC_SCATTER = 9, FUNC_GATHER = 10,
-  FUNC_COUNT
-};
+/* NCCL's ncclFunc_t numbering, then ours: rows of CH_FUNC_LIST (misc/names.h), which names them. */
+#define CH_FUNC_ENUM_(id, name, text) FUNC_##id,
+enum ch_func { CH_FUNC_LIST(CH_FUNC_ENUM_) FUNC_COUNT };
+#undef CH_FUNC_ENUM_
+_Static_assert(FUNC_BROADCAST == 0 && FUNC_REDUCE == 1 && FUNC_ALLGATHER == 2 && FUNC_REDUCESCATTER == 3 &&
+                   FUNC_ALLREDUCE == 4 && FUNC_SENDRECV == 5 && FUNC_SEND == 6 && FUNC_RECV == 7 &&
+                   FUNC_ALLTOALL == 8 && FUNC_SCATTER == 9 && FUNC_GATHER == 10 && FUNC_COUNT == 11,
+               "FUNC_* values are NCCL's ncclFunc_t and index tables");
 /* NCCL's numbering for Tree/Ring; the others are ours: Exchange (two ranks), Direct (one host, peers'
  * buffers read in place), RecDbl (recursive doubling, log2(n) hops: small messages), Rabenseifner
- * (recursive halving + doubling: medium messages). */
-enum ch_algo {
-  ALGO_TREE = 0, ALGO_RING = 1, ALGO_EXCHANGE = 2, ALGO_DIRECT = 3, ALGO_RECDBL = 4, ALGO_RABEN = 5, ALGO_COUNT = 6
-};
+ * (recursive halving + doubling: medium messages). Rows of CH_ALGO_LIST (misc/names.h). */
+#define CH_ALGO_ENUM_(id, name, nccl) ALGO_##id,
+enum ch_algo { CH_ALGO_LIST(CH_ALGO_ENUM_) ALGO_COUNT };
+#undef CH_ALGO_ENUM_
+_Static_assert(ALGO_TREE == 0 && ALGO_RING == 1 && ALGO_EXCHANGE == 2 && ALGO_DIRECT == 3 && ALGO_RECDBL == 4 &&
+                   ALGO_RABEN == 5 && ALGO_COUNT == 6,
+               "ALGO_* values are NCCL's for Tree and Ring and index tables");
 
 /* Where a rank's buffer lives, so that peers can reach it (direct_allreduce.c). Threads of one process
  * use addr (the thread clique is this process's heap, written only by its threads). Processes never
@@ -131,6 +137,11 @@ struct ch_op {
  * (algo_peer_set): ranks whose calls differ never wait for each other in connection setup. */
 int algo_uses_peers(int algo);
 const char* algo_name(int algo); /* as NCCL_ALGO and the TUNING log spell it */
+/* The NCCL function a FUNC_* names ("ncclAllReduce"; "?" for any other number). */
+static inline const char* algo_fname(int func) {
+  const char* n = ch_func_api_name(func);
+  return n ? n : "?";
+}
 /* Number of primitive steps the op needs; then fill the primitive for step `idx` < that number. */
 uint64_t algo_nsteps(const struct ch_op* op);
 void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p);

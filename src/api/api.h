@@ -17,9 +17,6 @@ struct red_op;
  * outcome of the caller's own ncclCommAbort, reported as invalid usage of an aborted communicator. */
 static inline ncclResult_t ch_to_nccl(ch_status s) { return s == CH_ABORTED ? ncclInvalidUsage : (ncclResult_t)s; }
 
-/* The NCCL function a FUNC_* names ("ncclAllReduce"; "?" for any other number). */
-const char* api_fname(int func);
-
 /* Build the reduction for (op, type) on comm (api/mem.c); CH_INVALID_ARG with a WARN if op is not valid. */
 ch_status api_red_op(struct ncclComm* comm, int op, int type, struct red_op* out);
 

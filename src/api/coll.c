@@ -15,12 +15,6 @@
 #include "../core/host_stream.h"
 #include "../core/exec.h"
 #include "../core/init.h"
-const char* api_fname(int f) {
-  static const char* n[FUNC_COUNT] = {"ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
-                                      "ncclAllReduce", "ncclSendRecv", "ncclSend", "ncclRecv", "ncclAlltoAll",
-                                      "ncclScatter", "ncclGather"};
-  return f >= 0 && f < FUNC_COUNT ? n[f] : "?";
-}
 
 static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
@@ -70,7 +64,7 @@ static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, i
 }
 
 static ch_status check_task(struct ch_task* t) {
-  const char* fn = api_fname(t->func);
+  const char* fn = algo_fname(t->func);
   struct ncclComm* comm = t->comm; /* checked and entered by the caller */
   if (group_init_pending(comm)) {
     /* Waiting for that init here would wait for ever: it only starts at ncclGroupEnd. */
@@ -133,12 +127,12 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
   struct ch_task t = {.func = func, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .type = (int)type,
                       .op = (int)op, .root = root, .comm = comm, .stream = stream};
   struct comm_guard g;
-  ch_status s = comm_check(comm, api_fname(func));
+  ch_status s = comm_check(comm, algo_fname(func));
   if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
     s = check_task(&t);
     if (s == CH_OK) {
       INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
-           api_fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
+           algo_fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
            (void*)comm, comm->nranks);
       s = enq_task(&t);
       if (s != CH_OK) group_set_error(s); /* not queued (out of memory): the group must not run without it */

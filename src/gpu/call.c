@@ -5,7 +5,6 @@
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
-#include "../api/api.h"
 #include "gpu.h"
 
 #include "../core/plan.h"

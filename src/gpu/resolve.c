@@ -7,7 +7,6 @@
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
-#include "../api/api.h"
 #include "gpu.h"
 
 #include "../core/init.h"
@@ -106,7 +105,7 @@ static const char* bufname(int b) { return b == DEV_SEND ? "sendbuff" : "recvbuf
 static ch_status buf_addr(struct gpu_comm* g, const struct gpu_call* c, int r, int b, const struct gpu_buf_desc* d,
                           size_t need, const void* own, uint64_t* addr) {
   int me = g->rank;
-  const char* fn = api_fname(b == DEV_SEND && c->func == FUNC_RECV ? FUNC_SEND : c->func);
+  const char* fn = algo_fname(b == DEV_SEND && c->func == FUNC_RECV ? FUNC_SEND : c->func);
   uintptr_t base = 0;
   size_t size = 0;
   uint64_t id;
@@ -166,7 +165,7 @@ static ch_status streams_apart(struct gpu_comm* g, const struct gpu_call* c, int
   WARN("rank %d: rank %d, a thread of this process, passed %s CUDA stream (%p and %p) to %s: ranks that share a "
        "GPU in one process need a stream each, and not the legacy NULL stream (as with NCCL)", g->rank, r,
        theirs == mine ? "the same" : "the legacy", (void*)(uintptr_t)mine, (void*)(uintptr_t)theirs,
-       api_fname(c->func));
+       algo_fname(c->func));
   return CH_INVALID_USAGE;
 }
 
@@ -179,8 +178,8 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
         d->op_kind != m->op_kind) {
       WARN("rank %d: rank %d's call on device buffers differs from this rank's %s (count %zu, type %d, op %u, root "
            "%d, call #%u): %s count %llu type %u op %u root %d call #%u",
-           me, r, api_fname(c->func), c->count, c->type, m->op_kind, m->root, m->seq,
-           api_fname((int)d->func), (unsigned long long)d->count, d->type,
+           me, r, algo_fname(c->func), c->count, c->type, m->op_kind, m->root, m->seq,
+           algo_fname((int)d->func), (unsigned long long)d->count, d->type,
            d->op_kind, d->root, d->seq);
       return CH_INVALID_USAGE;
     }
@@ -210,7 +209,7 @@ static ch_status resolve_recv(struct gpu_comm* g, struct gpu_call* c) {
       d->seq != c->cseq) {
     WARN("rank %d: ncclRecv from rank %d (count %zu, type %d, receive #%u from it) does not match what rank %d "
          "sent: %s to rank %d, count %llu, type %u, send #%u to this rank", me, p, c->count, c->type, c->cseq, p,
-         api_fname((int)d->func), d->root, (unsigned long long)d->count, d->type, d->seq);
+         algo_fname((int)d->func), d->root, (unsigned long long)d->count, d->type, d->seq);
     return CH_INVALID_USAGE;
   }
   CHECK(streams_apart(g, c, p, d->stream));

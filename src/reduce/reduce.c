@@ -13,26 +13,21 @@
 #include <string.h>
 
 #include "nccl.h"
+#include "../misc/names.h"
 #include "reduce.h"
 #include "reduce_impl.h"
 
+#define RED_TYPE_ROW_(v, name, test_name, bytes, is_float) [v] = {bytes, is_float},
 static const struct {
-  const char* name;
   size_t size;
   int is_float;
-} red_types[ncclNumTypes] = {
-    [ncclInt8] = {"int8", 1, 0},        [ncclUint8] = {"uint8", 1, 0},
-    [ncclInt32] = {"int32", 4, 0},      [ncclUint32] = {"uint32", 4, 0},
-    [ncclInt64] = {"int64", 8, 0},      [ncclUint64] = {"uint64", 8, 0},
-    [ncclFloat16] = {"half", 2, 1},     [ncclFloat32] = {"float", 4, 1},
-    [ncclFloat64] = {"double", 8, 1},   [ncclBfloat16] = {"bfloat16", 2, 1},
-    [ncclFloat8e4m3] = {"f8e4m3", 1, 1}, [ncclFloat8e5m2] = {"f8e5m2", 1, 1},
-};
+} red_types[ncclNumTypes] = {CH_TYPE_LIST(RED_TYPE_ROW_)};
+#undef RED_TYPE_ROW_
 
 static int type_ok(int type) { return type >= 0 && type < ncclNumTypes; }
 
 size_t red_type_size(int type) { return type_ok(type) ? red_types[type].size : 0; }
-const char* red_type_name(int type) { return type_ok(type) ? red_types[type].name : "invalid"; }
+const char* red_type_name(int type) { return type_ok(type) ? ch_type_test_name(type) : "invalid"; }
 int red_type_is_float(int type) { return type_ok(type) && red_types[type].is_float; }
 
 enum fam { FAM_INT, FAM_FLOAT, FAM_LOWP };

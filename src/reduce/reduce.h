@@ -23,7 +23,7 @@ struct red_op {
 };
 
 size_t red_type_size(int type); /* 0 for an invalid type */
-const char* red_type_name(int type); /* "float", "half", ... nccl-tests names */
+const char* red_type_name(int type); /* nccl-tests names (misc/names.h): "float", "half", ...; "invalid" */
 int red_type_is_float(int type);
 
 /* dst[i] = combine(in[i], premul(local[i])). dst may alias in or local. */

@@ -18,12 +18,18 @@
 #include <stdint.h>
 
 #include "../misc/log.h"
+#include "../misc/names.h"
 #include "../misc/socket.h"
 #include "../misc/status.h"
 
 #define CH_STEPS 8
 #define CH_MAX_FIFO_BYTES ((size_t)1 << 30) /* per protocol and connection */
-enum { PROTO_LL = 0, PROTO_LL128 = 1, PROTO_SIMPLE = 2, CH_NPROTO = 3 };
+/* NCCL's protocols, in its numbering: rows of CH_PROTO_LIST (misc/names.h), which names them. */
+#define CH_PROTO_ENUM_(id, name) PROTO_##id,
+enum { CH_PROTO_LIST(CH_PROTO_ENUM_) CH_NPROTO };
+#undef CH_PROTO_ENUM_
+_Static_assert(PROTO_LL == 0 && PROTO_LL128 == 1 && PROTO_SIMPLE == 2 && CH_NPROTO == 3,
+               "PROTO_* values are NCCL's and index tables");
 
 /* Carried with every step (every protocol) so a receiver can tell which call produced the data: the
  * shape of the call, alike on every rank that takes part in it. Collectives: their own call and
@@ -179,11 +185,30 @@ struct tp_ctx {
   const char* peer_host;
 };
 
+/* What a transport's probe knows of a peer, from the authenticated rank table (alike on both ends). */
+struct tp_peer {
+  int self;      /* the rank itself */
+  int same_host; /* same host identity */
+  int same_proc; /* same process */
+};
+
+/* What a transport's connections are, for the layers above, so that they never compare kinds. */
+enum {
+  TP_F_SAME_PROC = 1u << 0, /* the peer is a thread of this process: its memory is ours */
+  TP_F_SAME_HOST = 1u << 1, /* the peer runs on this host: it can map our ncclMemAlloc memory */
+  TP_F_PID_WATCH = 1u << 2, /* a dead peer breaks no link: the engine checks its pid while it waits */
+  TP_F_NETWORK = 1u << 3,   /* crosses a network through the proxy thread: Simple only, network costs */
+};
+
 /* A transport: how a receiver makes a FIFO and describes it (struct tp_handle: no address, no
  * descriptor), how a sender attaches to it (checking everything in the handle: it comes from the
  * peer), and what the engine asks of a live connection. Core never looks inside a connection's kind. */
 struct tp_ops {
   const char* name;
+  /* The probe (NCCL's canConnect): 1 when this transport can carry a connection between this rank and
+   * the peer p describes, with *why saying what made it fit (logged once per kind). NULL: any peer. */
+  int (*can_connect)(const struct tp_peer* p, const char** why);
+  unsigned flags; /* TP_F_* */
   ch_status (*recv_setup)(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
   ch_status (*send_connect)(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
                             const struct tp_ctx* x);
@@ -207,9 +232,14 @@ struct tp_ops {
   void (*closing)(struct conn* c);
 };
 extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_net_ops;
-static inline const struct tp_ops* tp_ops_of(int kind) {
-  return kind == TP_SHM ? &tp_shm_ops : kind == TP_NET ? &tp_net_ops : &tp_local_ops;
-}
+/* Every transport, indexed by its kind, which is also its priority: a peer is carried by the first whose
+ * probe accepts it (tp_choose), as NCCL tries P2P, SHM, then the network. A new transport is a row. */
+extern const struct tp_ops* const tp_table[TP_COUNT];
+/* The kind that carries connections to the peer p describes, and why (a static string). */
+int tp_choose(const struct tp_peer* p, const char** why);
+/* kind was validated (connect.c checks every kind from the wire against the peer's). */
+static inline const struct tp_ops* tp_ops_of(int kind) { return tp_table[kind]; }
+static inline unsigned tp_flags(int kind) { return tp_table[kind]->flags; }
 static inline int tp_conn_health(const struct conn* c) {
   const struct tp_ops* o = tp_ops_of(c->transport);
   return c->connected && o->health ? o->health(c) : 0;

@@ -13,25 +13,25 @@
 #include "tune.h"
 #include "plugin_abi.h"
 
-static const char* proto_names[CH_NPROTO] = {"LL", "LL128", "Simple"};
-static const char* func_names[FUNC_COUNT] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce",
-                                             "SendRecv", "Send", "Recv", "AlltoAll", "Scatter", "Gather"};
-
-const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? proto_names[p] : "?"; }
+/* The names are misc/names.h's; "?" for a value that has none. */
+const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? ch_proto_name(p) : "?"; }
 const char* tune_algo_name(int a) { return algo_name(a); }
-const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? func_names[f] : "?"; }
+const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? ch_func_name(f) : "?"; }
 
 /* Whether any two ranks of the communicator talk over the network, decided alike on every rank from
  * what all know: hosts, processes, and NCCL_SHM_DISABLE / NCCL_P2P_DISABLE (agreed at init). */
 int tune_uses_net(const struct ncclComm* comm) {
-  int n = comm->nranks, procs = 0;
-  if (n < 2) return 0;
-  for (int r = 1; r < n; r++) {
-    if (comm->peers[r].host_hash != comm->peers[0].host_hash) return 1;
-    procs |= comm->peers[r].proc_nonce != comm->peers[0].proc_nonce;
+  /* Rank 0's transport to each rank, by the transports' own probes: a pair of other ranks needs the
+   * network only when one of them needs it to reach rank 0 too (other host, or no shared memory). */
+  const struct boot_rank_info* r0 = &comm->peers[0];
+  for (int r = 1; r < comm->nranks; r++) {
+    const struct boot_rank_info* p = &comm->peers[r];
+    struct tp_peer tp = {.same_host = p->host_hash == r0->host_hash};
+    tp.same_proc = tp.same_host && p->proc_nonce == r0->proc_nonce;
+    const char* why;
+    if (tp_flags(tp_choose(&tp, &why)) & TP_F_NETWORK) return 1;
   }
-  int shm_off = param_int(PARAM_SHM_DISABLE) != 0, p2p_off = param_int(PARAM_P2P_DISABLE) != 0;
-  return shm_off && (procs || p2p_off);
+  return 0;
 }
 
 int tune_net_socks(void) {
@@ -309,7 +309,7 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choi
   int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;
   INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s",
        tune_func_name(func), bytes, algo_name(out->algo), note ? " if all buffers are from ncclMemAlloc, else " : "",
-       note ? algo_name(out->fallback) : "", proto_names[out->proto], out->nch, us,
+       note ? algo_name(out->fallback) : "", tune_proto_name(out->proto), out->nch, us,
        by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
        out->stream ? ", streaming stores" : "");
 }

@@ -5,51 +5,42 @@
  * Anything else (unknown name or function, empty name, a second prefixless entry) is an error. */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
 #include "tune.h"
 
-struct tune_name {
-  const char* name;
-  int bit;
-};
-/* NCCL's names first (in NCCL's numbering), then Chorus's own algorithms. */
-static const struct tune_name algo_tab[] = {
-    {"Tree", ALGO_TREE},
-    {"Ring", ALGO_RING},
-    {"CollNetDirect", ALGO_COUNT + 0},
-    {"CollNetChain", ALGO_COUNT + 1},
-    {"NVLS", ALGO_COUNT + 2},
-    {"NVLSTree", ALGO_COUNT + 3},
-    {"PAT", ALGO_COUNT + 4},
-    {"Exchange", ALGO_EXCHANGE},
-    {"Direct", ALGO_DIRECT},
-    {"RecDbl", ALGO_RECDBL},
-    {"Rabenseifner", ALGO_RABEN},
-};
-_Static_assert(sizeof(algo_tab) / sizeof(algo_tab[0]) == TUNE_ALGO_NBITS, "a name for every algorithm bit");
-static const struct tune_name proto_tab[] = {{"LL", PROTO_LL}, {"LL128", PROTO_LL128}, {"Simple", PROTO_SIMPLE}};
-static const char* func_tab[TUNE_P2P] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"};
-
 static int nnames(int is_algo) { return is_algo ? TUNE_ALGO_NBITS : CH_NPROTO; }
-static const struct tune_name* names(int is_algo) { return is_algo ? algo_tab : proto_tab; }
 
 const char* tune_bit_name(int is_algo, int b) {
-  for (int i = 0; i < nnames(is_algo); i++)
-    if (names(is_algo)[i].bit == b) return names(is_algo)[i].name;
-  return "?";
+  const char* n = b >= 0 && b < nnames(is_algo) ? (is_algo ? ch_algo_name(b) : ch_proto_name(b)) : NULL;
+  return n ? n : "?";
+}
+
+/* The names a fault lists as known: NCCL's algorithms in NCCL's numbering, then Chorus's own. */
+static void known_names(int is_algo, char* out, size_t cap) {
+  int order[TUNE_ALGO_NBITS], n = 0;
+  if (!is_algo) {
+    for (int b = 0; b < CH_NPROTO; b++) order[n++] = b; /* NCCL's, in its numbering */
+  } else {
+    for (int id = 0; id < TUNE_ALGO_NBITS; id++)
+      for (int b = 0; b < TUNE_ALGO_NBITS; b++)
+        if (ch_algo_nccl_id(b) == id) order[n++] = b;
+    for (int b = 0; b < TUNE_ALGO_NBITS; b++)
+      if (ch_algo_nccl_id(b) < 0) order[n++] = b;
+  }
+  size_t len = 0;
+  out[0] = 0;
+  for (int i = 0; i < n; i++) {
+    int w = snprintf(out + len, cap - len, "%s%s", i ? ", " : "", tune_bit_name(is_algo, order[i]));
+    if (w > 0) len = UT_MIN(cap - 1, len + (size_t)w);
+  }
 }
 
 /* [s, e) without surrounding blanks. */
 static void trim(const char** s, const char** e) {
   while (*s < *e && (**s == ' ' || **s == '\t')) (*s)++;
   while (*e > *s && ((*e)[-1] == ' ' || (*e)[-1] == '\t')) (*e)--;
-}
-
-static int span_is(const char* s, const char* e, const char* word) {
-  return (size_t)(e - s) == strlen(word) && strncasecmp(s, word, (size_t)(e - s)) == 0;
 }
 
 /* One list ("ring,tree" or "^ll128") into *mask. Returns 0, or -1 with the fault written to why. */
@@ -76,14 +67,12 @@ static int parse_list(const char* s, const char* e, int is_algo, unsigned* mask,
       p = q + 1;
       continue;
     }
-    int found = -1;
-    for (int i = 0; i < nnames(is_algo) && found < 0; i++)
-      if (span_is(ts, te, names(is_algo)[i].name)) found = names(is_algo)[i].bit;
+    int found = is_algo ? ch_algo_parse(ts, (size_t)(te - ts)) : ch_proto_parse(ts, (size_t)(te - ts));
     if (found < 0) {
+      char known[160];
+      known_names(is_algo, known, sizeof(known));
       snprintf(why, cap, "unknown %s '%.*s' (known: %s)", is_algo ? "algorithm" : "protocol", (int)(te - ts), ts,
-               is_algo ? "Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct, RecDbl, "
-                         "Rabenseifner"
-                       : "LL, LL128, Simple");
+               known);
       return -1;
     }
     listed |= 1u << found;
@@ -116,11 +105,15 @@ ch_status tune_parse(const char* env, const char* value, int is_algo, unsigned m
     if (colon) {
       const char *fs = s, *fe = colon;
       trim(&fs, &fe);
-      for (int f = 0; f < TUNE_P2P && func < 0; f++)
-        if (span_is(fs, fe, func_tab[f])) func = f;
+      func = ch_func_parse(fs, (size_t)(fe - fs));
+      if (func >= TUNE_P2P) func = -1; /* send/recv take only the prefixless entry */
       if (func < 0) {
-        snprintf(why, sizeof(why), "unknown collective '%.*s' (known: Broadcast, Reduce, AllGather, "
-                 "ReduceScatter, AllReduce)", (int)(fe - fs), fs);
+        char known[96] = "";
+        for (int f = 0, len = 0; f < TUNE_P2P; f++) {
+          int w = snprintf(known + len, sizeof(known) - (size_t)len, "%s%s", f ? ", " : "", tune_func_name(f));
+          if (w > 0) len = (int)UT_MIN(sizeof(known) - 1, (size_t)(len + w));
+        }
+        snprintf(why, sizeof(why), "unknown collective '%.*s' (known: %s)", (int)(fe - fs), fs, known);
         goto bad;
       }
       s = colon + 1;
@@ -189,7 +182,7 @@ void tune_mask_format(int is_algo, int64_t packed, char* out, size_t cap) {
     return;
   }
   for (int f = 0; f < n; f++) {
-    int k = snprintf(out + len, cap - len, "%s%s:", f ? ";" : "", f < TUNE_P2P ? func_tab[f] : "send/recv");
+    int k = snprintf(out + len, cap - len, "%s%s:", f ? ";" : "", f < TUNE_P2P ? tune_func_name(f) : "send/recv");
     if (k > 0) len = UT_MIN(cap - 1, len + (size_t)k);
     put_list(m[f], is_algo, out, cap, &len);
   }

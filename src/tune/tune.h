@@ -16,6 +16,7 @@ int tune_uses_net(const struct ncclComm* comm);
 int tune_net_socks(void);
 void tune_init(struct ncclComm* comm);
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
+/* Names of misc/names.h, "?" for a value that has none. */
 const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
 /* Whether NCCL_ALGO leaves some collective an algorithm that uses the per-peer connections (RecDbl,
  * Rabenseifner, Tree): then those are connected with the rings (group.c). The same on every rank. */
@@ -30,9 +31,10 @@ const char* tune_func_name(int func);   /* "AllReduce", ... */
 static inline int tune_mask_index(int func) { return func >= 0 && func < TUNE_P2P ? func : TUNE_P2P; }
 
 /* Algorithm mask bits: bits 0..ALGO_COUNT-1 are enum ch_algo; NCCL algorithms Chorus does not run
- * follow (accepted by NCCL_ALGO, never chosen). */
-#define TUNE_NCCL_ONLY 5 /* CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT */
+ * follow (accepted by NCCL_ALGO, never chosen): CH_ALGO_NCCL_ONLY_LIST, misc/names.h. */
+#define TUNE_NCCL_ONLY CH_NALGO_NCCL_ONLY /* CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT */
 #define TUNE_ALGO_NBITS (ALGO_COUNT + TUNE_NCCL_ONLY)
+_Static_assert(TUNE_ALGO_NBITS == CH_NALGO_BITS, "a name for every algorithm bit");
 #define TUNE_MALFORMED (-1ll) /* packed value of a string that does not parse */
 
 /* Parse an NCCL_ALGO (is_algo) or NCCL_PROTO value into one mask per TUNE_* index. Empty or NULL:

@@ -11,8 +11,25 @@
 #include <string.h>
 
 #include "common.h"
+#include "../../src/misc/names.h"
 
-const char* const perf_op_names[PERF_NUM_OPS] = {"sum", "prod", "max", "min", "avg", "mulsum"};
+/* nccl-tests' spelling: the library's built-in ops, then "mulsum" (ncclRedOpCreatePreMulSum) */
+#define PERF_OP_NAME_(op, name, test_name) [op] = test_name,
+const char* const perf_op_names[PERF_NUM_OPS] = {CH_OP_LIST(PERF_OP_NAME_)};
+#undef PERF_OP_NAME_
+_Static_assert(PERF_NUM_OPS == CH_NOPS && PERF_OP_MULSUM == ncclNumOps, "an op index per name");
+
+/* "a, b, c or all": what -o and -d accept. */
+static const char* expected(const char* (*name)(int), int n, char* buf, size_t cap) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n; i++) {
+    int w = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", name(i));
+    if (w > 0) len = len + (size_t)w < cap ? len + (size_t)w : cap - 1;
+  }
+  snprintf(buf + len, cap - len, " or all");
+  return buf;
+}
 
 static const char* prog;
 
@@ -225,15 +242,20 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
         if (strcmp(optarg, "all") == 0) o->op = -1;
         for (int k = 0; k < PERF_NUM_OPS; k++)
           if (strcmp(optarg, perf_op_names[k]) == 0) o->op = k;
-        if (o->op == -2)
-          return usage_error("invalid op '%s': expected sum, prod, max, min, avg, mulsum or all", optarg);
+        if (o->op == -2) {
+          char names[128];
+          return usage_error("invalid op '%s': expected %s", optarg,
+                             expected(ch_op_test_name, PERF_NUM_OPS, names, sizeof(names)));
+        }
         break;
       }
       case 'd':
         o->type = perf_type_parse(optarg);
-        if (o->type == -2)
-          return usage_error("invalid datatype '%s': expected int8, uint8, int32, uint32, int64, uint64, half, float, "
-                             "double, bfloat16, f8e4m3, f8e5m2 or all", optarg);
+        if (o->type == -2) {
+          char names[160];
+          return usage_error("invalid datatype '%s': expected %s", optarg,
+                             expected(ch_type_test_name, ncclNumTypes, names, sizeof(names)));
+        }
         break;
       case 'r':
         if (strcmp(optarg, "all") == 0) o->root = -1;

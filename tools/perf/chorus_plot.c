@@ -3,8 +3,8 @@
  *   chorus-plot -o out.svg [-t TITLE] [--in-place | --both] [LABEL=]FILE...
  *
  * FILE may be a JSON file written by a *_perf tool with -J, the stdout of a *_perf tool, or the
- * tables printed by shared/baselines/run.sh (Open MPI, Gloo: "## title" lines, then rows of
- * "size(B) time(us) algbw busbw check"). LABEL= names the file's series in the legend. */
+ * tables of a peer's baseline runner (Open MPI, Gloo; this project's development machines have one,
+ * outside the repository: "## title" lines, then rows of "size(B) time(us) algbw busbw check"). LABEL= names the file's series in the legend. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -164,7 +164,7 @@ static int load_perf_text(char* text, const char* path, const char* label) {
   return 0;
 }
 
-/* shared/baselines/run.sh: "## <title>" starts a table; rows are "size time algbw busbw check". */
+/* A peer baseline table: "## <title>" starts a table; rows are "size time algbw busbw check". */
 static int load_baseline(char* text, const char* path, const char* label) {
   char title[160];
   snprintf(title, sizeof title, "%s", label ? label : base_name(path));

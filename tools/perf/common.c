@@ -2,8 +2,8 @@
  * BenchTime): warm up, time out-of-place then in-place for each size, combine times and wrong
  * element counts across all ranks, and let rank 0 print.
  *
- * There is no MPI: results are combined across threads and processes with the library itself (an
- * ncclAllReduce of a few doubles), which also serves as the barrier. */
+ * There is no MPI: results are combined across threads and processes with the library itself, by
+ * grouped ncclSend/ncclRecv (perf_team below), which also serves as the barrier. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,14 +57,87 @@ static void mark_progress(perf_thread* th) {
   __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
 }
 
-/* In-place allreduce of n doubles per local rank (scratch), on the synchronous NULL stream. */
-static void combine(perf_thread* th, int n, ncclRedOp_t op) {
-  if (th->nlocal > 1) CK(ncclGroupStart());
-  for (int i = 0; i < th->nlocal; i++) {
-    double* v = th->scratch + (size_t)i * th->scratch_len;
-    CK(ncclAllReduce(v, v, (size_t)n, ncclFloat64, op, th->comms[i], NULL));
+/* ---- bookkeeping between ranks ----
+ * Times, error counts, the barrier, device records and the unique id travel by grouped
+ * ncclSend/ncclRecv over binomial trees rooted at rank 0 (log2(n) rounds, a few peers per rank), as
+ * nccl-tests moves them over MPI. Never by a collective: NCCL_ALGO and NCCL_PROTO restrict those per
+ * collective (NCCL_ALGO=Tree leaves AllGather no algorithm), and they must restrict only the
+ * operation being timed. Send/recv take no algorithm, and of NCCL_PROTO only its entry without a
+ * collective, which every collective without an entry of its own shares: only an entry that leaves the
+ * transports no protocol ("^LL,LL128,Simple;allreduce:Simple", or "LL;allreduce:Simple" where the
+ * network carries Simple only) stops the bookkeeping while the timed call could run.
+ * All on the synchronous NULL stream: a group is done when ncclGroupEnd returns. A round is one group
+ * over the team's ranks of this thread, which may be each other's peers. */
+#define TEAM_CK(t, call) PERF_NCCL_CHECK((t)->ctx, call)
+
+/* Rank 0 ends with op over every rank's n doubles, in its buffer; tmp: nlocal * n doubles. */
+static void team_reduce(const perf_team* t, double* base, size_t stride, int n, ncclRedOp_t op, double* tmp) {
+  for (int k = 1; k < t->nranks; k <<= 1) {
+    TEAM_CK(t, ncclGroupStart());
+    for (int i = 0; i < t->nlocal; i++) {
+      int r = t->rank0 + i;
+      if (r % (2 * k) == k) TEAM_CK(t, ncclSend(base + i * stride, (size_t)n, ncclFloat64, r - k, t->comms[i], NULL));
+      else if (r % (2 * k) == 0 && r + k < t->nranks)
+        TEAM_CK(t, ncclRecv(tmp + (size_t)i * n, (size_t)n, ncclFloat64, r + k, t->comms[i], NULL));
+    }
+    TEAM_CK(t, ncclGroupEnd());
+    for (int i = 0; i < t->nlocal; i++) {
+      int r = t->rank0 + i;
+      if (r % (2 * k) || r + k >= t->nranks) continue;
+      double *x = base + i * stride, *y = tmp + (size_t)i * n;
+      for (int j = 0; j < n; j++)
+        x[j] = op == ncclMax ? (y[j] > x[j] ? y[j] : x[j]) : op == ncclMin ? (y[j] < x[j] ? y[j] : x[j]) : x[j] + y[j];
+    }
   }
-  if (th->nlocal > 1) CK(ncclGroupEnd());
+}
+
+void perf_team_bcast(const perf_team* t, char* base, size_t stride, size_t bytes) {
+  int top = 1;
+  while (top < t->nranks) top <<= 1;
+  for (int k = top / 2; k >= 1; k >>= 1) {
+    TEAM_CK(t, ncclGroupStart());
+    for (int i = 0; i < t->nlocal; i++) {
+      int r = t->rank0 + i;
+      if (r % (2 * k) == 0 && r + k < t->nranks)
+        TEAM_CK(t, ncclSend(base + i * stride, bytes, ncclUint8, r + k, t->comms[i], NULL));
+      else if (r % (2 * k) == k)
+        TEAM_CK(t, ncclRecv(base + i * stride, bytes, ncclUint8, r - k, t->comms[i], NULL));
+    }
+    TEAM_CK(t, ncclGroupEnd());
+  }
+}
+
+/* Rank 0 ends with every rank's `bytes`, in rank order, in its buffer. Each buffer holds nranks x bytes
+ * with its rank's own first: before round k a rank that takes part holds ranks [r, r + k). */
+static void team_gather(const perf_team* t, char* base, size_t stride, size_t bytes) {
+  for (int k = 1; k < t->nranks; k <<= 1) {
+    TEAM_CK(t, ncclGroupStart());
+    for (int i = 0; i < t->nlocal; i++) {
+      int r = t->rank0 + i, held;
+      if (r % (2 * k) == k) { /* ranks [r, r + k), fewer at the end */
+        held = t->nranks - r < k ? t->nranks - r : k;
+        TEAM_CK(t, ncclSend(base + i * stride, (size_t)held * bytes, ncclUint8, r - k, t->comms[i], NULL));
+      } else if (r % (2 * k) == 0 && r + k < t->nranks) {
+        held = t->nranks - (r + k) < k ? t->nranks - (r + k) : k;
+        TEAM_CK(t, ncclRecv(base + i * stride + (size_t)k * bytes, (size_t)held * bytes, ncclUint8, r + k,
+                            t->comms[i], NULL));
+      }
+    }
+    TEAM_CK(t, ncclGroupEnd());
+  }
+}
+
+static perf_team team_of(perf_thread* th) {
+  return (perf_team){.ctx = th->ctx, .comms = th->comms, .nlocal = th->nlocal, .rank0 = th->rank0,
+                     .nranks = th->ctx->nranks};
+}
+
+/* Every local rank's n doubles (scratch) become their combination (op: sum, min or max) over all ranks. */
+static void combine(perf_thread* th, int n, ncclRedOp_t op) {
+  perf_team t = team_of(th);
+  size_t stride = (size_t)th->scratch_len;
+  team_reduce(&t, th->scratch, stride, n, op, th->inbox);
+  perf_team_bcast(&t, (char*)th->scratch, stride * sizeof(double), (size_t)n * sizeof(double));
   mark_progress(th);
 }
 
@@ -88,6 +161,13 @@ static void complete(perf_thread* th) {
     if (th->ctx->o.device) perf_cuda_sync(th->ctx, th->streams[i]); /* NULL: the legacy stream */
     else if (th->streams[i]) CK(chorusStreamSynchronize(th->streams[i]));
   mark_progress(th);
+}
+
+/* -z 1 and 2: wait for each operation (1: and for every rank's) before the next. */
+static void wait_blocking(perf_thread* th) {
+  if (th->ctx->o.blocking != 1 && th->ctx->o.blocking != 2) return;
+  complete(th);
+  if (th->ctx->o.blocking == 1) barrier(th);
 }
 
 /* One size step: counts and the bytes each op's buffers span (for the per-iteration shift). */
@@ -130,8 +210,10 @@ static void make_buf(perf_thread* th, const struct step* s, int li, int in_place
 }
 
 /* Issue the operation on every local rank (nccl-tests' startColl). Iterations move the buffers by
- * whole spans within the allocation so consecutive iterations do not reuse the same cache lines. */
-static void start_op(perf_thread* th, const struct step* s, int in_place, int iter) {
+ * whole spans within the allocation so consecutive iterations do not reuse the same cache lines.
+ * in_group: inside the group of -m operations, where -z waits after the group instead (a barrier's
+ * send/recv would join the group, and waiting inside it waits for nothing). */
+static void start_op(perf_thread* th, const struct step* s, int in_place, int iter, int in_group) {
   perf_ctx* ctx = th->ctx;
   size_t steps = s->span ? ctx->o.max_bytes / s->span : 1;
   size_t shift = s->span * ((size_t)iter % (steps ? steps : 1));
@@ -155,10 +237,7 @@ static void start_op(perf_thread* th, const struct step* s, int in_place, int it
     if (s->op == PERF_OP_MULSUM)
       for (int i = 0; i < th->nlocal; i++) CK(ncclRedOpDestroy(ops[i], th->comms[i]));
   }
-  if (ctx->o.blocking == 1 || ctx->o.blocking == 2) {
-    complete(th);
-    if (ctx->o.blocking == 1) barrier(th);
-  }
+  if (!in_group) wait_blocking(th);
   mark_progress(th); /* -T: a long loop of quick operations is progress */
 }
 
@@ -226,7 +305,7 @@ static void bench(perf_thread* th, const struct step* s, int in_place) {
   static __thread uint64_t rep;
   int total = o->iters * o->agg;
   if (o->check) init_data(th, s, in_place, 99);
-  start_op(th, s, in_place, 0);
+  start_op(th, s, in_place, 0, 0);
   complete(th);
   barrier(th);
 
@@ -236,8 +315,9 @@ static void bench(perf_thread* th, const struct step* s, int in_place) {
   for (int it = 0; it < o->iters; it++) {
     uint64_t ti = times ? perf_now_ns() : 0; /* a clock read costs ~25 ns: only when it is used */
     if (o->agg > 1) CK(ncclGroupStart());
-    for (int a = 0; a < o->agg; a++) start_op(th, s, in_place, it * o->agg + a);
+    for (int a = 0; a < o->agg; a++) start_op(th, s, in_place, it * o->agg + a, o->agg > 1);
     if (o->agg > 1) CK(ncclGroupEnd());
+    if (o->agg > 1) wait_blocking(th);
     if (times || o->blocking == 3) complete(th);
     if (times) times[it] = (double)(perf_now_ns() - ti) * 1e-9;
     if (o->blocking == 3) {
@@ -274,7 +354,7 @@ static void bench(perf_thread* th, const struct step* s, int in_place) {
   rep++;
   for (int c = 0; c < o->check; c++) {
     init_data(th, s, in_place, rep);
-    start_op(th, s, in_place, 0);
+    start_op(th, s, in_place, 0, 0);
     complete(th);
     int64_t w = check_data(th, s, in_place, rep);
     if (w < 0) break; /* not checkable: N/A, like nccl-tests */
@@ -304,7 +384,7 @@ static void time_test(perf_thread* th, ncclDataType_t type, int op, int root) {
   /* Warm up at every power of two from minbytes to maxbytes (nccl-tests since 2025). */
   for (size_t b = o->min_bytes; b <= o->max_bytes; b = b ? b * 2 : 1) {
     set_step(th, &s, b);
-    for (int w = 0; w < o->warmup; w++) start_op(th, &s, 0, w);
+    for (int w = 0; w < o->warmup; w++) start_op(th, &s, 0, w, 0);
     complete(th);
     if (b > o->max_bytes / 2) break;
   }
@@ -324,25 +404,25 @@ static void time_test(perf_thread* th, ncclDataType_t type, int op, int root) {
 static void gather_devices(perf_thread* th) {
   perf_ctx* ctx = th->ctx;
   int nr = ctx->nranks;
-  perf_devrec* mine = calloc((size_t)th->nlocal, sizeof(*mine));
-  perf_devrec* all = calloc((size_t)th->nlocal * (size_t)nr, sizeof(*all));
-  if (!mine || !all) perf_fail_msg(ctx, PERF_INTERNAL, "out of memory");
+  /* per local rank: room for every rank's record (team_gather), its own first */
+  perf_devrec* recs = calloc((size_t)th->nlocal * (size_t)nr, sizeof(*recs));
+  if (!recs) perf_fail_msg(ctx, PERF_INTERNAL, "out of memory");
   char host[256] = "?";
   gethostname(host, sizeof host);
-  if (th->nlocal > 1) CK(ncclGroupStart());
   for (int i = 0; i < th->nlocal; i++) {
-    mine[i].rank = th->rank0 + i;
-    mine[i].pid = (int32_t)getpid();
+    perf_devrec* mine = recs + (size_t)i * nr;
+    mine->rank = th->rank0 + i;
+    mine->pid = (int32_t)getpid();
     /* The device it runs on: a thread's -g ranks share its one GPU (nccl-tests gives each its own) */
     int local = ctx->local_proc * ctx->o.nthreads + th->thread;
-    mine[i].device = ctx->o.device ? perf_cuda_ordinal(local) : local * ctx->o.ngpus + i;
-    snprintf(mine[i].host, sizeof mine[i].host, "%.63s", host);
-    CK(ncclAllGather(&mine[i], all + (size_t)i * nr, sizeof(perf_devrec), ncclUint8, th->comms[i], NULL));
+    mine->device = ctx->o.device ? perf_cuda_ordinal(local) : local * ctx->o.ngpus + i;
+    snprintf(mine->host, sizeof mine->host, "%.63s", host);
   }
-  if (th->nlocal > 1) CK(ncclGroupEnd());
-  if (ctx->is_main && th->thread == 0) out_device_report(all, nr);
-  free(mine);
-  free(all);
+  perf_team t = team_of(th);
+  team_gather(&t, (char*)recs, (size_t)nr * sizeof(*recs), sizeof(*recs));
+  mark_progress(th);
+  if (ctx->is_main && th->thread == 0) out_device_report(recs, nr); /* rank 0's: all of them */
+  free(recs);
 }
 
 static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }

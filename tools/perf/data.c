@@ -10,37 +10,40 @@
 #include <string.h>
 
 #include "common.h"
+#include "../../src/misc/names.h"
 
+/* Names are the library's (src/misc/names.h): nccl-tests' spelling, "float", "half". */
 struct tinfo {
-  const char* name;
   int size, is_float, is_signed;
   double limit; /* largest magnitude whose integers (and sums up to it) are exact */
   int ebits, mbits;
 };
 
 static const struct tinfo types[ncclNumTypes] = {
-    [ncclInt8] = {"int8", 1, 0, 1, 127, 0, 0},
-    [ncclUint8] = {"uint8", 1, 0, 0, 255, 0, 0},
-    [ncclInt32] = {"int32", 4, 0, 1, 1 << 20, 0, 0},
-    [ncclUint32] = {"uint32", 4, 0, 0, 1 << 20, 0, 0},
-    [ncclInt64] = {"int64", 8, 0, 1, 1 << 20, 0, 0},
-    [ncclUint64] = {"uint64", 8, 0, 0, 1 << 20, 0, 0},
-    [ncclFloat16] = {"half", 2, 1, 1, 2048, 5, 10},
-    [ncclFloat32] = {"float", 4, 1, 1, 1 << 24, 8, 23},
-    [ncclFloat64] = {"double", 8, 1, 1, 1 << 24, 11, 52},
-    [ncclBfloat16] = {"bfloat16", 2, 1, 1, 256, 8, 7},
-    [ncclFloat8e4m3] = {"f8e4m3", 1, 1, 1, 16, 4, 3},
-    [ncclFloat8e5m2] = {"f8e5m2", 1, 1, 1, 8, 5, 2},
+    [ncclInt8] = {1, 0, 1, 127, 0, 0},
+    [ncclUint8] = {1, 0, 0, 255, 0, 0},
+    [ncclInt32] = {4, 0, 1, 1 << 20, 0, 0},
+    [ncclUint32] = {4, 0, 0, 1 << 20, 0, 0},
+    [ncclInt64] = {8, 0, 1, 1 << 20, 0, 0},
+    [ncclUint64] = {8, 0, 0, 1 << 20, 0, 0},
+    [ncclFloat16] = {2, 1, 1, 2048, 5, 10},
+    [ncclFloat32] = {4, 1, 1, 1 << 24, 8, 23},
+    [ncclFloat64] = {8, 1, 1, 1 << 24, 11, 52},
+    [ncclBfloat16] = {2, 1, 1, 256, 8, 7},
+    [ncclFloat8e4m3] = {1, 1, 1, 16, 4, 3},
+    [ncclFloat8e5m2] = {1, 1, 1, 8, 5, 2},
 };
 
 int perf_type_size(ncclDataType_t t) { return (unsigned)t < ncclNumTypes ? types[t].size : 0; }
-const char* perf_type_name(ncclDataType_t t) { return (unsigned)t < ncclNumTypes ? types[t].name : "?"; }
+const char* perf_type_name(ncclDataType_t t) {
+  const char* n = ch_type_test_name((int)t);
+  return n ? n : "?";
+}
 
 int perf_type_parse(const char* s) {
   if (strcmp(s, "all") == 0) return -1;
-  for (int t = 0; t < ncclNumTypes; t++)
-    if (strcmp(s, types[t].name) == 0) return t;
-  return -2;
+  int t = ch_type_test_parse(s);
+  return t >= 0 ? t : -2;
 }
 
 /* ---- small floats: half, bfloat16 and the two fp8 formats (e4m3 has no infinity, max 448) ---- */

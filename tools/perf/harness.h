@@ -42,6 +42,7 @@ typedef struct perf_thread {
   char** hrecv;
   void** handles;            /* registrations (-R), 2 per local rank */
   double* scratch;           /* (nlocal + 2) * scratch_len doubles: combining results, -I times */
+  double* inbox;             /* nlocal * scratch_len doubles: what peers send while combining */
   int scratch_len;
   int errors, bw_count;
   double bw_sum;
@@ -62,6 +63,16 @@ void perf_cuda_sync(perf_ctx* ctx, cudaStream_t s);
 
 /* common.c */
 void perf_thread_main(perf_thread* th);
+/* Ranks [rank0, rank0 + nlocal) of a job of nranks, driven by one thread, each with its comm: what
+ * bookkeeping between ranks (common.c) runs on. */
+typedef struct perf_team {
+  perf_ctx* ctx;
+  ncclComm_t* comms;
+  int nlocal, rank0, nranks;
+} perf_team;
+/* Rank 0's `bytes` at base to every rank's buffer (local rank i's at base + i * stride), by
+ * ncclSend/ncclRecv: whatever NCCL_ALGO allows. */
+void perf_team_bcast(const perf_team* t, char* base, size_t stride, size_t bytes);
 /* launch.c: allocate (and register) the thread's buffers once maxBytes is final. */
 void perf_thread_buffers(perf_thread* th);
 uint64_t perf_now_ns(void);

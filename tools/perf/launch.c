@@ -186,10 +186,13 @@ static void init_from_env(perf_ctx* ctx) {
   }
   ncclComm_t boot;
   PERF_NCCL_CHECK(ctx, chorusInitFromEnv(&boot));
-  /* Spread rank 0's id: a sum where everyone else adds zeros (an allreduce, the most used call). */
+  /* Spread rank 0's id by send/recv, as all bookkeeping (common.c): NCCL_ALGO may rule out collectives. */
+  perf_team t = {.ctx = ctx, .comms = &boot, .nlocal = 1};
+  PERF_NCCL_CHECK(ctx, ncclCommUserRank(boot, &t.rank0));
+  PERF_NCCL_CHECK(ctx, ncclCommCount(boot, &t.nranks));
   memset(&ctx->id, 0, sizeof(ctx->id));
-  if (ctx->proc == 0) PERF_NCCL_CHECK(ctx, ncclGetUniqueId(&ctx->id));
-  PERF_NCCL_CHECK(ctx, ncclAllReduce(&ctx->id, &ctx->id, sizeof(ctx->id), ncclUint8, ncclSum, boot, NULL));
+  if (t.rank0 == 0) PERF_NCCL_CHECK(ctx, ncclGetUniqueId(&ctx->id));
+  perf_team_bcast(&t, (char*)&ctx->id, 0, sizeof(ctx->id));
   PERF_NCCL_CHECK(ctx, ncclCommFinalize(boot));
   PERF_NCCL_CHECK(ctx, ncclCommDestroy(boot));
   if (!ctx->o.parallel_init) init_ranks(ctx, 0, ctx->o.nthreads * ctx->o.ngpus);
@@ -345,7 +348,9 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
     x->handles = calloc(2 * (size_t)nl, sizeof(void*));
     x->scratch_len = scratch_len;
     x->scratch = calloc((size_t)(nl + 2) * (size_t)scratch_len, sizeof(double));
-    if (!x->streams || !x->send || !x->recv || !x->allocs || !x->hsend || !x->hrecv || !x->handles || !x->scratch)
+    x->inbox = calloc((size_t)nl * (size_t)scratch_len, sizeof(double));
+    if (!x->streams || !x->send || !x->recv || !x->allocs || !x->hsend || !x->hrecv || !x->handles || !x->scratch ||
+        !x->inbox)
       perf_fail_msg(ctx, PERF_INTERNAL, "out of memory");
   }
   for (int t = 1; t < nt; t++)
@@ -364,7 +369,8 @@ static int run_process(perf_ctx* ctx, int env_mode, int local_procs, int argc, c
   }
   for (int t = 0; t < nt; t++) {
     free(th[t].streams), free(th[t].send), free(th[t].recv);
-    free(th[t].allocs), free(th[t].handles), free(th[t].scratch), free(th[t].hsend), free(th[t].hrecv);
+    free(th[t].allocs), free(th[t].handles), free(th[t].scratch), free(th[t].inbox);
+    free(th[t].hsend), free(th[t].hrecv);
   }
   free(th);
   free(ctx->comms);
