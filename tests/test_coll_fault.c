@@ -16,10 +16,10 @@
 #include "chorus.h"
 #include "coll_util.h"
 #include "comm/comm.h"
+#include "core/connect.h"
+#include "core/init.h"
 #include "runner.h"
 
-#include "core/init.h"
-#include "core/connect.h"
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -6,8 +6,8 @@
 #include "coll_util.h"
 #include "comm/work.h"
 #include "runner.h"
-
 #include "tune/tune.h"
+
 static const char* protos[] = {"LL", "LL128", "Simple"};
 static const int few_types[] = {ncclInt8, ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3};
 static const int few_ops[] = {CU_SUM, CU_PROD, CU_AVG, CU_PREMUL_DEV};

@@ -6,10 +6,10 @@
 
 #include "comm/comm.h"
 #include "comm/work.h"
+#include "core/memreg.h"
 #include "misc/param.h"
 #include "runner.h"
 
-#include "core/memreg.h"
 TEST(mem, alloc_free_and_bad_pointers) {
   void* p = NULL;
   NCCL_OK(ncclMemAlloc(&p, 1 << 20));

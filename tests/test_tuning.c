@@ -165,7 +165,7 @@ static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned p
   out->proto = p;
   out->nch = direct ? 1 : UT_MAX(1, UT_MIN(nch, comm->nchannels));
   size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)comm->nranks : bytes;
-  out->stream = out_bytes >= comm->stream_min_bytes;
+  out->nt = out_bytes >= comm->nt_min_bytes;
 }
 
 static const char* sweep_protos[] = {NULL, "LL", "LL128", "Simple", "^LL", "^Simple", "LL,LL128", "^LL128"};
@@ -188,7 +188,7 @@ static void sweep_body(int rank, int nranks, ncclUniqueId id, void* arg) {
       memset(&a, 0, sizeof(a)), memset(&b, 0, sizeof(b));
       tune_choose(comm, f, sizes[s], &a);
       old_choose(comm, f, sizes[s], pm ? pm : B(PROTO_SIMPLE), am, &b);
-      if (a.algo != b.algo || a.proto != b.proto || a.nch != b.nch || a.fallback != b.fallback || a.stream != b.stream)
+      if (a.algo != b.algo || a.proto != b.proto || a.nch != b.nch || a.fallback != b.fallback || a.nt != b.nt)
         rt_fail(__FILE__, __LINE__, "%s x%d, NCCL_PROTO=%s NCCL_ALGO=%s, %s %zu bytes: %s/%s/%d ch (fallback %s), "
                 "before the model %s/%s/%d ch (fallback %s)", rt_mode(), nranks, param_str(PARAM_PROTO),
                 param_str(PARAM_ALGO), tune_func_name(f), sizes[s], tune_algo_name(a.algo), tune_proto_name(a.proto),

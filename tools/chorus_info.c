@@ -15,9 +15,9 @@
 #include "../src/misc/param.h"
 #include "../src/misc/socket.h"
 #include "../src/misc/utils.h"
+#include "../src/tune/tune.h"
 #include "calibrate.h"
 
-#include "../src/tune/tune.h"
 static void print_numa(void) {
   DIR* d = opendir("/sys/devices/system/node");
   int found = 0;

@@ -3,18 +3,17 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../cuda/cudrv.h"
-#include "../gpu/gpu.h"
 #include "../misc/log.h"
-#include "api.h"
+#include "../cuda/cudrv.h"
 #include "../comm/work.h"
 #include "../tune/tune.h"
-
-#include "../gpu/staging.h"
+#include "../core/exec.h"
 #include "../core/group.h"
 #include "../core/host_stream.h"
-#include "../core/exec.h"
 #include "../core/init.h"
+#include "../gpu/gpu.h"
+#include "../gpu/staging.h"
+#include "api.h"
 
 static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }

@@ -3,17 +3,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../cuda/cudrv.h"
 #include "chorus.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
-#include "api.h"
+#include "../cuda/cudrv.h"
 #include "../comm/work.h"
-#include "../core/init.h"
-
 #include "../core/group.h"
 #include "../core/host_stream.h"
+#include "../core/init.h"
+#include "api.h"
+
 #define ARG_NONNULL(p, fn)                                 \
   do {                                                     \
     if (!(p)) {                                            \

@@ -11,8 +11,8 @@
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
-#include "api.h"
 #include "../bootstrap/bootstrap.h"
+#include "api.h"
 
 /* The first of names that is set: 1 with its value, 0 if none is set, -1 (WARNed) if it is not an int:
  * never a later launcher's variable instead, nor a silent rank 0 of 1. */

@@ -5,9 +5,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../cuda/cudrv.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
+#include "../cuda/cudrv.h"
 #include "../core/init.h"
 #include "../core/memreg.h"
 #include "api.h"

@@ -5,10 +5,10 @@
 #include <stdint.h>
 
 #include "../misc/log.h"
-#include "api.h"
 #include "../comm/comm.h"
-
 #include "../core/init.h"
+#include "api.h"
+
 /* ncclCommMemStat_t (NCCL 2.29.7) */
 enum { STAT_GPU_MEM_SUSPEND = 0, STAT_GPU_MEM_SUSPENDED = 1, STAT_GPU_MEM_PERSIST = 2, STAT_GPU_MEM_TOTAL = 3 };
 

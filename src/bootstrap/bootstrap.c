@@ -10,11 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "chorus.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "boot_internal.h"
-#include "chorus.h"
 
 _Static_assert(sizeof(struct boot_id) <= 128, "unique id must fit in NCCL_UNIQUE_ID_BYTES");
 

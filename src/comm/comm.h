@@ -7,13 +7,13 @@
 #include <stdint.h>
 
 #include "nccl.h"
-#include "../algo/algo.h"
-#include "../bootstrap/bootstrap.h"
-#include "../cuda/cudrv.h"
-#include "../reduce/reduce.h"
 #include "../misc/log.h"
 #include "../misc/status.h"
+#include "../reduce/reduce.h"
+#include "../bootstrap/bootstrap.h"
 #include "../transport/transport.h"
+#include "../cuda/cudrv.h"
+#include "../algo/algo.h"
 
 #define CH_MAX_CHANNELS 16
 #define CH_COMM_MAGIC 0x43484f5255534d4dULL /* "CHORUSMM" */
@@ -93,7 +93,7 @@ struct ncclComm {
   struct ch_redop_slot redops[CH_MAX_REDOPS];
   size_t exchange_max_bytes;
   size_t direct_min_bytes;
-  size_t stream_min_bytes;
+  size_t nt_min_bytes; /* CHORUS_STREAM_MIN_BYTES: results this large are written with non-temporal stores */
   int min_nchannels, max_nchannels; /* NCCL_MIN/MAX_NCHANNELS, read once (tune/choose.c) */
   struct direct_clique* clique; /* all ranks on this host: direct algorithms (init.c, direct_allreduce.c) */
   struct tp_map_cache* maps;    /* processes: peers' ncclMemAlloc buffers mapped here */

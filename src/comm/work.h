@@ -10,7 +10,7 @@
 struct tune_choice {
   int algo, proto, nch;
   int fallback; /* algorithm when Direct finds a buffer other processes cannot reach */
-  int stream; /* write results with streaming stores */
+  int nt;     /* write results with non-temporal (streaming) stores */
 };
 
 struct ch_task {

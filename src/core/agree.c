@@ -14,9 +14,9 @@
 #include "../comm/work.h"
 #include "../tune/topo.h"
 #include "../tune/tune.h"
-
-#include "init.h"
 #include "exec.h"
+#include "init.h"
+
 enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
 
 /* One row per setting: the name a user can act on, how to print it, and its value as this rank uses

@@ -5,9 +5,9 @@
 
 #include "../misc/log.h"
 #include "../comm/comm.h"
-
-#include "init.h"
 #include "connect.h"
+#include "init.h"
+
 #define TAG_RING (BOOT_TAG_CONNECT)
 #define TAG_P2P (BOOT_TAG_CONNECT + CH_MAX_CHANNELS)
 #define TAG_ACK (BOOT_TAG_CONNECT + CH_MAX_CHANNELS + 1)

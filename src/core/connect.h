@@ -3,8 +3,8 @@
 #define CH_CORE_CONNECT_H
 
 #include "../comm/comm.h"
-
 #include "init.h"
+
 /* Connect what the next plans need and is not connected yet, for several communicators at once
  * (one thread may drive many ranks). need_send[i][p] / need_recv[i][p] flag peers p of comms[i] for
  * sends and receives, need_send[i][nranks] asks for the rings, and need_*[i][nranks + 1 + p] flags p

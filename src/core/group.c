@@ -8,12 +8,12 @@
 #include "../misc/utils.h"
 #include "../comm/work.h"
 #include "../tune/tune.h"
-
-#include "group.h"
-#include "plan.h"
-#include "exec.h"
-#include "init.h"
 #include "connect.h"
+#include "exec.h"
+#include "group.h"
+#include "init.h"
+#include "plan.h"
+
 #define MAX_GROUP_INITS 1024
 
 static _Thread_local int depth;

@@ -7,10 +7,9 @@
 #include "../misc/log.h"
 #include "../misc/utils.h"
 #include "../comm/work.h"
-
-#include "plan.h"
-#include "host_stream.h"
 #include "exec.h"
+#include "host_stream.h"
+#include "plan.h"
 
 #define STREAM_MAGIC 0x53545245414d4348ULL
 

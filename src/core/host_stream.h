@@ -3,8 +3,8 @@
 #define CH_CORE_HOST_STREAM_H
 
 #include "../comm/work.h"
-
 #include "plan.h"
+
 /* Host streams (core/host_stream.c). */
 int stream_is_ours(cudaStream_t s);
 /* Queue a group's plans on s as one batch; CH_SYSTEM (out of memory): the caller runs them itself. */

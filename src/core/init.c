@@ -14,14 +14,14 @@
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "../comm/work.h"
-#include "init.h"
-#include "exec.h"
-#include "../fault/stall.h"
 #include "../tune/topo.h"
 #include "../tune/tune.h"
-
-#include "plan.h"
+#include "../fault/stall.h"
 #include "connect.h"
+#include "exec.h"
+#include "init.h"
+#include "plan.h"
+
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
   if (!comm) {
     WARN("%s: comm is NULL", fn);

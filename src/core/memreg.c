@@ -8,9 +8,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../cuda/cudrv.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
+#include "../cuda/cudrv.h"
 #include "../comm/work.h"
 #include "memreg.h"
 

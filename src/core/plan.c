@@ -11,13 +11,13 @@
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "../comm/work.h"
-
-#include "plan.h"
 #include "../tune/tune.h"
-#include "../fault/stall.h"
 #include "../fault/mismatch.h"
-#include "memreg.h"
+#include "../fault/stall.h"
 #include "init.h"
+#include "memreg.h"
+#include "plan.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #define CH_CPU_RELAX() __builtin_ia32_pause()
 #elif defined(__aarch64__)
@@ -236,7 +236,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       if (is_coll(t->func)) op->ctx.hdr.seq = (uint64_t)plan->ncoll; /* 1-based, relative to the start */
       op->algo = t->how.algo;
       op->proto = op->ctx.proto = t->how.proto;
-      op->ctx.nt_dst = t->how.stream;
+      op->ctx.nt_dst = t->how.nt;
       op->part_off = UT_MIN(t->count, (size_t)c * per);
       op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
       if (is_coll(t->func)) {

@@ -3,8 +3,6 @@
  * (looked at `absent_at`, again a second later) or DRV_PRESENT (the table below is filled, under
  * `lock`, before the release store of DRV_PRESENT; read-only afterwards). */
 #define _GNU_SOURCE
-#include "cudrv.h"
-
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +13,7 @@
 
 #include "../misc/log.h"
 #include "../misc/param.h"
+#include "cudrv.h"
 
 typedef int cu_result; /* CUresult: 0 is CUDA_SUCCESS */
 #define CU_ATTR_MEMORY_TYPE 2

@@ -13,8 +13,8 @@
 
 #include "../misc/log.h"
 #include "../comm/work.h"
-
 #include "mismatch.h"
+
 /* Another rank found a peer dead: name it as the rank that found it did (pid and host from init). */
 static void say_lost(const struct ncclComm* comm, const struct xfer_poison* r) {
   int d = r->other;

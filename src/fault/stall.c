@@ -13,9 +13,9 @@
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../comm/work.h"
+#include "../tune/tune.h"
 #include "stall.h"
 
-#include "../tune/tune.h"
 /* Which peer op is blocked on, from what its last primitive would sleep on. */
 int stall_waits_for(const struct ch_op* op, int* peer) {
   const struct prim_ctx* c = &op->ctx;

@@ -21,9 +21,9 @@
 #include "../misc/log.h"
 #include "../misc/utils.h"
 #include "../comm/work.h"
+#include "../tune/tune.h"
 #include "stall.h"
 
-#include "../tune/tune.h"
 #define STALL_NOTE_AFTER_NS 10000000ull   /* a plan idle this long publishes what it waits for */
 #define STALL_NOTE_EVERY_NS 100000000ull  /* and refreshes it this often */
 #define STALL_GATHER_NS (2ull * 1000000000ull) /* a report asks other processes for at most this long */

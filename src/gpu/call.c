@@ -5,11 +5,11 @@
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
-#include "gpu.h"
-
-#include "../core/plan.h"
 #include "../core/host_stream.h"
 #include "../core/init.h"
+#include "../core/plan.h"
+#include "gpu.h"
+
 /* The calls that run on the GPU: every collective, and Send/Recv. */
 static int on_gpu(int f) { return f >= 0 && f <= FUNC_GATHER && f != FUNC_SENDRECV; }
 int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }

@@ -7,9 +7,9 @@
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
+#include "../core/init.h"
 #include "gpu.h"
 
-#include "../core/init.h"
 static int cyc_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 
 static ch_status broken(struct gpu_comm* g) {

@@ -11,9 +11,9 @@
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "../transport/transport.h"
+#include "../core/host_stream.h"
 #include "gpu.h"
 
-#include "../core/host_stream.h"
 void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   memset(h, 0, sizeof(*h));
   void* ctx = comm->cuda_ctx; /* the context current when the application made the communicator */

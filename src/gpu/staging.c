@@ -19,16 +19,16 @@
 #include <string.h>
 #include <time.h>
 
-#include "../cuda/cudrv.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
+#include "../cuda/cudrv.h"
 #include "../comm/work.h"
-
-#include "staging.h"
-#include "../core/plan.h"
 #include "../core/host_stream.h"
 #include "../core/init.h"
+#include "../core/plan.h"
+#include "staging.h"
+
 /* Pinned host memory of one communicator, reused across calls. `busy` is set by the comm's owner
  * when it hands the block to a call and cleared (release) by whoever finishes that call: the owner
  * (synchronous path) or a gate's last host function. */

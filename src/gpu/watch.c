@@ -16,9 +16,9 @@
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
+#include "../core/init.h"
 #include "gpu.h"
 
-#include "../core/init.h"
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gpu_comm* watched;
 static int running; /* the watcher thread exists (under watch_mu) */

@@ -2,8 +2,6 @@
  *   host:pid:tid [rank] NCCL INFO message
  *   host:pid:tid [rank] misc/socket.c:123 NCCL WARN message
  * Each line goes out in one write(2), under a lock, so lines of threads and processes never mix. */
-#include "log.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -15,6 +13,7 @@
 #include <unistd.h>
 
 #include "chorus.h"
+#include "log.h"
 #include "param.h"
 
 int log_level_cached = -1;

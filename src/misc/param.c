@@ -1,8 +1,6 @@
 /* The parameter table: each value is resolved once (environment, then config files, then default)
  * and cached. The fast path is one acquire load, so hot loops may call param_int freely.
  * This is the only file that reads the environment. */
-#include "param.h"
-
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -10,6 +8,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "param.h"
 
 static const struct {
   const char* env;

@@ -1,8 +1,6 @@
 /* TCP sockets. Every descriptor is nonblocking; waits are poll() slices of at most 100 ms so the
  * abort flag and the deadline are seen promptly, and nothing can hang forever. */
 #define _GNU_SOURCE /* accept4 */
-#include "socket.h"
-
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -19,6 +17,7 @@
 
 #include "log.h"
 #include "param.h"
+#include "socket.h"
 #include "utils.h"
 
 #define SOCK_SLICE_MS 100

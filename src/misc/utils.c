@@ -1,7 +1,5 @@
 /* Small helpers: clock, randomness, hashing, host identity, CPU count and polite waiting. */
 #define _GNU_SOURCE /* sched_getaffinity */
-#include "utils.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -17,6 +15,7 @@
 
 #include "log.h"
 #include "param.h"
+#include "utils.h"
 
 uint64_t ut_now_ns(void) {
   struct timespec ts;

@@ -10,8 +10,8 @@
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
-#include "tune.h"
 #include "plugin_abi.h"
+#include "tune.h"
 
 /* The names are misc/names.h's; "?" for a value that has none. */
 const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? ch_proto_name(p) : "?"; }
@@ -53,7 +53,7 @@ void tune_init(struct ncclComm* comm) {
   comm->proto_ok = comm->tune_net ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
   comm->direct_min_bytes = (size_t)param_int(PARAM_DIRECT_MIN_BYTES);
-  comm->stream_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
+  comm->nt_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
   comm->shm_direct_min_bytes = (size_t)param_int(PARAM_SHM_DIRECT_MIN_BYTES);
   comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
   comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
@@ -294,7 +294,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   out->nch = algo_one_channel(algo) ? 1 : nch;
   /* A result larger than the caches is not read back soon: stream it (reduce/nt_copy.c). */
   size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)n : bytes;
-  out->stream = out_bytes >= comm->stream_min_bytes;
+  out->nt = out_bytes >= comm->nt_min_bytes;
   return predict_us(comm, func, algo, proto, bytes, out->nch);
 }
 
@@ -311,5 +311,5 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choi
        tune_func_name(func), bytes, algo_name(out->algo), note ? " if all buffers are from ncclMemAlloc, else " : "",
        note ? algo_name(out->fallback) : "", tune_proto_name(out->proto), out->nch, us,
        by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
-       out->stream ? ", streaming stores" : "");
+       out->nt ? ", streaming stores" : "");
 }

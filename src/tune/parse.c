@@ -1,4 +1,4 @@
-/* NCCL_ALGO / NCCL_PROTO in NCCL's syntax (nccl-anchor.md 6.4): `;`-separated entries, each
+/* NCCL_ALGO / NCCL_PROTO in NCCL's syntax (its parser in src/graph/tuning.cc): `;`-separated entries, each
  * `[func:]list`; only the first entry may go without a function, and it then applies to every
  * collective (and, in Chorus, to send/recv); later entries override it for their function. A list is
  * comma-separated names, all case-insensitive; a leading `^` allows everything but the names.

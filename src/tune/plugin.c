@@ -13,8 +13,8 @@
 
 #include "../misc/log.h"
 #include "../misc/param.h"
-#include "tune.h"
 #include "plugin_abi.h"
+#include "tune.h"
 
 struct tune_plugin {
   void* dl;

@@ -1,12 +1,11 @@
 /* NCCL's tuner plugin ABI (cost-table versions 3 to 6), declared here so that a plugin built for
  * NCCL loads into Chorus unchanged. Layouts and numbering follow NCCL's plugin headers
- * (nccl-anchor.md, section 9.2); the example plugin in plugins/tuner-csv includes this file. */
+ * (NCCL's src/include/plugin/nccl_tuner.h and tuner/tuner_v6.h); the example plugin in plugins/tuner-csv includes this file. */
 #ifndef CH_TUNER_ABI_H
 #define CH_TUNER_ABI_H
 
 #include <stddef.h>
 #include <stdint.h>
-
 #include <nccl.h>
 
 #ifdef __cplusplus

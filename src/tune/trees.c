@@ -1,4 +1,4 @@
-/* The two trees of Tree AllReduce, built as NCCL builds them (nccl-anchor.md section 8): binary trees
+/* The two trees of Tree AllReduce, built as NCCL builds them (NCCL's src/graph/trees.cc): binary trees
  * over hosts, a chain over the ranks inside each host. The first tree numbers hosts 0..H-1 and links
  * each to the host that differs in the next bit above its lowest set bit; the second mirrors it (H even)
  * or shifts it by one (H odd), so that most hosts forwarding in one tree are leaves in the other.
