@@ -148,7 +148,7 @@ TEST(tuning, mask_text_for_reports) {
   EXPECT(strlen(tiny) < sizeof(tiny));
 }
 
-/* ---- the default model keeps the choices made before it (the rules of the previous tune/choose.c), among
+/* ---- the default model keeps the choices made before it (the rules of the previous version of tune/choose.c), among
  * the algorithms that existed then (those added since are excluded; their choice is tested below) ---- */
 
 static void old_choose(struct ncclComm* comm, int func, size_t bytes, unsigned pm, unsigned am, struct tune_choice* out) {

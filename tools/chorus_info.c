@@ -12,6 +12,7 @@
 #include "../src/bootstrap/boot_internal.h"
 #include "../src/fault/stall.h"
 #include "../src/cuda/cudrv.h"
+#include "../src/misc/names.h"
 #include "../src/misc/param.h"
 #include "../src/misc/socket.h"
 #include "../src/misc/utils.h"
@@ -120,6 +121,20 @@ int main(int argc, char** argv) {
            "    peers' buffers through CUDA IPC); ranks on several GPUs or hosts: host copies in the call's\n"
            "    stream order; managed memory: used in place after the stream\n");
   if (brief) return 0;
+  /* The names NCCL_ALGO and NCCL_PROTO accept, and the perf tools' -d and -o, from the one table
+   * (misc/names.h) the library parses them with. */
+  printf("\nNames\n");
+  printf("  algorithms (NCCL_ALGO):");
+  for (int b = 0; b < CH_NALGO_BITS; b++) printf(" %s%s", ch_algo_name(b), b >= CH_NALGO ? "*" : "");
+  printf("   (*: accepted as NCCL does, never chosen)\n  protocols (NCCL_PROTO):");
+  for (int p = 0; p < CH_NPROTOS; p++) printf(" %s", ch_proto_name(p));
+  printf("\n  collectives of per-collective entries (\"allreduce:Ring\"):");
+  for (int f = 0; f < TUNE_P2P; f++) printf(" %s", ch_func_name(f));
+  printf("\n  datatypes (the perf tools' -d):");
+  for (int d = 0; d < ncclNumTypes; d++) printf(" %s", ch_type_test_name(d));
+  printf("\n  reduction ops (the perf tools' -o):");
+  for (int o = 0; o < CH_NOPS; o++) printf(" %s", ch_op_test_name(o));
+  printf("\n");
   printf("\nConfiguration (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");
   for (int id = 0; id < PARAM_COUNT; id++) {
     struct param_info pi;

@@ -36,7 +36,7 @@ _Static_assert(ALGO_TREE == 0 && ALGO_RING == 1 && ALGO_EXCHANGE == 2 && ALGO_DI
  * (token 0: not in such an allocation, so only its own process can reach the buffer). */
 struct direct_buf {
   uint64_t addr;        /* threads only */
-  uint64_t token;       /* processes: export token of the allocation (api/mem.c, transport/fdpass.c) */
+  uint64_t token;       /* processes: export token of the allocation (core/memreg.c, transport/fdpass.c) */
   uint64_t alloc_bytes; /* size of the allocation */
   uint64_t off;         /* of the buffer in the allocation */
 };

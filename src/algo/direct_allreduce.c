@@ -4,7 +4,7 @@
  * element is read n times and written n times in total, against about four passes through FIFOs.
  *
  * Threads of one process reach each other's buffers by address. Processes reach buffers allocated
- * with ncclMemAlloc (memfd-backed, src/api/mem.c) by mapping them (transport/shm.c); when any rank's
+ * with ncclMemAlloc (memfd-backed, src/core/memreg.c) by mapping them (transport/shm.c); when any rank's
  * buffer is elsewhere, all ranks see it in the slots and run the FIFO algorithm instead.
  *
  * Each rank's contribution goes through that rank's own premul (ncclRedOpCreatePreMulSum scalars are

@@ -24,7 +24,7 @@ struct ch_block* memreg_untrack(int which, const void* key, int by_handle);
  * *seg the bytes mapped); plain page-aligned memory if the kernel has no memfd (*fd = -1). */
 void* memreg_alloc_shareable(size_t size, int* fd, size_t* seg);
 
-/* Describe buf for direct algorithms (api/mem.c): 1 if [buf, buf + bytes) lies in one memfd-backed
+/* Describe buf for direct algorithms (core/memreg.c): 1 if [buf, buf + bytes) lies in one memfd-backed
  * ncclMemAlloc allocation that other local processes can map, else 0 (out still has the address). */
 int mem_describe(const void* buf, size_t bytes, struct direct_buf* out);
 

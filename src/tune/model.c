@@ -62,14 +62,13 @@ struct key {
 };
 #define D(field, lo, hi) {#field, offsetof(struct tune_model, field), 0, lo, hi}
 #define Z(field, lo, hi) {#field, offsetof(struct tune_model, field), 1, lo, hi}
+/* Per protocol: "step_us.LL", ... named from the protocol table (misc/names.h). */
+#define STEP_US(v, name) {"step_us." name, offsetof(struct tune_model, step_us[PROTO_##v]), 0, 0.001, 1e5},
+#define PROTO_EFF(v, name) {"proto_eff." name, offsetof(struct tune_model, proto_eff[PROTO_##v]), 0, 0.001, 1},
 static const struct key keys[] = {
-    {"step_us.LL", offsetof(struct tune_model, step_us[PROTO_LL]), 0, 0.001, 1e5},
-    {"step_us.LL128", offsetof(struct tune_model, step_us[PROTO_LL128]), 0, 0.001, 1e5},
-    {"step_us.Simple", offsetof(struct tune_model, step_us[PROTO_SIMPLE]), 0, 0.001, 1e5},
+    CH_PROTO_LIST(STEP_US)
     D(copy_bw, 1, 1e7),
-    {"proto_eff.LL", offsetof(struct tune_model, proto_eff[PROTO_LL]), 0, 0.001, 1},
-    {"proto_eff.LL128", offsetof(struct tune_model, proto_eff[PROTO_LL128]), 0, 0.001, 1},
-    {"proto_eff.Simple", offsetof(struct tune_model, proto_eff[PROTO_SIMPLE]), 0, 0.001, 1},
+    CH_PROTO_LIST(PROTO_EFF)
     D(direct_us, 0, 1e5),
     D(chan_gain, 0, 1),
     Z(chan_bytes, 1, 1e12),
