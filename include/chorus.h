@@ -35,6 +35,16 @@ ncclResult_t chorusInitFromEnv(ncclComm_t* comm);
  * communicator's asynchronous error and prints a report of what each rank waits for (default:
  * CHORUS_TIMEOUT, 1800 s; 0 = never). Applies to calls issued afterwards, and to connection setup. */
 ncclResult_t chorusCommSetTimeout(ncclComm_t comm, double seconds);
+/* The job-wide state of comm's ranks, as the stall report that a timeout logs: a headline
+ * ("stall report for comm ... (8 ranks): AllReduce #812 (64 MiB): ranks 0-6 waiting, rank 7 last
+ * completed #811"), then one line per rank (in a call and waiting for whom, busy, idle and the last
+ * call it completed, or not answering). Other processes' ranks are asked over the stall query service,
+ * for at most about 2 s. Logs nothing on success. Any thread may call it, also while another is blocked
+ * in a call on comm (a monitoring thread's question), and beside ncclCommAbort. text gets at most len
+ * bytes, NUL-terminated (cut if longer; text may be NULL if len is 0); *needed (if needed is not NULL)
+ * the whole report's length, without the NUL (the next report may differ). On any result but
+ * ncclSuccess nothing is written; ncclInProgress while a nonblocking init is still running. */
+ncclResult_t chorusCommStallReport(ncclComm_t comm, char* text, size_t len, size_t* needed);
 /* Rank and world size the environment describes, without creating a communicator. */
 ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
 

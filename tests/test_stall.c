@@ -2,14 +2,18 @@
  * a report says which ranks reached the stalled call and which did not. In every multi-rank test rank
  * 2 is alive but busy in its own code while ranks 0 and 1 wait in AllReduce #2 (call #1 connects),
  * so the expected headline is, in closed form,
- *   "AllReduce #2 (1 KiB): ranks 0-1 waiting, rank 2 last completed #1"   (256 floats = 1 KiB). */
+ *   "AllReduce #2 (1 KiB): ranks 0-1 waiting, rank 2 last completed #1"   (256 floats = 1 KiB).
+ * (stall.report_beside_abort is the exception: there nobody waits, and ranks 1 and 2 are stopped.) */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -370,4 +374,221 @@ TEST(stall, format_closed_form) {
   EXPECT(!stall_wire_ok(&x, 0, 0, N));
   x = w[0];
   EXPECT(!stall_wire_ok(&x, 1, 0, N)); /* another communicator */
+}
+
+/* ---- chorusCommStallReport: the same report, returned to the program ---- */
+
+TEST(stall, report_argument_errors) {
+  char text[64];
+  size_t need = 77;
+  memset(text, 'x', sizeof text);
+  EXPECT_EQ(chorusCommStallReport(NULL, text, sizeof text, &need), ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "chorusCommStallReport: comm is NULL") != NULL);
+  struct ncclComm* bogus = calloc(1, sizeof(*bogus)); /* no magic: never initialised */
+  ASSERT(bogus != NULL);
+  EXPECT_EQ(chorusCommStallReport(bogus, text, sizeof text, &need), ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "is not a valid communicator") != NULL);
+  free(bogus);
+  ncclUniqueId id;
+  ncclComm_t comm;
+  NCCL_OK(ncclGetUniqueId(&id));
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  EXPECT_EQ(chorusCommStallReport(comm, NULL, 16, &need), ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "chorusCommStallReport: text is NULL with len 16") != NULL);
+  EXPECT_EQ(chorusCommStallReport(comm, NULL, 0, NULL), ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "chorusCommStallReport: text and needed are both NULL") != NULL);
+  /* Refused calls change nothing. */
+  EXPECT_EQ(need, 77);
+  for (size_t i = 0; i < sizeof text; i++) EXPECT(text[i] == 'x');
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* A 1-rank communicator after one AllReduce: the whole report in closed form, then the same cut to
+ * every interesting length (the NUL always inside len, nothing written past it, *needed the whole). */
+TEST(stall, report_length_and_truncation) {
+  ncclUniqueId id;
+  ncclComm_t comm;
+  NCCL_OK(ncclGetUniqueId(&id));
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  int v = 1;
+  NCCL_OK(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL));
+  char want[2048], addr[64] = "";
+  const union sock_addr* qa = &comm->peers[0].query_addr;
+  int at = snprintf(want, sizeof want,
+                    "stall report for comm %016llx (1 ranks): no rank is blocked in a collective: rank 0 last "
+                    "completed #1\n  rank 0 (%s pid %d): not in a call; last completed #1\n",
+                    (unsigned long long)comm->comm_hash, comm->peers[0].hostname, (int)getpid());
+  if (qa->sa.sa_family != AF_UNSPEC)
+    snprintf(want + at, sizeof want - (size_t)at,
+             "  (while the job runs, chorus-info --stall %s prints this report again)\n",
+             sock_addr_str(qa, addr, sizeof addr));
+  size_t n = strlen(want), need = 0;
+  NCCL_OK(chorusCommStallReport(comm, NULL, 0, &need)); /* the length alone */
+  EXPECT_EQ(need, n);
+  char full[4096];
+  memset(full, 'x', sizeof full);
+  need = 0;
+  NCCL_OK(chorusCommStallReport(comm, full, sizeof full, &need));
+  EXPECT_EQ(need, n);
+  if (strcmp(full, want)) rt_fail(__FILE__, __LINE__, "report:\n%s\nwanted:\n%s", full, want);
+  size_t lens[] = {1, 2, 10, n - 1, n, n + 1};
+  for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+    size_t len = lens[i];
+    char buf[4096];
+    memset(buf, 'x', sizeof buf);
+    need = 0;
+    NCCL_OK(chorusCommStallReport(comm, buf, len, &need));
+    EXPECT_EQ(need, n);
+    size_t k = len - 1 < n ? len - 1 : n; /* what fits before the NUL */
+    if (strlen(buf) != k || memcmp(buf, want, k) || buf[k + 1] != 'x')
+      rt_fail(__FILE__, __LINE__, "len %zu: got \"%s\" (%zu bytes), wanted the first %zu bytes of the report", len, buf,
+              strlen(buf), k);
+  }
+  memset(full, 'x', sizeof full);
+  NCCL_OK(chorusCommStallReport(comm, full, 0, &need)); /* len 0: text untouched */
+  EXPECT(full[0] == 'x');
+  NCCL_OK(chorusCommStallReport(comm, full, sizeof full, NULL)); /* needed is optional */
+  EXPECT(strcmp(full, want) == 0);
+  /* Returned, not logged. */
+  EXPECT(strstr(ncclGetLastError(comm), "stall report") == NULL);
+  EXPECT(strstr(ncclGetLastError(NULL), "stall report") == NULL);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* Ranks 0 and 1 block in AllReduce #2 while rank 2 idles in its own code until a monitoring thread of
+ * rank 0's process (beside the blocked call, as monitored_barrier's) has a report naming the waiting
+ * call and rank 2's last completed call. As threads, every record is read in the process; as
+ * processes, ranks 1 and 2 answer through their stall query services. */
+struct report_shared {
+  atomic_int got; /* rank 0's monitor is done: rank 2 may join #2 */
+};
+
+struct monitor {
+  ncclComm_t comm;
+  struct report_shared* sh;
+  ncclResult_t r;
+  size_t needed;
+  char text[16384];
+};
+
+static void* monitor_main(void* arg) {
+  struct monitor* m = arg;
+  /* Ranks 0 and 1 show as "running" until they publish what they wait for (after ~10 ms idle). */
+  for (double end = now_s() + 15; now_s() < end; usleep(20 * 1000)) {
+    m->r = chorusCommStallReport(m->comm, m->text, sizeof m->text, &m->needed);
+    if (m->r != ncclSuccess || strstr(m->text, HEADLINE)) break;
+  }
+  atomic_store(&m->sh->got, 1);
+  return NULL;
+}
+
+static void report_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct report_shared* sh = arg;
+  float buf[COUNT];
+  ncclComm_t comm = warm_comm(rank, nranks, id, buf);
+  if (rank == 2) /* idle: every call it made has returned */
+    for (double end = now_s() + 20; !atomic_load(&sh->got) && now_s() < end;) usleep(10 * 1000);
+  struct monitor* m = NULL;
+  pthread_t t;
+  if (rank == 0) {
+    m = calloc(1, sizeof(*m));
+    ASSERT(m != NULL);
+    m->comm = comm, m->sh = sh;
+    ASSERT(pthread_create(&t, NULL, monitor_main, m) == 0);
+  }
+  for (int i = 0; i < COUNT; i++) buf[i] = 1;
+  NCCL_OK(ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(buf[0] == (float)nranks);
+  if (rank == 0) {
+    pthread_join(t, NULL);
+    EXPECT_EQ(m->r, ncclSuccess);
+    EXPECT_EQ(m->needed, strlen(m->text));
+    char head[256], idle[256], wait0[256], wait1[256];
+    snprintf(head, sizeof head, "stall report for comm %016llx (3 ranks): %s\n", (unsigned long long)comm->comm_hash,
+             HEADLINE);
+    snprintf(idle, sizeof idle, "\n  rank 2 (%s pid %d): not in a call; last completed #1\n", comm->peers[2].hostname,
+             comm->peers[2].pid);
+    for (int r = 0; r < 2; r++)
+      snprintf(r ? wait1 : wait0, sizeof wait0, "\n  rank %d (%s pid %d): in AllReduce #2 (1 KiB float, ", r,
+               comm->peers[r].hostname, comm->peers[r].pid);
+    if (strncmp(m->text, head, strlen(head)) || !strstr(m->text, idle) || !strstr(m->text, wait0) ||
+        !strstr(m->text, wait1) || !strstr(m->text, "; last completed #1\n"))
+      rt_fail(__FILE__, __LINE__, "%s: chorusCommStallReport gave:\n%s\nwanted the headline:\n%s", rt_mode(), m->text,
+              head);
+    /* Returned, not logged. */
+    EXPECT(strstr(ncclGetLastError(comm), "stall report") == NULL);
+    free(m);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(stall, report_from_a_monitoring_thread, 90) {
+  struct report_shared* sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT(sh != MAP_FAILED);
+  atomic_store(&sh->got, 0);
+  rt_run_threads(3, report_body, sh);
+  atomic_store(&sh->got, 0);
+  rt_run_procs(3, report_body, sh);
+  munmap(sh, sizeof(*sh));
+}
+
+/* ncclCommAbort while a report waits for processes that cannot answer (stopped): the report's
+ * gathering polls the abort flag, so the abort returns at once rather than after the ~2 s the report
+ * would take, and the report still comes back, naming the ranks it could not ask. */
+struct abort_shared {
+  atomic_int done; /* rank 0 has aborted and let ranks 1 and 2 go on */
+};
+
+struct asker {
+  ncclComm_t comm;
+  ncclResult_t r;
+  double t_end;
+  char text[4096];
+};
+
+static void* asker_main(void* arg) {
+  struct asker* a = arg;
+  a->r = chorusCommStallReport(a->comm, a->text, sizeof a->text, NULL);
+  a->t_end = now_s();
+  return NULL;
+}
+
+static void abort_report_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct abort_shared* sh = arg;
+  float buf[COUNT];
+  ncclComm_t comm = warm_comm(rank, nranks, id, buf);
+  if (rank != 0) {
+    for (double end = now_s() + 30; !atomic_load(&sh->done) && now_s() < end;) usleep(10 * 1000);
+    NCCL_OK(ncclCommAbort(comm));
+    return;
+  }
+  pid_t p1 = comm->peers[1].pid, p2 = comm->peers[2].pid;
+  ASSERT(kill(p1, SIGSTOP) == 0 && kill(p2, SIGSTOP) == 0);
+  static struct asker a;
+  a.comm = comm;
+  pthread_t t;
+  ASSERT(pthread_create(&t, NULL, asker_main, &a) == 0);
+  /* Abort only once the report is inside (counted in users), then give it time to reach the stopped ranks. */
+  for (double end = now_s() + 10; atomic_load(&comm->users) == 0 && now_s() < end;) usleep(1000);
+  EXPECT(atomic_load(&comm->users) > 0);
+  usleep(200 * 1000);
+  double t0 = now_s();
+  NCCL_OK(ncclCommAbort(comm));
+  double took = now_s() - t0;
+  pthread_join(t, NULL);
+  kill(p1, SIGCONT), kill(p2, SIGCONT);
+  atomic_store(&sh->done, 1);
+  EXPECT_EQ(a.r, ncclSuccess);
+  EXPECT(a.t_end >= t0); /* it was still gathering when the abort came */
+  if (took > 1.0) rt_fail(__FILE__, __LINE__, "ncclCommAbort took %.2f s beside a report (it should stop it)", took);
+  if (!strstr(a.text, "no rank is blocked in a collective: rank 0 last completed #1, ranks 1-2 did not answer\n"))
+    rt_fail(__FILE__, __LINE__, "report cut short by the abort:\n%s", a.text);
+}
+
+TEST_T(stall, report_beside_abort, 60) {
+  struct abort_shared* sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT(sh != MAP_FAILED);
+  atomic_store(&sh->done, 0);
+  rt_run_procs(3, abort_report_body, sh);
+  munmap(sh, sizeof(*sh));
 }

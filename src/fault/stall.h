@@ -59,6 +59,9 @@ void stall_note_plan(const struct ch_plan* pl, uint64_t idle_ns, int gave_up);
  * the length written (text NUL-terminated, truncated to cap). */
 size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, char* out,
                       size_t cap);
+/* The same for a comm of this process, gathered once and formatted whole (chorusCommStallReport):
+ * the text (the caller frees it) and its length in *len; NULL if out of memory. */
+char* stall_job_text_all(uint64_t hash, const char* why, const volatile int* abort, size_t* len);
 /* The same from explicit states (tests). */
 size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char* why, char* out, size_t cap);
 /* Gather and WARN it, details first, headline last (so ncclGetLastError shows the headline). */

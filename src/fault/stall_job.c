@@ -531,19 +531,46 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
   return at;
 }
 
+/* w (NULL: this process has no such communicator) formatted, with how to ask again. */
+static size_t job_text(const struct stall_wire* w, int n, const union sock_addr* self, uint64_t hash, const char* why,
+                       char* out, size_t cap) {
+  if (!w) return put(out, cap, 0, "comm %016llx: not found in process %d\n", (unsigned long long)hash, (int)getpid());
+  size_t at = stall_format(w, n, hash, why ? why : "", out, cap);
+  char a[64];
+  if (self->sa.sa_family != AF_UNSPEC)
+    at = put(out, cap, at, "  (while the job runs, chorus-info --stall %s prints this report again)\n",
+             sock_addr_str(self, a, sizeof(a)));
+  return at;
+}
+
 size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, char* out,
                       size_t cap) {
   int n = 0;
   union sock_addr self;
   struct stall_wire* w = gather(hash, key, &n, &self, abort);
-  if (!w) return put(out, cap, 0, "comm %016llx: not found in process %d\n", (unsigned long long)hash, (int)getpid());
-  size_t at = stall_format(w, n, hash, why ? why : "", out, cap);
-  char a[64];
-  if (self.sa.sa_family != AF_UNSPEC)
-    at = put(out, cap, at, "  (while the job runs, chorus-info --stall %s prints this report again)\n",
-             sock_addr_str(&self, a, sizeof(a)));
+  size_t at = job_text(w, n, &self, hash, why, out, cap);
   free(w);
   return at;
+}
+
+char* stall_job_text_all(uint64_t hash, const char* why, const volatile int* abort, size_t* len) {
+  int n = 0;
+  union sock_addr self;
+  struct stall_wire* w = gather(hash, NULL, &n, &self, abort); /* once: the states do not change below */
+  char* out = NULL;
+  for (size_t cap = 256;; cap *= 2) { /* doubled until it fits: formatting the same states again is cheap */
+    char* p = cap <= ((size_t)1 << 30) ? realloc(out, cap) : NULL;
+    if (!p) {
+      free(out);
+      out = NULL;
+      break;
+    }
+    out = p;
+    *len = job_text(w, n, &self, hash, why, out, cap);
+    if (*len + 1 < cap) break; /* whole: a cut text ends at cap - 1 (put) */
+  }
+  free(w);
+  return out;
 }
 
 void stall_job_report(const struct ncclComm* comm, const char* why) {
