@@ -133,3 +133,63 @@ def _wrap_coalescing_manager():
 _wrap_coalescing_manager()
 if backend.AS_PROCESS_GROUP:
     _wrap_batch_isend_irecv()
+
+
+def _hide_from_dynamo():
+    """torch.compile's Dynamo intercepts every Python frame that starts while a compiled function runs,
+    the backend's own included: a collective issued from a compiled step (DDP's hooks under compiled
+    autograd, functional collectives) reaches this package's methods through torch's C++ dispatch,
+    Dynamo then traces them, guards on objects that are new at every call (the ReduceOp) and fails a
+    guard on the frame it just made. Gloo has no Python frames. Every code object of this package is
+    marked to run as is, it and everything it calls (the flag torch's own markers use: no per-call
+    cost, and torch._dynamo, slow to import, is not imported)."""
+    import types
+
+    ef = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    set_strategy = getattr(ef, "set_code_exec_strategy", None)
+    if set_strategy is not None:
+        skip = ef._FrameExecStrategy(ef._FrameAction.SKIP, ef._FrameAction.SKIP)
+        mark = lambda code: set_strategy(code, skip)  # noqa: E731
+    elif getattr(ef, "skip_code", None) is not None:  # older torch: not recursive, but every frame of ours is marked
+        mark = ef.skip_code
+    else:
+        return
+    seen = set()
+
+    def visit_code(code):
+        if code in seen:
+            return
+        seen.add(code)
+        mark(code)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                visit_code(c)
+
+    def visit(obj, depth=0):
+        fn = getattr(obj, "__func__", obj)  # methods, staticmethod, classmethod
+        fn = getattr(fn, "__wrapped__", fn) if not hasattr(fn, "__code__") else fn
+        if isinstance(fn, types.FunctionType) and fn.__module__.startswith(__name__):
+            visit_code(fn.__code__)
+            wrapped = getattr(fn, "__wrapped__", None)  # functools.wraps wrappers: the original too
+            if isinstance(wrapped, types.FunctionType):
+                visit_code(wrapped.__code__)
+        elif isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    visit(f, depth)
+        elif isinstance(obj, type) and obj.__module__.startswith(__name__) and depth == 0:
+            for v in vars(obj).values():
+                visit(v, 1)
+
+    import sys
+
+    for name, mod in list(sys.modules.items()):
+        if mod is not None and (name == __name__ or name.startswith(__name__ + ".")):
+            for v in list(vars(mod).values()):
+                visit(v)
+    c10d = dist.distributed_c10d  # this package's wrappers installed there
+    for name in ("batch_isend_irecv", "_coalescing_manager"):
+        visit(getattr(c10d, name, None))
+
+
+_hide_from_dynamo()

@@ -137,6 +137,29 @@ class ChorusCBackend : public c10d::Backend {
   const std::string getBackendName() const override { return "chorus"; }
   bool supportsCoalescing() const override { return true; }
 
+  // Splitting and the monitored barrier are virtuals of recent torch's Backend; declared without
+  // `override` so that a torch whose Backend lacks one still builds (then it is never called).
+  // dist.split_group: the engine splits its communicator (ncclCommSplit) and puts the child behind a
+  // front of its own; nullptr for a rank in no new group.
+  bool supportsSplitting() const { return true; }
+  // What splitGroup copies for the child (timeout, group name): the engine's (ops.py, `options`).
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() {
+    py::gil_scoped_acquire g;
+    return engine_.attr("options").cast<c10::intrusive_ptr<c10d::Backend::Options>>();
+  }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                         const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+    py::gil_scoped_acquire g;
+    py::object child = engine_.attr("_split_front")(store, ranks, opts);
+    if (child.is_none()) return nullptr;
+    return child.cast<c10::intrusive_ptr<c10d::Backend>>();
+  }
+  // dist.monitored_barrier: through the group's store, naming the ranks that did not come (ops.py).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) {
+    py::gil_scoped_acquire g;
+    engine_.attr("monitored_barrier")(opts, waitAllRanks);
+  }
+
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     if (!opts.asyncOp && tensors.size() == 1 && fast_.load(std::memory_order_acquire)) {
       at::Tensor& t = tensors[0];

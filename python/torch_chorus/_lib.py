@@ -54,6 +54,9 @@ _PROTOS = {
     "ncclGetUniqueId": [ctypes.POINTER(UniqueId)],
     "ncclCommInitRank": [ctypes.POINTER(_P), _I, UniqueId, _I],
     "ncclCommInitRankConfig": [ctypes.POINTER(_P), _I, UniqueId, _I, ctypes.POINTER(Config)],
+    "ncclCommSplit": [_P, _I, _I, ctypes.POINTER(_P), ctypes.POINTER(Config)],
+    "ncclCommCount": [_P, ctypes.POINTER(_I)],
+    "ncclCommUserRank": [_P, ctypes.POINTER(_I)],
     "ncclCommDestroy": [_P],
     "ncclCommAbort": [_P],
     "ncclCommGetAsyncError": [_P, ctypes.POINTER(_I)],
@@ -80,6 +83,11 @@ _PROTOS = {
     "ncclGetLastError": [_P],
 }
 _STRING_RESULT = ("ncclGetErrorString", "ncclGetLastError")
+# Bound where the library has them (a libchorus older than this package lacks them): None otherwise.
+_OPTIONAL = {
+    "chorusCommStallReport": [_P, ctypes.c_char_p, _Z, ctypes.POINTER(_Z)],
+}
+NCCL_SPLIT_NOCOLOR = -1
 
 
 def _candidates():
@@ -119,6 +127,11 @@ def _load():
             fn = getattr(lib, name)
             fn.argtypes = args
             fn.restype = ctypes.c_char_p if name in _STRING_RESULT else ctypes.c_int
+        for name, args in _OPTIONAL.items():
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.argtypes, fn.restype = args, ctypes.c_int
+            optional[name] = fn
         return lib, cand
     raise ImportError(
         "torch_chorus: cannot load libchorus; set CHORUS_LIBRARY=/path/to/libchorus.so. Tried: "
@@ -126,7 +139,21 @@ def _load():
     )
 
 
+optional = {}
 lib, library_path = _load()
+
+
+def stall_report(comm):
+    """The job-wide stall report of comm's ranks (chorusCommStallReport), or "" where the library has
+    no such call or it fails."""
+    fn = optional.get("chorusCommStallReport")
+    if fn is None or not comm:
+        return ""
+    need = _Z(0)
+    buf = ctypes.create_string_buffer(16384)
+    if fn(comm, buf, len(buf), ctypes.byref(need)) != ncclSuccess:
+        return ""
+    return buf.value.decode(errors="replace")
 
 
 def error_string(rc):

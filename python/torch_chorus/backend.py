@@ -216,7 +216,10 @@ _BASE, AS_PROCESS_GROUP = _pick_base()
 
 
 class ChorusEngine(_BASE):
-    def __init__(self, store, rank, size, timeout, group_name=""):
+    def __init__(self, store, rank, size, timeout, group_name="", split_from=None, color=0):
+        """A communicator of `size` ranks: made from a unique id passed through `store`, or (split_from:
+        the parent engine; every rank of the parent calls alike) by ncclCommSplit of the parent's with
+        `color` and this rank's position `rank` as key."""
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._lock = threading.Lock()
@@ -248,6 +251,16 @@ class ChorusEngine(_BASE):
         done = torch.futures.Future()
         done.set_result([])
         self._done_work = _from_future(done)
+        self._store = store
+        self._timeout = timeout
+        self._nsplits = 0  # children split from this group (torch's comm_split_count)
+        self._mb_seq = 0  # monitored barriers so far (their store keys)
+        secs = timeout.total_seconds() if timeout is not None else 0
+        if split_from is not None:
+            self._split_comm(split_from, color, rank, size)
+            if secs > 0:
+                self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
+            return
         uid = _lib.UniqueId()
         key = "torch_chorus/unique_id"
         if rank == 0:
@@ -261,10 +274,38 @@ class ChorusEngine(_BASE):
             if len(raw) != _lib.NCCL_UNIQUE_ID_BYTES:
                 raise RuntimeError(f"chorus: bad unique id in the store ({len(raw)} bytes)")
             ctypes.memmove(ctypes.byref(uid), raw, len(raw))
-        secs = timeout.total_seconds() if timeout is not None else 0
         self._init_comm(uid, secs)
         if secs > 0:
             self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
+
+    def _nccl_split(self, color, key):
+        """ncclCommSplit of this group's communicator: every rank of the group calls it, in the same
+        order as its other calls (queued calls finish first); NOCOLOR gives a rank no communicator."""
+        self._sync()
+        self._healthy()
+        comm = ctypes.c_void_p()
+        rc = lib.ncclCommSplit(self._comm, color, key, ctypes.byref(comm), None)
+        if rc != _lib.ncclSuccess:
+            raise RuntimeError(f"chorus: ncclCommSplit failed on rank {self._rank}: {_lib.error_string(rc)}: "
+                               f"{_lib.last_error(self._comm)}")
+        self._nsplits += 1
+        return comm
+
+    def _split_comm(self, parent, color, key, size):
+        """This engine's communicator: parent's split with color, this rank's position as key."""
+        comm = self._comm = parent._nccl_split(color, key)
+        # The ranks of a split agree on its members only if they passed the same list: check what
+        # NCCL made against what torch will assume (a rank list that overlaps another splits apart).
+        n, r = ctypes.c_int(), ctypes.c_int()
+        lib.ncclCommCount(comm, ctypes.byref(n))
+        lib.ncclCommUserRank(comm, ctypes.byref(r))
+        if (n.value, r.value) != (size, key):
+            lib.ncclCommDestroy(comm)
+            self._comm = None
+            raise RuntimeError(f"chorus: split_group: this rank (parent rank {parent._rank}) expected to be rank {key} "
+                               f"of {size} in its new group, but the ranks that named the same group make "
+                               f"{n.value} (this one rank {r.value}): every rank must pass the same, "
+                               "non-overlapping split_ranks")
 
     def _init_comm(self, uid, secs):
         """ncclCommInitRank within the process group's timeout: nonblocking (in Chorus that changes

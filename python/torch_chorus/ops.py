@@ -29,6 +29,17 @@ _STRIDED = torch.strided
 _ncclAllReduce = lib.ncclAllReduce
 
 
+def _missing_ranks_doing(report, ranks):
+    """The lines of a stall report (chorusCommStallReport) about `ranks`: what each was last doing."""
+    want = set(ranks)
+    lines = []
+    for line in report.splitlines()[1:]:
+        words = line.strip().split()
+        if len(words) >= 2 and words[0] == "rank" and words[1].rstrip(":,").isdigit() and int(words[1].rstrip(":,")) in want:
+            lines.append(line.strip())
+    return lines
+
+
 class ChorusBackend(ChorusEngine):
     def _redop(self, op, t):
         """The NCCL op for a c10d ReduceOp on t's dtype, and the factor to scale the inputs by first
@@ -428,8 +439,110 @@ class ChorusBackend(ChorusEngine):
         raise RuntimeError("chorus: recv from any source is not supported (NCCL has no wildcard receive); "
                            "pass src=")
 
-    # A plain attribute: the binding reads it through Python (the inherited descriptor would recurse).
+    # ---- groups made from this one (dist.split_group), and the monitored barrier ----
+
+    # Plain attributes: the binding reads them through Python (the inherited descriptors would recurse).
     supports_coalescing = True
+    supports_splitting = True
+
+    def comm_split_count(self):
+        return self._nsplits
+
+    @property
+    def options(self):
+        """The group's Backend.Options (torch's splitGroup copies them for a child)."""
+        import datetime
+
+        from torch._C._distributed_c10d import Backend as _CBackend
+
+        o = _CBackend.Options("chorus", self._timeout or datetime.timedelta(minutes=30))
+        o.group_name = self._name or ""
+        return o
+
+    def split(self, store, ranks, opts=None):
+        """torch's split_group: every rank of this group calls it with the ranks (of this group, in
+        the new group's order) of its new group; a rank in none passes some other group's. One
+        ncclCommSplit, as ProcessGroupNCCL does: the members of a new group share its lowest rank as
+        color (the groups of one split do not overlap) and take their position as key. None for a
+        rank in no new group."""
+        ranks = [int(r) for r in ranks]
+        if self._rank not in ranks:
+            self._nccl_split(_lib.NCCL_SPLIT_NOCOLOR, 0)  # the members' split needs every rank
+            if self._front is None and not getattr(self, "_no_group_ok", False):
+                # torch's trampoline for a Python Backend dereferences the None that means "no group"
+                # (torch 2.15: PyBackend::split, initSlotAndCast): only the C++ front can answer it.
+                raise RuntimeError(f"chorus: split_group: rank {self._rank} is in none of the new groups, which "
+                                   "this torch lets only torch_chorus's C++ front answer (it is not loaded: "
+                                   "rebuild with a C++ compiler, or leave CHORUS_TORCH_CPP unset)")
+            return None
+        timeout = getattr(opts, "timeout", None) if opts is not None else None
+        name = str(getattr(opts, "group_name", "") or "") if opts is not None else ""
+        return type(self)(store, ranks.index(self._rank), len(ranks), timeout, name, split_from=self,
+                          color=min(ranks))
+
+    def _split_front(self, store, ranks, opts=None):
+        """split for the C++ front (_cbackend.cpp): the child engine behind a front of its own."""
+        self._no_group_ok = True  # the front turns None into "no group"
+        child = self.split(store, ranks, opts)
+        if child is None or self._front is None or _cext is None:
+            return child
+        front = _cext.ChorusCBackend(child, child._rank, child._size)
+        child._attach_front(front, _cext.make_work)
+        return front
+
+    def perform_nocolor_split(self, device=None):
+        """torch's new_group asks ranks outside a new group to take part in a split of the default
+        group; chorus makes new groups from the store among their members (create_backend_ext), which
+        never involves the others: nothing to do."""
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        """dist.monitored_barrier: every rank says it arrived through the group's store; rank 0 waits
+        for each within the timeout and raises naming the first rank that did not come (every one with
+        wait_all_ranks), with what the stall report says that rank is doing; the others wait for rank
+        0's verdict and raise too when it is a failure. The communicator is not used, so a missing rank
+        leaves it healthy (a barrier over NCCL calls would time the whole group out)."""
+        import datetime
+
+        timeout = getattr(opts, "timeout", None) if opts is not None else None
+        if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
+            timeout = datetime.timedelta(seconds=1800)
+        self._mb_seq += 1
+        prefix = f"torch_chorus/monitored_barrier/{self._mb_seq}/"
+        secs = timeout.total_seconds()
+        if self._rank != 0:
+            self._store.set(prefix + str(self._rank), "1")
+            try:
+                self._store.wait([prefix + "verdict"], timeout)
+            except Exception:
+                raise RuntimeError(f"chorus: monitored_barrier: rank {self._rank} waited {secs:g} s for rank 0 to "
+                                   "confirm that every rank arrived (rank 0 may not have called monitored_barrier)")
+            verdict = self._store.get(prefix + "verdict").decode(errors="replace")
+            if verdict != "ok":
+                raise RuntimeError(verdict)
+            return
+        import time
+
+        deadline = time.monotonic() + secs
+        missing = []
+        for r in range(1, self._size):
+            left = max(0.001, deadline - time.monotonic())
+            try:
+                self._store.wait([prefix + str(r)], datetime.timedelta(seconds=left))
+            except Exception:
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        if not missing:
+            self._store.set(prefix + "verdict", "ok")
+            return
+        who = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(map(str, missing))
+        msg = (f"chorus: monitored_barrier: {who} of {self._size} did not arrive within {secs:g} s"
+               f"{'' if wait_all_ranks or self._size == 2 else ' (the first missing; wait_all_ranks=True names every one)'}")
+        doing = _missing_ranks_doing(_lib.stall_report(self._comm), missing)
+        if doing:
+            msg += "; the stall report: " + "; ".join(doing)
+        self._store.set(prefix + "verdict", msg)
+        raise RuntimeError(msg)
 
     # torch 2.x names the single-tensor variants differently across releases: answer to both.
     all_gather_single = _allgather_base
