@@ -4,9 +4,9 @@
 For each rank count, each backend: all_reduce (sum, in place), all_gather_into_tensor and
 reduce_scatter_tensor (out of place) of float32 from --min to --max bytes, printed in the columns of
 nccl-tests (size count type redop root time algbw busbw #wrong; time in us, bandwidths in GB/s, the
-slowest rank's average), then the DDP step time of one model. `chorus-c` is libchorus called directly
-through ctypes on the chorus backend's communicator: the difference to `chorus` at 8 B is what the
-torch/Python layer adds per call.
+slowest rank's average), then the step times of a DDP model and of an FSDP2 (fully_shard) tiny
+transformer. `chorus-c` is libchorus called directly through ctypes on the chorus backend's
+communicator: the difference to `chorus` at 8 B is what the torch/Python layer adds per call.
 
     PYTHONPATH=build/python python3 bench/torch_bench.py -n 2,4,8 -b 8 -e 256M
     PYTHONPATH=build/python python3 bench/torch_bench.py -n 2 -b 8 -e 64K --ops all_reduce --no-ddp  # quick
@@ -115,6 +115,40 @@ def ddp_step(torch, dist, steps):
     return dt.item(), sum(p.numel() for p in net.parameters())
 
 
+def fsdp2_step(torch, dist, steps):
+    """One FSDP2 (fully_shard) training step of a tiny transformer: its all-gathers of parameters and
+    reduce-scatters of gradients are many small and medium collectives."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    d, vocab = 128, 1000
+    layers = [torch.nn.TransformerEncoderLayer(d, 4, 256, dropout=0.0, batch_first=True) for _ in range(2)]
+    net = torch.nn.Sequential(torch.nn.Embedding(vocab, d), *layers, torch.nn.Linear(d, vocab))
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, vocab, (8, 32), generator=gen)
+
+    def step():
+        torch.nn.functional.cross_entropy(net(x).flatten(0, 1), x.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dt = torch.tensor([(time.perf_counter() - t0) / steps])
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item(), sum(p.numel() for p in net.parameters()) * dist.get_world_size()
+
+
 def rank_main(rank, size, path, backend, args, q):
     import torch
 
@@ -139,8 +173,9 @@ def rank_main(rank, size, path, backend, args, q):
             t, wrong, count = run_op(torch, dist, op, nbytes, size, rank, raw)
             rows.append((op, count * 4 * (size if op != "all_reduce" else 1), count, t, wrong))
     ddp = ddp_step(torch, dist, args.ddp_steps) if args.ddp and not raw else None
+    fsdp = fsdp2_step(torch, dist, args.ddp_steps) if args.fsdp2 and not raw else None
     if rank == 0:
-        q.put((rows, ddp))
+        q.put((rows, ddp, fsdp))
     dist.destroy_process_group()
 
 
@@ -171,7 +206,8 @@ def main():
     ap.add_argument("--backends", default="chorus,chorus-c,gloo,mpi")
     ap.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter")
     ap.add_argument("--no-ddp", dest="ddp", action="store_false")
-    ap.add_argument("--ddp-steps", type=int, default=20)
+    ap.add_argument("--ddp-steps", type=int, default=20, help="timed steps of the DDP and FSDP2 models")
+    ap.add_argument("--no-fsdp2", dest="fsdp2", action="store_false", help="skip the FSDP2 step")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per backend and rank count")
     args = ap.parse_args()
     args.min, args.max = parse_size(args.min), parse_size(args.max)
@@ -214,6 +250,13 @@ def main():
                 r = results.get(b)
                 if r and r[1]:
                     print(f"  {b:>9} {r[1][0] * 1e3:9.2f} ms/step  ({r[1][1]} parameters)")
+        if args.fsdp2:
+            print(f"\n# FSDP2 step (fully_shard: embedding 1000x128, 2 transformer layers d=128, head; "
+                  f"batch 8 x 32 tokens, AdamW), {size} ranks")
+            for b in backends:
+                r = results.get(b)
+                if r and len(r) > 2 and r[2]:
+                    print(f"  {b:>9} {r[2][0] * 1e3:9.2f} ms/step")
     sys.stdout.flush()
 
 
