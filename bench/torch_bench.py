@@ -146,7 +146,7 @@ def fsdp2_step(torch, dist, steps):
         step()
     dt = torch.tensor([(time.perf_counter() - t0) / steps])
     dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return dt.item(), sum(p.numel() for p in net.parameters()) * dist.get_world_size()
+    return dt.item(), sum(p.numel() for p in net.parameters())  # DTensors: numel is the global size
 
 
 def rank_main(rank, size, path, backend, args, q):
@@ -173,7 +173,13 @@ def rank_main(rank, size, path, backend, args, q):
             t, wrong, count = run_op(torch, dist, op, nbytes, size, rank, raw)
             rows.append((op, count * 4 * (size if op != "all_reduce" else 1), count, t, wrong))
     ddp = ddp_step(torch, dist, args.ddp_steps) if args.ddp and not raw else None
-    fsdp = fsdp2_step(torch, dist, args.ddp_steps) if args.fsdp2 and not raw else None
+    fsdp = None
+    if args.fsdp2 and not raw:
+        try:
+            fsdp = fsdp2_step(torch, dist, args.ddp_steps)
+        except Exception as e:  # an older torch (no fully_shard), a backend without reduce_scatter
+            if rank == 0:
+                print(f"# FSDP2 step on {backend}: {e.__class__.__name__}: {e}", flush=True)
     if rank == 0:
         q.put((rows, ddp, fsdp))
     dist.destroy_process_group()

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def _torch_location():
 def fingerprint():
     """What the outcome depends on, cheaply (no torch import)."""
     cxx = os.environ.get("CXX", "c++")
-    cxx_path = shutil.which(cxx)
+    cxx_path = shutil.which((shlex.split(cxx) or [""])[-1])  # the compiler of "ccache g++"
     py_inc = sysconfig.get_paths()["include"]
     fp = {
         "python": sys.executable,
@@ -144,21 +145,23 @@ def build(out_dir, fp, target):
              f'-DCHORUS_TORCH_VERSION="{torch.__version__}"']
     flags += [f"-isystem{p}" for p in cpp_extension.include_paths()] + [f"-isystem{py_inc}"]
     libs = [f"-L{torch_lib}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
-    cxx = fp["cxx"]
+    cxx = shlex.split(fp["cxx"])  # CXX="ccache g++" is a command
     os.makedirs(out_dir, exist_ok=True)
     tmp = target + ".tmp"
-    err = ""
+    err, killed = "", False
     for std in ("-std=c++20", "-std=c++17"):
-        r = subprocess.run([cxx, std, *flags, SRC, "-o", tmp, *libs], capture_output=True, text=True)
+        r = subprocess.run([*cxx, std, *flags, SRC, "-o", tmp, *libs], capture_output=True, text=True)
         if r.returncode == 0:
             os.replace(tmp, target)
             _remove_modules(out_dir, keep=target)  # another interpreter's, from before
             _record(out_dir, fp, True, f"built for torch {torch.__version__}")
             print(f"torch_chorus C++ backend built for torch {torch.__version__}: {target}")
             return
-        err = r.stderr
-    # Possibly passing (killed, out of memory): not recorded, so the next build tries again.
-    _not_built(out_dir, fp, f"{cxx} failed", False)
+        err, killed = r.stderr, r.returncode < 0
+    # A compiler killed by a signal (out of memory, say) may pass next time: not recorded, so the next
+    # build tries again. One that reports errors fails the same way until an input changes: recorded,
+    # so an unchanged make does not spend a minute failing again.
+    _not_built(out_dir, fp, f"{fp['cxx']} failed", not killed)
     print(err[-2000:])
 
 

@@ -145,6 +145,8 @@ def _hide_from_dynamo():
     cost, and torch._dynamo, slow to import, is not imported)."""
     import types
 
+    import os
+
     ef = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
     set_strategy = getattr(ef, "set_code_exec_strategy", None)
     if set_strategy is not None:
@@ -154,10 +156,12 @@ def _hide_from_dynamo():
         mark = ef.skip_code
     else:
         return
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     seen = set()
 
     def visit_code(code):
-        if code in seen:
+        # Only code written in this package (a decorator's shared wrapper, contextlib's say, is not ours).
+        if code in seen or not os.path.abspath(code.co_filename).startswith(here):
             return
         seen.add(code)
         mark(code)
@@ -192,4 +196,9 @@ def _hide_from_dynamo():
         visit(getattr(c10d, name, None))
 
 
-_hide_from_dynamo()
+try:
+    _hide_from_dynamo()
+except Exception as e:  # private torch API: a torch that changed it still imports the package
+    import warnings
+
+    warnings.warn(f"torch_chorus: collectives inside torch.compile may fail on this torch ({e.__class__.__name__}: {e})")

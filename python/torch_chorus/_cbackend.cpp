@@ -265,7 +265,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_fast", &ChorusCBackend::set_fast)
       .def("set_allowed", &ChorusCBackend::set_allowed)
       .def("set_done_work", &ChorusCBackend::set_done_work)
-      .def_property_readonly("engine", &ChorusCBackend::engine);
+      .def_property_readonly("engine", &ChorusCBackend::engine)
+      // What torch's Python asks of a backend that supports splitting (new_group's ranks outside a new
+      // group, group descriptions): the engine's answers.
+      .def("perform_nocolor_split", [](ChorusCBackend& b, py::object device) {
+        b.engine().attr("perform_nocolor_split")(device);
+      }, py::arg("device") = py::none())
+      .def("comm_split_count", [](ChorusCBackend& b) { return b.engine().attr("comm_split_count")(); });
   py::class_<ChorusWork, Work, c10::intrusive_ptr<ChorusWork>>(m, "ChorusWork");
   m.def("make_work", &ChorusWork::make);
   m.attr("TORCH_VERSION") = py::str(CHORUS_TORCH_VERSION);  // the torch it was built against

@@ -153,6 +153,10 @@ def stall_report(comm):
     buf = ctypes.create_string_buffer(16384)
     if fn(comm, buf, len(buf), ctypes.byref(need)) != ncclSuccess:
         return ""
+    if need.value >= len(buf):  # a large job's report: ask again with room for all of it
+        buf = ctypes.create_string_buffer(need.value + 4096)
+        if fn(comm, buf, len(buf), ctypes.byref(need)) != ncclSuccess:
+            return ""
     return buf.value.decode(errors="replace")
 
 

@@ -475,10 +475,11 @@ class ChorusBackend(ChorusEngine):
                                    "this torch lets only torch_chorus's C++ front answer (it is not loaded: "
                                    "rebuild with a C++ compiler, or leave CHORUS_TORCH_CPP unset)")
             return None
-        timeout = getattr(opts, "timeout", None) if opts is not None else None
+        # torch's Backend.Options spells it _timeout (split_group's timeout, else the parent's).
+        timeout = (getattr(opts, "_timeout", None) or getattr(opts, "timeout", None)) if opts is not None else None
         name = str(getattr(opts, "group_name", "") or "") if opts is not None else ""
-        return type(self)(store, ranks.index(self._rank), len(ranks), timeout, name, split_from=self,
-                          color=min(ranks))
+        return type(self)(store, ranks.index(self._rank), len(ranks), timeout or self._timeout, name,
+                          split_from=self, color=min(ranks))
 
     def _split_front(self, store, ranks, opts=None):
         """split for the C++ front (_cbackend.cpp): the child engine behind a front of its own."""
@@ -499,41 +500,55 @@ class ChorusBackend(ChorusEngine):
         """dist.monitored_barrier: every rank says it arrived through the group's store; rank 0 waits
         for each within the timeout and raises naming the first rank that did not come (every one with
         wait_all_ranks), with what the stall report says that rank is doing; the others wait for rank
-        0's verdict and raise too when it is a failure. The communicator is not used, so a missing rank
-        leaves it healthy (a barrier over NCCL calls would time the whole group out)."""
+        0's verdict (the timeout plus the time the report takes) and raise it when it is a failure.
+        Barriers are matched by count, like collectives: a rank that comes late to one that failed gets
+        its verdict at once. The communicator is not used, so a missing rank leaves it healthy (a
+        barrier over NCCL calls would time the whole group out)."""
         import datetime
+        import time
 
         timeout = getattr(opts, "timeout", None) if opts is not None else None
+        if isinstance(opts, datetime.timedelta):  # older torch calls a ProcessGroup with the timeout itself
+            timeout = opts
         if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
-            timeout = datetime.timedelta(seconds=1800)
+            timeout = self._timeout if isinstance(self._timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
+        secs = timeout.total_seconds()
         self._mb_seq += 1
         prefix = f"torch_chorus/monitored_barrier/{self._mb_seq}/"
-        secs = timeout.total_seconds()
+        store = self._store
+        store.set(prefix + str(self._rank), "1")
         if self._rank != 0:
-            self._store.set(prefix + str(self._rank), "1")
+            # Rank 0 answers once every rank came, or after its timeout plus the stall report's gathering
+            # (at most about 2 s): wait for that, with room to spare on a loaded machine.
+            grace = 15.0
             try:
-                self._store.wait([prefix + "verdict"], timeout)
+                store.wait([prefix + "verdict"], datetime.timedelta(seconds=secs + grace))
             except Exception:
-                raise RuntimeError(f"chorus: monitored_barrier: rank {self._rank} waited {secs:g} s for rank 0 to "
-                                   "confirm that every rank arrived (rank 0 may not have called monitored_barrier)")
-            verdict = self._store.get(prefix + "verdict").decode(errors="replace")
+                came = store.check([prefix + "0"])
+                raise RuntimeError(f"chorus: monitored_barrier: rank {self._rank} had no verdict from rank 0 within "
+                                   f"{secs + grace:g} s: " + ("rank 0 arrived but did not answer (is it alive?)" if came
+                                                             else "rank 0 did not call monitored_barrier"))
+            verdict = store.get(prefix + "verdict").decode(errors="replace")
             if verdict != "ok":
                 raise RuntimeError(verdict)
             return
-        import time
-
         deadline = time.monotonic() + secs
         missing = []
         for r in range(1, self._size):
-            left = max(0.001, deadline - time.monotonic())
-            try:
-                self._store.wait([prefix + str(r)], datetime.timedelta(seconds=left))
-            except Exception:
+            left = deadline - time.monotonic()
+            key = prefix + str(r)
+            if left > 0:
+                try:
+                    store.wait([key], datetime.timedelta(seconds=left))
+                    continue
+                except Exception:
+                    pass
+            if not store.check([key]):  # past the deadline: only ask, so a rank that came is never named
                 missing.append(r)
                 if not wait_all_ranks:
                     break
         if not missing:
-            self._store.set(prefix + "verdict", "ok")
+            store.set(prefix + "verdict", "ok")
             return
         who = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(map(str, missing))
         msg = (f"chorus: monitored_barrier: {who} of {self._size} did not arrive within {secs:g} s"
@@ -541,7 +556,7 @@ class ChorusBackend(ChorusEngine):
         doing = _missing_ranks_doing(_lib.stall_report(self._comm), missing)
         if doing:
             msg += "; the stall report: " + "; ".join(doing)
-        self._store.set(prefix + "verdict", msg)
+        store.set(prefix + "verdict", msg)
         raise RuntimeError(msg)
 
     # torch 2.x names the single-tensor variants differently across releases: answer to both.

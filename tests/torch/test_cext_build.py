@@ -74,6 +74,9 @@ with tempfile.TemporaryDirectory() as tmp:
 
     print("2. torch visible: built")
     stdout, _ = run(out)
+    if BUILT_NOTE not in stdout and "not built" in stdout:  # no compiler or no Python.h here: nothing to test
+        print(f"SKIP: build_cext.py cannot build the front on this machine: {stdout.strip()}")
+        sys.exit(SKIP)
     assert BUILT_NOTE in stdout, stdout
     (module,) = modules(out)
     check = ("import sys; sys.path.insert(0, sys.argv[1]); import torch, _cbackend; "

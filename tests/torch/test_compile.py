@@ -10,6 +10,7 @@ import sys
 
 from harness import init, require_torch, spawn
 
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # two ranks compile at once on a small machine
 torch, dist = require_torch()
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
@@ -74,4 +75,4 @@ def body(rank, size, path):
 
 
 if __name__ == "__main__":
-    spawn(body, int(sys.argv[1]) if len(sys.argv) > 1 else 2, timeout=230)
+    spawn(body, int(sys.argv[1]) if len(sys.argv) > 1 else 2, timeout=580)
