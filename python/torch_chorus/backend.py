@@ -353,11 +353,14 @@ class ChorusEngine(_BASE):
 
     def _fast_update(self):
         """Tell the front whether a synchronous call may bypass this engine: nothing issued and not
-        completed, not coalescing, no failure to report. Called where any of those changes (the
-        issuing thread, or the watcher with _lock held)."""
+        completed or not settled (copied back), not coalescing, no failure to report. Called where any
+        of those changes (the issuing thread, or the watcher and the settlers with _lock held)."""
         front = self._front
         if front is not None:
-            front.set_allowed(self._done_upto == self._issued and not self._batch and self._first_bad is None)
+            # Not while a completed call's results are still being copied back (a settler's _Out): a
+            # call over the same memory must see them (torch_work's column-then-matrix case).
+            front.set_allowed(self._done_upto == self._issued and not self._batch and self._first_bad is None
+                              and not self._unsettled)
 
     # ---- issuing ----
 
@@ -565,6 +568,8 @@ class ChorusEngine(_BASE):
                 pass
             with self._lock:
                 self._unsettled.discard(op)
+                if not self._unsettled:
+                    self._fast_update()
 
     def _hand_over(self, done):
         """Watcher: have a settler thread complete `done`. A callback may block waiting for a later

@@ -108,7 +108,7 @@ class ChorusBackend(ChorusEngine):
     def allreduce(self, tensors, opts=None):
         # The latency path (dist.all_reduce of one contiguous tensor, nothing queued) in few steps.
         if (len(tensors) == 1 and opts is not None and not opts.asyncOp and self._done_upto == self._issued
-                and not self._batch and self._first_bad is None):
+                and not self._batch and self._first_bad is None and not self._unsettled):
             t = tensors[0]
             dt = _FAST_DTYPES.get(t.dtype)
             if dt is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
