@@ -157,7 +157,6 @@ TEST(names, algorithms) {
     char lo[32], up[32];
     EXPECT(named(n) && strcmp(n, "?"));
     if (b < ALGO_COUNT) EXPECT_STR(algo_name(b), n);
-    if (b < ALGO_COUNT) EXPECT_STR(tune_algo_name(b), n);
     /* what logs print is what NCCL_ALGO accepts, NCCL-only names included (never chosen) */
     cases_of(n, lo, up, sizeof(lo));
     expect_parses(n, 1, -1, 1u << b);

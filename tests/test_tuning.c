@@ -191,9 +191,9 @@ static void sweep_body(int rank, int nranks, ncclUniqueId id, void* arg) {
       if (a.algo != b.algo || a.proto != b.proto || a.nch != b.nch || a.fallback != b.fallback || a.nt != b.nt)
         rt_fail(__FILE__, __LINE__, "%s x%d, NCCL_PROTO=%s NCCL_ALGO=%s, %s %zu bytes: %s/%s/%d ch (fallback %s), "
                 "before the model %s/%s/%d ch (fallback %s)", rt_mode(), nranks, param_str(PARAM_PROTO),
-                param_str(PARAM_ALGO), tune_func_name(f), sizes[s], tune_algo_name(a.algo), tune_proto_name(a.proto),
-                a.nch, tune_algo_name(a.fallback), tune_algo_name(b.algo), tune_proto_name(b.proto), b.nch,
-                tune_algo_name(b.fallback));
+                param_str(PARAM_ALGO), tune_func_name(f), sizes[s], algo_name(a.algo), tune_proto_name(a.proto),
+                a.nch, algo_name(a.fallback), algo_name(b.algo), tune_proto_name(b.proto), b.nch,
+                algo_name(b.fallback));
     }
   NCCL_OK(ncclCommDestroy(comm));
 }
@@ -279,7 +279,7 @@ static void fallback_body(int rank, int nranks, ncclUniqueId id, void* arg) {
     EXPECT_EQ(a.fallback, nranks == 2 && sizes[s] <= comm->exchange_max_bytes ? ALGO_EXCHANGE : ALGO_RING);
     if (a.fallback != b.algo || a.proto != b.proto)
       rt_fail(__FILE__, __LINE__, "NCCL_ALGO=%s, %zu bytes: fallback %s/%s, without Direct %s/%s", param_str(PARAM_ALGO),
-              sizes[s], tune_algo_name(a.fallback), tune_proto_name(a.proto), tune_algo_name(b.algo),
+              sizes[s], algo_name(a.fallback), tune_proto_name(a.proto), algo_name(b.algo),
               tune_proto_name(b.proto));
   }
   NCCL_OK(ncclCommDestroy(comm));
@@ -617,8 +617,8 @@ static void plugin_body(int rank, int nranks, ncclUniqueId id, void* arg) {
     tune_choose(comm, w->func, w->bytes, &how);
     if (how.algo != w->algo || how.proto != w->proto || (w->nch && how.nch != w->nch))
       rt_fail(__FILE__, __LINE__, "%s rank %d, tuner %s, %s %zu bytes: %s/%s/%d ch, want %s/%s/%d", rt_mode(), rank,
-              tuner_name(comm), tune_func_name(w->func), w->bytes, tune_algo_name(how.algo), tune_proto_name(how.proto),
-              how.nch, tune_algo_name(w->algo), tune_proto_name(w->proto), w->nch);
+              tuner_name(comm), tune_func_name(w->func), w->bytes, algo_name(how.algo), tune_proto_name(how.proto),
+              how.nch, algo_name(w->algo), tune_proto_name(w->proto), w->nch);
   }
   /* and the calls run with what the plugin chose */
   float* v = malloc(sizeof(float) << 16); /* per rank: ranks may be threads */

@@ -348,7 +348,7 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
       if (p.send) op->ctx.out = &comm_apeer(comm, p.out_peer)->send;
       if ((p.recv && !op->ctx.in->connected) || (p.send && !op->ctx.out->connected)) {
         WARN("rank %d: %s needs a connection with rank %d that was not set up (internal error)", comm->rank,
-             tune_algo_name(op->algo), p.recv && !op->ctx.in->connected ? p.in_peer : p.out_peer);
+             algo_name(op->algo), p.recv && !op->ctx.in->connected ? p.in_peer : p.out_peer);
         *err = CH_INTERNAL;
         break;
       }

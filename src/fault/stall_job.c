@@ -511,7 +511,7 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
         snprintf(who, sizeof(who), " rank %d", x->peer);
       at = put(out, cap, at, "%s %s (%s %s, %s/%s), %s done, waiting for %s%s, no progress for %.1f s",
                x->state == STALL_ST_GAVE_UP ? "timed out in" : "in", call, b2, red_type_name(x->type),
-               x->algo >= 0 ? tune_algo_name(x->algo) : "?", x->proto >= 0 ? tune_proto_name(x->proto) : "?", b1,
+               x->algo >= 0 ? algo_name(x->algo) : "?", x->proto >= 0 ? tune_proto_name(x->proto) : "?", b1,
                wait_text[x->wait], who, (double)x->idle_ms / 1000.0);
       at = put(out, cap, at, "; last completed #%llu%s\n", (unsigned long long)x->last_done,
                x->gone ? " (communicator since destroyed)" : "");

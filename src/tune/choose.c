@@ -15,7 +15,6 @@
 
 /* The names are misc/names.h's; "?" for a value that has none. */
 const char* tune_proto_name(int p) { return p >= 0 && p < CH_NPROTO ? ch_proto_name(p) : "?"; }
-const char* tune_algo_name(int a) { return algo_name(a); }
 const char* tune_func_name(int f) { return f >= 0 && f < FUNC_COUNT ? ch_func_name(f) : "?"; }
 
 /* Whether any two ranks of the communicator talk over the network, decided alike on every rank from

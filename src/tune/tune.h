@@ -21,7 +21,6 @@ const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
 /* Whether NCCL_ALGO leaves some collective an algorithm that uses the per-peer connections (RecDbl,
  * Rabenseifner, Tree): then those are connected with the rings (group.c). The same on every rank. */
 int tune_peer_algos(const struct ncclComm* comm);
-const char* tune_algo_name(int algo);   /* "Tree", "Ring", "Exchange", "Direct", "RecDbl", "Rabenseifner" */
 const char* tune_func_name(int func);   /* "AllReduce", ... */
 
 /* Mask index per collective: NCCL's prefixable functions 0..4 (Broadcast..AllReduce), then send/recv
