@@ -88,6 +88,19 @@ def run_op(torch, dist, op, nbytes, size, rank, raw=None):
     return dt.item(), wrong, count
 
 
+def time_steps(torch, dist, step, steps):
+    """Seconds per call of step() after 3 warm-up calls, the slowest rank's."""
+    for _ in range(3):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dt = torch.tensor([(time.perf_counter() - t0) / steps])
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item()
+
+
 def ddp_step(torch, dist, steps):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -104,15 +117,7 @@ def ddp_step(torch, dist, steps):
         opt.step()
         opt.zero_grad()
 
-    for _ in range(3):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dt = torch.tensor([(time.perf_counter() - t0) / steps])
-    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return dt.item(), sum(p.numel() for p in net.parameters())
+    return time_steps(torch, dist, step, steps), sum(p.numel() for p in net.parameters())
 
 
 def fsdp2_step(torch, dist, steps):
@@ -138,15 +143,7 @@ def fsdp2_step(torch, dist, steps):
         opt.step()
         opt.zero_grad()
 
-    for _ in range(3):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dt = torch.tensor([(time.perf_counter() - t0) / steps])
-    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return dt.item(), sum(p.numel() for p in net.parameters())  # DTensors: numel is the global size
+    return time_steps(torch, dist, step, steps), sum(p.numel() for p in net.parameters())  # DTensors: global
 
 
 def rank_main(rank, size, path, backend, args, q):
