@@ -8,14 +8,18 @@ order. Complex tensors travel as their real pairs. Uneven
 all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
 """
 
+import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _check_cpu, _dtype, _Out, _real
+from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _CBackend, _check_cpu, _dtype, _Out, _real
+
+_DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default for a group without one
 
 
 def _reduce_op(opts):
@@ -451,11 +455,7 @@ class ChorusBackend(ChorusEngine):
     @property
     def options(self):
         """The group's Backend.Options (torch's splitGroup copies them for a child)."""
-        import datetime
-
-        from torch._C._distributed_c10d import Backend as _CBackend
-
-        o = _CBackend.Options("chorus", self._timeout or datetime.timedelta(minutes=30))
+        o = _CBackend.Options("chorus", self._timeout or _DEFAULT_TIMEOUT)
         o.group_name = self._name or ""
         return o
 
@@ -468,7 +468,7 @@ class ChorusBackend(ChorusEngine):
         ranks = [int(r) for r in ranks]
         if self._rank not in ranks:
             self._nccl_split(_lib.NCCL_SPLIT_NOCOLOR, 0)  # the members' split needs every rank
-            if self._front is None and not getattr(self, "_no_group_ok", False):
+            if self._front is None:
                 # torch's trampoline for a Python Backend dereferences the None that means "no group"
                 # (torch 2.15: PyBackend::split, initSlotAndCast): only the C++ front can answer it.
                 raise RuntimeError(f"chorus: split_group: rank {self._rank} is in none of the new groups, which "
@@ -482,8 +482,8 @@ class ChorusBackend(ChorusEngine):
                           split_from=self, color=min(ranks))
 
     def _split_front(self, store, ranks, opts=None):
-        """split for the C++ front (_cbackend.cpp): the child engine behind a front of its own."""
-        self._no_group_ok = True  # the front turns None into "no group"
+        """split for the C++ front (_cbackend.cpp), which turns None into "no group": the child engine
+        behind a front of its own."""
         child = self.split(store, ranks, opts)
         if child is None or self._front is None or _cext is None:
             return child
@@ -504,14 +504,11 @@ class ChorusBackend(ChorusEngine):
         Barriers are matched by count, like collectives: a rank that comes late to one that failed gets
         its verdict at once. The communicator is not used, so a missing rank leaves it healthy (a
         barrier over NCCL calls would time the whole group out)."""
-        import datetime
-        import time
-
         timeout = getattr(opts, "timeout", None) if opts is not None else None
         if isinstance(opts, datetime.timedelta):  # older torch calls a ProcessGroup with the timeout itself
             timeout = opts
         if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
-            timeout = self._timeout if isinstance(self._timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
+            timeout = self._timeout if isinstance(self._timeout, datetime.timedelta) else _DEFAULT_TIMEOUT
         secs = timeout.total_seconds()
         self._mb_seq += 1
         prefix = f"torch_chorus/monitored_barrier/{self._mb_seq}/"
