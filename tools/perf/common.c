@@ -421,6 +421,7 @@ static void gather_devices(perf_thread* th) {
   perf_team t = team_of(th);
   team_gather(&t, (char*)recs, (size_t)nr * sizeof(*recs), sizeof(*recs));
   mark_progress(th);
+  for (int r = 0; r < nr; r++) recs[r].host[sizeof recs[r].host - 1] = '\0'; /* peers' text, printed below */
   if (ctx->is_main && th->thread == 0) out_device_report(recs, nr); /* rank 0's: all of them */
   free(recs);
 }
