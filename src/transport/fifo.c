@@ -60,15 +60,10 @@ static int shm_can_connect(const struct tp_peer* p, const char** why) {
 }
 
 int tp_choose(const struct tp_peer* p, const char** why) {
-  for (int k = 0; k < TP_COUNT; k++) {
-    const struct tp_ops* o = tp_table[k];
-    if (!o->can_connect || o->can_connect(p, why)) {
-      if (!o->can_connect) *why = p->same_host ? "NCCL_SHM_DISABLE / NCCL_P2P_DISABLE" : "another host";
-      return k;
-    }
-  }
-  *why = "no transport";
-  return TP_COUNT - 1; /* the last row takes any peer */
+  int k = 0; /* the last row has no probe: it takes any peer (tests: net.transport_priority_list) */
+  while (tp_table[k]->can_connect && !tp_table[k]->can_connect(p, why)) k++;
+  if (!tp_table[k]->can_connect) *why = p->same_host ? "NCCL_SHM_DISABLE / NCCL_P2P_DISABLE" : "another host";
+  return k;
 }
 
 ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x) {
