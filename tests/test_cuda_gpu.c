@@ -190,8 +190,8 @@ static void on_1_to_4_threads(rt_rank_fn body) {
     for (int n = 1; n <= 4; n++) {
       int before = fk.kernels(), staged_before = fk.stage_runs();
       rt_run_threads(n, body, NULL);
-      EXPECT(fk.kernels() > before);
-      if (v < 2) EXPECT(v ? fk.stage_runs() > staged_before : fk.stage_runs() == staged_before);
+      if (n > 1) EXPECT(fk.kernels() > before); /* one rank: copies (copy engine) or nothing (in place) */
+      if (v < 2 && n > 1) EXPECT(v ? fk.stage_runs() > staged_before : fk.stage_runs() == staged_before);
       EXPECT_EQ(fk.registered(), 0);
     }
   }
@@ -332,7 +332,68 @@ TEST_T(cuda_gpu, send_recv_1_to_4_threads, 120) {
 TEST_T(cuda_gpu, send_recv_2_to_4_procs, 120) {
   if (no_kernels()) return;
   load();
-  for (int n = 2; n <= 4; n++) rt_run_procs(n, p2p_body, NULL);
+  for (int n = 2; n <= 4; n++) rt_run_procs(n, p2p_body, NULL); /* the lower rank of a pair copies */
+  kernels_as(NULL, "0");                                         /* each receiver copies */
+  rt_run_procs(3, p2p_body, NULL);
+  kernels_as(NULL, NULL);
+}
+
+/* More sends than a pair's mailbox holds (GPU_MAIL), one call each at the sender and all in one
+ * group at the receiver, in both directions: the copying rank is the sender one way, the receiver
+ * the other. */
+#define MANY 20
+static void many_sends_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg, (void)nranks;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9e00, &s);
+  float* a = dev_alloc((size_t)MANY * N);
+  for (int dir = 0; dir < 2; dir++) {
+    int sender = dir; /* rank 0 sends first (it copies), then rank 1 (rank 0 copies as the receiver) */
+    for (int i = 0; i < MANY * N; i++) a[i] = rank == sender ? v3(sender, i / N, i % N) : -1;
+    if (rank == sender) {
+      for (int k = 0; k < MANY; k++) NCCL_OK(ncclSend(a + (size_t)k * N, N, ncclFloat32, 1 - rank, comm, s));
+    } else {
+      NCCL_OK(ncclGroupStart());
+      for (int k = 0; k < MANY; k++) NCCL_OK(ncclRecv(a + (size_t)k * N, N, ncclFloat32, 1 - rank, comm, s));
+      NCCL_OK(ncclGroupEnd());
+    }
+    ASSERT_EQ(fk.sync(s), 0);
+    for (int i = 0; i < MANY * N; i++) EXPECT(a[i] == v3(sender, i / N, i % N));
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+  fk.free((uintptr_t)a);
+}
+
+/* Rank 0 sends, then receives, in two calls; rank 1 does both in one group (as NCCL allows): rank 0's
+ * send (it copies) must not wait behind its receive's host exchange, nor rank 1's group behind it. */
+static void crossed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9f00, &s);
+  float* a = dev_alloc(2 * (size_t)N);
+  for (int i = 0; i < N; i++) a[i] = v3(rank, 0, i), a[N + i] = -1;
+  if (rank == 0) {
+    NCCL_OK(ncclSend(a, N, ncclFloat32, 1, comm, s));
+    NCCL_OK(ncclRecv(a + N, N, ncclFloat32, 1, comm, s));
+  } else {
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(a, N, ncclFloat32, 0, comm, s));
+    NCCL_OK(ncclRecv(a + N, N, ncclFloat32, 0, comm, s));
+    NCCL_OK(ncclGroupEnd());
+  }
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(a[N + i] == v3(1 - rank, 0, i));
+  NCCL_OK(ncclCommDestroy(comm));
+  fk.free((uintptr_t)a);
+}
+
+TEST_T(cuda_gpu, more_sends_than_the_mailbox_holds, 60) {
+  if (no_kernels()) return;
+  load();
+  rt_run_procs(2, many_sends_body, NULL);
+  rt_run_threads(2, many_sends_body, NULL);
+  rt_run_procs(2, crossed_body, NULL);
+  rt_run_threads(2, crossed_body, NULL);
 }
 
 /* Two receives in one group, their sends in two calls at the peer: the first receive's copy must not
@@ -626,6 +687,38 @@ TEST_T(cuda_gpu, abort_with_a_held_stream, 60) {
   kernels_as(NULL, NULL);
 }
 
+/* One rank: an in-place call does nothing at all, an out-of-place one is a copy-engine copy (no
+ * kernel), PreMulSum still scales (a kernel); results in closed form. */
+TEST_T(cuda_gpu, one_rank_copies_or_does_nothing, 30) {
+  if (no_kernels()) return;
+  load();
+  set_device();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  float *a = dev_alloc(N), *b = dev_alloc(N);
+  for (int i = 0; i < N; i++) a[i] = (float)i, b[i] = -1;
+  cudaStream_t s = (cudaStream_t)(uintptr_t)0x8200;
+  int k0 = fk.kernels();
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclAvg, comm, s));
+  NCCL_OK(ncclAllReduce(a, b, N, ncclFloat32, ncclMax, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  EXPECT_EQ(fk.kernels(), k0);
+  for (int i = 0; i < N; i++) EXPECT(a[i] == (float)i && b[i] == (float)i);
+  ncclRedOp_t op;
+  float two = 2.0f;
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &two, ncclFloat32, ncclScalarHostImmediate, comm));
+  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, op, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  EXPECT(fk.kernels() > k0);
+  for (int i = 0; i < N; i++) EXPECT(a[i] == 2.0f * (float)i);
+  NCCL_OK(ncclRedOpDestroy(op, comm));
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  EXPECT_EQ(fk.free((uintptr_t)b), 0);
+}
+
 /* A group that mixes a call run on the GPU with ones through host memory (Send/Recv) is refused. */
 TEST_T(cuda_gpu, mixed_group_refused, 30) {
   if (no_kernels()) return;
@@ -635,10 +728,10 @@ TEST_T(cuda_gpu, mixed_group_refused, 30) {
   NCCL_OK(ncclGetUniqueId(&id));
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
-  float* a = dev_alloc(N);
+  float *a = dev_alloc(N), *b = dev_alloc(N);
   cudaStream_t s = (cudaStream_t)(uintptr_t)0x8100;
   NCCL_OK(ncclGroupStart());
-  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclAllReduce(a, b, N, ncclFloat32, ncclSum, comm, s));
   NCCL_OK(ncclSend(a, N / 2, ncclFloat32, 0, comm, s));
   NCCL_OK(ncclRecv(a + N / 2, N / 2, ncclFloat32, 0, comm, s));
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);

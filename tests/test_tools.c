@@ -426,18 +426,23 @@ TEST(perf_check, corrupted_result_is_caught) {
   cmd_free(&r);
 }
 
-/* Every collective tool with `args`: exact results (exit 0, no wrong element). */
-static void every_tool(const char* args, const char* const* env) {
+/* Every collective tool with `args`: exact results (exit 0, no wrong element). progress: a line per
+ * tool as it starts and ends, so that a slow tool and a hung one look different in the log. */
+static void every_tool_as(const char* args, const char* const* env, int progress) {
   static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf",  "reduce_perf",
                                 "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
                                 "sendrecv_perf", "hypercube_perf"};
   for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
+    double t0 = now_s();
+    if (progress) printf("    %s %s ...\n", tools[i], args), fflush(stdout);
     cmd_result r = perf(tools[i], args, env);
     if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
       rt_fail(__FILE__, __LINE__, "%s %s: exit %d\n%s%s", tools[i], args, r.status, r.out, r.err);
+    else if (progress) printf("    %s: ok in %.1f s\n", tools[i], now_s() - t0), fflush(stdout);
     cmd_free(&r);
   }
 }
+static void every_tool(const char* args, const char* const* env) { every_tool_as(args, env, 0); }
 
 TEST_T(perf_check, every_collective_every_type, 600) {
   /* Exact results for every type and op, with ranks spread over threads and ranks per thread. */
@@ -457,7 +462,7 @@ TEST_T(perf_check, every_collective_device_buffers, 900) {
 
 /* The same on a real GPU, where one is visible (libcuda.so.1 loads and finds a device): two ranks per
  * thread share it, each with a CUDA stream; then two processes. Skipped elsewhere, saying so. */
-TEST_T(perf_check, every_collective_real_gpu, 900) {
+TEST_T(perf_check, every_collective_real_gpu, 300) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   int (*cu_init)(unsigned) = h ? (int (*)(unsigned))dlsym(h, "cuInit") : NULL;
   int (*cu_count)(int*) = h ? (int (*)(int*))dlsym(h, "cuDeviceGetCount") : NULL;
@@ -466,11 +471,22 @@ TEST_T(perf_check, every_collective_real_gpu, 900) {
     printf("    SKIP: no CUDA driver with a device here (%s)\n", h ? "no device" : "libcuda.so.1 not found");
     return;
   }
-  every_tool("--device -g 2 -b 0 -e 1M -f 32 -n 2 -w 1 -d all -o all -r all", NULL);
-  cmd_result r = perf("all_reduce_perf", "--device -np 2 -g 2 -b 4 -e 4M -f 16 -n 2 -w 1 -d all -o all", NULL);
-  if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
-    rt_fail(__FILE__, __LINE__, "processes: exit %d\n%s%s", r.status, r.out, r.err);
-  cmd_free(&r);
+  /* Three sizes (none, 1 KiB, 1 MiB), each call once: every type x op
+   * x root x placement is ~1,000 calls a tool, each checked on the host (~60 s in all on an H200). */
+  every_tool_as("--device -g 2 -b 0 -e 1M -f 1024 -n 1 -w 0 -d all -o all -r all", NULL, 1);
+  /* Processes (CUDA IPC): every type of AllReduce; sends and receives, each pair's copy on its lower
+   * rank, on 2 and 3 processes (a ring of 3 has a pair whose receiver copies). */
+  static const char* procs[][2] = {{"all_reduce_perf", "--device -np 2 -g 2 -b 4 -e 4M -f 1024 -n 1 -w 0 -d all -o all"},
+                                   {"sendrecv_perf", "--device -np 2 -b 4 -e 4M -f 1024 -n 2 -w 1"},
+                                   {"sendrecv_perf", "--device -np 3 -b 4 -e 4M -f 1024 -n 2 -w 1"},
+                                   {"alltoall_perf", "--device -np 3 -b 12 -e 12M -f 1024 -n 2 -w 1"}};
+  for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+    cmd_result r = perf(procs[i][0], procs[i][1], NULL);
+    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+      rt_fail(__FILE__, __LINE__, "%s %s: exit %d\n%s%s", procs[i][0], procs[i][1], r.status, r.out, r.err);
+    else printf("    %s %s: ok\n", procs[i][0], procs[i][1]), fflush(stdout);
+    cmd_free(&r);
+  }
 }
 
 /* ------------------------------------------------------------------- perf: launch modes ---- */

@@ -128,6 +128,44 @@ ab() {
   bounded ab 30 $B/bin/hypercube_perf --device -np 2 -b 0 -e 1M -f 32 -n 2 -w 1 -d all -T 20
 }
 
+# Issue 29's second sitting: point-to-point between processes on the GPU (each pair's copy on its
+# lower rank, against each receiver copying: CHORUS_CUDA_ONE_KERNEL=0), one rank's calls (in place:
+# nothing; out of place: a copy-engine copy), the real-GPU test with its progress lines, real NCCL in
+# the same sitting, and PyTorch's batch_isend_irecv / all_to_all_single. ~5 min on an H200.
+p2p() {
+  [[ -x $B/bin/all_reduce_perf ]] || build || return 1
+  bounded check 150 $B/bin/chorus-tests perf_check.every_collective_real_gpu
+  local p=(-b 8 -e 128M -f 16 -n 20 -w 5 -T 30) np
+  for np in 2 4; do
+    bounded p2p 40 $B/bin/sendrecv_perf --device -np "$np" "${p[@]}"
+    bounded p2p 40 env CHORUS_CUDA_ONE_KERNEL=0 $B/bin/sendrecv_perf --device -np "$np" "${p[@]}"
+    bounded p2p 40 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
+    bounded p2p 40 $B/bin/alltoall_perf --device -np "$np" -b 64 -e 128M -f 16 -n 20 -w 5 -T 30
+  done
+  bounded p2p 20 $B/bin/sendrecv_perf --device -g 2 "${p[@]}" # thread ranks
+  bounded p2p 30 $B/bin/all_reduce_perf --device -b 8 -e 8 -n 2000 -w 100 # 1 rank, 8 B
+  bounded p2p 30 $B/bin/all_reduce_perf --device -b 8 -e 128M -f 16 -n 20 -w 5 # 1 rank, every size
+  local nccl=${NCCL_NCCL_LIB:-} slim
+  slim=$(ls .devcarry/libnccl-*-sm90.so.2.xz 2>/dev/null | tail -1)
+  if [[ -z $nccl && -n $slim ]]; then
+    mkdir -p /tmp/nccl-slim && bounded nccl 30 sh -c "xz -dc $slim >/tmp/nccl-slim/libnccl.so.2" &&
+      nccl=/tmp/nccl-slim/libnccl.so.2
+  fi
+  if [[ -n $nccl && -f $nccl ]]; then
+    local e=(env LD_PRELOAD="$nccl" NCCL_MULTI_RANK_GPU_ENABLE=1)
+    bounded nccl 30 "${e[@]}" $B/bin/all_reduce_perf --device -b 8 -e 8 -n 2000 -w 100
+    bounded nccl 30 "${e[@]}" $B/bin/all_reduce_perf --device -b 8 -e 128M -f 16 -n 20 -w 5
+    for np in 2 4; do
+      bounded nccl 60 "${e[@]}" $B/bin/sendrecv_perf --device -np "$np" -b 8 -e 8M -f 16 -n 10 -w 2 -T 50
+    done
+  else
+    echo "no real libnccl.so.2 found (set NCCL_NCCL_LIB)" >>"$OUT/nccl.txt"
+  fi
+  for np in 2 4; do
+    bounded torch 100 env LD_PRELOAD="$B/lib/libnccl.so.2" PYTHONUNBUFFERED=1 "$py" tests/torch/gpu_nccl_smoke.py "$np"
+  done
+}
+
 # Open MPI for the baseline: the machine's, else the wheel `prep` carried (unpacked, no network).
 mpi_setup() {
   if [[ -z ${MPI_WHEEL:-} ]] && command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
@@ -221,8 +259,8 @@ prep() { # here, before the first device call
 
 for step in "${@:-gpu}"; do
   case $step in
-    prep | build | gpu | ab | scaling) "$step" ;;
-    *) echo "usage: $0 prep | gpu | ab | scaling | build" >&2; exit 2 ;;
+    prep | build | gpu | p2p | ab | scaling) "$step" ;;
+    *) echo "usage: $0 prep | gpu | p2p | ab | scaling | build" >&2; exit 2 ;;
   esac
 done
 echo "done in $((SECONDS - start)) s; results in $OUT" | tee -a "$OUT/summary.txt"

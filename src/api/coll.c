@@ -17,6 +17,7 @@
 
 static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
+static int is_collective(int f) { return f != FUNC_SEND && f != FUNC_RECV && f != FUNC_SENDRECV; }
 
 /* Where the call runs (core/exec.h), decided here once and recorded in t->exec. CUDA buffers
  * (cuda/cudrv.h) are looked at only in a process that has the CUDA driver loaded. Device memory of
@@ -49,6 +50,13 @@ static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, i
     WARN("%s: %s %p is CUDA device memory (device %d), but the stream is a Chorus host stream: pass the CUDA "
          "stream the buffers are used on (or NULL) (rank %d)", fn, names[i], bufs[i], dev[i], t->comm->rank);
     return CH_INVALID_ARG;
+  }
+  /* One rank, in place, on the GPU: the result is already there (a reduction of one, divided by one);
+   * NCCL does nothing either. Only PreMulSum changes the data. */
+  if (ndev && gpu_takes(t) && t->comm->nranks == 1 && is_collective(t->func) && t->sendbuff == t->recvbuff &&
+      red_keeps_one(&t->red)) {
+    t->noop = 1;
+    return CH_OK;
   }
   if (ndev && gpu_takes(t)) {
     t->exec = EXEC_KERNEL;
@@ -129,7 +137,9 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
   ch_status s = comm_check(comm, algo_fname(func));
   if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
     s = check_task(&t);
-    if (s == CH_OK) {
+    if (s == CH_OK && t.noop) {
+      INFO(LOG_COLL, "%s: one rank, in place: nothing to do (comm %p)", algo_fname(func), (void*)comm);
+    } else if (s == CH_OK) {
       INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
            algo_fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
            (void*)comm, comm->nranks);

@@ -30,6 +30,8 @@ struct ch_task {
   int exec; /* enum ch_exec (core/exec.h): where it runs, decided once when it is checked (api/coll.c) */
   struct stage* stage; /* device buffers staged through host memory (gpu/staging.c), or NULL */
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu/call.c): t is their exchange, or NULL */
+  int noop;             /* nothing to do (one rank, in place): checked, never queued */
+  int hostless;         /* its executor exchanges what it needs itself (gpu/call.c): no host operation */
   int held;             /* queued in an open group: holds a reference on comm (group.c) */
   int lost;             /* its comm was aborted or destroyed before the group ended: dropped */
   struct ch_task* next;

@@ -160,6 +160,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   /* Flatten: collectives stay, grouped p2p patterns become send/recv. */
   int ntasks = 0;
   for (struct ch_task* t = tasks; t; t = t->next) {
+    if (t->hostless) continue;
     if (t->func == FUNC_ALLTOALL || t->func == FUNC_GATHER || t->func == FUNC_SCATTER)
       CHECK(expand_task(t, comm->rank, comm->nranks, &ntasks));
     else

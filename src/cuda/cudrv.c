@@ -39,6 +39,7 @@ static struct {
   /* the asynchronous path: all or none (async_ok) */
   cu_result (*dtoh_async)(void*, uintptr_t, size_t, void*);
   cu_result (*htod_async)(uintptr_t, const void*, size_t, void*);
+  cu_result (*dtod_async)(uintptr_t, uintptr_t, size_t, void*); /* optional: cudrv_copy_dtod says so */
   cu_result (*host_fn)(void*, void (*)(void*), void*);
   cu_result (*wait_value32)(void*, uintptr_t, uint32_t, unsigned);
   cu_result (*host_alloc)(void**, size_t, unsigned);
@@ -92,6 +93,7 @@ static int resolve(int flags) {
   SYM(ctx_pop, "cuCtxPopCurrent_v2");
   SYM(dtoh_async, "cuMemcpyDtoHAsync_v2");
   SYM(htod_async, "cuMemcpyHtoDAsync_v2");
+  SYM(dtod_async, "cuMemcpyDtoDAsync_v2");
   SYM(host_fn, "cuLaunchHostFunc");             /* CUDA 10.0 */
   SYM(wait_value32, "cuStreamWaitValue32_v2");  /* 11.7: stream memory operations on by default */
   SYM(host_alloc, "cuMemHostAlloc");
@@ -298,6 +300,14 @@ ch_status cudrv_copy_async(int to_host, void* host, void* dev, size_t bytes, voi
   else IN_CTX(ctx, "cuMemcpyHtoDAsync", cu.htod_async((uintptr_t)dev, host, bytes, stream));
   return CH_OK;
 }
+
+ch_status cudrv_copy_dtod(void* dst, const void* src, size_t bytes, void* stream, void* ctx) {
+  if (!cu.dtod_async) return CH_INTERNAL; /* the caller runs a kernel instead */
+  if (!bytes) return CH_OK;
+  IN_CTX(ctx, "cuMemcpyDtoDAsync", cu.dtod_async((uintptr_t)dst, (uintptr_t)src, bytes, stream));
+  return CH_OK;
+}
+int cudrv_has_dtod(void) { return cu.dtod_async != NULL; }
 
 ch_status cudrv_host_fn(void* stream, void (*fn)(void*), void* arg, void* ctx) {
   IN_CTX(ctx, "cuLaunchHostFunc", cu.host_fn(stream, fn, arg));

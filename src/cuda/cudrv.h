@@ -45,6 +45,9 @@ void cudrv_host_free(void* p, void* ctx);
 void cudrv_defer(void (*fn)(void* a, void* b), void* a, void* b);
 void cudrv_host_free_later(void* p, void* ctx);
 ch_status cudrv_copy_async(int to_host, void* host, void* dev, size_t bytes, void* stream, void* ctx);
+/* A device-to-device copy on the stream (the copy engine), where the driver has it (cudrv_has_dtod). */
+ch_status cudrv_copy_dtod(void* dst, const void* src, size_t bytes, void* stream, void* ctx);
+int cudrv_has_dtod(void);
 /* Queue fn(arg) on stream: it runs on a driver thread after the work queued before it, and must not
  * call CUDA. */
 ch_status cudrv_host_fn(void* stream, void (*fn)(void*), void* arg, void* ctx);

@@ -91,10 +91,19 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
       return s;
     }
   }
+  /* One rank, out of place: the result is the input (a reduction of one, divided by one), a copy the
+   * copy engine makes without a kernel or a table (NCCL's one-rank calls are a copy too). */
+  c->copy_only = g->n == 1 && !gpu_is_p2p(c->func) && c->ptr[DEV_SEND] && c->ptr[DEV_RECV] &&
+                 c->ptr[DEV_SEND] != c->ptr[DEV_RECV] && red_keeps_one(&c->red) && m->buf[DEV_SEND].present &&
+                 m->buf[DEV_RECV].present && cudrv_has_dtod();
   /* The call becomes the allgather of the descriptions (a send's goes to its peer; a receive gets
    * its peer's): it runs on the bridge, in this communicator's order of calls, and the stream's part is
    * queued at launch (gpu_launch). */
   t->gpu = c;
+  /* A send whose sender copies needs no host exchange: the receiver leaves its description in the
+   * pair's mailbox (gpu.h), where the sender's bridge takes it. */
+  t->hostless = c->peer != g->rank && ((c->func == FUNC_SEND && gpu_p2p_active(g, FUNC_SEND, c->peer)) ||
+                                       (c->func == FUNC_RECV && !gpu_p2p_active(g, FUNC_RECV, c->peer)));
   t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
   t->sendbuff = &c->mine, t->recvbuff = c->all;
   if (!gpu_is_p2p(t->func)) t->func = FUNC_ALLGATHER, t->root = 0;
@@ -142,8 +151,8 @@ static void barrier(struct memops* o, uint32_t seq, size_t field) {
     if (r != g->rank) memop(o, word_dev(g, r, field), seq, 1);
 }
 
-/* The word of the ordered pair src -> dst: `sent` (the sender's stream reached the send) or `copied`
- * (the receiver's kernel is done with the sender's buffer). */
+/* The word of the ordered pair src -> dst (gpu_pair): `posted` (the rank that does not copy has its
+ * buffer ready) or `copied` (the copying rank's kernel is done with both buffers). */
 static void* pair_dev(struct gpu_comm* g, int src, int dst, int copied) {
   return (char*)g->seg_dev + gpu_pair_off(g->n, src, dst) + (copied ? offsetof(struct gpu_pair, copied) : 0);
 }
@@ -174,7 +183,14 @@ int gpu_a2a_pair(int n, int me, int r) {
  * whose jobs fit one launch (AlltoAll's pairs: up to 7 ranks). */
 int gpu_one_kernel(const struct gpu_comm* g, int func) {
   int n = g->n;
-  return g->one_kernel && func != FUNC_RECV && (func != FUNC_ALLTOALL || n + n * (n - 1) / 2 <= DEV_MAX_JOBS);
+  return g->one_kernel && !gpu_is_p2p(func) && (func != FUNC_ALLTOALL || n + n * (n - 1) / 2 <= DEV_MAX_JOBS);
+}
+
+/* Send/Recv run on the kernel of one rank of the pair: the lower one, so that two processes that
+ * exchange (sendrecv_perf, a pipeline's neighbours) run one process's kernel, not two. */
+int gpu_p2p_active(const struct gpu_comm* g, int func, int peer) {
+  if (!g->one_kernel || peer == g->rank) return func == FUNC_RECV;
+  return g->rank < peer;
 }
 
 /* Rank me's part of a call (devjob.h). Reductions: each rank reduces its share of the elements from
@@ -212,6 +228,7 @@ static void rank_jobs(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
           job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
       break;
     case FUNC_RECV: job(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
+    case FUNC_SEND: job(a, DEV_COPY, self, DEV_SEND, 0, 1u << c->peer, DEV_RECV, 0, C); break;
     case FUNC_SCATTER: /* every rank pulls its block from the root (nothing to do for a root in place) */
       if (me != c->root || !own || recv != send + (size_t)me * B)
         job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
@@ -227,7 +244,9 @@ void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args
   a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
   a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
   a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
-  if (!gpu_one_kernel(g, c->func)) rank_jobs(g, c, a, g->rank);
+  if (gpu_is_p2p(c->func)) {
+    if (gpu_p2p_active(g, c->func, c->peer)) rank_jobs(g, c, a, g->rank);
+  } else if (!gpu_one_kernel(g, c->func)) rank_jobs(g, c, a, g->rank);
   else
     for (int r = 0; g->rank == 0 && r < g->n; r++) rank_jobs(g, c, a, r);
 }
@@ -274,6 +293,13 @@ static ch_status done(struct gpu_comm* g, cudaStream_t s) {
 static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
   struct memops o = {.g = g, .s = c->stream};
   CHECK(follow(g, c->stream));
+  if (c->copy_only) {
+    CHECK(cudrv_copy_dtod((void*)c->ptr[DEV_RECV], c->ptr[DEV_SEND], c->count * red_type_size(c->type), c->stream,
+                          g->ctx));
+    memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+    CHECK(flush(&o));
+    return done(g, c->stream);
+  }
   memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
   if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, arrive));
   CHECK(flush(&o));
@@ -284,33 +310,46 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
   return done(g, c->stream);
 }
 
+/* The ordered pair of a send or receive: its words and their number are the pair's (src -> dst). */
+static void p2p_pair(const struct gpu_comm* g, const struct gpu_call* c, int* src, int* dst) {
+  *src = c->func == FUNC_SEND ? g->rank : c->peer;
+  *dst = c->func == FUNC_SEND ? c->peer : g->rank;
+}
+
 /* A group's sends and receives, on the first one's stream (which first waits for the others' work,
  * and which they wait for after), in three phases so that two ranks that send to each other never
- * wait for each other: every send says its data is ready; each receive in turn waits for its table
- * and its sender's data, copies, and says it is done with the sender's buffer (so a peer's later
- * send, in a group of its own, can wait for an earlier receive here); every send waits for that. A
- * pair's words carry the number of sends on that ordered pair (c->cseq), alike on both sides.
- * Receives run one after the other on one stream: receives from several peers whose sends depend on
- * each other in another order than this group's can wait for each other until CHORUS_TIMEOUT. */
+ * wait for each other: every call this rank does not copy says its buffer is ready; each call it
+ * copies in turn waits for its table and the peer's buffer, copies, and says it is done (so a peer's
+ * later call, in a group of its own, can wait for an earlier copy here); every call it does not copy
+ * waits for that. A pair's words carry the number of sends on that ordered pair (c->cseq), alike on
+ * both sides. Copies run one after the other on one stream: copies whose peers post in another order
+ * than this group's can wait for each other until CHORUS_TIMEOUT. */
 static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
   cudaStream_t s = cs[0]->stream;
-  int me = g->rank;
   struct memops o = {.g = g, .s = s};
+  int src, dst;
   CHECK(follow(g, s));
   for (int i = 1; i < k; i++)
     if (cs[i]->stream != s) CHECK(cudrv_join(cs[i]->stream, g->ctx, s, g->ctx)); /* twice is harmless */
   for (int i = 0; i < k; i++)
-    if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 0), cs[i]->cseq, 0);
+    if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer) && g->seg) {
+      p2p_pair(g, cs[i], &src, &dst);
+      memop(&o, pair_dev(g, src, dst, 0), cs[i]->cseq, 0);
+    }
   for (int i = 0; i < k; i++) {
-    if (cs[i]->func != FUNC_RECV) continue;
+    if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer)) continue;
+    p2p_pair(g, cs[i], &src, &dst);
     memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), cs[i]->seq, 1);
-    if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 0), cs[i]->cseq, 1);
+    if (g->seg) memop(&o, pair_dev(g, src, dst, 0), cs[i]->cseq, 1);
     CHECK(flush(&o));
     CHECK(run_kernel(g, cs[i], s));
-    if (g->seg) memop(&o, pair_dev(g, cs[i]->peer, me, 1), cs[i]->cseq, 0); /* sent with what follows */
+    if (g->seg) memop(&o, pair_dev(g, src, dst, 1), cs[i]->cseq, 0); /* sent with what follows */
   }
   for (int i = 0; i < k; i++)
-    if (cs[i]->func == FUNC_SEND && g->seg) memop(&o, pair_dev(g, me, cs[i]->peer, 1), cs[i]->cseq, 1);
+    if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer) && g->seg) {
+      p2p_pair(g, cs[i], &src, &dst);
+      memop(&o, pair_dev(g, src, dst, 1), cs[i]->cseq, 1);
+    }
   for (int i = 0; i < k; i++) memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
   CHECK(flush(&o));
   CHECK(done(g, s));
@@ -376,6 +415,8 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       else if (c->func == FUNC_RECV) c->cseq = atomic_fetch_add(&g->p2p_recvd[c->peer], 1) + 1;
       else c->cseq = ++g->next_cseq;
       c->mine.seq = c->cseq;
+      if (c->func == FUNC_RECV && c->peer != g->rank && !gpu_p2p_active(g, FUNC_RECV, c->peer))
+        (void)gpu_post_recv(c, 0, &c->mailed); /* now if the entry is free: else the bridge waits for it */
     }
     /* Queued as one (sends and receives: then all are, by refusal) or call by call. */
     int p2p = gpu_is_p2p(b->call[0]->func);

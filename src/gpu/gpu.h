@@ -25,6 +25,7 @@
 #include "../cuda/cudrv.h"
 #include "../cuda/devjob.h"
 #include "../comm/work.h"
+#include "../misc/utils.h"
 
 
 #define GPU_SLOTS 128    /* pointer tables per rank: calls whose table may be in use at once */
@@ -40,10 +41,15 @@ struct gpu_seg {
   _Atomic int32_t failed_by; /* 1 + the first rank that failed the communicator's GPU calls (gpu_unblock) */
   struct gpu_words w[];      /* [n], then the pairs' words (gpu_pair_off) */
 };
-/* Per ordered pair src -> dst, after w[n]: the number of sends on that pair whose data is ready
- * (written by src's stream) and that dst's kernel is done with (written by dst's stream). */
+/* Per ordered pair src -> dst, after w[n]. One rank of the pair copies (gpu_p2p_active): the lower
+ * one, so that two ranks that exchange need one process's kernel, not two (kernels of different
+ * processes take turns on the GPU, ~0.3 ms each time on the H200). The other rank's stream says its
+ * buffer is ready (`posted`: its send's data, or its receive's buffer free) and waits for `copied`,
+ * which the copying rank's stream writes after its kernel. Both carry the number of sends on that
+ * ordered pair (alike on both sides). `taken` is host-only: the last receive description (below) that
+ * the sender's bridge took from the pair's mailbox. */
 struct gpu_pair {
-  _Atomic uint32_t sent, copied;
+  _Atomic uint32_t posted, copied, taken, pad;
 };
 static inline size_t gpu_pair_off(int n, int src, int dst) {
   size_t pairs = sizeof(struct gpu_seg) + (size_t)n * sizeof(struct gpu_words);
@@ -121,11 +127,28 @@ struct gpu_desc {
   struct gpu_buf_desc buf[2];
 };
 
+/* A sender that copies (the lower rank of its pair) needs its receiver's buffer: the receiver's
+ * bridge leaves its description in the pair's mailbox, after the pair words, GPU_MAIL entries per
+ * ordered pair (entry k holds receive number k mod GPU_MAIL). The receiver's bridge writes an entry
+ * once the sender's has taken the one before it there (gpu_pair.taken), `seq` last; the sender's bridge
+ * waits for `seq`, copies the entry and checks every field before use. */
+#define GPU_MAIL 8
+struct gpu_mail {
+  _Atomic uint32_t seq;
+  uint32_t pad;
+  struct gpu_desc d;
+};
+static inline size_t gpu_mail_off(int n, int src, int dst, uint32_t k) {
+  return UT_ALIGN_UP(gpu_pair_off(n, n, 0), 64) + (((size_t)src * n + dst) * GPU_MAIL + k % GPU_MAIL) * sizeof(struct gpu_mail);
+}
+
 /* One call, from enqueue to the bridge's hook. */
 struct gpu_call {
   struct gpu_comm* g;
   uint32_t seq, cseq; /* this rank's call number; the collective's, or the send's on its pair */
   int func, type, root, peer; /* peer: Send/Recv's (-1 otherwise) */
+  int mailed;   /* a receive whose sender copies: its description is in the pair's mailbox */
+  int copy_only; /* one rank, out of place, no scaling: a copy engine copy, no table, no kernel */
   size_t count;
   struct red_op red;
   cudaStream_t stream;
@@ -165,6 +188,9 @@ void gpu_watch_remove(struct gpu_comm* g);
 int gpu_is_p2p(int func);
 int gpu_a2a_pair(int n, int me, int r); /* AlltoAll: rank me moves the blocks of the pair {me, r} */
 int gpu_one_kernel(const struct gpu_comm* g, int func); /* rank 0's kernel does every rank's part */
+/* Send/Recv: 1 if this rank's kernel copies the pair's data (the lower rank of the pair with
+ * CHORUS_CUDA_ONE_KERNEL, else the receiver; a send to itself: the receive). */
+int gpu_p2p_active(const struct gpu_comm* g, int func, int peer);
 struct dev_args;
 /* The jobs of this rank's kernel for call c (none: it launches nothing); also what resolve checks. */
 void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a);
@@ -180,6 +206,9 @@ struct gpu_batch {
   int n;
   struct gpu_call* call[];
 };
+/* gpu/resolve.c: a receive whose sender copies leaves its description in the pair's mailbox (wait:
+ * until the entry is free; else only if it is free now). *posted = 1 once it is there. */
+ch_status gpu_post_recv(struct gpu_call* c, int wait, int* posted);
 /* gpu/resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */
 void gpu_after(void* batch, ch_status st);
 

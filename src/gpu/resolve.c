@@ -200,7 +200,8 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
   return CH_OK;
 }
 
-/* A receive: the sender's description came from it (a host send on the bridge), in the pair's order. */
+/* A receive: the sender's description came from it (a host send on the bridge), in the pair's order.
+ * Checked here, and the table filled: this rank copies (gpu_p2p_active). */
 static ch_status resolve_recv(struct gpu_comm* g, struct gpu_call* c) {
   int me = g->rank, p = c->peer;
   const struct gpu_desc* d = &c->all[0];
@@ -222,6 +223,61 @@ static ch_status resolve_recv(struct gpu_comm* g, struct gpu_call* c) {
   return CH_OK;
 }
 
+/* Why a wait on a peer's word must end: this communicator failed, or a rank of the GPU did. */
+static ch_status peer_wait_broken(struct gpu_comm* g) {
+  CHECK(broken(g));
+  if (atomic_load_explicit(&g->seg->failed_by, memory_order_acquire)) return CH_REMOTE;
+  return CH_OK;
+}
+
+/* A receive whose sender copies: leave this rank's description in the pair's mailbox (gpu.h), once
+ * the sender has taken the entry GPU_MAIL receives before it. Unchecked here: the sender checks it
+ * against its send (and fails, failing this rank through the GPU's failure word, if it differs).
+ * Called by the launching thread (wait = 0) and by the bridge (wait = 1), never for one entry at once:
+ * the launching thread posts entry k only once the sender has taken k - GPU_MAIL, whose post came first. */
+ch_status gpu_post_recv(struct gpu_call* c, int wait, int* posted) {
+  struct gpu_comm* g = c->g;
+  struct gpu_pair* pr = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, c->peer, g->rank));
+  struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_mail_off(g->n, c->peer, g->rank, c->cseq));
+  for (uint64_t i = 0; cyc_before(atomic_load_explicit(&pr->taken, memory_order_acquire), c->cseq - GPU_MAIL); i++) {
+    if (!wait) return CH_OK;
+    CHECK(peer_wait_broken(g));
+    ut_backoff(i);
+  }
+  m->d = c->mine;
+  atomic_store_explicit(&m->seq, c->cseq, memory_order_release);
+  *posted = 1;
+  return CH_OK;
+}
+
+/* A send this rank copies: the receiver's description from the pair's mailbox, checked like any
+ * peer's, then the table: this rank's send buffer and the peer's receive buffer. */
+static ch_status resolve_send(struct gpu_comm* g, struct gpu_call* c) {
+  int me = g->rank, p = c->peer;
+  struct gpu_pair* pr = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, me, p));
+  struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_mail_off(g->n, me, p, c->cseq));
+  for (uint64_t i = 0; atomic_load_explicit(&m->seq, memory_order_acquire) != c->cseq; i++) {
+    CHECK(peer_wait_broken(g));
+    ut_backoff(i);
+  }
+  struct gpu_desc d = m->d; /* the receiver writes this entry again only once `taken` says so */
+  atomic_store_explicit(&pr->taken, c->cseq, memory_order_release);
+  if (d.func != FUNC_RECV || d.root != me || d.type != (uint32_t)c->type || d.count != c->count || d.seq != c->cseq) {
+    WARN("rank %d: ncclSend to rank %d (count %zu, type %d, send #%u to it) does not match what rank %d receives: "
+         "%s from rank %d, count %llu, type %u, receive #%u from this rank", me, p, c->count, c->type, c->cseq, p,
+         algo_fname((int)d.func), d.root, (unsigned long long)d.count, d.type, d.seq);
+    return CH_INVALID_USAGE;
+  }
+  CHECK(streams_apart(g, c, p, d.stream));
+  CHECK(wait_slot(g, c->seq));
+  struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
+  size_t need = c->count * red_type_size(c->type);
+  CHECK(buf_addr(g, c, me, DEV_SEND, &c->mine.buf[DEV_SEND], need, c->ptr[DEV_SEND], &tab->buf[DEV_SEND][me]));
+  CHECK(buf_addr(g, c, p, DEV_RECV, &d.buf[DEV_RECV], need, NULL, &tab->buf[DEV_RECV][p]));
+  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE);
+  return CH_OK;
+}
+
 static void ready_raise(struct gpu_comm* g, uint32_t v) {
   uint32_t cur = atomic_load_explicit(&g->priv->ready, memory_order_relaxed);
   while (cyc_before(cur, v) &&
@@ -233,12 +289,22 @@ static void ready_raise(struct gpu_comm* g, uint32_t v) {
  * call fails its communicator (async error, which lets every stream through: gpu_unblock). */
 void gpu_after(void* batch, ch_status st) {
   struct gpu_batch* b = batch;
+  /* First every description a copying sender waits for, so that two ranks' bridges never wait for
+   * each other (the copying rank is the lower one of each pair: waits only go up in rank). */
+  for (int i = 0; st == CH_OK && i < b->n; i++) {
+    struct gpu_call* c = b->call[i];
+    if (c->func != FUNC_RECV || c->mailed || c->peer == c->g->rank || gpu_p2p_active(c->g, FUNC_RECV, c->peer))
+      continue;
+    ch_status e = gpu_post_recv(c, 1, &c->mailed);
+    if (e != CH_OK) st = e;
+  }
   for (int i = 0; i < b->n; i++) {
     struct gpu_call* c = b->call[i];
     struct gpu_comm* g = c->g;
     ch_status e = st != CH_OK            ? st
-                  : c->func == FUNC_SEND ? broken(g) /* nothing to check: the receiver does */
-                  : c->func == FUNC_RECV ? resolve_recv(g, c)
+                  : c->func == FUNC_SEND ? (gpu_p2p_active(g, FUNC_SEND, c->peer) ? resolve_send(g, c) : broken(g))
+                  : c->func == FUNC_RECV ? (gpu_p2p_active(g, FUNC_RECV, c->peer) ? resolve_recv(g, c) : broken(g))
+                  : c->copy_only         ? broken(g) /* its buffers are its own, checked at enqueue */
                                          : resolve(g, c);
     if (e != CH_OK) { /* the error unblocks (voids every table, lets every stream through); an abort is no error */
       comm_set_async_error(g->comm, e);

@@ -87,7 +87,7 @@ static void seg_put(void* mem) {
   free(last);
 }
 
-static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_pair_off(n, n, 0), 4096); }
+static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_mail_off(n, n, 0, 0), 4096); } /* words, pairs, mailboxes */
 
 /* Rank 0 creates the page (a sealed memfd, so nothing outlives the processes) and exports it; every
  * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
@@ -423,9 +423,9 @@ void gpu_unblock(struct gpu_comm* g) {
       struct gpu_pair* from = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, r, g->rank));
       uint32_t s = atomic_load_explicit(&g->p2p_sent[r], memory_order_relaxed) + ahead;
       uint32_t d = atomic_load_explicit(&g->p2p_recvd[r], memory_order_relaxed) + ahead;
-      atomic_store_explicit(&to->sent, s, memory_order_release);
+      atomic_store_explicit(&to->posted, s, memory_order_release);
       atomic_store_explicit(&to->copied, s, memory_order_release);
-      atomic_store_explicit(&from->sent, d, memory_order_release);
+      atomic_store_explicit(&from->posted, d, memory_order_release);
       atomic_store_explicit(&from->copied, d, memory_order_release);
     }
   atomic_store_explicit(&g->priv->ready, v, memory_order_release);

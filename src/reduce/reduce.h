@@ -58,4 +58,11 @@ uint8_t red_float_to_e4m3(float f);
 float red_e5m2_to_float(uint8_t v);
 uint8_t red_float_to_e5m2(float f);
 
+/* The reduction of one rank's data leaves it as it is (a one-rank call is then a copy, or nothing in
+ * place): every kind but a PreMulSum whose scalar is not 1 (a float average over one rank is a
+ * PreMulSum by 1). */
+static inline int red_keeps_one(const struct red_op* r) {
+  return r->kind != RED_PREMULSUM || (red_type_is_float(r->type) ? r->scalar_f == 1.0 : r->scalar_i == 1);
+}
+
 #endif

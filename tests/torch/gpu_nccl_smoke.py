@@ -34,7 +34,33 @@ def collectives(rank, n, dev):
     assert torch.all(rs == n).item()
     w = dist.all_reduce(torch.ones(8, device=dev), async_op=True)
     w.wait()
+    # Point to point as pipeline parallelism uses it: a ring of batch_isend_irecv, then AlltoAll.
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    send, recv = torch.full((1000,), float(rank), device=dev), torch.empty(1000, device=dev)
+    for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]):
+        r.wait()
+    assert torch.all(recv == prv).item(), recv[:4]
+    a2a = torch.empty(n * 100, device=dev)
+    dist.all_to_all_single(a2a, torch.arange(n * 100, device=dev, dtype=torch.float32) + 1000 * rank)
+    want = torch.cat([torch.arange(rank * 100, rank * 100 + 100, dtype=torch.float32) + 1000 * j for j in range(n)])
+    assert torch.equal(a2a.cpu(), want), a2a[:4]
     torch.cuda.synchronize()
+
+
+def p2p_us(rank, n, dev, numel, reps=200):
+    """Time of one ring step of batch_isend_irecv (a pipeline stage's send and receive), in us."""
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    send, recv = torch.ones(numel, device=dev), torch.empty(numel, device=dev)
+    ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]
+    for i in range(reps + 20):
+        if i == 20:
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+        for r in dist.batch_isend_irecv(ops):
+            r.wait()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
 
 
 def ddp_params(rank, dev, steps=20):
@@ -57,6 +83,9 @@ def run(rank, n, path):
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", init_method=f"file://{path}.nccl", rank=rank, world_size=n)
     collectives(rank, n, dev)
+    p2p = [p2p_us(rank, n, dev, numel) for numel in (2, 1 << 20)]
+    if rank == 0:
+        print(f"{n} ranks: batch_isend_irecv ring step {p2p[0]:.1f} us at 8 B, {p2p[1]:.1f} us at 4 MiB")
     t0 = time.perf_counter()
     p_nccl = ddp_params(rank, dev)
     step_ms = (time.perf_counter() - t0) / 20 * 1e3
