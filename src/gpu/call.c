@@ -104,6 +104,7 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
    * pair's mailbox (gpu.h), where the sender's bridge takes it. */
   t->hostless = c->peer != g->rank && ((c->func == FUNC_SEND && gpu_p2p_active(g, FUNC_SEND, c->peer)) ||
                                        (c->func == FUNC_RECV && !gpu_p2p_active(g, FUNC_RECV, c->peer)));
+  t->hostless |= g->n == 1 && !gpu_is_p2p(c->func); /* one rank's "allgather": at launch (gpu_launch) */
   t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
   t->sendbuff = &c->mine, t->recvbuff = c->all;
   if (!gpu_is_p2p(t->func)) t->func = FUNC_ALLGATHER, t->root = 0;
@@ -415,6 +416,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       else if (c->func == FUNC_RECV) c->cseq = atomic_fetch_add(&g->p2p_recvd[c->peer], 1) + 1;
       else c->cseq = ++g->next_cseq;
       c->mine.seq = c->cseq;
+      if (g->n == 1 && !gpu_is_p2p(c->func)) c->all[0] = c->mine; /* no host exchange (hostless) */
       if (c->func == FUNC_RECV && c->peer != g->rank && !gpu_p2p_active(g, FUNC_RECV, c->peer))
         (void)gpu_post_recv(c, 0, &c->mailed); /* now if the entry is free: else the bridge waits for it */
     }
