@@ -432,8 +432,9 @@ static void p2p_mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) 
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0x9400, &s);
   float* a = dev_alloc(2 * N);
-  if (rank == 0) NCCL_OK(ncclSend(a, N, ncclFloat32, 1, comm, s));
-  else NCCL_OK(ncclRecv(a, 2 * N, ncclFloat32, 0, comm, s));
+  int from = nranks - 2, to = nranks - 1; /* on 3 ranks: a pair that rank 0's process copies */
+  if (rank == from) NCCL_OK(ncclSend(a, N, ncclFloat32, to, comm, s));
+  else if (rank == to) NCCL_OK(ncclRecv(a, 2 * N, ncclFloat32, from, comm, s));
   ASSERT_EQ(fk.sync(s), 0);
   expect_failed(comm, ncclInvalidUsage, "does not match");
   NCCL_OK(ncclCommAbort(comm));
@@ -444,6 +445,7 @@ TEST_T(cuda_gpu, send_recv_mismatch_fails_both, 60) {
   if (no_kernels()) return;
   load();
   rt_run_procs(2, p2p_mismatch_body, NULL);
+  rt_run_procs(3, p2p_mismatch_body, NULL);
 }
 
 /* A send whose receive never comes: CHORUS_TIMEOUT fails it, and its stream, which waits for the

@@ -33,6 +33,8 @@ static struct {
   cu_result (*mem_alloc)(uintptr_t*, size_t);
   cu_result (*mem_free)(uintptr_t);
   cu_result (*ctx_id)(void*, unsigned long long*); /* optional (CUDA 12.0) */
+  cu_result (*stream_create)(void**, unsigned);
+  cu_result (*stream_destroy)(void*);
 } dv;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -73,6 +75,8 @@ static int look(void) {
   SYM(mem_alloc, "cuMemAlloc_v2");
   SYM(mem_free, "cuMemFree_v2");
   SYM(ctx_id, "cuCtxGetId");
+  SYM(stream_create, "cuStreamCreate");
+  SYM(stream_destroy, "cuStreamDestroy_v2");
 #undef SYM
   void** all = (void**)&dv;
   for (size_t i = 0; i + 1 < sizeof(dv) / sizeof(void*); i++) /* all but the optional last */
@@ -258,6 +262,20 @@ static ch_status ipc_close(uintptr_t base, void* ctx) {
   return CH_OK;
 }
 void cudev_ipc_close(uintptr_t base, void* ctx) { ipc_close(base, ctx); }
+
+#define CU_STREAM_NON_BLOCKING 0x1
+ch_status cudev_stream_new(void** s, void* ctx) {
+  if (!dv.stream_create || !dv.stream_destroy) return CH_INTERNAL;
+  IN_CTX(ctx, "cuStreamCreate", dv.stream_create(s, CU_STREAM_NON_BLOCKING));
+  return CH_OK;
+}
+static ch_status stream_free(void* s, void* ctx) {
+  IN_CTX(ctx, "cuStreamDestroy", dv.stream_destroy(s));
+  return CH_OK;
+}
+void cudev_stream_free(void* s, void* ctx) {
+  if (s) stream_free(s, ctx);
+}
 
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01
 #define CU_MEMHOSTREGISTER_DEVICEMAP 0x02

@@ -126,6 +126,9 @@ int cudev_ipc_open(const cudev_ipc_handle* h, void* ctx, uintptr_t* base);
  * sandbox). 0: none could be made. */
 int cudev_probe(void* ctx, uint64_t* id, cudev_ipc_handle* h);
 void cudev_ipc_close(uintptr_t base, void* ctx);
+/* A stream of ctx that does not wait for the legacy stream (gpu/copier.c), and its end. */
+ch_status cudev_stream_new(void** s, void* ctx);
+void cudev_stream_free(void* s, void* ctx);
 /* Pin host memory p (shared with other processes) and map it for the device: *dev its device address. */
 ch_status cudev_host_register(void* p, size_t bytes, void* ctx, void** dev);
 void cudev_host_unregister(void* p, void* ctx);

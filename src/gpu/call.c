@@ -103,7 +103,8 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   /* A send whose sender copies needs no host exchange: the receiver leaves its description in the
    * pair's mailbox (gpu.h), where the sender's bridge takes it. */
   t->hostless = c->peer != g->rank && ((c->func == FUNC_SEND && gpu_p2p_active(g, FUNC_SEND, c->peer)) ||
-                                       (c->func == FUNC_RECV && !gpu_p2p_active(g, FUNC_RECV, c->peer)));
+                                       (c->func == FUNC_RECV && !gpu_p2p_active(g, FUNC_RECV, c->peer)) ||
+                                       (c->func == FUNC_SEND && gpu_p2p_relayed(g, g->rank, c->peer)));
   t->hostless |= g->n == 1 && !gpu_is_p2p(c->func); /* one rank's "allgather": at launch (gpu_launch) */
   t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
   t->sendbuff = &c->mine, t->recvbuff = c->all;
@@ -152,10 +153,14 @@ static void barrier(struct memops* o, uint32_t seq, size_t field) {
     if (r != g->rank) memop(o, word_dev(g, r, field), seq, 1);
 }
 
-/* The word of the ordered pair src -> dst (gpu_pair): `posted` (the rank that does not copy has its
- * buffer ready) or `copied` (the copying rank's kernel is done with both buffers). */
-static void* pair_dev(struct gpu_comm* g, int src, int dst, int copied) {
-  return (char*)g->seg_dev + gpu_pair_off(g->n, src, dst) + (copied ? offsetof(struct gpu_pair, copied) : 0);
+/* A word of the ordered pair src -> dst (gpu_pair): `posted` (the rank that does not copy has its
+ * buffer ready; a relayed pair's sender: `posted_send`) or `copied` (the copy is done). */
+enum { P_POSTED = 0, P_COPIED = 1, P_POSTED_SEND = 2 };
+static void* pair_dev(struct gpu_comm* g, int src, int dst, int word) {
+  size_t off = word == P_COPIED ? offsetof(struct gpu_pair, copied)
+               : word == P_POSTED_SEND ? offsetof(struct gpu_pair, posted_send)
+                                        : offsetof(struct gpu_pair, posted);
+  return (char*)g->seg_dev + gpu_pair_off(g->n, src, dst) + off;
 }
 static void* slot_done_dev(struct gpu_comm* g, uint32_t seq) {
   return priv_dev(g, offsetof(struct gpu_priv, slot_done) + (seq % GPU_SLOTS) * sizeof(uint32_t));
@@ -191,7 +196,13 @@ int gpu_one_kernel(const struct gpu_comm* g, int func) {
  * exchange (sendrecv_perf, a pipeline's neighbours) run one process's kernel, not two. */
 int gpu_p2p_active(const struct gpu_comm* g, int func, int peer) {
   if (!g->one_kernel || peer == g->rank) return func == FUNC_RECV;
-  return g->rank < peer;
+  int src = func == FUNC_SEND ? g->rank : peer, dst = func == FUNC_SEND ? peer : g->rank;
+  return !gpu_p2p_relayed(g, src, dst) && g->rank < peer;
+}
+
+int gpu_p2p_mails(const struct gpu_comm* g, const struct gpu_call* c) {
+  return gpu_is_p2p(c->func) && c->peer != g->rank && !gpu_p2p_active(g, c->func, c->peer) &&
+         (c->func == FUNC_RECV || gpu_p2p_relayed(g, g->rank, c->peer));
 }
 
 /* Rank me's part of a call (devjob.h). Reductions: each rank reduces its share of the elements from
@@ -252,23 +263,29 @@ void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args
     for (int r = 0; g->rank == 0 && r < g->n; r++) rank_jobs(g, c, a, r);
 }
 
+/* A kernel for the jobs in a (its table and failure words filled in), on stream s: enough blocks to
+ * cover the largest job at 4 elements a thread, at most 4 per SM in all; a kernel of many blocks
+ * reads a copy of the table that the stage kernel makes in stage_dev's entry `slot` first. */
+ch_status gpu_launch_jobs(struct gpu_comm* g, struct dev_args* a, void* stage_dev, uint32_t slot, cudaStream_t s) {
+  uint64_t most = 0;
+  for (int j = 0; j < a->njobs; j++) most = UT_MAX(most, a->job[j].count);
+  uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a->njobs, 1));
+  gx = UT_MAX(gx, 1);
+  if (gx * (uint64_t)a->njobs >= (uint64_t)g->stage_blocks) { /* the table read once, into device memory */
+    struct dev_staged* d = (struct dev_staged*)((char*)stage_dev + (slot % GPU_SLOTS) * sizeof(*d));
+    struct dev_stage_args sa = {.table = a->table, .fail = {a->fail[0], a->fail[1]}, .dst = (uintptr_t)d};
+    CHECK(cudev_launch(g->fn[DEV_STAGE], 1, 1, s, g->ctx, &sa));
+    a->table = (uintptr_t)&d->table, a->fail[0] = (uintptr_t)&d->failed[0], a->fail[1] = (uintptr_t)&d->failed[1];
+  }
+  return cudev_launch(g->fn[a->type], (unsigned)gx, (unsigned)a->njobs, s, g->ctx, a);
+}
+
 /* This call's kernel, if its rank has anything to do (gpu_fill_args). */
 static ch_status run_kernel(struct gpu_comm* g, const struct gpu_call* c, cudaStream_t s) {
   struct dev_args a;
   gpu_fill_args(g, c, &a);
   if (!a.njobs) return CH_OK;
-  uint64_t most = 0;
-  for (int j = 0; j < a.njobs; j++) most = UT_MAX(most, a.job[j].count);
-  /* enough blocks to cover the largest job at 4 elements a thread, at most 4 per SM in all */
-  uint64_t gx = UT_MIN(UT_DIV_UP(most, (uint64_t)512 * 4), (uint64_t)UT_MAX(g->sms * 4 / a.njobs, 1));
-  gx = UT_MAX(gx, 1);
-  if (gx * (uint64_t)a.njobs >= (uint64_t)g->stage_blocks) { /* the table read once, into device memory */
-    struct dev_staged* d = (struct dev_staged*)((char*)g->stage_dev + (c->seq % GPU_SLOTS) * sizeof(*d));
-    struct dev_stage_args sa = {.table = a.table, .fail = {a.fail[0], a.fail[1]}, .dst = (uintptr_t)d};
-    CHECK(cudev_launch(g->fn[DEV_STAGE], 1, 1, s, g->ctx, &sa));
-    a.table = (uintptr_t)&d->table, a.fail[0] = (uintptr_t)&d->failed[0], a.fail[1] = (uintptr_t)&d->failed[1];
-  }
-  return cudev_launch(g->fn[c->type], (unsigned)gx, (unsigned)a.njobs, s, g->ctx, &a);
+  return gpu_launch_jobs(g, &a, g->stage_dev, c->seq, s);
 }
 
 /* A rank's calls on one communicator run in call order whatever streams they name (as NCCL orders
@@ -335,7 +352,8 @@ static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
   for (int i = 0; i < k; i++)
     if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer) && g->seg) {
       p2p_pair(g, cs[i], &src, &dst);
-      memop(&o, pair_dev(g, src, dst, 0), cs[i]->cseq, 0);
+      int word = cs[i]->func == FUNC_SEND && gpu_p2p_relayed(g, src, dst) ? P_POSTED_SEND : P_POSTED;
+      memop(&o, pair_dev(g, src, dst, word), cs[i]->cseq, 0);
     }
   for (int i = 0; i < k; i++) {
     if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer)) continue;
@@ -417,8 +435,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       else c->cseq = ++g->next_cseq;
       c->mine.seq = c->cseq;
       if (g->n == 1 && !gpu_is_p2p(c->func)) c->all[0] = c->mine; /* no host exchange (hostless) */
-      if (c->func == FUNC_RECV && c->peer != g->rank && !gpu_p2p_active(g, FUNC_RECV, c->peer))
-        (void)gpu_post_recv(c, 0, &c->mailed); /* now if the entry is free: else the bridge waits for it */
+      if (gpu_p2p_mails(g, c)) (void)gpu_post(c, 0, &c->mailed); /* now if the entry is free: else the bridge waits */
     }
     /* Queued as one (sends and receives: then all are, by refusal) or call by call. */
     int p2p = gpu_is_p2p(b->call[0]->func);

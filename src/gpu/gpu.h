@@ -34,6 +34,7 @@
 /* Per rank, in the shared page: written by that rank's stream, read by every rank's stream. */
 struct gpu_words {
   _Alignas(64) _Atomic uint32_t arrive, done;
+  _Atomic uint32_t left; /* host-only: the rank's comm is being freed, its calls done (rank 0's copier waits for it) */
 };
 struct gpu_seg {
   uint64_t token; /* the export token (tp_fd_map checks it) */
@@ -43,13 +44,16 @@ struct gpu_seg {
 };
 /* Per ordered pair src -> dst, after w[n]. One rank of the pair copies (gpu_p2p_active): the lower
  * one, so that two ranks that exchange need one process's kernel, not two (kernels of different
- * processes take turns on the GPU, ~0.3 ms each time on the H200). The other rank's stream says its
- * buffer is ready (`posted`: its send's data, or its receive's buffer free) and waits for `copied`,
- * which the copying rank's stream writes after its kernel. Both carry the number of sends on that
- * ordered pair (alike on both sides). `taken` is host-only: the last receive description (below) that
- * the sender's bridge took from the pair's mailbox. */
+ * processes take turns on the GPU, ~0.15-0.3 ms each time on the H200). The other rank's stream says
+ * its buffer is ready (`posted`: its send's data, or its receive's buffer free) and waits for
+ * `copied`, which the copying rank's stream writes after its kernel. On 3 ranks or more, a pair
+ * without rank 0 is copied by rank 0's process instead (gpu/copier.c: every copy then comes from
+ * one process): the receiver's stream writes `posted`, the sender's `posted_send`, and the copier's
+ * stream `copied`. All carry the number of sends on that ordered pair (alike on both sides).
+ * `taken` and `taken_send` are host-only: the last description (below) the copying side took from
+ * the pair's mailboxes. */
 struct gpu_pair {
-  _Atomic uint32_t posted, copied, taken, pad;
+  _Atomic uint32_t posted, copied, taken, posted_send, taken_send, pad[3];
 };
 static inline size_t gpu_pair_off(int n, int src, int dst) {
   size_t pairs = sizeof(struct gpu_seg) + (size_t)n * sizeof(struct gpu_words);
@@ -101,6 +105,7 @@ struct gpu_comm {
   int nown;
   struct gpu_ipc (*ipc)[GPU_IPC_CACHE]; /* [n][GPU_IPC_CACHE] */
   struct gpu_comm* next_orphan;         /* gpu/setup.c's orphans_mu */
+  struct gpu_copier* copier;            /* rank 0 of 3+ ranks: copies the relayed pairs (gpu/copier.c) */
   /* gpu/watch.c, under its watch_mu */
   struct gpu_comm* next_watched;
   uint32_t watch_seq;   /* the oldest unfinished call when last looked at */
@@ -127,19 +132,22 @@ struct gpu_desc {
   struct gpu_buf_desc buf[2];
 };
 
-/* A sender that copies (the lower rank of its pair) needs its receiver's buffer: the receiver's
- * bridge leaves its description in the pair's mailbox, after the pair words, GPU_MAIL entries per
- * ordered pair (entry k holds receive number k mod GPU_MAIL). The receiver's bridge writes an entry
- * once the sender's has taken the one before it there (gpu_pair.taken), `seq` last; the sender's bridge
+/* A sender that copies (the lower rank of its pair) needs its receiver's buffer, and rank 0's copier
+ * both buffers: the side that does not copy leaves its description in the pair's mailbox, after the
+ * pair words, GPU_MAIL entries per ordered pair and side (GPU_MAIL_RECV: the receiver's; GPU_MAIL_SEND:
+ * the sender's; entry k holds call number k mod GPU_MAIL). A rank writes an entry once the copying
+ * side has taken the one before it there (gpu_pair.taken, taken_send), `seq` last; the copying side
  * waits for `seq`, copies the entry and checks every field before use. */
 #define GPU_MAIL 8
+enum { GPU_MAIL_RECV = 0, GPU_MAIL_SEND = 1 };
 struct gpu_mail {
   _Atomic uint32_t seq;
   uint32_t pad;
   struct gpu_desc d;
 };
-static inline size_t gpu_mail_off(int n, int src, int dst, uint32_t k) {
-  return UT_ALIGN_UP(gpu_pair_off(n, n, 0), 64) + (((size_t)src * n + dst) * GPU_MAIL + k % GPU_MAIL) * sizeof(struct gpu_mail);
+static inline size_t gpu_mail_off(int n, int src, int dst, uint32_t k, int side) {
+  return UT_ALIGN_UP(gpu_pair_off(n, n, 0), 64) +
+         ((((size_t)src * n + dst) * 2 + (size_t)side) * GPU_MAIL + k % GPU_MAIL) * sizeof(struct gpu_mail);
 }
 
 /* One call, from enqueue to the bridge's hook. */
@@ -189,9 +197,17 @@ int gpu_is_p2p(int func);
 int gpu_a2a_pair(int n, int me, int r); /* AlltoAll: rank me moves the blocks of the pair {me, r} */
 int gpu_one_kernel(const struct gpu_comm* g, int func); /* rank 0's kernel does every rank's part */
 /* Send/Recv: 1 if this rank's kernel copies the pair's data (the lower rank of the pair with
- * CHORUS_CUDA_ONE_KERNEL, else the receiver; a send to itself: the receive). */
+ * CHORUS_CUDA_ONE_KERNEL, else the receiver; a send to itself: the receive; 0 on both sides of a
+ * relayed pair). */
 int gpu_p2p_active(const struct gpu_comm* g, int func, int peer);
+/* The ordered pair src -> dst is copied by rank 0's process (gpu/copier.c): 3 ranks or more, neither
+ * is rank 0, CHORUS_CUDA_ONE_KERNEL. */
+static inline int gpu_p2p_relayed(const struct gpu_comm* g, int src, int dst) {
+  return g->one_kernel && g->n >= 3 && g->seg && src != 0 && dst != 0 && src != dst;
+}
 struct dev_args;
+/* Launch the kernel for a's jobs on s (stage_dev: GPU_SLOTS struct dev_staged, entry slot % GPU_SLOTS). */
+ch_status gpu_launch_jobs(struct gpu_comm* g, struct dev_args* a, void* stage_dev, uint32_t slot, cudaStream_t s);
 /* The jobs of this rank's kernel for call c (none: it launches nothing); also what resolve checks. */
 void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a);
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
@@ -206,9 +222,17 @@ struct gpu_batch {
   int n;
   struct gpu_call* call[];
 };
-/* gpu/resolve.c: a receive whose sender copies leaves its description in the pair's mailbox (wait:
- * until the entry is free; else only if it is free now). *posted = 1 once it is there. */
-ch_status gpu_post_recv(struct gpu_call* c, int wait, int* posted);
+/* gpu/resolve.c: a send or receive that another rank copies leaves its description in the pair's
+ * mailbox (wait: until the entry is free; else only if it is free now). *posted = 1 once it is there. */
+ch_status gpu_post(struct gpu_call* c, int wait, int* posted);
+/* 1 if c leaves its description in a mailbox (gpu_post). */
+int gpu_p2p_mails(const struct gpu_comm* g, const struct gpu_call* c);
+/* gpu/copier.c: rank 0's copier of the relayed pairs (started at setup where some pair is). Stopped
+ * before the shared page goes: unless aborting, once the other process ranks have left (their calls
+ * done) and every copy posted is done, or after 10 s. */
+struct gpu_copier;
+ch_status gpu_copier_start(struct gpu_comm* g);
+void gpu_copier_stop(struct gpu_comm* g);
 /* gpu/resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */
 void gpu_after(void* batch, ch_status st);
 

@@ -230,16 +230,20 @@ static ch_status peer_wait_broken(struct gpu_comm* g) {
   return CH_OK;
 }
 
-/* A receive whose sender copies: leave this rank's description in the pair's mailbox (gpu.h), once
- * the sender has taken the entry GPU_MAIL receives before it. Unchecked here: the sender checks it
- * against its send (and fails, failing this rank through the GPU's failure word, if it differs).
- * Called by the launching thread (wait = 0) and by the bridge (wait = 1), never for one entry at once:
- * the launching thread posts entry k only once the sender has taken k - GPU_MAIL, whose post came first. */
-ch_status gpu_post_recv(struct gpu_call* c, int wait, int* posted) {
+/* A send or receive that another rank copies (gpu_p2p_mails): leave this rank's description in the
+ * pair's mailbox (gpu.h), once the copying side has taken the entry GPU_MAIL calls before it.
+ * Unchecked here: the copying side checks it against the other side's (and fails, failing this rank
+ * through the GPU's failure word, if they differ). Called by the launching thread (wait = 0) and by
+ * the bridge (wait = 1), never for one entry at once: the launching thread posts entry k only once
+ * k - GPU_MAIL is taken, whose post came first. */
+ch_status gpu_post(struct gpu_call* c, int wait, int* posted) {
   struct gpu_comm* g = c->g;
-  struct gpu_pair* pr = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, c->peer, g->rank));
-  struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_mail_off(g->n, c->peer, g->rank, c->cseq));
-  for (uint64_t i = 0; cyc_before(atomic_load_explicit(&pr->taken, memory_order_acquire), c->cseq - GPU_MAIL); i++) {
+  int send = c->func == FUNC_SEND, src = send ? g->rank : c->peer, dst = send ? c->peer : g->rank;
+  struct gpu_pair* pr = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, src, dst));
+  struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg +
+                                          gpu_mail_off(g->n, src, dst, c->cseq, send ? GPU_MAIL_SEND : GPU_MAIL_RECV));
+  _Atomic uint32_t* taken = send ? &pr->taken_send : &pr->taken;
+  for (uint64_t i = 0; cyc_before(atomic_load_explicit(taken, memory_order_acquire), c->cseq - GPU_MAIL); i++) {
     if (!wait) return CH_OK;
     CHECK(peer_wait_broken(g));
     ut_backoff(i);
@@ -255,7 +259,7 @@ ch_status gpu_post_recv(struct gpu_call* c, int wait, int* posted) {
 static ch_status resolve_send(struct gpu_comm* g, struct gpu_call* c) {
   int me = g->rank, p = c->peer;
   struct gpu_pair* pr = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, me, p));
-  struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_mail_off(g->n, me, p, c->cseq));
+  struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_mail_off(g->n, me, p, c->cseq, GPU_MAIL_RECV));
   for (uint64_t i = 0; atomic_load_explicit(&m->seq, memory_order_acquire) != c->cseq; i++) {
     CHECK(peer_wait_broken(g));
     ut_backoff(i);
@@ -293,9 +297,8 @@ void gpu_after(void* batch, ch_status st) {
    * each other (the copying rank is the lower one of each pair: waits only go up in rank). */
   for (int i = 0; st == CH_OK && i < b->n; i++) {
     struct gpu_call* c = b->call[i];
-    if (c->func != FUNC_RECV || c->mailed || c->peer == c->g->rank || gpu_p2p_active(c->g, FUNC_RECV, c->peer))
-      continue;
-    ch_status e = gpu_post_recv(c, 1, &c->mailed);
+    if (c->mailed || !gpu_p2p_mails(c->g, c)) continue;
+    ch_status e = gpu_post(c, 1, &c->mailed);
     if (e != CH_OK) st = e;
   }
   for (int i = 0; i < b->n; i++) {

@@ -87,7 +87,7 @@ static void seg_put(void* mem) {
   free(last);
 }
 
-static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_mail_off(n, n, 0, 0), 4096); } /* words, pairs, mailboxes */
+static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_mail_off(n, n, 0, 0, 0), 4096); } /* words, pairs, mailboxes */
 
 /* Rank 0 creates the page (a sealed memfd, so nothing outlives the processes) and exports it; every
  * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
@@ -356,6 +356,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     for (int t = 0; ok && t <= DEV_STAGE; t++) ok = (g->fn[t] = cudev_kernel(g->ctx, t)) != NULL;
     g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
     g->one_kernel = param_int(PARAM_CUDA_ONE_KERNEL) != 0;
+    if (ok) ok = gpu_copier_start(g) == CH_OK; /* rank 0 of 3+ ranks (its one_kernel is everyone's) */
   }
   /* One rank that failed alone here must not leave the others on the GPU path: agree once more. */
   if (s == CH_OK && n > 1) {
@@ -371,6 +372,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   }
   if (s != CH_OK || !ok) {
     if (!g) return s == CH_OK ? CH_SYSTEM : s;
+    gpu_copier_stop(g);
     if (g->bridge) stream_destroy(g->bridge);
     if (g->priv) cudrv_host_free(g->priv, g->ctx);
     cudev_dev_free(g->ctx, g->stage_dev);
@@ -424,8 +426,10 @@ void gpu_unblock(struct gpu_comm* g) {
       uint32_t s = atomic_load_explicit(&g->p2p_sent[r], memory_order_relaxed) + ahead;
       uint32_t d = atomic_load_explicit(&g->p2p_recvd[r], memory_order_relaxed) + ahead;
       atomic_store_explicit(&to->posted, s, memory_order_release);
+      atomic_store_explicit(&to->posted_send, s, memory_order_release);
       atomic_store_explicit(&to->copied, s, memory_order_release);
       atomic_store_explicit(&from->posted, d, memory_order_release);
+      atomic_store_explicit(&from->posted_send, d, memory_order_release);
       atomic_store_explicit(&from->copied, d, memory_order_release);
     }
   atomic_store_explicit(&g->priv->ready, v, memory_order_release);
@@ -516,6 +520,8 @@ void gpu_free(struct ncclComm* comm) {
   /* Destroy waits (a while) for the streams, as NCCL's does; an abort never waits for a stream. */
   uint64_t t0 = ut_now_ns();
   for (uint64_t i = 0; !aborted && !all_done(g) && ut_now_ns() - t0 < 10000000000ull; i++) ut_backoff(i);
+  if (g->seg) atomic_store_explicit(&g->seg->w[g->rank].left, 1, memory_order_release);
+  gpu_copier_stop(g); /* rank 0: the copies between other ranks (their calls are done, or they fail) */
   gpu_watch_remove(g); /* it may have let the streams through meanwhile; now before anything goes */
   comm->gpu = NULL;    /* only the watcher (gone now) and the comm's own threads (done) read it */
   if (!all_done(g)) { /* an abort, or streams stuck past the wait */
