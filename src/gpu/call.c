@@ -253,7 +253,7 @@ void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args
   memset(a, 0, sizeof(*a));
   size_t slot = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
   a->table = (uint64_t)(uintptr_t)priv_dev(g, slot);
-  a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor;
+  a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor, a->unroll = g->unroll;
   a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
   a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
   if (gpu_is_p2p(c->func)) {
@@ -307,13 +307,31 @@ static ch_status done(struct gpu_comm* g, cudaStream_t s) {
 }
 
 /* A collective: its table, a barrier (every input ready), the kernel, a barrier (nobody still reads),
- * its slot freed. The operations before and after the kernel go to the driver as one batch each. */
+ * its slot freed. The operations before and after the kernel go to the driver as one batch each. With
+ * one kernel for all (rank 0's), the barriers are a star: only rank 0 waits for the others' inputs,
+ * and the others only for rank 0's kernel (one cross-process round trip a call, not two each way). */
 static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
   struct memops o = {.g = g, .s = c->stream};
   CHECK(follow(g, c->stream));
   if (c->copy_only) {
     CHECK(cudrv_copy_dtod((void*)c->ptr[DEV_RECV], c->ptr[DEV_SEND], c->count * red_type_size(c->type), c->stream,
                           g->ctx));
+    memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+    CHECK(flush(&o));
+    return done(g, c->stream);
+  }
+  if (g->seg && gpu_one_kernel(g, c->func)) { /* a star around rank 0, whose kernel alone touches buffers */
+    size_t arrive = offsetof(struct gpu_words, arrive), dn = offsetof(struct gpu_words, done);
+    if (g->rank == 0) { /* its table, every rank's inputs ready, the kernel, then the others may go on */
+      memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
+      for (int r = 1; r < g->n; r++) memop(&o, word_dev(g, r, arrive), c->cseq, 1);
+      CHECK(flush(&o));
+      CHECK(run_kernel(g, c, c->stream));
+      memop(&o, word_dev(g, 0, dn), c->cseq, 0);
+    } else { /* no kernel, no table: my inputs are ready, then wait until rank 0's kernel is done */
+      memop(&o, word_dev(g, g->rank, arrive), c->cseq, 0);
+      memop(&o, word_dev(g, 0, dn), c->cseq, 1);
+    }
     memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
     CHECK(flush(&o));
     return done(g, c->stream);

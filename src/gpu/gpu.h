@@ -90,6 +90,7 @@ struct gpu_comm {
   void* stage_dev;  /* [GPU_SLOTS] struct dev_staged in device memory: written and read by this rank's stream */
   int stage_blocks; /* CHORUS_CUDA_STAGE_BLOCKS */
   int one_kernel;   /* CHORUS_CUDA_ONE_KERNEL, rank 0's: alike on every rank */
+  int unroll;       /* CHORUS_CUDA_UNROLL: this rank's kernels */
   void* fn[DEV_STAGE + 1]; /* the kernels in ctx (cudev_kernel), looked up once at init */
   cudaStream_t bridge;
   uint32_t next_seq;  /* this rank's calls: tables, slots (the owner, at launch) */

@@ -356,6 +356,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     for (int t = 0; ok && t <= DEV_STAGE; t++) ok = (g->fn[t] = cudev_kernel(g->ctx, t)) != NULL;
     g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
     g->one_kernel = param_int(PARAM_CUDA_ONE_KERNEL) != 0;
+    g->unroll = (int)UT_MAX(UT_MIN(param_int(PARAM_CUDA_UNROLL), 4), 1);
     if (ok) ok = gpu_copier_start(g) == CH_OK; /* rank 0 of 3+ ranks (its one_kernel is everyone's) */
   }
   /* One rank that failed alone here must not leave the others on the GPU path: agree once more. */
