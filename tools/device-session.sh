@@ -166,6 +166,34 @@ p2p() {
   done
 }
 
+# Issue 29's third sitting: the star barriers and the reduction kernel's loads in flight
+# (CHORUS_CUDA_UNROLL=1 is the old kernel), the copy rate for the HBM bound, the 4-rank DDP step on a
+# 42.5 M-parameter transformer with and without its AllReduce, one rank alone. ~4 min on an H200.
+kernels() {
+  [[ -x $B/bin/all_reduce_perf ]] || build || return 1
+  local p=(-b 8 -e 256M -f 32 -n 20 -w 5 -T 30) np
+  for np in 2 4; do
+    bounded ar 40 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
+    bounded ar 40 env CHORUS_CUDA_UNROLL=1 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
+    bounded ar 30 $B/bin/reduce_scatter_perf --device -np "$np" -b 8M -e 256M -f 32 -n 20 -w 5 -T 30
+    bounded ar 30 $B/bin/sendrecv_perf --device -np "$np" -b 8 -e 8M -f 32 -n 20 -w 5 -T 30
+  done
+  bounded ar 20 $B/bin/all_reduce_perf --device -g 2 "${p[@]}" # thread ranks
+  bounded ar 20 "$py" -c '
+import torch, time
+n = 256 << 20
+d = torch.empty(n, dtype=torch.uint8, device="cuda"); e = torch.empty_like(d)
+def rate(f, reps=20):
+    f(); torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(reps): f()
+    torch.cuda.synchronize(); return n * reps / (time.perf_counter() - t) / 1e9
+print("DtoD %.1f GB/s copied (bytes read + written: x2)" % rate(lambda: e.copy_(d)))'
+  for np in 1 4; do
+    bounded torch 90 env LD_PRELOAD="$B/lib/libnccl.so.2" CHORUS_SMOKE_TRANSFORMER=1 PYTHONUNBUFFERED=1 \
+      "$py" tests/torch/gpu_nccl_smoke.py "$np"
+  done
+}
+
 # Open MPI for the baseline: the machine's, else the wheel `prep` carried (unpacked, no network).
 mpi_setup() {
   if [[ -z ${MPI_WHEEL:-} ]] && command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
@@ -259,8 +287,8 @@ prep() { # here, before the first device call
 
 for step in "${@:-gpu}"; do
   case $step in
-    prep | build | gpu | p2p | ab | scaling) "$step" ;;
-    *) echo "usage: $0 prep | gpu | p2p | ab | scaling | build" >&2; exit 2 ;;
+    prep | build | gpu | p2p | kernels | ab | scaling) "$step" ;;
+    *) echo "usage: $0 prep | gpu | p2p | kernels | ab | scaling | build" >&2; exit 2 ;;
   esac
 done
 echo "done in $((SECONDS - start)) s; results in $OUT" | tee -a "$OUT/summary.txt"

@@ -36,10 +36,11 @@ def collectives(rank, n, dev):
     w.wait()
     # Point to point as pipeline parallelism uses it: a ring of batch_isend_irecv, then AlltoAll.
     nxt, prv = (rank + 1) % n, (rank - 1) % n
-    send, recv = torch.full((1000,), float(rank), device=dev), torch.empty(1000, device=dev)
-    for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]):
-        r.wait()
-    assert torch.all(recv == prv).item(), recv[:4]
+    if n > 1:  # torch refuses a send to itself
+        send, recv = torch.full((1000,), float(rank), device=dev), torch.empty(1000, device=dev)
+        for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]):
+            r.wait()
+        assert torch.all(recv == prv).item(), recv[:4]
     a2a = torch.empty(n * 100, device=dev)
     dist.all_to_all_single(a2a, torch.arange(n * 100, device=dev, dtype=torch.float32) + 1000 * rank)
     want = torch.cat([torch.arange(rank * 100, rank * 100 + 100, dtype=torch.float32) + 1000 * j for j in range(n)])
@@ -78,14 +79,43 @@ def ddp_params(rank, dev, steps=20):
     return torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
 
 
+def transformer_ms(rank, dev, ddp, steps=10):
+    """One training step of a 6-layer transformer encoder (d_model 768: 42.5 M parameters, batch 8 x
+    256 tokens, SGD), in ms: with DDP over the process group, or each rank alone (the GPU shared all
+    the same: what compute costs when every rank's kernels take turns)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 6).to(dev)
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 256, 768, device=dev)
+    for i in range(steps + 3):
+        if i == 3:
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
 def run(rank, n, path):
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", init_method=f"file://{path}.nccl", rank=rank, world_size=n)
     collectives(rank, n, dev)
-    p2p = [p2p_us(rank, n, dev, numel) for numel in (2, 1 << 20)]
-    if rank == 0:
+    p2p = [p2p_us(rank, n, dev, numel) for numel in (2, 1 << 20)] if n > 1 else None
+    if rank == 0 and p2p:
         print(f"{n} ranks: batch_isend_irecv ring step {p2p[0]:.1f} us at 8 B, {p2p[1]:.1f} us at 4 MiB")
+    if os.environ.get("CHORUS_SMOKE_TRANSFORMER"):
+        alone, with_ddp = transformer_ms(rank, dev, False), transformer_ms(rank, dev, True)
+        if rank == 0:
+            print(f"{n} ranks: transformer step {with_ddp:.1f} ms with DDP, {alone:.1f} ms without "
+                  f"(every rank computing at once, no gradient AllReduce)")
     t0 = time.perf_counter()
     p_nccl = ddp_params(rank, dev)
     step_ms = (time.perf_counter() - t0) / 20 * 1e3
