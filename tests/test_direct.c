@@ -75,6 +75,19 @@ TEST(direct, one_plain_buffer_falls_back_4) {
   rt_run_procs(4, mixed_body, (void*)1);
 }
 
+/* The fallback on the channels the model gives Ring (standby ops on channels 1..3, core/plan.c),
+ * each call three times (the plan reused: standby ops stay the fallback, the Direct op goes back to
+ * Direct), and with every buffer from ncclMemAlloc the standby ops skip. */
+TEST(direct, fallback_on_several_channels) {
+  direct_everywhere();
+  setenv("NCCL_MIN_NCHANNELS", "4", 1); /* 4 channels for the 400 KB calls */
+  cu_force_proto(NULL);
+  rt_run_procs(3, mixed_body, (void*)1);
+  rt_run_procs(2, mixed_body, NULL);
+  unsetenv("NCCL_MIN_NCHANNELS");
+  cu_force_proto(NULL);
+}
+
 /* 18 ranks, each with a send and a receive allocation: one call maps 34 peer buffers, more than the
  * 32 mappings a small communicator keeps; it used to unmap one the call still used (SIGSEGV). */
 TEST_T(direct, one_call_maps_more_buffers_than_32, 120) {

@@ -127,6 +127,11 @@ struct ch_op {
                                   * mappings of peer buffers */
   struct direct_buf dsend, drecv; /* ALGO_DIRECT: this rank's buffers as peers reach them */
   int fallback_algo;             /* ALGO_DIRECT between processes, when some buffer is not shareable */
+  /* Direct between processes on several channels: the Direct op (channel 0) and standby ops (channels
+   * 1.., standby = 1, algo = the fallback) share the task's outcome (the plan's): undecided, Direct
+   * ran (standbys skip), or Direct fell back (each op runs the fallback on its channel's share). */
+  int standby;
+  _Atomic int* outcome;
   uint64_t idx, nidx; /* next primitive index, total */
 };
 
@@ -151,6 +156,7 @@ uint64_t ring_allreduce_nsteps(const struct ch_op* op);
 void ring_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t exchange_allreduce_nsteps(const struct ch_op* op);
 void exchange_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+enum { DIRECT_OUTCOME_OPEN = 0, DIRECT_OUTCOME_RAN = 1, DIRECT_OUTCOME_FELL_BACK = 2 };
 /* Direct ops are not made of FIFO primitives: the engine calls this (3 steps) and gets one of these.
  * FALLBACK: the ranks' buffers cannot all be reached by peers, every rank runs op->fallback_algo
  * instead (all reach the same verdict from the same slots). FAILED (CH_SYSTEM): a rank could not map

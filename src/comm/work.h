@@ -10,6 +10,7 @@
 struct tune_choice {
   int algo, proto, nch;
   int fallback; /* algorithm when Direct finds a buffer other processes cannot reach */
+  int fb_nch;   /* Direct between processes: the channels that fallback takes (the model's for it), 1 if one */
   int nt;     /* write results with non-temporal (streaming) stores */
 };
 
@@ -56,6 +57,7 @@ struct ch_plan {
   int nlanes;
   struct ch_op** lane_ops; /* storage for every lane's op list */
   struct red_op* reds;     /* one per task */
+  _Atomic int* outcome;    /* one per task: Direct's verdict for its standby ops (DIRECT_OUTCOME_*, algo.h) */
   int ncoll;               /* collectives in the plan: comm->seq advances by this when it starts */
   int started, done;       /* done: ran to the end (only such a plan is kept for reuse) */
   ch_status status;

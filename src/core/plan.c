@@ -131,6 +131,11 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
                                     (uint32_t)t->type, t->count, 0, t->origin ? t->origin_root : -1};
 }
 
+/* Ops a task becomes: one per channel, or Direct's one op plus its standby ops (tune_choice.fb_nch). */
+static int task_nops(const struct ch_task* t) {
+  return t->how.algo == ALGO_DIRECT && t->how.fb_nch > 1 ? t->how.fb_nch : t->how.nch;
+}
+
 static int lane_of(const struct ncclComm* comm, const struct ch_task* t, int c) {
   if (is_coll(t->func)) return c;
   return CH_MAX_CHANNELS + (t->func == FUNC_SEND ? 0 : comm->nranks) + t->root;
@@ -175,13 +180,13 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
     /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
      * FIFOs of their own (comm_apeer), apart from the group's sends and receives. */
     tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
-    if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1;
-    for (int c = 0; c < t->how.nch; c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
-    nops += t->how.nch;
+    if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1, t->how.fb_nch = 1;
+    for (int c = 0; c < task_nops(t); c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
+    nops += task_nops(t);
   }
   size_t bytes = sizeof(struct ch_plan) + sizeof(struct ch_op) * (size_t)nops +
                  sizeof(struct ch_lane) * (size_t)nused + sizeof(struct ch_op*) * (size_t)nops +
-                 sizeof(struct red_op) * (size_t)ntasks;
+                 sizeof(struct red_op) * (size_t)ntasks + sizeof(_Atomic int) * (size_t)ntasks;
   char* mem;
   if (cached_plan && cached_plan->alloc_bytes >= bytes) {
     size_t have = cached_plan->alloc_bytes;
@@ -202,6 +207,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
   plan->lanes = (struct ch_lane*)(plan->ops + nops);
   plan->lane_ops = (struct ch_op**)(plan->lanes + nused);
   plan->reds = (struct red_op*)(plan->lane_ops + nops);
+  plan->outcome = (_Atomic int*)(plan->reds + ntasks);
   plan->comm = comm;
   plan->alloc_bytes = bytes;
   plan->nlanes = nused;
@@ -230,8 +236,10 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       plan->reds[i] = t->red;
       plan->ncoll++;
     }
-    size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)t->how.nch), 64);
-    for (int c = 0; c < t->how.nch; c++) {
+    int nt_ops = task_nops(t);
+    atomic_init(&plan->outcome[i], DIRECT_OUTCOME_OPEN);
+    size_t per = UT_ALIGN_UP(UT_DIV_UP(t->count, (size_t)nt_ops), 64);
+    for (int c = 0; c < nt_ops; c++) {
       struct ch_op* op = &plan->ops[plan->nops++];
       op_init(op, comm, t, &plan->reds[i]);
       if (is_coll(t->func)) op->ctx.hdr.seq = (uint64_t)plan->ncoll; /* 1-based, relative to the start */
@@ -252,6 +260,8 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
         op->clique = comm->clique;
         op->maps = comm->maps;
         op->fallback_algo = t->how.fallback;
+        op->outcome = &plan->outcome[i];
+        if (c > 0 && op->algo == ALGO_DIRECT) op->algo = t->how.fallback, op->standby = 1; /* channel c's share */
         if (op->algo == ALGO_DIRECT) direct_describe(op);
       } else if (t->func == FUNC_SEND) {
         op->ctx.out = &comm->p2p[t->root].send;
@@ -289,6 +299,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     return NULL;
   }
   pl->reds[0] = t->red;
+  atomic_store(&pl->outcome[0], DIRECT_OUTCOME_OPEN);
   pl->started = pl->done = 0;
   pl->status = CH_OK;
   for (int l = 0; l < pl->nlanes; l++) pl->lanes[l].cur = 0;
@@ -297,7 +308,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     op->sendbuff = t->sendbuff;
     op->recvbuff = t->recvbuff;
     op->idx = 0;
-    if (op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back last time */
+    if (!op->standby && op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back */
     if (op->algo == ALGO_DIRECT) direct_describe(op);
     op->ctx.hdr.seq = 1; /* the plan's only collective; made absolute by plan_start */
     op->ctx.hdr.op = hdr_op(t->op);
@@ -321,17 +332,30 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
   int progressed = 0;
   while (ln->cur < ln->nops) {
     struct ch_op* op = ln->ops[ln->cur];
+    if (op->standby) { /* Direct's verdict decides: nothing to do, or the fallback on this channel's share */
+      int o = atomic_load_explicit(op->outcome, memory_order_acquire);
+      if (o == DIRECT_OUTCOME_OPEN) break;
+      if (o == DIRECT_OUTCOME_RAN) { ln->cur++; progressed = 1; continue; }
+    }
     if (op->nidx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
-    if (op->idx + 1 >= op->nidx) { ln->cur++; progressed = 1; continue; }
+    if (op->idx + 1 >= op->nidx) {
+      if (op->algo == ALGO_DIRECT && op->outcome)
+        atomic_store_explicit(op->outcome, DIRECT_OUTCOME_RAN, memory_order_release);
+      ln->cur++;
+      progressed = 1;
+      continue;
+    }
     if (op->algo == ALGO_DIRECT) {
       int r = direct_allreduce_try(op);
       if (r == DIRECT_WAIT) break;
       if (r == DIRECT_MISMATCH || r == DIRECT_FAILED) { /* logged where it happened */
+        if (op->outcome) atomic_store_explicit(op->outcome, DIRECT_OUTCOME_RAN, memory_order_release); /* standbys end */
         *err = r == DIRECT_MISMATCH ? CH_INVALID_USAGE : CH_SYSTEM;
         if (r == DIRECT_MISMATCH) atomic_store(&comm->poisoned, 1); /* every rank logged it: no second WARN */
         break;
       }
       if (r == DIRECT_FALLBACK) { /* some buffer is unreachable: every rank switches to the FIFO algorithm */
+        if (op->outcome) atomic_store_explicit(op->outcome, DIRECT_OUTCOME_FELL_BACK, memory_order_release);
         op->algo = op->fallback_algo, op->idx = 0;
         op_set_chunk(comm, op, 1, op->esize); /* before counting its steps */
         op->nidx = algo_nsteps(op) + 1;

@@ -291,6 +291,10 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   out->algo = algo;
   out->proto = proto;
   out->nch = algo_one_channel(algo) ? 1 : nch;
+  /* Direct between processes that falls back runs its fallback on the channels the model gives it
+   * (standby ops, core/plan.c): on Direct's one channel, the 16-core machine's 4-256 MiB AllReduce
+   * trailed forced Ring by 1.27-1.42x (PERFORMANCE.md). */
+  out->fb_nch = algo == ALGO_DIRECT && comm->clique && comm->clique->procs && !algo_one_channel(out->fallback) ? nch : 1;
   /* A result larger than the caches is not read back soon: stream it (reduce/nt_copy.c). */
   size_t out_bytes = func == FUNC_ALLGATHER ? bytes * (size_t)n : bytes;
   out->nt = out_bytes >= comm->nt_min_bytes;
@@ -306,9 +310,11 @@ void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choi
   int by_tuner;
   double us = choose(comm, func, bytes, out, &by_tuner);
   int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s",
-       tune_func_name(func), bytes, algo_name(out->algo), note ? " if all buffers are from ncclMemAlloc, else " : "",
-       note ? algo_name(out->fallback) : "", tune_proto_name(out->proto), out->nch, us,
+  char fb[96] = "";
+  if (note) snprintf(fb, sizeof fb, " if all buffers are from ncclMemAlloc, else %s on %d channel(s)",
+                     algo_name(out->fallback), out->fb_nch);
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s",
+       tune_func_name(func), bytes, algo_name(out->algo), fb, tune_proto_name(out->proto), out->nch, us,
        by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
        out->nt ? ", streaming stores" : "");
 }
