@@ -35,6 +35,10 @@ static struct {
   int (*registered)(void);
   int (*stage_runs)(void);
   int (*destroy)(void*);
+  void (*begin_capture)(void*);
+  void* (*end_capture)(void*);
+  int (*graph_launch)(void*, void*);
+  int (*graph_ops)(void*);
 } fk;
 
 /* A build without nvcc has no kernels: every device buffer goes through host memory then. */
@@ -61,8 +65,12 @@ static void load(void) {
   *(void**)&fk.registered = dlsym(h, "fake_cuda_registered");
   *(void**)&fk.destroy = dlsym(h, "cuStreamDestroy_v2");
   *(void**)&fk.stage_runs = dlsym(h, "fake_cuda_stage_runs");
+  *(void**)&fk.begin_capture = dlsym(h, "fake_cuda_begin_capture");
+  *(void**)&fk.end_capture = dlsym(h, "fake_cuda_end_capture");
+  *(void**)&fk.graph_launch = dlsym(h, "fake_cuda_graph_launch");
+  *(void**)&fk.graph_ops = dlsym(h, "fake_cuda_graph_ops");
   ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark &&
-         fk.registered && fk.stage_runs);
+         fk.registered && fk.stage_runs && fk.begin_capture && fk.end_capture && fk.graph_launch && fk.graph_ops);
   EXPECT_EQ(fk.init(0), 0);
   setenv("CHORUS_CUDA_LIBRARY", CHORUS_FAKE_CUDA, 1);
   param_reset();
@@ -719,6 +727,59 @@ TEST_T(cuda_gpu, one_rank_copies_or_does_nothing, 30) {
   NCCL_OK(ncclCommDestroy(comm));
   EXPECT_EQ(fk.free((uintptr_t)a), 0);
   EXPECT_EQ(fk.free((uintptr_t)b), 0);
+}
+
+/* CUDA graphs: an AllReduce (sum) and a Broadcast captured on each rank's stream, nothing run by the
+ * capture; the graph replayed 100 times with new inputs each time, an eager AllReduce between
+ * replays, results in closed form every time. A send under capture is refused, naming it. */
+static void graph_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xa000, &s);
+  float *a = dev_alloc(N), *b = dev_alloc(N), *c = dev_alloc(N);
+  for (int i = 0; i < N; i++) a[i] = -2, b[i] = c[i] = -1;
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(a, b, N, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclBroadcast(a, c, N, ncclFloat32, nranks - 1, comm, s));
+  EXPECT_EQ(ncclSend(a, N, ncclFloat32, 0, comm, s), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(comm), "CUDA graph") != NULL);
+  void* graph = fk.end_capture(s);
+  ASSERT(graph != NULL);
+  EXPECT(fk.graph_ops(graph) > 0);
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < N; i++) EXPECT(b[i] == -1 && c[i] == -1); /* captured, not run */
+  for (int rep = 0; rep < 100; rep++) {
+    for (int i = 0; i < N; i++) a[i] = (float)(rank + rep + i % 7);
+    ASSERT_EQ(fk.graph_launch(graph, s), 0);
+    ASSERT_EQ(fk.sync(s), 0);
+    for (int i = 0; i < N; i++) {
+      float want = (float)(nranks * (nranks - 1) / 2 + nranks * (rep + i % 7));
+      if (b[i] != want || c[i] != (float)(nranks - 1 + rep + i % 7)) {
+        rt_fail(__FILE__, __LINE__, "rank %d replay %d [%d]: %g %g", rank, rep, i, b[i], c[i]);
+        break;
+      }
+    }
+    if (rep % 10 == 0) { /* an eager call between replays */
+      NCCL_OK(ncclAllReduce(a, c, N, ncclFloat32, ncclMax, comm, s));
+      ASSERT_EQ(fk.sync(s), 0);
+      EXPECT(c[0] == (float)(nranks - 1 + rep));
+    }
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+  fk.free((uintptr_t)a), fk.free((uintptr_t)b), fk.free((uintptr_t)c);
+}
+
+TEST_T(cuda_gpu, graph_capture_and_replay_threads, 120) {
+  if (no_kernels()) return;
+  load();
+  for (int n = 1; n <= 3; n++) rt_run_threads(n, graph_body, NULL);
+}
+
+/* Processes (a test of its own: the stand-in's stream threads do not survive a fork). */
+TEST_T(cuda_gpu, graph_capture_and_replay_procs, 120) {
+  if (no_kernels()) return;
+  load();
+  for (int n = 2; n <= 4; n++) rt_run_procs(n, graph_body, NULL);
 }
 
 /* A group that mixes a call run on the GPU with ones through host memory (Send/Recv) is refused. */

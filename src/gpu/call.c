@@ -57,14 +57,22 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   struct gpu_comm* g = t->comm->gpu;
   int capturing = 0;
   CHECK(cudrv_capturing(t->stream, g->ctx, &capturing));
-  if (capturing) {
-    WARN("%s: stream %p is being captured into a CUDA graph: Chorus orders calls between ranks from the host, "
-         "which a graph cannot replay; make this call outside the capture (rank %d)", fn, (void*)t->stream, g->rank);
+  /* Captured: the buffers are exchanged once, at capture, and every replay reuses the table (gpu.h:
+   * graph words). Only where one kernel (rank 0's) does the call; sends and receives not yet. */
+  const char* no = !capturing            ? NULL
+                   : gpu_is_p2p(t->func) ? "sends and receives on device buffers of ranks sharing one GPU"
+                   : g->n > 1 && !gpu_one_kernel(g, t->func)
+                       ? "this call with CHORUS_CUDA_ONE_KERNEL=0 (or AlltoAll on more than 7 ranks)"
+                       : NULL;
+  if (no) {
+    WARN("%s: stream %p is being captured into a CUDA graph, and Chorus cannot capture %s yet; make this call "
+         "outside the capture (rank %d)", fn, (void*)t->stream, no, g->rank);
     return CH_INVALID_USAGE;
   }
   struct gpu_call* c = calloc(1, sizeof(*c) + (size_t)g->n * sizeof(c->all[0]));
   if (!c) return CH_SYSTEM;
   c->g = g, c->func = t->func, c->type = t->type, c->root = t->root, c->count = t->count, c->stream = t->stream;
+  c->captured = capturing;
   c->peer = gpu_is_p2p(t->func) ? t->root : -1;
   if (t->func == FUNC_ALLREDUCE || t->func == FUNC_REDUCE || t->func == FUNC_REDUCESCATTER) c->red = t->red;
   else c->red.kind = RED_SUM;
@@ -395,12 +403,84 @@ static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
   return CH_OK;
 }
 
+/* ---- calls captured into CUDA graphs (gpu.h: graph words) ---- */
+
+static void* graph_word(struct gpu_comm* g, uint32_t index, int r, int done_word) {
+  return (char*)g->seg_dev + gpu_graph_off(g->n, index, r) +
+         (done_word ? offsetof(struct gpu_graph_words, done) : offsetof(struct gpu_graph_words, arrive));
+}
+
+static ch_status graph_new(struct gpu_comm* g, struct gpu_graph_call** out) {
+  if (g->seg && g->next_graph >= GPU_GRAPH_CALLS) {
+    WARN("rank %d: more than %d calls on device buffers captured into CUDA graphs on this communicator", g->rank,
+         GPU_GRAPH_CALLS);
+    return CH_INVALID_USAGE;
+  }
+  struct gpu_graph_call* gc = calloc(1, sizeof(*gc));
+  if (!gc) return CH_SYSTEM;
+  gc->index = g->next_graph++, gc->id = 0x80000000u | gc->index;
+  gc->tab = cudrv_host_alloc(sizeof(struct dev_table), g->ctx, 1, &gc->tab_dev);
+  if (!gc->tab || cudev_dev_alloc(g->ctx, sizeof(struct dev_staged), &gc->staged_dev) != CH_OK) {
+    if (gc->tab) cudrv_host_free(gc->tab, g->ctx);
+    free(gc);
+    return CH_SYSTEM;
+  }
+  memset(gc->tab, 0, sizeof(*gc->tab));
+  gc->next = g->graphs, g->graphs = gc;
+  *out = gc;
+  return CH_OK;
+}
+
+void gpu_graphs_free(struct gpu_comm* g) {
+  while (g->graphs) {
+    struct gpu_graph_call* gc = g->graphs;
+    g->graphs = gc->next;
+    cudrv_host_free(gc->tab, g->ctx);
+    cudev_dev_free(g->ctx, gc->staged_dev);
+    free(gc);
+  }
+}
+
+/* A captured call's stream part, once its table is filled: the star of flags around rank 0's kernel
+ * (gpu.h), which every replay repeats as it is. Not ordered after the comm's eager calls on other
+ * streams (an event recorded outside a capture cannot be waited for inside it). */
+static ch_status queue_graph(struct gpu_comm* g, const struct gpu_call* c) {
+  if (c->copy_only)
+    return cudrv_copy_dtod((void*)c->ptr[DEV_RECV], c->ptr[DEV_SEND], c->count * red_type_size(c->type), c->stream,
+                           g->ctx);
+  struct memops o = {.g = g, .s = c->stream};
+  uint32_t k = c->gc->index;
+  if (g->seg && g->rank != 0) {
+    memop(&o, graph_word(g, k, g->rank, 0), 1, 0);
+    memop(&o, graph_word(g, k, g->rank, 1), 1, 1);
+    memop(&o, graph_word(g, k, g->rank, 1), 0, 0);
+    return flush(&o);
+  }
+  for (int r = 1; g->seg && r < g->n; r++) memop(&o, graph_word(g, k, r, 0), 1, 1);
+  for (int r = 1; g->seg && r < g->n; r++) memop(&o, graph_word(g, k, r, 0), 0, 0);
+  CHECK(flush(&o));
+  struct dev_args a;
+  gpu_fill_args(g, c, &a);
+  if (a.njobs) {
+    a.table = (uint64_t)(uintptr_t)c->gc->tab_dev, a.seq = c->gc->id;
+    CHECK(gpu_launch_jobs(g, &a, c->gc->staged_dev, 0, c->stream));
+  }
+  for (int r = 1; g->seg && r < g->n; r++) memop(&o, graph_word(g, k, r, 1), 1, 0);
+  return flush(&o);
+}
+
 /* Why a group with ngpu calls on the GPU cannot run as it is (NULL: it can). */
 static const char* refusal(struct ch_task** lists, int n, int ngpu) {
   int nall = 0;
   for (int i = 0; i < n; i++) {
-    int np2p = 0, k = 0;
-    for (struct ch_task* t = lists[i]; t; t = t->next, k++) np2p += t->gpu && gpu_is_p2p(t->gpu->func);
+    int np2p = 0, k = 0, ncaptured = 0;
+    for (struct ch_task* t = lists[i]; t; t = t->next, k++) {
+      np2p += t->gpu && gpu_is_p2p(t->gpu->func);
+      ncaptured += t->gpu && t->gpu->captured;
+    }
+    if (ncaptured && ncaptured < k)
+      return "mixes calls on streams being captured into a CUDA graph with calls on other streams: issue them in "
+             "separate groups";
     nall += k;
     if (np2p && np2p < k)
       return "mixes collectives and sends or receives on device buffers of ranks sharing one GPU: issue them in "
@@ -429,6 +509,15 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
     return 1;
   }
   ch_status e = CH_OK;
+  struct gpu_call** cap = calloc((size_t)n, sizeof(*cap)); /* per comm: copies of its captured calls */
+  int* ncap = calloc((size_t)n, sizeof(int));
+  if (!cap || !ncap) {
+    free(cap), free(ncap);
+    for (int i = 0; i < n; i++) plans[i]->status = CH_SYSTEM;
+    plan_exec(plans, n);
+    *res = CH_SYSTEM;
+    return 1;
+  }
   for (int i = 0; i < n; i++) {
     struct ncclComm* comm = plans[i]->comm;
     struct gpu_comm* g = comm->gpu;
@@ -447,7 +536,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
     for (struct ch_task* t = lists[i]; t; t = t->next) {
       struct gpu_call* c = b->call[b->n++] = t->gpu;
       t->gpu = NULL;
-      c->seq = ++g->next_seq;
+      c->seq = c->captured ? 0 : ++g->next_seq; /* a captured call has no ring slot */
       if (c->func == FUNC_SEND) c->cseq = atomic_fetch_add(&g->p2p_sent[c->peer], 1) + 1;
       else if (c->func == FUNC_RECV) c->cseq = atomic_fetch_add(&g->p2p_recvd[c->peer], 1) + 1;
       else c->cseq = ++g->next_cseq;
@@ -455,9 +544,26 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       if (g->n == 1 && !gpu_is_p2p(c->func)) c->all[0] = c->mine; /* no host exchange (hostless) */
       if (gpu_p2p_mails(g, c)) (void)gpu_post(c, 0, &c->mailed); /* now if the entry is free: else the bridge waits */
     }
+    if (b->call[0]->captured) { /* then all are (refusal): exchanged first, queued below */
+      ch_status q = (cap[i] = malloc((size_t)b->n * sizeof(struct gpu_call))) ? CH_OK : CH_SYSTEM;
+      ncap[i] = b->n;
+      for (int j = 0; j < b->n && q == CH_OK; j++) {
+        if (!b->call[j]->copy_only) q = graph_new(g, &b->call[j]->gc);
+        memcpy(&cap[i][j], b->call[j], sizeof(struct gpu_call)); /* without its descriptions */
+      }
+      if (q != CH_OK) {
+        for (int j = 0; j < b->n; j++) free(b->call[j]);
+        free(b), free(cap[i]), cap[i] = NULL;
+        plans[i]->status = q;
+        plan_exec(&plans[i], 1);
+        plans[i] = NULL;
+        e = e == CH_OK ? q : e;
+        continue;
+      }
+    }
     /* Queued as one (sends and receives: then all are, by refusal) or call by call. */
     int p2p = gpu_is_p2p(b->call[0]->func);
-    for (int j = 0; j < b->n; j += p2p ? b->n : 1) {
+    for (int j = 0; !cap[i] && j < b->n; j += p2p ? b->n : 1) {
       struct gpu_call* c = b->call[p2p ? b->n - 1 : j];
       ch_status q = p2p ? queue_p2p(g, b->call, b->n) : queue_call(g, c);
       if (!p2p) atomic_store_explicit(&g->launched_c, c->cseq, memory_order_release);
@@ -486,6 +592,24 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
     }
     plans[i] = NULL;
   }
+  /* Captured calls: every comm's exchange is queued (thread ranks of one group need each other's),
+   * then waited for, since the stream part needs the filled table (every rank captures the same
+   * calls in the same order, as NCCL requires); a call whose table is not filled fails the capture. */
+  for (int i = 0; i < n; i++) {
+    if (!cap[i]) continue;
+    struct gpu_comm* g = cap[i][0].g;
+    if (g->n > 1) stream_wait_idle(g->bridge);
+    ch_status q = CH_OK;
+    for (int j = 0; j < ncap[i] && q == CH_OK; j++)
+      if (!cap[i][j].copy_only && !cap[i][j].gc->resolved) {
+        int as = atomic_load(&g->comm->async_result);
+        q = as != ncclSuccess && as != ncclInProgress ? (ch_status)as : CH_INVALID_USAGE;
+      }
+    for (int j = 0; j < ncap[i] && q == CH_OK; j++) q = queue_graph(g, &cap[i][j]);
+    if (q != CH_OK && e == CH_OK) e = q;
+    free(cap[i]);
+  }
+  free(cap), free(ncap);
   *res = e;
   return 1;
 }

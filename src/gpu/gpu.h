@@ -69,7 +69,7 @@ struct gpu_priv {
   struct dev_table slot[GPU_SLOTS];
 };
 
-struct gpu_ipc { uint64_t id, peer_base; uintptr_t base; size_t size; uint32_t last_seq; };
+struct gpu_ipc { uint64_t id, peer_base; uintptr_t base; size_t size; uint32_t last_seq; int pinned; /* a graph's */ };
 struct gpu_own { uint64_t id; uintptr_t base; cudev_ipc_handle h; };
 
 /* comm->gpu. Made at init and freed with the comm. Fields are set at init and read-only afterwards,
@@ -107,6 +107,8 @@ struct gpu_comm {
   struct gpu_ipc (*ipc)[GPU_IPC_CACHE]; /* [n][GPU_IPC_CACHE] */
   struct gpu_comm* next_orphan;         /* gpu/setup.c's orphans_mu */
   struct gpu_copier* copier;            /* rank 0 of 3+ ranks: copies the relayed pairs (gpu/copier.c) */
+  struct gpu_graph_call* graphs;        /* captured calls (the owner, at launch; freed with the comm) */
+  uint32_t next_graph;                  /* captured calls so far: alike on every rank (the owner) */
   /* gpu/watch.c, under its watch_mu */
   struct gpu_comm* next_watched;
   uint32_t watch_seq;   /* the oldest unfinished call when last looked at */
@@ -151,6 +153,31 @@ static inline size_t gpu_mail_off(int n, int src, int dst, uint32_t k, int side)
          ((((size_t)src * n + dst) * 2 + (size_t)side) * GPU_MAIL + k % GPU_MAIL) * sizeof(struct gpu_mail);
 }
 
+/* Calls captured into CUDA graphs: each gets two words per rank in the shared page, after the
+ * mailboxes, that every replay reuses: a rank's stream sets `arrive` to 1 (its inputs are ready),
+ * rank 0's stream waits for every rank's, sets them back to 0, runs the kernel and sets every `done`
+ * to 1, which the rank's stream waits for and sets back to 0. A flag is set only once its last use
+ * was consumed, so replays never mix; the numbered words of eager calls cannot serve, since a replay
+ * repeats the numbers it was captured with. */
+#define GPU_GRAPH_CALLS 256
+struct gpu_graph_words {
+  _Atomic uint32_t arrive, done;
+};
+static inline size_t gpu_graph_off(int n, uint32_t call, int r) {
+  return UT_ALIGN_UP(gpu_mail_off(n, n, 0, 0, 0), 64) + ((size_t)call * n + r) * sizeof(struct gpu_graph_words);
+}
+/* A captured call's own table and staging slot, kept with the communicator (a graph may be replayed
+ * at any time until it goes, as NCCL requires). */
+struct gpu_graph_call {
+  struct gpu_graph_call* next;
+  uint32_t index;       /* its words (gpu_graph_off) */
+  uint32_t id;          /* its table's seq */
+  int resolved;         /* the bridge filled the table (gpu/resolve.c) */
+  struct dev_table* tab; /* mapped pinned memory */
+  void* tab_dev;
+  void* staged_dev;     /* one struct dev_staged */
+};
+
 /* One call, from enqueue to the bridge's hook. */
 struct gpu_call {
   struct gpu_comm* g;
@@ -158,6 +185,8 @@ struct gpu_call {
   int func, type, root, peer; /* peer: Send/Recv's (-1 otherwise) */
   int mailed;   /* a receive whose sender copies: its description is in the pair's mailbox */
   int copy_only; /* one rank, out of place, no scaling: a copy engine copy, no table, no kernel */
+  int captured;  /* its stream is being captured into a CUDA graph */
+  struct gpu_graph_call* gc; /* captured (but not copy_only): its own table, no ring slot (gpu/call.c) */
   size_t count;
   struct red_op red;
   cudaStream_t stream;
@@ -215,6 +244,8 @@ void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args
  * host allgather of the descriptions (t->gpu holds the call). */
 int gpu_takes(const struct ch_task* t);
 ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
+/* The tables of calls captured into CUDA graphs (with the communicator). */
+void gpu_graphs_free(struct gpu_comm* g);
 /* Free the call of a task that never launched. */
 void gpu_drop(struct ch_task* t);
 /* A group with such calls: queue the exchange on the bridge and the stream's part. 1: handled. */

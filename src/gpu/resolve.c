@@ -35,14 +35,15 @@ static ch_status wait_slot(struct gpu_comm* g, uint32_t seq) {
  * waited for every such call; the second also when a cyclic comparison with a number 2^31 calls
  * old would not tell. */
 static int ipc_idle(struct gpu_comm* g, const struct gpu_ipc* e, uint32_t now) {
+  if (e->pinned) return 0; /* a captured call's: a graph may replay it until the comm goes */
   return now - e->last_seq >= GPU_SLOTS ||
          !cyc_before(atomic_load_explicit(&g->priv->slot_done[e->last_seq % GPU_SLOTS], memory_order_acquire),
                      e->last_seq);
 }
 
 /* Peer r's allocation `d` mapped here (opened once, kept in r's cache). */
-static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d, uint32_t seq, uintptr_t* base,
-                         size_t* size) {
+static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d, uint32_t seq, int pin,
+                         uintptr_t* base, size_t* size) {
   struct gpu_ipc* cache = g->ipc[r];
   struct gpu_ipc* e = NULL;
   for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
@@ -70,9 +71,10 @@ static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d
                    r, cudrv_errstr(cu), cu);
       return CH_SYSTEM;
     }
-    e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz;
+    e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz, e->pinned = 0;
   }
-  e->last_seq = seq;
+  e->pinned |= pin;
+  if (!pin) e->last_seq = seq;
   *base = e->base, *size = e->size;
   return CH_OK;
 }
@@ -136,7 +138,7 @@ static ch_status buf_addr(struct gpu_comm* g, const struct gpu_call* c, int r, i
          "allocate it with cudaMalloc or ncclMemAlloc, or set CHORUS_CUDA_DIRECT=0", me, r, bufname(b), fn);
     return CH_INVALID_USAGE;
   } else {
-    CHECK(ipc_get(g, r, d, c->seq, &base, &size));
+    CHECK(ipc_get(g, r, d, c->seq, c->gc != NULL, &base, &size));
     if (d->off > size || need > size - d->off) {
       WARN("rank %d: rank %d's %s (offset %llu, %zu bytes) lies outside its %zu-byte allocation", me, r, bufname(b),
            (unsigned long long)d->off, need, size);
@@ -185,8 +187,8 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
     }
   }
   for (int r = 0; r < n; r++) CHECK(streams_apart(g, c, r, c->all[r].stream));
-  CHECK(wait_slot(g, c->seq));
-  struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
+  struct dev_table* tab = c->gc ? c->gc->tab : &g->priv->slot[c->seq % GPU_SLOTS];
+  if (!c->gc) CHECK(wait_slot(g, c->seq));
   struct dev_args a;
   size_t need[32][2] = {{0}}; /* n <= 32: the jobs' rank masks */
   gpu_fill_args(g, c, &a);
@@ -196,7 +198,9 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
       if (need[r][b])
         CHECK(buf_addr(g, c, r, b, &c->all[r].buf[b], need[r][b], r == me ? c->ptr[b] : NULL, &tab->buf[b][r]));
   for (int r = 0; r < n; r++) tab->scalar[r] = c->all[r].scalar; /* only ever multiplies data */
-  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses before the seq that makes them valid */
+  /* the addresses before the seq that makes them valid */
+  __atomic_store_n(&tab->seq, c->gc ? c->gc->id : c->seq, __ATOMIC_RELEASE);
+  if (c->gc) c->gc->resolved = 1; /* read by the launching thread once the bridge is idle */
   return CH_OK;
 }
 
@@ -313,7 +317,7 @@ void gpu_after(void* batch, ch_status st) {
       comm_set_async_error(g->comm, e);
       if (e == CH_ABORTED) gpu_unblock(g);
     }
-    ready_raise(g, c->seq);
+    if (!c->gc) ready_raise(g, c->seq); /* a captured call has no ring slot */
     free(c);
   }
   free(b);

@@ -87,7 +87,7 @@ static void seg_put(void* mem) {
   free(last);
 }
 
-static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_mail_off(n, n, 0, 0, 0), 4096); } /* words, pairs, mailboxes */
+static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_graph_off(n, GPU_GRAPH_CALLS, 0), 4096); } /* words, pairs, mailboxes, graphs */
 
 /* Rank 0 creates the page (a sealed memfd, so nothing outlives the processes) and exports it; every
  * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
@@ -433,6 +433,13 @@ void gpu_unblock(struct gpu_comm* g) {
       atomic_store_explicit(&from->posted_send, d, memory_order_release);
       atomic_store_explicit(&from->copied, d, memory_order_release);
     }
+  if (g->seg) /* replays of captured calls go through too (their kernel finds the failure words set) */
+    for (uint32_t k = 0; k < GPU_GRAPH_CALLS; k++)
+      for (int r = 0; r < g->n; r++) {
+        struct gpu_graph_words* w = (struct gpu_graph_words*)((char*)g->seg + gpu_graph_off(g->n, k, r));
+        atomic_store_explicit(&w->arrive, 1, memory_order_release);
+        atomic_store_explicit(&w->done, 1, memory_order_release);
+      }
   atomic_store_explicit(&g->priv->ready, v, memory_order_release);
 }
 
@@ -461,6 +468,7 @@ static void release(struct gpu_comm* g) {
       if (g->ipc[r][k].base) gpu_ipc_close(g->ctx, g->ipc[r][k].base);
   cudrv_host_free(g->priv, g->ctx);
   cudev_dev_free(g->ctx, g->stage_dev);
+  gpu_graphs_free(g);
   if (g->seg) seg_put(g->seg);
   free(g->same_proc);
   free(g->ipc);

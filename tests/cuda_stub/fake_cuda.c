@@ -88,9 +88,16 @@ struct op {
   struct dev_args args;        /* OP_KERNEL */
   struct dev_stage_args stage; /* OP_STAGE */
 };
+/* A captured graph: the ops queued on a stream between fake_cuda_begin_capture and _end_capture,
+ * in order; a launch queues copies of them on a stream. */
+struct fgraph {
+  struct op *head, *tail;
+  int nops;
+};
 struct stream {
   uintptr_t handle;
   int capturing;
+  struct fgraph* graph; /* capturing into it (fake_cuda_begin_capture) */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -232,6 +239,12 @@ static int enqueue(void* h, struct op o) {
   if (!s || !p) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
   *p = o;
   p->next = NULL;
+  if (s->graph) { /* captured: recorded, not run */
+    if (s->graph->tail) s->graph->tail->next = p; else s->graph->head = p;
+    s->graph->tail = p;
+    s->graph->nops++;
+    return 0;
+  }
   pthread_mutex_lock(&s->mu);
   if (s->tail) s->tail->next = p; else s->head = p;
   s->tail = p;
@@ -251,6 +264,28 @@ EXPORT int fake_cuda_copy(void* stream, void* dst, const void* src, size_t n) {
   return enqueue(stream, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
 }
 EXPORT void fake_cuda_set_capturing(void* stream, int on) { stream_of(stream)->capturing = on; }
+/* Capture as cuStreamBeginCapture/EndCapture and cuGraphLaunch do, for the ops this stand-in knows
+ * (kernels, copies, stream memory operations): what the stream is given meanwhile is recorded. */
+EXPORT void fake_cuda_begin_capture(void* stream) {
+  struct stream* s = stream_of(stream);
+  s->graph = calloc(1, sizeof(*s->graph));
+  s->capturing = 1;
+}
+EXPORT void* fake_cuda_end_capture(void* stream) {
+  struct stream* s = stream_of(stream);
+  struct fgraph* gr = s->graph;
+  s->graph = NULL, s->capturing = 0;
+  return gr;
+}
+EXPORT int fake_cuda_graph_ops(void* graph) { return ((struct fgraph*)graph)->nops; }
+EXPORT int fake_cuda_graph_launch(void* graph, void* stream) {
+  for (struct op* o = ((struct fgraph*)graph)->head; o; o = o->next) {
+    struct op c = *o;
+    int r = enqueue(stream, c);
+    if (r) return r;
+  }
+  return 0;
+}
 
 /* ---- the driver's entry points ---- */
 
