@@ -398,9 +398,9 @@ static void crossed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST_T(cuda_gpu, more_sends_than_the_mailbox_holds, 60) {
   if (no_kernels()) return;
   load();
-  rt_run_procs(2, many_sends_body, NULL);
-  rt_run_threads(2, many_sends_body, NULL);
+  rt_run_procs(2, many_sends_body, NULL); /* processes first: no fork after the stand-in's threads */
   rt_run_procs(2, crossed_body, NULL);
+  rt_run_threads(2, many_sends_body, NULL);
   rt_run_threads(2, crossed_body, NULL);
 }
 

@@ -33,6 +33,7 @@ struct gpu_copier {
   struct gpu_comm* g;
   pthread_t th;
   _Atomic int stop;      /* STOP_*: set by gpu_copier_stop */
+  int running;           /* the thread was started (gpu_copier_run) */
   uint64_t drain_until;  /* STOP_DRAIN's deadline (written before stop) */
   int n;
   uint32_t* next;           /* [n*n]: the pair's last call taken */
@@ -276,10 +277,6 @@ ch_status gpu_copier_start(struct gpu_comm* g) {
   ch_status s = cp->next && cp->st && cp->ipc && cp->tab ? CH_OK : CH_SYSTEM;
   if (s == CH_OK) memset(cp->tab, 0, GPU_SLOTS * sizeof(struct dev_table));
   if (s == CH_OK) s = cudev_dev_alloc(g->ctx, GPU_SLOTS * sizeof(struct dev_staged), &cp->stage_dev);
-  if (s == CH_OK && pthread_create(&cp->th, NULL, copier_main, cp) != 0) {
-    WARN("rank 0: cannot start the thread that copies sends between the other ranks on the GPU");
-    s = CH_SYSTEM;
-  }
   if (s != CH_OK) {
     if (cp->stage_dev) cudev_dev_free(g->ctx, cp->stage_dev);
     if (cp->tab) cudrv_host_free(cp->tab, g->ctx);
@@ -288,6 +285,19 @@ ch_status gpu_copier_start(struct gpu_comm* g) {
   }
   g->copier = cp;
   return CH_OK;
+}
+
+/* Once comm->gpu is published (the thread may fail the comm, whose hook reads it). */
+void gpu_copier_run(struct gpu_comm* g) {
+  struct gpu_copier* cp = g->copier;
+  if (!cp) return;
+  if (pthread_create(&cp->th, NULL, copier_main, cp) == 0) {
+    cp->running = 1;
+    return;
+  }
+  WARN("rank 0: cannot start the thread that copies sends between the other ranks on the GPU: failing the "
+       "communicator");
+  comm_set_async_error(g->comm, CH_SYSTEM);
 }
 
 /* After the comm's own streams are done (or let through): the thread joined; its streams, tables and
@@ -299,7 +309,7 @@ void gpu_copier_stop(struct gpu_comm* g) {
   int aborted = __atomic_load_n(&g->comm->abort_flag, __ATOMIC_ACQUIRE);
   cp->drain_until = ut_now_ns() + 10000000000ull; /* as long as destroy waits for its own streams */
   atomic_store(&cp->stop, aborted ? STOP_NOW : STOP_DRAIN);
-  pthread_join(cp->th, NULL);
+  if (cp->running) pthread_join(cp->th, NULL);
   g->copier = NULL;
   int n = cp->n, busy = 0;
   for (int i = 0; i < GPU_SLOTS; i++) busy |= cp->slot[i].used && !copied(g, cp->slot[i].src, cp->slot[i].dst, cp->slot[i].k);

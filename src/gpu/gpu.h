@@ -264,6 +264,7 @@ int gpu_p2p_mails(const struct gpu_comm* g, const struct gpu_call* c);
  * done) and every copy posted is done, or after 10 s. */
 struct gpu_copier;
 ch_status gpu_copier_start(struct gpu_comm* g);
+void gpu_copier_run(struct gpu_comm* g); /* its thread, once comm->gpu is set */
 void gpu_copier_stop(struct gpu_comm* g);
 /* gpu/resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */
 void gpu_after(void* batch, ch_status st);

@@ -389,6 +389,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     return s;
   }
   comm->gpu = g;
+  gpu_copier_run(g);
   gpu_watch_add(g);
   INFO(LOG_INIT, "rank %d: %d rank(s) on one GPU (%d SMs): calls on device buffers run there, %s", me, n, g->sms,
        g->any_proc ? "sharing buffers through CUDA IPC" : "all ranks threads of this process");
