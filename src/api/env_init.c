@@ -102,7 +102,9 @@ static int root_address(int nranks, int local_nranks, int local_known, char* out
       if (!v || !*v) continue;
       char key[256];
       snprintf(key, sizeof(key), "%s/%s", v, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "");
-      snprintf(out, len, "127.0.0.1:%d", 20000 + (int)(ut_hash(key, strlen(key), 7) % 30000));
+      /* Below Linux's ephemeral range (32768-60999 by default): a port some connection took for itself
+       * there made rank 0's bind fail now and then (envinit.init_under_openmpi_vars in CI). */
+      snprintf(out, len, "127.0.0.1:%d", 20000 + (int)(ut_hash(key, strlen(key), 7) % 12000));
       return 1;
     }
   }
