@@ -324,9 +324,7 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
   if (c->copy_only) {
     CHECK(cudrv_copy_dtod((void*)c->ptr[DEV_RECV], c->ptr[DEV_SEND], c->count * red_type_size(c->type), c->stream,
                           g->ctx));
-    memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
-    CHECK(flush(&o));
-    return done(g, c->stream);
+    return done(g, c->stream); /* no table, so no slot to free: one driver call fewer */
   }
   if (g->seg && gpu_one_kernel(g, c->func)) { /* a star around rank 0, whose kernel alone touches buffers */
     size_t arrive = offsetof(struct gpu_words, arrive), dn = offsetof(struct gpu_words, done);
@@ -536,7 +534,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
     for (struct ch_task* t = lists[i]; t; t = t->next) {
       struct gpu_call* c = b->call[b->n++] = t->gpu;
       t->gpu = NULL;
-      c->seq = c->captured ? 0 : ++g->next_seq; /* a captured call has no ring slot */
+      c->seq = gpu_has_slot(c) ? ++g->next_seq : 0;
       if (c->func == FUNC_SEND) c->cseq = atomic_fetch_add(&g->p2p_sent[c->peer], 1) + 1;
       else if (c->func == FUNC_RECV) c->cseq = atomic_fetch_add(&g->p2p_recvd[c->peer], 1) + 1;
       else c->cseq = ++g->next_cseq;
@@ -567,7 +565,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       struct gpu_call* c = b->call[p2p ? b->n - 1 : j];
       ch_status q = p2p ? queue_p2p(g, b->call, b->n) : queue_call(g, c);
       if (!p2p) atomic_store_explicit(&g->launched_c, c->cseq, memory_order_release);
-      atomic_store_explicit(&g->launched, c->seq, memory_order_release);
+      if (gpu_has_slot(c)) atomic_store_explicit(&g->launched, c->seq, memory_order_release);
       if (q != CH_OK) { /* the stream may hold part of it: let it and the peers' streams through */
         comm_set_async_error(comm, q);
         if (e == CH_OK) e = q;
@@ -575,7 +573,9 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
          * for ever (destroy waits, then orphans it). The comm has failed: no later call reuses the
          * slot, and a write the stream still makes carries the same number. */
         for (int k = p2p ? 0 : j; k < (p2p ? b->n : j + 1); k++)
-          atomic_store_explicit(&g->priv->slot_done[b->call[k]->seq % GPU_SLOTS], b->call[k]->seq, memory_order_release);
+          if (gpu_has_slot(b->call[k]))
+            atomic_store_explicit(&g->priv->slot_done[b->call[k]->seq % GPU_SLOTS], b->call[k]->seq,
+                                  memory_order_release);
       }
     }
     /* One rank: the exchange is a copy, done here. Otherwise the bridge runs it with the peers, in

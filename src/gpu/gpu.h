@@ -195,6 +195,10 @@ struct gpu_call {
   struct gpu_desc all[]; /* [n]: the allgather's result */
 };
 
+/* A call with a table in this rank's ring (its seq names it): not one captured into a graph (its own
+ * table) nor a plain one-rank copy (none). */
+static inline int gpu_has_slot(const struct gpu_call* c) { return !c->captured && !c->copy_only; }
+
 /* gpu/setup.c */
 void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h);
 ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all);

@@ -317,7 +317,7 @@ void gpu_after(void* batch, ch_status st) {
       comm_set_async_error(g->comm, e);
       if (e == CH_ABORTED) gpu_unblock(g);
     }
-    if (!c->gc) ready_raise(g, c->seq); /* a captured call has no ring slot */
+    if (gpu_has_slot(c)) ready_raise(g, c->seq);
     free(c);
   }
   free(b);
