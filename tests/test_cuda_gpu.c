@@ -39,6 +39,7 @@ static struct {
   void* (*end_capture)(void*);
   int (*graph_launch)(void*, void*);
   int (*graph_ops)(void*);
+  void (*graph_destroy)(void*);
 } fk;
 
 /* A build without nvcc has no kernels: every device buffer goes through host memory then. */
@@ -69,8 +70,9 @@ static void load(void) {
   *(void**)&fk.end_capture = dlsym(h, "fake_cuda_end_capture");
   *(void**)&fk.graph_launch = dlsym(h, "fake_cuda_graph_launch");
   *(void**)&fk.graph_ops = dlsym(h, "fake_cuda_graph_ops");
+  *(void**)&fk.graph_destroy = dlsym(h, "fake_cuda_graph_destroy");
   ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark &&
-         fk.registered && fk.stage_runs && fk.begin_capture && fk.end_capture && fk.graph_launch && fk.graph_ops);
+         fk.registered && fk.stage_runs && fk.begin_capture && fk.end_capture && fk.graph_launch && fk.graph_ops && fk.graph_destroy);
   EXPECT_EQ(fk.init(0), 0);
   setenv("CHORUS_CUDA_LIBRARY", CHORUS_FAKE_CUDA, 1);
   param_reset();
@@ -765,6 +767,7 @@ static void graph_body(int rank, int nranks, ncclUniqueId id, void* arg) {
       EXPECT(c[0] == (float)(nranks - 1 + rep));
     }
   }
+  fk.graph_destroy(graph);
   NCCL_OK(ncclCommDestroy(comm));
   fk.free((uintptr_t)a), fk.free((uintptr_t)b), fk.free((uintptr_t)c);
 }

@@ -290,6 +290,15 @@ EXPORT void* fake_cuda_end_capture(void* stream) {
   return gr;
 }
 EXPORT int fake_cuda_graph_ops(void* graph) { return ((struct fgraph*)graph)->nops; }
+EXPORT void fake_cuda_graph_destroy(void* graph) {
+  struct fgraph* gr = graph;
+  while (gr && gr->head) {
+    struct op* o = gr->head;
+    gr->head = o->next;
+    free(o);
+  }
+  free(gr);
+}
 EXPORT int fake_cuda_graph_launch(void* graph, void* stream) {
   for (struct op* o = ((struct fgraph*)graph)->head; o; o = o->next) {
     struct op c = *o;
