@@ -114,6 +114,9 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
                                        (c->func == FUNC_RECV && !gpu_p2p_active(g, FUNC_RECV, c->peer)) ||
                                        (c->func == FUNC_SEND && gpu_p2p_relayed(g, g->rank, c->peer)));
   t->hostless |= g->n == 1 && !gpu_is_p2p(c->func); /* one rank's "allgather": at launch (gpu_launch) */
+  /* One kernel (rank 0's) for a collective: only rank 0 needs the descriptions (the board, gpu.h). */
+  c->boarded = g->seg && !capturing && !gpu_is_p2p(c->func) && gpu_one_kernel(g, c->func);
+  t->hostless |= c->boarded;
   t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
   t->sendbuff = &c->mine, t->recvbuff = c->all;
   if (!gpu_is_p2p(t->func)) t->func = FUNC_ALLGATHER, t->root = 0;
@@ -540,7 +543,8 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       else c->cseq = ++g->next_cseq;
       c->mine.seq = c->cseq;
       if (g->n == 1 && !gpu_is_p2p(c->func)) c->all[0] = c->mine; /* no host exchange (hostless) */
-      if (gpu_p2p_mails(g, c)) (void)gpu_post(c, 0, &c->mailed); /* now if the entry is free: else the bridge waits */
+      if (gpu_p2p_mails(g, c) || (c->boarded && g->rank != 0))
+        (void)gpu_post(c, 0, &c->mailed); /* now if the entry is free: else the bridge waits */
     }
     if (b->call[0]->captured) { /* then all are (refusal): exchanged first, queued below */
       ch_status q = (cap[i] = malloc((size_t)b->n * sizeof(struct gpu_call))) ? CH_OK : CH_SYSTEM;

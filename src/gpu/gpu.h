@@ -35,6 +35,7 @@
 struct gpu_words {
   _Alignas(64) _Atomic uint32_t arrive, done;
   _Atomic uint32_t left; /* host-only: the rank's comm is being freed, its calls done (rank 0's copier waits for it) */
+  _Atomic uint32_t board_taken; /* host-only: the last of this rank's board entries rank 0's bridge took */
 };
 struct gpu_seg {
   uint64_t token; /* the export token (tp_fd_map checks it) */
@@ -166,6 +167,16 @@ struct gpu_graph_words {
 static inline size_t gpu_graph_off(int n, uint32_t call, int r) {
   return UT_ALIGN_UP(gpu_mail_off(n, n, 0, 0, 0), 64) + ((size_t)call * n + r) * sizeof(struct gpu_graph_words);
 }
+/* The board: a collective that one kernel (rank 0's) runs needs only rank 0 to know every rank's
+ * buffers. Each other rank leaves its description on its board, after the graph words, GPU_MAIL
+ * entries a rank (entry k holds collective number k mod GPU_MAIL; `seq` written last; rewritten once
+ * rank 0's bridge has taken the one GPU_MAIL before: gpu_words.board_taken), and rank 0's bridge
+ * collects them: no allgather through the host engine, and nothing for the others' bridges to do. */
+static inline size_t gpu_board_off(int n, int r, uint32_t k) {
+  return UT_ALIGN_UP(gpu_graph_off(n, GPU_GRAPH_CALLS, 0), 64) +
+         ((size_t)r * GPU_MAIL + k % GPU_MAIL) * sizeof(struct gpu_mail);
+}
+
 /* A captured call's own table and staging slot, kept with the communicator (a graph may be replayed
  * at any time until it goes, as NCCL requires). */
 struct gpu_graph_call {
@@ -186,6 +197,7 @@ struct gpu_call {
   int mailed;   /* a receive whose sender copies: its description is in the pair's mailbox */
   int copy_only; /* one rank, out of place, no scaling: a copy engine copy, no table, no kernel */
   int captured;  /* its stream is being captured into a CUDA graph */
+  int boarded;   /* a collective whose descriptions go through the board (gpu_board_off) */
   struct gpu_graph_call* gc; /* captured (but not copy_only): its own table, no ring slot (gpu/call.c) */
   size_t count;
   struct red_op red;
@@ -259,7 +271,8 @@ struct gpu_batch {
   struct gpu_call* call[];
 };
 /* gpu/resolve.c: a send or receive that another rank copies leaves its description in the pair's
- * mailbox (wait: until the entry is free; else only if it is free now). *posted = 1 once it is there. */
+ * mailbox, a boarded collective on its rank's board (wait: until the entry is free; else only if it
+ * is free now). *posted = 1 once it is there. */
 ch_status gpu_post(struct gpu_call* c, int wait, int* posted);
 /* 1 if c leaves its description in a mailbox (gpu_post). */
 int gpu_p2p_mails(const struct gpu_comm* g, const struct gpu_call* c);

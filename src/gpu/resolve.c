@@ -242,11 +242,17 @@ static ch_status peer_wait_broken(struct gpu_comm* g) {
  * k - GPU_MAIL is taken, whose post came first. */
 ch_status gpu_post(struct gpu_call* c, int wait, int* posted) {
   struct gpu_comm* g = c->g;
-  int send = c->func == FUNC_SEND, src = send ? g->rank : c->peer, dst = send ? c->peer : g->rank;
-  struct gpu_pair* pr = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, src, dst));
-  struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg +
-                                          gpu_mail_off(g->n, src, dst, c->cseq, send ? GPU_MAIL_SEND : GPU_MAIL_RECV));
-  _Atomic uint32_t* taken = send ? &pr->taken_send : &pr->taken;
+  struct gpu_mail* m;
+  _Atomic uint32_t* taken;
+  if (c->boarded) {
+    m = (struct gpu_mail*)((char*)g->seg + gpu_board_off(g->n, g->rank, c->cseq));
+    taken = &g->seg->w[g->rank].board_taken;
+  } else {
+    int send = c->func == FUNC_SEND, src = send ? g->rank : c->peer, dst = send ? c->peer : g->rank;
+    struct gpu_pair* pr = (struct gpu_pair*)((char*)g->seg + gpu_pair_off(g->n, src, dst));
+    m = (struct gpu_mail*)((char*)g->seg + gpu_mail_off(g->n, src, dst, c->cseq, send ? GPU_MAIL_SEND : GPU_MAIL_RECV));
+    taken = send ? &pr->taken_send : &pr->taken;
+  }
   for (uint64_t i = 0; cyc_before(atomic_load_explicit(taken, memory_order_acquire), c->cseq - GPU_MAIL); i++) {
     if (!wait) return CH_OK;
     CHECK(peer_wait_broken(g));
@@ -256,6 +262,26 @@ ch_status gpu_post(struct gpu_call* c, int wait, int* posted) {
   atomic_store_explicit(&m->seq, c->cseq, memory_order_release);
   *posted = 1;
   return CH_OK;
+}
+
+/* Rank 0, a boarded collective: every other rank's description from its board, in call order. */
+static ch_status board_collect(struct gpu_comm* g, struct gpu_call* c) {
+  c->all[0] = c->mine;
+  for (int r = 1; r < g->n; r++) {
+    struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_board_off(g->n, r, c->cseq));
+    for (uint64_t i = 0; atomic_load_explicit(&m->seq, memory_order_acquire) != c->cseq; i++) {
+      CHECK(peer_wait_broken(g));
+      ut_backoff(i);
+    }
+    c->all[r] = m->d; /* rewritten only once board_taken says so; checked by resolve like any peer's */
+    atomic_store_explicit(&g->seg->w[r].board_taken, c->cseq, memory_order_release);
+  }
+  return CH_OK;
+}
+
+static ch_status resolve_boarded(struct gpu_comm* g, struct gpu_call* c) {
+  CHECK(board_collect(g, c));
+  return resolve(g, c);
 }
 
 /* A send this rank copies: the receiver's description from the pair's mailbox, checked like any
@@ -301,7 +327,7 @@ void gpu_after(void* batch, ch_status st) {
    * each other (the copying rank is the lower one of each pair: waits only go up in rank). */
   for (int i = 0; st == CH_OK && i < b->n; i++) {
     struct gpu_call* c = b->call[i];
-    if (c->mailed || !gpu_p2p_mails(c->g, c)) continue;
+    if (c->mailed || !(gpu_p2p_mails(c->g, c) || (c->boarded && c->g->rank != 0))) continue;
     ch_status e = gpu_post(c, 1, &c->mailed);
     if (e != CH_OK) st = e;
   }
@@ -312,6 +338,7 @@ void gpu_after(void* batch, ch_status st) {
                   : c->func == FUNC_SEND ? (gpu_p2p_active(g, FUNC_SEND, c->peer) ? resolve_send(g, c) : broken(g))
                   : c->func == FUNC_RECV ? (gpu_p2p_active(g, FUNC_RECV, c->peer) ? resolve_recv(g, c) : broken(g))
                   : c->copy_only         ? broken(g) /* its buffers are its own, checked at enqueue */
+                  : c->boarded           ? (g->rank ? broken(g) : resolve_boarded(g, c))
                                          : resolve(g, c);
     if (e != CH_OK) { /* the error unblocks (voids every table, lets every stream through); an abort is no error */
       comm_set_async_error(g->comm, e);

@@ -87,7 +87,7 @@ static void seg_put(void* mem) {
   free(last);
 }
 
-static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_graph_off(n, GPU_GRAPH_CALLS, 0), 4096); } /* words, pairs, mailboxes, graphs */
+static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_board_off(n, n, 0), 4096); } /* words, pairs, mailboxes, graphs, boards */
 
 /* Rank 0 creates the page (a sealed memfd, so nothing outlives the processes) and exports it; every
  * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
