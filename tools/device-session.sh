@@ -189,7 +189,7 @@ def rate(f, reps=20):
     torch.cuda.synchronize(); return n * reps / (time.perf_counter() - t) / 1e9
 print("DtoD %.1f GB/s copied (bytes read + written: x2)" % rate(lambda: e.copy_(d)))'
   for np in 1 4; do
-    bounded torch 90 env LD_PRELOAD="$B/lib/libnccl.so.2" CHORUS_SMOKE_TRANSFORMER=1 PYTHONUNBUFFERED=1 \
+    bounded torch 90 env LD_PRELOAD="$B/lib/libnccl.so.2" CHORUS_SMOKE_TRANSFORMER=1 CHORUS_SMOKE_GRAPH=1 PYTHONUNBUFFERED=1 \
       "$py" tests/torch/gpu_nccl_smoke.py "$np"
   done
 }

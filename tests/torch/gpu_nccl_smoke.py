@@ -103,6 +103,26 @@ def transformer_ms(rank, dev, ddp, steps=10):
     return (time.perf_counter() - t0) / steps * 1e3
 
 
+def graph_replays(rank, n, dev, reps=100):
+    """An all_reduce captured into a CUDA graph (torch.cuda.graph), replayed with new inputs: issue 29."""
+    t = torch.zeros(4096, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch asks
+        for _ in range(3):
+            dist.all_reduce(t)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dist.all_reduce(t)
+    for i in range(reps):
+        t.fill_(float(rank + i))
+        g.replay()
+        torch.cuda.synchronize()
+        want = n * (n - 1) / 2 + n * i
+        assert torch.all(t == want).item(), (i, t[:4], want)
+
+
 def run(rank, n, path):
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
@@ -111,6 +131,10 @@ def run(rank, n, path):
     p2p = [p2p_us(rank, n, dev, numel) for numel in (2, 1 << 20)] if n > 1 else None
     if rank == 0 and p2p:
         print(f"{n} ranks: batch_isend_irecv ring step {p2p[0]:.1f} us at 8 B, {p2p[1]:.1f} us at 4 MiB")
+    if os.environ.get("CHORUS_SMOKE_GRAPH"):
+        graph_replays(rank, n, dev)
+        if rank == 0:
+            print(f"{n} ranks: an all_reduce captured into a CUDA graph, replayed 100 times: right every time")
     if os.environ.get("CHORUS_SMOKE_TRANSFORMER"):
         alone, with_ddp = transformer_ms(rank, dev, False), transformer_ms(rank, dev, True)
         if rank == 0:
