@@ -289,7 +289,9 @@ void plan_free(struct ch_plan* plan) {
 /* Training loops repeat the same call: building its plan again (tuning, lanes, chunking) was most of
  * the host time of a small collective. Only buffers, reduction, sequence number and progress change. */
 struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
-  if (!atomic_load_explicit(&comm->reuse_plan, memory_order_relaxed)) return NULL;
+  /* A call with no host operation has an empty plan: a cached one (an exchange of descriptions of
+   * the same size) would run an operation its peers do not. */
+  if (t->hostless || !atomic_load_explicit(&comm->reuse_plan, memory_order_relaxed)) return NULL;
   /* Take the plan before reading it: a stream thread finishing a newer plan may replace and free it. */
   struct ch_plan* pl = atomic_exchange(&comm->reuse_plan, NULL);
   if (!pl) return NULL;

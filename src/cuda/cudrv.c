@@ -40,6 +40,7 @@ static struct {
   cu_result (*dtoh_async)(void*, uintptr_t, size_t, void*);
   cu_result (*htod_async)(uintptr_t, const void*, size_t, void*);
   cu_result (*dtod_async)(uintptr_t, uintptr_t, size_t, void*); /* optional: cudrv_copy_dtod says so */
+  cu_result (*capture_mode)(int*); /* optional: cuThreadExchangeStreamCaptureMode (CUDA 10.1) */
   cu_result (*host_fn)(void*, void (*)(void*), void*);
   cu_result (*wait_value32)(void*, uintptr_t, uint32_t, unsigned);
   cu_result (*host_alloc)(void**, size_t, unsigned);
@@ -94,6 +95,7 @@ static int resolve(int flags) {
   SYM(dtoh_async, "cuMemcpyDtoHAsync_v2");
   SYM(htod_async, "cuMemcpyHtoDAsync_v2");
   SYM(dtod_async, "cuMemcpyDtoDAsync_v2");
+  SYM(capture_mode, "cuThreadExchangeStreamCaptureMode");
   SYM(host_fn, "cuLaunchHostFunc");             /* CUDA 10.0 */
   SYM(wait_value32, "cuStreamWaitValue32_v2");  /* 11.7: stream memory operations on by default */
   SYM(host_alloc, "cuMemHostAlloc");
@@ -308,6 +310,16 @@ ch_status cudrv_copy_dtod(void* dst, const void* src, size_t bytes, void* stream
   return CH_OK;
 }
 int cudrv_has_dtod(void) { return cu.dtod_async != NULL; }
+
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+int cudrv_capture_relaxed(void) {
+  int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (!cu.capture_mode || cu.capture_mode(&mode) != 0) return -1;
+  return mode; /* the thread's mode before */
+}
+void cudrv_capture_restore(int mode) {
+  if (mode >= 0 && cu.capture_mode) cu.capture_mode(&mode);
+}
 
 ch_status cudrv_host_fn(void* stream, void (*fn)(void*), void* arg, void* ctx) {
   IN_CTX(ctx, "cuLaunchHostFunc", cu.host_fn(stream, fn, arg));

@@ -48,6 +48,10 @@ ch_status cudrv_copy_async(int to_host, void* host, void* dev, size_t bytes, voi
 /* A device-to-device copy on the stream (the copy engine), where the driver has it (cudrv_has_dtod). */
 ch_status cudrv_copy_dtod(void* dst, const void* src, size_t bytes, void* stream, void* ctx);
 int cudrv_has_dtod(void);
+/* This thread may make calls that a capture in global mode forbids (allocations, CUDA IPC) while some
+ * stream is being captured, as NCCL does: returns the mode to give back to cudrv_capture_restore. */
+int cudrv_capture_relaxed(void);
+void cudrv_capture_restore(int mode);
 /* Queue fn(arg) on stream: it runs on a driver thread after the work queued before it, and must not
  * call CUDA. */
 ch_status cudrv_host_fn(void* stream, void (*fn)(void*), void* arg, void* ctx);

@@ -50,7 +50,7 @@ struct dev_args {
   uint32_t seq;
   int32_t type, op_kind, njobs;
   uint64_t divisor; /* RED_SUMPOSTDIV */
-  int32_t unroll;   /* reductions: > 1, several 16-byte vectors of each source in flight per thread (CHORUS_CUDA_UNROLL) */
+  int32_t unroll;   /* reductions: > 1, 4 (or 2) 16-byte vectors of each source in flight per thread (CHORUS_CUDA_UNROLL) */
   int32_t pad;
   struct dev_job job[DEV_MAX_JOBS];
 };

@@ -93,7 +93,9 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
       m->buf[DEV_RECV] = m->buf[DEV_SEND];
       continue;
     }
+    int mode = capturing ? cudrv_capture_relaxed() : -1; /* cuIpcGetMemHandle inside a capture */
     ch_status s = describe(g, c->ptr[b], &m->buf[b]);
+    cudrv_capture_restore(mode);
     if (s != CH_OK) {
       free(c);
       return s;
@@ -412,7 +414,7 @@ static void* graph_word(struct gpu_comm* g, uint32_t index, int r, int done_word
 }
 
 static ch_status graph_new(struct gpu_comm* g, struct gpu_graph_call** out) {
-  if (g->seg && g->next_graph >= GPU_GRAPH_CALLS) {
+  if (g->next_graph >= GPU_GRAPH_CALLS) {
     WARN("rank %d: more than %d calls on device buffers captured into CUDA graphs on this communicator", g->rank,
          GPU_GRAPH_CALLS);
     return CH_INVALID_USAGE;
@@ -420,13 +422,18 @@ static ch_status graph_new(struct gpu_comm* g, struct gpu_graph_call** out) {
   struct gpu_graph_call* gc = calloc(1, sizeof(*gc));
   if (!gc) return CH_SYSTEM;
   gc->index = g->next_graph++, gc->id = 0x80000000u | gc->index;
-  gc->tab = cudrv_host_alloc(sizeof(struct dev_table), g->ctx, 1, &gc->tab_dev);
-  if (!gc->tab || cudev_dev_alloc(g->ctx, sizeof(struct dev_staged), &gc->staged_dev) != CH_OK) {
-    if (gc->tab) cudrv_host_free(gc->tab, g->ctx);
-    free(gc);
-    return CH_SYSTEM;
+  if (g->rank == 0) { /* only rank 0's kernel reads a table (one kernel for all, or one rank) */
+    int mode = cudrv_capture_relaxed(); /* allocations inside a capture in global mode */
+    gc->tab = cudrv_host_alloc(sizeof(struct dev_table), g->ctx, 1, &gc->tab_dev);
+    ch_status s = gc->tab ? cudev_dev_alloc(g->ctx, sizeof(struct dev_staged), &gc->staged_dev) : CH_SYSTEM;
+    cudrv_capture_restore(mode);
+    if (s != CH_OK) {
+      if (gc->tab) cudrv_host_free(gc->tab, g->ctx);
+      free(gc);
+      return CH_SYSTEM;
+    }
+    memset(gc->tab, 0, sizeof(*gc->tab));
   }
-  memset(gc->tab, 0, sizeof(*gc->tab));
   gc->next = g->graphs, g->graphs = gc;
   *out = gc;
   return CH_OK;
@@ -436,8 +443,8 @@ void gpu_graphs_free(struct gpu_comm* g) {
   while (g->graphs) {
     struct gpu_graph_call* gc = g->graphs;
     g->graphs = gc->next;
-    cudrv_host_free(gc->tab, g->ctx);
-    cudev_dev_free(g->ctx, gc->staged_dev);
+    if (gc->tab) cudrv_host_free(gc->tab, g->ctx);
+    if (gc->staged_dev) cudev_dev_free(g->ctx, gc->staged_dev);
     free(gc);
   }
 }
@@ -541,6 +548,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
       if (c->func == FUNC_SEND) c->cseq = atomic_fetch_add(&g->p2p_sent[c->peer], 1) + 1;
       else if (c->func == FUNC_RECV) c->cseq = atomic_fetch_add(&g->p2p_recvd[c->peer], 1) + 1;
       else c->cseq = ++g->next_cseq;
+      if (c->boarded) c->bseq = ++g->next_bseq;
       c->mine.seq = c->cseq;
       if (g->n == 1 && !gpu_is_p2p(c->func)) c->all[0] = c->mine; /* no host exchange (hostless) */
       if (gpu_p2p_mails(g, c) || (c->boarded && g->rank != 0))
@@ -610,6 +618,7 @@ int gpu_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status*
         q = as != ncclSuccess && as != ncclInProgress ? (ch_status)as : CH_INVALID_USAGE;
       }
     for (int j = 0; j < ncap[i] && q == CH_OK; j++) q = queue_graph(g, &cap[i][j]);
+    if (q != CH_OK) comm_set_async_error(g->comm, q); /* the peers' captures wait for this rank's flags */
     if (q != CH_OK && e == CH_OK) e = q;
     free(cap[i]);
   }

@@ -35,6 +35,7 @@ struct gpu_copier {
   _Atomic int stop;      /* STOP_*: set by gpu_copier_stop */
   int running;           /* the thread was started (gpu_copier_run) */
   uint64_t drain_until;  /* STOP_DRAIN's deadline (written before stop) */
+  uint64_t last_work;    /* when the thread last queued a copy (its own) */
   int n;
   uint32_t* next;           /* [n*n]: the pair's last call taken */
   cudaStream_t* st;         /* [n*n]: the pair's stream, made when first needed */
@@ -80,12 +81,13 @@ static ch_status map_peer(struct gpu_copier* cp, int r, const struct gpu_buf_des
   if (!e) {
     for (int i = 0; i < GPU_IPC_CACHE; i++) { /* an allocation at the same address was freed: close it */
       struct cp_ipc* o = &cache[i];
-      if (o->base && o->peer_base == d->base && copied(g, o->src, o->dst, o->k)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
+      if (o->base && o->peer_base == d->base && !gpu_copier_busy(g)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
     }
     for (int i = 0; i < GPU_IPC_CACHE && !e; i++)
       if (!cache[i].base) e = &cache[i];
-    for (int i = 0; i < GPU_IPC_CACHE && !e; i++)
-      if (copied(g, cache[i].src, cache[i].dst, cache[i].k)) e = &cache[i];
+    /* An entry serves copies on several pairs, which end in any order: one is closed only when no
+     * copy at all is in flight (rare: the cache is full, or an address was reused). */
+    for (int i = 0; i < GPU_IPC_CACHE && !e && !gpu_copier_busy(g); i++) e = &cache[i];
     if (!e) {
       WARN("rank 0: sends in flight between other ranks use more than %d buffers of rank %d: wait for some "
            "(synchronise the stream)", GPU_IPC_CACHE, r);
@@ -232,7 +234,11 @@ static int drained(struct gpu_copier* cp) {
     if (cp->slot[i].used && !copied(g, cp->slot[i].src, cp->slot[i].dst, cp->slot[i].k)) return 0;
   for (int r = 1; r < cp->n; r++) {
     const struct boot_rank_info* p = &comm->peers[r];
-    if (g->same_proc[r] || atomic_load_explicit(&g->seg->w[r].left, memory_order_acquire)) continue;
+    if (atomic_load_explicit(&g->seg->w[r].left, memory_order_acquire)) continue;
+    /* A thread rank of this process may be destroyed after rank 0 by the same thread (a loop over
+     * the comms, as nccl-tests does): its calls are launched by then, and a post its bridge still
+     * owes comes within moments, so 100 ms without work stands for it having left. */
+    if (g->same_proc[r] && ut_now_ns() - cp->last_work > 100000000ull) continue;
     if (p->pid_ns == comm->peers[0].pid_ns && p->pid > 0 && kill(p->pid, 0) != 0 && errno == ESRCH) continue;
     return 0;
   }
@@ -256,6 +262,7 @@ static void* copier_main(void* arg) {
     }
     if (did) {
       idle = 0;
+      cp->last_work = ut_now_ns();
       continue;
     }
     if (atomic_load(&cp->stop) == STOP_DRAIN && (drained(cp) || ut_now_ns() > cp->drain_until)) break;
@@ -300,9 +307,35 @@ void gpu_copier_run(struct gpu_comm* g) {
   comm_set_async_error(g->comm, CH_SYSTEM);
 }
 
-/* After the comm's own streams are done (or let through): the thread joined; its streams, tables and
- * mappings go once their copies have ended, which a copy waiting for a rank that never posts does
- * not: then they are left (the memory stays mapped; the failure words keep the kernel off it). */
+/* Copies queued on the GPU and not done (any thread once the copier's thread is joined). */
+int gpu_copier_busy(struct gpu_comm* g) {
+  struct gpu_copier* cp = g->copier;
+  for (int i = 0; cp && i < GPU_SLOTS; i++)
+    if (cp->slot[i].used && !copied(g, cp->slot[i].src, cp->slot[i].dst, cp->slot[i].k)) return 1;
+  return 0;
+}
+
+/* The relayed pairs' `posted` words past every queued copy, so that the copier's streams go on: their
+ * kernels find rank 0's failure word set (gpu_unblock) and touch nothing. */
+static void let_through(struct gpu_comm* g) {
+  for (int s = 1; s < g->n; s++)
+    for (int t = 1; t < g->n; t++) {
+      if (s == t) continue;
+      struct gpu_pair* pr = pair_of(g, s, t);
+      uint32_t v = atomic_load_explicit(&pr->copied, memory_order_acquire) + 0x40000000u;
+      atomic_store_explicit(&pr->posted, v, memory_order_release);
+      atomic_store_explicit(&pr->posted_send, v, memory_order_release);
+    }
+}
+
+void gpu_copier_unblock(struct gpu_comm* g) {
+  if (g->copier && g->seg) let_through(g);
+}
+
+/* After the comm's own streams are done (or let through): the thread joined; copies still queued (a
+ * rank that never posted, or an abort) are let through with the kernels off, and given a second to
+ * end. The streams, tables and mappings go with the comm (gpu_copier_free); while copies are queued
+ * the comm counts as busy (gpu/setup.c orphans it). */
 void gpu_copier_stop(struct gpu_comm* g) {
   struct gpu_copier* cp = g->copier;
   if (!cp) return;
@@ -310,18 +343,27 @@ void gpu_copier_stop(struct gpu_comm* g) {
   cp->drain_until = ut_now_ns() + 10000000000ull; /* as long as destroy waits for its own streams */
   atomic_store(&cp->stop, aborted ? STOP_NOW : STOP_DRAIN);
   if (cp->running) pthread_join(cp->th, NULL);
-  g->copier = NULL;
-  int n = cp->n, busy = 0;
-  for (int i = 0; i < GPU_SLOTS; i++) busy |= cp->slot[i].used && !copied(g, cp->slot[i].src, cp->slot[i].dst, cp->slot[i].k);
-  for (int i = 0; i < n * n; i++) cudev_stream_free(cp->st[i], g->ctx);
-  if (!busy) {
-    for (int r = 0; r < n; r++)
-      for (int i = 0; i < GPU_IPC_CACHE; i++)
-        if (cp->ipc[r][i].base) gpu_ipc_close(g->ctx, cp->ipc[r][i].base);
-    cudev_dev_free(g->ctx, cp->stage_dev);
-    cudrv_host_free(cp->tab, g->ctx);
-  } else {
-    INFO(LOG_INIT, "rank 0: copies between other ranks are still queued on the GPU: their tables stay");
+  cp->running = 0;
+  if (!gpu_copier_busy(g)) return;
+  atomic_store_explicit(&g->priv->failed, 1, memory_order_release); /* rank 0's comm is going: kernels off */
+  let_through(g);
+  uint64_t t0 = ut_now_ns();
+  for (uint64_t i = 0; gpu_copier_busy(g) && ut_now_ns() - t0 < 1000000000ull; i++) {
+    if (i % 64 == 0) let_through(g); /* a peer's stream may write its own, lower, number meanwhile */
+    ut_backoff(i);
   }
+}
+
+void gpu_copier_free(struct gpu_comm* g) {
+  struct gpu_copier* cp = g->copier;
+  if (!cp) return;
+  g->copier = NULL;
+  int n = cp->n;
+  for (int i = 0; i < n * n; i++) cudev_stream_free(cp->st[i], g->ctx);
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < GPU_IPC_CACHE; i++)
+      if (cp->ipc[r][i].base) gpu_ipc_close(g->ctx, cp->ipc[r][i].base);
+  cudev_dev_free(g->ctx, cp->stage_dev);
+  cudrv_host_free(cp->tab, g->ctx);
   free(cp->next), free(cp->st), free(cp->ipc), free(cp);
 }

@@ -96,6 +96,7 @@ struct gpu_comm {
   cudaStream_t bridge;
   uint32_t next_seq;  /* this rank's calls: tables, slots (the owner, at launch) */
   uint32_t next_cseq; /* collectives, numbered alike on every rank (the owner, at launch) */
+  uint32_t next_bseq; /* boarded collectives (their board entries), alike on every rank (the owner) */
   _Atomic uint32_t launched_c; /* the last collective queued on a stream */
   _Atomic uint32_t* p2p_sent;  /* [n]: sends to each peer queued (the owner adds, gpu_unblock reads) */
   _Atomic uint32_t* p2p_recvd; /* [n]: receives from each peer queued */
@@ -169,8 +170,9 @@ static inline size_t gpu_graph_off(int n, uint32_t call, int r) {
 }
 /* The board: a collective that one kernel (rank 0's) runs needs only rank 0 to know every rank's
  * buffers. Each other rank leaves its description on its board, after the graph words, GPU_MAIL
- * entries a rank (entry k holds collective number k mod GPU_MAIL; `seq` written last; rewritten once
- * rank 0's bridge has taken the one GPU_MAIL before: gpu_words.board_taken), and rank 0's bridge
+ * entries a rank (entry k holds boarded collective number k mod GPU_MAIL, numbered apart from the
+ * others so that calls that are not boarded leave no gap; `seq` written last; rewritten once rank 0's
+ * bridge has taken the one GPU_MAIL before: gpu_words.board_taken), and rank 0's bridge
  * collects them: no allgather through the host engine, and nothing for the others' bridges to do. */
 static inline size_t gpu_board_off(int n, int r, uint32_t k) {
   return UT_ALIGN_UP(gpu_graph_off(n, GPU_GRAPH_CALLS, 0), 64) +
@@ -198,6 +200,7 @@ struct gpu_call {
   int copy_only; /* one rank, out of place, no scaling: a copy engine copy, no table, no kernel */
   int captured;  /* its stream is being captured into a CUDA graph */
   int boarded;   /* a collective whose descriptions go through the board (gpu_board_off) */
+  uint32_t bseq; /* boarded: its number among boarded calls (its entry; board_taken counts these) */
   struct gpu_graph_call* gc; /* captured (but not copy_only): its own table, no ring slot (gpu/call.c) */
   size_t count;
   struct red_op red;
@@ -283,6 +286,9 @@ struct gpu_copier;
 ch_status gpu_copier_start(struct gpu_comm* g);
 void gpu_copier_run(struct gpu_comm* g); /* its thread, once comm->gpu is set */
 void gpu_copier_stop(struct gpu_comm* g);
+int gpu_copier_busy(struct gpu_comm* g); /* copies queued on the GPU and not done */
+void gpu_copier_unblock(struct gpu_comm* g); /* gpu_unblock's part: the relayed pairs' words (any thread) */
+void gpu_copier_free(struct gpu_comm* g); /* with the comm, once not busy */
 /* gpu/resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */
 void gpu_after(void* batch, ch_status st);
 

@@ -138,7 +138,9 @@ static ch_status buf_addr(struct gpu_comm* g, const struct gpu_call* c, int r, i
          "allocate it with cudaMalloc or ncclMemAlloc, or set CHORUS_CUDA_DIRECT=0", me, r, bufname(b), fn);
     return CH_INVALID_USAGE;
   } else {
-    CHECK(ipc_get(g, r, d, c->seq, c->gc != NULL, &base, &size));
+    /* a captured call has no ring number: the rank's newest one stands for "now" */
+    uint32_t now = c->gc ? atomic_load_explicit(&g->launched, memory_order_acquire) : c->seq;
+    CHECK(ipc_get(g, r, d, now, c->gc != NULL, &base, &size));
     if (d->off > size || need > size - d->off) {
       WARN("rank %d: rank %d's %s (offset %llu, %zu bytes) lies outside its %zu-byte allocation", me, r, bufname(b),
            (unsigned long long)d->off, need, size);
@@ -197,10 +199,11 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
     for (int b = 0; b < 2; b++)
       if (need[r][b])
         CHECK(buf_addr(g, c, r, b, &c->all[r].buf[b], need[r][b], r == me ? c->ptr[b] : NULL, &tab->buf[b][r]));
+  if (c->gc) c->gc->resolved = 1; /* read by the launching thread once the bridge is idle */
+  if (!tab) return CH_OK;          /* a captured call of a rank whose kernel does nothing: no table */
   for (int r = 0; r < n; r++) tab->scalar[r] = c->all[r].scalar; /* only ever multiplies data */
   /* the addresses before the seq that makes them valid */
   __atomic_store_n(&tab->seq, c->gc ? c->gc->id : c->seq, __ATOMIC_RELEASE);
-  if (c->gc) c->gc->resolved = 1; /* read by the launching thread once the bridge is idle */
   return CH_OK;
 }
 
@@ -244,8 +247,9 @@ ch_status gpu_post(struct gpu_call* c, int wait, int* posted) {
   struct gpu_comm* g = c->g;
   struct gpu_mail* m;
   _Atomic uint32_t* taken;
+  uint32_t k = c->boarded ? c->bseq : c->cseq;
   if (c->boarded) {
-    m = (struct gpu_mail*)((char*)g->seg + gpu_board_off(g->n, g->rank, c->cseq));
+    m = (struct gpu_mail*)((char*)g->seg + gpu_board_off(g->n, g->rank, k));
     taken = &g->seg->w[g->rank].board_taken;
   } else {
     int send = c->func == FUNC_SEND, src = send ? g->rank : c->peer, dst = send ? c->peer : g->rank;
@@ -253,13 +257,13 @@ ch_status gpu_post(struct gpu_call* c, int wait, int* posted) {
     m = (struct gpu_mail*)((char*)g->seg + gpu_mail_off(g->n, src, dst, c->cseq, send ? GPU_MAIL_SEND : GPU_MAIL_RECV));
     taken = send ? &pr->taken_send : &pr->taken;
   }
-  for (uint64_t i = 0; cyc_before(atomic_load_explicit(taken, memory_order_acquire), c->cseq - GPU_MAIL); i++) {
+  for (uint64_t i = 0; cyc_before(atomic_load_explicit(taken, memory_order_acquire), k - GPU_MAIL); i++) {
     if (!wait) return CH_OK;
     CHECK(peer_wait_broken(g));
     ut_backoff(i);
   }
   m->d = c->mine;
-  atomic_store_explicit(&m->seq, c->cseq, memory_order_release);
+  atomic_store_explicit(&m->seq, k, memory_order_release);
   *posted = 1;
   return CH_OK;
 }
@@ -268,19 +272,32 @@ ch_status gpu_post(struct gpu_call* c, int wait, int* posted) {
 static ch_status board_collect(struct gpu_comm* g, struct gpu_call* c) {
   c->all[0] = c->mine;
   for (int r = 1; r < g->n; r++) {
-    struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_board_off(g->n, r, c->cseq));
-    for (uint64_t i = 0; atomic_load_explicit(&m->seq, memory_order_acquire) != c->cseq; i++) {
+    struct gpu_mail* m = (struct gpu_mail*)((char*)g->seg + gpu_board_off(g->n, r, c->bseq));
+    for (uint64_t i = 0; atomic_load_explicit(&m->seq, memory_order_acquire) != c->bseq; i++) {
       CHECK(peer_wait_broken(g));
       ut_backoff(i);
     }
     c->all[r] = m->d; /* rewritten only once board_taken says so; checked by resolve like any peer's */
-    atomic_store_explicit(&g->seg->w[r].board_taken, c->cseq, memory_order_release);
+    atomic_store_explicit(&g->seg->w[r].board_taken, c->bseq, memory_order_release);
   }
   return CH_OK;
 }
 
 static ch_status resolve_boarded(struct gpu_comm* g, struct gpu_call* c) {
   CHECK(board_collect(g, c));
+  /* The others' bridges check nothing: two thread ranks of another process on one stream (or the
+   * legacy stream) would wait for each other in the star's barrier, so rank 0 refuses them. */
+  for (int a = 1; a < g->n; a++)
+    for (int b = a + 1; b < g->n; b++) {
+      uint64_t x = c->all[a].stream, y = c->all[b].stream;
+      if (g->comm->peers[a].proc_nonce != g->comm->peers[b].proc_nonce || (x != y && x > 1 && y > 1) ||
+          (x == y && x == 2))
+        continue;
+      WARN("rank 0: ranks %d and %d, threads of one process, passed %s CUDA stream (%p and %p) to %s: ranks that "
+           "share a GPU in one process need a stream each, and not the legacy NULL stream (as with NCCL)", a, b,
+           x == y ? "the same" : "the legacy", (void*)(uintptr_t)x, (void*)(uintptr_t)y, algo_fname(c->func));
+      return CH_INVALID_USAGE;
+    }
   return resolve(g, c);
 }
 
@@ -323,6 +340,9 @@ static void ready_raise(struct gpu_comm* g, uint32_t v) {
  * call fails its communicator (async error, which lets every stream through: gpu_unblock). */
 void gpu_after(void* batch, ch_status st) {
   struct gpu_batch* b = batch;
+  /* A captured call's peers are opened (CUDA IPC) while the application captures, maybe in global
+   * mode, which forbids that to every thread not in relaxed mode. */
+  int mode = b->n && b->call[0]->captured ? cudrv_capture_relaxed() : -1;
   /* First every description a copying sender waits for, so that two ranks' bridges never wait for
    * each other (the copying rank is the lower one of each pair: waits only go up in rank). */
   for (int i = 0; st == CH_OK && i < b->n; i++) {
@@ -347,5 +367,6 @@ void gpu_after(void* batch, ch_status st) {
     if (gpu_has_slot(c)) ready_raise(g, c->seq);
     free(c);
   }
+  cudrv_capture_restore(mode);
   free(b);
 }

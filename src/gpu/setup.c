@@ -373,7 +373,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   }
   if (s != CH_OK || !ok) {
     if (!g) return s == CH_OK ? CH_SYSTEM : s;
-    gpu_copier_stop(g);
+    gpu_copier_free(g); /* never started */
     if (g->bridge) stream_destroy(g->bridge);
     if (g->priv) cudrv_host_free(g->priv, g->ctx);
     cudev_dev_free(g->ctx, g->stage_dev);
@@ -434,6 +434,7 @@ void gpu_unblock(struct gpu_comm* g) {
       atomic_store_explicit(&from->posted_send, d, memory_order_release);
       atomic_store_explicit(&from->copied, d, memory_order_release);
     }
+  gpu_copier_unblock(g); /* rank 0: the copies it makes for other ranks */
   if (g->seg) /* replays of captured calls go through too (their kernel finds the failure words set) */
     for (uint32_t k = 0; k < GPU_GRAPH_CALLS; k++)
       for (int r = 0; r < g->n; r++) {
@@ -458,7 +459,7 @@ int gpu_unfinished(struct gpu_comm* g, uint32_t* oldest) {
 
 static int all_done(struct gpu_comm* g) {
   uint32_t oldest;
-  return !gpu_unfinished(g, &oldest);
+  return !gpu_unfinished(g, &oldest) && !gpu_copier_busy(g);
 }
 
 static void release(struct gpu_comm* g) {
@@ -470,6 +471,7 @@ static void release(struct gpu_comm* g) {
   cudrv_host_free(g->priv, g->ctx);
   cudev_dev_free(g->ctx, g->stage_dev);
   gpu_graphs_free(g);
+  gpu_copier_free(g);
   if (g->seg) seg_put(g->seg);
   free(g->same_proc);
   free(g->ipc);

@@ -38,7 +38,7 @@
   X(CUDA_ONE_KERNEL, "CHORUS_CUDA_ONE_KERNEL", P_INT, 1, "",                                       \
     "ranks sharing one GPU: 1 = one kernel (rank 0's) does every rank's part of a call (processes' kernels take turns on the GPU), 0 = each rank's kernel its own part; rank 0's setting holds for all") \
   X(CUDA_UNROLL, "CHORUS_CUDA_UNROLL", P_INT, 4, "",                                               \
-    "ranks sharing one GPU: a reduction kernel's thread keeps this many 16-byte vectors of each source in flight (2 for 1- and 2-byte types; 1 = one at a time)") \
+    "ranks sharing one GPU: above 1, a reduction kernel's thread keeps 4 16-byte vectors of each source in flight (2 for 1- and 2-byte types); 1 = one at a time") \
   X(MEM_ALLOC_DEVICE, "CHORUS_MEM_ALLOC_DEVICE", P_INT, -1, "",                                     \
     "ncclMemAlloc gives CUDA device memory: 1 always, 0 never (host memory), -1 when the calling thread has a current CUDA context") \
   X(TORCH_CPP, "CHORUS_TORCH_CPP", P_INT, 1, "",                                                   \

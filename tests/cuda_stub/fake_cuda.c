@@ -450,6 +450,12 @@ EXPORT int cuMemHostGetDevicePointer_v2(uintptr_t* d, void* p, unsigned flags) {
   *d = (uintptr_t)p; /* unified addressing: the same address */
   return 0;
 }
+static __thread int capture_mode; /* cuThreadExchangeStreamCaptureMode: kept, not enforced */
+EXPORT int cuThreadExchangeStreamCaptureMode(int* mode) {
+  int old = capture_mode;
+  capture_mode = *mode, *mode = old;
+  return 0;
+}
 EXPORT int cuStreamIsCapturing(void* s, int* status) {
   if (!inited) return 3;
   *status = stream_of(s)->capturing;
