@@ -60,6 +60,8 @@ static int copied(struct gpu_comm* g, int s, int d, uint32_t k) {
   return !cyc_before(atomic_load_explicit(&pair_of(g, s, d)->copied, memory_order_acquire), k);
 }
 
+static int in_flight(struct gpu_copier* cp);
+
 static ch_status stopped(struct gpu_copier* cp) {
   struct ncclComm* comm = cp->g->comm;
   if (atomic_load(&cp->stop) == STOP_NOW || __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) return CH_ABORTED;
@@ -81,13 +83,13 @@ static ch_status map_peer(struct gpu_copier* cp, int r, const struct gpu_buf_des
   if (!e) {
     for (int i = 0; i < GPU_IPC_CACHE; i++) { /* an allocation at the same address was freed: close it */
       struct cp_ipc* o = &cache[i];
-      if (o->base && o->peer_base == d->base && !gpu_copier_busy(g)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
+      if (o->base && o->peer_base == d->base && !in_flight(cp)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
     }
     for (int i = 0; i < GPU_IPC_CACHE && !e; i++)
       if (!cache[i].base) e = &cache[i];
     /* An entry serves copies on several pairs, which end in any order: one is closed only when no
      * copy at all is in flight (rare: the cache is full, or an address was reused). */
-    for (int i = 0; i < GPU_IPC_CACHE && !e && !gpu_copier_busy(g); i++) e = &cache[i];
+    for (int i = 0; i < GPU_IPC_CACHE && !e && !in_flight(cp); i++) e = &cache[i];
     if (!e) {
       WARN("rank 0: sends in flight between other ranks use more than %d buffers of rank %d: wait for some "
            "(synchronise the stream)", GPU_IPC_CACHE, r);
@@ -230,8 +232,7 @@ static int drained(struct gpu_copier* cp) {
                      atomic_load_explicit(&mail_of(g, s, t, k, GPU_MAIL_RECV)->seq, memory_order_acquire) == k))
         return 0;
     }
-  for (int i = 0; i < GPU_SLOTS; i++)
-    if (cp->slot[i].used && !copied(g, cp->slot[i].src, cp->slot[i].dst, cp->slot[i].k)) return 0;
+  if (in_flight(cp)) return 0;
   for (int r = 1; r < cp->n; r++) {
     const struct boot_rank_info* p = &comm->peers[r];
     if (atomic_load_explicit(&g->seg->w[r].left, memory_order_acquire)) continue;
@@ -307,12 +308,16 @@ void gpu_copier_run(struct gpu_comm* g) {
   comm_set_async_error(g->comm, CH_SYSTEM);
 }
 
-/* Copies queued on the GPU and not done (any thread once the copier's thread is joined). */
+/* Copies queued on the GPU and not done: the copier's thread, or anyone once it is joined. */
+static int in_flight(struct gpu_copier* cp) {
+  for (int i = 0; i < GPU_SLOTS; i++)
+    if (cp->slot[i].used && !copied(cp->g, cp->slot[i].src, cp->slot[i].dst, cp->slot[i].k)) return 1;
+  return 0;
+}
+/* 0 while the thread runs (its slots are its own; destroy stops it before asking). */
 int gpu_copier_busy(struct gpu_comm* g) {
   struct gpu_copier* cp = g->copier;
-  for (int i = 0; cp && i < GPU_SLOTS; i++)
-    if (cp->slot[i].used && !copied(g, cp->slot[i].src, cp->slot[i].dst, cp->slot[i].k)) return 1;
-  return 0;
+  return cp && !cp->running && in_flight(cp);
 }
 
 /* The relayed pairs' `posted` words past every queued copy, so that the copier's streams go on: their
