@@ -26,7 +26,7 @@
 #include "gpu.h"
 
 enum { STOP_NO = 0, STOP_DRAIN = 1, STOP_NOW = 2 };
-struct cp_ipc { uint64_t id, peer_base; uintptr_t base; size_t size; int src, dst; uint32_t k; };
+struct cp_ipc { uint64_t id, peer_base; uintptr_t base; size_t size; };
 struct cp_slot { int src, dst; uint32_t k; int used; };
 
 struct gpu_copier {
@@ -71,9 +71,9 @@ static ch_status stopped(struct gpu_copier* cp) {
   return CH_OK;
 }
 
-/* Rank r's allocation `d` mapped in this process, kept in the copier's cache for r; used by the copy
- * numbered k on pair (s, d) (an entry is closed only once its last copy is done). */
-static ch_status map_peer(struct gpu_copier* cp, int r, const struct gpu_buf_desc* d, int s, int t, uint32_t k,
+/* Rank r's allocation `d` mapped in this process, kept in the copier's cache for r (an entry is closed
+ * only while no copy is in flight). */
+static ch_status map_peer(struct gpu_copier* cp, int r, const struct gpu_buf_desc* d,
                           uintptr_t* base, size_t* size) {
   struct gpu_comm* g = cp->g;
   struct cp_ipc* cache = cp->ipc[r];
@@ -106,7 +106,6 @@ static ch_status map_peer(struct gpu_copier* cp, int r, const struct gpu_buf_des
     }
     e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz;
   }
-  e->src = s, e->dst = t, e->k = k;
   *base = e->base, *size = e->size;
   return CH_OK;
 }
@@ -138,7 +137,7 @@ static ch_status addr_of(struct gpu_copier* cp, int r, const char* what, const s
          "allocate it with cudaMalloc or ncclMemAlloc, or set CHORUS_CUDA_DIRECT=0", r, what);
     return CH_INVALID_USAGE;
   } else {
-    CHECK(map_peer(cp, r, d, s, t, k, &base, &size));
+    CHECK(map_peer(cp, r, d, &base, &size));
     if (d->off > size || need > size - d->off) {
       WARN("rank 0: rank %d's %s (offset %llu, %zu bytes) lies outside its %zu-byte allocation", r, what,
            (unsigned long long)d->off, need, size);
