@@ -112,9 +112,8 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   t->gpu = c;
   /* A send whose sender copies needs no host exchange: the receiver leaves its description in the
    * pair's mailbox (gpu.h), where the sender's bridge takes it. */
-  t->hostless = c->peer != g->rank && ((c->func == FUNC_SEND && gpu_p2p_active(g, FUNC_SEND, c->peer)) ||
-                                       (c->func == FUNC_RECV && !gpu_p2p_active(g, FUNC_RECV, c->peer)) ||
-                                       (c->func == FUNC_SEND && gpu_p2p_relayed(g, g->rank, c->peer)));
+  t->hostless = gpu_p2p_mails(g, c) ||
+                (c->func == FUNC_SEND && c->peer != g->rank && gpu_p2p_active(g, FUNC_SEND, c->peer));
   t->hostless |= g->n == 1 && !gpu_is_p2p(c->func); /* one rank's "allgather": at launch (gpu_launch) */
   /* One kernel (rank 0's) for a collective: only rank 0 needs the descriptions (the board, gpu.h). */
   c->boarded = g->seg && !capturing && !gpu_is_p2p(c->func) && gpu_one_kernel(g, c->func);
