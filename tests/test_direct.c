@@ -12,6 +12,7 @@
 #include "comm/comm.h"
 #include "comm/work.h"
 #include "misc/param.h"
+#include "tune/tune.h"
 #include "runner.h"
 
 static void direct_everywhere(void) {
@@ -78,10 +79,22 @@ TEST(direct, one_plain_buffer_falls_back_4) {
 /* The fallback on the channels the model gives Ring (standby ops on channels 1..3, core/plan.c),
  * each call three times (the plan reused: standby ops stay the fallback, the Direct op goes back to
  * Direct), and with every buffer from ncclMemAlloc the standby ops skip. */
+/* The choice behind it: Direct, else Ring on the 4 channels (so the calls below take standby ops). */
+static void fallback_choice_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  struct tune_choice ch;
+  tune_predict(comm, FUNC_ALLREDUCE, 100003 * sizeof(float), &ch);
+  EXPECT_EQ(ch.algo, ALGO_DIRECT);
+  EXPECT_EQ(ch.fb_nch, 4);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
 TEST(direct, fallback_on_several_channels) {
   direct_everywhere();
   setenv("NCCL_MIN_NCHANNELS", "4", 1); /* 4 channels for the 400 KB calls */
   cu_force_proto(NULL);
+  rt_run_procs(3, fallback_choice_body, NULL);
   rt_run_procs(3, mixed_body, (void*)1);
   rt_run_procs(2, mixed_body, NULL);
   unsetenv("NCCL_MIN_NCHANNELS");
