@@ -28,6 +28,7 @@ static void tp_ctx_of(struct ncclComm* comm, int peer, struct tp_ctx* x) {
   x->rank = comm->rank;
   x->listen_hint = &comm->peers[comm->rank].listen_addr;
   x->peer_addr = &comm->peers[peer].listen_addr;
+  x->peer_query = &comm->peers[peer].query_addr;
   x->peer_nonce = comm->peers[peer].proc_nonce;
   x->key = key->k;
   x->uid_mode = key->mode == BOOT_AUTH_UID;

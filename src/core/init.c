@@ -210,6 +210,7 @@ static void log_peer_transports(const struct ncclComm* comm) {
 static ch_status comm_setup(struct ncclComm* comm) {
   int n = comm->nranks, me = comm->rank;
   const struct boot_rank_info* mine = &comm->peers[me];
+  CHECK(tp_net_config()); /* NCCL_NET naming a network that cannot start fails here, saying why */
   comm->peer_tp = calloc((size_t)n, sizeof(int));
   comm->p2p = calloc(2 * (size_t)n, sizeof(struct ch_p2p));
   if (!comm->peer_tp || !comm->p2p) return CH_SYSTEM;

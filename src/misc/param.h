@@ -99,7 +99,17 @@
   X(NET_SOCKBUF_BYTES, "CHORUS_NET_SOCKBUF_BYTES", P_INT, 0, "",                                   \
     "SO_SNDBUF/SO_RCVBUF of network transport sockets (0 = kernel autotuning)") \
   X(NET_LINK_TIMEOUT_MS, "CHORUS_NET_LINK_TIMEOUT_MS", P_INT, 20000, "",                          \
-    "a network connection whose peer host stops answering (data or keepalive probes unacknowledged) fails after this long (0 = kernel defaults)")
+    "a network connection whose peer host stops answering (data or keepalive probes unacknowledged) fails after this long (0 = kernel defaults)") \
+  X(NET, "NCCL_NET", P_STR, 0, "",                                                                  \
+    "the network between hosts, by name: Socket, OFI (libfabric), or an external plugin's name (empty = NCCL's order: plugins, OFI when its provider is RDMA, Socket)") \
+  X(NET_PLUGIN, "NCCL_NET_PLUGIN", P_STR, 0, "",                                                    \
+    "net plugins to try: comma list of paths, library names, or X for libnccl-net-X.so; none = no plugin (default: libnccl-net.so if present)") \
+  X(FABRIC_LIBRARY, "CHORUS_FABRIC_LIBRARY", P_STR, 0, "libfabric.so.1",                           \
+    "the libfabric library the OFI network loads at run time")                                       \
+  X(OFI_CQ_SIZE, "CHORUS_OFI_CQ_SIZE", P_INT, 16384, "",                                             \
+    "OFI network: completion queue entries per device (every request in flight needs one)")          \
+  X(FABRIC_SPIN_US, "CHORUS_FABRIC_SPIN_US", P_INT, 50, "",                                          \
+    "fabric transport: microseconds its progress thread polls requests after the last progress before it backs off (sleeps of growing length, up to 1 ms)")
 
 enum param_kind { P_INT, P_STR };
 

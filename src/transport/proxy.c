@@ -211,6 +211,10 @@ static void set_sleeping(uint32_t v) {
  * net send FIFO the rank just posted: send small steps from this thread (one thread wake-up less per
  * hop), leave the rest to the proxy and wake it if it sleeps. */
 void tp_proxy_post(_Atomic uint64_t* word, uint32_t how) {
+  if (how >= TP_SLEEP_FAB_TAIL) { /* a fabric FIFO: its own progress thread (fabric_proxy.c) */
+    tp_fab_post(word, how);
+    return;
+  }
   if (how == TP_SLEEP_DIRECT) {
     struct fifo_ctrl* ctrl = (struct fifo_ctrl*)((char*)word - offsetof(struct fifo_ctrl, tail));
     struct net_conn* n = (struct net_conn*)(uintptr_t)ctrl->token;

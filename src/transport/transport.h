@@ -132,10 +132,12 @@ struct conn {
   int fd;
   uint64_t token; /* receiver: registry token of the FIFO until the sender has it (0: none) */
   struct net_conn* net; /* TP_NET: the proxy's record of this connection (net.h) */
+  struct fab_conn* fab; /* TP_FAB: the fabric proxy's record of this connection (fabric.h) */
 };
 
-enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_NET = 2, TP_COUNT };
+enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_FAB = 2, TP_NET = 3, TP_COUNT };
 
+#define TP_BLOB_BYTES 128 /* NCCL_NET_HANDLE_MAXSIZE */
 /* What the receiver tells the sender so it can reach the FIFO: no address, no descriptor. */
 struct tp_handle {
   int32_t kind;
@@ -144,6 +146,9 @@ struct tp_handle {
   uint64_t token; /* local: tp_local_publish token; shm: tp_fd_export token */
   uint64_t nonce; /* shm: the receiver's process nonce, naming its descriptor server; net: challenge */
   union sock_addr addr; /* net: the receiver's process listener (same IP as its bootstrap listener) */
+  uint32_t blob_len;    /* fab: bytes of blob used (the network's listen handle, opaque, checked by it) */
+  uint32_t pad2;
+  unsigned char blob[TP_BLOB_BYTES];
 };
 
 /* Sleeping on a counter (futex on its low 32 bits, valid between processes) and waking sleepers.
@@ -154,6 +159,11 @@ void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, 
  * tail just posted: the poster may send the step itself, or poke the proxy if it sleeps. */
 #define TP_SLEEP_PROXY 2u
 #define TP_SLEEP_DIRECT 3u
+/* Kept for good on fabric FIFOs (fabric.c): TAIL on a send FIFO's recv_sleeping (the rank posted a
+ * step: it may hand it to the network itself), HEAD on a receive FIFO's send_sleeping (the rank freed
+ * a slot: it may post the receive for it itself). */
+#define TP_SLEEP_FAB_TAIL 4u
+#define TP_SLEEP_FAB_HEAD 5u
 void tp_wake_slow(_Atomic uint64_t* word); /* futex wake, whoever sleeps */
 static inline void tp_wake(_Atomic uint64_t* word, _Atomic uint32_t* sleeping) {
   void tp_wake_slow(_Atomic uint64_t * word);
@@ -183,6 +193,7 @@ struct tp_ctx {
   struct log_err_sink* sink; /* the communicator's last-error record: the proxy's WARNs about it go there */
   int peer_pid;              /* from the rank table: failure messages name the peer's process */
   const char* peer_host;
+  const union sock_addr* peer_query; /* the peer process's stall query service (fabric liveness checks) */
 };
 
 /* What a transport's probe knows of a peer, from the authenticated rank table (alike on both ends). */
@@ -231,7 +242,11 @@ struct tp_ops {
    * nothing to flush. */
   void (*closing)(struct conn* c);
 };
-extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_net_ops;
+extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_fab_ops, tp_net_ops;
+/* The network this process was configured for (NCCL_NET, NCCL_NET_PLUGIN) can start: CH_OK, or the
+ * error (logged) of a named network that cannot. Called at communicator setup, before transports are
+ * chosen. */
+ch_status tp_net_config(void);
 /* Every transport, indexed by its kind, which is also its priority: a peer is carried by the first whose
  * probe accepts it (tp_choose), as NCCL tries P2P, SHM, then the network. A new transport is a row. */
 extern const struct tp_ops* const tp_table[TP_COUNT];
@@ -278,6 +293,8 @@ const char* tp_name(int kind);
  * record, once, and wake whoever waits at the other end (the proxy, for the network). */
 void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec);
 void tp_proxy_kick(void); /* proxy.c: wake the network proxy */
+/* fabric_proxy.c: a fabric FIFO's counter was posted (how: TP_SLEEP_FAB_*). */
+void tp_fab_post(_Atomic uint64_t* word, uint32_t how);
 /* Has the other end poisoned c? Copies the record (set = 1) and returns 1. */
 int tp_conn_poisoned(const struct conn* c, int we_send, struct xfer_poison* out);
 

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <nccl.h>
 
+#include "../misc/log_abi.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,14 +37,6 @@ typedef enum {
 #define NCCL_PROTO_SIMPLE 2
 /* An entry the library cannot run; a plugin may also write it to rule an entry out. */
 #define NCCL_ALGO_PROTO_IGNORE -1.0
-
-typedef enum {
-  NCCL_LOG_NONE = 0, NCCL_LOG_VERSION = 1, NCCL_LOG_WARN = 2, NCCL_LOG_INFO = 3, NCCL_LOG_ABORT = 4,
-  NCCL_LOG_TRACE = 5
-} ncclDebugLogLevel;
-/* flags: NCCL_DEBUG_SUBSYS bits (NCCL_INIT 0x1, ..., NCCL_TUNING 0x40, ...). */
-typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                                  const char* fmt, ...);
 
 typedef struct {
   int nNvlDomains;

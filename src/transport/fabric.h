@@ -1,0 +1,87 @@
+/* Fabric transport internals shared by fabric.c (setup and teardown, run by rank threads) and
+ * fabric_proxy.c (the process's fabric progress thread, and the rank-side fast paths).
+ *
+ * The transport drives any ncclNet_t (net/net.h: Chorus's libfabric network or an external NCCL net
+ * plugin) as NCCL's proxy does: the receiver listens and ships the plugin's opaque handle through
+ * the authenticated bootstrap; the sender connects; each side registers its own FIFO once and every
+ * Simple step is one message: the payload followed by a trailer (struct net_step: byte count and
+ * the call's header), so that the receiver checks every step against its own call, as on sockets.
+ * A trailer with NET_POISON carries the sender's failed call (struct xfer_poison) instead of a
+ * payload; NET_BYE says the sender closed in order. Both end the stream. */
+#ifndef CH_FABRIC_H
+#define CH_FABRIC_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../net/net.h"
+#include "net.h"
+
+enum { FAB_PENDING = 0, FAB_BOUND = 1, FAB_CLOSED = 2, FAB_FAILED = 3 };
+#define FAB_TRAILER sizeof(struct net_step)
+
+struct fab_conn {
+  /* Written by the creating rank thread before registration, read-only afterwards. */
+  int is_send;
+  int rank, peer, dev;
+  struct fifo_ctrl* ctrl;
+  char* buf;          /* Simple slots, `stride` apart: payload (up to cap) + trailer */
+  size_t cap, stride;
+  char* ctl;          /* sender: [struct xfer_poison | trailer] of a poison message; in `mem` */
+  void* mem;          /* the whole block (ctrl, slots, ctl), registered once */
+  size_t mem_bytes;
+  const struct ch_net* net;
+  unsigned char handle[TP_BLOB_BYTES]; /* sender: the receiver's listen handle (connect retries) */
+  _Atomic int* async_err; /* the communicator's; valid until released (destroy waits for that) */
+  const volatile int* abort;
+  struct log_err_sink* sink;
+  int peer_pid;
+  char peer_host[64];
+  uint64_t connect_deadline; /* connect/accept must finish by then */
+  union sock_addr probe_addr; /* the peer process's query service (AF_UNSPEC: none): liveness checks */
+
+  /* Liveness (proxy thread only). A network may say nothing of a dead peer to a receive that waits
+   * for it: while our rank waits on this connection and nothing has moved for a second, the proxy
+   * connects to the peer process's query service (bootstrap/query.c) every few seconds. Refused:
+   * the process is gone; no answer within CHORUS_NET_LINK_TIMEOUT_MS: its host is. */
+  int probe_fd;
+  uint64_t probe_deadline, next_probe;
+  _Atomic uint64_t last_move; /* ns of the last step moved, written by whoever holds busy */
+  _Atomic uint64_t last_wait; /* ns our rank last polled this connection waiting for it */
+
+  /* state: written by whoever holds busy (or the proxy for failures), release; ranks read it.
+   * closing: rank sets under fx lock; released: proxy sets under fx lock (cond broadcast), from then on
+   * the proxy never touches the record. */
+  _Atomic int state;
+  int closing;
+  int released;
+
+  /* Everything below belongs to whoever holds busy: the proxy, or a rank on a fast path (the sender
+   * handing steps to the network after its post, the receiver testing while it waits). */
+  _Atomic int busy;
+  void* comm;  /* sendComm / recvComm, once established */
+  void* lcomm; /* receiver: the listen comm until accepted */
+  void* mh;    /* registration of mem */
+  uint64_t posted, done; /* messages handed to the network / completed (steps until a poison or bye) */
+  void* req[CH_STEPS];
+  int poison_state; /* 0 none, 1 sending (sender: down record; receiver: the sender's came), 2 done */
+  void* preq;       /* the poison or bye send in flight */
+  int bye_state;    /* sender closing: 0 not sent, 1 in flight, 2 done */
+  uint64_t drain_deadline;
+  struct fab_conn* next; /* fx lock (lists) */
+};
+
+/* fabric_proxy.c */
+/* Hand n to the progress thread (started on first use); it establishes the connection if needed. */
+ch_status fab_register(struct fab_conn* n);
+/* Ask the proxy to let n go (flush, goodbye, close) without waiting; then wait until it has. */
+void fab_closing(struct fab_conn* n);
+void fab_unregister(struct fab_conn* n);
+void fab_kick(void);
+/* A waiting receiver moves its connection itself; 1 if a step arrived. */
+int fab_poll(struct fab_conn* n);
+/* Record a failure of n (once, logged with the peer, its host and the network), tell the communicator
+ * and the ranks behind its other links. Caller holds n->busy (or is the proxy). */
+void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r);
+
+#endif

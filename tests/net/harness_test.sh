@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# ctest net_plugin_harness: build/bin/chorus-net-harness drives build/lib/libnccl-net-chorus.so (Chorus's
+# libfabric network as an NCCL net plugin) through its v12, v11 and v10 tables over libfabric's tcp
+# provider on the loopback interface. Also checks that a plugin name that does not exist is refused with
+# a clear message. Skipped (not failed) where libfabric.so.1 is not installed.
+# usage: harness_test.sh BUILD_DIR
+set -u
+build=${1:?usage: harness_test.sh BUILD_DIR}
+harness=$build/bin/chorus-net-harness
+plugin=$build/lib/libnccl-net-chorus.so
+fail=0
+
+# 1. A name no library has: exit 2 and a message naming both names tried.
+out=$("$harness" chorus-no-such-plugin 2>&1)
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q "cannot load plugin 'chorus-no-such-plugin'" <<<"$out" ||
+   ! grep -q "libnccl-net-chorus-no-such-plugin.so" <<<"$out"; then
+  echo "FAIL: a nonexistent plugin: exit $rc, output:"
+  echo "$out"
+  fail=1
+else
+  echo "ok: a nonexistent plugin is refused: $(grep 'cannot load' <<<"$out")"
+fi
+
+# 2. The plugin itself, each table version.
+if ! ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1'; then
+  echo "SKIP: libfabric.so.1 is not installed (Debian: libfabric1); the plugin run needs it"
+  exit $fail
+fi
+for v in 12 11 10; do
+  log=$(mktemp)
+  FI_PROVIDER='tcp;ofi_rxm' FI_TCP_IFACE=lo timeout 120 "$harness" --version $v "$plugin" >"$log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "FAIL: chorus-net-harness --version $v $plugin: exit $rc"
+    cat "$log"
+    fail=1
+  else
+    echo "ok: v$v: $(grep 'RESULT' "$log")"
+    grep -E '^\[[a-z]+\] (WARN|SKIP)' "$log" | sed 's/^/    /'
+  fi
+  rm -f "$log"
+done
+exit $fail
