@@ -118,6 +118,38 @@ TEST_T(fabric_procs, mismatch_is_named, 120) {
   rt_run_procs(3, mismatch_body, NULL);
 }
 
+/* A receiver that finds the sender's call differs tells the sender over the way back: a sender that
+ * waits for credits fails at once, naming the difference, instead of at its timeout. */
+#define BACK_COUNT ((size_t)4 << 20) /* 16 MiB of floats: many more steps than the FIFO's 8 slots */
+
+static void back_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float* buf = calloc(BACK_COUNT + 1, sizeof(float));
+  ASSERT(buf);
+  uint64_t t0 = now_ns();
+  ncclResult_t r = rank == 0 ? ncclSend(buf, BACK_COUNT, ncclFloat32, 1, comm, NULL)
+                             : ncclRecv(buf, BACK_COUNT + 1, ncclFloat32, 0, comm, NULL);
+  double s = (double)(now_ns() - t0) / 1e9;
+  printf("    rank %d: %s after %.2f s\n", rank, ncclGetErrorString(r), s);
+  EXPECT(r == ncclInvalidUsage || r == ncclRemoteError);
+  EXPECT(s < 20.0);
+  if (rank == 0) {
+    const char* last = ncclGetLastError(comm);
+    EXPECT(last && strstr(last, "rank 1"));
+  }
+  free(buf);
+  ncclCommAbort(comm);
+}
+
+TEST_T(fabric_procs, mismatch_reaches_a_waiting_sender, 120) {
+  if (!force_fabric()) return;
+  setenv("CHORUS_TIMEOUT", "60", 1);
+  param_reset();
+  rt_run_procs(2, back_body, NULL);
+}
+
 /* ---- a network that cannot start fails init, saying why ---- */
 
 static void init_fails_body(int rank, int nranks, ncclUniqueId id, void* arg) {

@@ -74,7 +74,7 @@ TEST(trust, shm_forged_token_refused) {
   ASSERT_EQ(tp_shm_send_connect(&send, &small, &h, &x), CH_OK);
   send.ctrl->size[3] = 12345; /* one segment, two mappings */
   EXPECT_EQ(recv.ctrl->size[3], 12345);
-  tp_shm_ops.recv_done(&recv, 1, &x);
+  tp_shm_ops.recv_done(&recv, 1, NULL, &x);
   tp_conn_free(&send);
   tp_conn_free(&recv);
 }

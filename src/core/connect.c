@@ -81,6 +81,7 @@ struct conn_offer { /* receiver -> sender */
 struct conn_ack { /* sender -> receiver, once it has attached (or failed to) */
   int32_t status;
   int32_t pad;
+  struct tp_handle back; /* the transport's way back to the sender (back_handle), or zeros */
 };
 
 /* The status a rank reports for its peer's failure: the peer's own kind when the configuration was
@@ -165,7 +166,10 @@ static ch_status attach(struct ncclComm* comm, const struct tp_sizes* sz, struct
   if (s == CH_OK) s = injected_fault(comm, CONNECT_FAULT_SEND, peer);
   if (s == CH_OK) s = send_connect(comm, sz, c, peer, &o.h); /* WARNs itself */
   if (*st == CH_OK) *st = s;
-  struct conn_ack a = {(int32_t)s, 0};
+  struct conn_ack a;
+  memset(&a, 0, sizeof(a));
+  a.status = (int32_t)s;
+  if (s == CH_OK && tp_ops_of(c->transport)->back_handle) tp_ops_of(c->transport)->back_handle(c, &a.back);
   return boot_send(comm->boot, peer, TAG_ACK, &a, sizeof(a));
 }
 
@@ -179,7 +183,7 @@ static ch_status take_ack(struct ncclComm* comm, int peer, struct conn* c, ch_st
   if (!c->connected) return CH_OK; /* we offered nothing: our failure, logged already */
   struct tp_ctx x;
   tp_ctx_of(comm, peer, &x);
-  ch_status s = tp_ops_of(c->transport)->recv_done(c, a.status == CH_OK, &x);
+  ch_status s = tp_ops_of(c->transport)->recv_done(c, a.status == CH_OK, &a.back, &x);
   if (a.status == CH_OK) {
     if (s == CH_OK) *ok = 1;
     else if (*st == CH_OK) *st = s;

@@ -12,8 +12,11 @@
  * GPU memory is left out: Debian's libfabric has no FI_HMEM for CUDA, so ptrSupport is host only and
  * the transport stages device buffers through host memory. libfabric itself is in ofi_fabric.c. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,39 +24,98 @@
 
 #include "../misc/log.h"
 #include "net.h"
+#include "ofi.h"
+
+_Static_assert(sizeof(struct ofi_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large");
+_Static_assert(sizeof(struct ofi_handle) == OFI_HANDLE_HDR + OFI_NAME_MAX, "handle has padding");
+_Static_assert(sizeof(struct ofi_ctrl) == 16 + OFI_WHO_MAX, "connection message has padding");
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Wire decoders (pure: no libfabric; built with or without it, fuzzed by fuzz/fuzz_ofi.c)           */
+
+size_t ofi_handle_encode(const struct ofi_handle* h, void* buf, size_t len) {
+  if (!h || !buf || h->name_len == 0 || h->name_len > OFI_NAME_MAX || len < OFI_HANDLE_HDR + h->name_len) return 0;
+  size_t used = OFI_HANDLE_HDR + h->name_len;
+  memset(buf, 0, len);
+  memcpy(buf, h, used); /* the header, then the name: the struct's layout is the wire's (no padding) */
+  return used;
+}
+
+int ofi_handle_decode(const void* buf, size_t len, uint16_t version, uint32_t addr_format, size_t min_name_len,
+                      struct ofi_handle* out, const char** why) {
+  const char* bad = NULL;
+  memset(out, 0, sizeof(*out));
+  if (!buf || len < OFI_HANDLE_HDR) {
+    bad = "shorter than a handle's header";
+    goto fail;
+  }
+  memcpy(out, buf, OFI_HANDLE_HDR); /* the caller's buffer has no alignment promise */
+  if (out->magic != OFI_HANDLE_MAGIC) bad = "wrong magic: not a handle of Chorus's OFI network";
+  else if (out->version != version) bad = "protocol version differs: mixed Chorus versions";
+  else if (out->name_len == 0 || out->name_len > OFI_NAME_MAX) bad = "endpoint name length out of range";
+  else if (out->name_len > len - OFI_HANDLE_HDR) bad = "endpoint name runs past the end of the handle";
+  else if (out->addr_format != addr_format)
+    bad = "address format differs: ranks use different providers or address families (set FI_PROVIDER alike)";
+  else if (out->name_len < min_name_len) bad = "endpoint name too short for its address format";
+  else if (out->id == 0) bad = "connection id 0";
+  if (bad) goto fail;
+  memcpy(out->name, (const uint8_t*)buf + OFI_HANDLE_HDR, out->name_len);
+  return 0;
+fail:
+  if (why) *why = bad;
+  return -1;
+}
+
+int ofi_ctrl_decode(const void* msg, size_t len, uint32_t expect_id, uint64_t expect_nonce, struct ofi_ctrl* out,
+                    const char** why) {
+  const size_t hdr = offsetof(struct ofi_ctrl, who);
+  const char* bad = NULL;
+  memset(out, 0, sizeof(*out));
+  if (msg) memcpy(out, msg, len < hdr ? len : hdr); /* the header bytes present: for the caller's message too */
+  if (!msg || len != sizeof(*out)) bad = "wrong size for a connection message";
+  else if (out->magic != OFI_CTRL_MAGIC) bad = "wrong magic: not a connection message of Chorus's OFI network";
+  else if (out->id != expect_id) bad = "connection id differs from the listener's";
+  else if (out->nonce != expect_nonce) bad = "nonce differs from the listener's handle: a stale or stray sender";
+  if (bad) {
+    if (why) *why = bad;
+    return -1;
+  }
+  const char* who = (const char*)msg + hdr;
+  for (size_t i = 0; i + 1 < sizeof(out->who) && who[i]; i++) /* printed only: printable ASCII, terminated */
+    out->who[i] = who[i] >= 0x20 && who[i] < 0x7f ? who[i] : '?';
+  return 0;
+}
+
+const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* buf, size_t buflen) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (!buf || buflen == 0) return buf;
+  buf[0] = '\0';
+  if (family == 4 && name && len >= sizeof(struct sockaddr_in)) {
+    struct sockaddr_in sin;
+    memcpy(&sin, name, sizeof(sin));
+    if (!inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip))) snprintf(ip, sizeof(ip), "?");
+    snprintf(buf, buflen, "%s:%d", ip, ntohs(sin.sin_port));
+  } else if (family == 6 && name && len >= sizeof(struct sockaddr_in6)) {
+    struct sockaddr_in6 sin6;
+    memcpy(&sin6, name, sizeof(sin6));
+    if (!inet_ntop(AF_INET6, &sin6.sin6_addr, ip, sizeof(ip))) snprintf(ip, sizeof(ip), "?");
+    snprintf(buf, buflen, "[%s]:%d", ip, ntohs(sin6.sin6_port));
+  } else {
+    size_t used = (size_t)snprintf(buf, buflen, "%zu-byte address ", len);
+    for (size_t i = 0; name && i < len && i < 8 && used + 3 <= buflen; i++)
+      used += (size_t)snprintf(buf + used, buflen - used, "%02x", name[i]);
+  }
+  return buf;
+}
 
 #ifdef CHORUS_HAVE_LIBFABRIC
 
 #include "../misc/utils.h"
-#include "ofi.h"
 
-#define OFI_HANDLE_MAGIC 0x4f464948u /* "OFIH" */
-#define OFI_CTRL_MAGIC 0x4f464943u   /* "OFIC" */
 #define OFI_COMM_MAGIC 0x4f46494fu
 #define OFI_MH_MAGIC 0x4f46494du
-#define OFI_PROTO_VERSION 1
 #define OFI_NREQS 64                     /* requests per comm: NCCL needs 32 (NCCL_NET_MAX_REQUESTS) */
 #define OFI_CLOSE_WAIT_NS 2000000000ull /* how long close waits for cancelled or unfinished operations */
-
-/* What listen() writes into NCCL's handle. Arrives from the peer: connect() checks every field. */
-struct ofi_handle {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t name_len; /* 1..OFI_NAME_MAX */
-  uint32_t addr_format;
-  uint32_t id;       /* the listener's id: connection tag ctrl_bit | id, data tag id */
-  uint64_t nonce;    /* echoed by the connection message, so a stale or stray sender is refused */
-  uint8_t name[OFI_NAME_MAX];
-};
-_Static_assert(sizeof(struct ofi_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large");
-
-/* The connection message. `who` (sender's host and pid) is only ever printed, after NUL-terminating it. */
-struct ofi_ctrl {
-  uint32_t magic;
-  uint32_t id;
-  uint64_t nonce;
-  char who[64];
-};
 
 enum ofi_kind { OFI_LISTEN = 1, OFI_SEND = 2, OFI_RECV = 3 };
 enum ofi_stage { OFI_IDLE = 0, OFI_POSTED = 1, OFI_DONE = 2 }; /* of the connection message */
@@ -299,8 +361,12 @@ static ncclResult_t ofi_listen(void* ctx, int dev, void* handle, void** listenCo
   }
   if ((res = ofi_mr_open(d, &l->ctrl, sizeof(l->ctrl), &l->ctrl_mr)) != ncclSuccess) goto fail;
   if ((res = listen_post(l)) != ncclSuccess) goto fail;
-  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
-  memcpy(handle, h, sizeof(*h));
+  if (!ofi_handle_encode(h, handle, NCCL_NET_HANDLE_MAXSIZE)) {
+    WARN("NET/OFI: listen on %s: the endpoint name is %zu bytes, outside 1..%d (provider %s)", d->name,
+         d->ep_name_len, OFI_NAME_MAX, ofi_prov_name());
+    res = ncclInternalError;
+    goto fail;
+  }
   *listenComm = l;
   return ncclSuccess;
 fail:
@@ -308,16 +374,19 @@ fail:
   return res;
 }
 
-/* Every field of a handle from the wire, before anything in it is used. */
-static ncclResult_t handle_check(const struct ofi_dev* d, const struct ofi_handle* h) {
+/* The shortest endpoint name the device's address format allows (fi_av_insert reads that many bytes). */
+static size_t name_min(const struct ofi_dev* d) {
+  if (d->info->addr_format == FI_SOCKADDR_IN) return sizeof(struct sockaddr_in);
+  if (d->info->addr_format == FI_SOCKADDR_IN6) return sizeof(struct sockaddr_in6);
+  return 1;
+}
+
+/* Every field of a handle from the wire, before anything in it is used (ofi_handle_decode). */
+static ncclResult_t handle_check(const struct ofi_dev* d, const void* handle, struct ofi_handle* h) {
   const char* bad = NULL;
-  if (h->magic != OFI_HANDLE_MAGIC) bad = "wrong magic: not a handle of Chorus's OFI network";
-  else if (h->version != OFI_PROTO_VERSION) bad = "protocol version differs: mixed Chorus versions";
-  else if (h->name_len == 0 || h->name_len > OFI_NAME_MAX) bad = "endpoint name length out of range";
-  else if (h->addr_format != d->info->addr_format)
-    bad = "address format differs: ranks use different providers or address families (set FI_PROVIDER alike)";
-  else if (h->id == 0) bad = "connection id 0";
-  if (!bad) return ncclSuccess;
+  if (!ofi_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, OFI_PROTO_VERSION, (uint32_t)d->info->addr_format,
+                         name_min(d), h, &bad))
+    return ncclSuccess;
   WARN("NET/OFI: connect on %s was given a bad handle (magic 0x%x, version %u, name length %u, address format %u, "
        "id %u): %s", d->name, h->magic, h->version, h->name_len, h->addr_format, h->id, bad);
   return ncclInvalidArgument;
@@ -400,8 +469,7 @@ static ncclResult_t ofi_connect(void* ctx, int dev, void* handle, void** sendCom
   if (sendDevComm) *sendDevComm = NULL;
   if (!d || !handle) return ncclInvalidArgument;
   struct ofi_handle h;
-  memcpy(&h, handle, sizeof(h)); /* NCCL's buffer has no alignment promise */
-  if ((res = handle_check(d, &h)) != ncclSuccess) return res;
+  if ((res = handle_check(d, handle, &h)) != ncclSuccess) return res;
   if ((res = ofi_dev_open(d)) != ncclSuccess) return res;
   struct ofi_comm* c = pending_take(d, &h);
   if (!c && (res = send_comm_new(d, &h, &c)) != ncclSuccess) return res;
@@ -416,13 +484,6 @@ static ncclResult_t ofi_connect(void* ctx, int dev, void* handle, void** sendCom
     pending_put(c);
   }
   return ncclSuccess;
-}
-
-/* Is the arrived connection message the one this listener's handle asked for? */
-static int ctrl_valid(struct ofi_comm* l) {
-  const struct ofi_ctrl* m = &l->ctrl;
-  return l->ctrl_req.len == sizeof(*m) && m->magic == OFI_CTRL_MAGIC && m->id == l->id &&
-         m->nonce == l->handle.nonce;
 }
 
 static ncclResult_t ofi_accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v12_t** recvDevComm) {
@@ -449,12 +510,19 @@ static ncclResult_t ofi_accept(void* listenComm, void** recvComm, ncclNetDeviceH
     req_warn(&l->ctrl_req);
     return ncclSystemError;
   }
-  if (st == OFI_REQ_FAILED || !ctrl_valid(l)) {
+  /* Is the arrived message the one this listener's handle asked for? (A truncated one is not.) */
+  struct ofi_ctrl m;
+  const char* bad = "longer than a connection message";
+  size_t got = l->ctrl_req.len;
+  memset(&m, 0, sizeof(m));
+  if (st == OFI_REQ_DONE && got > sizeof(l->ctrl)) bad = "longer than the receive buffer";
+  else if (st == OFI_REQ_DONE && !ofi_ctrl_decode(&l->ctrl, got, l->id, l->handle.nonce, &m, &bad)) bad = NULL;
+  if (bad) {
     /* A stray or forged sender: drop its message, keep waiting for the real one. */
     if (!l->warned)
       WARN("NET/OFI: listener %u on %s dropped a connection message that does not match its handle (%zu bytes, "
-           "magic 0x%x, id %u); a peer from another job or run? Later ones are dropped silently",
-           l->id, d->name, l->ctrl_req.len, l->ctrl.magic, l->ctrl.id);
+           "magic 0x%x, id %u: %s); a peer from another job or run? Later ones are dropped silently",
+           l->id, d->name, got, m.magic, m.id, bad);
     l->warned = 1;
     l->stage = OFI_IDLE;
     return listen_post(l);
@@ -462,9 +530,8 @@ static ncclResult_t ofi_accept(void* listenComm, void** recvComm, ncclNetDeviceH
   struct ofi_comm* r = comm_new(d, OFI_RECV);
   if (!r) return ncclSystemError;
   r->id = l->id;
-  l->ctrl.who[sizeof(l->ctrl.who) - 1] = '\0';
-  snprintf(r->peer_str, sizeof(r->peer_str), "%s", l->ctrl.who);
-  snprintf(l->peer_str, sizeof(l->peer_str), "%s", l->ctrl.who);
+  snprintf(r->peer_str, sizeof(r->peer_str), "%s", m.who);
+  snprintf(l->peer_str, sizeof(l->peer_str), "%s", m.who);
   l->stage = OFI_DONE;
   INFO(LOG_NET, "NET/OFI: accepted %s on %s (tag %u)", r->peer_str, d->name, r->id);
   *recvComm = r;

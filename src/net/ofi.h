@@ -10,11 +10,71 @@
 #ifndef CH_NET_OFI_H
 #define CH_NET_OFI_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Wire formats and their decoders. Pure functions with no libfabric in them (defined in ofi.c outside
+ * CHORUS_HAVE_LIBFABRIC), so that fuzz/fuzz_ofi.c builds and runs where libfabric-dev is absent.    */
+
+#define OFI_NAME_MAX 56              /* endpoint name bytes in a handle (aws-ofi-nccl's MAX_EP_ADDR) */
+#define OFI_HANDLE_MAGIC 0x4f464948u /* "OFIH" */
+#define OFI_CTRL_MAGIC 0x4f464943u   /* "OFIC" */
+#define OFI_PROTO_VERSION 1
+#define OFI_WHO_MAX 64
+
+/* What listen() writes into NCCL's handle (NCCL_NET_HANDLE_MAXSIZE bytes, the rest zero). Arrives from
+ * the peer through the bootstrap: connect() decodes it with ofi_handle_decode before using any field. */
+struct ofi_handle {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t name_len; /* 1..OFI_NAME_MAX */
+  uint32_t addr_format;
+  uint32_t id;       /* the listener's id: connection tag ctrl_bit | id, data tag id */
+  uint64_t nonce;    /* echoed by the connection message, so a stale or stray sender is refused */
+  uint8_t name[OFI_NAME_MAX];
+};
+#define OFI_HANDLE_HDR offsetof(struct ofi_handle, name) /* bytes before the name */
+
+/* The connection message, sent by connect() on the listener's connection tag and decoded by accept()
+ * with ofi_ctrl_decode. `who` (sender's host and pid) is only ever printed. */
+struct ofi_ctrl {
+  uint32_t magic;
+  uint32_t id;
+  uint64_t nonce;
+  char who[OFI_WHO_MAX];
+};
+
+/* Writes h (header and its name_len name bytes) into buf of len bytes, zeroing the rest. Returns the
+ * bytes that carry data (OFI_HANDLE_HDR + name_len), or 0 when len is too short or name_len is out of
+ * range (nothing written then). */
+size_t ofi_handle_encode(const struct ofi_handle* h, void* buf, size_t len);
+
+/* Decodes a handle of len bytes from a peer; reads nothing past len and writes nothing but *out and
+ * *why. Checks, in order: len covers the header, magic, version == `version`, 1 <= name_len <=
+ * OFI_NAME_MAX, the name fits in len, addr_format == `addr_format`, name_len >= min_name_len (the
+ * shortest name that address format has), id != 0. Returns 0 with *out the handle (name bytes past
+ * name_len zero); else -1 with *why (static text) and *out holding the header fields present (zero
+ * otherwise, name empty), for the caller's message. why may be NULL. */
+int ofi_handle_decode(const void* buf, size_t len, uint16_t version, uint32_t addr_format, size_t min_name_len,
+                      struct ofi_handle* out, const char** why);
+
+/* Decodes a connection message of len bytes (as received); reads nothing past len. Accepts exactly
+ * sizeof(struct ofi_ctrl) bytes with the magic, id == expect_id and nonce == expect_nonce. Returns 0 with
+ * *out the message, out->who NUL-terminated, cut at its first NUL, bytes outside printable ASCII
+ * replaced by '?' and the rest zero; else -1 with *why (static text) and out's header (magic, id, nonce)
+ * holding the bytes present (zero otherwise; who empty), for the caller's message. why may be NULL. */
+int ofi_ctrl_decode(const void* msg, size_t len, uint32_t expect_id, uint64_t expect_nonce, struct ofi_ctrl* out,
+                    const char** why);
+
+/* A printable form of an endpoint name: "ip:port" (family 4, len >= 16: a sockaddr_in), "[ip6]:port"
+ * (family 6, len >= 28: a sockaddr_in6), else "<len>-byte address <first 8 bytes in hex>". Reads at
+ * most len bytes; buf (buflen >= 1) is always NUL-terminated. Returns buf. */
+const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* buf, size_t buflen);
+
 #ifdef CHORUS_HAVE_LIBFABRIC
 
 #include <pthread.h>
-#include <stddef.h>
-#include <stdint.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -24,8 +84,6 @@
 #include <rdma/fi_tagged.h>
 
 #include "net.h"
-
-#define OFI_NAME_MAX 56     /* endpoint name bytes in a handle (aws-ofi-nccl's MAX_EP_ADDR) */
 
 /* The libfabric entry points that are real symbols (dlsym); everything else is inline in the headers. */
 struct ofi_api {

@@ -5,10 +5,8 @@
 #define _GNU_SOURCE /* realpath, strdup */
 #ifdef CHORUS_HAVE_LIBFABRIC
 
-#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -500,23 +498,8 @@ void ofi_mr_close(struct ofi_mr* m) {
 }
 
 const char* ofi_name_str(const struct ofi_dev* d, const uint8_t* name, size_t len, char* buf, size_t buflen) {
-  char ip[INET6_ADDRSTRLEN] = "?";
-  if (d->info->addr_format == FI_SOCKADDR_IN && len >= sizeof(struct sockaddr_in)) {
-    struct sockaddr_in sin;
-    memcpy(&sin, name, sizeof(sin));
-    inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip));
-    snprintf(buf, buflen, "%s:%d", ip, ntohs(sin.sin_port));
-  } else if (d->info->addr_format == FI_SOCKADDR_IN6 && len >= sizeof(struct sockaddr_in6)) {
-    struct sockaddr_in6 sin6;
-    memcpy(&sin6, name, sizeof(sin6));
-    inet_ntop(AF_INET6, &sin6.sin6_addr, ip, sizeof(ip));
-    snprintf(buf, buflen, "[%s]:%d", ip, ntohs(sin6.sin6_port));
-  } else {
-    size_t used = (size_t)snprintf(buf, buflen, "%zu-byte address ", len);
-    for (size_t i = 0; i < len && i < 8 && used + 3 <= buflen; i++)
-      used += (size_t)snprintf(buf + used, buflen - used, "%02x", name[i]);
-  }
-  return buf;
+  uint32_t f = d->info->addr_format;
+  return ofi_name_format(f == FI_SOCKADDR_IN ? 4 : f == FI_SOCKADDR_IN6 ? 6 : 0, name, len, buf, buflen);
 }
 
 #else

@@ -151,8 +151,16 @@ static ch_status fab_send_connect(struct conn* c, const struct tp_sizes* sz, con
   struct fab_conn* n;
   CHECK(fab_alloc(c, sz, &n, x, 1));
   memcpy(n->handle, h->blob, sizeof(n->handle));
+  /* The way back: without it the connection still works, only the receiver's records stay home. */
+  if (n->net->net->listen(n->net->ctx, n->dev, n->back_handle, &n->blcomm) != ncclSuccess || !n->blcomm) {
+    INFO(LOG_NET, "rank %d: no way back from rank %d on %s (listen failed)", x->rank, c->peer, n->net->name);
+    n->blcomm = NULL, n->back_state = 2;
+  }
   ch_status s = fab_register(n); /* the proxy connects (never blocking this thread on the peer) */
-  if (s != CH_OK) return fab_drop(c, n), s;
+  if (s != CH_OK) {
+    if (n->blcomm) n->net->net->closeListen(n->blcomm);
+    return fab_drop(c, n), s;
+  }
   c->fab = n;
   c->transport = TP_FAB;
   c->connected = 1;
@@ -160,8 +168,21 @@ static ch_status fab_send_connect(struct conn* c, const struct tp_sizes* sz, con
 }
 
 /* Receiver, once the sender said it attached: wait (bounded, abortable) for the accept. */
-static ch_status fab_recv_done(struct conn* c, int attached, const struct tp_ctx* x) {
+static void fab_back_handle(struct conn* c, struct tp_handle* out) {
+  memset(out, 0, sizeof(*out));
+  if (!c->fab || c->fab->back_state == 2) return;
+  out->kind = TP_FAB;
+  out->blob_len = TP_BLOB_BYTES;
+  memcpy(out->blob, c->fab->back_handle, TP_BLOB_BYTES);
+}
+
+static ch_status fab_recv_done(struct conn* c, int attached, const struct tp_handle* back, const struct tp_ctx* x) {
   if (!attached) return CH_OK;
+  /* From the peer: only its size is ours to check; the network checks the content on connect. */
+  if (back && back->kind == TP_FAB && back->blob_len == TP_BLOB_BYTES) {
+    memcpy(c->fab->back_handle, back->blob, TP_BLOB_BYTES);
+    atomic_store_explicit(&c->fab->back_wanted, 1, memory_order_release);
+  }
   long ns = 20000;
   for (;;) {
     int st = atomic_load_explicit(&c->fab->state, memory_order_acquire);
@@ -209,6 +230,7 @@ const struct tp_ops tp_fab_ops = {
     .recv_setup = fab_recv_setup,
     .send_connect = fab_send_connect,
     .recv_done = fab_recv_done,
+    .back_handle = fab_back_handle,
     .health = fab_health,
     .poll = fab_conn_poll,
     .idle = NULL, /* the proxy never stops testing receives: nothing to hand back */

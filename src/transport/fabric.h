@@ -7,7 +7,12 @@
  * Simple step is one message: the payload followed by a trailer (struct net_step: byte count and
  * the call's header), so that the receiver checks every step against its own call, as on sockets.
  * A trailer with NET_POISON carries the sender's failed call (struct xfer_poison) instead of a
- * payload; NET_BYE says the sender closed in order. Both end the stream. */
+ * payload; NET_BYE says the sender closed in order. Both end the stream.
+ *
+ * A network's links are one-way, so each connection has a way back: the sender also listens, its
+ * handle rides in the connection's answer (back_handle), and the receiver connects to it. It carries
+ * the receiver's poison record (its call failed: the sender stops waiting for credits) and its
+ * goodbye (a later failure of the link is then an orderly close), in the same message format. */
 #ifndef CH_FABRIC_H
 #define CH_FABRIC_H
 
@@ -69,7 +74,22 @@ struct fab_conn {
   int bye_state;    /* sender closing: 0 not sent, 1 in flight, 2 done */
   uint64_t drain_deadline;
   struct fab_conn* next; /* fx lock (lists) */
+
+  /* The way back. back_handle: sender, its listen handle (written before registration); receiver,
+   * the sender's, written by the rank in recv_done before it sets back_wanted (release). The rest is
+   * under busy like the fields above. back_state: 0 being set up, 1 up, 2 over (a record or goodbye
+   * crossed, it failed, or there is none). */
+  unsigned char back_handle[TP_BLOB_BYTES];
+  _Atomic int back_wanted;
+  void* bcomm;  /* sender: the recvComm of the way back; receiver: its sendComm */
+  void* blcomm; /* sender: the listen comm until accepted */
+  void* bmh;    /* registration of mem on bcomm */
+  void* breq;   /* sender: the receive posted on the way back; receiver: its send in flight */
+  int back_state;
+  int peer_bye; /* sender: the receiver said goodbye */
+  int up_sent;  /* receiver: 1 its poison record is on the way back, 2 it left */
 };
+#define FAB_BACK_OFF 2048 /* sender: where in ctl the way back's message lands */
 
 /* fabric_proxy.c */
 /* Hand n to the progress thread (started on first use); it establishes the connection if needed. */

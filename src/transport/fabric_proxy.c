@@ -83,7 +83,8 @@ static void install_fork_hooks(void) { pthread_atfork(at_prepare, at_parent, at_
 void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r) {
   int st = atomic_load_explicit(&n->state, memory_order_relaxed);
   if (st == FAB_FAILED || st == FAB_CLOSED) return;
-  if (atomic_load(n->async_err) != 0) { /* the communicator failed already: this is its aftermath */
+  if (atomic_load(n->async_err) != 0 || n->peer_bye) { /* the communicator failed already, or the peer
+                                                           * said goodbye: this is the aftermath */
     INFO(LOG_NET, "rank %d: fabric connection %s rank %d ended in %s after the communicator failed", n->rank, dir(n),
          n->peer, op);
     atomic_store_explicit(&n->state, FAB_CLOSED, memory_order_release);
@@ -270,11 +271,94 @@ static int recv_progress(struct fab_conn* n, int post_only) {
   return did;
 }
 
+/* ---- the way back (caller holds busy) ---- */
+
+static int back_setup(struct fab_conn* n) {
+  const ncclNet_t* net = n->net->net;
+  ncclResult_t r;
+  if (n->is_send) r = net->accept(n->blcomm, &n->bcomm, NULL);
+  else r = net->connect(n->net->ctx, n->dev, n->back_handle, &n->bcomm, NULL);
+  if (r != ncclSuccess || (!n->bcomm && ut_now_ns() > n->connect_deadline)) {
+    INFO(LOG_NET, "rank %d: the way back %s rank %d could not be set up (error %d): its records stay home",
+         n->rank, n->is_send ? "from" : "to", n->peer, (int)r);
+    n->back_state = 2;
+    return 1;
+  }
+  if (!n->bcomm) return 0;
+  if (n->is_send) {
+    net->closeListen(n->blcomm);
+    n->blcomm = NULL;
+  }
+  if (net->regMr(n->bcomm, n->mem, n->mem_bytes, NCCL_PTR_HOST, &n->bmh) != ncclSuccess) {
+    n->back_state = 2;
+    return 1;
+  }
+  n->back_state = 1;
+  return 1;
+}
+
+/* Sender: what came back. Receiver: send its poison record once its call failed. */
+static int back_progress(struct fab_conn* n) {
+  const ncclNet_t* net = n->net->net;
+  int size, t;
+  if (n->back_state == 2) return 0;
+  if (n->back_state == 0) {
+    if (n->is_send ? !n->blcomm : !atomic_load_explicit(&n->back_wanted, memory_order_acquire)) return 0;
+    return back_setup(n);
+  }
+  if (n->is_send) {
+    char* at = n->ctl + FAB_BACK_OFF;
+    if (!n->breq) {
+      void* data = at;
+      size_t len = 4096 - FAB_BACK_OFF;
+      int tag = n->peer;
+      ncclResult_t r = net->irecv(n->bcomm, 1, &data, &len, &tag, &n->bmh, NULL, &n->breq);
+      if (r != ncclSuccess) return fab_fail(n, "receive on the way back", r), 1;
+      return n->breq != NULL;
+    }
+    if ((t = test_req(n, &n->breq, &size, "receive on the way back")) <= 0) return t < 0;
+    struct net_step tr;
+    uint64_t payload = size >= (int)sizeof(tr) ? (uint64_t)size - sizeof(tr) : UINT64_MAX;
+    if (payload != UINT64_MAX) memcpy(&tr, at + payload, sizeof(tr));
+    if (payload == sizeof(struct xfer_poison) && tr.bytes == NET_POISON) {
+      struct xfer_poison rec;
+      memcpy(&rec, at, sizeof(rec)); /* only printed: ranks and fields are never used as indices */
+      if (xfer_poison_put(&n->ctrl->up, &rec)) tp_wake_slow(&n->ctrl->head);
+    } else if (payload == 0 && tr.bytes == NET_BYE) {
+      n->peer_bye = 1;
+    } else {
+      struct log_err_sink* prev = log_set_error_sink(n->sink);
+      WARN("rank %d: rank %d sent a %d-byte message on the fabric connection's way back, neither a poison record nor "
+           "a goodbye: ignored", n->rank, n->peer, size);
+      log_set_error_sink(prev);
+    }
+    n->back_state = 2; /* either ends the way back */
+    return 1;
+  }
+  if (n->up_sent == 1) {
+    if ((t = test_req(n, &n->breq, &size, "send on the way back")) <= 0) return t < 0;
+    n->up_sent = 2, n->back_state = 2;
+    return 1;
+  }
+  if (!xfer_poison_is_set(&n->ctrl->up)) return 0;
+  struct xfer_poison rec;
+  xfer_poison_copy(&rec, &n->ctrl->up);
+  atomic_store_explicit(&rec.set, 1, memory_order_relaxed);
+  struct net_step tr = {.bytes = NET_POISON};
+  memcpy(n->ctl, &rec, sizeof(rec));
+  memcpy(n->ctl + sizeof(rec), &tr, sizeof(tr));
+  ncclResult_t r = net->isend(n->bcomm, n->ctl, sizeof(rec) + sizeof(tr), n->rank, n->bmh, NULL, &n->breq);
+  if (r != ncclSuccess) return fab_fail(n, "send on the way back", r), 1;
+  if (n->breq) n->up_sent = 1;
+  return n->breq != NULL;
+}
+
 static int progress(struct fab_conn* n) {
   int st = atomic_load_explicit(&n->state, memory_order_relaxed), did;
   if (st == FAB_PENDING) did = establish(n);
   else if (st != FAB_BOUND) return 0;
   else did = n->is_send ? send_progress(n) : recv_progress(n, 0);
+  if (atomic_load_explicit(&n->state, memory_order_relaxed) != FAB_FAILED) did |= back_progress(n);
   if (did) atomic_store_explicit(&n->last_move, ut_now_ns(), memory_order_relaxed);
   return did;
 }
@@ -395,9 +479,28 @@ static int let_go(struct fab_conn* n, uint64_t now) {
       WARN("rank %d: closing the fabric connection to rank %d with %llu step(s) it never took", n->rank, n->peer,
            (unsigned long long)(atomic_load(&n->ctrl->tail) - n->done));
     }
+  } else if (!n->is_send && n->back_state == 1 && !aborted) { /* goodbye (or our record) on the way back */
+    if (!n->drain_deadline) n->drain_deadline = now + BYE_TIMEOUT_NS;
+    if (n->breq) { /* quietly: the sender may have closed first */
+      int done = 0, size = 0;
+      if (n->net->net->test(n->breq, &done, &size) != ncclSuccess || done) n->breq = NULL;
+      keep = n->breq && now < n->drain_deadline;
+    } else if (!n->bye_state && n->up_sent == 0) {
+      struct net_step tr = {.bytes = NET_BYE};
+      memcpy(n->ctl, &tr, sizeof(tr));
+      if (n->net->net->isend(n->bcomm, n->ctl, sizeof(tr), n->rank, n->bmh, NULL, &n->breq) == ncclSuccess && n->breq)
+        n->bye_state = 1, keep = 1;
+    }
   }
   if (!keep) {
     const ncclNet_t* net = n->net->net;
+    if (n->bcomm) {
+      if (n->bmh) net->deregMr(n->bcomm, n->bmh);
+      if (n->is_send) net->closeRecv(n->bcomm);
+      else net->closeSend(n->bcomm);
+    }
+    if (n->blcomm) net->closeListen(n->blcomm);
+    n->bcomm = n->blcomm = n->bmh = NULL;
     if (n->comm) {
       if (n->mh) net->deregMr(n->comm, n->mh);
       if (n->is_send) net->closeSend(n->comm);

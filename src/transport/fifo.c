@@ -147,8 +147,8 @@ void tp_conn_free(struct conn* c) {
 }
 
 /* Local and shm FIFOs: the receiver's token (and shm descriptor) served only the handshake. */
-static ch_status fifo_recv_done(struct conn* c, int attached, const struct tp_ctx* x) {
-  (void)attached, (void)x;
+static ch_status fifo_recv_done(struct conn* c, int attached, const struct tp_handle* back, const struct tp_ctx* x) {
+  (void)attached, (void)back, (void)x;
   if (c->transport == TP_LOCAL) tp_local_withdraw(c->token);
   else tp_fd_withdraw(c->token);
   c->token = 0;

@@ -202,7 +202,8 @@ ch_status tp_net_wait_bound(struct conn* c, const struct tp_ctx* x) {
   }
 }
 
-static ch_status net_recv_done(struct conn* c, int attached, const struct tp_ctx* x) {
+static ch_status net_recv_done(struct conn* c, int attached, const struct tp_handle* back, const struct tp_ctx* x) {
+  (void)back;
   return attached ? tp_net_wait_bound(c, x) : CH_OK;
 }
 

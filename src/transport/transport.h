@@ -223,9 +223,13 @@ struct tp_ops {
   ch_status (*recv_setup)(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
   ch_status (*send_connect)(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
                             const struct tp_ctx* x);
-  /* Receiver, after the sender's answer (attached: it said it attached): drop what only served the
-   * handshake; the network waits until the sender's socket has authenticated. */
-  ch_status (*recv_done)(struct conn* c, int attached, const struct tp_ctx* x);
+  /* Receiver, after the sender's answer (attached: it said it attached; back: what the sender's
+   * back_handle wrote, from the peer, unchecked): drop what only served the handshake; the network
+   * waits until the sender's socket has authenticated. */
+  ch_status (*recv_done)(struct conn* c, int attached, const struct tp_handle* back, const struct tp_ctx* x);
+  /* Sender, after send_connect: a handle for the receiver to reach back (a network whose links are
+   * one-way: the receiver's poison records and goodbye). NULL: the answer carries none. */
+  void (*back_handle)(struct conn* c, struct tp_handle* out);
   /* 0: fine; 1: the peer closed in order (destroyed its communicator); 2: the link failed (logged).
    * NULL: the transport cannot fail on its own (a dead peer process is found by pid, core/plan.c). */
   int (*health)(const struct conn* c);
