@@ -40,7 +40,9 @@ void nn_down(void) {
   if (dir[0]) nn_sh("rm -rf %s", dir);
 }
 
-int nn_up(const char* tag, int hosts) {
+int nn_up(const char* tag, int hosts) { return nn_up_opts(tag, hosts, NULL); }
+
+int nn_up_opts(const char* tag, int hosts, const char* opts) {
   /* the script sits in tools/ next to this file's tests/ (CMake compiles with absolute paths) */
   const char* env = getenv("CHORUS_NETNS_SCRIPT");
   if (env) snprintf(script, sizeof(script), "%s", env);
@@ -68,7 +70,7 @@ int nn_up(const char* tag, int hosts) {
   setenv("CHORUS_CLUSTER_DIR", dir, 1);
   is_up = 1;
   atexit(nn_down);
-  int st = nn_sh("%s up %d", script, hosts);
+  int st = nn_sh("%s up %d %s", script, hosts, opts ? opts : "");
   if (st == 77) {
     nn_down();
     printf("    SKIP: the cluster script cannot make network namespaces here (see above)\n");

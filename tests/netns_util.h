@@ -13,6 +13,8 @@ int nn_sh(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Bring up `hosts` hosts with namespace prefix tag+pid; 0 (SKIP printed) when they cannot be made
  * here (not root, no script, no namespaces). Torn down at exit or by nn_down. */
 int nn_up(const char* tag, int hosts);
+/* The same with options for the script's `up` (e.g. "--rails 2 --rate 1gbit"; "" or NULL: none). */
+int nn_up_opts(const char* tag, int hosts, const char* opts);
 void nn_down(void);
 /* The netns-cluster.sh path, and the directory the ranks write to (CHORUS_CLUSTER_DIR). */
 const char* nn_script(void);

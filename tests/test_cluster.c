@@ -5,7 +5,8 @@
  * Without root, without `ip`, or where namespaces are not permitted, the cluster tests print SKIP and
  * pass. Tests that move data between hosts need the network transport: they first try one AllReduce
  * between two hosts and skip when the build says it has none (CHORUS_TEST_NET=1 runs them without
- * asking, =0 skips them). */
+ * asking, =0 skips them). The fabric_* tests run the same over NCCL_NET=OFI (libfabric's tcp;ofi_rxm)
+ * and skip where libfabric cannot be loaded. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@
 #include "coll_util.h"
 #include "comm/comm.h"
 #include "misc/param.h"
+#include "net/net.h"
 #include "netns_util.h"
 #include "runner.h"
 
@@ -139,6 +141,155 @@ TEST_T(cluster, sigkill_rank_on_other_host, 400) {
   pid_t run = nn_start("", 6, 200, "cluster_rank.allreduce_until_error");
   EXPECT(nn_wait(run) != 0); /* rank 5 was killed */
   EXPECT_EQ(nn_count("ok", 6, 0), 5);
+  nn_down();
+}
+
+/* ---- the same over the fabric transport: NCCL_NET=OFI, Chorus's libfabric network on tcp;ofi_rxm ----
+ * Each rank logs INIT and NET at INFO to its own file in the cluster directory (log.<pid>); the test
+ * reads them to check that the fabric carried the data between hosts ("transports: ... fabric" in the
+ * INIT line) and prints their WARN lines. */
+
+/* 1 when libfabric loads here with the tcp;ofi_rxm provider (else SKIP printed); sets the ranks'
+ * network. iface: FI_TCP_IFACE for the ranks (NULL: unset, every interface of the host). Call before
+ * the hosts are up, so that a skipped test makes none. */
+static int fab_setup(const char* iface) {
+  const char* e = getenv("CHORUS_TEST_NET");
+  if (e && *e == '0') {
+    printf("    SKIP: CHORUS_TEST_NET=0\n");
+    return 0;
+  }
+  setenv("NCCL_NET", "OFI", 1);
+  setenv("NCCL_NET_PLUGIN", "none", 1);
+  setenv("FI_PROVIDER", "tcp;ofi_rxm", 1);
+  unsetenv("FI_TCP_IFACE"); /* this process's probe runs outside the hosts, where eth0 may not exist */
+  param_reset();
+  const char* why = NULL;
+  if (ch_ofi_available(&why) != 0) {
+    printf("    SKIP: the OFI network cannot start here: %s\n", why ? why : "?");
+    return 0;
+  }
+  if (iface) setenv("FI_TCP_IFACE", iface, 1); /* libfabric 1.17 still lists lo too; the OFI network drops it */
+  return 1;
+}
+
+/* After cl_up: the ranks log INIT and NET at INFO, each to <dir>/log.<pid>. */
+static void fab_logs_on(void) {
+  char path[256];
+  snprintf(path, sizeof(path), "%s/log.%%p", nn_dir());
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
+  setenv("NCCL_DEBUG_FILE", path, 1);
+}
+
+/* How many rank logs have a line matching the extended regex. */
+static int fab_logs(const char* ere) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "grep -l -E -e '%s' %s/log.* 2>/dev/null | wc -l", ere, nn_dir());
+  fflush(stdout);
+  FILE* p = popen(cmd, "r");
+  int c = 0;
+  if (p) {
+    if (fscanf(p, "%d", &c) != 1) c = 0;
+    pclose(p);
+  }
+  return c;
+}
+
+/* Print the rank logs' lines matching ere (at most max), indented. */
+static void fab_logs_show(const char* ere, int max) {
+  nn_sh("grep -h -E -e '%s' %s/log.* 2>/dev/null | head -n %d | sed 's/^/    /'", ere, nn_dir(), max);
+}
+
+/* Every one of the n ranks' logs says the OFI network served and its communicator used exactly the
+ * transports `want` ("fabric", or "shm fabric" where ranks share a host), never the socket transport
+ * ("net"). Clears the logs. */
+static void fab_check_logs(int n, const char* want) {
+  char ere[128];
+  snprintf(ere, sizeof(ere), "transports: %s$", want);
+  int got = fab_logs(ere);
+  if (got != n) {
+    rt_fail(__FILE__, __LINE__, "%d of %d rank logs say \"transports: %s\"", got, n, want);
+    fab_logs_show("transports:|WARN", 20);
+  }
+  EXPECT_EQ(fab_logs("transports:.* net( |$)"), 0);
+  EXPECT_EQ(fab_logs("NET: using OFI"), n);
+  nn_sh("rm -f %s/log.*", nn_dir());
+}
+
+/* The collective matrix, 2 hosts x 2 ranks blocked: shm inside each host, the fabric between them. */
+TEST_T(cluster, fabric_coll_matrix_2x2_blocked, 900) {
+  if (!fab_setup("eth0") || !cl_up(2)) return;
+  fab_logs_on();
+  EXPECT_EQ(nn_run("--blocked", 4, 800, "cluster_rank.coll_matrix"), 0);
+  fab_logs_show("WARN", 10);
+  fab_check_logs(4, "shm fabric");
+  nn_down();
+}
+
+/* The collective matrix, 4 hosts x 1 rank: every peer over the fabric. */
+TEST_T(cluster, fabric_coll_matrix_4x1, 900) {
+  if (!fab_setup("eth0") || !cl_up(4)) return;
+  fab_logs_on();
+  EXPECT_EQ(nn_run("", 4, 800, "cluster_rank.coll_matrix"), 0);
+  fab_logs_show("WARN", 10);
+  fab_check_logs(4, "fabric");
+  nn_down();
+}
+
+/* link_cut_mid_allreduce over the fabric: host 2's link goes down mid-loop (3 hosts x 2 ranks,
+ * interleaved); every rank returns ncclRemoteError naming a peer within 60 s of its last success. */
+TEST_T(cluster, fabric_link_cut_mid_allreduce, 400) {
+  if (!fab_setup("eth0") || !cl_up(3)) return;
+  fab_logs_on();
+  pid_t run = nn_start("", 6, 200, "cluster_rank.allreduce_until_error");
+  wait_files("looping", 6, 120);
+  sleep(1);
+  EXPECT_EQ(nn_sh("%s link 2 down", nn_script()), 0);
+  EXPECT_EQ(nn_wait(run), 0);
+  EXPECT_EQ(nn_count("ok", 6, 0), 6); /* host 2's ranks 2 and 5 too: cut off, they must fail as well */
+  fab_logs_show("WARN", 12);
+  fab_check_logs(6, "shm fabric");
+  nn_down();
+}
+
+/* sigkill_rank_on_other_host over the fabric: rank 5 (host 2) dies by SIGKILL mid-loop; the other five
+ * return ncclRemoteError naming a peer. */
+TEST_T(cluster, fabric_sigkill_rank_on_other_host, 400) {
+  if (!fab_setup("eth0") || !cl_up(3)) return;
+  fab_logs_on();
+  setenv("CHORUS_CLUSTER_KILL_RANK", "5", 1); /* host 5 mod 3 = 2 */
+  pid_t run = nn_start("", 6, 200, "cluster_rank.allreduce_until_error");
+  EXPECT(nn_wait(run) != 0); /* rank 5 was killed */
+  EXPECT_EQ(nn_count("ok", 6, 0), 5);
+  fab_logs_show("WARN", 12);
+  fab_check_logs(6, "shm fabric"); /* rank 5's log too: it logs its init before dying */
+  nn_down();
+}
+
+/* Two rails: 2 hosts x 1 rank, each host with eth0 and eth1 (two bridges, each link shaped to
+ * 1 Gbit/s), FI_TCP_IFACE unset so libfabric lists both (and lo, which the OFI network drops). Two
+ * channels: the four fabric connections of each rank take devices 0 and 1 in turn. A 64 MiB
+ * AllReduce, checked; the logs must show both devices in use. Not timed (a shared machine). */
+TEST_T(cluster, fabric_two_rails_2x1, 300) {
+  if (!fab_setup(NULL) || !nn_up_opts("ct", 2, "--rails 2 --rate 1gbit")) return;
+  fab_logs_on();
+  setenv("NCCL_MIN_NCHANNELS", "2", 1);
+  setenv("NCCL_MAX_NCHANNELS", "2", 1);
+  EXPECT_EQ(nn_run("", 2, 240, "cluster_rank.allreduce_64m"), 0);
+  EXPECT_EQ(nn_count("ok", 2, 0), 2);
+  fab_logs_show("WARN", 10);
+  fab_logs_show("NET/OFI: provider", 2);
+  for (int dev = 0; dev < 2; dev++) {
+    char ere[96];
+    snprintf(ere, sizeof(ere), "fabric connection .* up on OFI device %d$", dev);
+    int got = fab_logs(ere);
+    if (got != 2) {
+      rt_fail(__FILE__, __LINE__, "%d of 2 rank logs show a fabric connection on device %d", got, dev);
+      fab_logs_show("fabric connection|NET/OFI: provider", 20);
+    }
+  }
+  EXPECT_EQ(fab_logs("NET: using OFI .*, 2 devices: 0:eth[01] .* 1:eth[01] "), 2); /* both rails, no lo */
+  fab_check_logs(2, "fabric");
   nn_down();
 }
 
@@ -295,6 +446,32 @@ TEST_T(cluster_rank, allreduce_until_error, 180) {
   }
   free(v);
   ncclCommAbort(comm);
+}
+
+/* One 64 MiB AllReduce (sum of floats whose sums are exact), checked element by element. Writes
+ * ok<rank> when it passed. */
+TEST_T(cluster_rank, allreduce_64m, 240) {
+  int rank, n, host;
+  if (!cl_rank(&rank, &n, &host)) return;
+  ncclComm_t comm;
+  NCCL_OK(chorusInitFromEnv(&comm));
+  size_t count = (64u << 20) / sizeof(float);
+  float* v = malloc(count * sizeof(float));
+  ASSERT(v);
+  for (size_t i = 0; i < count; i++) v[i] = (float)((rank + 1) * (int)(i % 1021));
+  NCCL_OK(ncclAllReduce(v, v, count, ncclFloat, ncclSum, comm, NULL));
+  size_t bad = 0, first = 0;
+  float want_sum = (float)(n * (n + 1) / 2);
+  for (size_t i = 0; i < count; i++) {
+    if (v[i] != want_sum * (float)(int)(i % 1021) && bad++ == 0) first = i;
+  }
+  if (bad)
+    rt_fail(__FILE__, __LINE__, "rank %d: %zu wrong elements, the first at %zu: %g, want %g", rank, bad, first,
+            (double)v[first], (double)(want_sum * (float)(int)(first % 1021)));
+  else
+    mark("ok", rank);
+  free(v);
+  NCCL_OK(ncclCommDestroy(comm));
 }
 
 /* Whether the network carries a collective between two hosts: writes nonet when the build says it

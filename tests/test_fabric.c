@@ -204,6 +204,47 @@ TEST_T(fabric, ofi_by_name_takes_remote_peers, 60) {
   EXPECT(tp_flags(TP_FAB) & TP_F_NETWORK);
 }
 
+/* ---- an idle communicator costs next to no CPU ---- */
+
+static double proc_cpu_s(void) {
+  FILE* f = fopen("/proc/self/stat", "r");
+  if (!f) return -1;
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char* p = strrchr(buf, ')');
+  unsigned long ut = 0, st = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static void idle_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v[256] = {0};
+  for (int i = 0; i < 10; i++) NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat32, ncclSum, comm, NULL));
+  usleep(300000); /* let everyone's spinning end */
+  double t0 = proc_cpu_s();
+  uint64_t w0 = now_ns();
+  sleep(2);
+  double used = proc_cpu_s() - t0, wall = (double)(now_ns() - w0) / 1e9;
+  if (rank == 0) {
+    printf("    idle, %d ranks as %s over the fabric: rank 0's process used %.1f%% of a core over %.1f s\n", nranks,
+           rt_mode(), 100 * used / wall, wall);
+    EXPECT(used < 0.2 * wall); /* generous: only a spinning progress thread fails this */
+  }
+  NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat32, ncclSum, comm, NULL)); /* wakes up fine */
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(fabric, idle_cpu, 60) {
+  if (!force_fabric()) return;
+  rt_run_procs(2, idle_body, NULL); /* first: a child of a process whose OFI devices are open inherits them */
+  rt_run_threads(2, idle_body, NULL);
+}
+
 /* ---- a peer killed in the middle of an AllReduce ---- */
 
 #define KILL_COUNT ((size_t)1 << 20)
@@ -276,4 +317,207 @@ TEST_T(fabric, peer_killed, 120) {
   int st;
   ASSERT(waitpid(victim, &st, 0) == victim);
   EXPECT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+}
+
+/* ---- the RMA path (CHORUS_OFI_RMA=1): rendezvous by RMA write with remote CQ data, forced on
+ * tcp;ofi_rxm (which grants FI_RMA). The tests above run once more with it; then the table itself:
+ * data at offsets inside registrations, sends before their clear-to-send, truncation, close with
+ * clear-to-sends pending. ---- */
+
+/* 1 when the OFI network runs here with the RMA path on (maxP2pBytes shows it: capped at 2^32-1). */
+static int force_rma(void) {
+  setenv("CHORUS_OFI_RMA", "1", 1); /* before force_fabric loads libfabric: read once per process */
+  if (!force_fabric()) return 0;
+  ncclNetProperties_v12_t props;
+  ASSERT(ch_ofi_net.getProperties(0, &props) == ncclSuccess);
+  ASSERT(props.maxP2pBytes <= 0xffffffffull);
+  return 1;
+}
+
+#define FAB_RMA(suite, name, timeout)         \
+  TEST_T(suite, name##_rma, timeout) {        \
+    if (!force_rma()) return;                 \
+    test_##suite##_##name();                  \
+  }
+FAB_RMA(fabric_threads, all_colls_2, 240)
+FAB_RMA(fabric_procs, all_colls_2, 240)
+FAB_RMA(fabric_threads, all_colls_3, 240)
+FAB_RMA(fabric_procs, all_colls_3, 240)
+FAB_RMA(fabric_procs, mismatch_is_named, 120)
+FAB_RMA(fabric_procs, mismatch_reaches_a_waiting_sender, 120)
+FAB_RMA(fabric, peer_killed, 120)
+
+/* One connection of the table to this process's own endpoint, with a registered buffer each side. */
+struct rma_pair {
+  void *ctx, *lc, *sc, *rc, *smh, *rmh;
+  char *sbuf, *rbuf;
+  size_t len;
+};
+
+static void rma_open(struct rma_pair* p, size_t len) {
+  const ncclNet_v12_t* n = &ch_ofi_net;
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  memset(p, 0, sizeof(*p));
+  p->len = len;
+  ASSERT(n->init(&p->ctx, 0, NULL, NULL, NULL) == ncclSuccess);
+  ASSERT(n->listen(p->ctx, 0, handle, &p->lc) == ncclSuccess && p->lc);
+  uint64_t end = now_ns() + 20000000000ull;
+  while (!p->sc || !p->rc) {
+    if (!p->sc) ASSERT(n->connect(p->ctx, 0, handle, &p->sc, NULL) == ncclSuccess);
+    if (!p->rc) ASSERT(n->accept(p->lc, &p->rc, NULL) == ncclSuccess);
+    ASSERT(now_ns() < end);
+  }
+  p->sbuf = malloc(len);
+  p->rbuf = malloc(len);
+  ASSERT(p->sbuf && p->rbuf);
+  ASSERT(n->regMr(p->sc, p->sbuf, len, NCCL_PTR_HOST, &p->smh) == ncclSuccess);
+  ASSERT(n->regMr(p->rc, p->rbuf, len, NCCL_PTR_HOST, &p->rmh) == ncclSuccess);
+}
+
+/* Closes everything; each close returns within a few seconds even with operations pending. */
+static void rma_close(struct rma_pair* p) {
+  const ncclNet_v12_t* n = &ch_ofi_net;
+  uint64_t t0 = now_ns();
+  EXPECT(n->deregMr(p->sc, p->smh) == ncclSuccess);
+  EXPECT(n->deregMr(p->rc, p->rmh) == ncclSuccess);
+  EXPECT(n->closeSend(p->sc) == ncclSuccess);
+  EXPECT(n->closeRecv(p->rc) == ncclSuccess);
+  EXPECT(n->closeListen(p->lc) == ncclSuccess);
+  double s = (double)(now_ns() - t0) / 1e9;
+  EXPECT(s < 6.0);
+  if (s >= 6.0) printf("    closing took %.1f s\n", s);
+  free(p->sbuf);
+  free(p->rbuf);
+}
+
+/* Tests req until done or an error; returns test's last result, *size the size it reported. */
+static ncclResult_t rma_wait(void* req, int* size) {
+  int done = 0;
+  uint64_t end = now_ns() + 10000000000ull;
+  while (!done) {
+    ncclResult_t r = ch_ofi_net.test(req, &done, size);
+    if (r != ncclSuccess) return r;
+    if (now_ns() > end) return ncclInProgress;
+  }
+  return ncclSuccess;
+}
+
+/* A receive and its send, tested in turn (one thread is both peers here: a send's write goes out when
+ * the sender's side is called after its CTS arrived). Returns the receive's result. */
+static ncclResult_t rma_wait2(void* rreq, int* size, void* sreq, ncclResult_t* sres) {
+  int rdone = 0, sdone = 0;
+  ncclResult_t rr = ncclSuccess, sr = ncclSuccess;
+  uint64_t end = now_ns() + 10000000000ull;
+  while ((!rdone && rr == ncclSuccess) || (!sdone && sr == ncclSuccess)) {
+    if (!rdone && rr == ncclSuccess) rr = ch_ofi_net.test(rreq, &rdone, size);
+    if (!sdone && sr == ncclSuccess) sr = ch_ofi_net.test(sreq, &sdone, NULL);
+    if (now_ns() > end) {
+      if (!rdone && rr == ncclSuccess) rr = ncclInProgress;
+      if (!sdone && sr == ncclSuccess) sr = ncclInProgress;
+    }
+  }
+  *sres = sr;
+  return rr;
+}
+
+static void* rma_isend(struct rma_pair* p, size_t off, size_t size) {
+  void* req = NULL;
+  uint64_t end = now_ns() + 10000000000ull;
+  while (!req && now_ns() < end)
+    EXPECT_EQ(ch_ofi_net.isend(p->sc, p->sbuf + off, size, 0, p->smh, NULL, &req), ncclSuccess);
+  ASSERT(req);
+  return req;
+}
+
+static void* rma_irecv(struct rma_pair* p, size_t off, size_t size) {
+  void* req = NULL;
+  void* data = p->rbuf + off;
+  int tag = 0;
+  uint64_t end = now_ns() + 10000000000ull;
+  while (!req && now_ns() < end)
+    EXPECT_EQ(ch_ofi_net.irecv(p->rc, 1, &data, &size, &tag, &p->rmh, NULL, &req), ncclSuccess);
+  ASSERT(req);
+  return req;
+}
+
+#define RMA_MSGS 24
+#define RMA_SLOT ((size_t)1 << 20)
+
+TEST_T(fabric, rma_table, 120) {
+  if (!force_rma()) return;
+  struct rma_pair p;
+  rma_open(&p, RMA_SLOT * 8 + 4096);
+  /* Data: sizes up to a full slot, receives at odd offsets inside the region (the CTS carries an
+   * offset on tcp, where a virtual address would be lost silently), 8 bytes larger than the send;
+   * even messages' sends are posted before their receive (held until the CTS arrives). */
+  for (int round = 0; round < 2; round++) {
+    void* sreq[RMA_MSGS];
+    void* rreq[RMA_MSGS];
+    size_t size[RMA_MSGS];
+    for (int i = 0; i < RMA_MSGS; i++) {
+      size_t slot = (size_t)(i % 8) * RMA_SLOT + 8;
+      size[i] = i == 0 ? 0 : i == 1 ? 1 : ((size_t)i * 40503u * (round + 1)) % (RMA_SLOT - 16);
+      for (size_t j = 0; j < size[i]; j++) p.sbuf[slot + j] = (char)(i * 7 + j * 13 + round);
+      memset(p.rbuf + slot, 0xee, size[i] + 8);
+      if (i % 2 == 0) sreq[i] = rma_isend(&p, slot, size[i]), rreq[i] = rma_irecv(&p, slot + 1, size[i] + 8);
+      else rreq[i] = rma_irecv(&p, slot + 1, size[i] + 8), sreq[i] = rma_isend(&p, slot, size[i]);
+      int got = -1;
+      ncclResult_t sres;
+      EXPECT_EQ(rma_wait2(rreq[i], &got, sreq[i], &sres), ncclSuccess);
+      EXPECT_EQ(sres, ncclSuccess);
+      EXPECT_EQ(got, (int)size[i]);
+      int bad = 0;
+      for (size_t j = 0; j < size[i] && !bad; j++) bad = p.rbuf[slot + 1 + j] != (char)(i * 7 + j * 13 + round);
+      EXPECT(!bad);
+      EXPECT((unsigned char)p.rbuf[slot] == 0xee && (unsigned char)p.rbuf[slot + 1 + size[i]] == 0xee);
+    }
+  }
+  /* Many in flight: 8 receives posted, then 8 sends, completions tested in order. */
+  void* rq[8];
+  void* sq[8];
+  for (int i = 0; i < 8; i++) rq[i] = rma_irecv(&p, (size_t)i * RMA_SLOT, RMA_SLOT);
+  for (int i = 0; i < 8; i++) sq[i] = rma_isend(&p, (size_t)i * RMA_SLOT, 1000 + (size_t)i);
+  for (int i = 0; i < 8; i++) {
+    int got = -1;
+    ncclResult_t sres;
+    EXPECT_EQ(rma_wait2(rq[i], &got, sq[i], &sres), ncclSuccess);
+    EXPECT_EQ(sres, ncclSuccess);
+    EXPECT_EQ(got, 1000 + i);
+  }
+  /* Truncation: a send larger than the receive it is matched with fails at the sender, with a WARN;
+   * the connection is then unusable (the next send fails too), and closes with the receive pending. */
+  void* r1 = rma_irecv(&p, 0, 100);
+  void* s1 = rma_isend(&p, 0, 200);
+  EXPECT_EQ(rma_wait(s1, NULL), ncclSystemError);
+  void* s2 = NULL;
+  EXPECT(ch_ofi_net.isend(p.sc, p.sbuf, 10, 0, p.smh, NULL, &s2) != ncclSuccess || (s2 && rma_wait(s2, NULL) != ncclSuccess));
+  int done = 1;
+  EXPECT_EQ(ch_ofi_net.test(r1, &done, NULL), ncclSuccess);
+  EXPECT_EQ(done, 0);
+  rma_close(&p);
+}
+
+/* Close while clear-to-sends are pending: receives whose sends never came (their CTSs wait at the
+ * sender, unconsumed), and sends whose receives never came (held for a CTS). */
+TEST_T(fabric, rma_close_pending, 60) {
+  if (!force_rma()) return;
+  struct rma_pair p;
+  rma_open(&p, 1 << 20);
+  for (int i = 0; i < 6; i++) (void)rma_irecv(&p, (size_t)i * 4096, 4096);
+  usleep(100000);
+  (void)ch_ofi_net.test(rma_isend(&p, 0, 10), &(int){0}, NULL); /* consumes one CTS; the rest stay */
+  rma_close(&p);
+  rma_open(&p, 1 << 20);
+  for (int i = 0; i < 6; i++) (void)rma_isend(&p, (size_t)i * 4096, 4096);
+  rma_close(&p);
+  /* The device still works: a new connection moves data. */
+  rma_open(&p, 1 << 20);
+  void* r = rma_irecv(&p, 0, 4096);
+  void* s = rma_isend(&p, 0, 4000);
+  int got = -1;
+  ncclResult_t sres;
+  EXPECT_EQ(rma_wait2(r, &got, s, &sres), ncclSuccess);
+  EXPECT_EQ(sres, ncclSuccess);
+  EXPECT_EQ(got, 4000);
+  rma_close(&p);
 }

@@ -2,14 +2,17 @@
 # A multi-host test cluster on one machine: H network namespaces ("hosts") joined by veth pairs to one
 # bridge, which lives in a namespace of its own so nothing is added to the machine's own network.
 # Host i (0-based) is namespace PREFIX-hI with interface eth0 at 10.77.0.(i+1)/24 and fd77::(i+1)/64.
+# With --rails R each host has R interfaces (NICs, rails): ethK (K < R) on bridge brK of its own subnet,
+# 10.(77+K).0.(i+1)/24 and fd(77+K)::(i+1)/64, so eth1 is at 10.78.0.(i+1).
 #
-#   netns-cluster.sh up H [--rate RATE] [--delay D]
+#   netns-cluster.sh up H [--rate RATE] [--delay D] [--rails R]
 #                                          bring up H hosts (replacing an earlier cluster of this prefix);
 #                                          RATE (tc syntax, e.g. 1gbit) shapes each host's link with tbf,
 #                                          both directions; D (e.g. 100us) delays every packet each way
-#                                          (netem, which then also applies RATE): a hop costs 2 D more
+#                                          (netem, which then also applies RATE): a hop costs 2 D more;
+#                                          R (1..4, default 1) interfaces per host, each shaped alike
 #   netns-cluster.sh down                  tear everything down (idempotent, also after a crash)
-#   netns-cluster.sh status                list the hosts and their addresses
+#   netns-cluster.sh status                list the hosts and their addresses (every ethK)
 #   netns-cluster.sh run N [opts] CMD...   run CMD as N ranks; rank i on host i mod H (interleaved), or
 #                                          with --blocked on host i / ceil(N/H); waits for all ranks and
 #                                          exits non-zero if any failed. Options:
@@ -19,7 +22,8 @@
 #                                            --timeout S    kill all ranks after S seconds (exit 124)
 #                                            --tag          prefix every output line with "[rank i] "
 #   netns-cluster.sh exec HOST CMD...      run one command on host HOST (0-based), e.g. ip link set eth0 down
-#   netns-cluster.sh link HOST up|down     bring host HOST's link up or down (cut it)
+#   netns-cluster.sh link HOST up|down     bring host HOST's link eth0 up or down (cut it)
+#   netns-cluster.sh link HOST IF up|down  the same for interface IF (eth1: the second rail)
 #
 # Every rank gets NCCL_COMM_ID, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NCCL_HOSTID (the
 # namespaces share one kernel, hostname and boot id, so the host identity must be given) and
@@ -34,6 +38,9 @@ set -u
 PREFIX=${CHORUS_NETNS_PREFIX:-chorus}
 SUBNET4=10.77.0
 SUBNET6=fd77:
+# Rail K's subnets: 10.(77+K).0 and fd(77+K)::/64 (rail 0: SUBNET4, SUBNET6).
+subnet4() { echo "10.$((77 + $1)).0"; }
+subnet6() { echo "fd$((77 + $1)):"; }
 SKIP=77
 
 die() { echo "netns-cluster: $*" >&2; exit 1; }
@@ -68,9 +75,11 @@ cmd_down() {
 }
 
 cmd_up() {
-  local h="" rate="" delay=""
+  local h="" rate="" delay="" rails=1
   while [ $# -gt 0 ]; do
     case $1 in
+      --rails) rails=${2:?--rails needs a value}; shift 2 ;;
+      --rails=*) rails=${1#--rails=}; shift ;;
       --delay) delay=${2:?--delay needs a value}; shift 2 ;;
       --delay=*) delay=${1#--delay=}; shift ;;
       --rate) rate=${2:?--rate needs a value}; shift 2 ;;
@@ -79,6 +88,7 @@ cmd_up() {
     esac
   done
   [[ $h =~ ^[0-9]+$ ]] && [ "$h" -ge 1 ] && [ "$h" -le 250 ] || die "up: the host count must be 1..250"
+  [[ $rails =~ ^[0-9]+$ ]] && [ "$rails" -ge 1 ] && [ "$rails" -le 4 ] || die "up: --rails must be 1..4"
   need_ip
   # Probe first: in a container without CAP_SYS_ADMIN this is where it fails.
   if ! ip netns add "$PREFIX-probe" 2>/dev/null; then
@@ -94,49 +104,65 @@ cmd_up() {
   cmd_down
   set -e
   ip netns add "$SW"
-  ip -n "$SW" link add br0 type bridge
-  ip -n "$SW" link set br0 up
   ip -n "$SW" link set lo up
+  local k
+  for ((k = 0; k < rails; k++)); do
+    ip -n "$SW" link add "br$k" type bridge
+    ip -n "$SW" link set "br$k" up
+  done
   local i ns
   for ((i = 0; i < h; i++)); do
     ns=$(host_ns $i)
     ip netns add "$ns"
     ip -n "$ns" link set lo up
-    # Both ends are created inside the switch namespace, then one end moves to the host.
-    ip -n "$SW" link add "h$i" type veth peer name eth0 netns "$ns"
-    ip -n "$SW" link set "h$i" master br0
-    ip -n "$SW" link set "h$i" up
-    ip -n "$ns" addr add "$SUBNET4.$((i + 1))/24" dev eth0
-    ip -n "$ns" -6 addr add "${SUBNET6}:$(printf '%x' $((i + 1)))/64" dev eth0 nodad
-    ip -n "$ns" link set eth0 up
-    if [ -n "$delay" ]; then
-      local q="netem delay $delay ${rate:+rate $rate} limit 100000"
-      ip netns exec "$ns" tc qdisc add dev eth0 root $q ||
-        { set +e; cmd_down; die "tc netem failed (is the sch_netem module available?)"; }
-      ip netns exec "$SW" tc qdisc add dev "h$i" root $q
-    elif [ -n "$rate" ]; then
-      # burst: enough for the rate at a 1 ms timer tick, at least 64 KiB.
-      ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms ||
-        { set +e; cmd_down; die "tc tbf failed (is the sch_tbf module available?)"; }
-      ip netns exec "$SW" tc qdisc add dev "h$i" root tbf rate "$rate" burst 256kb latency 50ms
-    fi
+    for ((k = 0; k < rails; k++)); do
+      # Both ends are created inside the switch namespace, then one end moves to the host. Rail 0's
+      # switch port keeps its historical name hI; rail K's is hIrK.
+      local port="h$i" dev="eth$k"
+      [ $k -gt 0 ] && port="h${i}r$k"
+      ip -n "$SW" link add "$port" type veth peer name "$dev" netns "$ns"
+      ip -n "$SW" link set "$port" master "br$k"
+      ip -n "$SW" link set "$port" up
+      ip -n "$ns" addr add "$(subnet4 $k).$((i + 1))/24" dev "$dev"
+      ip -n "$ns" -6 addr add "$(subnet6 $k):$(printf '%x' $((i + 1)))/64" dev "$dev" nodad
+      ip -n "$ns" link set "$dev" up
+      if [ -n "$delay" ]; then
+        local q="netem delay $delay ${rate:+rate $rate} limit 100000"
+        ip netns exec "$ns" tc qdisc add dev "$dev" root $q ||
+          { set +e; cmd_down; die "tc netem failed (is the sch_netem module available?)"; }
+        ip netns exec "$SW" tc qdisc add dev "$port" root $q
+      elif [ -n "$rate" ]; then
+        # burst: enough for the rate at a 1 ms timer tick, at least 64 KiB.
+        ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms ||
+          { set +e; cmd_down; die "tc tbf failed (is the sch_tbf module available?)"; }
+        ip netns exec "$SW" tc qdisc add dev "$port" root tbf rate "$rate" burst 256kb latency 50ms
+      fi
+    done
   done
   set +e
-  # The bridge forwards only once its ports are up; wait until host 0 reaches the last host.
+  # The bridges forward only once their ports are up; wait until host 0 reaches the last host on
+  # every rail.
   local last=$((h - 1)) t
-  for ((t = 0; t < 50; t++)); do
-    ip netns exec "$(host_ns 0)" ping -c1 -W1 "$SUBNET4.$((last + 1))" >/dev/null 2>&1 && break
-    command -v ping >/dev/null 2>&1 || { sleep 0.2; break; }
-    sleep 0.1
+  for ((k = 0; k < rails; k++)); do
+    for ((t = 0; t < 50; t++)); do
+      ip netns exec "$(host_ns 0)" ping -c1 -W1 "$(subnet4 $k).$((last + 1))" >/dev/null 2>&1 && break
+      command -v ping >/dev/null 2>&1 || { sleep 0.2; break; }
+      sleep 0.1
+    done
   done
-  echo "netns-cluster: $h host(s) up (prefix $PREFIX${rate:+, links shaped to $rate}${delay:+, $delay delay each way})"
+  local r=""
+  [ "$rails" -gt 1 ] && r=", $rails rails"
+  echo "netns-cluster: $h host(s) up (prefix $PREFIX$r${rate:+, links shaped to $rate}${delay:+, $delay delay each way})"
 }
 
 cmd_status() {
   need_ip
   local i
   for i in $(hosts); do
-    printf '%s: %s\n' "$(host_ns $i)" "$(ip -n "$(host_ns $i)" -br addr show dev eth0 2>/dev/null | tr -s ' ')"
+    # eth0 first, then the other rails in order (the first field of -br is the interface name)
+    printf '%s: %s\n' "$(host_ns $i)" \
+      "$(ip -n "$(host_ns $i)" -br addr show 2>/dev/null | grep -E '^eth[0-9]+(@|[[:space:]])' | sort | tr -s ' ' | sed 's/ *$//' |
+         paste -sd '|' - | sed 's/|/; /g')"
   done
 }
 
@@ -151,9 +177,11 @@ cmd_exec() {
 
 cmd_link() {
   need_ip
-  local i=${1:?link needs a host number} state=${2:?link needs up or down}
+  local i=${1:?link needs a host number} dev=eth0 state=${2:?link needs up or down}
+  if [ $# -ge 3 ]; then dev=$2 state=$3; fi
   [ "$state" = up ] || [ "$state" = down ] || die "link: say up or down"
-  ip -n "$(host_ns "$i")" link set eth0 "$state"
+  [[ $dev =~ ^eth[0-9]+$ ]] || die "link: the interface must be ethK (eth0, eth1, ...)"
+  ip -n "$(host_ns "$i")" link set "$dev" "$state"
 }
 
 cmd_run() {
@@ -223,7 +251,7 @@ cmd_run() {
   return $rc
 }
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 case ${1:-} in
   up) shift; cmd_up "$@" ;;

@@ -9,6 +9,18 @@
  * connection, so order on a connection is the provider's send-after-send order (asked for in hints).
  * The provider buffers messages that arrive before their receive is posted.
  *
+ * RMA path (CHORUS_OFI_RMA; rendezvous, as NCCL's IB plugin and aws-ofi-nccl's RDMA protocol). The
+ * receiver decides per connection: listen() sets OFI_FLAG_RMA in its handle when its device can carry
+ * it (FI_RMA, 8-byte remote CQ data, no FI_RX_CQ_DATA); connect() refuses such a handle when its own
+ * device cannot, else echoes the flag with its endpoint name and a CTS id in the connection message.
+ * Then irecv posts nothing for the data: it sends the sender a clear-to-send {seq, cq_id, size, addr or
+ * offset, key} (fi_tsend on tag cts_bit | cts_id), and completes when an RMA write's remote CQ data
+ * {cq_id:16, seq:16, size:32} arrives (the CQ reader dispatches it by cq_id through dev->rma_tab, and by
+ * seq to the waiting request). isend returns a NULL request until the CTS of its sequence number has
+ * arrived (the sender keeps OFI_NREQS CTS receives posted, consumed in order), checks it (sequence, size
+ * >= the send: else a WARN and an error), then fi_writedata's the data. Sizes travel in 32 bits, so
+ * maxP2pBytes is capped at 2^32-1 on such devices. Receive buffers must be registered (regMr).
+ *
  * GPU memory is left out: Debian's libfabric has no FI_HMEM for CUDA, so ptrSupport is host only and
  * the transport stages device buffers through host memory. libfabric itself is in ofi_fabric.c. */
 #define _GNU_SOURCE
@@ -16,6 +28,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +41,8 @@
 
 _Static_assert(sizeof(struct ofi_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large");
 _Static_assert(sizeof(struct ofi_handle) == OFI_HANDLE_HDR + OFI_NAME_MAX, "handle has padding");
-_Static_assert(sizeof(struct ofi_ctrl) == 16 + OFI_WHO_MAX, "connection message has padding");
+_Static_assert(sizeof(struct ofi_ctrl) == 16 + OFI_WHO_MAX + 16 + OFI_NAME_MAX, "connection message has padding");
+_Static_assert(sizeof(struct ofi_cts) == 32, "clear-to-send has padding");
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Wire decoders (pure: no libfabric; built with or without it, fuzzed by fuzz/fuzz_ofi.c)           */
@@ -58,6 +72,7 @@ int ofi_handle_decode(const void* buf, size_t len, uint16_t version, uint32_t ad
     bad = "address format differs: ranks use different providers or address families (set FI_PROVIDER alike)";
   else if (out->name_len < min_name_len) bad = "endpoint name too short for its address format";
   else if (out->id == 0) bad = "connection id 0";
+  else if ((out->flags & ~OFI_FLAGS_KNOWN) || out->reserved) bad = "unknown flags: mixed Chorus versions";
   if (bad) goto fail;
   memcpy(out->name, (const uint8_t*)buf + OFI_HANDLE_HDR, out->name_len);
   return 0;
@@ -76,6 +91,14 @@ int ofi_ctrl_decode(const void* msg, size_t len, uint32_t expect_id, uint64_t ex
   else if (out->magic != OFI_CTRL_MAGIC) bad = "wrong magic: not a connection message of Chorus's OFI network";
   else if (out->id != expect_id) bad = "connection id differs from the listener's";
   else if (out->nonce != expect_nonce) bad = "nonce differs from the listener's handle: a stale or stray sender";
+  struct ofi_ctrl tail; /* the fields after `who`, checked before any is kept */
+  if (!bad) {
+    memcpy(&tail, msg, sizeof(tail));
+    if ((tail.flags & ~OFI_FLAGS_KNOWN) || tail.reserved || tail.reserved2) bad = "unknown flags: mixed Chorus versions";
+    else if (tail.name_len > OFI_NAME_MAX) bad = "endpoint name length out of range";
+    else if ((tail.flags & OFI_FLAG_RMA) && (tail.name_len == 0 || tail.cts_id == 0))
+      bad = "RMA path without the sender's endpoint name or CTS id";
+  }
   if (bad) {
     if (why) *why = bad;
     return -1;
@@ -83,7 +106,23 @@ int ofi_ctrl_decode(const void* msg, size_t len, uint32_t expect_id, uint64_t ex
   const char* who = (const char*)msg + hdr;
   for (size_t i = 0; i + 1 < sizeof(out->who) && who[i]; i++) /* printed only: printable ASCII, terminated */
     out->who[i] = who[i] >= 0x20 && who[i] < 0x7f ? who[i] : '?';
+  out->name_len = tail.name_len;
+  out->flags = tail.flags;
+  out->cts_id = tail.cts_id;
+  memcpy(out->name, tail.name, tail.name_len);
   return 0;
+}
+
+int ofi_cts_decode(const void* msg, size_t len, uint16_t expect_seq, struct ofi_cts* out, const char** why) {
+  const char* bad = NULL;
+  memset(out, 0, sizeof(*out));
+  if (msg) memcpy(out, msg, len < sizeof(*out) ? len : sizeof(*out));
+  if (!msg || len != sizeof(*out)) bad = "wrong size for a clear-to-send";
+  else if (out->magic != OFI_CTS_MAGIC) bad = "wrong magic: not a clear-to-send of Chorus's OFI network";
+  else if (out->flags) bad = "unknown flags: mixed Chorus versions";
+  else if (out->seq != expect_seq) bad = "out of sequence: a clear-to-send was lost, repeated or forged";
+  if (bad && why) *why = bad;
+  return bad ? -1 : 0;
 }
 
 const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* buf, size_t buflen) {
@@ -110,12 +149,15 @@ const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* b
 
 #ifdef CHORUS_HAVE_LIBFABRIC
 
+#include "../misc/param.h"
 #include "../misc/utils.h"
 
 #define OFI_COMM_MAGIC 0x4f46494fu
 #define OFI_MH_MAGIC 0x4f46494du
 #define OFI_NREQS 64                     /* requests per comm: NCCL needs 32 (NCCL_NET_MAX_REQUESTS) */
 #define OFI_CLOSE_WAIT_NS 2000000000ull /* how long close waits for cancelled or unfinished operations */
+#define OFI_RMA_IDS 65536                /* CQ-data connection ids per device (16 bits) */
+#define OFI_RMA_MAX 0xffffffffull        /* largest message of the RMA path (32-bit size in CQ data) */
 
 enum ofi_kind { OFI_LISTEN = 1, OFI_SEND = 2, OFI_RECV = 3 };
 enum ofi_stage { OFI_IDLE = 0, OFI_POSTED = 1, OFI_DONE = 2 }; /* of the connection message */
@@ -138,6 +180,20 @@ struct ofi_comm {
   struct ofi_comm* next;     /* on ofi_pending (connecting) or ofi_graveyard; under ofi_lists_mu */
   int req_next;              /* where req_get looks first */
   struct ofi_req reqs[OFI_NREQS];
+  /* The RMA path (rma == 1, agreed at connect/accept). */
+  int rma;
+  uint32_t cts_id;           /* CTS tag cts_bit | cts_id: send: its own (receives); recv: the sender's */
+  uint16_t cq_id;            /* recv: its id in CQ data (dev->rma_tab) */
+  uint32_t seq;              /* send: the next isend's sequence; recv: the next irecv's */
+  uint64_t cts_head;         /* send: CTSs consumed (the next isend reads slot cts_head % OFI_NREQS) */
+  uint64_t cts_posted;       /* send: CTS receives posted, in slot order */
+  uint64_t pend_head, pend_tail; /* send: accepted sends waiting for their CTS (pend[], in order) */
+  struct ofi_req* pend[OFI_NREQS];
+  int rma_err;               /* send: a message failed; every later one fails too */
+  struct ofi_mr cts_mr;      /* cts_msg's registration */
+  /* send: CTS receives (slot order = arrival order); recv: CTS sends, slot i for reqs[i]'s message */
+  struct ofi_req cts_req[OFI_NREQS];
+  struct ofi_cts cts_msg[OFI_NREQS];
 };
 
 struct ofi_mh {
@@ -168,7 +224,7 @@ static struct ofi_comm* comm_new(struct ofi_dev* d, int kind) {
   c->kind = kind;
   c->dev = d;
   c->ctrl_req.comm = c;
-  for (int i = 0; i < OFI_NREQS; i++) c->reqs[i].comm = c;
+  for (int i = 0; i < OFI_NREQS; i++) c->reqs[i].comm = c, c->cts_req[i].comm = c;
   return c;
 }
 
@@ -223,19 +279,99 @@ static void req_warn(struct ofi_req* r) {
          r->errtext[0] ? r->errtext : "no provider detail");
 }
 
+/* ---- the RMA path's connection ids (receivers) ---- */
+
+/* Gives recvComm r an id for CQ data; 0, or -1 when the device has none free (or no memory). */
+static int rma_attach(struct ofi_comm* r) {
+  struct ofi_dev* d = r->dev;
+  int res = -1;
+  pthread_mutex_lock(&d->rma_mu);
+  if (!d->rma_tab) d->rma_tab = calloc(OFI_RMA_IDS, sizeof(*d->rma_tab));
+  for (uint32_t k = 0; d->rma_tab && k < OFI_RMA_IDS; k++) {
+    uint32_t id = (d->rma_next + k) % OFI_RMA_IDS; /* round robin: an id is reused as late as possible */
+    if (d->rma_tab[id]) continue;
+    d->rma_tab[id] = r;
+    r->cq_id = (uint16_t)id;
+    d->rma_next = id + 1;
+    res = 0;
+    break;
+  }
+  pthread_mutex_unlock(&d->rma_mu);
+  return res;
+}
+
+/* From now on no CQ data reaches c: its id is free, its waiting receives are no longer the provider's
+ * (nothing was posted for them), so close does not wait for them. */
+static void rma_detach(struct ofi_comm* c) {
+  struct ofi_dev* d = c->dev;
+  if (!c->rma || c->kind != OFI_RECV) return;
+  pthread_mutex_lock(&d->rma_mu);
+  if (d->rma_tab && d->rma_tab[c->cq_id] == c) d->rma_tab[c->cq_id] = NULL;
+  for (int i = 0; i < OFI_NREQS; i++) {
+    if (!c->reqs[i].rma_wait) continue;
+    c->reqs[i].rma_wait = 0;
+    __atomic_store_n(&c->reqs[i].state, 0, __ATOMIC_RELAXED);
+  }
+  pthread_mutex_unlock(&d->rma_mu);
+}
+
+/* A request that waits for CQ data stops waiting (its CTS failed; the caller puts it back). */
+static void rma_unwait(struct ofi_req* r) {
+  pthread_mutex_lock(&r->comm->dev->rma_mu);
+  r->rma_wait = 0;
+  pthread_mutex_unlock(&r->comm->dev->rma_mu);
+}
+
+void ofi_rma_arrived(struct ofi_dev* d, uint64_t data) {
+  static int warned;
+  uint16_t id = (uint16_t)data, seq = (uint16_t)(data >> 16);
+  uint32_t size = (uint32_t)(data >> 32);
+  struct ofi_req* r = NULL;
+  pthread_mutex_lock(&d->rma_mu);
+  struct ofi_comm* c = d->rma_tab ? d->rma_tab[id] : NULL;
+  for (int i = 0; c && i < OFI_NREQS && !r; i++)
+    if (c->reqs[i].rma_wait && c->reqs[i].rma_seq == seq) r = &c->reqs[i];
+  if (r) {
+    r->rma_wait = 0;
+    if (size > r->posted) { /* the sender checked against our CTS: a forged or corrupted entry */
+      r->len = r->posted;
+      r->olen = size - r->posted;
+      r->err = FI_ETRUNC;
+      __atomic_store_n(&r->state, OFI_REQ_FAILED, __ATOMIC_RELEASE);
+    } else {
+      r->len = size;
+      __atomic_store_n(&r->state, OFI_REQ_DONE, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&d->rma_mu);
+  if (!r && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    WARN("NET/OFI: an RMA write's completion on %s (connection %u, sequence %u, %u bytes) matches no waiting "
+         "receive: dropped (a closed connection's late write?); later ones are dropped silently", d->name, id, seq,
+         size);
+}
+
 /* Cancels posted receives, then waits (bounded, reading the CQ) until no operation of c is left in the
  * provider's hands. Returns 1 when all are finished. */
 static int comm_quiesce(struct ofi_comm* c) {
   struct ofi_dev* d = c->dev;
   int recv_side = c->kind != OFI_SEND;
   if (!d->ep) return 1; /* never opened: nothing was posted */
+  rma_detach(c);
   if (recv_side && req_state(&c->ctrl_req) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->ctrl_req.ctx);
   for (int i = 0; recv_side && i < OFI_NREQS; i++)
     if (c->reqs[i].in_use && req_state(&c->reqs[i]) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->reqs[i].ctx);
+  for (int i = 0; !recv_side && c->rma && i < OFI_NREQS; i++) { /* CTS receives, arrived or not */
+    if (req_state(&c->cts_req[i]) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->cts_req[i].ctx);
+    if (c->reqs[i].rma_deferred) { /* a send still waiting for its CTS: never the provider's */
+      c->reqs[i].rma_deferred = 0;
+      __atomic_store_n(&c->reqs[i].state, 0, __ATOMIC_RELAXED);
+    }
+  }
   uint64_t deadline = ut_now_ns() + OFI_CLOSE_WAIT_NS;
   for (;;) {
     int busy = req_state(&c->ctrl_req) == OFI_REQ_POSTED;
-    for (int i = 0; !busy && i < OFI_NREQS; i++) busy = req_state(&c->reqs[i]) == OFI_REQ_POSTED;
+    for (int i = 0; !busy && i < OFI_NREQS; i++)
+      busy = req_state(&c->reqs[i]) == OFI_REQ_POSTED || req_state(&c->cts_req[i]) == OFI_REQ_POSTED;
     if (!busy) return 1;
     if (__atomic_load_n(&d->cq_dead, __ATOMIC_ACQUIRE) || ut_now_ns() > deadline) return 0;
     ofi_progress(d);
@@ -253,6 +389,7 @@ static void comm_free(struct ofi_comm* c) {
     return;
   }
   ofi_mr_close(&c->ctrl_mr);
+  ofi_mr_close(&c->cts_mr);
   c->magic = 0;
   free(c);
 }
@@ -301,6 +438,7 @@ static ncclResult_t ofi_get_properties(int dev, ncclNetProperties_v12_t* props) 
   props->vProps.devs[0] = dev;
   uint64_t max = d->info->ep_attr->max_msg_size;
   props->maxP2pBytes = (size_t)(max && max < NCCL_MAX_NET_SIZE_BYTES ? max : NCCL_MAX_NET_SIZE_BYTES);
+  if (d->rma && props->maxP2pBytes > OFI_RMA_MAX) props->maxP2pBytes = (size_t)OFI_RMA_MAX; /* 32-bit CQ data */
   props->maxCollBytes = props->maxP2pBytes;
   props->maxMultiRequestSize = 1;
   props->railId = NCCL_NET_ID_UNDEF;
@@ -354,6 +492,7 @@ static ncclResult_t ofi_listen(void* ctx, int dev, void* handle, void** listenCo
   h->name_len = (uint16_t)d->ep_name_len;
   h->addr_format = d->info->addr_format;
   h->id = l->id;
+  h->flags = d->rma ? OFI_FLAG_RMA : 0; /* the receiver chooses the path */
   memcpy(h->name, d->ep_name, d->ep_name_len);
   if (ut_random(&h->nonce, sizeof(h->nonce)) != CH_OK) {
     res = ncclSystemError;
@@ -409,8 +548,36 @@ static void pending_put(struct ofi_comm* c) {
   pthread_mutex_unlock(&ofi_lists_mu);
 }
 
+/* Sender, RMA path: keeps a CTS receive posted in every free slot, in slot order (the provider matches
+ * receives of one tag in posting order, so slot cts_head always holds the next CTS to arrive). */
+static ncclResult_t cts_post_all(struct ofi_comm* c) {
+  struct ofi_dev* d = c->dev;
+  while (c->cts_posted < c->cts_head + OFI_NREQS) {
+    int slot = (int)(c->cts_posted % OFI_NREQS);
+    struct ofi_req* q = &c->cts_req[slot];
+    req_reset(q, "clear-to-send receive", sizeof(c->cts_msg[slot]));
+    ssize_t rc = fi_trecv(d->ep, &c->cts_msg[slot], sizeof(c->cts_msg[slot]), c->cts_mr.desc, FI_ADDR_UNSPEC,
+                          d->cts_bit | c->cts_id, 0, &q->ctx);
+    if (rc) {
+      __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
+      if (rc == -FI_EAGAIN) return ncclSuccess; /* the next isend posts it */
+      WARN("NET/OFI: posting a clear-to-send receive on %s (provider %s) failed: %s", d->name, ofi_prov_name(),
+           ofi_fn.strerror((int)-rc));
+      return ncclSystemError;
+    }
+    c->cts_posted++;
+  }
+  return ncclSuccess;
+}
+
 static ncclResult_t send_comm_new(struct ofi_dev* d, const struct ofi_handle* h, struct ofi_comm** out) {
   ncclResult_t res;
+  if ((h->flags & OFI_FLAG_RMA) && !d->rma) {
+    WARN("NET/OFI: connect on %s: the receiver chose the RMA path (CHORUS_OFI_RMA), which this process's device "
+         "cannot carry (CHORUS_OFI_RMA=%lld here, provider %s); set CHORUS_OFI_RMA alike on every rank",
+         d->name, (long long)param_int(PARAM_OFI_RMA), ofi_prov_name());
+    return ncclInvalidUsage;
+  }
   struct ofi_comm* c = comm_new(d, OFI_SEND);
   if (!c) return ncclSystemError;
   c->handle = *h;
@@ -421,6 +588,19 @@ static ncclResult_t send_comm_new(struct ofi_dev* d, const struct ofi_handle* h,
   c->ctrl.id = h->id;
   c->ctrl.nonce = h->nonce;
   snprintf(c->ctrl.who, sizeof(c->ctrl.who), "%s pid %d", ut_hostname(), (int)getpid());
+  if (h->flags & OFI_FLAG_RMA) {
+    c->rma = 1;
+    pthread_mutex_lock(&d->mu);
+    c->cts_id = d->next_id++;
+    if (d->next_id == 0) d->next_id = 1;
+    pthread_mutex_unlock(&d->mu);
+    c->ctrl.flags = OFI_FLAG_RMA;
+    c->ctrl.cts_id = c->cts_id;
+    c->ctrl.name_len = (uint16_t)d->ep_name_len;
+    memcpy(c->ctrl.name, d->ep_name, d->ep_name_len);
+    if ((res = ofi_mr_open(d, c->cts_msg, sizeof(c->cts_msg), &c->cts_mr)) != ncclSuccess) goto fail;
+    if ((res = cts_post_all(c)) != ncclSuccess) goto fail; /* before the receiver can send any */
+  }
   if ((res = ofi_mr_open(d, &c->ctrl, sizeof(c->ctrl), &c->ctrl_mr)) != ncclSuccess) goto fail;
   *out = c;
   return ncclSuccess;
@@ -478,7 +658,8 @@ static ncclResult_t ofi_connect(void* ctx, int dev, void* handle, void** sendCom
     return res;
   }
   if (c->stage == OFI_DONE) {
-    INFO(LOG_NET, "NET/OFI: connected to %s on %s (tag %u)", c->peer_str, d->name, c->id);
+    INFO(LOG_NET, "NET/OFI: connected to %s on %s (tag %u, %s)", c->peer_str, d->name, c->id,
+         c->rma ? "RMA path" : "tagged path");
     *sendComm = c;
   } else {
     pending_put(c);
@@ -527,13 +708,34 @@ static ncclResult_t ofi_accept(void* listenComm, void** recvComm, ncclNetDeviceH
     l->stage = OFI_IDLE;
     return listen_post(l);
   }
+  if (m.flags != l->handle.flags || ((m.flags & OFI_FLAG_RMA) && m.name_len < name_min(d))) {
+    WARN("NET/OFI: listener %u on %s: %s answered path flags 0x%x (endpoint name %u bytes) to a handle with 0x%x; "
+         "mixed Chorus versions?", l->id, d->name, m.who, m.flags, m.name_len, l->handle.flags);
+    return ncclSystemError;
+  }
   struct ofi_comm* r = comm_new(d, OFI_RECV);
   if (!r) return ncclSystemError;
   r->id = l->id;
   snprintf(r->peer_str, sizeof(r->peer_str), "%s", m.who);
   snprintf(l->peer_str, sizeof(l->peer_str), "%s", m.who);
+  if (m.flags & OFI_FLAG_RMA) {
+    ncclResult_t res;
+    r->rma = 1;
+    r->cts_id = m.cts_id;
+    if ((res = ofi_addr_insert(d, m.name, m.name_len, &r->peer)) != ncclSuccess ||
+        (res = ofi_mr_open(d, r->cts_msg, sizeof(r->cts_msg), &r->cts_mr)) != ncclSuccess) {
+      comm_free(r);
+      return res;
+    }
+    if (rma_attach(r)) {
+      WARN("NET/OFI: accept on %s: all %d RMA connection ids of the device are in use", d->name, OFI_RMA_IDS);
+      comm_free(r);
+      return ncclSystemError;
+    }
+  }
   l->stage = OFI_DONE;
-  INFO(LOG_NET, "NET/OFI: accepted %s on %s (tag %u)", r->peer_str, d->name, r->id);
+  INFO(LOG_NET, "NET/OFI: accepted %s on %s (tag %u, %s)", r->peer_str, d->name, r->id,
+       r->rma ? "RMA path" : "tagged path");
   *recvComm = r;
   return ncclSuccess;
 }
@@ -577,6 +779,16 @@ static ncclResult_t ofi_dereg_mr(void* comm, void* mhandle) {
   return ncclSuccess;
 }
 
+static ncclResult_t mh_get(void* mhandle, struct ofi_mh** out) {
+  struct ofi_mh* mh = mhandle;
+  *out = mh;
+  if (mh && mh->magic != OFI_MH_MAGIC) {
+    WARN("NET/OFI: a data call was given %p, which is not a registration", mhandle);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
 static ncclResult_t mh_desc(void* mhandle, void** desc) {
   struct ofi_mh* mh = mhandle;
   *desc = NULL;
@@ -592,6 +804,172 @@ static ncclResult_t mh_desc(void* mhandle, void** desc) {
 /* ------------------------------------------------------------------------------------------------ */
 /* Data                                                                                              */
 
+/* An RMA send fails without reaching the provider: the reason goes to test()'s WARN. */
+static void rma_fail(struct ofi_req* r, int err, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static void rma_fail(struct ofi_req* r, int err, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->errtext, sizeof(r->errtext), fmt, ap);
+  va_end(ap);
+  r->err = err;
+  r->rma_deferred = 0;
+  __atomic_store_n(&r->state, OFI_REQ_FAILED, __ATOMIC_RELEASE);
+}
+
+/* Sender, RMA path: posts the writes of accepted sends whose CTS has arrived, in order (sequence =
+ * isend order = CTS arrival order). A CTS that fails its checks, or one too small for its send, fails
+ * that send, and the connection: every later send fails too (the peers no longer agree). */
+static void rma_pump(struct ofi_comm* c) {
+  struct ofi_dev* d = c->dev;
+  int progressed = 0;
+  if (!c->rma_err && cts_post_all(c) != ncclSuccess) c->rma_err = 1;
+  while (c->pend_head < c->pend_tail) {
+    struct ofi_req* r = c->pend[c->pend_head % OFI_NREQS];
+    if (c->rma_err) {
+      rma_fail(r, FI_EIO, "an earlier message on this connection failed");
+      c->pend_head++;
+      continue;
+    }
+    int slot = (int)(c->cts_head % OFI_NREQS);
+    struct ofi_req* q = &c->cts_req[slot];
+    int st = req_state(q);
+    if (st != OFI_REQ_DONE && st != OFI_REQ_FAILED && !progressed) {
+      ofi_progress(d);
+      progressed = 1;
+      st = req_state(q);
+    }
+    if (st != OFI_REQ_DONE && st != OFI_REQ_FAILED) break; /* its CTS is not here yet */
+    c->rma_err = 1; /* unless all goes well below */
+    c->pend_head++;
+    struct ofi_cts cts;
+    const char* bad = NULL;
+    if (st == OFI_REQ_FAILED) {
+      rma_fail(r, q->err, "receiving its clear-to-send failed: %s", q->errtext[0] ? q->errtext : "no provider detail");
+      continue;
+    }
+    if (ofi_cts_decode(&c->cts_msg[slot], q->len, (uint16_t)c->seq, &cts, &bad)) {
+      rma_fail(r, FI_EIO, "bad clear-to-send from the receiver (%zu bytes, magic 0x%x, sequence %u, expected %u): %s",
+               q->len, cts.magic, cts.seq, (unsigned)(uint16_t)c->seq, bad);
+      continue;
+    }
+    if (r->posted > cts.size) {
+      rma_fail(r, FI_EMSGSIZE, "the receiver posted only %u bytes for message %u: the peers disagree on message "
+               "sizes (truncation)", cts.size, cts.seq);
+      continue;
+    }
+    ssize_t rc = fi_writedata(d->ep, r->rma_buf, r->posted, r->rma_desc,
+                              ofi_rma_data(cts.cq_id, cts.seq, (uint32_t)r->posted), c->peer, cts.addr, cts.key,
+                              &r->ctx);
+    if (rc == -FI_EAGAIN) { /* the CTS stays at the head; the next call tries again */
+      c->rma_err = 0;
+      c->pend_head--;
+      if (!progressed) ofi_progress(d);
+      break;
+    }
+    if (rc) {
+      rma_fail(r, (int)-rc, "posting the write failed");
+      continue;
+    }
+    c->rma_err = 0;
+    r->rma_deferred = 0; /* the provider's now */
+    __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED); /* consumed: the slot takes a new CTS receive */
+    c->cts_head++;
+    c->seq++;
+  }
+  if (!c->rma_err && cts_post_all(c) != ncclSuccess) c->rma_err = 1;
+}
+
+/* isend on the RMA path: the request is accepted at once and holds the send until the CTS of its
+ * sequence number arrives; this call, later isends and test() on the comm post the write (rma_pump). */
+static ncclResult_t rma_isend(struct ofi_comm* c, void* data, size_t size, void* desc, void** request) {
+  if (c->rma_err) {
+    WARN("NET/OFI: isend of %zu bytes to %s on %s: an earlier message on this connection failed", size, c->peer_str,
+         c->dev->name);
+    return ncclSystemError;
+  }
+  struct ofi_req* r = req_get(c);
+  if (!r) {
+    rma_pump(c);
+    return ncclSuccess;
+  }
+  req_reset(r, "RMA write", size);
+  r->rma_buf = data;
+  r->rma_desc = desc;
+  r->rma_deferred = 1;
+  c->pend[c->pend_tail++ % OFI_NREQS] = r; /* at most OFI_NREQS requests exist: never overwrites */
+  rma_pump(c);
+  *request = r;
+  return ncclSuccess;
+}
+
+/* irecv on the RMA path: nothing posted for the data; a CTS tells the sender where to write it. */
+static ncclResult_t rma_irecv(struct ofi_comm* c, void* data, size_t size, void* mhandle, void** request) {
+  struct ofi_dev* d = c->dev;
+  struct ofi_mh* mh;
+  ncclResult_t res = mh_get(mhandle, &mh);
+  if (res != ncclSuccess) return res;
+  char* p = data;
+  if (!mh || !mh->mr.mr) {
+    WARN("NET/OFI: irecv of %zu bytes from %s on %s without a registration: the RMA path (CHORUS_OFI_RMA) needs "
+         "receive buffers registered with regMr", size, c->peer_str, d->name);
+    return ncclInternalError;
+  }
+  if (p < mh->mr.base || size > mh->mr.len || (size_t)(p - mh->mr.base) > mh->mr.len - size) {
+    WARN("NET/OFI: irecv of %zu bytes at %p from %s: outside its registration (%zu bytes at %p)", size, data,
+         c->peer_str, mh->mr.len, (void*)mh->mr.base);
+    return ncclInvalidArgument;
+  }
+  struct ofi_req* r = req_get(c);
+  if (!r) return ncclSuccess;
+  int slot = (int)(r - c->reqs);
+  struct ofi_req* q = &c->cts_req[slot];
+  if (req_state(q) == OFI_REQ_POSTED) ofi_progress(d); /* the slot's previous CTS send must be done */
+  int st = req_state(q);
+  if (st == OFI_REQ_FAILED) {
+    req_warn(q);
+    __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
+    req_put(r);
+    return ncclSystemError;
+  }
+  if (st == OFI_REQ_POSTED) {
+    req_put(r);
+    return __atomic_load_n(&d->cq_dead, __ATOMIC_ACQUIRE) ? ncclSystemError : ncclSuccess;
+  }
+  uint32_t cap = size > OFI_RMA_MAX ? (uint32_t)OFI_RMA_MAX : (uint32_t)size;
+  struct ofi_cts* m = &c->cts_msg[slot];
+  memset(m, 0, sizeof(*m));
+  m->magic = OFI_CTS_MAGIC;
+  m->seq = (uint16_t)c->seq;
+  m->cq_id = c->cq_id;
+  m->size = cap;
+  /* Without FI_MR_VIRT_ADDR the target address is an offset in the region (rdma.md 2.2: on tcp;ofi_rxm a
+   * virtual address fails silently). */
+  m->addr = (d->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)p : (uint64_t)(p - mh->mr.base);
+  m->key = mh->mr.key;
+  req_reset(r, "RMA receive", cap);
+  pthread_mutex_lock(&d->rma_mu); /* before the CTS leaves: the write may land at once */
+  r->rma_seq = m->seq;
+  r->rma_wait = 1;
+  pthread_mutex_unlock(&d->rma_mu);
+  req_reset(q, "clear-to-send send", sizeof(*m));
+  ssize_t rc = fi_tsend(d->ep, m, sizeof(*m), c->cts_mr.desc, c->peer, d->cts_bit | c->cts_id, &q->ctx);
+  if (rc) {
+    __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
+    rma_unwait(r);
+    req_put(r);
+    if (rc == -FI_EAGAIN) {
+      ofi_progress(d);
+      return ncclSuccess;
+    }
+    WARN("NET/OFI: posting a clear-to-send to %s on %s (provider %s) failed: %s", c->peer_str, d->name,
+         ofi_prov_name(), ofi_fn.strerror((int)-rc));
+    return ncclSystemError;
+  }
+  c->seq++;
+  *request = r;
+  return ncclSuccess;
+}
+
 static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                               void** request) {
   (void)tag, (void)phandle; /* one tag per connection already; NCCL's tag is its rank */
@@ -602,11 +980,14 @@ static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, 
   ncclResult_t res = mh_desc(mhandle, &desc);
   if (res != ncclSuccess) return res;
   struct ofi_dev* d = c->dev;
-  if (d->info->ep_attr->max_msg_size && size > d->info->ep_attr->max_msg_size) {
-    WARN("NET/OFI: isend of %zu bytes exceeds the provider's limit of %zu (maxP2pBytes)", size,
-         (size_t)d->info->ep_attr->max_msg_size);
+  if ((d->info->ep_attr->max_msg_size && size > d->info->ep_attr->max_msg_size) || (c->rma && size > OFI_RMA_MAX)) {
+    WARN("NET/OFI: isend of %zu bytes exceeds the limit of %zu (maxP2pBytes)", size,
+         (size_t)(c->rma && (!d->info->ep_attr->max_msg_size || d->info->ep_attr->max_msg_size > OFI_RMA_MAX)
+                      ? OFI_RMA_MAX
+                      : d->info->ep_attr->max_msg_size));
     return ncclInternalError;
   }
+  if (c->rma) return rma_isend(c, data, size, desc, request);
   struct ofi_req* r = req_get(c);
   if (!r) return ncclSuccess;
   req_reset(r, "send", size);
@@ -636,6 +1017,7 @@ static ncclResult_t ofi_irecv(void* recvComm, int n, void** data, size_t* sizes,
     WARN("NET/OFI: irecv of %d buffers; this network groups none (maxRecvs 1)", n);
     return ncclInternalError;
   }
+  if (c->rma) return rma_irecv(c, data[0], sizes[0], mhandles ? mhandles[0] : NULL, request);
   ncclResult_t res = mh_desc(mhandles ? mhandles[0] : NULL, &desc);
   if (res != ncclSuccess) return res;
   struct ofi_dev* d = c->dev;
@@ -677,8 +1059,19 @@ static ncclResult_t ofi_test(void* request, int* done, int* sizes) {
     return ncclInternalError;
   }
   struct ofi_dev* d = r->comm->dev;
+  if (req_state(r) == OFI_REQ_POSTED && r->comm->rma && r->comm->kind == OFI_SEND) rma_pump(r->comm);
   if (req_state(r) == OFI_REQ_POSTED) ofi_progress(d);
   int st = req_state(r);
+  if (st == OFI_REQ_POSTED && r->comm->rma && r->comm->kind == OFI_RECV) {
+    struct ofi_req* q = &r->comm->cts_req[r - r->comm->reqs]; /* its CTS never reached the sender? */
+    if (req_state(q) == OFI_REQ_FAILED) {
+      req_warn(q);
+      __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
+      rma_unwait(r);
+      req_put(r);
+      return ncclSystemError;
+    }
+  }
   if (st == OFI_REQ_POSTED) {
     if (!__atomic_load_n(&d->cq_dead, __ATOMIC_ACQUIRE)) return ncclSuccess;
     return ncclSystemError; /* the CQ reader warned once for all */

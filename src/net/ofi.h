@@ -20,8 +20,11 @@
 #define OFI_NAME_MAX 56              /* endpoint name bytes in a handle (aws-ofi-nccl's MAX_EP_ADDR) */
 #define OFI_HANDLE_MAGIC 0x4f464948u /* "OFIH" */
 #define OFI_CTRL_MAGIC 0x4f464943u   /* "OFIC" */
-#define OFI_PROTO_VERSION 1
+#define OFI_CTS_MAGIC 0x4f464953u    /* "OFIS": a clear-to-send of the RMA path */
+#define OFI_PROTO_VERSION 2          /* 2: handle flags, the sender's name and CTS id in the connection message */
 #define OFI_WHO_MAX 64
+#define OFI_FLAG_RMA 1u              /* handle and connection message: data moves by RMA write (rendezvous) */
+#define OFI_FLAGS_KNOWN OFI_FLAG_RMA
 
 /* What listen() writes into NCCL's handle (NCCL_NET_HANDLE_MAXSIZE bytes, the rest zero). Arrives from
  * the peer through the bootstrap: connect() decodes it with ofi_handle_decode before using any field. */
@@ -32,18 +35,52 @@ struct ofi_handle {
   uint32_t addr_format;
   uint32_t id;       /* the listener's id: connection tag ctrl_bit | id, data tag id */
   uint64_t nonce;    /* echoed by the connection message, so a stale or stray sender is refused */
+  uint32_t flags;    /* OFI_FLAG_*: the listener's choice of path for this connection (the receiver decides) */
+  uint32_t reserved; /* 0 */
   uint8_t name[OFI_NAME_MAX];
 };
 #define OFI_HANDLE_HDR offsetof(struct ofi_handle, name) /* bytes before the name */
 
 /* The connection message, sent by connect() on the listener's connection tag and decoded by accept()
- * with ofi_ctrl_decode. `who` (sender's host and pid) is only ever printed. */
+ * with ofi_ctrl_decode. `who` (sender's host and pid) is only ever printed. With OFI_FLAG_RMA (the
+ * sender echoes the handle's flags: it agreed) the receiver sends its clear-to-send messages to the
+ * sender's endpoint `name` on the tag cts_bit | cts_id; without it name_len and cts_id may be 0. */
 struct ofi_ctrl {
   uint32_t magic;
   uint32_t id;
   uint64_t nonce;
   char who[OFI_WHO_MAX];
+  uint16_t name_len;  /* 0..OFI_NAME_MAX; >= 1 with OFI_FLAG_RMA */
+  uint16_t reserved;  /* 0 */
+  uint32_t flags;     /* OFI_FLAG_*: what the sender agreed to (the handle's flags) */
+  uint32_t cts_id;    /* the sender's id for its CTS tag; != 0 with OFI_FLAG_RMA */
+  uint32_t reserved2; /* 0 */
+  uint8_t name[OFI_NAME_MAX];
 };
+
+/* A clear-to-send of the RMA path: the receiver's irecv tells the sender where message `seq` goes. The
+ * sender writes at most `size` bytes at `addr` (a virtual address with FI_MR_VIRT_ADDR, else an offset in
+ * the region) with key `key`, with remote CQ data ofi_rma_data(cq_id, seq, bytes). Untrusted: decoded
+ * by ofi_cts_decode before use. */
+struct ofi_cts {
+  uint32_t magic;
+  uint16_t seq;   /* the message's sequence number on this connection (mod 2^16) */
+  uint16_t cq_id; /* the receiver's id for the connection in CQ data */
+  uint32_t size;  /* bytes the receive buffer holds (capped at 2^32-1) */
+  uint32_t flags; /* 0 */
+  uint64_t addr;
+  uint64_t key;
+};
+
+/* Remote CQ data of an RMA write (8 bytes): the receiver's connection id, the sequence, the size. */
+static inline uint64_t ofi_rma_data(uint16_t cq_id, uint16_t seq, uint32_t size) {
+  return (uint64_t)cq_id | (uint64_t)seq << 16 | (uint64_t)size << 32;
+}
+
+/* Decodes a CTS of len bytes; accepts exactly sizeof(struct ofi_cts) bytes with the magic, flags 0 and
+ * seq == expect_seq. Returns 0 with *out the message; else -1 with *why (static text) and *out holding the
+ * bytes present (zero otherwise). why may be NULL. The size check against the send is the caller's. */
+int ofi_cts_decode(const void* msg, size_t len, uint16_t expect_seq, struct ofi_cts* out, const char** why);
 
 /* Writes h (header and its name_len name bytes) into buf of len bytes, zeroing the rest. Returns the
  * bytes that carry data (OFI_HANDLE_HDR + name_len), or 0 when len is too short or name_len is out of
@@ -53,17 +90,19 @@ size_t ofi_handle_encode(const struct ofi_handle* h, void* buf, size_t len);
 /* Decodes a handle of len bytes from a peer; reads nothing past len and writes nothing but *out and
  * *why. Checks, in order: len covers the header, magic, version == `version`, 1 <= name_len <=
  * OFI_NAME_MAX, the name fits in len, addr_format == `addr_format`, name_len >= min_name_len (the
- * shortest name that address format has), id != 0. Returns 0 with *out the handle (name bytes past
+ * shortest name that address format has), id != 0, no unknown flags, reserved 0. Returns 0 with *out the handle (name bytes past
  * name_len zero); else -1 with *why (static text) and *out holding the header fields present (zero
  * otherwise, name empty), for the caller's message. why may be NULL. */
 int ofi_handle_decode(const void* buf, size_t len, uint16_t version, uint32_t addr_format, size_t min_name_len,
                       struct ofi_handle* out, const char** why);
 
 /* Decodes a connection message of len bytes (as received); reads nothing past len. Accepts exactly
- * sizeof(struct ofi_ctrl) bytes with the magic, id == expect_id and nonce == expect_nonce. Returns 0 with
- * *out the message, out->who NUL-terminated, cut at its first NUL, bytes outside printable ASCII
- * replaced by '?' and the rest zero; else -1 with *why (static text) and out's header (magic, id, nonce)
- * holding the bytes present (zero otherwise; who empty), for the caller's message. why may be NULL. */
+ * sizeof(struct ofi_ctrl) bytes with the magic, id == expect_id and nonce == expect_nonce, no unknown
+ * flags, reserved fields 0, name_len <= OFI_NAME_MAX, and with OFI_FLAG_RMA name_len >= 1 and cts_id != 0.
+ * Returns 0 with *out the message, out->who NUL-terminated, cut at its first NUL, bytes outside printable
+ * ASCII replaced by '?' and the rest zero, name bytes past name_len zero; else -1 with *why (static
+ * text) and out's header (magic, id, nonce) holding the bytes present (zero otherwise; who and the
+ * fields after it zero), for the caller's message. why may be NULL. */
 int ofi_ctrl_decode(const void* msg, size_t len, uint32_t expect_id, uint64_t expect_nonce, struct ofi_ctrl* out,
                     const char** why);
 
@@ -81,6 +120,7 @@ const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* b
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
 #include "net.h"
@@ -111,6 +151,13 @@ struct ofi_req {
   int err;             /* FI_E* (positive) of an error entry */
   size_t olen;         /* bytes dropped by a truncated receive */
   char errtext[160];   /* the provider's text for the error entry */
+  /* An RMA receive waiting for its write's CQ data; both under dev->rma_mu: */
+  int rma_wait;
+  uint16_t rma_seq;
+  /* An RMA send accepted before its CTS arrived (the comm's thread only): the write is posted later. */
+  int rma_deferred;
+  void* rma_buf;
+  void* rma_desc;
 };
 
 struct ofi_av_entry {
@@ -127,6 +174,9 @@ struct ofi_dev {
   char* pci_path;         /* realpath of /sys/class/net/<name>/device, or NULL */
   int speed;              /* Mbit/s */
   uint64_t ctrl_bit;      /* the tag bit that marks connection messages */
+  uint64_t cts_bit;       /* the tag bit that marks clear-to-send messages (RMA path): bit 32 */
+  int rma;                /* 1: this device's receivers choose the RMA path (CHORUS_OFI_RMA and the
+                           * provider); its endpoint then has FI_RMA caps and every registration FI_REMOTE_WRITE */
 
   pthread_mutex_t mu;     /* guards everything below except the CQ */
   int opened;             /* 1 once the objects below exist; 0 and open_err set when opening failed */
@@ -143,6 +193,10 @@ struct ofi_dev {
   struct ofi_av_entry* av_cache; /* peers inserted into av, each once (grows) */
   int av_count, av_cap;
 
+  pthread_mutex_t rma_mu; /* guards rma_tab and every recvComm's waiting RMA receives (taken under cq_mu) */
+  struct ofi_comm** rma_tab; /* RMA recvComms by their 16-bit CQ-data id (65536 entries, allocated at first use) */
+  uint32_t rma_next;      /* where the next id search starts */
+
   pthread_mutex_t cq_mu;  /* serialises fi_cq_read / fi_cq_readerr on cq */
   int cq_dead;            /* FI_E* once the CQ itself failed (overrun): every later wait fails (atomic) */
 };
@@ -151,6 +205,9 @@ struct ofi_dev {
 struct ofi_mr {
   struct fid_mr* mr;
   void* desc;
+  char* base;   /* the region: RMA addresses are offsets from base without FI_MR_VIRT_ADDR */
+  size_t len;
+  uint64_t key; /* fi_mr_key (RMA devices) */
 };
 
 /* ofi_fabric.c */
@@ -162,6 +219,9 @@ ncclResult_t ofi_addr_insert(struct ofi_dev* d, const uint8_t* name, size_t len,
 ncclResult_t ofi_mr_open(struct ofi_dev* d, void* buf, size_t len, struct ofi_mr* out);
 void ofi_mr_close(struct ofi_mr* m);
 const char* ofi_prov_name(void);
+
+/* ofi.c: an RMA write's remote CQ data arrived on d's CQ (called by the CQ reader, under d->cq_mu). */
+void ofi_rma_arrived(struct ofi_dev* d, uint64_t data);
 /* A printable form of an endpoint name (an IP:port for socket address formats). */
 const char* ofi_name_str(const struct ofi_dev* d, const uint8_t* name, size_t len, char* buf, size_t buflen);
 

@@ -202,9 +202,11 @@ static void finish_devices(void) {
     d->index = i;
     int bits = tag_bits(d->info);
     d->ctrl_bit = 1ull << (bits > 60 ? 60 : bits - 1);
+    d->cts_bit = 1ull << 32; /* below ctrl_bit (bits >= 34), above every 32-bit id */
     d->next_id = 1;
     d->next_key = 1;
     pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->rma_mu, NULL);
     pthread_mutex_init(&d->cq_mu, NULL);
     dev_sysfs(d);
   }
@@ -264,6 +266,70 @@ static int ofi_choose(struct fi_info* list) {
   return 0;
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* The RMA path (CHORUS_OFI_RMA)                                                                     */
+
+#define OFI_RMA_CAPS (FI_RMA | FI_WRITE | FI_REMOTE_WRITE)
+
+/* Can fi carry the RMA path: writes to remote regions with 8 bytes of remote CQ data (connection id,
+ * sequence, size; 4-byte CQ data is not used), without FI_RX_CQ_DATA (which would need receives posted
+ * for every write), and the tag bits of the tagged path (control messages)? */
+static int rma_capable(const struct fi_info* fi) {
+  uint64_t narrow = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  if (!(fi->caps & FI_RMA)) return 0;
+  if ((fi->caps & narrow) && (fi->caps & (FI_WRITE | FI_REMOTE_WRITE)) != (FI_WRITE | FI_REMOTE_WRITE)) return 0;
+  return fi->domain_attr->cq_data_size >= 8 && !(fi->mode & FI_RX_CQ_DATA) && tag_bits(fi) >= OFI_MIN_TAG_BITS;
+}
+
+/* After the provider and its devices were chosen (without RMA, so that the choice does not depend on
+ * it): when CHORUS_OFI_RMA wants the RMA path, ask the chosen provider again with FI_RMA caps and take,
+ * for every device, an fi_info of its domain and address format that can carry it. A device without
+ * one keeps its tagged-only fi_info (its receivers choose the tagged path). */
+static void rma_upgrade(void) {
+  int64_t want = param_int(PARAM_OFI_RMA);
+  const char* why = NULL;
+  if (want == 0) why = "off (CHORUS_OFI_RMA=0)";
+  else if (want < 0 && !ofi_rdma) why = "off: not an RDMA provider (CHORUS_OFI_RMA=1 turns it on)";
+  struct fi_info* hints = why ? NULL : ofi_hints();
+  struct fi_info* list = NULL;
+  if (!why && hints) {
+    hints->caps |= OFI_RMA_CAPS;
+    free(hints->fabric_attr->prov_name);
+    hints->fabric_attr->prov_name = strdup(ofi_prov);
+    int rc = ofi_getinfo(hints, &list);
+    if (rc) {
+      why = "off: the provider offers no FI_RMA endpoint";
+      list = NULL;
+    }
+  } else if (!why) {
+    why = "off: fi_allocinfo failed";
+  }
+  if (hints) ofi_fn.freeinfo(hints);
+  int on = 0;
+  for (int i = 0; i < ofi_ndev && list; i++) {
+    struct ofi_dev* d = &ofi_devs[i];
+    const struct fi_info* best = NULL;
+    for (const struct fi_info* fi = list; fi; fi = fi->next) {
+      const char* dom = fi->domain_attr->name ? fi->domain_attr->name : "";
+      if (strcmp(fi->fabric_attr->prov_name, ofi_prov) || strcmp(dom, d->name) ||
+          fi->addr_format != d->info->addr_format || !rma_capable(fi))
+        continue;
+      if (!best || info_better(fi, best)) best = fi;
+    }
+    struct fi_info* copy = best ? ofi_fn.dupinfo(best) : NULL;
+    if (!copy) continue;
+    ofi_fn.freeinfo(d->info);
+    d->info = copy;
+    d->rma = 1;
+    on++;
+  }
+  if (list) ofi_fn.freeinfo(list);
+  if (!why && on < ofi_ndev)
+    why = on ? "on for some devices only (the others lack FI_RMA, 8-byte CQ data, or need FI_RX_CQ_DATA)"
+             : "off: no device has FI_RMA with 8-byte CQ data and without FI_RX_CQ_DATA";
+  INFO(LOG_NET, "NET/OFI: RMA path (rendezvous by RMA write with remote CQ data) %s", why ? why : "on");
+}
+
 static void ofi_init_once(void) {
   if (ofi_load()) return;
   struct fi_info* hints = ofi_hints();
@@ -283,6 +349,7 @@ static void ofi_init_once(void) {
   }
   if (ofi_choose(list) == 0) ofi_ok = 1;
   ofi_fn.freeinfo(list);
+  if (ofi_ok) rma_upgrade();
 }
 
 int ch_ofi_available(const char** why) {
@@ -408,6 +475,10 @@ void ofi_progress(struct ofi_dev* d) {
       break;
     }
     for (ssize_t i = 0; i < n; i++) {
+      if (e[i].flags & FI_REMOTE_CQ_DATA) { /* an RMA write landed: op_context is not ours (rdma.md 2.7) */
+        ofi_rma_arrived(d, e[i].data);
+        continue;
+      }
       struct ofi_req* r = e[i].op_context;
       if (!r) continue;
       r->len = e[i].len;
@@ -456,21 +527,27 @@ out:
   return res;
 }
 
-/* Registers host memory for sends and receives. Only FI_MR_LOCAL makes a descriptor necessary for
- * tagged messages (no RMA here), so without it no registration is made: rxm registers what it needs
- * itself, and registering for it would only take MR keys (which tcp wants unique, rdma.md section 3). */
+/* Registers host memory for sends and receives. For tagged messages only FI_MR_LOCAL makes a
+ * descriptor necessary, so without it no registration is made: rxm registers what it needs itself, and
+ * registering for it would only take MR keys (which tcp wants unique, rdma.md section 3). On an RMA
+ * device every region is registered, whatever mr_mode says, as a possible target of the peer's writes
+ * (FI_REMOTE_WRITE) and source of ours (FI_WRITE): the peer needs its key. */
 ncclResult_t ofi_mr_open(struct ofi_dev* d, void* buf, size_t len, struct ofi_mr* out) {
   uint64_t mode = d->info->domain_attr->mr_mode;
   out->mr = NULL;
   out->desc = NULL;
-  if (!(mode & FI_MR_LOCAL)) return ncclSuccess;
-  uint64_t key = 0;
-  if (!(mode & FI_MR_PROV_KEY)) {
+  out->base = buf;
+  out->len = len;
+  out->key = 0;
+  if (!(mode & FI_MR_LOCAL) && !d->rma) return ncclSuccess;
+  uint64_t key = 0, access = FI_SEND | FI_RECV;
+  if (d->rma) access |= FI_WRITE | FI_REMOTE_WRITE;
+  if (!(mode & FI_MR_PROV_KEY)) { /* unique in the domain: the requested key is the key */
     pthread_mutex_lock(&d->mu);
     key = d->next_key++;
     pthread_mutex_unlock(&d->mu);
   }
-  int rc = fi_mr_reg(d->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, &out->mr, NULL);
+  int rc = fi_mr_reg(d->domain, buf, len, access, 0, key, 0, &out->mr, NULL);
   if (rc) {
     WARN("NET/OFI: fi_mr_reg of %zu bytes at %p on %s (provider %s) failed: %s", len, buf, d->name, ofi_prov,
          ofi_fn.strerror(-rc));
@@ -488,6 +565,15 @@ ncclResult_t ofi_mr_open(struct ofi_dev* d, void* buf, size_t len, struct ofi_mr
     }
   }
   out->desc = fi_mr_desc(out->mr);
+  if (d->rma) {
+    out->key = fi_mr_key(out->mr);
+    if (out->key == FI_KEY_NOTAVAIL) {
+      WARN("NET/OFI: a registration on %s (provider %s) has no key to give the peer (FI_KEY_NOTAVAIL)", d->name,
+           ofi_prov);
+      ofi_mr_close(out);
+      return ncclSystemError;
+    }
+  }
   return ncclSuccess;
 }
 

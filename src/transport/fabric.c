@@ -203,6 +203,13 @@ static int fab_health(const struct conn* c) {
 
 static int fab_conn_poll(struct conn* c) { return c->fab ? fab_poll(c->fab) : 0; }
 
+/* The rank stops polling c (it goes to sleep on the FIFO): the progress thread, which may be in a long
+ * idle sleep, must test c's receives from now on. */
+static void fab_idle(struct conn* c) {
+  (void)c;
+  fab_kick();
+}
+
 static void fab_wake(struct conn* c, int we_send) {
   (void)c, (void)we_send;
   fab_kick(); /* the proxy sends our poison record on */
@@ -233,7 +240,7 @@ const struct tp_ops tp_fab_ops = {
     .back_handle = fab_back_handle,
     .health = fab_health,
     .poll = fab_conn_poll,
-    .idle = NULL, /* the proxy never stops testing receives: nothing to hand back */
+    .idle = fab_idle,
     .wake = fab_wake,
     .free = fab_free,
     .closing = fab_conn_closing,

@@ -51,6 +51,7 @@ struct fab_conn {
    * the process is gone; no answer within CHORUS_NET_LINK_TIMEOUT_MS: its host is. */
   int probe_fd;
   uint64_t probe_deadline, next_probe;
+  uint64_t unreach_since; /* the first probe that found no route, until one gets through (0: none) */
   _Atomic uint64_t last_move; /* ns of the last step moved, written by whoever holds busy */
   _Atomic uint64_t last_wait; /* ns our rank last polled this connection waiting for it */
 

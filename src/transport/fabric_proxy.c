@@ -7,7 +7,8 @@
  *
  * Networks under manual progress move data only inside their calls, so the thread keeps testing
  * while requests are in flight; after CHORUS_FABRIC_SPIN_US without progress it sleeps between
- * passes (growing to 1 ms), and a post or kick wakes it. */
+ * passes, growing to 50 us while a rank waits on one of its connections or a send is in flight, to
+ * 20 ms otherwise; a post or kick wakes it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +30,9 @@
 
 #define DRAIN_TIMEOUT_NS (30ull * 1000000000ull) /* a closing sender flushes posted steps this long */
 #define BYE_TIMEOUT_NS (1000ull * 1000000ull)    /* and waits this long for its goodbye to leave */
-#define MAX_SLEEP_US 1000
+#define ACTIVE_SLEEP_US 50       /* between passes while a rank waits on one of our connections or a send is
+                                  * in flight: a network under manual progress moves data only in our calls */
+#define IDLE_SLEEP_US 20000      /* while none does: an idle communicator costs ~50 passes a second */
 #define PROBE_QUIET_NS (1000ull * 1000000ull)    /* nothing moved for this long while our rank waits */
 #define PROBE_EVERY_NS (3000ull * 1000000ull)    /* then check the peer's process this often */
 #define PROBE_PASS_NS (100ull * 1000000ull)      /* liveness bookkeeping runs this often */
@@ -385,6 +388,15 @@ static void probe_fail(struct fab_conn* n, const char* what) {
   atomic_store_explicit(&n->busy, 0, memory_order_release);
 }
 
+/* No route to the peer (our link is down): a link may come back, so only once that has lasted
+ * CHORUS_NET_LINK_TIMEOUT_MS, as a socket's user timeout would. */
+static void unreachable(struct fab_conn* n, uint64_t now, int err) {
+  int64_t ms = param_int(PARAM_NET_LINK_TIMEOUT_MS);
+  if (!n->unreach_since) n->unreach_since = now;
+  if (now - n->unreach_since >= (uint64_t)(ms > 0 ? ms : 20000) * 1000000ull) probe_fail(n, strerror(err));
+  else n->next_probe = now + PROBE_PASS_NS * 5; /* look again soon */
+}
+
 static void probe(struct fab_conn* n, uint64_t now) {
   if (n->probe_fd >= 0) {
     struct pollfd p = {.fd = n->probe_fd, .events = POLLOUT};
@@ -395,7 +407,9 @@ static void probe(struct fab_conn* n, uint64_t now) {
       probe_close(n);
       n->next_probe = now + PROBE_EVERY_NS;
       if (err == ECONNREFUSED) probe_fail(n, "connection refused: the process is gone");
+      else if (err == ENETUNREACH || err == EHOSTUNREACH) unreachable(n, now, err);
       else if (err) probe_fail(n, strerror(err));
+      else n->unreach_since = 0; /* it answered: alive */
     } else if (now > n->probe_deadline) {
       probe_close(n);
       probe_fail(n, "no answer within CHORUS_NET_LINK_TIMEOUT_MS: its host or the link is down");
@@ -418,6 +432,7 @@ static void probe(struct fab_conn* n, uint64_t now) {
   close(fd);
   n->next_probe = now + PROBE_EVERY_NS;
   if (e == ECONNREFUSED) probe_fail(n, "connection refused: the process is gone");
+  else if (e == ENETUNREACH || e == EHOSTUNREACH) unreachable(n, now, e);
 }
 
 static void probe_all(void) {
@@ -577,8 +592,15 @@ static void* fab_main(void* arg) {
       syscall(SYS_futex, (uint32_t*)&fx_word, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
     }
     atomic_store(&fx_sleeping, 0);
-    if (atomic_load(&fx_word) != seen) sleep_us = 1, idle_since = 0; /* kicked: something was posted */
-    else if (sleep_us < MAX_SLEEP_US) sleep_us *= 2;
+    if (atomic_load(&fx_word) != seen) {
+      sleep_us = 1, idle_since = 0; /* kicked: something was posted */
+    } else {
+      int waits = 0;
+      uint64_t t = ut_now_ns();
+      for (struct fab_conn* n = fx.conns; n && !waits; n = n->next) waits = rank_waits(n, t);
+      long cap = waits ? ACTIVE_SLEEP_US : IDLE_SLEEP_US;
+      sleep_us = sleep_us * 2 < cap ? sleep_us * 2 : cap;
+    }
   }
   return NULL;
 }
