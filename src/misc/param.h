@@ -109,7 +109,7 @@
   X(OFI_CQ_SIZE, "CHORUS_OFI_CQ_SIZE", P_INT, 16384, "",                                             \
     "OFI network: completion queue entries per device (every request in flight needs one)")          \
   X(OFI_RMA, "CHORUS_OFI_RMA", P_INT, -1, "",                                                       \
-    "OFI network: data by RMA write with remote CQ data after a clear-to-send from the receiver (rendezvous): 1 = whenever the provider has FI_RMA and 8-byte CQ data, 0 = never (tagged messages), -1 = on RDMA providers only; ranks must agree") \
+    "OFI network: data by RMA write with remote CQ data after a clear-to-send from the receiver (rendezvous): 1 = whenever the provider has FI_RMA and 8-byte CQ data, -1 = on RDMA providers only, 0 = never (tagged messages); ranks must agree") \
   X(FABRIC_SPIN_US, "CHORUS_FABRIC_SPIN_US", P_INT, 50, "",                                          \
     "fabric transport: microseconds its progress thread polls requests after the last progress before it backs off (sleeps of growing length: up to 50 us while a rank waits or a send is in flight, 20 ms otherwise)")
 

@@ -16,10 +16,23 @@
  * Then irecv posts nothing for the data: it sends the sender a clear-to-send {seq, cq_id, size, addr or
  * offset, key} (fi_tsend on tag cts_bit | cts_id), and completes when an RMA write's remote CQ data
  * {cq_id:16, seq:16, size:32} arrives (the CQ reader dispatches it by cq_id through dev->rma_tab, and by
- * seq to the waiting request). isend returns a NULL request until the CTS of its sequence number has
- * arrived (the sender keeps OFI_NREQS CTS receives posted, consumed in order), checks it (sequence, size
- * >= the send: else a WARN and an error), then fi_writedata's the data. Sizes travel in 32 bits, so
- * maxP2pBytes is capped at 2^32-1 on such devices. Receive buffers must be registered (regMr).
+ * seq to the waiting request). isend returns a request at once (NULL only when all OFI_NREQS are in
+ * flight) that holds the send until the CTS of its sequence number has arrived; isend and test() on the
+ * comm then check that CTS (sequence, size >= the send: else the request fails with a WARN, and so does
+ * every later send of the comm) and fi_writedata the data. The sender keeps OFI_CTS_POSTED CTS receives
+ * posted, consumed in order; further CTSs wait in the provider as unexpected messages. (NCCL's IB plugin
+ * returns NULL until the CTS instead; holding the send keeps NCCL's step in flight and lets a caller
+ * that tests its first send before any completes, as tools/net_harness.c does, work.) Sizes travel in
+ * 32 bits, so maxP2pBytes is capped at 2^32-1 on such devices. Receive buffers must be registered (regMr).
+ * A closed recvComm's late writes find no waiting receive (its id is freed, its registration gone).
+ *
+ * Not done yet, hence CHORUS_OFI_RMA=0 by default: closing does not revoke the CTSs a receiver has
+ * handed out. A sender that writes after the receiver deregistered its buffer (the fabric transport's
+ * goodbye races with the receiver's close) makes the target reject the write, and tcp then drops the
+ * connection between the two endpoints, which every comm between them shares (all of a process's comms
+ * with ranks as threads): seen as rare "Broken pipe" failures in fabric_threads.all_colls_4 with
+ * CHORUS_OFI_RMA=1. The fix is a revoke handshake before deregMr returns (the sender acknowledges that
+ * it will not write again), which must not block the one fabric progress thread that serves both ends.
  *
  * GPU memory is left out: Debian's libfabric has no FI_HMEM for CUDA, so ptrSupport is host only and
  * the transport stages device buffers through host memory. libfabric itself is in ofi_fabric.c. */
@@ -158,6 +171,11 @@ const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* b
 #define OFI_CLOSE_WAIT_NS 2000000000ull /* how long close waits for cancelled or unfinished operations */
 #define OFI_RMA_IDS 65536                /* CQ-data connection ids per device (16 bits) */
 #define OFI_RMA_MAX 0xffffffffull        /* largest message of the RMA path (32-bit size in CQ data) */
+/* CTS receives a sendComm keeps posted: as many as NCCL has receives in flight (NCCL_STEPS). More CTSs
+ * wait in the provider as unexpected messages until a receive is posted again; posting OFI_NREQS per
+ * comm exhausted rxm's receive queue when many comms share the endpoint (ranks as threads), and a comm
+ * that could post none never saw its CTSs. */
+#define OFI_CTS_POSTED 8
 
 enum ofi_kind { OFI_LISTEN = 1, OFI_SEND = 2, OFI_RECV = 3 };
 enum ofi_stage { OFI_IDLE = 0, OFI_POSTED = 1, OFI_DONE = 2 }; /* of the connection message */
@@ -191,7 +209,8 @@ struct ofi_comm {
   struct ofi_req* pend[OFI_NREQS];
   int rma_err;               /* send: a message failed; every later one fails too */
   struct ofi_mr cts_mr;      /* cts_msg's registration */
-  /* send: CTS receives (slot order = arrival order); recv: CTS sends, slot i for reqs[i]'s message */
+  /* send: CTS receives (slot order = arrival order; OFI_CTS_POSTED of them posted); recv: CTS sends,
+   * slot i for reqs[i]'s message */
   struct ofi_req cts_req[OFI_NREQS];
   struct ofi_cts cts_msg[OFI_NREQS];
 };
@@ -548,11 +567,11 @@ static void pending_put(struct ofi_comm* c) {
   pthread_mutex_unlock(&ofi_lists_mu);
 }
 
-/* Sender, RMA path: keeps a CTS receive posted in every free slot, in slot order (the provider matches
+/* Sender, RMA path: keeps OFI_CTS_POSTED CTS receives posted, in slot order (the provider matches
  * receives of one tag in posting order, so slot cts_head always holds the next CTS to arrive). */
 static ncclResult_t cts_post_all(struct ofi_comm* c) {
   struct ofi_dev* d = c->dev;
-  while (c->cts_posted < c->cts_head + OFI_NREQS) {
+  while (c->cts_posted < c->cts_head + OFI_CTS_POSTED) {
     int slot = (int)(c->cts_posted % OFI_NREQS);
     struct ofi_req* q = &c->cts_req[slot];
     req_reset(q, "clear-to-send receive", sizeof(c->cts_msg[slot]));
@@ -560,7 +579,10 @@ static ncclResult_t cts_post_all(struct ofi_comm* c) {
                           d->cts_bit | c->cts_id, 0, &q->ctx);
     if (rc) {
       __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
-      if (rc == -FI_EAGAIN) return ncclSuccess; /* the next isend posts it */
+      if (rc == -FI_EAGAIN) { /* no room now: the next call posts it (reading the CQ frees some) */
+        ofi_progress(d);
+        return ncclSuccess;
+      }
       WARN("NET/OFI: posting a clear-to-send receive on %s (provider %s) failed: %s", d->name, ofi_prov_name(),
            ofi_fn.strerror((int)-rc));
       return ncclSystemError;

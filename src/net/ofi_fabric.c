@@ -289,7 +289,7 @@ static void rma_upgrade(void) {
   int64_t want = param_int(PARAM_OFI_RMA);
   const char* why = NULL;
   if (want == 0) why = "off (CHORUS_OFI_RMA=0)";
-  else if (want < 0 && !ofi_rdma) why = "off: not an RDMA provider (CHORUS_OFI_RMA=1 turns it on)";
+  else if (want < 0 && !ofi_rdma) why = "off: not an RDMA provider (CHORUS_OFI_RMA=-1, the default; 1 turns it on)";
   struct fi_info* hints = why ? NULL : ofi_hints();
   struct fi_info* list = NULL;
   if (!why && hints) {

@@ -73,7 +73,8 @@ struct fab_conn {
   int poison_state; /* 0 none, 1 sending (sender: down record; receiver: the sender's came), 2 done */
   void* preq;       /* the poison or bye send in flight */
   int bye_state;    /* sender closing: 0 not sent, 1 in flight, 2 done */
-  uint64_t drain_deadline;
+  uint64_t drain_deadline; /* closing: the flush (sender) or the wait for the sender's goodbye (receiver) */
+  uint64_t back_deadline;  /* closing: the goodbyes on the way back */
   struct fab_conn* next; /* fx lock (lists) */
 
   /* The way back. back_handle: sender, its listen handle (written before registration); receiver,

@@ -490,16 +490,29 @@ static int let_go(struct fab_conn* n, uint64_t now) {
       }
     } else if (n->bye_state == 1 && now < n->drain_deadline) {
       keep = 1;
+    } else if (n->bye_state == 2 && n->back_state == 1 && !n->peer_bye) {
+      /* The receiver's goodbye is its last message into our memory: wait for it (bounded) before the
+       * registration goes, so that no write of a network doing RMA lands on a dead key. */
+      if (!n->back_deadline) n->back_deadline = now + BYE_TIMEOUT_NS;
+      keep = now < n->back_deadline;
     } else if (unsent) {
       WARN("rank %d: closing the fabric connection to rank %d with %llu step(s) it never took", n->rank, n->peer,
            (unsigned long long)(atomic_load(&n->ctrl->tail) - n->done));
     }
-  } else if (!n->is_send && n->back_state == 1 && !aborted) { /* goodbye (or our record) on the way back */
+  } else if (!n->is_send && !aborted) {
+    /* The sender's goodbye is its last message into our FIFO (bounded wait, as above); then ours goes
+     * on the way back. */
     if (!n->drain_deadline) n->drain_deadline = now + BYE_TIMEOUT_NS;
-    if (n->breq) { /* quietly: the sender may have closed first */
+    int sender_open = atomic_load(&n->state) == FAB_BOUND && n->poison_state != 2;
+    if (sender_open && now < n->drain_deadline) {
+      keep = 1;
+    } else if (n->back_state != 1) {
+      /* no way back: nothing more to say */
+    } else if (n->breq) { /* quietly: the sender may have closed first */
+      if (!n->back_deadline) n->back_deadline = now + BYE_TIMEOUT_NS;
       int done = 0, size = 0;
       if (n->net->net->test(n->breq, &done, &size) != ncclSuccess || done) n->breq = NULL;
-      keep = n->breq && now < n->drain_deadline;
+      keep = n->breq && now < n->back_deadline;
     } else if (!n->bye_state && n->up_sent == 0) {
       struct net_step tr = {.bytes = NET_BYE};
       memcpy(n->ctl, &tr, sizeof(tr));
