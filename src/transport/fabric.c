@@ -156,6 +156,7 @@ static ch_status fab_send_connect(struct conn* c, const struct tp_sizes* sz, con
     INFO(LOG_NET, "rank %d: no way back from rank %d on %s (listen failed)", x->rank, c->peer, n->net->name);
     n->blcomm = NULL, n->back_state = 2;
   }
+  n->back_offered = n->blcomm != NULL; /* before registration: the answer reads it, the proxy never writes it */
   ch_status s = fab_register(n); /* the proxy connects (never blocking this thread on the peer) */
   if (s != CH_OK) {
     if (n->blcomm) n->net->net->closeListen(n->blcomm);
@@ -170,7 +171,7 @@ static ch_status fab_send_connect(struct conn* c, const struct tp_sizes* sz, con
 /* Receiver, once the sender said it attached: wait (bounded, abortable) for the accept. */
 static void fab_back_handle(struct conn* c, struct tp_handle* out) {
   memset(out, 0, sizeof(*out));
-  if (!c->fab || c->fab->back_state == 2) return;
+  if (!c->fab || !c->fab->back_offered) return;
   out->kind = TP_FAB;
   out->blob_len = TP_BLOB_BYTES;
   memcpy(out->blob, c->fab->back_handle, TP_BLOB_BYTES);
@@ -182,6 +183,7 @@ static ch_status fab_recv_done(struct conn* c, int attached, const struct tp_han
   if (back && back->kind == TP_FAB && back->blob_len == TP_BLOB_BYTES) {
     memcpy(c->fab->back_handle, back->blob, TP_BLOB_BYTES);
     atomic_store_explicit(&c->fab->back_wanted, 1, memory_order_release);
+    fab_kick(); /* the progress thread connects the way back now */
   }
   long ns = 20000;
   for (;;) {
@@ -221,8 +223,7 @@ static void fab_conn_closing(struct conn* c) {
 
 static void fab_free(struct conn* c) {
   struct fab_conn* n = c->fab;
-  if (n) {
-    fab_unregister(n); /* the proxy no longer touches the record or the FIFO */
+  if (n && fab_unregister(n)) { /* the proxy no longer touches the record or the FIFO */
     free(n->mem);
     free(n);
   }

@@ -82,6 +82,7 @@ struct fab_conn {
    * under busy like the fields above. back_state: 0 being set up, 1 up, 2 over (a record or goodbye
    * crossed, it failed, or there is none). */
   unsigned char back_handle[TP_BLOB_BYTES];
+  int back_offered; /* sender: it listens for a way back (written once before registration) */
   _Atomic int back_wanted;
   void* bcomm;  /* sender: the recvComm of the way back; receiver: its sendComm */
   void* blcomm; /* sender: the listen comm until accepted */
@@ -98,7 +99,7 @@ struct fab_conn {
 ch_status fab_register(struct fab_conn* n);
 /* Ask the proxy to let n go (flush, goodbye, close) without waiting; then wait until it has. */
 void fab_closing(struct fab_conn* n);
-void fab_unregister(struct fab_conn* n);
+int fab_unregister(struct fab_conn* n); /* 1 once let go; 0 after a minute (n must then be leaked) */
 void fab_kick(void);
 /* A waiting receiver moves its connection itself; 1 if a step arrived. */
 int fab_poll(struct fab_conn* n);

@@ -48,6 +48,7 @@ static _Atomic int fx_changes;       /* registrations or closings wait for the t
 static _Atomic int fx_relay;         /* a link failed: the thread tells the others of its communicator */
 static _Atomic uint32_t fx_word;     /* futex the thread sleeps on; kicks bump it */
 static _Atomic int fx_sleeping;
+static int fx_draining;              /* the thread: closing records wait (a flush, a goodbye) */
 
 void fab_kick(void) {
   atomic_fetch_add_explicit(&fx_word, 1, memory_order_release);
@@ -75,6 +76,7 @@ static const char* res_str(ncclResult_t r) {
 static void at_prepare(void) { pthread_mutex_lock(&fx.lock); }
 static void at_parent(void) { pthread_mutex_unlock(&fx.lock); }
 static void at_child(void) {
+  pthread_cond_init(&fx.cond, NULL); /* a parent's waiter has no thread here */
   fx.running = 0, fx.incoming = fx.conns = NULL;
   atomic_store(&fx_changes, 0);
   atomic_store(&fx_sleeping, 0);
@@ -210,12 +212,11 @@ static int send_progress(struct fab_conn* n) {
 static int take_message(struct fab_conn* n, int slot, int size) {
   char* p = n->buf + (size_t)slot * n->stride;
   struct net_step tr;
+  char why[160];
   if (size < (int)sizeof(tr) || (size_t)size > n->stride) {
-    struct log_err_sink* prev = log_set_error_sink(n->sink);
-    WARN("rank %d: rank %d sent a %d-byte message on the fabric connection, not a step (at most %zu bytes)", n->rank,
-         n->peer, size, n->cap + sizeof(tr));
-    log_set_error_sink(prev);
-    fab_fail(n, "receive", ncclSuccess);
+    snprintf(why, sizeof(why), "receive: a %d-byte message, not a step (at most %zu bytes)", size,
+             n->cap + sizeof(tr));
+    fab_fail(n, why, ncclSuccess);
     return 1;
   }
   uint64_t payload = (uint64_t)size - sizeof(tr);
@@ -233,11 +234,9 @@ static int take_message(struct fab_conn* n, int slot, int size) {
     return 1;
   }
   if (tr.bytes != payload || payload > n->cap) {
-    struct log_err_sink* prev = log_set_error_sink(n->sink);
-    WARN("rank %d: rank %d sent a fabric step announcing %llu bytes in a %llu-byte message (slot %zu bytes): closing",
-         n->rank, n->peer, (unsigned long long)tr.bytes, (unsigned long long)payload, n->cap);
-    log_set_error_sink(prev);
-    fab_fail(n, "receive", ncclSuccess);
+    snprintf(why, sizeof(why), "receive: a step announcing %llu bytes in a %llu-byte message (slot %zu bytes)",
+             (unsigned long long)tr.bytes, (unsigned long long)payload, n->cap);
+    fab_fail(n, why, ncclSuccess);
     return 1;
   }
   n->ctrl->size[slot] = payload;
@@ -321,7 +320,8 @@ static int back_progress(struct fab_conn* n) {
     }
     if ((t = test_req(n, &n->breq, &size, "receive on the way back")) <= 0) return t < 0;
     struct net_step tr;
-    uint64_t payload = size >= (int)sizeof(tr) ? (uint64_t)size - sizeof(tr) : UINT64_MAX;
+    uint64_t payload =
+        size >= (int)sizeof(tr) && size <= 4096 - FAB_BACK_OFF ? (uint64_t)size - sizeof(tr) : UINT64_MAX;
     if (payload != UINT64_MAX) memcpy(&tr, at + payload, sizeof(tr));
     if (payload == sizeof(struct xfer_poison) && tr.bytes == NET_POISON) {
       struct xfer_poison rec;
@@ -460,8 +460,11 @@ void tp_fab_post(_Atomic uint64_t* word, uint32_t how) {
   struct fab_conn* n = (struct fab_conn*)(uintptr_t)ctrl->token;
   if (atomic_load_explicit(&n->state, memory_order_acquire) == FAB_BOUND &&
       !atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) {
-    if (n->is_send) send_progress(n);
-    else recv_progress(n, 1); /* post the receive for the slot just freed */
+    /* Again under busy: whoever held it may have failed or let go of the link meanwhile. */
+    if (atomic_load_explicit(&n->state, memory_order_relaxed) == FAB_BOUND && n->comm) {
+      if (n->is_send) send_progress(n);
+      else recv_progress(n, 1); /* post the receive for the slot just freed */
+    }
     atomic_store_explicit(&n->busy, 0, memory_order_release);
   }
   fab_kick(); /* the thread tests what is in flight */
@@ -483,10 +486,12 @@ static int let_go(struct fab_conn* n, uint64_t now) {
     } else if (!n->bye_state && !n->preq && !unsent) {
       struct net_step tr = {.bytes = NET_BYE};
       memcpy(n->ctl, &tr, sizeof(tr));
-      if (n->net->net->isend(n->comm, n->ctl, sizeof(tr), n->rank, n->mh, NULL, &n->preq) == ncclSuccess && n->preq) {
-        n->bye_state = 1;
-        n->drain_deadline = now + BYE_TIMEOUT_NS;
-        keep = 1;
+      if (n->net->net->isend(n->comm, n->ctl, sizeof(tr), n->rank, n->mh, NULL, &n->preq) == ncclSuccess) {
+        if (n->preq) {
+          n->bye_state = 1;
+          n->drain_deadline = now + BYE_TIMEOUT_NS;
+        }
+        keep = n->preq || now < n->drain_deadline; /* no request: the network says not now */
       }
     } else if (n->bye_state == 1 && now < n->drain_deadline) {
       keep = 1;
@@ -516,8 +521,11 @@ static int let_go(struct fab_conn* n, uint64_t now) {
     } else if (!n->bye_state && n->up_sent == 0) {
       struct net_step tr = {.bytes = NET_BYE};
       memcpy(n->ctl, &tr, sizeof(tr));
-      if (n->net->net->isend(n->bcomm, n->ctl, sizeof(tr), n->rank, n->bmh, NULL, &n->breq) == ncclSuccess && n->breq)
-        n->bye_state = 1, keep = 1;
+      if (!n->back_deadline) n->back_deadline = now + BYE_TIMEOUT_NS;
+      if (n->net->net->isend(n->bcomm, n->ctl, sizeof(tr), n->rank, n->bmh, NULL, &n->breq) == ncclSuccess) {
+        if (n->breq) n->bye_state = 1;
+        keep = n->breq || now < n->back_deadline; /* no request: not now */
+      }
     }
   }
   if (!keep) {
@@ -537,6 +545,8 @@ static int let_go(struct fab_conn* n, uint64_t now) {
     if (n->lcomm) net->closeListen(n->lcomm);
     n->comm = n->lcomm = n->mh = NULL;
     probe_close(n);
+    int bound = FAB_BOUND;
+    atomic_compare_exchange_strong(&n->state, &bound, FAB_CLOSED); /* no fast path touches it again */
   }
   atomic_store_explicit(&n->busy, 0, memory_order_release);
   return !keep;
@@ -568,7 +578,7 @@ static int sync_lists(void) {
   int exiting = !fx.conns;
   if (exiting) fx.running = 0;
   if (released || exiting) pthread_cond_broadcast(&fx.cond);
-  if (draining) atomic_store(&fx_changes, 1); /* look again next pass */
+  fx_draining = draining; /* look again at the next pass (the thread's own flag: it still sleeps briefly) */
   pthread_mutex_unlock(&fx.lock);
   return exiting;
 }
@@ -578,7 +588,10 @@ static void* fab_main(void* arg) {
   uint64_t spin_ns = (uint64_t)param_int(PARAM_FABRIC_SPIN_US) * 1000, idle_since = 0;
   long sleep_us = 1;
   for (;;) {
-    if (atomic_load_explicit(&fx_changes, memory_order_acquire) && sync_lists()) break;
+    /* Before the pass: a kick that lands during it (a post the pass may have missed) must cut the
+     * sleep that follows. */
+    uint32_t seen = atomic_load_explicit(&fx_word, memory_order_acquire);
+    if ((fx_draining || atomic_load_explicit(&fx_changes, memory_order_acquire)) && sync_lists()) break;
     relay_failures();
     probe_all();
     int did = 0;
@@ -597,7 +610,6 @@ static void* fab_main(void* arg) {
       sched_yield();
       continue;
     }
-    uint32_t seen = atomic_load_explicit(&fx_word, memory_order_acquire);
     atomic_store(&fx_sleeping, 1);
     atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load(&fx_changes) && atomic_load(&fx_word) == seen) {
@@ -608,7 +620,7 @@ static void* fab_main(void* arg) {
     if (atomic_load(&fx_word) != seen) {
       sleep_us = 1, idle_since = 0; /* kicked: something was posted */
     } else {
-      int waits = 0;
+      int waits = fx_draining;
       uint64_t t = ut_now_ns();
       for (struct fab_conn* n = fx.conns; n && !waits; n = n->next) waits = rank_waits(n, t);
       long cap = waits ? ACTIVE_SLEEP_US : IDLE_SLEEP_US;
@@ -651,9 +663,20 @@ void fab_closing(struct fab_conn* n) {
   fab_kick();
 }
 
-void fab_unregister(struct fab_conn* n) {
+int fab_unregister(struct fab_conn* n) {
   fab_closing(n);
+  /* Bounded: the flush and goodbyes are (30 s at most); only a network call that never returns can
+   * keep the thread longer. Then the record is left to it (leaked) rather than the caller hanging. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 60;
   pthread_mutex_lock(&fx.lock);
-  while (!n->released) pthread_cond_wait(&fx.cond, &fx.lock);
+  int e = 0;
+  while (!n->released && e != ETIMEDOUT) e = pthread_cond_timedwait(&fx.cond, &fx.lock, &until);
+  int released = n->released;
   pthread_mutex_unlock(&fx.lock);
+  if (!released)
+    WARN("rank %d: the fabric connection %s rank %d was not let go within 60 s (a network call that does not "
+         "return?): leaving it behind", n->rank, dir(n), n->peer);
+  return released;
 }
