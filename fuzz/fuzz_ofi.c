@@ -1,4 +1,4 @@
-/* libFuzzer target: the built-in libfabric network's decoders of peer data (net/ofi.c), which are pure
+/* libFuzzer target: the built-in libfabric network's decoders of peer data (net/ofi_wire.c), which are pure
  * functions and build without libfabric: the 128-byte listen handle that connect() is given (it comes
  * from the peer through the bootstrap), the connection message that accept() receives, and the
  * printable form of a peer's endpoint name. Each must reject or bound what it gets, never read past

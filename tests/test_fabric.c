@@ -245,6 +245,29 @@ TEST_T(fabric, idle_cpu, 60) {
   rt_run_threads(2, idle_body, NULL);
 }
 
+/* A fork child of a process whose OFI devices are open opens its own (the parent's endpoints are not
+ * shared): threads first, then processes forked from this one. */
+static void sum_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v[1024];
+  for (int i = 0; i < 1024; i++) v[i] = (float)(rank + i);
+  NCCL_OK(ncclAllReduce(v, v, 1024, ncclFloat32, ncclSum, comm, NULL));
+  for (int i = 0; i < 1024; i++) EXPECT_EQ(v[i], (float)(nranks * i + nranks * (nranks - 1) / 2));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(fabric, fork_child_opens_its_own_devices, 120) {
+#if defined(__SANITIZE_THREAD__)
+  printf("    skipped under ThreadSanitizer (fork after threads)\n");
+  return;
+#endif
+  if (!force_fabric()) return;
+  rt_run_threads(2, sum_body, NULL);
+  rt_run_procs(2, sum_body, NULL);
+}
+
 /* ---- a peer killed in the middle of an AllReduce ---- */
 
 #define KILL_COUNT ((size_t)1 << 20)

@@ -35,13 +35,12 @@
  * it will not write again), which must not block the one fabric progress thread that serves both ends.
  *
  * GPU memory is left out: Debian's libfabric has no FI_HMEM for CUDA, so ptrSupport is host only and
- * the transport stages device buffers through host memory. libfabric itself is in ofi_fabric.c. */
+ * the transport stages device buffers through host memory. libfabric itself is in ofi_fabric.c, the
+ * RMA path's clear-to-sends, writes and CQ-data dispatch in ofi_rma.c, the wire decoders in ofi_wire.c. */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,114 +51,6 @@
 #include "net.h"
 #include "ofi.h"
 
-_Static_assert(sizeof(struct ofi_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large");
-_Static_assert(sizeof(struct ofi_handle) == OFI_HANDLE_HDR + OFI_NAME_MAX, "handle has padding");
-_Static_assert(sizeof(struct ofi_ctrl) == 16 + OFI_WHO_MAX + 16 + OFI_NAME_MAX, "connection message has padding");
-_Static_assert(sizeof(struct ofi_cts) == 32, "clear-to-send has padding");
-
-/* ------------------------------------------------------------------------------------------------ */
-/* Wire decoders (pure: no libfabric; built with or without it, fuzzed by fuzz/fuzz_ofi.c)           */
-
-size_t ofi_handle_encode(const struct ofi_handle* h, void* buf, size_t len) {
-  if (!h || !buf || h->name_len == 0 || h->name_len > OFI_NAME_MAX || len < OFI_HANDLE_HDR + h->name_len) return 0;
-  size_t used = OFI_HANDLE_HDR + h->name_len;
-  memset(buf, 0, len);
-  memcpy(buf, h, used); /* the header, then the name: the struct's layout is the wire's (no padding) */
-  return used;
-}
-
-int ofi_handle_decode(const void* buf, size_t len, uint16_t version, uint32_t addr_format, size_t min_name_len,
-                      struct ofi_handle* out, const char** why) {
-  const char* bad = NULL;
-  memset(out, 0, sizeof(*out));
-  if (!buf || len < OFI_HANDLE_HDR) {
-    bad = "shorter than a handle's header";
-    goto fail;
-  }
-  memcpy(out, buf, OFI_HANDLE_HDR); /* the caller's buffer has no alignment promise */
-  if (out->magic != OFI_HANDLE_MAGIC) bad = "wrong magic: not a handle of Chorus's OFI network";
-  else if (out->version != version) bad = "protocol version differs: mixed Chorus versions";
-  else if (out->name_len == 0 || out->name_len > OFI_NAME_MAX) bad = "endpoint name length out of range";
-  else if (out->name_len > len - OFI_HANDLE_HDR) bad = "endpoint name runs past the end of the handle";
-  else if (out->addr_format != addr_format)
-    bad = "address format differs: ranks use different providers or address families (set FI_PROVIDER alike)";
-  else if (out->name_len < min_name_len) bad = "endpoint name too short for its address format";
-  else if (out->id == 0) bad = "connection id 0";
-  else if ((out->flags & ~OFI_FLAGS_KNOWN) || out->reserved) bad = "unknown flags: mixed Chorus versions";
-  if (bad) goto fail;
-  memcpy(out->name, (const uint8_t*)buf + OFI_HANDLE_HDR, out->name_len);
-  return 0;
-fail:
-  if (why) *why = bad;
-  return -1;
-}
-
-int ofi_ctrl_decode(const void* msg, size_t len, uint32_t expect_id, uint64_t expect_nonce, struct ofi_ctrl* out,
-                    const char** why) {
-  const size_t hdr = offsetof(struct ofi_ctrl, who);
-  const char* bad = NULL;
-  memset(out, 0, sizeof(*out));
-  if (msg) memcpy(out, msg, len < hdr ? len : hdr); /* the header bytes present: for the caller's message too */
-  if (!msg || len != sizeof(*out)) bad = "wrong size for a connection message";
-  else if (out->magic != OFI_CTRL_MAGIC) bad = "wrong magic: not a connection message of Chorus's OFI network";
-  else if (out->id != expect_id) bad = "connection id differs from the listener's";
-  else if (out->nonce != expect_nonce) bad = "nonce differs from the listener's handle: a stale or stray sender";
-  struct ofi_ctrl tail; /* the fields after `who`, checked before any is kept */
-  if (!bad) {
-    memcpy(&tail, msg, sizeof(tail));
-    if ((tail.flags & ~OFI_FLAGS_KNOWN) || tail.reserved || tail.reserved2) bad = "unknown flags: mixed Chorus versions";
-    else if (tail.name_len > OFI_NAME_MAX) bad = "endpoint name length out of range";
-    else if ((tail.flags & OFI_FLAG_RMA) && (tail.name_len == 0 || tail.cts_id == 0))
-      bad = "RMA path without the sender's endpoint name or CTS id";
-  }
-  if (bad) {
-    if (why) *why = bad;
-    return -1;
-  }
-  const char* who = (const char*)msg + hdr;
-  for (size_t i = 0; i + 1 < sizeof(out->who) && who[i]; i++) /* printed only: printable ASCII, terminated */
-    out->who[i] = who[i] >= 0x20 && who[i] < 0x7f ? who[i] : '?';
-  out->name_len = tail.name_len;
-  out->flags = tail.flags;
-  out->cts_id = tail.cts_id;
-  memcpy(out->name, tail.name, tail.name_len);
-  return 0;
-}
-
-int ofi_cts_decode(const void* msg, size_t len, uint16_t expect_seq, struct ofi_cts* out, const char** why) {
-  const char* bad = NULL;
-  memset(out, 0, sizeof(*out));
-  if (msg) memcpy(out, msg, len < sizeof(*out) ? len : sizeof(*out));
-  if (!msg || len != sizeof(*out)) bad = "wrong size for a clear-to-send";
-  else if (out->magic != OFI_CTS_MAGIC) bad = "wrong magic: not a clear-to-send of Chorus's OFI network";
-  else if (out->flags) bad = "unknown flags: mixed Chorus versions";
-  else if (out->seq != expect_seq) bad = "out of sequence: a clear-to-send was lost, repeated or forged";
-  if (bad && why) *why = bad;
-  return bad ? -1 : 0;
-}
-
-const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* buf, size_t buflen) {
-  char ip[INET6_ADDRSTRLEN] = "?";
-  if (!buf || buflen == 0) return buf;
-  buf[0] = '\0';
-  if (family == 4 && name && len >= sizeof(struct sockaddr_in)) {
-    struct sockaddr_in sin;
-    memcpy(&sin, name, sizeof(sin));
-    if (!inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip))) snprintf(ip, sizeof(ip), "?");
-    snprintf(buf, buflen, "%s:%d", ip, ntohs(sin.sin_port));
-  } else if (family == 6 && name && len >= sizeof(struct sockaddr_in6)) {
-    struct sockaddr_in6 sin6;
-    memcpy(&sin6, name, sizeof(sin6));
-    if (!inet_ntop(AF_INET6, &sin6.sin6_addr, ip, sizeof(ip))) snprintf(ip, sizeof(ip), "?");
-    snprintf(buf, buflen, "[%s]:%d", ip, ntohs(sin6.sin6_port));
-  } else {
-    size_t used = (size_t)snprintf(buf, buflen, "%zu-byte address ", len);
-    for (size_t i = 0; name && i < len && i < 8 && used + 3 <= buflen; i++)
-      used += (size_t)snprintf(buf + used, buflen - used, "%02x", name[i]);
-  }
-  return buf;
-}
-
 #ifdef CHORUS_HAVE_LIBFABRIC
 
 #include "../misc/param.h"
@@ -167,58 +58,7 @@ const char* ofi_name_format(int family, const uint8_t* name, size_t len, char* b
 
 #define OFI_COMM_MAGIC 0x4f46494fu
 #define OFI_MH_MAGIC 0x4f46494du
-#define OFI_NREQS 64                     /* requests per comm: NCCL needs 32 (NCCL_NET_MAX_REQUESTS) */
 #define OFI_CLOSE_WAIT_NS 2000000000ull /* how long close waits for cancelled or unfinished operations */
-#define OFI_RMA_IDS 65536                /* CQ-data connection ids per device (16 bits) */
-#define OFI_RMA_MAX 0xffffffffull        /* largest message of the RMA path (32-bit size in CQ data) */
-/* CTS receives a sendComm keeps posted: as many as NCCL has receives in flight (NCCL_STEPS). More CTSs
- * wait in the provider as unexpected messages until a receive is posted again; posting OFI_NREQS per
- * comm exhausted rxm's receive queue when many comms share the endpoint (ranks as threads), and a comm
- * that could post none never saw its CTSs. */
-#define OFI_CTS_POSTED 8
-
-enum ofi_kind { OFI_LISTEN = 1, OFI_SEND = 2, OFI_RECV = 3 };
-enum ofi_stage { OFI_IDLE = 0, OFI_POSTED = 1, OFI_DONE = 2 }; /* of the connection message */
-
-/* Listen, send and recv comms share one layout. Everything is touched only by the thread calling the
- * table on this comm, except the requests' results, which the CQ reader writes (see ofi.h). */
-struct ofi_comm {
-  uint32_t magic;            /* OFI_COMM_MAGIC while alive: catches stale and foreign pointers */
-  int kind;                  /* enum ofi_kind */
-  struct ofi_dev* dev;
-  uint32_t id;               /* data tag */
-  fi_addr_t peer;            /* send: the receiver */
-  char peer_str[96];         /* the peer, for messages */
-  int stage;                 /* enum ofi_stage of ctrl_req */
-  int warned;                /* listen: a bad connection message was reported already */
-  struct ofi_handle handle;  /* listen: what it wrote; send: what connect was given (pending key) */
-  struct ofi_ctrl ctrl;      /* listen: receive buffer; send: the message */
-  struct ofi_mr ctrl_mr;
-  struct ofi_req ctrl_req;
-  struct ofi_comm* next;     /* on ofi_pending (connecting) or ofi_graveyard; under ofi_lists_mu */
-  int req_next;              /* where req_get looks first */
-  struct ofi_req reqs[OFI_NREQS];
-  /* The RMA path (rma == 1, agreed at connect/accept). */
-  int rma;
-  uint32_t cts_id;           /* CTS tag cts_bit | cts_id: send: its own (receives); recv: the sender's */
-  uint16_t cq_id;            /* recv: its id in CQ data (dev->rma_tab) */
-  uint32_t seq;              /* send: the next isend's sequence; recv: the next irecv's */
-  uint64_t cts_head;         /* send: CTSs consumed (the next isend reads slot cts_head % OFI_NREQS) */
-  uint64_t cts_posted;       /* send: CTS receives posted, in slot order */
-  uint64_t pend_head, pend_tail; /* send: accepted sends waiting for their CTS (pend[], in order) */
-  struct ofi_req* pend[OFI_NREQS];
-  int rma_err;               /* send: a message failed; every later one fails too */
-  struct ofi_mr cts_mr;      /* cts_msg's registration */
-  /* send: CTS receives (slot order = arrival order; OFI_CTS_POSTED of them posted); recv: CTS sends,
-   * slot i for reqs[i]'s message */
-  struct ofi_req cts_req[OFI_NREQS];
-  struct ofi_cts cts_msg[OFI_NREQS];
-};
-
-struct ofi_mh {
-  uint32_t magic;
-  struct ofi_mr mr;
-};
 
 /* Connects in progress (found again by their handle on the next call), and comms whose operations
  * never finished at close (their memory stays: the provider may still write op contexts in it). */
@@ -256,9 +96,9 @@ static struct ofi_comm* comm_check(void* p, int kind, const char* fn) {
   return c;
 }
 
-static int req_state(struct ofi_req* r) { return __atomic_load_n(&r->state, __ATOMIC_ACQUIRE); }
+int ofi_req_load_state(struct ofi_req* r) { return __atomic_load_n(&r->state, __ATOMIC_ACQUIRE); }
 
-static void req_reset(struct ofi_req* r, const char* op, size_t size) {
+void ofi_req_reset(struct ofi_req* r, const char* op, size_t size) {
   r->op = op;
   r->posted = size;
   r->len = 0;
@@ -269,7 +109,7 @@ static void req_reset(struct ofi_req* r, const char* op, size_t size) {
   __atomic_store_n(&r->state, OFI_REQ_POSTED, __ATOMIC_RELEASE);
 }
 
-static struct ofi_req* req_get(struct ofi_comm* c) {
+struct ofi_req* ofi_req_get(struct ofi_comm* c) {
   for (int k = 0; k < OFI_NREQS; k++) {
     int i = (c->req_next + k) % OFI_NREQS;
     if (c->reqs[i].in_use) continue;
@@ -280,13 +120,13 @@ static struct ofi_req* req_get(struct ofi_comm* c) {
   return NULL; /* all in flight: the caller retries (NULL request) */
 }
 
-static void req_put(struct ofi_req* r) {
+void ofi_req_put(struct ofi_req* r) {
   __atomic_store_n(&r->state, 0, __ATOMIC_RELAXED);
   r->in_use = 0;
 }
 
 /* One WARN for a failed operation, with all we know about it. */
-static void req_warn(struct ofi_req* r) {
+void ofi_req_warn(struct ofi_req* r) {
   struct ofi_comm* c = r->comm;
   if (r->err == FI_ETRUNC || r->olen)
     WARN("NET/OFI: %s of %zu bytes from %s on %s (provider %s) was truncated: a larger message arrived (%zu bytes "
@@ -298,89 +138,18 @@ static void req_warn(struct ofi_req* r) {
          r->errtext[0] ? r->errtext : "no provider detail");
 }
 
-/* ---- the RMA path's connection ids (receivers) ---- */
-
-/* Gives recvComm r an id for CQ data; 0, or -1 when the device has none free (or no memory). */
-static int rma_attach(struct ofi_comm* r) {
-  struct ofi_dev* d = r->dev;
-  int res = -1;
-  pthread_mutex_lock(&d->rma_mu);
-  if (!d->rma_tab) d->rma_tab = calloc(OFI_RMA_IDS, sizeof(*d->rma_tab));
-  for (uint32_t k = 0; d->rma_tab && k < OFI_RMA_IDS; k++) {
-    uint32_t id = (d->rma_next + k) % OFI_RMA_IDS; /* round robin: an id is reused as late as possible */
-    if (d->rma_tab[id]) continue;
-    d->rma_tab[id] = r;
-    r->cq_id = (uint16_t)id;
-    d->rma_next = id + 1;
-    res = 0;
-    break;
-  }
-  pthread_mutex_unlock(&d->rma_mu);
-  return res;
-}
-
-/* From now on no CQ data reaches c: its id is free, its waiting receives are no longer the provider's
- * (nothing was posted for them), so close does not wait for them. */
-static void rma_detach(struct ofi_comm* c) {
-  struct ofi_dev* d = c->dev;
-  if (!c->rma || c->kind != OFI_RECV) return;
-  pthread_mutex_lock(&d->rma_mu);
-  if (d->rma_tab && d->rma_tab[c->cq_id] == c) d->rma_tab[c->cq_id] = NULL;
-  for (int i = 0; i < OFI_NREQS; i++) {
-    if (!c->reqs[i].rma_wait) continue;
-    c->reqs[i].rma_wait = 0;
-    __atomic_store_n(&c->reqs[i].state, 0, __ATOMIC_RELAXED);
-  }
-  pthread_mutex_unlock(&d->rma_mu);
-}
-
-/* A request that waits for CQ data stops waiting (its CTS failed; the caller puts it back). */
-static void rma_unwait(struct ofi_req* r) {
-  pthread_mutex_lock(&r->comm->dev->rma_mu);
-  r->rma_wait = 0;
-  pthread_mutex_unlock(&r->comm->dev->rma_mu);
-}
-
-void ofi_rma_arrived(struct ofi_dev* d, uint64_t data) {
-  static int warned;
-  uint16_t id = (uint16_t)data, seq = (uint16_t)(data >> 16);
-  uint32_t size = (uint32_t)(data >> 32);
-  struct ofi_req* r = NULL;
-  pthread_mutex_lock(&d->rma_mu);
-  struct ofi_comm* c = d->rma_tab ? d->rma_tab[id] : NULL;
-  for (int i = 0; c && i < OFI_NREQS && !r; i++)
-    if (c->reqs[i].rma_wait && c->reqs[i].rma_seq == seq) r = &c->reqs[i];
-  if (r) {
-    r->rma_wait = 0;
-    if (size > r->posted) { /* the sender checked against our CTS: a forged or corrupted entry */
-      r->len = r->posted;
-      r->olen = size - r->posted;
-      r->err = FI_ETRUNC;
-      __atomic_store_n(&r->state, OFI_REQ_FAILED, __ATOMIC_RELEASE);
-    } else {
-      r->len = size;
-      __atomic_store_n(&r->state, OFI_REQ_DONE, __ATOMIC_RELEASE);
-    }
-  }
-  pthread_mutex_unlock(&d->rma_mu);
-  if (!r && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-    WARN("NET/OFI: an RMA write's completion on %s (connection %u, sequence %u, %u bytes) matches no waiting "
-         "receive: dropped (a closed connection's late write?); later ones are dropped silently", d->name, id, seq,
-         size);
-}
-
 /* Cancels posted receives, then waits (bounded, reading the CQ) until no operation of c is left in the
  * provider's hands. Returns 1 when all are finished. */
 static int comm_quiesce(struct ofi_comm* c) {
   struct ofi_dev* d = c->dev;
   int recv_side = c->kind != OFI_SEND;
   if (!d->ep) return 1; /* never opened: nothing was posted */
-  rma_detach(c);
-  if (recv_side && req_state(&c->ctrl_req) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->ctrl_req.ctx);
+  ofi_rma_detach(c);
+  if (recv_side && ofi_req_load_state(&c->ctrl_req) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->ctrl_req.ctx);
   for (int i = 0; recv_side && i < OFI_NREQS; i++)
-    if (c->reqs[i].in_use && req_state(&c->reqs[i]) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->reqs[i].ctx);
+    if (c->reqs[i].in_use && ofi_req_load_state(&c->reqs[i]) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->reqs[i].ctx);
   for (int i = 0; !recv_side && c->rma && i < OFI_NREQS; i++) { /* CTS receives, arrived or not */
-    if (req_state(&c->cts_req[i]) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->cts_req[i].ctx);
+    if (ofi_req_load_state(&c->cts_req[i]) == OFI_REQ_POSTED) fi_cancel(&d->ep->fid, &c->cts_req[i].ctx);
     if (c->reqs[i].rma_deferred) { /* a send still waiting for its CTS: never the provider's */
       c->reqs[i].rma_deferred = 0;
       __atomic_store_n(&c->reqs[i].state, 0, __ATOMIC_RELAXED);
@@ -388,9 +157,9 @@ static int comm_quiesce(struct ofi_comm* c) {
   }
   uint64_t deadline = ut_now_ns() + OFI_CLOSE_WAIT_NS;
   for (;;) {
-    int busy = req_state(&c->ctrl_req) == OFI_REQ_POSTED;
+    int busy = ofi_req_load_state(&c->ctrl_req) == OFI_REQ_POSTED;
     for (int i = 0; !busy && i < OFI_NREQS; i++)
-      busy = req_state(&c->reqs[i]) == OFI_REQ_POSTED || req_state(&c->cts_req[i]) == OFI_REQ_POSTED;
+      busy = ofi_req_load_state(&c->reqs[i]) == OFI_REQ_POSTED || ofi_req_load_state(&c->cts_req[i]) == OFI_REQ_POSTED;
     if (!busy) return 1;
     if (__atomic_load_n(&d->cq_dead, __ATOMIC_ACQUIRE) || ut_now_ns() > deadline) return 0;
     ofi_progress(d);
@@ -477,7 +246,7 @@ static struct ofi_dev* dev_arg(int dev, const char* fn) {
 /* Posts the listener's receive for the connection message; -FI_EAGAIN leaves it for the next accept. */
 static ncclResult_t listen_post(struct ofi_comm* l) {
   struct ofi_dev* d = l->dev;
-  req_reset(&l->ctrl_req, "connection message receive", sizeof(l->ctrl));
+  ofi_req_reset(&l->ctrl_req, "connection message receive", sizeof(l->ctrl));
   ssize_t rc = fi_trecv(d->ep, &l->ctrl, sizeof(l->ctrl), l->ctrl_mr.desc, FI_ADDR_UNSPEC, d->ctrl_bit | l->id, 0,
                         &l->ctrl_req.ctx);
   if (rc == 0) {
@@ -550,6 +319,11 @@ static ncclResult_t handle_check(const struct ofi_dev* d, const void* handle, st
   return ncclInvalidArgument;
 }
 
+void ofi_lists_at_child(void) {
+  pthread_mutex_init(&ofi_lists_mu, NULL);
+  ofi_pending = ofi_graveyard = NULL; /* the parent's: left alone */
+}
+
 static struct ofi_comm* pending_take(struct ofi_dev* d, const struct ofi_handle* h) {
   pthread_mutex_lock(&ofi_lists_mu);
   struct ofi_comm** pp = &ofi_pending;
@@ -565,31 +339,6 @@ static void pending_put(struct ofi_comm* c) {
   c->next = ofi_pending;
   ofi_pending = c;
   pthread_mutex_unlock(&ofi_lists_mu);
-}
-
-/* Sender, RMA path: keeps OFI_CTS_POSTED CTS receives posted, in slot order (the provider matches
- * receives of one tag in posting order, so slot cts_head always holds the next CTS to arrive). */
-static ncclResult_t cts_post_all(struct ofi_comm* c) {
-  struct ofi_dev* d = c->dev;
-  while (c->cts_posted < c->cts_head + OFI_CTS_POSTED) {
-    int slot = (int)(c->cts_posted % OFI_NREQS);
-    struct ofi_req* q = &c->cts_req[slot];
-    req_reset(q, "clear-to-send receive", sizeof(c->cts_msg[slot]));
-    ssize_t rc = fi_trecv(d->ep, &c->cts_msg[slot], sizeof(c->cts_msg[slot]), c->cts_mr.desc, FI_ADDR_UNSPEC,
-                          d->cts_bit | c->cts_id, 0, &q->ctx);
-    if (rc) {
-      __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
-      if (rc == -FI_EAGAIN) { /* no room now: the next call posts it (reading the CQ frees some) */
-        ofi_progress(d);
-        return ncclSuccess;
-      }
-      WARN("NET/OFI: posting a clear-to-send receive on %s (provider %s) failed: %s", d->name, ofi_prov_name(),
-           ofi_fn.strerror((int)-rc));
-      return ncclSystemError;
-    }
-    c->cts_posted++;
-  }
-  return ncclSuccess;
 }
 
 static ncclResult_t send_comm_new(struct ofi_dev* d, const struct ofi_handle* h, struct ofi_comm** out) {
@@ -621,7 +370,7 @@ static ncclResult_t send_comm_new(struct ofi_dev* d, const struct ofi_handle* h,
     c->ctrl.name_len = (uint16_t)d->ep_name_len;
     memcpy(c->ctrl.name, d->ep_name, d->ep_name_len);
     if ((res = ofi_mr_open(d, c->cts_msg, sizeof(c->cts_msg), &c->cts_mr)) != ncclSuccess) goto fail;
-    if ((res = cts_post_all(c)) != ncclSuccess) goto fail; /* before the receiver can send any */
+    if ((res = ofi_cts_post_all(c)) != ncclSuccess) goto fail; /* before the receiver can send any */
   }
   if ((res = ofi_mr_open(d, &c->ctrl, sizeof(c->ctrl), &c->ctrl_mr)) != ncclSuccess) goto fail;
   *out = c;
@@ -636,7 +385,7 @@ fail:
 static ncclResult_t connect_step(struct ofi_comm* c) {
   struct ofi_dev* d = c->dev;
   if (c->stage == OFI_IDLE) {
-    req_reset(&c->ctrl_req, "connection message send", sizeof(c->ctrl));
+    ofi_req_reset(&c->ctrl_req, "connection message send", sizeof(c->ctrl));
     ssize_t rc = fi_tsend(d->ep, &c->ctrl, sizeof(c->ctrl), c->ctrl_mr.desc, c->peer, d->ctrl_bit | c->id,
                           &c->ctrl_req.ctx);
     if (rc) {
@@ -651,10 +400,10 @@ static ncclResult_t connect_step(struct ofi_comm* c) {
     }
     c->stage = OFI_POSTED;
   }
-  if (req_state(&c->ctrl_req) == OFI_REQ_POSTED) ofi_progress(d);
-  int st = req_state(&c->ctrl_req);
+  if (ofi_req_load_state(&c->ctrl_req) == OFI_REQ_POSTED) ofi_progress(d);
+  int st = ofi_req_load_state(&c->ctrl_req);
   if (st == OFI_REQ_FAILED) {
-    req_warn(&c->ctrl_req);
+    ofi_req_warn(&c->ctrl_req);
     return ncclSystemError;
   }
   if (st == OFI_REQ_DONE) c->stage = OFI_DONE;
@@ -706,11 +455,11 @@ static ncclResult_t ofi_accept(void* listenComm, void** recvComm, ncclNetDeviceH
       return res;
     }
   }
-  if (req_state(&l->ctrl_req) == OFI_REQ_POSTED) ofi_progress(d);
-  int st = req_state(&l->ctrl_req);
+  if (ofi_req_load_state(&l->ctrl_req) == OFI_REQ_POSTED) ofi_progress(d);
+  int st = ofi_req_load_state(&l->ctrl_req);
   if (st == OFI_REQ_POSTED) return __atomic_load_n(&d->cq_dead, __ATOMIC_ACQUIRE) ? ncclSystemError : ncclSuccess;
   if (st == OFI_REQ_FAILED && l->ctrl_req.err != FI_ETRUNC) {
-    req_warn(&l->ctrl_req);
+    ofi_req_warn(&l->ctrl_req);
     return ncclSystemError;
   }
   /* Is the arrived message the one this listener's handle asked for? (A truncated one is not.) */
@@ -749,7 +498,7 @@ static ncclResult_t ofi_accept(void* listenComm, void** recvComm, ncclNetDeviceH
       comm_free(r);
       return res;
     }
-    if (rma_attach(r)) {
+    if (ofi_rma_attach(r)) {
       WARN("NET/OFI: accept on %s: all %d RMA connection ids of the device are in use", d->name, OFI_RMA_IDS);
       comm_free(r);
       return ncclSystemError;
@@ -801,7 +550,7 @@ static ncclResult_t ofi_dereg_mr(void* comm, void* mhandle) {
   return ncclSuccess;
 }
 
-static ncclResult_t mh_get(void* mhandle, struct ofi_mh** out) {
+ncclResult_t ofi_mh_get(void* mhandle, struct ofi_mh** out) {
   struct ofi_mh* mh = mhandle;
   *out = mh;
   if (mh && mh->magic != OFI_MH_MAGIC) {
@@ -826,172 +575,6 @@ static ncclResult_t mh_desc(void* mhandle, void** desc) {
 /* ------------------------------------------------------------------------------------------------ */
 /* Data                                                                                              */
 
-/* An RMA send fails without reaching the provider: the reason goes to test()'s WARN. */
-static void rma_fail(struct ofi_req* r, int err, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void rma_fail(struct ofi_req* r, int err, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(r->errtext, sizeof(r->errtext), fmt, ap);
-  va_end(ap);
-  r->err = err;
-  r->rma_deferred = 0;
-  __atomic_store_n(&r->state, OFI_REQ_FAILED, __ATOMIC_RELEASE);
-}
-
-/* Sender, RMA path: posts the writes of accepted sends whose CTS has arrived, in order (sequence =
- * isend order = CTS arrival order). A CTS that fails its checks, or one too small for its send, fails
- * that send, and the connection: every later send fails too (the peers no longer agree). */
-static void rma_pump(struct ofi_comm* c) {
-  struct ofi_dev* d = c->dev;
-  int progressed = 0;
-  if (!c->rma_err && cts_post_all(c) != ncclSuccess) c->rma_err = 1;
-  while (c->pend_head < c->pend_tail) {
-    struct ofi_req* r = c->pend[c->pend_head % OFI_NREQS];
-    if (c->rma_err) {
-      rma_fail(r, FI_EIO, "an earlier message on this connection failed");
-      c->pend_head++;
-      continue;
-    }
-    int slot = (int)(c->cts_head % OFI_NREQS);
-    struct ofi_req* q = &c->cts_req[slot];
-    int st = req_state(q);
-    if (st != OFI_REQ_DONE && st != OFI_REQ_FAILED && !progressed) {
-      ofi_progress(d);
-      progressed = 1;
-      st = req_state(q);
-    }
-    if (st != OFI_REQ_DONE && st != OFI_REQ_FAILED) break; /* its CTS is not here yet */
-    c->rma_err = 1; /* unless all goes well below */
-    c->pend_head++;
-    struct ofi_cts cts;
-    const char* bad = NULL;
-    if (st == OFI_REQ_FAILED) {
-      rma_fail(r, q->err, "receiving its clear-to-send failed: %s", q->errtext[0] ? q->errtext : "no provider detail");
-      continue;
-    }
-    if (ofi_cts_decode(&c->cts_msg[slot], q->len, (uint16_t)c->seq, &cts, &bad)) {
-      rma_fail(r, FI_EIO, "bad clear-to-send from the receiver (%zu bytes, magic 0x%x, sequence %u, expected %u): %s",
-               q->len, cts.magic, cts.seq, (unsigned)(uint16_t)c->seq, bad);
-      continue;
-    }
-    if (r->posted > cts.size) {
-      rma_fail(r, FI_EMSGSIZE, "the receiver posted only %u bytes for message %u: the peers disagree on message "
-               "sizes (truncation)", cts.size, cts.seq);
-      continue;
-    }
-    ssize_t rc = fi_writedata(d->ep, r->rma_buf, r->posted, r->rma_desc,
-                              ofi_rma_data(cts.cq_id, cts.seq, (uint32_t)r->posted), c->peer, cts.addr, cts.key,
-                              &r->ctx);
-    if (rc == -FI_EAGAIN) { /* the CTS stays at the head; the next call tries again */
-      c->rma_err = 0;
-      c->pend_head--;
-      if (!progressed) ofi_progress(d);
-      break;
-    }
-    if (rc) {
-      rma_fail(r, (int)-rc, "posting the write failed");
-      continue;
-    }
-    c->rma_err = 0;
-    r->rma_deferred = 0; /* the provider's now */
-    __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED); /* consumed: the slot takes a new CTS receive */
-    c->cts_head++;
-    c->seq++;
-  }
-  if (!c->rma_err && cts_post_all(c) != ncclSuccess) c->rma_err = 1;
-}
-
-/* isend on the RMA path: the request is accepted at once and holds the send until the CTS of its
- * sequence number arrives; this call, later isends and test() on the comm post the write (rma_pump). */
-static ncclResult_t rma_isend(struct ofi_comm* c, void* data, size_t size, void* desc, void** request) {
-  if (c->rma_err) {
-    WARN("NET/OFI: isend of %zu bytes to %s on %s: an earlier message on this connection failed", size, c->peer_str,
-         c->dev->name);
-    return ncclSystemError;
-  }
-  struct ofi_req* r = req_get(c);
-  if (!r) {
-    rma_pump(c);
-    return ncclSuccess;
-  }
-  req_reset(r, "RMA write", size);
-  r->rma_buf = data;
-  r->rma_desc = desc;
-  r->rma_deferred = 1;
-  c->pend[c->pend_tail++ % OFI_NREQS] = r; /* at most OFI_NREQS requests exist: never overwrites */
-  rma_pump(c);
-  *request = r;
-  return ncclSuccess;
-}
-
-/* irecv on the RMA path: nothing posted for the data; a CTS tells the sender where to write it. */
-static ncclResult_t rma_irecv(struct ofi_comm* c, void* data, size_t size, void* mhandle, void** request) {
-  struct ofi_dev* d = c->dev;
-  struct ofi_mh* mh;
-  ncclResult_t res = mh_get(mhandle, &mh);
-  if (res != ncclSuccess) return res;
-  char* p = data;
-  if (!mh || !mh->mr.mr) {
-    WARN("NET/OFI: irecv of %zu bytes from %s on %s without a registration: the RMA path (CHORUS_OFI_RMA) needs "
-         "receive buffers registered with regMr", size, c->peer_str, d->name);
-    return ncclInternalError;
-  }
-  if (p < mh->mr.base || size > mh->mr.len || (size_t)(p - mh->mr.base) > mh->mr.len - size) {
-    WARN("NET/OFI: irecv of %zu bytes at %p from %s: outside its registration (%zu bytes at %p)", size, data,
-         c->peer_str, mh->mr.len, (void*)mh->mr.base);
-    return ncclInvalidArgument;
-  }
-  struct ofi_req* r = req_get(c);
-  if (!r) return ncclSuccess;
-  int slot = (int)(r - c->reqs);
-  struct ofi_req* q = &c->cts_req[slot];
-  if (req_state(q) == OFI_REQ_POSTED) ofi_progress(d); /* the slot's previous CTS send must be done */
-  int st = req_state(q);
-  if (st == OFI_REQ_FAILED) {
-    req_warn(q);
-    __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
-    req_put(r);
-    return ncclSystemError;
-  }
-  if (st == OFI_REQ_POSTED) {
-    req_put(r);
-    return __atomic_load_n(&d->cq_dead, __ATOMIC_ACQUIRE) ? ncclSystemError : ncclSuccess;
-  }
-  uint32_t cap = size > OFI_RMA_MAX ? (uint32_t)OFI_RMA_MAX : (uint32_t)size;
-  struct ofi_cts* m = &c->cts_msg[slot];
-  memset(m, 0, sizeof(*m));
-  m->magic = OFI_CTS_MAGIC;
-  m->seq = (uint16_t)c->seq;
-  m->cq_id = c->cq_id;
-  m->size = cap;
-  /* Without FI_MR_VIRT_ADDR the target address is an offset in the region (rdma.md 2.2: on tcp;ofi_rxm a
-   * virtual address fails silently). */
-  m->addr = (d->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)p : (uint64_t)(p - mh->mr.base);
-  m->key = mh->mr.key;
-  req_reset(r, "RMA receive", cap);
-  pthread_mutex_lock(&d->rma_mu); /* before the CTS leaves: the write may land at once */
-  r->rma_seq = m->seq;
-  r->rma_wait = 1;
-  pthread_mutex_unlock(&d->rma_mu);
-  req_reset(q, "clear-to-send send", sizeof(*m));
-  ssize_t rc = fi_tsend(d->ep, m, sizeof(*m), c->cts_mr.desc, c->peer, d->cts_bit | c->cts_id, &q->ctx);
-  if (rc) {
-    __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
-    rma_unwait(r);
-    req_put(r);
-    if (rc == -FI_EAGAIN) {
-      ofi_progress(d);
-      return ncclSuccess;
-    }
-    WARN("NET/OFI: posting a clear-to-send to %s on %s (provider %s) failed: %s", c->peer_str, d->name,
-         ofi_prov_name(), ofi_fn.strerror((int)-rc));
-    return ncclSystemError;
-  }
-  c->seq++;
-  *request = r;
-  return ncclSuccess;
-}
-
 static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                               void** request) {
   (void)tag, (void)phandle; /* one tag per connection already; NCCL's tag is its rank */
@@ -1009,13 +592,13 @@ static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, 
                       : d->info->ep_attr->max_msg_size));
     return ncclInternalError;
   }
-  if (c->rma) return rma_isend(c, data, size, desc, request);
-  struct ofi_req* r = req_get(c);
+  if (c->rma) return ofi_rma_isend(c, data, size, desc, request);
+  struct ofi_req* r = ofi_req_get(c);
   if (!r) return ncclSuccess;
-  req_reset(r, "send", size);
+  ofi_req_reset(r, "send", size);
   ssize_t rc = fi_tsend(d->ep, data, size, desc, c->peer, c->id, &r->ctx);
   if (rc) {
-    req_put(r);
+    ofi_req_put(r);
     if (rc == -FI_EAGAIN) {
       ofi_progress(d); /* frees provider resources; NCCL calls again */
       return ncclSuccess;
@@ -1039,16 +622,16 @@ static ncclResult_t ofi_irecv(void* recvComm, int n, void** data, size_t* sizes,
     WARN("NET/OFI: irecv of %d buffers; this network groups none (maxRecvs 1)", n);
     return ncclInternalError;
   }
-  if (c->rma) return rma_irecv(c, data[0], sizes[0], mhandles ? mhandles[0] : NULL, request);
+  if (c->rma) return ofi_rma_irecv(c, data[0], sizes[0], mhandles ? mhandles[0] : NULL, request);
   ncclResult_t res = mh_desc(mhandles ? mhandles[0] : NULL, &desc);
   if (res != ncclSuccess) return res;
   struct ofi_dev* d = c->dev;
-  struct ofi_req* r = req_get(c);
+  struct ofi_req* r = ofi_req_get(c);
   if (!r) return ncclSuccess;
-  req_reset(r, "receive", sizes[0]);
+  ofi_req_reset(r, "receive", sizes[0]);
   ssize_t rc = fi_trecv(d->ep, data[0], sizes[0], desc, FI_ADDR_UNSPEC, c->id, 0, &r->ctx);
   if (rc) {
-    req_put(r);
+    ofi_req_put(r);
     if (rc == -FI_EAGAIN) {
       ofi_progress(d);
       return ncclSuccess;
@@ -1081,16 +664,16 @@ static ncclResult_t ofi_test(void* request, int* done, int* sizes) {
     return ncclInternalError;
   }
   struct ofi_dev* d = r->comm->dev;
-  if (req_state(r) == OFI_REQ_POSTED && r->comm->rma && r->comm->kind == OFI_SEND) rma_pump(r->comm);
-  if (req_state(r) == OFI_REQ_POSTED) ofi_progress(d);
-  int st = req_state(r);
+  if (ofi_req_load_state(r) == OFI_REQ_POSTED && r->comm->rma && r->comm->kind == OFI_SEND) ofi_rma_pump(r->comm);
+  if (ofi_req_load_state(r) == OFI_REQ_POSTED) ofi_progress(d);
+  int st = ofi_req_load_state(r);
   if (st == OFI_REQ_POSTED && r->comm->rma && r->comm->kind == OFI_RECV) {
     struct ofi_req* q = &r->comm->cts_req[r - r->comm->reqs]; /* its CTS never reached the sender? */
-    if (req_state(q) == OFI_REQ_FAILED) {
-      req_warn(q);
+    if (ofi_req_load_state(q) == OFI_REQ_FAILED) {
+      ofi_req_warn(q);
       __atomic_store_n(&q->state, 0, __ATOMIC_RELAXED);
-      rma_unwait(r);
-      req_put(r);
+      ofi_rma_unwait(r);
+      ofi_req_put(r);
       return ncclSystemError;
     }
   }
@@ -1099,15 +682,15 @@ static ncclResult_t ofi_test(void* request, int* done, int* sizes) {
     return ncclSystemError; /* the CQ reader warned once for all */
   }
   if (st == OFI_REQ_FAILED) {
-    req_warn(r);
-    req_put(r);
+    ofi_req_warn(r);
+    ofi_req_put(r);
     return ncclSystemError;
   }
   /* A send's completion carries no length (fi_cq(3)): it moved all it was given. */
   size_t moved = r->comm->kind == OFI_SEND ? r->posted : r->len;
   if (sizes) sizes[0] = moved > INT_MAX ? INT_MAX : (int)moved;
   *done = 1;
-  req_put(r);
+  ofi_req_put(r);
   return ncclSuccess;
 }
 

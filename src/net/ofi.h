@@ -1,6 +1,8 @@
 /* Internals of the built-in libfabric network, shared by ofi.c (the ncclNet_v12_t table: comms,
- * requests, the connection protocol) and ofi_fabric.c (loading libfabric, choosing the provider and
- * its devices, the per-device endpoint, completion dispatch, registration). Only those two include it.
+ * requests, the connection protocol), ofi_rma.c (the RMA path: clear-to-sends, writes, CQ-data
+ * dispatch), ofi_wire.c (the wire decoders below) and ofi_fabric.c (loading libfabric, choosing the
+ * provider and its devices, the per-device endpoint, completion dispatch, registration). Only those
+ * include it, and fuzz/fuzz_ofi.c (the wire part).
  *
  * Concurrency model. Each device has one endpoint shared by every comm of the process (the provider is
  * FI_THREAD_SAFE). dev->mu guards the lazy opening and the device's counters and address cache;
@@ -14,8 +16,9 @@
 #include <stdint.h>
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Wire formats and their decoders. Pure functions with no libfabric in them (defined in ofi.c outside
- * CHORUS_HAVE_LIBFABRIC), so that fuzz/fuzz_ofi.c builds and runs where libfabric-dev is absent.    */
+/* Wire formats and their decoders. Pure functions with no libfabric in them (defined in ofi_wire.c,
+ * outside CHORUS_HAVE_LIBFABRIC), so that fuzz/fuzz_ofi.c builds and runs where libfabric-dev is
+ * absent.                                                                                          */
 
 #define OFI_NAME_MAX 56              /* endpoint name bytes in a handle (aws-ofi-nccl's MAX_EP_ADDR) */
 #define OFI_HANDLE_MAGIC 0x4f464948u /* "OFIH" */
@@ -210,6 +213,55 @@ struct ofi_mr {
   uint64_t key; /* fi_mr_key (RMA devices) */
 };
 
+/* Comms: ofi.c creates and frees them; ofi_rma.c runs their RMA path. */
+#define OFI_NREQS 64                     /* requests per comm: NCCL needs 32 (NCCL_NET_MAX_REQUESTS) */
+#define OFI_RMA_IDS 65536                /* CQ-data connection ids per device (16 bits) */
+#define OFI_RMA_MAX 0xffffffffull        /* largest message of the RMA path (32-bit size in CQ data) */
+
+enum ofi_kind { OFI_LISTEN = 1, OFI_SEND = 2, OFI_RECV = 3 };
+enum ofi_stage { OFI_IDLE = 0, OFI_POSTED = 1, OFI_DONE = 2 }; /* of the connection message */
+
+/* Listen, send and recv comms share one layout. Everything is touched only by the thread calling the
+ * table on this comm, except the requests' results, which the CQ reader writes (see the top of this
+ * file). */
+struct ofi_comm {
+  uint32_t magic;            /* OFI_COMM_MAGIC while alive: catches stale and foreign pointers */
+  int kind;                  /* enum ofi_kind */
+  struct ofi_dev* dev;
+  uint32_t id;               /* data tag */
+  fi_addr_t peer;            /* send: the receiver */
+  char peer_str[96];         /* the peer, for messages */
+  int stage;                 /* enum ofi_stage of ctrl_req */
+  int warned;                /* listen: a bad connection message was reported already */
+  struct ofi_handle handle;  /* listen: what it wrote; send: what connect was given (pending key) */
+  struct ofi_ctrl ctrl;      /* listen: receive buffer; send: the message */
+  struct ofi_mr ctrl_mr;
+  struct ofi_req ctrl_req;
+  struct ofi_comm* next;     /* on ofi_pending (connecting) or ofi_graveyard; under ofi_lists_mu */
+  int req_next;              /* where ofi_req_get looks first */
+  struct ofi_req reqs[OFI_NREQS];
+  /* The RMA path (rma == 1, agreed at connect/accept). */
+  int rma;
+  uint32_t cts_id;           /* CTS tag cts_bit | cts_id: send: its own (receives); recv: the sender's */
+  uint16_t cq_id;            /* recv: its id in CQ data (dev->rma_tab) */
+  uint32_t seq;              /* send: the next isend's sequence; recv: the next irecv's */
+  uint64_t cts_head;         /* send: CTSs consumed (the next isend reads slot cts_head % OFI_NREQS) */
+  uint64_t cts_posted;       /* send: CTS receives posted, in slot order */
+  uint64_t pend_head, pend_tail; /* send: accepted sends waiting for their CTS (pend[], in order) */
+  struct ofi_req* pend[OFI_NREQS];
+  int rma_err;               /* send: a message failed; every later one fails too */
+  struct ofi_mr cts_mr;      /* cts_msg's registration */
+  /* send: CTS receives (slot order = arrival order; OFI_CTS_POSTED of them posted); recv: CTS sends,
+   * slot i for reqs[i]'s message */
+  struct ofi_req cts_req[OFI_NREQS];
+  struct ofi_cts cts_msg[OFI_NREQS];
+};
+
+struct ofi_mh {
+  uint32_t magic;
+  struct ofi_mr mr;
+};
+
 /* ofi_fabric.c */
 int ofi_ndevs(void);
 struct ofi_dev* ofi_dev_get(int dev);                  /* NULL when out of range */
@@ -219,11 +271,29 @@ ncclResult_t ofi_addr_insert(struct ofi_dev* d, const uint8_t* name, size_t len,
 ncclResult_t ofi_mr_open(struct ofi_dev* d, void* buf, size_t len, struct ofi_mr* out);
 void ofi_mr_close(struct ofi_mr* m);
 const char* ofi_prov_name(void);
-
-/* ofi.c: an RMA write's remote CQ data arrived on d's CQ (called by the CQ reader, under d->cq_mu). */
-void ofi_rma_arrived(struct ofi_dev* d, uint64_t data);
+/* ofi.c: a fork child forgets the connects in progress and the graveyard of the parent (ofi_fabric.c calls it). */
+void ofi_lists_at_child(void);
 /* A printable form of an endpoint name (an IP:port for socket address formats). */
 const char* ofi_name_str(const struct ofi_dev* d, const uint8_t* name, size_t len, char* buf, size_t buflen);
+
+/* ofi.c: requests and registrations (used by ofi_rma.c) */
+int ofi_req_load_state(struct ofi_req* r);                         /* r->state, acquire */
+void ofi_req_reset(struct ofi_req* r, const char* op, size_t size); /* sets POSTED: call before posting */
+struct ofi_req* ofi_req_get(struct ofi_comm* c);                   /* a free request of c, or NULL */
+void ofi_req_put(struct ofi_req* r);
+void ofi_req_warn(struct ofi_req* r);                              /* one WARN for a failed operation */
+ncclResult_t ofi_mh_get(void* mhandle, struct ofi_mh** out);       /* checks an mhandle (NULL: none) */
+
+/* ofi_rma.c: the RMA path (used by ofi.c, and ofi_rma_arrived by ofi_fabric.c) */
+int ofi_rma_attach(struct ofi_comm* r);
+void ofi_rma_detach(struct ofi_comm* c);
+void ofi_rma_unwait(struct ofi_req* r);
+/* An RMA write's remote CQ data arrived on d's CQ (called by the CQ reader, under d->cq_mu). */
+void ofi_rma_arrived(struct ofi_dev* d, uint64_t data);
+ncclResult_t ofi_cts_post_all(struct ofi_comm* c);
+void ofi_rma_pump(struct ofi_comm* c);
+ncclResult_t ofi_rma_isend(struct ofi_comm* c, void* data, size_t size, void* desc, void** request);
+ncclResult_t ofi_rma_irecv(struct ofi_comm* c, void* data, size_t size, void* mhandle, void** request);
 
 #endif /* CHORUS_HAVE_LIBFABRIC */
 #endif

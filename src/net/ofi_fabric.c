@@ -330,6 +330,8 @@ static void rma_upgrade(void) {
   INFO(LOG_NET, "NET/OFI: RMA path (rendezvous by RMA write with remote CQ data) %s", why ? why : "on");
 }
 
+static void ofi_at_child(void);
+
 static void ofi_init_once(void) {
   if (ofi_load()) return;
   struct fi_info* hints = ofi_hints();
@@ -350,6 +352,26 @@ static void ofi_init_once(void) {
   if (ofi_choose(list) == 0) ofi_ok = 1;
   ofi_fn.freeinfo(list);
   if (ofi_ok) rma_upgrade();
+  if (ofi_ok) pthread_atfork(NULL, NULL, ofi_at_child);
+}
+
+/* A fork child must not use the parent's endpoints (their descriptors and provider state are shared
+ * with the parent; verbs and efa do not even allow it): it forgets every opened device, without closing
+ * anything (that could disturb the parent's), and opens them anew when it connects. Its inherited
+ * communicators are let go unused. The locks may have been held by a thread that is not in the child. */
+static void ofi_at_child(void) {
+  for (int i = 0; i < ofi_ndev; i++) {
+    struct ofi_dev* d = &ofi_devs[i];
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->rma_mu, NULL);
+    pthread_mutex_init(&d->cq_mu, NULL);
+    d->opened = 0, d->open_err = 0, d->cq_dead = 0;
+    d->fabric = NULL, d->domain = NULL, d->av = NULL, d->cq = NULL, d->ep = NULL;
+    d->ep_name_len = 0;
+    d->av_cache = NULL, d->av_count = d->av_cap = 0;
+    d->rma_tab = NULL, d->rma_next = 0;
+  }
+  ofi_lists_at_child();
 }
 
 int ch_ofi_available(const char** why) {
