@@ -19,29 +19,14 @@ EXPORT ncclNet_v11_t ncclNetPlugin_v11;
 EXPORT ncclNet_v10_t ncclNetPlugin_v10;
 
 /* ---- v12 properties down to v11 and v10 (vProps of 4 devices; no railId/planeId; v10: no
- * maxMultiRequestSize) ---- */
-
-#define PROPS_COMMON_DOWN(o, p)                                                                        \
-  do {                                                                                                 \
-    memset((o), 0, sizeof(*(o)));                                                                      \
-    (o)->name = (p)->name, (o)->pciPath = (p)->pciPath, (o)->guid = (p)->guid;                         \
-    (o)->ptrSupport = (p)->ptrSupport, (o)->regIsGlobal = (p)->regIsGlobal;                            \
-    (o)->forceFlush = (p)->forceFlush, (o)->speed = (p)->speed, (o)->port = (p)->port;                 \
-    (o)->latency = (p)->latency, (o)->maxComms = (p)->maxComms, (o)->maxRecvs = (p)->maxRecvs;         \
-    (o)->netDeviceType = (p)->netDeviceType, (o)->netDeviceVersion = (p)->netDeviceVersion;            \
-    int nd_ = (p)->vProps.ndevs < 0 ? 0 : (p)->vProps.ndevs;                                           \
-    if (nd_ > NCCL_NET_MAX_DEVS_PER_NIC_V11) nd_ = NCCL_NET_MAX_DEVS_PER_NIC_V11;                      \
-    (o)->vProps.ndevs = nd_;                                                                           \
-    for (int i_ = 0; i_ < nd_; i_++) (o)->vProps.devs[i_] = (p)->vProps.devs[i_];                      \
-    (o)->maxP2pBytes = (p)->maxP2pBytes, (o)->maxCollBytes = (p)->maxCollBytes;                        \
-  } while (0)
+ * maxMultiRequestSize): CH_NET_PROPS_COPY_COMMON (net_abi.h) ---- */
 
 static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) {
   ncclNetProperties_v12_t p;
   memset(&p, 0, sizeof(p));
   ncclResult_t rc = ch_ofi_net.getProperties(dev, &p);
   if (rc != ncclSuccess) return rc;
-  PROPS_COMMON_DOWN(props, &p);
+  CH_NET_PROPS_COPY_COMMON(props, &p);
   props->maxMultiRequestSize = p.maxMultiRequestSize;
   return ncclSuccess;
 }
@@ -51,7 +36,7 @@ static ncclResult_t v10_getProperties(int dev, ncclNetProperties_v10_t* props) {
   memset(&p, 0, sizeof(p));
   ncclResult_t rc = ch_ofi_net.getProperties(dev, &p);
   if (rc != ncclSuccess) return rc;
-  PROPS_COMMON_DOWN(props, &p);
+  CH_NET_PROPS_COPY_COMMON(props, &p);
   return ncclSuccess;
 }
 

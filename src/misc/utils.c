@@ -1,5 +1,6 @@
 /* Small helpers: clock, randomness, hashing, host identity, CPU count and polite waiting. */
 #define _GNU_SOURCE /* sched_getaffinity */
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -196,4 +197,14 @@ int ut_pid_alive(int pid) {
   buf[n] = 0;
   const char* close_paren = strrchr(buf, ')'); /* state follows "(comm) " */
   return !(close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+}
+
+void ut_appendf(char* buf, size_t cap, const char* fmt, ...) {
+  size_t used = strlen(buf);
+  if (used + 3 >= cap) return;
+  if (used) memcpy(buf + used, "; ", 3), used += 2;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + used, cap - used, fmt, ap);
+  va_end(ap);
 }

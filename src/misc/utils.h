@@ -35,4 +35,8 @@ void ut_backoff(uint64_t iter);
 #define UT_DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define UT_ALIGN_UP(a, b) (UT_DIV_UP(a, b) * (b))
 
+/* Appends "; " (unless buf is empty) and the formatted text to the string in buf of cap bytes, cut at
+ * its size: a list of reasons built up as they are found. */
+void ut_appendf(char* buf, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #endif

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <nccl.h>
 
 #include "../misc/log_abi.h"
@@ -159,6 +160,23 @@ typedef struct {
                           ncclNetDeviceHandle_v10_t** sendDevComm);
   CH_NET_TABLE_TAIL(ncclNetProperties_v10_t, ncclNetDeviceHandle_v10_t, ncclNetVDeviceProps_v10_t)
 } ncclNet_v10_t;
+
+/* Copies the fields every properties version has, from p to o (different versions), o zeroed first;
+ * vProps are cut to the 4 devices of v10/v11 (a count from a plugin is clamped, never trusted). */
+#define CH_NET_PROPS_COPY_COMMON(o, p)                                                                  \
+  do {                                                                                                 \
+    memset((o), 0, sizeof(*(o)));                                                                      \
+    (o)->name = (p)->name, (o)->pciPath = (p)->pciPath, (o)->guid = (p)->guid;                         \
+    (o)->ptrSupport = (p)->ptrSupport, (o)->regIsGlobal = (p)->regIsGlobal;                            \
+    (o)->forceFlush = (p)->forceFlush, (o)->speed = (p)->speed, (o)->port = (p)->port;                 \
+    (o)->latency = (p)->latency, (o)->maxComms = (p)->maxComms, (o)->maxRecvs = (p)->maxRecvs;         \
+    (o)->netDeviceType = (p)->netDeviceType, (o)->netDeviceVersion = (p)->netDeviceVersion;            \
+    int nd_ = (p)->vProps.ndevs < 0 ? 0 : (p)->vProps.ndevs;                                           \
+    if (nd_ > NCCL_NET_MAX_DEVS_PER_NIC_V11) nd_ = NCCL_NET_MAX_DEVS_PER_NIC_V11;                      \
+    (o)->vProps.ndevs = nd_;                                                                           \
+    for (int i_ = 0; i_ < nd_; i_++) (o)->vProps.devs[i_] = (p)->vProps.devs[i_];                      \
+    (o)->maxP2pBytes = (p)->maxP2pBytes, (o)->maxCollBytes = (p)->maxCollBytes;                        \
+  } while (0)
 
 typedef ncclNet_v12_t ncclNet_t;
 typedef ncclNetProperties_v12_t ncclNetProperties_t;

@@ -7,13 +7,13 @@
  * the library stays loaded for the life of the process and the adapters are static. */
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "../misc/log.h"
+#include "../misc/utils.h"
 #include "net.h"
 
 #define NET_PLUGIN_MAX_ENTRIES 14 /* NCCL_NET_MAX_PLUGINS 16 minus the 2 internal ones */
@@ -27,17 +27,7 @@ static ncclNet_v12_t adapt11;
 /* The fields every version has (p: a v10 or v11 properties struct, whose vProps hold 4 devices). */
 #define PROPS_COMMON_UP(o, p)                                                                          \
   do {                                                                                                 \
-    memset((o), 0, sizeof(*(o)));                                                                      \
-    (o)->name = (p)->name, (o)->pciPath = (p)->pciPath, (o)->guid = (p)->guid;                         \
-    (o)->ptrSupport = (p)->ptrSupport, (o)->regIsGlobal = (p)->regIsGlobal;                            \
-    (o)->forceFlush = (p)->forceFlush, (o)->speed = (p)->speed, (o)->port = (p)->port;                 \
-    (o)->latency = (p)->latency, (o)->maxComms = (p)->maxComms, (o)->maxRecvs = (p)->maxRecvs;         \
-    (o)->netDeviceType = (p)->netDeviceType, (o)->netDeviceVersion = (p)->netDeviceVersion;            \
-    int nd_ = (p)->vProps.ndevs < 0 ? 0 : (p)->vProps.ndevs;                                           \
-    if (nd_ > NCCL_NET_MAX_DEVS_PER_NIC_V11) nd_ = NCCL_NET_MAX_DEVS_PER_NIC_V11;                      \
-    (o)->vProps.ndevs = nd_;                                                                           \
-    for (int i_ = 0; i_ < nd_; i_++) (o)->vProps.devs[i_] = (p)->vProps.devs[i_];                      \
-    (o)->maxP2pBytes = (p)->maxP2pBytes, (o)->maxCollBytes = (p)->maxCollBytes;                        \
+    CH_NET_PROPS_COPY_COMMON(o, p);                                                                    \
     (o)->maxMultiRequestSize = 1; /* NCCL's default for plugins older than v11 */                      \
     (o)->railId = NCCL_NET_ID_UNDEF, (o)->planeId = NCCL_NET_ID_UNDEF;                                 \
   } while (0)
@@ -167,17 +157,6 @@ static int entry_candidates(const char* entry, char out[2][512]) {
   return 2;
 }
 
-/* Appends "; " and the formatted text to buf (cut at its size). */
-static void append(char* buf, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* buf, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(buf);
-  if (used + 3 >= cap) return;
-  if (used) memcpy(buf + used, "; ", 3), used += 2;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf + used, cap - used, fmt, ap);
-  va_end(ap);
-}
 
 /* Tries one library: 1 with the table set up, 0 with the reason appended to why. */
 static int try_library(void* dl, const char* path, const ncclNet_t** out, int* version, char* origin,
@@ -188,7 +167,7 @@ static int try_library(void* dl, const char* path, const ncclNet_t** out, int* v
     if (!t) continue;
     const char* name = *(const char* const*)t; /* every version starts with its name */
     if (!name || !*name) {
-      append(why, why_len, "%s: %s has no name", path, syms[i]);
+      ut_appendf(why, why_len, "%s: %s has no name", path, syms[i]);
       return 0;
     }
     int v = 12 - i;
@@ -219,9 +198,9 @@ static int try_library(void* dl, const char* path, const ncclNet_t** out, int* v
     if (dlsym(dl, sym)) snprintf(older, sizeof(older), "%s", sym);
   }
   if (*older)
-    append(why, why_len, "%s exports %s only: Chorus supports v10 to v12", path, older);
+    ut_appendf(why, why_len, "%s exports %s only: Chorus supports v10 to v12", path, older);
   else
-    append(why, why_len, "%s exports no ncclNetPlugin_v12/v11/v10 symbol", path);
+    ut_appendf(why, why_len, "%s exports no ncclNetPlugin_v12/v11/v10 symbol", path);
   return 0;
 }
 
@@ -247,7 +226,7 @@ int ch_net_plugin_open(const char* spec, const ncclNet_t** out, int* version, ch
     while (len && e[len - 1] == ' ') e[--len] = '\0';
     if (!*e) continue;
     if (++entries > NET_PLUGIN_MAX_ENTRIES) {
-      append(whybuf, sizeof(whybuf), "entries after the %dth ignored (from %s)", NET_PLUGIN_MAX_ENTRIES, e);
+      ut_appendf(whybuf, sizeof(whybuf), "entries after the %dth ignored (from %s)", NET_PLUGIN_MAX_ENTRIES, e);
       break;
     }
     char cand[2][512];
@@ -264,9 +243,9 @@ int ch_net_plugin_open(const char* spec, const ncclNet_t** out, int* version, ch
     }
     if (!dl) {
       if (n == 2)
-        append(whybuf, sizeof(whybuf), "cannot load %s (%s) nor %s (%s)", cand[0], err[0], cand[1], err[1]);
+        ut_appendf(whybuf, sizeof(whybuf), "cannot load %s (%s) nor %s (%s)", cand[0], err[0], cand[1], err[1]);
       else
-        append(whybuf, sizeof(whybuf), "cannot load %s (%s)", cand[0], err[0]);
+        ut_appendf(whybuf, sizeof(whybuf), "cannot load %s (%s)", cand[0], err[0]);
       continue;
     }
     k--; /* the candidate that loaded */

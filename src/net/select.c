@@ -14,23 +14,13 @@
 #include <strings.h>
 
 #include "../misc/log.h"
+#include "../misc/utils.h"
 #include "../misc/param.h"
 #include "net.h"
 #include "select_test.h"
 
 #define NET_PLUGIN_MAX_ENTRIES 14 /* NCCL_NET_MAX_PLUGINS 16 minus the 2 internal ones */
 
-/* Appends "; " and the formatted text to buf (cut at its size). */
-static void append(char* buf, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char* buf, size_t cap, const char* fmt, ...) {
-  size_t used = strlen(buf);
-  if (used + 3 >= cap) return;
-  if (used) memcpy(buf + used, "; ", 3), used += 2;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf + used, cap - used, fmt, ap);
-  va_end(ap);
-}
 
 static pthread_mutex_t sel_mu = PTHREAD_MUTEX_INITIALIZER;
 static int decided; /* under sel_mu; read with acquire after */
@@ -130,7 +120,7 @@ static void decide(void) {
   if (strcasecmp(spec, "none") == 0) {
     /* no plugin */
   } else if (strlen(spec) >= sizeof(list)) {
-    append(plug_why, sizeof(plug_why), "NCCL_NET_PLUGIN is longer than %zu characters", sizeof(list) - 1);
+    ut_appendf(plug_why, sizeof(plug_why), "NCCL_NET_PLUGIN is longer than %zu characters", sizeof(list) - 1);
   } else {
     snprintf(list, sizeof(list), "%s", spec);
     char* save = NULL;
@@ -142,14 +132,14 @@ static void decide(void) {
       while (len && e[len - 1] == ' ') e[--len] = '\0';
       if (!*e && *spec) continue;
       if (++entries > NET_PLUGIN_MAX_ENTRIES) {
-        append(plug_why, sizeof(plug_why), "entries after the %dth ignored (from %s)", NET_PLUGIN_MAX_ENTRIES, e);
+        ut_appendf(plug_why, sizeof(plug_why), "entries after the %dth ignored (from %s)", NET_PLUGIN_MAX_ENTRIES, e);
         break;
       }
       memset(&cand, 0, sizeof(cand));
       const char* open_why = NULL;
       if (ch_net_plugin_open(e, &cand.net, &cand.version, cand.origin, sizeof(cand.origin), &open_why) != 0) {
         if (!open_why) continue;
-        append(plug_why, sizeof(plug_why), "%s", open_why);
+        ut_appendf(plug_why, sizeof(plug_why), "%s", open_why);
         INFO(LOG_INIT | LOG_NET, "NET: no net plugin from NCCL_NET_PLUGIN entry \"%s\": %s", *e ? e : "(unset)",
              open_why);
         continue;
@@ -157,7 +147,7 @@ static void decide(void) {
       opened = 1;
       snprintf(cand.name, sizeof(cand.name), "%s", cand.net->name);
       if (*want && strcasecmp(want, cand.name) != 0) {
-        append(plug_why, sizeof(plug_why), "%s is named %s", cand.origin, cand.name);
+        ut_appendf(plug_why, sizeof(plug_why), "%s is named %s", cand.origin, cand.name);
         INFO(LOG_INIT | LOG_NET, "NET: plugin %s from %s not used: NCCL_NET=%s", cand.name, cand.origin, want);
         continue;
       }
@@ -170,7 +160,7 @@ static void decide(void) {
                  cand.name, cand.origin, why);
         return;
       }
-      append(plug_why, sizeof(plug_why), "%s: %s", cand.origin, why);
+      ut_appendf(plug_why, sizeof(plug_why), "%s: %s", cand.origin, why);
       INFO(LOG_INIT | LOG_NET, "NET: plugin %s from %s could not start (%s); falling back", cand.name, cand.origin,
            why);
     }
