@@ -1,5 +1,6 @@
 /* Helpers of the collective tests (see coll_util.h). Expected values are closed forms over the input
  * patterns below; nothing here calls the library's own reduction or conversion code. */
+#include <unistd.h>
 #include "coll_util.h"
 
 #include <math.h>
@@ -565,4 +566,17 @@ void cu_sweep_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   if (stream) NCCL_OK(chorusStreamDestroy(stream));
   NCCL_OK(ncclCommDestroy(comm));
   cu_finish();
+}
+
+double cu_proc_cpu_s(void) {
+  FILE* f = fopen("/proc/self/stat", "r");
+  if (!f) return -1;
+  char buf[1024];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char* p = strrchr(buf, ')');
+  unsigned long ut = 0, st = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }

@@ -33,6 +33,8 @@ int64_t cu_exact_limit(int type);
 /* Store integer value v (must be exact in the type) as element i of buf; read element i as a double.
  * The 16- and 8-bit float codecs here are the tests' own, written from the format definitions. */
 void cu_set(int type, void* buf, size_t i, double v);
+/* CPU seconds (user + system) this process has used so far, or -1. */
+double cu_proc_cpu_s(void);
 double cu_get(int type, const void* buf, size_t i);
 
 /* ---- inputs and expectations ---- */

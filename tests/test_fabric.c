@@ -206,19 +206,6 @@ TEST_T(fabric, ofi_by_name_takes_remote_peers, 60) {
 
 /* ---- an idle communicator costs next to no CPU ---- */
 
-static double proc_cpu_s(void) {
-  FILE* f = fopen("/proc/self/stat", "r");
-  if (!f) return -1;
-  char buf[1024];
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char* p = strrchr(buf, ')');
-  unsigned long ut = 0, st = 0;
-  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return -1;
-  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 static void idle_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   ncclComm_t comm;
@@ -226,10 +213,10 @@ static void idle_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   float v[256] = {0};
   for (int i = 0; i < 10; i++) NCCL_OK(ncclAllReduce(v, v, 256, ncclFloat32, ncclSum, comm, NULL));
   usleep(300000); /* let everyone's spinning end */
-  double t0 = proc_cpu_s();
+  double t0 = cu_proc_cpu_s();
   uint64_t w0 = now_ns();
   sleep(2);
-  double used = proc_cpu_s() - t0, wall = (double)(now_ns() - w0) / 1e9;
+  double used = cu_proc_cpu_s() - t0, wall = (double)(now_ns() - w0) / 1e9;
   if (rank == 0) {
     printf("    idle, %d ranks as %s over the fabric: rank 0's process used %.1f%% of a core over %.1f s\n", nranks,
            rt_mode(), 100 * used / wall, wall);
