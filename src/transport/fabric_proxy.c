@@ -30,6 +30,7 @@
 
 #define DRAIN_TIMEOUT_NS (30ull * 1000000000ull) /* a closing sender flushes posted steps this long */
 #define BYE_TIMEOUT_NS (1000ull * 1000000ull)    /* and waits this long for its goodbye to leave */
+#define ABORT_FLUSH_NS (200ull * 1000000ull)     /* an aborted one, only a poison record, this long */
 #define ACTIVE_SLEEP_US 50       /* between passes while a rank waits on one of our connections or a send is
                                   * in flight: a network under manual progress moves data only in our calls */
 #define IDLE_SLEEP_US 20000      /* while none does: an idle communicator costs ~50 passes a second */
@@ -478,6 +479,17 @@ static int let_go(struct fab_conn* n, uint64_t now) {
   while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) sched_yield();
   int keep = 0;
   int aborted = __atomic_load_n(n->abort, __ATOMIC_RELAXED);
+  if (aborted) {
+    /* An abort flushes nothing but a poison record still going out (a moment at most), as on sockets:
+     * the ranks behind this link learn what failed instead of only that this rank went away. */
+    int due = n->is_send ? xfer_poison_is_set(&n->ctrl->down) && n->poison_state != 2 &&
+                               atomic_load(&n->state) == FAB_BOUND
+                         : xfer_poison_is_set(&n->ctrl->up) && n->back_state == 1 && n->up_sent != 2;
+    if (due) {
+      if (!n->drain_deadline) n->drain_deadline = now + ABORT_FLUSH_NS;
+      keep = now < n->drain_deadline;
+    }
+  }
   if (n->is_send && atomic_load(&n->state) == FAB_BOUND && !aborted && n->poison_state != 2) {
     int unsent = atomic_load(&n->ctrl->tail) > n->done || n->poison_state == 1;
     if (!n->drain_deadline) n->drain_deadline = now + DRAIN_TIMEOUT_NS;
