@@ -23,15 +23,24 @@
 #define CHORUS_BUILD_DIR "."
 #endif
 
+/* The network the fabric transport drives in this test: OFI, or Socket behind the net interface
+ * (CHORUS_SOCKET_NET=1, the _socknet variants below). */
+static int fab_socknet;
+
 /* 1 when the OFI network can run here; else prints why the test is skipped. */
 static int force_fabric(void) {
   setenv("NCCL_P2P_DISABLE", "1", 1);
   setenv("NCCL_SHM_DISABLE", "1", 1);
-  setenv("NCCL_NET", "OFI", 1);
+  setenv("NCCL_NET", fab_socknet ? "Socket" : "OFI", 1);
   setenv("NCCL_NET_PLUGIN", "none", 1);
   setenv("FI_PROVIDER", "tcp;ofi_rxm", 1);
   setenv("FI_TCP_IFACE", "lo", 1);
+  if (fab_socknet) {
+    setenv("CHORUS_SOCKET_NET", "1", 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  }
   param_reset();
+  if (fab_socknet) return 1;
   const char* why = NULL;
   if (ch_ofi_available(&why) != 0) {
     printf("    SKIP: the OFI network cannot start here: %s\n", why ? why : "?");
@@ -357,6 +366,21 @@ FAB_RMA(fabric_procs, all_colls_3, 240)
 FAB_RMA(fabric_procs, mismatch_is_named, 120)
 FAB_RMA(fabric_procs, mismatch_reaches_a_waiting_sender, 120)
 FAB_RMA(fabric, peer_killed, 120)
+
+/* The same over the Socket network behind the net interface (net/sock_net.c), so that every path of
+ * the fabric transport is also exercised without libfabric. */
+#define FAB_SOCK(suite, name, timeout) TEST_T(suite, name##_socknet, timeout) { \
+    fab_socknet = 1;                                                               \
+    test_##suite##_##name();                                                       \
+  }
+FAB_SOCK(fabric_threads, all_colls_2, 240)
+FAB_SOCK(fabric_procs, all_colls_3, 240)
+FAB_SOCK(fabric_threads, all_colls_4, 240)
+FAB_SOCK(fabric_procs, four_channels, 120)
+FAB_SOCK(fabric_procs, mismatch_is_named, 120)
+FAB_SOCK(fabric_procs, mismatch_reaches_a_waiting_sender, 120)
+FAB_SOCK(fabric, idle_cpu, 60)
+FAB_SOCK(fabric, peer_killed, 120)
 
 /* One connection of the table to this process's own endpoint, with a registered buffer each side. */
 struct rma_pair {

@@ -243,3 +243,28 @@ void sock_list_interfaces(char* buf, size_t len) {
     o += (size_t)w;
   }
 }
+
+int sock_find_interfaces(struct sock_iface* out, int max) {
+  struct sock_iface ifs[IF_MAX];
+  int n = if_collect(ifs, IF_MAX);
+  const char* spec = param_str(PARAM_SOCKET_IFNAME);
+  /* As NCCL's socket network: every interface NCCL_SOCKET_IFNAME names, else the first non-empty
+   * class of: ib, anything but docker, lo and virbr, then docker, lo, virbr. One entry per interface
+   * (its first address: IPv4 where it has one). */
+  static const char* const order[] = {"ib", "^docker,lo,virbr", "docker", "lo", "virbr"};
+  const char* const* lists = spec[0] ? &spec : order;
+  size_t nlists = spec[0] ? 1 : sizeof(order) / sizeof(order[0]);
+  int got = 0;
+  for (size_t k = 0; k < nlists && got == 0; k++) {
+    struct if_list l;
+    if_list_parse(lists[k], &l);
+    for (int i = 0; i < n && got < max; i++) {
+      if (!if_list_match(&l, ifs[i].name) || (i > 0 && !strcmp(ifs[i - 1].name, ifs[i].name))) continue;
+      out[got] = ifs[i];
+      if (out[got].addr.sa.sa_family == AF_INET) out[got].addr.sin.sin_port = 0;
+      else out[got].addr.sin6.sin6_port = 0;
+      got++;
+    }
+  }
+  return got;
+}

@@ -104,6 +104,8 @@
     "the network between hosts, by name: Socket, OFI (libfabric), or an external plugin's name (empty = NCCL's order: plugins, OFI when its provider is RDMA, Socket)") \
   X(NET_PLUGIN, "NCCL_NET_PLUGIN", P_STR, 0, "",                                                    \
     "net plugins to try: comma list of paths, library names, or X for libnccl-net-X.so; none = no plugin (default: libnccl-net.so if present)") \
+  X(SOCKET_NET, "CHORUS_SOCKET_NET", P_INT, 0, "",                                                 \
+    "when the network is Socket: 0 = the socket transport (ranks and its proxy move the sockets themselves), 1 = the same sockets behind NCCL's net interface, driven by the fabric transport like OFI or a plugin; ranks must agree") \
   X(FABRIC_LIBRARY, "CHORUS_FABRIC_LIBRARY", P_STR, 0, "libfabric.so.1",                           \
     "the libfabric library the OFI network loads at run time")                                       \
   X(OFI_CQ_SIZE, "CHORUS_OFI_CQ_SIZE", P_INT, 16384, "",                                             \

@@ -57,6 +57,9 @@ struct sock_iface {
  * `route_src` (may be NULL) the local address the route to the root uses; `match` the root. */
 int sock_iface_pick(const struct sock_iface* ifs, int n, const char* spec, const union sock_addr* route_src,
                     const union sock_addr* match);
+/* Every interface NCCL's socket network would use (NCCL_SOCKET_IFNAME, else its default classes),
+ * one entry each, at most max; the count. */
+int sock_find_interfaces(struct sock_iface* out, int max);
 /* The source address the kernel would use to reach dst (a UDP connect: nothing is sent). 0 on success. */
 int sock_route_source(const union sock_addr* dst, union sock_addr* src);
 /* Loopback address (127/8, ::1, v4-mapped 127/8). */
@@ -95,5 +98,9 @@ int sock_wait_slice_ms(const struct sock_wait* w);
 /* A WARN that `who` rejected a connection from remote (why); further ones from that host for 60 s
  * go to INFO, so a scanner cannot flood the log. Any thread. */
 void sock_warn_reject(const char* who, const union sock_addr* remote, const char* why);
+
+/* A data connection's settings: SO_SNDBUF/SO_RCVBUF (CHORUS_NET_SOCKBUF_BYTES), and a cut link turned
+ * into ETIMEDOUT in bounded time (CHORUS_NET_LINK_TIMEOUT_MS: TCP_USER_TIMEOUT and keepalive). */
+void sock_tune_link(int fd);
 
 #endif

@@ -18,6 +18,7 @@
 #include "../misc/param.h"
 #include "net.h"
 #include "select_test.h"
+#include "sock_net.h"
 
 #define NET_PLUGIN_MAX_ENTRIES 14 /* NCCL_NET_MAX_PLUGINS 16 minus the 2 internal ones */
 
@@ -222,6 +223,17 @@ static void decide_and_log(void) {
   have_net = 0;
   memset(&sel_net, 0, sizeof(sel_net));
   decide();
+  if (!sel_warn[0] && !have_net && param_int(PARAM_SOCKET_NET) == 1) {
+    /* Socket through the net interface (sock_net.c) instead of the socket transport's own row. */
+    struct ch_net cand;
+    char why[512];
+    memset(&cand, 0, sizeof(cand));
+    cand.net = &ch_sock_net, cand.version = 12;
+    snprintf(cand.name, sizeof(cand.name), "%s", ch_sock_net.name);
+    snprintf(cand.origin, sizeof(cand.origin), "built in, CHORUS_SOCKET_NET=1");
+    if (start(&cand, why, sizeof(why)) == 0) sel_net = cand, have_net = 1;
+    else snprintf(sel_warn, sizeof(sel_warn), "CHORUS_SOCKET_NET=1 but the Socket network could not start: %s", why);
+  }
   if (sel_warn[0]) {
     sel_status = CH_INVALID_USAGE;
     snprintf(sel_desc, sizeof(sel_desc), "none: %s", sel_warn);
@@ -244,7 +256,7 @@ static void decide_and_log(void) {
   }
   /* "OFI (built in, libfabric tcp;ofi_rxm)" or "X from /path/libnccl-net-x.so (ncclNetPlugin_v11)" */
   char who[400];
-  if (sel_net.net == &ch_ofi_net)
+  if (sel_net.net == &ch_ofi_net || sel_net.net == &ch_sock_net)
     snprintf(who, sizeof(who), "%s (%s)", sel_net.name, sel_net.origin);
   else
     snprintf(who, sizeof(who), "%s from %s", sel_net.name, sel_net.origin);

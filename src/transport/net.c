@@ -146,7 +146,7 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
     sock_close(&s);
     return CH_REMOTE;
   }
-  net_sockopts(s.fd);
+  sock_tune_link(s.fd);
   struct net_hello hello;
   memset(&hello, 0, sizeof(hello));
   hello.magic = NET_MAGIC;

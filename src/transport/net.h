@@ -123,7 +123,6 @@ int net_send_direct(struct net_conn* n);
 /* A link of n's communicator failed: tell the ranks behind its other links (proxy thread). */
 void proxy_fail_comm(struct net_conn* failed);
 int proxy_comm_told(const struct net_conn* n);
-void net_sockopts(int fd); /* buffers (CHORUS_NET_SOCKBUF_BYTES), link timeout, keepalive */
 /* Make sure the proxy runs and its listener exists (bound on hint's IP, port 0), then hand n over.
  * *listener receives the listener's address. */
 ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener);

@@ -88,28 +88,6 @@ static uint64_t accept_retry_at;  /* proxy: when a blocked accept is tried again
 static int accept_warned;         /* proxy: said why accepts wait (out of descriptors); 0 after one succeeds */
 static pthread_once_t px_once = PTHREAD_ONCE_INIT;
 
-void net_sockopts(int fd) {
-  int64_t b = param_int(PARAM_NET_SOCKBUF_BYTES);
-  if (b > 0) { /* autotuning otherwise: an explicit size switches it off */
-    int v = (int)(b > (1 << 30) ? (1 << 30) : b);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
-  }
-  /* A cut link gives no EOF: the sender's unacknowledged data (TCP_USER_TIMEOUT) or the receiver's
-   * unanswered keepalive probes turn it into ETIMEDOUT, hence a failure, in bounded time. A peer
-   * host that is alive acknowledges both, however long its rank takes. */
-  int64_t ms = param_int(PARAM_NET_LINK_TIMEOUT_MS);
-  if (ms > 0) {
-    unsigned ut = (unsigned)(ms > 3600000 ? 3600000 : ms);
-    int on = 1, idle = (int)UT_MAX(1, ut / 4000), intvl = (int)UT_MAX(1, ut / 8000), cnt = 4;
-    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-  }
-}
-
 void tp_proxy_kick(void) {
   int fd = atomic_load_explicit(&px_evfd, memory_order_relaxed);
   uint64_t one = 1;
@@ -332,7 +310,7 @@ static void accept_all(void) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    net_sockopts(fd);
+    sock_tune_link(fd);
     memset(p, 0, sizeof(*p));
     p->fd = fd;
     p->remote = ra;
