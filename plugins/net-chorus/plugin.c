@@ -1,5 +1,7 @@
 /* Chorus's libfabric network (src/net/ofi.c) as an NCCL net plugin: libnccl-net-chorus.so, loaded by
- * NCCL (or by Chorus, or any host of NCCL's net ABI) with NCCL_NET_PLUGIN=chorus. It exports the
+ * NCCL (or by Chorus, or any host of NCCL's net ABI) with NCCL_NET_PLUGIN=chorus; built once more with
+ * CH_PLUGIN_SOCKET as libnccl-net-chorus-socket.so, Chorus's socket network (src/net/sock_net.c, table
+ * "Chorus-Socket": NCCL's own is "Socket"), which the harness drives where libfabric is absent. It exports the
  * ncclNetPlugin_v12 table and, for hosts of NCCL 2.26 and 2.27, v11 and v10 tables that convert the
  * properties down (src/net/net_abi.h). Nothing else is exported (net.map).
  *
@@ -10,8 +12,15 @@
 #include <string.h>
 
 #include "../../src/net/net.h"
+#include "../../src/net/sock_net.h"
 
+#ifdef CH_PLUGIN_SOCKET
+#define CH_NET_PLUGIN_NAME "Chorus-Socket"
+#define CH_NET_TABLE ch_sock_net
+#else
 #define CH_NET_PLUGIN_NAME "Chorus-OFI"
+#define CH_NET_TABLE ch_ofi_net
+#endif
 #define EXPORT __attribute__((visibility("default")))
 
 EXPORT ncclNet_v12_t ncclNetPlugin_v12;
@@ -24,7 +33,7 @@ EXPORT ncclNet_v10_t ncclNetPlugin_v10;
 static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) {
   ncclNetProperties_v12_t p;
   memset(&p, 0, sizeof(p));
-  ncclResult_t rc = ch_ofi_net.getProperties(dev, &p);
+  ncclResult_t rc = CH_NET_TABLE.getProperties(dev, &p);
   if (rc != ncclSuccess) return rc;
   CH_NET_PROPS_COPY_COMMON(props, &p);
   props->maxMultiRequestSize = p.maxMultiRequestSize;
@@ -34,7 +43,7 @@ static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) {
 static ncclResult_t v10_getProperties(int dev, ncclNetProperties_v10_t* props) {
   ncclNetProperties_v12_t p;
   memset(&p, 0, sizeof(p));
-  ncclResult_t rc = ch_ofi_net.getProperties(dev, &p);
+  ncclResult_t rc = CH_NET_TABLE.getProperties(dev, &p);
   if (rc != ncclSuccess) return rc;
   CH_NET_PROPS_COPY_COMMON(props, &p);
   return ncclSuccess;
@@ -51,7 +60,7 @@ static ncclResult_t vprops_up(const ncclNetVDeviceProps_v11_t* in, ncclNetVDevic
 static ncclResult_t v11_makeVDevice(int* d, ncclNetVDeviceProps_v11_t* props) {
   ncclNetVDeviceProps_v12_t p;
   ncclResult_t rc = vprops_up(props, &p);
-  return rc != ncclSuccess ? rc : ch_ofi_net.makeVDevice(d, &p);
+  return rc != ncclSuccess ? rc : CH_NET_TABLE.makeVDevice(d, &p);
 }
 
 /* ---- v10: init once per process; listen and connect without a context (the one init made) ---- */
@@ -65,7 +74,7 @@ static ncclResult_t v10_init(ncclDebugLogger_t logFunction, ncclProfilerCallback
   pthread_mutex_lock(&v10_mu);
   if (!v10_inited) {
     ncclNetCommConfig_v12_t config = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
-    v10_rc = ch_ofi_net.init(&v10_ctx, 0, &config, logFunction, profFunction);
+    v10_rc = CH_NET_TABLE.init(&v10_ctx, 0, &config, logFunction, profFunction);
     v10_inited = 1;
   }
   ncclResult_t rc = v10_rc;
@@ -74,23 +83,23 @@ static ncclResult_t v10_init(ncclDebugLogger_t logFunction, ncclProfilerCallback
 }
 
 static ncclResult_t v10_listen(int dev, void* handle, void** listenComm) {
-  return ch_ofi_net.listen(v10_ctx, dev, handle, listenComm);
+  return CH_NET_TABLE.listen(v10_ctx, dev, handle, listenComm);
 }
 
 /* The traffic class of a v10 connect has no place in the v12 interface (it is init's there): dropped. */
 static ncclResult_t v10_connect(int dev, ncclNetCommConfig_v10_t* config, void* handle, void** sendComm,
                                 ncclNetDeviceHandle_v10_t** sendDevComm) {
-  return ch_ofi_net.connect(v10_ctx, dev, handle, sendComm, sendDevComm);
+  return CH_NET_TABLE.connect(v10_ctx, dev, handle, sendComm, sendDevComm);
 }
 
 static ncclResult_t v10_makeVDevice(int* d, ncclNetVDeviceProps_v10_t* props) {
   return v11_makeVDevice(d, props); /* same vProps type */
 }
 
-/* Filled when the library is loaded, before any host can look the tables up: ch_ofi_net is data of
+/* Filled when the library is loaded, before any host can look the tables up: CH_NET_TABLE is data of
  * another translation unit, not a constant expression. */
 __attribute__((constructor)) static void fill_tables(void) {
-  const ncclNet_v12_t* o = &ch_ofi_net;
+  const ncclNet_v12_t* o = &CH_NET_TABLE;
   ncclNetPlugin_v12 = *o;
   ncclNetPlugin_v12.name = CH_NET_PLUGIN_NAME;
 

@@ -44,6 +44,7 @@
 #define SN_MAX_DEVS 16
 #define SN_MAX_ACCEPTS 8   /* connections accepted whose hello has not arrived */
 #define SN_COMM_MAGIC 0x434e5343u
+#define SN_CARRY 4096      /* a receive reads small messages (and headers) this many bytes at a time */
 
 enum { SN_LISTEN = 1, SN_SEND, SN_RECV };
 
@@ -82,6 +83,10 @@ struct sn_comm {
   size_t hdr_got;
   int cur;          /* buffer of the head request being filled, -1: reading a header */
   uint64_t cur_size, cur_off;
+  /* Bytes read ahead: one recv takes a header with its small payload (and what follows), instead of
+   * one recv for each. carry[carry_off, carry_len) is the stream's next bytes. */
+  size_t carry_off, carry_len;
+  unsigned char* carry;
   /* SN_LISTEN (mu) */
   uint64_t nonce;
   struct sn_accepting acc[SN_MAX_ACCEPTS];
@@ -178,6 +183,11 @@ static struct sn_comm* comm_new(int kind, int dev, int fd) {
   }
   c->magic = SN_COMM_MAGIC;
   c->kind = kind, c->dev = dev, c->fd = fd, c->cur = -1;
+  if (kind == SN_RECV && !(c->carry = malloc(SN_CARRY))) {
+    WARN("NET/Socket: out of memory for a comm");
+    free(c);
+    return NULL;
+  }
   pthread_mutex_init(&c->mu, NULL);
   for (int i = 0; i < SN_NREQS; i++) c->reqs[i].comm = c;
   for (int i = 0; i < SN_MAX_ACCEPTS; i++) c->acc[i].fd = -1;
@@ -189,6 +199,7 @@ static void comm_free(struct sn_comm* c) {
   for (int i = 0; i < SN_MAX_ACCEPTS; i++)
     if (c->acc[i].fd >= 0) close(c->acc[i].fd);
   c->magic = 0;
+  free(c->carry);
   pthread_mutex_destroy(&c->mu);
   free(c);
 }
@@ -436,13 +447,26 @@ static ncclResult_t progress_recv(struct sn_comm* c) {
       dst = (char*)r->data[c->cur] + c->cur_off, want = (size_t)(c->cur_size - c->cur_off);
     }
     if (want > 0) {
-      ssize_t got = recv(c->fd, dst, want, MSG_DONTWAIT);
-      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ncclSuccess;
-      if (got < 0 && errno == EINTR) continue;
-      if (got == 0) return comm_fail(c, ncclRemoteError, "receive", "the connection was closed by the peer");
-      if (got < 0) return comm_fail(c, ncclRemoteError, "receive", strerror(errno));
-      if (c->cur < 0) c->hdr_got += (size_t)got;
-      else c->cur_off += (uint64_t)got;
+      size_t got;
+      if (c->carry_off < c->carry_len) { /* read ahead already */
+        got = UT_MIN(want, c->carry_len - c->carry_off);
+        memcpy(dst, c->carry + c->carry_off, got);
+        c->carry_off += got;
+      } else {
+        int ahead = want < SN_CARRY; /* small: into the carry, with whatever follows */
+        ssize_t r = recv(c->fd, ahead ? c->carry : dst, ahead ? SN_CARRY : want, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ncclSuccess;
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) return comm_fail(c, ncclRemoteError, "receive", "the connection was closed by the peer");
+        if (r < 0) return comm_fail(c, ncclRemoteError, "receive", strerror(errno));
+        if (ahead) {
+          c->carry_off = 0, c->carry_len = (size_t)r;
+          continue;
+        }
+        got = (size_t)r;
+      }
+      if (c->cur < 0) c->hdr_got += got;
+      else c->cur_off += got;
     }
     if (c->cur < 0) {
       if (c->hdr_got < SN_MSG_BYTES) continue;

@@ -2,7 +2,8 @@
 # ctest net_plugin_harness: build/bin/chorus-net-harness drives build/lib/libnccl-net-chorus.so (Chorus's
 # libfabric network as an NCCL net plugin) through its v12, v11 and v10 tables over libfabric's tcp
 # provider on the loopback interface. Also checks that a plugin name that does not exist is refused with
-# a clear message. Skipped (not failed) where libfabric.so.1 is not installed.
+# a clear message, and runs the harness on libnccl-net-chorus-socket.so (Chorus's socket network, which
+# has grouped receives) on lo. The libfabric part is skipped (not failed) where libfabric.so.1 is not installed.
 # usage: harness_test.sh BUILD_DIR
 set -u
 build=${1:?usage: harness_test.sh BUILD_DIR}
@@ -22,7 +23,22 @@ else
   echo "ok: a nonexistent plugin is refused: $(grep 'cannot load' <<<"$out")"
 fi
 
-# 2. The plugin itself, each table version.
+# 2. The socket network's plugin, each table version (no libfabric needed).
+for v in 12 11 10; do
+  log=$(mktemp)
+  NCCL_SOCKET_IFNAME=lo timeout 120 "$harness" --version $v "$build/lib/libnccl-net-chorus-socket.so" >"$log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] || ! grep -q 'PASS grouped' "$log"; then
+    echo "FAIL: chorus-net-harness --version $v libnccl-net-chorus-socket.so: exit $rc (or no grouped receives)"
+    cat "$log"
+    fail=1
+  else
+    echo "ok: socket v$v: $(grep 'RESULT' "$log")"
+  fi
+  rm -f "$log"
+done
+
+# 3. The libfabric plugin, each table version.
 if ! ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1'; then
   echo "SKIP: libfabric.so.1 is not installed (Debian: libfabric1); the plugin run needs it"
   exit $fail
