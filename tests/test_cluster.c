@@ -34,13 +34,16 @@
 
 
 /* The collective matrix over the network. Under a sanitizer (6 ranks on 2 CPUs, each 3-10x slower)
- * every type would take too long: four types that cover the kernels' families, and no 1 MiB count. */
+ * every type would take too long: four types that cover the kernels' families, and no large count.
+ * Otherwise every type, with a count of 100003 elements in 32 KiB steps (NCCL_BUFFSIZE 256 KiB, set
+ * by the caller): 3 to 25 steps, so the 8-slot FIFOs wrap as with 1M elements in the default 256 KiB
+ * steps, at a tenth of the data (the matrix took 4 minutes per layout with 1M). */
 static struct cu_sweep matrix_sweep(void) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   static const int types[] = {ncclFloat32, ncclInt8, ncclBfloat16, ncclUint64};
   struct cu_sweep sw = {.types = types, .ntypes = 4};
 #else
-  struct cu_sweep sw = {.big = {1 << 20}};
+  struct cu_sweep sw = {.big = {100003}};
 #endif
   return sw;
 }
@@ -315,6 +318,7 @@ static void local_probe(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST_T(cluster, net_forced_between_local_procs, 600) {
   setenv("NCCL_SHM_DISABLE", "1", 1);
   setenv("NCCL_P2P_DISABLE", "1", 1);
+  setenv("NCCL_BUFFSIZE", "262144", 1); /* small steps (matrix_sweep) */
   param_reset();
   const char* e = getenv("CHORUS_TEST_NET");
   if (e && *e == '0') return;
@@ -402,6 +406,8 @@ TEST_T(cluster_rank, coll_matrix, 800) {
   int rank, n;
   ncclUniqueId id;
   if (!cl_rank_id(&rank, &n, &id)) return;
+  setenv("NCCL_BUFFSIZE", "262144", 1); /* every rank alike: small steps (matrix_sweep) */
+  param_reset();
   struct cu_sweep sw = matrix_sweep();
   cu_sweep_body(rank, n, id, &sw);
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The fabric path's figures in one sitting (issue 27), on network-namespace hosts (tools/netns-cluster.sh):
 #   1. libfabric's own yardstick between two hosts: fi_pingpong over the provider, 8 B and 64 MiB;
-#   2. Chorus's AllReduce between the same hosts (1 rank each), 8 B and 64 MiB, over NCCL_NET=OFI and
-#      over its socket transport (NCCL_NET=Socket);
+#   2. Chorus's AllReduce between the same hosts (1 rank each), 8 B and 64 MiB, over NCCL_NET=OFI, over
+#      its socket transport (NCCL_NET=Socket) and over the same sockets behind the net interface
+#      (NCCL_NET=Socket CHORUS_SOCKET_NET=1), then the last two once more on one host's loopback;
 #   3. two rails: hosts with two links each shaped to RATE, a 64 MiB AllReduce on 2 channels over one
 #      rail (FI_TCP_IFACE=eth0) and over both.
 # Prints one line per figure. Needs root, iproute2, libfabric-bin (fi_pingpong) and a build (make).
@@ -45,9 +46,28 @@ echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3
 "$nc" up 2 >/dev/null || exit $?
 pingpong 8 2000
 pingpong 67108864 5
-for net in OFI Socket; do
-  chorus "$net" 8 2000 FI_TCP_IFACE=eth0
-  chorus "$net" 64M 5 FI_TCP_IFACE=eth0
+for rep in 1 2; do
+  for net in OFI Socket Socket-table; do
+    extra=()
+    [ "$net" = Socket-table ] && net=Socket && extra=(CHORUS_SOCKET_NET=1)
+    chorus "$net" 8 2000 FI_TCP_IFACE=eth0 "${extra[@]}"
+    chorus "$net" 64M 5 FI_TCP_IFACE=eth0 "${extra[@]}"
+  done
+done
+
+# The socket transport and the socket network behind the interface on loopback: 2 processes, one host.
+local_run() {
+  local size=$1 iters=$2
+  shift 2
+  env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_NET_PLUGIN=none NCCL_SOCKET_IFNAME=lo "$@" \
+    "$bin/chorusrun" -n 2 --timeout 120 "$bin/all_reduce_perf" -b "$size" -e "$size" -n "$iters" -w 3 2>&1 |
+    awk -v extra="$*" '$1 ~ /^[0-9]+$/ && NF >= 8 { print "loopback Socket " extra "  size " $1 "  time_us " $6 "  busbw_GB/s " $8; exit }'
+}
+for rep in 1 2; do
+  for m in 0 1; do
+    local_run 8 2000 CHORUS_SOCKET_NET=$m
+    local_run 64M 5 CHORUS_SOCKET_NET=$m
+  done
 done
 
 echo "# two rails, each link shaped to $rate"
