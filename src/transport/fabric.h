@@ -107,4 +107,12 @@ int fab_poll(struct fab_conn* n);
  * and the ranks behind its other links. Caller holds n->busy (or is the proxy). */
 void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r);
 
+/* fabric_wire.c: a message from the peer, of `size` bytes at msg, in a buffer of `limit` bytes: a step
+ * (cap > 0: a payload of at most cap bytes whose trailer announces exactly that), a poison record, a
+ * goodbye, or FAB_MSG_BAD with *why (cap 0: the way back, where steps never come). *tr holds the
+ * trailer, *payload the bytes before it. */
+enum { FAB_MSG_BAD = 0, FAB_MSG_STEP, FAB_MSG_POISON, FAB_MSG_BYE };
+int fab_msg_decode(const void* msg, int size, size_t limit, size_t cap, struct net_step* tr, uint64_t* payload,
+                   char* why, size_t why_len);
+
 #endif

@@ -213,37 +213,32 @@ static int send_progress(struct fab_conn* n) {
 static int take_message(struct fab_conn* n, int slot, int size) {
   char* p = n->buf + (size_t)slot * n->stride;
   struct net_step tr;
+  uint64_t payload;
   char why[160];
-  if (size < (int)sizeof(tr) || (size_t)size > n->stride) {
-    snprintf(why, sizeof(why), "receive: a %d-byte message, not a step (at most %zu bytes)", size,
-             n->cap + sizeof(tr));
-    fab_fail(n, why, ncclSuccess);
-    return 1;
-  }
-  uint64_t payload = (uint64_t)size - sizeof(tr);
-  memcpy(&tr, p + payload, sizeof(tr));
-  if (tr.bytes == NET_POISON && payload == sizeof(struct xfer_poison)) { /* the sender's call failed */
+  switch (fab_msg_decode(p, size, n->stride, n->cap, &tr, &payload, why, sizeof(why))) {
+  case FAB_MSG_POISON: { /* the sender's call failed */
     struct xfer_poison rec;
     memcpy(&rec, p, sizeof(rec)); /* only printed: ranks and fields are never used as indices */
     if (xfer_poison_put(&n->ctrl->down, &rec)) tp_wake_slow(&n->ctrl->tail);
     n->poison_state = 2;
     return 1;
   }
-  if (tr.bytes == NET_BYE && payload == 0) {
+  case FAB_MSG_BYE:
     atomic_store_explicit(&n->state, FAB_CLOSED, memory_order_release);
     tp_wake_slow(&n->ctrl->tail);
     return 1;
-  }
-  if (tr.bytes != payload || payload > n->cap) {
-    snprintf(why, sizeof(why), "receive: a step announcing %llu bytes in a %llu-byte message (slot %zu bytes)",
-             (unsigned long long)tr.bytes, (unsigned long long)payload, n->cap);
-    fab_fail(n, why, ncclSuccess);
+  case FAB_MSG_STEP:
+    n->ctrl->size[slot] = payload;
+    n->ctrl->hdr[slot] = tr.hdr;
+    n->ctrl->tag[slot] = xfer_tag(&tr.hdr); /* from the trailer: the rank compares it with its own */
+    return 0;
+  default: {
+    char what[200];
+    snprintf(what, sizeof(what), "receive: %s", why);
+    fab_fail(n, what, ncclSuccess);
     return 1;
   }
-  n->ctrl->size[slot] = payload;
-  n->ctrl->hdr[slot] = tr.hdr;
-  n->ctrl->tag[slot] = xfer_tag(&tr.hdr); /* from the trailer: the rank compares it with its own */
-  return 0;
+  }
 }
 
 static int recv_progress(struct fab_conn* n, int post_only) {
@@ -321,19 +316,18 @@ static int back_progress(struct fab_conn* n) {
     }
     if ((t = test_req(n, &n->breq, &size, "receive on the way back")) <= 0) return t < 0;
     struct net_step tr;
-    uint64_t payload =
-        size >= (int)sizeof(tr) && size <= 4096 - FAB_BACK_OFF ? (uint64_t)size - sizeof(tr) : UINT64_MAX;
-    if (payload != UINT64_MAX) memcpy(&tr, at + payload, sizeof(tr));
-    if (payload == sizeof(struct xfer_poison) && tr.bytes == NET_POISON) {
+    uint64_t payload;
+    char why[160];
+    int kind = fab_msg_decode(at, size, 4096 - FAB_BACK_OFF, 0, &tr, &payload, why, sizeof(why));
+    if (kind == FAB_MSG_POISON) {
       struct xfer_poison rec;
       memcpy(&rec, at, sizeof(rec)); /* only printed: ranks and fields are never used as indices */
       if (xfer_poison_put(&n->ctrl->up, &rec)) tp_wake_slow(&n->ctrl->head);
-    } else if (payload == 0 && tr.bytes == NET_BYE) {
+    } else if (kind == FAB_MSG_BYE) {
       n->peer_bye = 1;
     } else {
       struct log_err_sink* prev = log_set_error_sink(n->sink);
-      WARN("rank %d: rank %d sent a %d-byte message on the fabric connection's way back, neither a poison record nor "
-           "a goodbye: ignored", n->rank, n->peer, size);
+      WARN("rank %d: rank %d sent %s on the fabric connection's way back: ignored", n->rank, n->peer, why);
       log_set_error_sink(prev);
     }
     n->back_state = 2; /* either ends the way back */
