@@ -5,7 +5,7 @@
 #      its socket transport (NCCL_NET=Socket) and over the same sockets behind the net interface
 #      (NCCL_NET=Socket CHORUS_SOCKET_NET=1), then the last two once more on one host's loopback;
 #   3. two rails: hosts with two links each shaped to RATE, a 64 MiB AllReduce on 2 channels over one
-#      rail (FI_TCP_IFACE=eth0) and over both.
+#      rail (FI_TCP_IFACE=eth0) and over both, for OFI and for the socket network behind the interface.
 # Prints one line per figure. Needs root, iproute2, libfabric-bin (fi_pingpong) and a build (make).
 #
 # Usage: sudo tools/fabric-bench.sh [PROVIDER] [RATE]    (defaults: 'tcp;ofi_rxm', 1gbit)
@@ -75,3 +75,6 @@ echo "# two rails, each link shaped to $rate"
 chorus OFI 64M 3 FI_TCP_IFACE=eth0 NCCL_MIN_NCHANNELS=2 NCCL_MAX_NCHANNELS=2
 chorus OFI 64M 3 NCCL_MIN_NCHANNELS=2 NCCL_MAX_NCHANNELS=2
 chorus Socket 64M 3 NCCL_MIN_NCHANNELS=2 NCCL_MAX_NCHANNELS=2
+# the socket network behind the interface: one device per interface (eth0, eth1), channels spread
+chorus Socket 64M 3 CHORUS_SOCKET_NET=1 NCCL_SOCKET_IFNAME==eth0 NCCL_MIN_NCHANNELS=2 NCCL_MAX_NCHANNELS=2
+chorus Socket 64M 3 CHORUS_SOCKET_NET=1 NCCL_MIN_NCHANNELS=2 NCCL_MAX_NCHANNELS=2
