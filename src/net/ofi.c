@@ -5,9 +5,12 @@
  * connection tag (ctrl_bit | id); its handle carries the endpoint name, the id and a random nonce.
  * connect() inserts the name into the AV and sends {magic, id, nonce, who} on that tag; it returns the
  * sendComm once that send completed. accept() returns the recvComm once a message with the right
- * magic, id and nonce arrived. Data then goes as fi_tsend/fi_trecv on tag = id: one tag per
- * connection, so order on a connection is the provider's send-after-send order (asked for in hints).
- * The provider buffers messages that arrive before their receive is posted.
+ * magic, id and nonce arrived. Data then goes as fi_tsend/fi_trecv on tag = id | NCCL's tag << 33
+ * (where the tag format leaves at least 8 bits below ctrl_bit; else id alone): order on a connection
+ * is the provider's send-after-send order (asked for in hints), and a grouped receive (up to
+ * OFI_MAX_RECVS buffers, tagged path only) posts one receive per buffer, so that each message lands
+ * in the buffer of its sender's tag. The provider buffers messages that arrive before their receive
+ * is posted.
  *
  * RMA path (CHORUS_OFI_RMA; rendezvous, as NCCL's IB plugin and aws-ofi-nccl's RDMA protocol). The
  * receiver decides per connection: listen() sets OFI_FLAG_RMA in its handle when its device can carry
@@ -219,7 +222,7 @@ static ncclResult_t ofi_get_properties(int dev, ncclNetProperties_v12_t* props) 
   props->port = 0;
   props->latency = 0;
   props->maxComms = 65536;
-  props->maxRecvs = 1;
+  props->maxRecvs = !d->rma && d->tag_mask ? OFI_MAX_RECVS : 1;
   props->netDeviceType = NCCL_NET_DEVICE_HOST;
   props->netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION;
   props->vProps.ndevs = 1;
@@ -575,9 +578,15 @@ static ncclResult_t mh_desc(void* mhandle, void** desc) {
 /* ------------------------------------------------------------------------------------------------ */
 /* Data                                                                                              */
 
+/* The tag of a data message: the connection's id, and the sender's NCCL tag where the device has room
+ * for it (so that a grouped receive can put each message in the buffer of its tag). */
+static uint64_t data_tag(const struct ofi_dev* d, uint32_t id, int tag) {
+  return (uint64_t)id | ((uint64_t)(uint32_t)tag & d->tag_mask) << OFI_TAG_SHIFT;
+}
+
 static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                               void** request) {
-  (void)tag, (void)phandle; /* one tag per connection already; NCCL's tag is its rank */
+  (void)phandle;
   struct ofi_comm* c = comm_check(sendComm, OFI_SEND, "isend");
   void* desc;
   *request = NULL;
@@ -596,7 +605,7 @@ static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, 
   struct ofi_req* r = ofi_req_get(c);
   if (!r) return ncclSuccess;
   ofi_req_reset(r, "send", size);
-  ssize_t rc = fi_tsend(d->ep, data, size, desc, c->peer, c->id, &r->ctx);
+  ssize_t rc = fi_tsend(d->ep, data, size, desc, c->peer, data_tag(d, c->id, tag), &r->ctx);
   if (rc) {
     ofi_req_put(r);
     if (rc == -FI_EAGAIN) {
@@ -611,17 +620,109 @@ static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, 
   return ncclSuccess;
 }
 
+/* Posts the members of a grouped receive not yet posted, in order; stops at the first the provider
+ * refuses for now. ncclSystemError (said) when one is refused for good. */
+static ncclResult_t group_post(struct ofi_req* h) {
+  struct ofi_comm* c = h->comm;
+  struct ofi_dev* d = c->dev;
+  while (h->group_posted < h->group_n) {
+    struct ofi_req* m = h->group[h->group_posted];
+    ssize_t rc = fi_trecv(d->ep, m->gbuf, m->posted, m->gdesc, FI_ADDR_UNSPEC, m->gtag, 0, &m->ctx);
+    if (rc == -FI_EAGAIN) {
+      ofi_progress(d);
+      return ncclSuccess;
+    }
+    if (rc) {
+      WARN("NET/OFI: posting a receive of %zu bytes from %s on %s (provider %s) failed: %s", m->posted, c->peer_str,
+           d->name, ofi_prov_name(), ofi_fn.strerror((int)-rc));
+      return ncclSystemError;
+    }
+    h->group_posted++;
+  }
+  return ncclSuccess;
+}
+
+/* A grouped receive: n requests, one per buffer, each matching the sender's tag of its buffer. */
+static ncclResult_t group_irecv(struct ofi_comm* c, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                                void** request) {
+  struct ofi_req* m[OFI_MAX_RECVS];
+  void* desc[OFI_MAX_RECVS];
+  for (int i = 0; i < n; i++) {
+    ncclResult_t res = mh_desc(mhandles ? mhandles[i] : NULL, &desc[i]);
+    if (res != ncclSuccess) return res;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!(m[i] = ofi_req_get(c))) { /* not enough free: "not now" */
+      while (i-- > 0) ofi_req_put(m[i]);
+      return ncclSuccess;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    ofi_req_reset(m[i], "receive", sizes[i]);
+    m[i]->gbuf = data[i], m[i]->gdesc = desc[i], m[i]->gtag = data_tag(c->dev, c->id, tags[i]);
+    m[i]->group_n = 0;
+    m[0]->group[i] = m[i];
+  }
+  m[0]->group_n = n, m[0]->group_posted = 0;
+  ncclResult_t res = group_post(m[0]);
+  if (res != ncclSuccess) {
+    for (int i = m[0]->group_posted; i < n; i++) ofi_req_put(m[i]); /* posted ones stay: the provider holds them */
+    m[0]->group_n = 0;
+    return res;
+  }
+  *request = m[0];
+  return ncclSuccess;
+}
+
+/* test() of a grouped receive: done when every member is; sizes[i] of buffer i. */
+static ncclResult_t group_test(struct ofi_req* h, int* done, int* sizes) {
+  struct ofi_dev* d = h->comm->dev;
+  ncclResult_t res = group_post(h);
+  if (res != ncclSuccess) return res;
+  int posted = 0, failed = -1;
+  for (int i = 0; i < h->group_n; i++) {
+    int st = ofi_req_load_state(h->group[i]);
+    posted += st == OFI_REQ_POSTED;
+    if (st == OFI_REQ_FAILED && failed < 0) failed = i;
+  }
+  if (posted && failed < 0) {
+    ofi_progress(d);
+    posted = 0;
+    for (int i = 0; i < h->group_n; i++) {
+      int st = ofi_req_load_state(h->group[i]);
+      posted += st == OFI_REQ_POSTED;
+      if (st == OFI_REQ_FAILED && failed < 0) failed = i;
+    }
+  }
+  if (failed >= 0) {
+    ofi_req_warn(h->group[failed]);
+    return ncclSystemError; /* members still posted stay with the provider until the comm closes */
+  }
+  if (posted) return __atomic_load_n(&d->cq_dead, __ATOMIC_ACQUIRE) ? ncclSystemError : ncclSuccess;
+  int n = h->group_n;
+  for (int i = 0; i < n; i++) {
+    size_t moved = h->group[i]->len;
+    if (sizes) sizes[i] = moved > INT_MAX ? INT_MAX : (int)moved;
+  }
+  h->group_n = 0;
+  for (int i = n - 1; i >= 0; i--) ofi_req_put(h->group[i]);
+  *done = 1;
+  return ncclSuccess;
+}
+
 static ncclResult_t ofi_irecv(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
                               void** phandles, void** request) {
-  (void)tags, (void)phandles;
+  (void)phandles;
   struct ofi_comm* c = comm_check(recvComm, OFI_RECV, "irecv");
   void* desc;
   *request = NULL; /* also clears NCCL_NET_OPTIONAL_RECV_COMPLETION: we always complete */
   if (!c) return ncclInvalidArgument;
-  if (n != 1) {
-    WARN("NET/OFI: irecv of %d buffers; this network groups none (maxRecvs 1)", n);
-    return ncclInternalError;
+  int max = !c->rma && c->dev->tag_mask ? OFI_MAX_RECVS : 1;
+  if (n < 1 || n > max) {
+    WARN("NET/OFI: irecv of %d buffers; this device groups 1 to %d (maxRecvs)", n, max);
+    return ncclInvalidArgument;
   }
+  if (n > 1) return group_irecv(c, n, data, sizes, tags, mhandles, request);
   if (c->rma) return ofi_rma_irecv(c, data[0], sizes[0], mhandles ? mhandles[0] : NULL, request);
   ncclResult_t res = mh_desc(mhandles ? mhandles[0] : NULL, &desc);
   if (res != ncclSuccess) return res;
@@ -629,7 +730,7 @@ static ncclResult_t ofi_irecv(void* recvComm, int n, void** data, size_t* sizes,
   struct ofi_req* r = ofi_req_get(c);
   if (!r) return ncclSuccess;
   ofi_req_reset(r, "receive", sizes[0]);
-  ssize_t rc = fi_trecv(d->ep, data[0], sizes[0], desc, FI_ADDR_UNSPEC, c->id, 0, &r->ctx);
+  ssize_t rc = fi_trecv(d->ep, data[0], sizes[0], desc, FI_ADDR_UNSPEC, data_tag(d, c->id, tags[0]), 0, &r->ctx);
   if (rc) {
     ofi_req_put(r);
     if (rc == -FI_EAGAIN) {
@@ -663,6 +764,7 @@ static ncclResult_t ofi_test(void* request, int* done, int* sizes) {
     WARN("NET/OFI: test of %p, which is not a request in flight", request);
     return ncclInternalError;
   }
+  if (r->group_n > 1) return group_test(r, done, sizes);
   struct ofi_dev* d = r->comm->dev;
   if (ofi_req_load_state(r) == OFI_REQ_POSTED && r->comm->rma && r->comm->kind == OFI_SEND) ofi_rma_pump(r->comm);
   if (ofi_req_load_state(r) == OFI_REQ_POSTED) ofi_progress(d);

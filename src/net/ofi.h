@@ -20,11 +20,14 @@
  * outside CHORUS_HAVE_LIBFABRIC), so that fuzz/fuzz_ofi.c builds and runs where libfabric-dev is
  * absent.                                                                                          */
 
+#define OFI_MAX_RECVS 8              /* largest n of a grouped receive (maxRecvs) */
+#define OFI_TAG_SHIFT 33             /* a data tag: id (32 bits), 0 (the CTS bit), the sender's NCCL tag */
 #define OFI_NAME_MAX 56              /* endpoint name bytes in a handle (aws-ofi-nccl's MAX_EP_ADDR) */
 #define OFI_HANDLE_MAGIC 0x4f464948u /* "OFIH" */
 #define OFI_CTRL_MAGIC 0x4f464943u   /* "OFIC" */
 #define OFI_CTS_MAGIC 0x4f464953u    /* "OFIS": a clear-to-send of the RMA path */
-#define OFI_PROTO_VERSION 2          /* 2: handle flags, the sender's name and CTS id in the connection message */
+#define OFI_PROTO_VERSION 3          /* 2: handle flags, the sender's name and CTS id in the connection message;
+                                       * 3: the sender's NCCL tag in data tags (grouped receives) */
 #define OFI_WHO_MAX 64
 #define OFI_FLAG_RMA 1u              /* handle and connection message: data moves by RMA write (rendezvous) */
 #define OFI_FLAGS_KNOWN OFI_FLAG_RMA
@@ -161,6 +164,14 @@ struct ofi_req {
   int rma_deferred;
   void* rma_buf;
   void* rma_desc;
+  /* A grouped receive (n > 1, not on the RMA path; the comm's calling thread only): the head request,
+   * the one returned, lists its n members (itself first); members are posted in order, those the
+   * provider refused for now (FI_EAGAIN) by later tests. Each member keeps what its post needs. */
+  int group_n, group_posted;
+  struct ofi_req* group[OFI_MAX_RECVS];
+  void* gbuf;
+  void* gdesc;
+  uint64_t gtag;
 };
 
 struct ofi_av_entry {
@@ -178,6 +189,8 @@ struct ofi_dev {
   int speed;              /* Mbit/s */
   uint64_t ctrl_bit;      /* the tag bit that marks connection messages */
   uint64_t cts_bit;       /* the tag bit that marks clear-to-send messages (RMA path): bit 32 */
+  uint64_t tag_mask;      /* NCCL tag bits a data tag carries above OFI_TAG_SHIFT, below ctrl_bit (0: none;
+                           * then no grouped receives) */
   int rma;                /* 1: this device's receivers choose the RMA path (CHORUS_OFI_RMA and the
                            * provider); its endpoint then has FI_RMA caps and every registration FI_REMOTE_WRITE */
 

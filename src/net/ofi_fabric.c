@@ -201,8 +201,13 @@ static void finish_devices(void) {
     struct ofi_dev* d = &ofi_devs[i];
     d->index = i;
     int bits = tag_bits(d->info);
-    d->ctrl_bit = 1ull << (bits > 60 ? 60 : bits - 1);
+    int ctrl_pos = bits > 60 ? 60 : bits - 1;
+    d->ctrl_bit = 1ull << ctrl_pos;
     d->cts_bit = 1ull << 32; /* below ctrl_bit (bits >= 34), above every 32-bit id */
+    /* NCCL's tag in the bits between the CTS bit and ctrl_bit: 27 of them with a 64-bit tag format;
+     * fewer than 8 and grouped receives are off (maxRecvs 1) and the tag is not carried. */
+    int width = ctrl_pos - OFI_TAG_SHIFT;
+    d->tag_mask = width >= 8 ? (1ull << width) - 1 : 0;
     d->next_id = 1;
     d->next_key = 1;
     pthread_mutex_init(&d->mu, NULL);

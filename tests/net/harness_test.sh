@@ -28,7 +28,7 @@ for v in 12 11 10; do
   log=$(mktemp)
   NCCL_SOCKET_IFNAME=lo timeout 120 "$harness" --version $v "$build/lib/libnccl-net-chorus-socket.so" >"$log" 2>&1
   rc=$?
-  if [ $rc -ne 0 ] || ! grep -q 'PASS grouped' "$log"; then
+  if [ $rc -ne 0 ] || ! grep -q "PASS grouped" "$log"; then
     echo "FAIL: chorus-net-harness --version $v libnccl-net-chorus-socket.so: exit $rc (or no grouped receives)"
     cat "$log"
     fail=1
@@ -47,8 +47,8 @@ for v in 12 11 10; do
   log=$(mktemp)
   FI_PROVIDER='tcp;ofi_rxm' FI_TCP_IFACE=lo timeout 120 "$harness" --version $v "$plugin" >"$log" 2>&1
   rc=$?
-  if [ $rc -ne 0 ]; then
-    echo "FAIL: chorus-net-harness --version $v $plugin: exit $rc"
+  if [ $rc -ne 0 ] || ! grep -q 'PASS grouped' "$log"; then
+    echo "FAIL: chorus-net-harness --version $v $plugin: exit $rc (or no grouped receives)"
     cat "$log"
     fail=1
   else
