@@ -375,7 +375,6 @@ FAB_RMA(fabric, peer_killed, 120)
   }
 FAB_SOCK(fabric_threads, all_colls_2, 240)
 FAB_SOCK(fabric_procs, all_colls_3, 240)
-FAB_SOCK(fabric_threads, all_colls_4, 240)
 FAB_SOCK(fabric_procs, four_channels, 120)
 FAB_SOCK(fabric_procs, mismatch_is_named, 120)
 FAB_SOCK(fabric_procs, mismatch_reaches_a_waiting_sender, 120)

@@ -90,8 +90,10 @@ struct sn_comm {
   /* SN_LISTEN (mu) */
   uint64_t nonce;
   struct sn_accepting acc[SN_MAX_ACCEPTS];
-  /* SN_SEND while connecting (sn_mu): */
+  /* SN_SEND while connecting (sn_mu): found again by the handle's address and bytes (a caller that
+   * gave up and reuses the buffer for another handle starts a new connect) */
   const void* handle_key;
+  unsigned char handle_bytes[SN_HANDLE_BYTES];
   int hello_sent;
   size_t hello_off;
   unsigned char hello[SN_HELLO_BYTES];
@@ -267,7 +269,9 @@ static ncclResult_t sn_connect(void* ctx, int dev, void* handle, void** sendComm
   if (dh) *dh = NULL;
   pthread_mutex_lock(&sn_mu);
   struct sn_comm** pp = &sn_connecting;
-  while (*pp && (*pp)->handle_key != handle) pp = &(*pp)->next;
+  while (*pp && ((*pp)->handle_key != handle || !handle ||
+                 memcmp((*pp)->handle_bytes, handle, SN_HANDLE_BYTES) != 0))
+    pp = &(*pp)->next;
   struct sn_comm* c = *pp;
   pthread_mutex_unlock(&sn_mu);
   if (!c) {
@@ -297,6 +301,7 @@ static ncclResult_t sn_connect(void* ctx, int dev, void* handle, void** sendComm
     snprintf(c->peer, sizeof(c->peer), "%s", a);
     sn_hello_encode(h.nonce, c->hello);
     c->handle_key = handle;
+    memcpy(c->handle_bytes, handle, SN_HANDLE_BYTES);
     pthread_mutex_lock(&sn_mu);
     c->next = sn_connecting, sn_connecting = c;
     pthread_mutex_unlock(&sn_mu);
