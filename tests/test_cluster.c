@@ -157,11 +157,20 @@ TEST_T(cluster, sigkill_rank_on_other_host, 400) {
 /* 1 when libfabric loads here with the tcp;ofi_rxm provider (else SKIP printed); sets the ranks'
  * network. iface: FI_TCP_IFACE for the ranks (NULL: unset, every interface of the host). Call before
  * the hosts are up, so that a skipped test makes none. */
+static const char* fab_net = "OFI"; /* the network the logs must name: OFI, or Socket (_socknet tests) */
+
 static int fab_setup(const char* iface) {
   const char* e = getenv("CHORUS_TEST_NET");
   if (e && *e == '0') {
     printf("    SKIP: CHORUS_TEST_NET=0\n");
     return 0;
+  }
+  if (!strcmp(fab_net, "Socket")) { /* the socket network behind the net interface: no libfabric */
+    setenv("NCCL_NET", "Socket", 1);
+    setenv("CHORUS_SOCKET_NET", "1", 1);
+    setenv("NCCL_NET_PLUGIN", "none", 1);
+    param_reset();
+    return 1;
   }
   setenv("NCCL_NET", "OFI", 1);
   setenv("NCCL_NET_PLUGIN", "none", 1);
@@ -217,7 +226,9 @@ static void fab_check_logs(int n, const char* want) {
     fab_logs_show("transports:|WARN", 20);
   }
   EXPECT_EQ(fab_logs("transports:.* net( |$)"), 0);
-  EXPECT_EQ(fab_logs("NET: using OFI"), n);
+  char using[64];
+  snprintf(using, sizeof(using), "NET: using %s", fab_net);
+  EXPECT_EQ(fab_logs(using), n);
   nn_sh("rm -f %s/log.*", nn_dir());
 }
 
@@ -290,17 +301,36 @@ TEST_T(cluster_fabric, two_rails_2x1, 300) {
   fab_logs_show("NET/OFI: provider", 2);
   for (int dev = 0; dev < 2; dev++) {
     char ere[96];
-    snprintf(ere, sizeof(ere), "fabric connection .* up on OFI device %d$", dev);
+    snprintf(ere, sizeof(ere), "fabric connection .* up on %s device %d$", fab_net, dev);
     int got = fab_logs(ere);
     if (got != 2) {
       rt_fail(__FILE__, __LINE__, "%d of 2 rank logs show a fabric connection on device %d", got, dev);
       fab_logs_show("fabric connection|NET/OFI: provider", 20);
     }
   }
-  EXPECT_EQ(fab_logs("NET: using OFI .*, 2 devices: 0:eth[01] .* 1:eth[01] "), 2); /* both rails, no lo */
+  char both[96];
+  snprintf(both, sizeof(both), "NET: using %s .*, 2 devices: 0:eth[01] .* 1:eth[01] ", fab_net);
+  EXPECT_EQ(fab_logs(both), 2); /* both rails, no lo */
   fab_check_logs(2, "fabric");
   nn_down();
 }
+
+/* The same over the socket network behind the net interface (CHORUS_SOCKET_NET=1): between hosts,
+ * a cut link, and one device per interface carrying the rails. One line with its #define: the suite
+ * scan registers lines that start with TEST_T( (the suite is registered above). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FAB_SOCK_SANITIZED 1 /* the OFI runs above and fabric_*_socknet cover these paths there */
+#else
+#define FAB_SOCK_SANITIZED 0
+#endif
+#define FAB_SOCK(name, timeout) TEST_T(cluster_fabric, name##_socknet, timeout) { \
+    if (FAB_SOCK_SANITIZED) { printf("    SKIP under a sanitizer (CI time)\n"); return; } \
+    fab_net = "Socket";                                                           \
+    test_cluster_fabric_##name();                                                 \
+  }
+FAB_SOCK(coll_matrix_2x2_blocked, 900)
+FAB_SOCK(link_cut_mid_allreduce, 400)
+FAB_SOCK(two_rails_2x1, 300)
 
 /* Every collective with the network forced between ranks of one host (NCCL's NCCL_SHM_DISABLE=1 with
  * NCCL_P2P_DISABLE=1); no namespaces needed. */
