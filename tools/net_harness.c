@@ -36,32 +36,20 @@
 
 #include "../src/net/net_abi.h"
 
-#define INFLIGHT 8                  /* messages in flight per direction, as NCCL_STEPS */
-#define MAX_MSG (4u << 20)          /* largest message of the size list */
-#define SLOT (MAX_MSG + 4096)       /* a message's slot: room for the receive's slack and the canary */
-#define SLACK 64                    /* odd receives are posted this much larger than the send */
-#define CANARY 0xEE
-#define GSLOT (64u << 10)           /* a grouped receive's slot */
-#define GMAX 8                      /* largest n of a grouped receive tried */
-#define GROUNDS 4
-#define TAG 1                       /* NCCL: the sender's rank */
-#define GTAG 100
-#define STEP_TIMEOUT_S 30           /* connect/accept/pipe waits give up after this long */
+#include "net_harness.h"
 
-static const size_t sizes[] = {0, 1, 7, 8, 4096, 65536, 1u << 20, 4u << 20, 3, 1000, 12345, 65537, 999999};
-#define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
+const size_t sizes[NSIZES] = {0, 1, 7, 8, 4096, 65536, 1u << 20, 4u << 20, 3, 1000, 12345, 65537, 999999};
 
-static const char* role = "main";
-static const char* volatile g_step = "load";
+const char* role = "main";
+const char* volatile g_step = "load";
 static unsigned watchdog_s = 60;
-static int nfail, npass, nwarn;
-static pid_t child_pid = -1, parent_pid;
+int nfail, npass, nwarn;
+pid_t child_pid = -1, parent_pid;
 static int show_info;
 
 /* ---- output ---- */
 
-static void line(const char* what, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void line(const char* what, const char* fmt, ...) {
+void line(const char* what, const char* fmt, ...) {
   char buf[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -73,8 +61,6 @@ static void line(const char* what, const char* fmt, ...) {
   else if (!strcmp(what, "PASS")) npass++;
   else if (!strcmp(what, "WARN")) nwarn++;
 }
-#define PASS(...) line("PASS", __VA_ARGS__)
-#define FAIL(...) line("FAIL", __VA_ARGS__)
 
 static void put(const char* s) {
   size_t n = strlen(s);
@@ -100,12 +86,12 @@ static void on_signal(int sig) {
   _exit(3);
 }
 
-static void step(const char* name) {
+void step(const char* name) {
   g_step = name;
   alarm(watchdog_s);
 }
 
-static double now_s(void) {
+double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
@@ -125,10 +111,10 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char* fil
 
 /* ---- the table, adapted to v12 as a host adapts it ---- */
 
-static ncclNet_v12_t net;
+ncclNet_v12_t net;
 static const ncclNet_v11_t* t11;
 static const ncclNet_v10_t* t10;
-static int version;
+int version;
 static char v10_ctx;
 
 #define PROPS_UP(o, p)                                                                                 \
@@ -188,7 +174,7 @@ static ncclResult_t a10_connect(void* ctx, int dev, void* handle, void** sendCom
   } while (0)
 
 /* Loads the library and picks the table; exits 2 when that fails. */
-static void load(const char* arg, int want) {
+void load(const char* arg, int want) {
   char cand[2][600];
   char err[2][400] = {"", ""};
   int n = 1;
@@ -271,28 +257,28 @@ static void load(const char* arg, int want) {
 
 /* ---- helpers ---- */
 
-static uint8_t pat(size_t size, int idx, size_t j) {
+uint8_t pat(size_t size, int idx, size_t j) {
   uint32_t x = (uint32_t)j * 2654435761u ^ (uint32_t)size * 40503u ^ ((uint32_t)idx * 97u + 13u);
   return (uint8_t)(x ^ (x >> 11) ^ (x >> 23));
 }
-static void fill(uint8_t* p, size_t size, int idx) {
+void fill(uint8_t* p, size_t size, int idx) {
   for (size_t j = 0; j < size; j++) p[j] = pat(size, idx, j);
 }
 /* -1 when p holds message idx of this size, else the first wrong byte's offset. */
-static long check(const uint8_t* p, size_t size, int idx) {
+long check(const uint8_t* p, size_t size, int idx) {
   for (size_t j = 0; j < size; j++)
     if (p[j] != pat(size, idx, j)) return (long)j;
   return -1;
 }
 
-static void* map_shared(size_t len) {
+void* map_shared(size_t len) {
   void* p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? NULL : p;
 }
 
 /* The other process is still there (the parent reaps a dead child and reports it once). */
-static int child_status = -1;
-static int peer_alive(void) {
+int child_status = -1;
+int peer_alive(void) {
   if (child_pid > 0) {
     if (child_status >= 0) return 0;
     int st;
@@ -305,7 +291,7 @@ static int peer_alive(void) {
   return getppid() == parent_pid;
 }
 
-static int io_full(int fd, void* buf, size_t n, int rd) {
+int io_full(int fd, void* buf, size_t n, int rd) {
   double end = now_s() + STEP_TIMEOUT_S;
   uint8_t* p = buf;
   while (n) {
@@ -325,7 +311,7 @@ static int io_full(int fd, void* buf, size_t n, int rd) {
 }
 
 /* Polls a request to completion; 0 done (sizes filled), -1 error or timeout. */
-static int wait_req(void* req, int* sz, const char* what) {
+int wait_req(void* req, int* sz, const char* what) {
   double end = now_s() + STEP_TIMEOUT_S;
   for (;;) {
     int done = 0;
@@ -345,11 +331,11 @@ static int wait_req(void* req, int* sz, const char* what) {
 
 /* ---- one side's setup: init, devices, properties ---- */
 
-static void* ctx;
-static int dev;
-static ncclNetProperties_v12_t props;
+void* ctx;
+int dev;
+ncclNetProperties_v12_t props;
 
-static int setup(int print) {
+int setup(int print) {
   step("init");
   ncclNetCommConfig_v12_t config = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
   ncclResult_t rc = net.init(&ctx, 0x5eed, &config, logger, NULL);
@@ -398,7 +384,7 @@ static int setup(int print) {
   return nfail ? -1 : 0;
 }
 
-static void finalize(void) {
+void finalize(void) {
   step("finalize");
   if (!net.finalize) {
     PASS("finalize: none in a v10 table");
@@ -411,12 +397,12 @@ static void finalize(void) {
 
 /* ---- the receiver (child) ---- */
 
-static int c2p[2];
-static uint8_t* buf[2];
-static size_t buflen[2] = {(size_t)INFLIGHT * SLOT, (size_t)GMAX * GSLOT};
-static void* mh[2];
+int c2p[2];
+uint8_t* buf[2];
+size_t buflen[2] = {(size_t)INFLIGHT * SLOT, (size_t)GMAX * GSLOT};
+void* mh[2];
 
-static int register_buffers(void* comm, const char* what) {
+int register_buffers(void* comm, const char* what) {
   step("regMr");
   for (int b = 0; b < 2; b++) {
     if (!(buf[b] = map_shared(buflen[b]))) {
@@ -433,7 +419,7 @@ static int register_buffers(void* comm, const char* what) {
   return 0;
 }
 
-static void deregister(void* comm) {
+void deregister(void* comm) {
   step("deregMr");
   int bad = 0;
   for (int b = 0; b < 2; b++) {
@@ -443,410 +429,7 @@ static void deregister(void* comm) {
   if (!bad) PASS("deregMr: 2 buffers");
 }
 
-static size_t max_size(void) { return props.maxP2pBytes; }
-
-static int recv_size(void* rc_, size_t s, int count) {
-  void* req[INFLIGHT] = {0};
-  size_t psz[INFLIGHT];
-  int posted = 0, done = 0, nulls = 0, bad = 0;
-  double end = now_s() + STEP_TIMEOUT_S;
-  while (done < count) {
-    while (posted < count && posted - done < INFLIGHT) {
-      int slot = posted % INFLIGHT;
-      uint8_t* p = buf[0] + (size_t)slot * SLOT;
-      psz[slot] = (posted & 1) ? s + SLACK : s;
-      memset(p + s, CANARY, SLACK + 16); /* bytes past the message must stay untouched */
-      if (posted & 1) memset(p, CANARY, s);
-      void* data = p;
-      size_t size = psz[slot];
-      int tag = TAG;
-      void* r = NULL;
-      ncclResult_t rc = net.irecv(rc_, 1, &data, &size, &tag, &mh[0], NULL, &r);
-      if (rc != ncclSuccess) {
-        FAIL("size %zu: irecv #%d returned %d", s, posted, (int)rc);
-        return -1;
-      }
-      if (!r) {
-        nulls++;
-        break;
-      }
-      req[slot] = r, posted++;
-    }
-    int slot = done % INFLIGHT, sz[1] = {-1}, d = 0;
-    ncclResult_t rc = net.test(req[slot], &d, sz);
-    if (rc != ncclSuccess) {
-      FAIL("size %zu: test of receive #%d returned %d", s, done, (int)rc);
-      return -1;
-    }
-    if (d) {
-      const uint8_t* p = buf[0] + (size_t)slot * SLOT;
-      long at = check(p, s, done);
-      if (sz[0] != (int)s) {
-        if (bad++ < 3) FAIL("size %zu: receive #%d (posted %zu bytes): test reports %d bytes", s, done, psz[slot], sz[0]);
-      } else if (at >= 0) {
-        if (bad++ < 3)
-          FAIL("size %zu: receive #%d: byte %ld is 0x%02x, expected 0x%02x", s, done, at, p[at], pat(s, done, (size_t)at));
-      } else {
-        for (size_t j = s; j < s + SLACK + 16; j++)
-          if (p[j] != CANARY) {
-            if (bad++ < 3) FAIL("size %zu: receive #%d wrote past the message (byte %zu)", s, done, j);
-            break;
-          }
-      }
-      done++;
-      end = now_s() + STEP_TIMEOUT_S;
-    } else if (now_s() > end || !peer_alive()) {
-      FAIL("size %zu: receive #%d not done after %d s (%d posted)%s", s, done, STEP_TIMEOUT_S, posted,
-           peer_alive() ? "" : "; the sender exited");
-      return -1;
-    } else {
-      sched_yield();
-    }
-  }
-  if (!bad) PASS("size %zu x%d: every byte and size right (%d NULL irecv retries)", s, count, nulls);
-  return bad ? -1 : 0;
-}
-
-static int count_for(size_t s) { return s >= (1u << 20) ? 8 : 24; }
-
-static size_t gsize(int round, int k) { return (size_t)1000 * (size_t)(k + 1) + (size_t)round * 7; }
-static int gidx(int round, int k) { return 1000 + round * GMAX + k; }
-static int group_n(void) { return props.maxRecvs > GMAX ? GMAX : props.maxRecvs; }
-
-static int recv_grouped(void* rcomm) {
-  int n = group_n();
-  for (int round = 0; round < GROUNDS; round++) {
-    void* data[GMAX];
-    size_t sz[GMAX];
-    int tags[GMAX];
-    void* mhs[GMAX];
-    for (int k = 0; k < n; k++) {
-      data[k] = buf[1] + (size_t)k * GSLOT, sz[k] = GSLOT, tags[k] = GTAG + k, mhs[k] = mh[1];
-      memset(data[k], CANARY, GSLOT);
-    }
-    void* r = NULL;
-    double end = now_s() + STEP_TIMEOUT_S;
-    while (!r) {
-      ncclResult_t rc = net.irecv(rcomm, n, data, sz, tags, mhs, NULL, &r);
-      if (rc != ncclSuccess) {
-        FAIL("grouped irecv (n %d) returned %d", n, (int)rc);
-        return -1;
-      }
-      if (!r && (now_s() > end || !peer_alive())) {
-        FAIL("grouped irecv (n %d): still a NULL request after %d s", n, STEP_TIMEOUT_S);
-        return -1;
-      }
-    }
-    int got[GMAX];
-    for (int k = 0; k < n; k++) got[k] = -1;
-    if (wait_req(r, got, "grouped receive")) return -1;
-    for (int k = 0; k < n; k++) {
-      size_t s = gsize(round, k);
-      long at = check(data[k], s, gidx(round, k));
-      if (got[k] != (int)s) {
-        FAIL("grouped receive round %d: buffer %d (tag %d): test reports %d bytes, sent %zu", round, k, GTAG + k,
-             got[k], s);
-        return -1;
-      }
-      if (at >= 0) {
-        FAIL("grouped receive round %d: buffer %d (tag %d): byte %ld wrong (a send landed in the wrong buffer?)",
-             round, k, GTAG + k, at);
-        return -1;
-      }
-    }
-  }
-  PASS("grouped receives: %d rounds of n %d (tags %d..%d, sent in reverse tag order): data and sizes right", GROUNDS,
-       n, GTAG, GTAG + n - 1);
-  return 0;
-}
-
-static void receiver(void) {
-  role = "recv";
-  if (setup(0)) return;
-  step("listen");
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-  memset(handle, 0, sizeof(handle));
-  void* lc = NULL;
-  ncclResult_t rc = net.listen(ctx, dev, handle, &lc);
-  if (rc != ncclSuccess || !lc) {
-    FAIL("listen(dev %d) returned %d, listenComm %p", dev, (int)rc, lc);
-    return;
-  }
-  PASS("listen(dev %d)", dev);
-  if (io_full(c2p[1], handle, sizeof(handle), 0)) {
-    FAIL("could not pass the handle to the sender");
-    return;
-  }
-  step("accept");
-  void* rcomm = NULL;
-  int calls = 0;
-  double t0 = now_s();
-  while (!rcomm) {
-    calls++;
-    rc = net.accept(lc, &rcomm, NULL);
-    if (rc != ncclSuccess) {
-      FAIL("accept returned %d (call %d)", (int)rc, calls);
-      return;
-    }
-    if (!rcomm) {
-      if (now_s() - t0 > STEP_TIMEOUT_S || !peer_alive()) {
-        FAIL("accept: no recvComm after %d s (%d calls)", STEP_TIMEOUT_S, calls);
-        return;
-      }
-      usleep(100);
-    }
-  }
-  PASS("accept: recvComm after %d calls (%.1f ms)", calls, (now_s() - t0) * 1e3);
-  if (register_buffers(rcomm, "recvComm")) return;
-  for (size_t i = 0; i < NSIZES; i++) {
-    if (sizes[i] > max_size()) continue;
-    step("receive");
-    if (recv_size(rcomm, sizes[i], count_for(sizes[i]))) break;
-  }
-  if (!nfail && group_n() > 1) {
-    step("grouped receive");
-    recv_grouped(rcomm);
-  } else if (!nfail) {
-    line("SKIP", "grouped receives: maxRecvs %d", props.maxRecvs);
-  }
-  if (!nfail) {
-    step("iflush");
-    if (!net.iflush) {
-      line("SKIP", "iflush: NULL in the table");
-    } else {
-      void* data = buf[0];
-      int size = 4096;
-      void* r = NULL;
-      rc = net.iflush(rcomm, 1, &data, &size, &mh[0], &r);
-      if (rc != ncclSuccess) FAIL("iflush of a 4096-byte host receive returned %d", (int)rc);
-      else if (!r) PASS("iflush: NULL request (nothing to flush for host memory)");
-      else if (wait_req(r, NULL, "iflush") == 0) PASS("iflush: request completed");
-    }
-  }
-  uint8_t verdict = nfail ? 1 : 0;
-  step("report");
-  if (io_full(c2p[1], &verdict, 1, 0)) FAIL("could not report to the sender");
-  deregister(rcomm);
-  step("closeRecv");
-  rc = net.closeRecv(rcomm);
-  if (rc != ncclSuccess) FAIL("closeRecv returned %d", (int)rc);
-  else PASS("closeRecv");
-  step("closeListen");
-  rc = net.closeListen(lc);
-  if (rc != ncclSuccess) FAIL("closeListen returned %d", (int)rc);
-  else PASS("closeListen");
-  finalize();
-}
-
-/* ---- the sender (parent) ---- */
-
-static int send_size(void* sc, size_t s, int count) {
-  void* req[INFLIGHT] = {0};
-  int posted = 0, done = 0, nulls = 0, filled = -1;
-  double end = now_s() + STEP_TIMEOUT_S;
-  while (done < count) {
-    while (posted < count && posted - done < INFLIGHT) {
-      int slot = posted % INFLIGHT;
-      uint8_t* p = buf[0] + (size_t)slot * SLOT;
-      if (filled < posted) fill(p, s, posted), filled = posted;
-      void* r = NULL;
-      ncclResult_t rc = net.isend(sc, p, s, TAG, mh[0], NULL, &r);
-      if (rc != ncclSuccess) {
-        FAIL("size %zu: isend #%d returned %d", s, posted, (int)rc);
-        return -1;
-      }
-      if (!r) {
-        nulls++;
-        break;
-      }
-      req[slot] = r, posted++;
-    }
-    int d = 0;
-    ncclResult_t rc = net.test(req[done % INFLIGHT], &d, NULL); /* NCCL passes no sizes for sends */
-    if (rc != ncclSuccess) {
-      FAIL("size %zu: test of send #%d returned %d", s, done, (int)rc);
-      return -1;
-    }
-    if (d) {
-      done++;
-      end = now_s() + STEP_TIMEOUT_S;
-    } else if (now_s() > end || !peer_alive()) {
-      FAIL("size %zu: send #%d not done after %d s (%d posted)%s", s, done, STEP_TIMEOUT_S, posted,
-           peer_alive() ? "" : "; the receiver exited");
-      return -1;
-    } else {
-      sched_yield();
-    }
-  }
-  PASS("size %zu x%d sent, up to %d in flight (%d NULL isend retries)", s, count, INFLIGHT, nulls);
-  return 0;
-}
-
-static int send_grouped(void* sc) {
-  int n = group_n();
-  for (int round = 0; round < GROUNDS; round++) {
-    void* req[GMAX];
-    for (int k = n - 1; k >= 0; k--) { /* reverse tag order: the tags must steer each one */
-      uint8_t* p = buf[1] + (size_t)k * GSLOT;
-      size_t s = gsize(round, k);
-      fill(p, s, gidx(round, k));
-      req[k] = NULL;
-      double end = now_s() + STEP_TIMEOUT_S;
-      while (!req[k]) {
-        ncclResult_t rc = net.isend(sc, p, s, GTAG + k, mh[1], NULL, &req[k]);
-        if (rc != ncclSuccess) {
-          FAIL("grouped round %d: isend (tag %d) returned %d", round, GTAG + k, (int)rc);
-          return -1;
-        }
-        if (!req[k] && (now_s() > end || !peer_alive())) {
-          FAIL("grouped round %d: isend (tag %d) still NULL after %d s", round, GTAG + k, STEP_TIMEOUT_S);
-          return -1;
-        }
-      }
-    }
-    for (int k = n - 1; k >= 0; k--)
-      if (wait_req(req[k], NULL, "grouped send")) return -1;
-  }
-  PASS("grouped sends: %d rounds of %d messages, tags %d..%d in reverse order", GROUNDS, n, GTAG, GTAG + n - 1);
-  return 0;
-}
-
-/* A connect with a bad handle must not crash. must_fail (a handle no plugin could have written, which
- * it can tell from the bytes alone): it must return an error, within 2 s. Else (a handle that may name an
- * address or listener that simply is not there) pending or even connecting is only a warning. */
-static void bad_connect(const char* what, const uint8_t* h, int must_fail) {
-  step(what);
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-  memcpy(handle, h, sizeof(handle));
-  void* sc = NULL;
-  ncclNetDeviceHandle_v12_t* dc = NULL;
-  double t0 = now_s();
-  int calls = 0;
-  for (;;) {
-    calls++;
-    ncclResult_t rc = net.connect(ctx, dev, handle, &sc, &dc);
-    if (rc != ncclSuccess) {
-      PASS("bad handle (%s): connect returned %d after %d calls (%.1f ms)", what, (int)rc, calls,
-           (now_s() - t0) * 1e3);
-      return;
-    }
-    if (sc) {
-      if (must_fail)
-        FAIL("bad handle (%s): connect succeeded (sendComm %p)", what, sc);
-      else /* e.g. a plugin whose connect does not wait for the receiver's answer, as NCCL's Socket */
-        line("WARN", "bad handle (%s): connect succeeded after %d calls (the plugin does not wait for an answer "
-             "from the listener); closed", what, calls);
-      step("closeSend after a bad handle");
-      ncclResult_t rc = net.closeSend(sc);
-      if (rc != ncclSuccess && must_fail) FAIL("closeSend of that sendComm returned %d", (int)rc);
-      return;
-    }
-    if (now_s() - t0 > 2.0) break;
-    usleep(1000);
-  }
-  if (must_fail)
-    FAIL("bad handle (%s): no error in 2 s (%d calls, still pending): the plugin does not validate its handles",
-         what, calls);
-  else
-    line("WARN", "bad handle (%s): still pending after 2 s (%d calls); no crash", what, calls);
-}
-
-static void bad_input(const uint8_t* good) {
-  uint8_t h[NCCL_NET_HANDLE_MAXSIZE];
-  uint32_t seed = 0x9e3779b9u;
-  for (int rep = 0; rep < 2; rep++) {
-    for (size_t i = 0; i < sizeof(h); i++) seed = seed * 1664525u + 1013904223u, h[i] = (uint8_t)(seed >> 24);
-    bad_connect(rep ? "random bytes #2" : "random bytes #1", h, 0);
-  }
-  memset(h, 0, sizeof(h));
-  bad_connect("zeroed", h, 1);
-  memset(h, 0xff, sizeof(h));
-  bad_connect("all 0xff: every length field huge", h, 1);
-  memcpy(h, good, sizeof(h));
-  memset(h + 4, 0xff, sizeof(h) - 4);
-  bad_connect("real handle, bytes 4.. set to 0xff: huge lengths", h, 1);
-  for (int off = 4; off < 32; off += 4) {
-    memcpy(h, good, sizeof(h));
-    memset(h + off, 0xff, 4);
-    static char name[8][64];
-    snprintf(name[off / 4], sizeof(name[0]), "real handle, word at byte %d set to 0xffffffff", off);
-    bad_connect(name[off / 4], h, 0);
-  }
-  bad_connect("stale: the listener closed", good, 0);
-}
-
-static void sender(void) {
-  role = "send";
-  if (setup(1)) return;
-  step("handle");
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
-  if (io_full(c2p[0], handle, sizeof(handle), 1)) {
-    FAIL("no handle from the receiver (it failed before listen: see its lines)");
-    return;
-  }
-  step("connect");
-  void* sc = NULL;
-  ncclNetDeviceHandle_v12_t* dc = NULL;
-  int calls = 0;
-  double t0 = now_s();
-  while (!sc) {
-    calls++;
-    ncclResult_t rc = net.connect(ctx, dev, handle, &sc, &dc);
-    if (rc != ncclSuccess) {
-      FAIL("connect returned %d (call %d)", (int)rc, calls);
-      return;
-    }
-    if (!sc) {
-      if (now_s() - t0 > STEP_TIMEOUT_S || !peer_alive()) {
-        FAIL("connect: no sendComm after %d s (%d calls)", STEP_TIMEOUT_S, calls);
-        return;
-      }
-      usleep(100);
-    }
-  }
-  PASS("connect: sendComm after %d calls (%.1f ms)", calls, (now_s() - t0) * 1e3);
-  if (register_buffers(sc, "sendComm")) return;
-  int ok = 1;
-  for (size_t i = 0; i < NSIZES && ok; i++) {
-    if (sizes[i] > max_size()) {
-      line("SKIP", "size %zu: above maxP2pBytes %zu", sizes[i], max_size());
-      continue;
-    }
-    step("send");
-    ok = send_size(sc, sizes[i], count_for(sizes[i])) == 0;
-  }
-  if (ok && group_n() > 1) {
-    step("grouped send");
-    ok = send_grouped(sc) == 0;
-  }
-  if (ok) {
-    step("receiver's verdict");
-    uint8_t verdict = 1;
-    if (io_full(c2p[0], &verdict, 1, 1)) FAIL("no verdict from the receiver");
-    else if (verdict) FAIL("the receiver found errors (its lines above)");
-    else PASS("receiver: all data checked");
-  }
-  deregister(sc);
-  step("closeSend");
-  ncclResult_t rc = net.closeSend(sc);
-  if (rc != ncclSuccess) FAIL("closeSend returned %d", (int)rc);
-  else PASS("closeSend");
-
-  step("wait for the receiver");
-  while (peer_alive()) usleep(1000);
-  role = "main";
-  if (WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0) {
-    PASS("receiver exited 0");
-  } else if (WIFEXITED(child_status)) {
-    FAIL("receiver exited with %d", WEXITSTATUS(child_status));
-  } else {
-    FAIL("receiver killed by signal %d", WTERMSIG(child_status));
-  }
-  role = "send";
-  child_pid = -1;
-  bad_input(handle);
-  finalize();
-}
+size_t max_size(void) { return props.maxP2pBytes; }
 
 static void usage(void) {
   fprintf(stderr,
