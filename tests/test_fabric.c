@@ -105,6 +105,26 @@ TEST_T(fabric_procs, own_plugin_through_nccl_net_plugin, 120) {
   rt_run_procs(3, cu_sweep_body, &sw);
 }
 
+/* The socket network as an external plugin (libnccl-net-chorus-socket.so, table Chorus-Socket): the
+ * loader's path with no libfabric at all. */
+TEST_T(fabric_procs, socket_plugin_through_nccl_net_plugin, 120) {
+  fab_socknet = 1;
+  force_fabric();
+  char path[512];
+  snprintf(path, sizeof(path), "%s/lib/libnccl-net-chorus-socket.so", CHORUS_BUILD_DIR);
+  if (access(path, R_OK) != 0) {
+    printf("    SKIP: %s not built\n", path);
+    return;
+  }
+  unsetenv("CHORUS_SOCKET_NET");
+  setenv("NCCL_NET_PLUGIN", path, 1);
+  setenv("NCCL_NET", "Chorus-Socket", 1);
+  param_reset();
+  struct cu_sweep sw = {.colls = (1u << CU_ALLREDUCE) | (1u << CU_BROADCAST) | (1u << CU_ALLGATHER),
+                        .types = fab_types, .ntypes = 1, .ops = fab_ops, .nops = 1, .big = {1 << 20, 0}};
+  rt_run_procs(3, cu_sweep_body, &sw);
+}
+
 /* ---- calls that differ: named across the fabric as across sockets ---- */
 
 static void mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
