@@ -74,14 +74,22 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   while (off + SN_MSG_BYTES <= size) {
     unsigned char* m = dup_exact(data + off, SN_MSG_BYTES);
     off += SN_MSG_BYTES;
-    int idx;
+    int idx, tag;
     uint64_t sz;
-    if (sn_msg_match(m, n, tags, caps, filled, &idx, &sz, &why) == 0) {
-      CHECK_OR_ABORT(n >= 1 && n <= SN_MAX_RECVS && idx >= 0 && idx < n);
-      CHECK_OR_ABORT(!filled[idx] && sz <= caps[idx]);
-      filled[idx] = 1;
+    if (sn_msg_decode(m, &tag, &sz, &why) == 0) {
+      int k = sn_group_pick(n, tags, caps, filled, tag, sz, &idx, &why);
+      if (k == 0) {
+        CHECK_OR_ABORT(n >= 1 && n <= SN_MAX_RECVS && idx >= 0 && idx < n);
+        CHECK_OR_ABORT(!filled[idx] && tags[idx] == tag && sz <= caps[idx]);
+        filled[idx] = 1;
+      } else if (k == 1) {
+        CHECK_OR_ABORT(idx == -1 && n >= 1 && n <= SN_MAX_RECVS);
+        for (int i = 0; i < n; i++) CHECK_OR_ABORT(filled[i] || tags[i] != tag);
+      } else {
+        CHECK_OR_ABORT(k == -1 && why && idx == -1);
+      }
     } else {
-      CHECK_OR_ABORT(why && idx == -1);
+      CHECK_OR_ABORT(why);
     }
     free(m);
   }

@@ -89,26 +89,23 @@ TEST(socknet, hello_and_message_headers) {
   int tags[3] = {5, 6, 5};
   size_t caps[3] = {100, 200, 300};
   unsigned char filled[3] = {0, 0, 0};
-  int idx;
+  int idx, tag;
   uint64_t size;
   sn_msg_encode(5, 100, h);
-  EXPECT(sn_msg_match(h, 3, tags, caps, filled, &idx, &size, &why) == 0 && idx == 0 && size == 100);
+  ASSERT(sn_msg_decode(h, &tag, &size, &why) == 0 && tag == 5 && size == 100);
+  EXPECT(sn_group_pick(3, tags, caps, filled, tag, size, &idx, &why) == 0 && idx == 0);
   filled[0] = 1; /* the second buffer of tag 5 takes the next one */
-  sn_msg_encode(5, 300, h);
-  EXPECT(sn_msg_match(h, 3, tags, caps, filled, &idx, &size, &why) == 0 && idx == 2 && size == 300);
-  sn_msg_encode(6, 201, h); /* larger than its buffer */
-  EXPECT(sn_msg_match(h, 3, tags, caps, filled, &idx, &size, &why) == -1 && strstr(why, "larger") && idx == -1);
-  sn_msg_encode(9, 1, h); /* a tag nobody waits for */
-  EXPECT(sn_msg_match(h, 3, tags, caps, filled, &idx, &size, &why) == -1 && strstr(why, "tag"));
+  EXPECT(sn_group_pick(3, tags, caps, filled, 5, 300, &idx, &why) == 0 && idx == 2);
+  EXPECT(sn_group_pick(3, tags, caps, filled, 6, 201, &idx, &why) == -1 && strstr(why, "larger") && idx == -1);
+  EXPECT(sn_group_pick(3, tags, caps, filled, 9, 1, &idx, &why) == 1 && idx == -1); /* a later receive's */
   filled[2] = 1;
-  sn_msg_encode(5, 1, h); /* both buffers of tag 5 filled already */
-  EXPECT(sn_msg_match(h, 3, tags, caps, filled, &idx, &size, &why) == -1);
+  EXPECT(sn_group_pick(3, tags, caps, filled, 5, 1, &idx, &why) == 1); /* both of tag 5 filled already */
+  EXPECT(sn_group_pick(3, tags, caps, filled, 6, (uint64_t)-1, &idx, &why) == -1); /* a size no buffer has */
+  EXPECT(sn_group_pick(0, tags, caps, filled, 6, 0, &idx, &why) == -1);
+  EXPECT(sn_group_pick(SN_MAX_RECVS + 1, tags, caps, filled, 6, 0, &idx, &why) == -1);
   sn_msg_encode(6, 0, h);
   h[1] ^= 0x40; /* out of step */
-  EXPECT(sn_msg_match(h, 3, tags, caps, filled, &idx, &size, &why) == -1 && strstr(why, "magic"));
-  sn_msg_encode(6, (uint64_t)-1, h); /* a size no buffer has */
-  EXPECT(sn_msg_match(h, 3, tags, caps, filled, &idx, &size, &why) == -1);
-  EXPECT(sn_msg_match(h, 0, tags, caps, filled, &idx, &size, &why) == -1);
+  EXPECT(sn_msg_decode(h, &tag, &size, &why) == -1 && strstr(why, "magic"));
 }
 
 /* ---- one connection on lo ---- */
@@ -229,6 +226,40 @@ TEST(socknet, grouped_receive_matches_tags) {
   EXPECT(T->irecv(p.rc, N + 1, data, caps, tags, NULL, NULL, &rreq) == ncclInvalidArgument);
   void* mh = NULL;
   EXPECT(T->regMr(p.sc, bufs, sizeof(bufs), NCCL_PTR_CUDA, &mh) == ncclInvalidArgument && !mh);
+  pair_close(&p);
+}
+
+/* Messages of one tag run ahead of another's (two senders sharing a comm): each goes to the oldest
+ * receive with an unfilled buffer of its tag, and one whose receive is not posted yet waits for it. */
+TEST(socknet, a_tag_running_ahead_waits_for_its_receive) {
+  struct pair p;
+  pair_open(&p);
+  int a[3], b[3], vals[3] = {10, 11, 20};
+  int stags[3] = {1, 1, 2}; /* the wire: A0, A1, B0 */
+  void* sreq[3];
+  for (int i = 0; i < 3; i++) ASSERT(T->isend(p.sc, &vals[i], sizeof(int), stags[i], NULL, NULL, &sreq[i]) == ncclSuccess && sreq[i]);
+  int tags[2] = {1, 2}, sz[2];
+  size_t caps[2] = {sizeof(int), sizeof(int)};
+  void* g0[2] = {&a[0], &b[0]};
+  void* g1[2] = {&a[1], &b[1]};
+  void *r0 = NULL, *r1 = NULL;
+  ASSERT(T->irecv(p.rc, 2, g0, caps, tags, NULL, NULL, &r0) == ncclSuccess && r0);
+  /* group 0 cannot complete before group 1 is posted: B0 is behind A1 on the wire */
+  int done = 0;
+  for (int i = 0; i < 50 && !done; i++) {
+    ASSERT(T->test(r0, &done, sz) == ncclSuccess);
+    usleep(1000);
+  }
+  EXPECT(!done);
+  ASSERT(T->irecv(p.rc, 2, g1, caps, tags, NULL, NULL, &r1) == ncclSuccess && r1);
+  for (int i = 0; i < 3; i++) ASSERT(wait_both(sreq[i], NULL, sz) == ncclSuccess);
+  ASSERT(wait_both(NULL, r0, sz) == ncclSuccess);
+  EXPECT(a[0] == 10 && b[0] == 20 && sz[0] == (int)sizeof(int) && sz[1] == (int)sizeof(int));
+  int vb = 21;
+  void* sb = NULL;
+  ASSERT(T->isend(p.sc, &vb, sizeof(int), 2, NULL, NULL, &sb) == ncclSuccess && sb);
+  ASSERT(wait_both(sb, r1, sz) == ncclSuccess);
+  EXPECT(a[1] == 11 && b[1] == 21);
   pair_close(&p);
 }
 

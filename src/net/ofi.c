@@ -621,24 +621,29 @@ static ncclResult_t ofi_isend(void* sendComm, void* data, size_t size, int tag, 
 }
 
 /* Posts the members of a grouped receive not yet posted, in order; stops at the first the provider
- * refuses for now. ncclSystemError (said) when one is refused for good. */
+ * refuses for now. A member is POSTED only once the provider has it (close cancels only those).
+ * ncclSystemError (said) when one is refused for good. */
 static ncclResult_t group_post(struct ofi_req* h) {
   struct ofi_comm* c = h->comm;
   struct ofi_dev* d = c->dev;
   while (h->group_posted < h->group_n) {
     struct ofi_req* m = h->group[h->group_posted];
-    ssize_t rc = fi_trecv(d->ep, m->gbuf, m->posted, m->gdesc, FI_ADDR_UNSPEC, m->gtag, 0, &m->ctx);
+    size_t size = m->posted;
+    ofi_req_reset(m, "receive", size);
+    ssize_t rc = fi_trecv(d->ep, m->gbuf, size, m->gdesc, FI_ADDR_UNSPEC, m->gtag, 0, &m->ctx);
+    if (rc) __atomic_store_n(&m->state, 0, __ATOMIC_RELAXED); /* not the provider's */
     if (rc == -FI_EAGAIN) {
       ofi_progress(d);
       return ncclSuccess;
     }
     if (rc) {
-      WARN("NET/OFI: posting a receive of %zu bytes from %s on %s (provider %s) failed: %s", m->posted, c->peer_str,
+      WARN("NET/OFI: posting a receive of %zu bytes from %s on %s (provider %s) failed: %s", size, c->peer_str,
            d->name, ofi_prov_name(), ofi_fn.strerror((int)-rc));
       return ncclSystemError;
     }
     h->group_posted++;
   }
+  if (c->group_partial == h) c->group_partial = NULL;
   return ncclSuccess;
 }
 
@@ -650,6 +655,12 @@ static ncclResult_t group_irecv(struct ofi_comm* c, int n, void** data, size_t* 
   for (int i = 0; i < n; i++) {
     ncclResult_t res = mh_desc(mhandles ? mhandles[i] : NULL, &desc[i]);
     if (res != ncclSuccess) return res;
+    for (int j = 0; j < i; j++) /* tags the data tag cannot tell apart would take each other's messages */
+      if (tags[j] != tags[i] && data_tag(c->dev, 0, tags[j]) == data_tag(c->dev, 0, tags[i])) {
+        WARN("NET/OFI: irecv of a group with tags %d and %d, which differ only above the %d bits a data tag carries",
+             tags[j], tags[i], __builtin_popcountll(c->dev->tag_mask));
+        return ncclInvalidArgument;
+      }
   }
   for (int i = 0; i < n; i++) {
     if (!(m[i] = ofi_req_get(c))) { /* not enough free: "not now" */
@@ -658,16 +669,18 @@ static ncclResult_t group_irecv(struct ofi_comm* c, int n, void** data, size_t* 
     }
   }
   for (int i = 0; i < n; i++) {
-    ofi_req_reset(m[i], "receive", sizes[i]);
+    m[i]->posted = sizes[i]; /* group_post resets and posts it */
     m[i]->gbuf = data[i], m[i]->gdesc = desc[i], m[i]->gtag = data_tag(c->dev, c->id, tags[i]);
     m[i]->group_n = 0;
     m[0]->group[i] = m[i];
   }
   m[0]->group_n = n, m[0]->group_posted = 0;
+  c->group_partial = m[0];
   ncclResult_t res = group_post(m[0]);
   if (res != ncclSuccess) {
     for (int i = m[0]->group_posted; i < n; i++) ofi_req_put(m[i]); /* posted ones stay: the provider holds them */
     m[0]->group_n = 0;
+    c->group_partial = NULL;
     return res;
   }
   *request = m[0];
@@ -679,16 +692,16 @@ static ncclResult_t group_test(struct ofi_req* h, int* done, int* sizes) {
   struct ofi_dev* d = h->comm->dev;
   ncclResult_t res = group_post(h);
   if (res != ncclSuccess) return res;
-  int posted = 0, failed = -1;
-  for (int i = 0; i < h->group_n; i++) {
+  int posted = h->group_n - h->group_posted, failed = -1; /* not yet posted: pending too */
+  for (int i = 0; i < h->group_posted; i++) {
     int st = ofi_req_load_state(h->group[i]);
     posted += st == OFI_REQ_POSTED;
     if (st == OFI_REQ_FAILED && failed < 0) failed = i;
   }
   if (posted && failed < 0) {
     ofi_progress(d);
-    posted = 0;
-    for (int i = 0; i < h->group_n; i++) {
+    posted = h->group_n - h->group_posted;
+    for (int i = 0; i < h->group_posted; i++) {
       int st = ofi_req_load_state(h->group[i]);
       posted += st == OFI_REQ_POSTED;
       if (st == OFI_REQ_FAILED && failed < 0) failed = i;
@@ -721,6 +734,10 @@ static ncclResult_t ofi_irecv(void* recvComm, int n, void** data, size_t* sizes,
   if (n < 1 || n > max) {
     WARN("NET/OFI: irecv of %d buffers; this device groups 1 to %d (maxRecvs)", n, max);
     return ncclInvalidArgument;
+  }
+  if (c->group_partial) { /* an earlier group is not wholly posted: this receive must not overtake it */
+    ncclResult_t res = group_post(c->group_partial);
+    if (res != ncclSuccess || c->group_partial) return res; /* not now */
   }
   if (n > 1) return group_irecv(c, n, data, sizes, tags, mhandles, request);
   if (c->rma) return ofi_rma_irecv(c, data[0], sizes[0], mhandles ? mhandles[0] : NULL, request);

@@ -252,6 +252,8 @@ struct ofi_comm {
   struct ofi_req ctrl_req;
   struct ofi_comm* next;     /* on ofi_pending (connecting) or ofi_graveyard; under ofi_lists_mu */
   int req_next;              /* where ofi_req_get looks first */
+  struct ofi_req* group_partial; /* recv: a grouped receive not wholly posted yet; every later receive
+                              * waits for it (libfabric matches a tag's receives in posting order) */
   struct ofi_req reqs[OFI_NREQS];
   /* The RMA path (rma == 1, agreed at connect/accept). */
   int rma;

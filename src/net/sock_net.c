@@ -9,17 +9,19 @@
  *
  * Every message is a 16-byte header {tag, size} and the payload. Requests of a comm are served in
  * posting order (sequence number s lives in slot s % SN_NREQS; a slot not yet freed by test makes
- * isend/irecv return a NULL request, "not now"). A grouped receive of n buffers takes the next n
- * messages, each into the unfilled buffer of its tag; a message larger than its buffer, or of a tag
- * none waits for, fails the comm (the stream cannot be trusted after it). isend writes at once what
+ * isend/irecv return a NULL request, "not now"). Each message goes to the oldest posted receive
+ * with an unfilled buffer of its tag (a grouped receive of n buffers completes when all n are filled:
+ * NCCL's per-tag order); a message whose receive is not posted yet waits in the socket for it, and
+ * one larger than its buffer fails the comm (the stream cannot be trusted after it). isend writes at once what
  * the socket takes, and test() moves the rest: data moves only inside calls, as under a libfabric
  * provider with manual progress, so the caller (the fabric transport's thread, or a waiting rank)
  * keeps testing.
  *
  * Threads: a comm is guarded by its mutex (isend, irecv, test, close of the same comm may come from
  * different threads; the fabric transport lets one at a time, NCCL's proxy too, but a plugin should
- * not rely on it). Pending connects are found again by their handle's address, on a list under
- * sn_mu. Nothing from a peer is used before sock_wire.c has checked it. */
+ * not rely on it). Pending connects are found again by their handle's address and bytes and their
+ * init's context, on a list under sn_mu. An accepted connection must send its hello within 10 s.
+ * Nothing from a peer is used before sock_wire.c has checked it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -62,8 +64,11 @@ struct sn_req {
   size_t off;                      /* send: bytes of header + payload written */
 };
 
+#define SN_HELLO_WAIT_NS (10ull * 1000000000ull) /* an accepted connection's hello must come by then */
+
 struct sn_accepting {
   int fd;
+  uint64_t deadline; /* its hello must have come by then, or the slot is freed */
   size_t got;
   unsigned char hello[SN_HELLO_BYTES];
   union sock_addr from;
@@ -81,8 +86,9 @@ struct sn_comm {
   /* SN_RECV: the message being read (mu) */
   unsigned char hdr[SN_MSG_BYTES];
   size_t hdr_got;
-  int cur;          /* buffer of the head request being filled, -1: reading a header */
-  uint64_t cur_size, cur_off;
+  int cur;          /* buffer being filled (of request cur_seq), -1: a header being read, or read whole
+                     * (hdr_got == SN_MSG_BYTES) and waiting for the receive it belongs to */
+  uint64_t cur_seq, cur_size, cur_off;
   /* Bytes read ahead: one recv takes a header with its small payload (and what follows), instead of
    * one recv for each. carry[carry_off, carry_len) is the stream's next bytes. */
   size_t carry_off, carry_len;
@@ -94,6 +100,7 @@ struct sn_comm {
    * gave up and reuses the buffer for another handle starts a new connect) */
   const void* handle_key;
   unsigned char handle_bytes[SN_HANDLE_BYTES];
+  void* ctx; /* the init it belongs to (finalize closes its own) */
   int hello_sent;
   size_t hello_off;
   unsigned char hello[SN_HELLO_BYTES];
@@ -105,7 +112,14 @@ static int sn_ndevs = -1; /* sn_mu: -1 until init */
 static struct sock_iface sn_devs[SN_MAX_DEVS];
 static struct sn_comm* sn_connecting; /* sn_mu */
 static struct sn_req sn_flush_req = {.in_use = 1, .done = 1};
-static int sn_ctx_dummy;
+static int sn_mr_token; /* every registration's handle: sockets need none */
+
+/* One per init (NCCL 2.28+ inits per communicator): finalize closes the connects this context left
+ * unfinished, and only those. */
+#define SN_CTX_MAGIC 0x58544353u
+struct sn_ctx {
+  uint32_t magic;
+};
 
 static ncclResult_t sn_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* config,
                             ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction) {
@@ -125,7 +139,15 @@ static ncclResult_t sn_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t
     WARN("NET/Socket: no usable interface (NCCL_SOCKET_IFNAME=\"%s\")", param_str(PARAM_SOCKET_IFNAME));
     return ncclSystemError;
   }
-  if (ctx) *ctx = &sn_ctx_dummy;
+  if (ctx) {
+    struct sn_ctx* x = calloc(1, sizeof(*x));
+    if (!x) {
+      WARN("NET/Socket: out of memory for a context");
+      return ncclSystemError;
+    }
+    x->magic = SN_CTX_MAGIC;
+    *ctx = x;
+  }
   return ncclSuccess;
 }
 
@@ -264,12 +286,11 @@ static ncclResult_t sn_listen(void* ctx, int dev, void* handle, void** listenCom
 /* connect: a first call opens the connection and returns no comm; later calls with the same handle
  * find it again on sn_connecting and finish it (connected, hello sent). */
 static ncclResult_t sn_connect(void* ctx, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v12_t** dh) {
-  (void)ctx;
   *sendComm = NULL;
   if (dh) *dh = NULL;
   pthread_mutex_lock(&sn_mu);
   struct sn_comm** pp = &sn_connecting;
-  while (*pp && ((*pp)->handle_key != handle || !handle ||
+  while (*pp && ((*pp)->handle_key != handle || !handle || (*pp)->ctx != ctx ||
                  memcmp((*pp)->handle_bytes, handle, SN_HANDLE_BYTES) != 0))
     pp = &(*pp)->next;
   struct sn_comm* c = *pp;
@@ -301,6 +322,7 @@ static ncclResult_t sn_connect(void* ctx, int dev, void* handle, void** sendComm
     snprintf(c->peer, sizeof(c->peer), "%s", a);
     sn_hello_encode(h.nonce, c->hello);
     c->handle_key = handle;
+    c->ctx = ctx;
     memcpy(c->handle_bytes, handle, SN_HANDLE_BYTES);
     pthread_mutex_lock(&sn_mu);
     c->next = sn_connecting, sn_connecting = c;
@@ -358,19 +380,27 @@ static ncclResult_t sn_accept(void* listenComm, void** recvComm, ncclNetDeviceHa
     socklen_t al = sizeof(l->acc[i].from);
     int fd = accept4(l->fd, &l->acc[i].from.sa, &al, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) break;
-    l->acc[i].fd = fd, l->acc[i].got = 0;
+    l->acc[i].fd = fd, l->acc[i].got = 0, l->acc[i].deadline = ut_now_ns() + SN_HELLO_WAIT_NS;
   }
   struct sn_comm* c = NULL;
   for (int i = 0; i < SN_MAX_ACCEPTS && !c; i++) {
     struct sn_accepting* a = &l->acc[i];
     if (a->fd < 0) continue;
     ssize_t r = recv(a->fd, a->hello + a->got, SN_HELLO_BYTES - a->got, 0);
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
     const char* why = NULL;
-    if (r > 0) a->got += (size_t)r;
-    if (r <= 0) why = r == 0 ? "closed before its hello" : "failed before its hello";
-    else if (a->got < SN_HELLO_BYTES) continue;
-    else sn_hello_check(a->hello, l->nonce, &why);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (ut_now_ns() < a->deadline) continue;
+      why = "sent no hello within 10 s";
+    }
+    if (why) {
+      /* silent past its deadline */
+    } else if (r <= 0) {
+      why = r == 0 ? "closed before its hello" : "failed before its hello";
+    } else if ((a->got += (size_t)r) < SN_HELLO_BYTES) {
+      continue;
+    } else {
+      sn_hello_check(a->hello, l->nonce, &why);
+    }
     if (why) {
       sock_warn_reject("NET/Socket", &a->from, why);
       close(a->fd);
@@ -398,7 +428,7 @@ static ncclResult_t sn_reg_mr(void* comm, void* data, size_t size, int type, voi
     WARN("NET/Socket: regMr of memory type %d: only host memory (NCCL_PTR_HOST) can be sent", type);
     return ncclInvalidArgument;
   }
-  *mhandle = &sn_ctx_dummy; /* sockets need no registration: a non-NULL token */
+  *mhandle = &sn_mr_token; /* sockets need no registration: a non-NULL token */
   return ncclSuccess;
 }
 
@@ -440,56 +470,80 @@ static ncclResult_t progress_send(struct sn_comm* c) {
   return ncclSuccess;
 }
 
-/* Reads into the head receives while the socket has data. Under mu. */
+/* The header in hand goes to the oldest posted receive with an unfilled buffer of its tag. 1 when it
+ * found one (cur set), 0 when no receive posted yet takes it (its receive comes later: wait), -1 after
+ * a failure (*rc). Under mu. */
+static int match_header(struct sn_comm* c, ncclResult_t* rc) {
+  int tag;
+  uint64_t size;
+  const char* why = NULL;
+  if (sn_msg_decode(c->hdr, &tag, &size, &why) != 0) return *rc = comm_fail(c, ncclRemoteError, "receive", why), -1;
+  for (uint64_t s = c->prog_seq; s < c->post_seq; s++) {
+    struct sn_req* r = &c->reqs[s % SN_NREQS];
+    if (r->done) continue;
+    int idx;
+    int k = sn_group_pick(r->n, r->tag, r->cap, r->filled, tag, size, &idx, &why);
+    if (k < 0) return *rc = comm_fail(c, ncclRemoteError, "receive", why), -1;
+    if (k == 0) {
+      c->cur_seq = s, c->cur = idx, c->cur_size = size, c->cur_off = 0, c->hdr_got = 0;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The buffer being filled is complete; so is its receive when it was the last. Under mu. */
+static void buffer_done(struct sn_comm* c) {
+  struct sn_req* r = &c->reqs[c->cur_seq % SN_NREQS];
+  r->filled[c->cur] = 1;
+  r->got[c->cur] = (size_t)c->cur_size;
+  c->cur = -1;
+  if (++r->nfilled == r->n) r->done = 1;
+  while (c->prog_seq < c->post_seq && c->reqs[c->prog_seq % SN_NREQS].done) c->prog_seq++;
+}
+
+/* Reads messages into the posted receives while the socket has data (and some receive waits). Under mu. */
 static ncclResult_t progress_recv(struct sn_comm* c) {
+  ncclResult_t rc = ncclSuccess;
   while (c->prog_seq < c->post_seq) {
-    struct sn_req* r = &c->reqs[c->prog_seq % SN_NREQS];
+    if (c->cur < 0 && c->hdr_got == SN_MSG_BYTES) {
+      int m = match_header(c, &rc);
+      if (m <= 0) return rc; /* failed, or the message is a receive's not posted yet */
+      if (c->cur_size == 0) {
+        buffer_done(c);
+        continue;
+      }
+    }
     void* dst;
     size_t want;
     if (c->cur < 0) {
       dst = c->hdr + c->hdr_got, want = SN_MSG_BYTES - c->hdr_got;
     } else {
+      struct sn_req* r = &c->reqs[c->cur_seq % SN_NREQS];
       dst = (char*)r->data[c->cur] + c->cur_off, want = (size_t)(c->cur_size - c->cur_off);
     }
-    if (want > 0) {
-      size_t got;
-      if (c->carry_off < c->carry_len) { /* read ahead already */
-        got = UT_MIN(want, c->carry_len - c->carry_off);
-        memcpy(dst, c->carry + c->carry_off, got);
-        c->carry_off += got;
-      } else {
-        int ahead = want < SN_CARRY; /* small: into the carry, with whatever follows */
-        ssize_t r = recv(c->fd, ahead ? c->carry : dst, ahead ? SN_CARRY : want, MSG_DONTWAIT);
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ncclSuccess;
-        if (r < 0 && errno == EINTR) continue;
-        if (r == 0) return comm_fail(c, ncclRemoteError, "receive", "the connection was closed by the peer");
-        if (r < 0) return comm_fail(c, ncclRemoteError, "receive", strerror(errno));
-        if (ahead) {
-          c->carry_off = 0, c->carry_len = (size_t)r;
-          continue;
-        }
-        got = (size_t)r;
+    size_t got;
+    if (c->carry_off < c->carry_len) { /* read ahead already */
+      got = UT_MIN(want, c->carry_len - c->carry_off);
+      memcpy(dst, c->carry + c->carry_off, got);
+      c->carry_off += got;
+    } else {
+      int ahead = want < SN_CARRY; /* small: into the carry, with whatever follows */
+      ssize_t r = recv(c->fd, ahead ? c->carry : dst, ahead ? SN_CARRY : want, MSG_DONTWAIT);
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ncclSuccess;
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) return comm_fail(c, ncclRemoteError, "receive", "the connection was closed by the peer");
+      if (r < 0) return comm_fail(c, ncclRemoteError, "receive", strerror(errno));
+      if (ahead) {
+        c->carry_off = 0, c->carry_len = (size_t)r;
+        continue;
       }
-      if (c->cur < 0) c->hdr_got += got;
-      else c->cur_off += got;
+      got = (size_t)r;
     }
     if (c->cur < 0) {
-      if (c->hdr_got < SN_MSG_BYTES) continue;
-      const char* why = NULL;
-      int idx;
-      uint64_t size;
-      if (sn_msg_match(c->hdr, r->n, r->tag, r->cap, r->filled, &idx, &size, &why) != 0)
-        return comm_fail(c, ncclRemoteError, "receive", why);
-      c->cur = idx, c->cur_size = size, c->cur_off = 0, c->hdr_got = 0;
-      if (size > 0) continue;
-    }
-    if (c->cur_off < c->cur_size) continue;
-    r->filled[c->cur] = 1;
-    r->got[c->cur] = (size_t)c->cur_size;
-    c->cur = -1;
-    if (++r->nfilled == r->n) {
-      r->done = 1;
-      c->prog_seq++;
+      c->hdr_got += got;
+    } else if ((c->cur_off += got) == c->cur_size) {
+      buffer_done(c);
     }
   }
   return ncclSuccess;
@@ -603,15 +657,28 @@ static ncclResult_t sn_close_recv(void* c) { return close_comm(c, SN_RECV, "clos
 static ncclResult_t sn_close_listen(void* c) { return close_comm(c, SN_LISTEN, "closeListen"); }
 
 static ncclResult_t sn_finalize(void* ctx) {
-  (void)ctx;
-  /* Connects never finished: their handles are gone with their callers. */
+  struct sn_ctx* x = ctx;
+  if (x && x->magic != SN_CTX_MAGIC) {
+    WARN("NET/Socket: finalize of %p, which is not a context of this network", ctx);
+    return ncclInvalidArgument;
+  }
+  /* This context's connects never finished: their callers are gone (a communicator's connects all
+   * come from the thread that finalizes it, so none is in a connect call now). */
   pthread_mutex_lock(&sn_mu);
-  while (sn_connecting) {
-    struct sn_comm* c = sn_connecting;
-    sn_connecting = c->next;
+  for (struct sn_comm** pp = &sn_connecting; *pp;) {
+    struct sn_comm* c = *pp;
+    if (c->ctx != ctx) {
+      pp = &c->next;
+      continue;
+    }
+    *pp = c->next;
     comm_free(c);
   }
   pthread_mutex_unlock(&sn_mu);
+  if (x) {
+    x->magic = 0;
+    free(x);
+  }
   return ncclSuccess;
 }
 

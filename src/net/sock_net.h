@@ -8,7 +8,9 @@
  * fuzz/fuzz_socknet.c) before any field is used:
  *   handle (40 of NCCL's 128 bytes): magic, version, family, port, scope, address, nonce;
  *   hello (16 bytes, connector to listener): magic, version, nonce (the listener's, from the handle);
- *   message header (16 bytes, before each message): magic, tag, size. */
+ *   message header (16 bytes, before each message): magic, tag, size.
+ * A message goes to the oldest posted receive with an unfilled buffer of its tag (NCCL's grouped
+ * receives: each tag's messages in order, the tags of a group in any order). */
 #ifndef CH_NET_SOCK_NET_H
 #define CH_NET_SOCK_NET_H
 
@@ -43,12 +45,15 @@ void sn_hello_encode(uint64_t nonce, unsigned char out[SN_HELLO_BYTES]);
 int sn_hello_check(const unsigned char in[SN_HELLO_BYTES], uint64_t nonce, const char** why);
 
 void sn_msg_encode(int tag, uint64_t size, unsigned char out[SN_MSG_BYTES]);
-/* Matches a message header against a grouped receive of n (1..SN_MAX_RECVS) buffers: tags[i] and
- * caps[i] as posted, filled[i] set for buffers already received. 0 with *idx (the first unfilled
- * buffer of that tag) and *size (<= its capacity); else -1 with *why: bad magic, no unfilled buffer
- * of that tag, or a message larger than its buffer. */
-int sn_msg_match(const unsigned char in[SN_MSG_BYTES], int n, const int* tags, const size_t* caps,
-                 const unsigned char* filled, int* idx, uint64_t* size, const char** why);
+/* A message header from the peer: 0 with its tag and size, or -1 with *why (no magic: the stream is
+ * out of step). The size is not trusted until sn_group_pick has bounded it. */
+int sn_msg_decode(const unsigned char in[SN_MSG_BYTES], int* tag, uint64_t* size, const char** why);
+/* Where a message of `tag` and `size` goes in a grouped receive of n (1..SN_MAX_RECVS) buffers: tags[i]
+ * and caps[i] as posted, filled[i] set for buffers already received. 0 with *idx (the first unfilled
+ * buffer of that tag); 1 when none is unfilled (the message is a later receive's); -1 with *why when
+ * it is larger than its buffer (or n is out of range). */
+int sn_group_pick(int n, const int* tags, const size_t* caps, const unsigned char* filled, int tag, uint64_t size,
+                  int* idx, const char** why);
 
 extern const ncclNet_v12_t ch_sock_net;
 

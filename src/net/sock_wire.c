@@ -111,33 +111,35 @@ void sn_msg_encode(int tag, uint64_t size, unsigned char out[SN_MSG_BYTES]) {
   put64(out + 8, size);
 }
 
-int sn_msg_match(const unsigned char in[SN_MSG_BYTES], int n, const int* tags, const size_t* caps,
-                 const unsigned char* filled, int* idx, uint64_t* size, const char** why) {
+int sn_msg_decode(const unsigned char in[SN_MSG_BYTES], int* tag, uint64_t* size, const char** why) {
   *why = NULL;
-  *idx = -1;
+  *tag = 0;
   *size = 0;
-  if (n < 1 || n > SN_MAX_RECVS) {
-    *why = "a receive of no buffers";
-    return -1;
-  }
   if (get32(in) != SN_MSG_MAGIC) {
     *why = "a message header without its magic (the stream is out of step)";
     return -1;
   }
-  int tag = (int)get32(in + 4);
-  uint64_t sz = get64(in + 8);
+  *tag = (int)get32(in + 4);
+  *size = get64(in + 8);
+  return 0;
+}
+
+int sn_group_pick(int n, const int* tags, const size_t* caps, const unsigned char* filled, int tag, uint64_t size,
+                  int* idx, const char** why) {
+  *why = NULL;
+  *idx = -1;
+  if (n < 1 || n > SN_MAX_RECVS) {
+    *why = "a receive of no buffers";
+    return -1;
+  }
   int at = -1;
   for (int i = 0; i < n && at < 0; i++)
     if (!filled[i] && tags[i] == tag) at = i;
-  if (at < 0) {
-    *why = "a message whose tag matches none of the receives posted";
-    return -1;
-  }
-  if (sz > caps[at]) {
+  if (at < 0) return 1; /* not this receive's: a later one's */
+  if (size > caps[at]) {
     *why = "a message larger than the receive posted for it";
     return -1;
   }
   *idx = at;
-  *size = sz;
   return 0;
 }
