@@ -97,6 +97,8 @@ struct net_conn {
   int rd_ready, wr_ready; /* no EAGAIN seen since the last epoll edge */
   int bye_seen;
   uint64_t drain_deadline; /* closing sender: give up flushing then */
+  size_t bye_off;          /* closing (proxy): goodbye bytes written; a full socket buffer makes it wait */
+  uint64_t bye_deadline;   /* closing (proxy): give up on the goodbye then */
   /* Poison (struct xfer_poison) of a failed call: 0 none, 1 sending our rank's record (sender side:
    * `down` as a NET_POISON step; receiver side: `up` as NET_POISON_BYTE + the record), 2 sent (a
    * sender sends no more steps). */

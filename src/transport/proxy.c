@@ -54,6 +54,7 @@
 #define ACCEPTS_PER_PASS 32 /* then the proxy moves data again before accepting more */
 #define DRAIN_TIMEOUT_NS (30ull * 1000000000ull)  /* a closing sender flushes posted steps this long */
 #define ABORT_FLUSH_NS (200ull * 1000000ull)       /* an aborted one, only a poison record, this long */
+#define BYE_TIMEOUT_NS (2000ull * 1000000ull)      /* and a goodbye that finds the socket buffer full */
 #define TAG_LISTENER ((void*)1)
 #define TAG_EVENTFD ((void*)2)
 
@@ -367,7 +368,7 @@ static int let_go(struct net_conn* n, uint64_t now) {
   if (st == NET_BOUND && (aborted ? poison_due : unsent)) {
     if (!n->drain_deadline) n->drain_deadline = now + (aborted ? ABORT_FLUSH_NS : DRAIN_TIMEOUT_NS);
     if (now < n->drain_deadline) return 0;
-    if (!aborted)
+    if (!aborted && !n->bye_deadline) /* once: a goodbye waiting for room brings us back here */
       WARN("rank %d: closing the network connection to rank %d with %llu step(s) it never took", n->rank, n->peer,
          (unsigned long long)(atomic_load(&n->ctrl->tail) - n->step));
   }
@@ -375,9 +376,25 @@ static int let_go(struct net_conn* n, uint64_t now) {
     /* Goodbye, so the peer knows this close is orderly; none after an abort, so that ranks still
      * waiting on this one see a failure (and spread it) instead of waiting for ever. */
     if (st == NET_BOUND && n->off == 0 && n->poison_state != 1 && !__atomic_load_n(n->abort, __ATOMIC_RELAXED)) {
+      /* Whole, or not at all: a goodbye lost to a full socket buffer (the last steps still in it) made
+       * the peer see EOF without it, and fail a communicator that closed in order. So a full buffer
+       * keeps the record for the next pass, BYE_TIMEOUT_NS at most. */
       struct net_step bye = {.bytes = NET_BYE};
-      if (n->is_send) (void)!send(n->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
-      else (void)!send(n->fd, "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const char* msg = n->is_send ? (const char*)&bye : "B";
+      size_t len = n->is_send ? sizeof(bye) : 1;
+      while (n->bye_off < len) {
+        ssize_t w = send(n->fd, msg + n->bye_off, len - n->bye_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+          n->bye_off += (size_t)w;
+          continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          if (!n->bye_deadline) n->bye_deadline = now + BYE_TIMEOUT_NS;
+          if (now < n->bye_deadline) return 0;
+        }
+        break; /* the link is gone, or the peer reads no more: nothing more to say */
+      }
     }
     /* A waiting rank may be in tp_net_poll on this socket (an abort from another thread): close it
      * under busy, so the rank never reads or re-arms a descriptor number that is reused. */
