@@ -23,38 +23,34 @@ else
   echo "ok: a nonexistent plugin is refused: $(grep 'cannot load' <<<"$out")"
 fi
 
-# 2. The socket network's plugin, each table version (no libfabric needed).
-for v in 12 11 10; do
-  log=$(mktemp)
-  NCCL_SOCKET_IFNAME=lo timeout 120 "$harness" --version $v "$build/lib/libnccl-net-chorus-socket.so" >"$log" 2>&1
-  rc=$?
-  if [ $rc -ne 0 ] || ! grep -q "PASS grouped" "$log"; then
-    echo "FAIL: chorus-net-harness --version $v libnccl-net-chorus-socket.so: exit $rc (or no grouped receives)"
-    cat "$log"
-    fail=1
-  else
-    echo "ok: socket v$v: $(grep 'RESULT' "$log")"
-  fi
-  rm -f "$log"
-done
+# run_plugin LABEL LIB [ENV...]: the harness on LIB with each table version; grouped receives required.
+run_plugin() {
+  local label=$1 lib=$2
+  shift 2
+  for v in 12 11 10; do
+    local log
+    log=$(mktemp)
+    env "$@" timeout 120 "$harness" --version $v "$lib" >"$log" 2>&1
+    local rc=$?
+    if [ $rc -ne 0 ] || ! grep -q 'PASS grouped' "$log"; then
+      echo "FAIL: chorus-net-harness --version $v $lib: exit $rc (or no grouped receives)"
+      cat "$log"
+      fail=1
+    else
+      echo "ok: ${label}v$v: $(grep 'RESULT' "$log")"
+      grep -E '^\[[a-z]+\] (WARN|SKIP)' "$log" | sed 's/^/    /'
+    fi
+    rm -f "$log"
+  done
+}
 
-# 3. The libfabric plugin, each table version.
+# 2. The socket network's plugin (no libfabric needed).
+run_plugin "socket " "$build/lib/libnccl-net-chorus-socket.so" NCCL_SOCKET_IFNAME=lo
+
+# 3. The libfabric plugin.
 if ! ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1'; then
   echo "SKIP: libfabric.so.1 is not installed (Debian: libfabric1); the plugin run needs it"
   exit $fail
 fi
-for v in 12 11 10; do
-  log=$(mktemp)
-  FI_PROVIDER='tcp;ofi_rxm' FI_TCP_IFACE=lo timeout 120 "$harness" --version $v "$plugin" >"$log" 2>&1
-  rc=$?
-  if [ $rc -ne 0 ] || ! grep -q 'PASS grouped' "$log"; then
-    echo "FAIL: chorus-net-harness --version $v $plugin: exit $rc (or no grouped receives)"
-    cat "$log"
-    fail=1
-  else
-    echo "ok: v$v: $(grep 'RESULT' "$log")"
-    grep -E '^\[[a-z]+\] (WARN|SKIP)' "$log" | sed 's/^/    /'
-  fi
-  rm -f "$log"
-done
+run_plugin "" "$plugin" FI_PROVIDER='tcp;ofi_rxm' FI_TCP_IFACE=lo
 exit $fail
