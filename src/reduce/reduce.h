@@ -58,6 +58,21 @@ uint8_t red_float_to_e4m3(float f);
 float red_e5m2_to_float(uint8_t v);
 uint8_t red_float_to_e5m2(float f);
 
+/* Reproducible reductions (reduce/repro.c, docs/REPRODUCIBLE.md): levels as CHORUS_REPRODUCIBLE and
+ * chorusCommSetReproducible number them. */
+enum { CH_REPRO_OFF = 0, CH_REPRO_ORDER = 1, CH_REPRO_EXACT = 2 };
+/* One rank's contribution to a block: its elements, and the reduction whose premul applies to them
+ * (NULL: taken as they are, e.g. premultiplied by the rank that sent them). */
+struct red_contrib {
+  const void* p;
+  const struct red_op* premul;
+};
+/* dst[i] = the combination of in[0..n)[i], rank 0 first, as `level` defines it for op's kind and
+ * (floating) type; op's postop included (SUMPOSTDIV: EXACT divides the exact sum). dst may be one of
+ * the inputs (the same elements). */
+void red_repro_combine(int level, const struct red_op* op, void* dst, const struct red_contrib* in, int n,
+                       size_t count);
+
 /* The reduction of one rank's data leaves it as it is (a one-rank call is then a copy, or nothing in
  * place): every kind but a PreMulSum whose scalar is not 1 (a float average over one rank is a
  * PreMulSum by 1). */

@@ -1,0 +1,321 @@
+/* Reproducible combination of all ranks' contributions to one block (docs/REPRODUCIBLE.md). The
+ * algorithms that honour a level (algo/owner.c, algo/direct_allreduce.c) hold every rank's value of
+ * an element at one place and call this, so the result depends on the values and the rank count only:
+ *  - ORDER: rank 0's value, then rank 1's, ... combined left to right in the type's accumulation type
+ *    (fp32 for the 16- and 8-bit types, rounded once at the end; the type itself for fp32 and fp64).
+ *  - EXACT (sum, premulsum, avg): the exact sum held as an integer in units of its smallest term's
+ *    last bit (an __int128 when the terms span at most 120 bits, else a multiword integer), rounded
+ *    once to nearest even, straight to the type (never through fp32: no double rounding). avg divides
+ *    that integer by the rank count exactly first. Prod follows ORDER.
+ *  - MAX/MIN (both levels): the largest/smallest value with -0 below +0; a NaN loses to any number
+ *    (as fmax/fmin, NCCL's rule), all NaN gives the type's canonical NaN. Independent of order.
+ * Bits are decoded with integer arithmetic: no FPU mode (FTZ/DAZ, rounding) can change an EXACT or
+ * MAX/MIN result. ORDER adds in the FPU, like every other algorithm. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nccl.h"
+#include "reduce.h"
+#include "reduce_impl.h"
+
+/* IEEE-like binary formats: mantissa bits (without the hidden one), exponent bias, field width,
+ * whether the all-ones exponent means Inf/NaN (e4m3fn has no Inf; only S.1111.111 is NaN), and the
+ * canonical quiet NaN. */
+struct fmt {
+  int mbits, ebits, bias, bits, ieee;
+  uint64_t qnan;
+};
+static int fmt_of(int type, struct fmt* f) {
+  switch (type) {
+    case ncclFloat64: *f = (struct fmt){52, 11, 1023, 64, 1, 0x7ff8000000000000ull}; return 1;
+    case ncclFloat32: *f = (struct fmt){23, 8, 127, 32, 1, 0x7fc00000u}; return 1;
+    case ncclFloat16: *f = (struct fmt){10, 5, 15, 16, 1, 0x7e00u}; return 1;
+    case ncclBfloat16: *f = (struct fmt){7, 8, 127, 16, 1, 0x7fc0u}; return 1;
+    case ncclFloat8e5m2: *f = (struct fmt){2, 5, 15, 8, 1, 0x7eu}; return 1;
+    case ncclFloat8e4m3: *f = (struct fmt){3, 4, 7, 8, 0, 0x7fu}; return 1;
+    default: return 0;
+  }
+}
+
+static uint64_t load_bits(const void* p, size_t i, int bits) {
+  const unsigned char* b = (const unsigned char*)p;
+  switch (bits) {
+    case 64: { uint64_t v; memcpy(&v, b + 8 * i, 8); return v; }
+    case 32: { uint32_t v; memcpy(&v, b + 4 * i, 4); return v; }
+    case 16: { uint16_t v; memcpy(&v, b + 2 * i, 2); return v; }
+    default: return b[i];
+  }
+}
+static void store_bits(void* p, size_t i, int bits, uint64_t v) {
+  unsigned char* b = (unsigned char*)p;
+  switch (bits) {
+    case 64: memcpy(b + 8 * i, &v, 8); break;
+    case 32: { uint32_t w = (uint32_t)v; memcpy(b + 4 * i, &w, 4); break; }
+    case 16: { uint16_t w = (uint16_t)v; memcpy(b + 2 * i, &w, 2); break; }
+    default: b[i] = (unsigned char)v; break;
+  }
+}
+
+enum { V_ZERO, V_FINITE, V_INF, V_NAN };
+struct val {
+  int cls, neg;
+  uint64_t man; /* significand with its hidden bit: value = man * 2^lsb */
+  int lsb;
+};
+static struct val decode(const struct fmt* f, uint64_t u) {
+  struct val v = {V_ZERO, (int)((u >> (f->bits - 1)) & 1), 0, 0};
+  uint64_t e = (u >> f->mbits) & ((1ull << f->ebits) - 1), m = u & ((1ull << f->mbits) - 1);
+  uint64_t emax = (1ull << f->ebits) - 1;
+  if (f->ieee && e == emax) {
+    v.cls = m ? V_NAN : V_INF;
+    return v;
+  }
+  if (!f->ieee && e == emax && m == (1ull << f->mbits) - 1) {
+    v.cls = V_NAN;
+    return v;
+  }
+  if (e == 0 && m == 0) return v;
+  v.cls = V_FINITE;
+  v.man = e ? m | 1ull << f->mbits : m;
+  v.lsb = (e ? (int)e : 1) - f->bias - f->mbits;
+  return v;
+}
+
+static int bitlen64(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; }
+
+/* A nonnegative integer of 32-bit digits (least significant first), value = digits * 2^lo. */
+#define MW_DIGITS 80 /* 2560 bits: fp64's 2098-bit span, 96 bits for a quotient, carries */
+struct mw {
+  uint32_t d[MW_DIGITS];
+  int n, lo;
+};
+
+static int bitlen128(unsigned __int128 x) {
+  uint64_t h = (uint64_t)(x >> 64);
+  return h ? 64 + bitlen64(h) : bitlen64((uint64_t)x);
+}
+
+/* Round a * 2^lo (a > 0; sticky: nonzero bits already dropped below it) to the format, to nearest
+ * even, magnitude only (the caller applies the sign). Overflow gives Inf (e4m3fn: the largest finite,
+ * 448, as its satfinite conversion does everywhere in Chorus). */
+static uint64_t round_u128(const struct fmt* f, unsigned __int128 a, int lo, int sticky) {
+  int p = f->mbits + 1, emin_lsb = 1 - f->bias - f->mbits;
+  int r = bitlen128(a) - 1 + lo - (p - 1); /* exponent of the result's last bit */
+  if (r < emin_lsb) r = emin_lsb;
+  int sh = r - lo; /* bits of a below the result's last bit */
+  uint64_t q;
+  int guard;
+  if (sh <= 0) {
+    q = (uint64_t)(a << -sh), guard = 0; /* fewer than p bits: exact */
+  } else if (sh > 128) {
+    q = 0, guard = 0, sticky = 1;
+  } else {
+    q = sh == 128 ? 0 : (uint64_t)(a >> sh);
+    guard = (int)((a >> (sh - 1)) & 1);
+    sticky |= sh > 1 && (a & (((unsigned __int128)1 << (sh - 1)) - 1)) != 0;
+  }
+  if (guard && (sticky || (q & 1))) q++;
+  if (q >> p) q >>= 1, r++; /* the carry made it 2^p: exact after the shift */
+  uint64_t hidden = 1ull << f->mbits, emax = (1ull << f->ebits) - 1;
+  uint64_t e = q >= hidden ? (uint64_t)(r - emin_lsb + 1) : 0;
+  uint64_t bits = e << f->mbits | (q & (hidden - 1));
+  if (f->ieee && e >= emax) return emax << f->mbits; /* Inf */
+  if (!f->ieee && (e > emax || bits == (emax << f->mbits | (hidden - 1))))
+    return emax << f->mbits | (hidden - 2); /* e4m3fn: 448 */
+  return bits;
+}
+
+/* Round a multiword m: its top 128 bits from a 32-bit boundary at least 64 bits below its leading
+ * one, the rest folded into sticky. */
+static uint64_t round_mw(const struct fmt* f, const struct mw* m, int sticky) {
+  int top = m->n - 1;
+  while (top > 0 && !m->d[top]) top--;
+  int msb = top * 32 + bitlen64(m->d[top]) - 1;
+  int w = msb < 64 ? 0 : (msb - 64) / 32; /* first digit of the window */
+  unsigned __int128 a = 0;
+  for (int j = 3; j >= 0; j--) a = a << 32 | (w + j < m->n ? m->d[w + j] : 0);
+  for (int i = 0; i < w && !sticky; i++) sticky = m->d[i] != 0;
+  return round_u128(f, a, m->lo + 32 * w, sticky);
+}
+
+/* Divide m by d (exactly, keeping 96 more bits below it); returns whether a remainder was left. */
+static int div_mw(struct mw* m, uint64_t d) {
+  memmove(m->d + 3, m->d, sizeof(uint32_t) * (size_t)m->n);
+  m->d[0] = m->d[1] = m->d[2] = 0;
+  m->n += 3, m->lo -= 96;
+  uint64_t rem = 0;
+  for (int i = m->n - 1; i >= 0; i--) {
+    uint64_t cur = rem << 32 | m->d[i];
+    m->d[i] = (uint32_t)(cur / d);
+    rem = cur % d;
+  }
+  return rem != 0;
+}
+
+/* One element of EXACT sum. v[0..n) are the contributions' bits. */
+static uint64_t exact_one(const struct fmt* f, const uint64_t* v, int n, uint64_t divisor) {
+  int nan = 0, pinf = 0, ninf = 0, allneg0 = 1, any = 0, lo = 0, hi = 0;
+  for (int k = 0; k < n; k++) {
+    struct val x = decode(f, v[k]);
+    if (!(x.cls == V_ZERO && x.neg)) allneg0 = 0;
+    if (x.cls == V_NAN) nan = 1;
+    else if (x.cls == V_INF) *(x.neg ? &ninf : &pinf) = 1;
+    else if (x.cls == V_FINITE) {
+      int top = x.lsb + bitlen64(x.man);
+      if (!any || x.lsb < lo) lo = x.lsb;
+      if (!any || top > hi) hi = top;
+      any = 1;
+    }
+  }
+  uint64_t sign = 1ull << (f->bits - 1);
+  if (nan || (pinf && ninf)) return f->qnan;
+  if (pinf || ninf) return (ninf ? sign : 0) | ((1ull << f->ebits) - 1) << f->mbits;
+  if (!any) return allneg0 ? sign : 0;
+  struct mw m;
+  int neg;
+  if (hi - lo + bitlen64((uint64_t)n) < 120) { /* the common case: the terms fit one __int128 */
+    __int128 acc = 0;
+    for (int k = 0; k < n; k++) {
+      struct val x = decode(f, v[k]);
+      if (x.cls != V_FINITE) continue;
+      __int128 t = (__int128)x.man << (x.lsb - lo);
+      acc += x.neg ? -t : t;
+    }
+    if (acc == 0) return 0; /* exact cancellation: +0, as IEEE addition under RN gives */
+    neg = acc < 0;
+    unsigned __int128 a = neg ? -(unsigned __int128)acc : (unsigned __int128)acc;
+    if (divisor <= 1) return (neg ? sign : 0) | round_u128(f, a, lo, 0);
+    m.n = 4, m.lo = lo;
+    for (int i = 0; i < 4; i++) m.d[i] = (uint32_t)(a >> (32 * i));
+  } else { /* wide spread: positive and negative parts as multiword integers, carries deferred */
+    uint64_t pos[MW_DIGITS] = {0}, negp[MW_DIGITS] = {0};
+    int nd = (hi - lo + 63) / 32 + 2;
+    for (int k = 0; k < n; k++) {
+      struct val x = decode(f, v[k]);
+      if (x.cls != V_FINITE) continue;
+      int s = x.lsb - lo, w = s / 32, b = s % 32;
+      unsigned __int128 t = (unsigned __int128)x.man << b; /* <= 53 + 31 bits */
+      uint64_t* acc = x.neg ? negp : pos;
+      for (int j = 0; j < 3 && w + j < nd; j++) acc[w + j] += (uint64_t)(uint32_t)(t >> (32 * j));
+    }
+    /* normalise both (each digit gathered fewer than 2^32 terms of < 2^32), then subtract */
+    uint64_t cp = 0, cn = 0;
+    for (int i = 0; i < nd; i++) {
+      pos[i] += cp, cp = pos[i] >> 32, pos[i] &= 0xffffffffu;
+      negp[i] += cn, cn = negp[i] >> 32, negp[i] &= 0xffffffffu;
+    }
+    int cmp = 0;
+    for (int i = nd - 1; i >= 0 && !cmp; i--) cmp = pos[i] > negp[i] ? 1 : pos[i] < negp[i] ? -1 : 0;
+    if (!cmp) return 0;
+    neg = cmp < 0;
+    const uint64_t* a = neg ? negp : pos;
+    const uint64_t* b = neg ? pos : negp;
+    int64_t borrow = 0;
+    for (int i = 0; i < nd; i++) {
+      int64_t d = (int64_t)a[i] - (int64_t)b[i] - borrow;
+      borrow = d < 0;
+      m.d[i] = (uint32_t)(d + (borrow ? (1ll << 32) : 0));
+    }
+    m.n = nd, m.lo = lo;
+  }
+  int sticky = divisor > 1 ? div_mw(&m, divisor) : 0;
+  return (neg ? sign : 0) | round_mw(f, &m, sticky);
+}
+
+/* Total order key of a non-NaN value's bits: -0 below +0, magnitudes ordered by their bits. */
+static uint64_t order_key(const struct fmt* f, uint64_t u) {
+  uint64_t sign = 1ull << (f->bits - 1), all = sign | (sign - 1);
+  return u & sign ? ~u & all : u | sign;
+}
+
+static uint64_t maxmin_one(const struct fmt* f, const uint64_t* v, int n, int is_max) {
+  int found = 0;
+  uint64_t best = 0, bk = 0;
+  for (int k = 0; k < n; k++) {
+    if (decode(f, v[k]).cls == V_NAN) continue;
+    uint64_t key = order_key(f, v[k]);
+    if (!found || (is_max ? key > bk : key < bk)) best = v[k], bk = key, found = 1;
+  }
+  return found ? best : f->qnan;
+}
+
+/* Contributions premultiplied where asked, into buf (n blocks of m elements); returns per-rank
+ * pointers to read (buf's or the caller's). */
+static void gather_block(const struct red_contrib* in, int n, size_t at, size_t m, size_t es, char* buf,
+                         const char** src) {
+  for (int k = 0; k < n; k++) {
+    const char* p = (const char*)in[k].p + at * es;
+    if (in[k].premul && red_has_premul(in[k].premul)) {
+      red_premul(in[k].premul, buf + (size_t)k * m * es, p, m);
+      p = buf + (size_t)k * m * es;
+    }
+    src[k] = p;
+  }
+}
+
+#define REPRO_BLOCK_BYTES (32u << 10)
+#define REPRO_MAX_BLOCK 256
+
+static void combine_order(const struct red_op* op, void* dst, const struct red_contrib* in, int n, size_t count,
+                          char* buf, const char** src) {
+  size_t es = red_type_size(op->type);
+  int lowp = op->type != ncclFloat32 && op->type != ncclFloat64;
+  struct red_op acc_op = {.kind = op->kind == RED_PROD ? RED_PROD : RED_SUM, .type = lowp ? ncclFloat32 : op->type};
+  size_t blk = REPRO_BLOCK_BYTES / ((size_t)n * es);
+  blk = blk < 1 ? 1 : blk > REPRO_MAX_BLOCK ? REPRO_MAX_BLOCK : blk;
+  _Alignas(64) float acc[REPRO_MAX_BLOCK], t[REPRO_MAX_BLOCK];
+  _Alignas(64) char wide[REPRO_MAX_BLOCK * 8];
+  for (size_t at = 0; at < count; at += blk) {
+    size_t m = count - at < blk ? count - at : blk;
+    gather_block(in, n, at, m, es, buf, src);
+    if (lowp) {
+      red_to_float(op->type, acc, src[0], m);
+      for (int k = 1; k < n; k++) {
+        red_to_float(op->type, t, src[k], m);
+        red_reduce(&acc_op, acc, acc, t, m);
+      }
+      red_from_float(op->type, (char*)dst + at * es, acc, m);
+    } else {
+      memcpy(wide, src[0], m * es);
+      for (int k = 1; k < n; k++) red_reduce(&acc_op, wide, wide, src[k], m);
+      memcpy((char*)dst + at * es, wide, m * es);
+    }
+  }
+  if (op->kind == RED_SUMPOSTDIV && op->divisor > 1) red_postop(op, dst, dst, count);
+}
+
+void red_repro_combine(int level, const struct red_op* op, void* dst, const struct red_contrib* in, int n,
+                       size_t count) {
+  struct fmt f;
+  if (!count || n < 1 || !fmt_of(op->type, &f)) return; /* integers never come here (exact already) */
+  size_t es = red_type_size(op->type);
+  /* premultiplied copies of one block of every rank: on the stack up to 32 KiB, else the heap */
+  _Alignas(64) char stackbuf[REPRO_BLOCK_BYTES];
+  const char* stack_src[64];
+  size_t blk = REPRO_BLOCK_BYTES / ((size_t)n * es);
+  blk = blk < 1 ? 1 : blk > REPRO_MAX_BLOCK ? REPRO_MAX_BLOCK : blk;
+  char* buf = (size_t)n * blk * es <= sizeof(stackbuf) ? stackbuf : malloc((size_t)n * blk * es);
+  const char** src = n <= 64 ? stack_src : malloc(sizeof(char*) * (size_t)n);
+  uint64_t stack_v[64], *v = n <= 64 ? stack_v : malloc(sizeof(uint64_t) * (size_t)n);
+  if (!buf || !src || !v) goto out; /* caller sized n; an allocation this small failing is fatal anyway */
+  int kind = op->kind;
+  if (kind == RED_MAX || kind == RED_MIN || (level == CH_REPRO_EXACT && kind != RED_PROD)) {
+    uint64_t divisor = kind == RED_SUMPOSTDIV && op->divisor > 1 ? op->divisor : 1;
+    for (size_t at = 0; at < count; at += blk) {
+      size_t m = count - at < blk ? count - at : blk;
+      gather_block(in, n, at, m, es, buf, src);
+      for (size_t i = 0; i < m; i++) {
+        for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f.bits);
+        uint64_t r = kind == RED_MAX || kind == RED_MIN ? maxmin_one(&f, v, n, kind == RED_MAX)
+                                                         : exact_one(&f, v, n, divisor);
+        store_bits(dst, at + i, f.bits, r);
+      }
+    }
+  } else {
+    combine_order(op, dst, in, n, count, buf, src);
+  }
+out:
+  if (buf != stackbuf) free(buf);
+  if (src != stack_src) free((void*)src);
+  if (v != stack_v) free(v);
+}
