@@ -45,6 +45,16 @@ ncclResult_t chorusCommSetTimeout(ncclComm_t comm, double seconds);
  * the whole report's length, without the NUL (the next report may differ). On any result but
  * ncclSuccess nothing is written; ncclInProgress while a nonblocking init is still running. */
 ncclResult_t chorusCommStallReport(ncclComm_t comm, char* text, size_t len, size_t* needed);
+/* Reproducible reductions (docs/REPRODUCIBLE.md) for floating-point AllReduce, ReduceScatter and
+ * Reduce on comm: chorusReproOrder gives the same bits whatever the algorithm, protocol, channels,
+ * message size or placement of the ranks, for a given rank count (ranks' values combined in rank
+ * order; 16- and 8-bit types accumulate in fp32 and round once); chorusReproExact gives the correctly
+ * rounded exact sum (avg: of the exact sum divided by nranks), so also the same for any rank count.
+ * Default: CHORUS_REPRODUCIBLE (off). Set it alike on every rank, before comm's first call
+ * (ncclInvalidUsage afterwards). Integer reductions are exact already: nothing changes for them. */
+typedef enum { chorusReproOff = 0, chorusReproOrder = 1, chorusReproExact = 2 } chorusRepro_t;
+ncclResult_t chorusCommSetReproducible(ncclComm_t comm, int level);
+ncclResult_t chorusCommGetReproducible(ncclComm_t comm, int* level);
 /* Rank and world size the environment describes, without creating a communicator. */
 ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
 

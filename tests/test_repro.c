@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chorus.h"
 #include "../src/reduce/reduce.h"
 #include "runner.h"
 
@@ -327,4 +328,184 @@ TEST(repro, premul_and_max_min) {
       EXPECT_EQ(f32(r[0]), 0x80000000u);
       EXPECT_EQ(f32(r[1]), 0x80000000u);
     }
+}
+
+/* ---- collectives: every configuration gives the closed-form bits ---------------------------------
+ * Inputs are inexact (random significands, mixed magnitudes, cancellation), so any other bracket
+ * than the defined one shows. Every rank regenerates all ranks' inputs and computes the expected
+ * result itself: ORDER as a left-to-right loop written here, EXACT with the big-integer reference
+ * above. Each configuration (algorithm, protocol, FIFO size, channels, in place, threads or
+ * processes, rank count) is checked against those, so all give the same bits. */
+#include "coll_util.h"
+#include "misc/param.h"
+
+struct rc_case {
+  int level, type, coll, inplace, env_level;
+  size_t count;
+};
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33, x *= 0xc4ceb9fe1a85ec53ull, x ^= x >> 33;
+  return x;
+}
+/* Rank r's value of element i (bits of the type): gradient-like, with every 7th element cancelling
+ * rank 0's value and every 11th spread over the whole range. */
+static uint64_t rc_input(int type, int r, size_t i) {
+  struct tf f = tf_of(type);
+  uint64_t h = mix((uint64_t)r * 0x9e3779b97f4a7c15ull + i * 0x632be59bd9b4e019ull + (uint64_t)type);
+  uint64_t u;
+  if (r > 0 && i % 7 == 0) return rc_input(type, 0, i) ^ (1ull << (f.bits - 1));
+  if (i % 11 == 0) u = h & (f.bits == 64 ? ~0ull : (1ull << f.bits) - 1);
+  else {
+    uint64_t e = (uint64_t)(f.bias - 4 + (int)(h >> 58) % 9); /* within 9 binades of 1 */
+    u = (h & ((1ull << f.mbits) - 1)) | e << f.mbits | (h >> 63) << (f.bits - 1);
+  }
+  if (is_nan(f, u) || is_inf(f, u)) u &= ~(1ull << (f.bits - 2)); /* clear the top exponent bit */
+  return u;
+}
+
+static double as_double(int type, uint64_t u) {
+  switch (type) {
+    case ncclFloat64: { double d; memcpy(&d, &u, 8); return d; }
+    case ncclFloat32: { float x; uint32_t w = (uint32_t)u; memcpy(&x, &w, 4); return x; }
+    case ncclFloat16: return red_half_to_float((uint16_t)u);
+    case ncclBfloat16: return red_bf16_to_float((uint16_t)u);
+    case ncclFloat8e5m2: return red_e5m2_to_float((uint8_t)u);
+    default: return red_e4m3_to_float((uint8_t)u);
+  }
+}
+/* ORDER's definition: rank order, accumulated in fp32 (in the type for fp32/fp64), one rounding. */
+static uint64_t rc_order(int type, int n, size_t i) {
+  if (type == ncclFloat64) {
+    volatile double s = as_double(type, rc_input(type, 0, i));
+    for (int r = 1; r < n; r++) s = s + as_double(type, rc_input(type, r, i));
+    return f64(s);
+  }
+  volatile float s = (float)as_double(type, rc_input(type, 0, i));
+  for (int r = 1; r < n; r++) s = s + (float)as_double(type, rc_input(type, r, i));
+  return nearest_guess(type, s); /* from fp32: exact for fp32, the library's RNE narrowing otherwise */
+}
+static uint64_t rc_expect(const struct rc_case* c, int n, size_t i) {
+  if (c->level == CH_REPRO_ORDER) return rc_order(c->type, n, i);
+  uint64_t v[64];
+  for (int r = 0; r < n; r++) v[r] = rc_input(c->type, r, i);
+  return ref_exact(c->type, v, n, 1);
+}
+
+static void rc_body(int rank, int n, ncclUniqueId id, void* arg) {
+  const struct rc_case* c = arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  if (!c->env_level) NCCL_OK(chorusCommSetReproducible(comm, c->level));
+  size_t es = red_type_size(c->type), cnt = c->count;
+  size_t in_n = c->coll == CU_REDUCESCATTER ? cnt * (size_t)n : cnt;
+  size_t out_n = c->coll == CU_REDUCESCATTER ? cnt : cnt;
+  char* send = calloc(in_n, es);
+  char* recv = calloc(in_n, es);
+  ASSERT(send && recv);
+  for (size_t i = 0; i < in_n; i++) put(c->type, send, (int)i, rc_input(c->type, rank, i));
+  if (c->inplace) memcpy(recv, send, in_n * es);
+  const void* sb = c->inplace ? recv : send;
+  if (c->coll == CU_ALLREDUCE)
+    NCCL_OK(ncclAllReduce(sb, recv, cnt, c->type, ncclSum, comm, NULL));
+  else if (c->coll == CU_REDUCESCATTER)
+    NCCL_OK(ncclReduceScatter(sb, c->inplace ? recv + (size_t)rank * cnt * es : recv, cnt, c->type, ncclSum, comm,
+                              NULL));
+  else
+    NCCL_OK(ncclReduce(sb, recv, cnt, c->type, ncclSum, n - 1, comm, NULL));
+  int bad = 0;
+  if (c->coll != CU_REDUCE || rank == n - 1) {
+    const char* out = c->coll == CU_REDUCESCATTER && c->inplace ? recv + (size_t)rank * cnt * es : recv;
+    size_t base = c->coll == CU_REDUCESCATTER ? (size_t)rank * cnt : 0;
+    for (size_t i = 0; i < out_n && bad < 3; i++) {
+      uint64_t want = rc_expect(c, n, base + i), got = get(c->type, out, (int)i);
+      if (want != got) {
+        bad++;
+        rt_fail(__FILE__, __LINE__, "rank %d/%d %s %s level %d%s algo %s proto %s: element %zu got %#llx want %#llx",
+                rank, n, cu_coll_name(c->coll), red_type_name(c->type), c->level, c->inplace ? " in place" : "",
+                getenv("NCCL_ALGO") ? getenv("NCCL_ALGO") : "auto", cu_proto(), base + i,
+                (unsigned long long)got, (unsigned long long)want);
+      }
+    }
+  }
+  free(send);
+  free(recv);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+static void rc_env(const char* algo, const char* proto, const char* buffsize, const char* level) {
+  if (algo) setenv("NCCL_ALGO", algo, 1); else unsetenv("NCCL_ALGO");
+  if (buffsize) setenv("NCCL_BUFFSIZE", buffsize, 1); else unsetenv("NCCL_BUFFSIZE");
+  if (level) setenv("CHORUS_REPRODUCIBLE", level, 1); else unsetenv("CHORUS_REPRODUCIBLE");
+  cu_force_proto(proto);
+}
+
+/* Every layout of one level: algorithms (auto: Direct between threads, Owner otherwise), protocols,
+ * FIFO sizes (chunking), in place, threads and processes, for the three reducing collectives. */
+static void rc_matrix(int level, int n, int procs, const int* types, int ntypes) {
+  static const char* algos[] = {NULL, "Owner"};
+  static const char* protos[] = {NULL, "LL", "LL128"};
+  static const char* sizes[] = {NULL, "65536"};
+  static const int colls[] = {CU_ALLREDUCE, CU_REDUCESCATTER, CU_REDUCE};
+  for (int a = 0; a < 2; a++)
+    for (int p = 0; p < 3; p++)
+      for (int s = 0; s < 2; s++)
+        for (int t = 0; t < ntypes; t++)
+          for (int k = 0; k < 3; k++) {
+            rc_env(algos[a], protos[p], sizes[s], NULL);
+            /* EXACT's reference (big integers, every element on every rank) is the slow part: fewer elements */
+            size_t big = level == CH_REPRO_EXACT ? 12000 : 40000;
+            struct rc_case c = {level, types[t], colls[k], (a + p + s) & 1, 0, 3001 + (size_t)s * big};
+            if (procs) rt_run_procs(n, rc_body, &c);
+            else rt_run_threads(n, rc_body, &c);
+          }
+  rc_env(NULL, NULL, NULL, NULL);
+}
+
+static const int rc_types[] = {ncclFloat32, ncclBfloat16, ncclFloat64, ncclFloat16, ncclFloat8e4m3, ncclFloat8e5m2};
+TEST_T(repro_coll, order_threads_4, 300) { rc_matrix(CH_REPRO_ORDER, 4, 0, rc_types, 3); }
+TEST_T(repro_coll, order_threads_3, 300) { rc_matrix(CH_REPRO_ORDER, 3, 0, rc_types + 3, 3); }
+TEST_T(repro_coll, order_procs_3, 300) { rc_matrix(CH_REPRO_ORDER, 3, 1, rc_types, 2); }
+TEST_T(repro_coll, exact_threads_4, 300) { rc_matrix(CH_REPRO_EXACT, 4, 0, rc_types, 3); }
+TEST_T(repro_coll, exact_threads_5, 300) { rc_matrix(CH_REPRO_EXACT, 5, 0, rc_types + 3, 3); }
+TEST_T(repro_coll, exact_procs_2, 300) { rc_matrix(CH_REPRO_EXACT, 2, 1, rc_types, 2); }
+
+/* CHORUS_REPRODUCIBLE takes effect like the call (no chorusCommSetReproducible), and Direct between
+ * processes on ncclMemAlloc buffers is not exercised here (test_direct covers Direct itself). */
+TEST_T(repro_coll, env_level_procs_4, 120) {
+  rc_env(NULL, NULL, NULL, "exact");
+  struct rc_case c = {CH_REPRO_EXACT, ncclFloat32, CU_ALLREDUCE, 0, 1, 100003};
+  rt_run_procs(4, rc_body, &c);
+  rc_env(NULL, NULL, NULL, "order");
+  c.level = CH_REPRO_ORDER, c.type = ncclBfloat16;
+  rt_run_threads(4, rc_body, &c);
+  rc_env(NULL, NULL, NULL, NULL);
+}
+
+/* NCCL_ALGO forcing only algorithms that cannot honour the level is refused with a message; setting
+ * the level after the first call is refused too. */
+static void refuse_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  NCCL_OK(chorusCommSetReproducible(comm, chorusReproOrder));
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8];
+  EXPECT_EQ(ncclAllReduce(x, y, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidUsage);
+  /* integers are exact already: any algorithm serves them */
+  int xi[8] = {1, 2, 3, 4, 5, 6, 7, 8}, yi[8];
+  NCCL_OK(ncclAllReduce(xi, yi, 8, ncclInt32, ncclSum, comm, NULL));
+  EXPECT_EQ(yi[7], 8 * n);
+  EXPECT_EQ(chorusCommSetReproducible(comm, chorusReproExact), ncclInvalidUsage);
+  EXPECT_EQ(chorusCommSetReproducible(comm, 7), ncclInvalidArgument);
+  int lvl = -1;
+  NCCL_OK(chorusCommGetReproducible(comm, &lvl));
+  EXPECT_EQ(lvl, chorusReproOrder);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST(repro_coll, forced_ring_refused) {
+  rc_env("Ring", NULL, NULL, NULL);
+  rt_run_threads(3, refuse_body, NULL);
+  rc_env(NULL, NULL, NULL, "sometimes");
+  ncclComm_t comms[2];
+  int devs[2] = {0, 1};
+  EXPECT(ncclCommInitAll(comms, 2, devs) != ncclSuccess); /* a malformed level fails init */
+  rc_env(NULL, NULL, NULL, NULL);
 }

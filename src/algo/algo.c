@@ -7,6 +7,7 @@ uint64_t algo_nsteps(const struct ch_op* op) {
   if (op->algo == ALGO_DIRECT) return 3;
   if (op->func == FUNC_SEND || op->func == FUNC_RECV) return p2p_nsteps(op);
   if (op->nranks == 1) return local_nsteps(op);
+  if (op->algo == ALGO_OWNER) return owner_nsteps(op);
   switch (op->func) {
     case FUNC_ALLREDUCE:
       if (op->algo == ALGO_EXCHANGE) return exchange_allreduce_nsteps(op);
@@ -26,6 +27,7 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   *p = (struct prim){0};
   if (op->func == FUNC_SEND || op->func == FUNC_RECV) return p2p_step(op, idx, p);
   if (op->nranks == 1) return local_step(op, idx, p);
+  if (op->algo == ALGO_OWNER) return owner_step(op, idx, p);
   switch (op->func) {
     case FUNC_ALLREDUCE:
       if (op->algo == ALGO_EXCHANGE) exchange_allreduce_step(op, idx, p);
@@ -48,7 +50,9 @@ void algo_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   }
 }
 
-int algo_uses_peers(int algo) { return algo == ALGO_RECDBL || algo == ALGO_TREE || algo == ALGO_RABEN; }
+int algo_uses_peers(int algo) {
+  return algo == ALGO_RECDBL || algo == ALGO_TREE || algo == ALGO_RABEN || algo == ALGO_OWNER;
+}
 
 const char* algo_name(int algo) { return algo >= 0 && algo < ALGO_COUNT ? ch_algo_name(algo) : "?"; }
 

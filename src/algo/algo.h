@@ -27,7 +27,7 @@ _Static_assert(FUNC_BROADCAST == 0 && FUNC_REDUCE == 1 && FUNC_ALLGATHER == 2 &&
 enum ch_algo { CH_ALGO_LIST(CH_ALGO_ENUM_) ALGO_COUNT };
 #undef CH_ALGO_ENUM_
 _Static_assert(ALGO_TREE == 0 && ALGO_RING == 1 && ALGO_EXCHANGE == 2 && ALGO_DIRECT == 3 && ALGO_RECDBL == 4 &&
-                   ALGO_RABEN == 5 && ALGO_COUNT == 6,
+                   ALGO_RABEN == 5 && ALGO_OWNER == 6 && ALGO_COUNT == 7,
                "ALGO_* values are NCCL's for Tree and Ring and index tables");
 
 /* Where a rank's buffer lives, so that peers can reach it (direct_allreduce.c). Threads of one process
@@ -117,7 +117,9 @@ struct ch_op {
   const int* ring; /* ring order: ring[i] = rank at position i */
   const struct algo_tree* trees; /* ALGO_TREE: the communicator's trees, each carrying a part of the data */
   int ntrees;
-  char* tmp; /* Tree Reduce: one step of partial results (a non-root rank may have no recvbuff) */
+  char* tmp; /* Tree Reduce: one step of partial results (a non-root rank may have no recvbuff); Owner:
+              * a slot per rank of one step each, tmp_stride bytes apart */
+  size_t tmp_stride;
   /* this channel's part of each block: [part_off, part_off + part_count) */
   size_t part_off, part_count;
   size_t chunk; /* elements per step */
@@ -182,6 +184,9 @@ uint64_t ring_broadcast_nsteps(const struct ch_op* op);
 void ring_broadcast_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t ring_reduce_nsteps(const struct ch_op* op);
 void ring_reduce_step(const struct ch_op* op, uint64_t idx, struct prim* p);
+/* Owner (owner.c): the reproducible reductions' FIFO algorithm (AllReduce, ReduceScatter, Reduce). */
+uint64_t owner_nsteps(const struct ch_op* op);
+void owner_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t p2p_nsteps(const struct ch_op* op);
 void p2p_step(const struct ch_op* op, uint64_t idx, struct prim* p);
 uint64_t local_nsteps(const struct ch_op* op);

@@ -17,6 +17,7 @@
  * a segment reads or writes it. A rank that cannot map a peer's buffer marks its done word failed, so
  * every rank ends the call with an error instead of waiting for ever. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -111,18 +112,26 @@ static void reduce_scatter_segment(struct ch_op* op, const struct red_op* red, c
   size_t es = op->esize;
   _Alignas(64) char block[4096];
   size_t per = sizeof(block) / es;
+  struct red_contrib in_s[64], *in = n <= 64 ? in_s : NULL;
+  if (op->ctx.repro && !in) in = malloc(sizeof(*in) * (size_t)n); /* more than 64 ranks on one host */
   for (size_t o = 0; o < len; o += per) {
     size_t m = len - o < per ? len - o : per, b = (at + o) * es;
-    red_premul(&red[me], block, send[me] + b, m);
-    for (int k = 0; k < n; k++)
-      if (k != me) red_reduce(&red[k], block, block, send[k] + b, m);
-    if (red_has_postop(&red[me])) red_postop(&red[me], block, block, m);
+    if (op->ctx.repro && in) { /* every rank's value of each element in rank order (reduce/repro.c) */
+      for (int k = 0; k < n; k++) in[k] = (struct red_contrib){send[k] + b, &red[k]};
+      red_repro_combine(op->ctx.repro, &red[me], block, in, n, m);
+    } else {
+      red_premul(&red[me], block, send[me] + b, m);
+      for (int k = 0; k < n; k++)
+        if (k != me) red_reduce(&red[k], block, block, send[k] + b, m);
+      if (red_has_postop(&red[me])) red_postop(&red[me], block, block, m);
+    }
     for (int k = 0; k < n; k++) {
       if (op->ctx.nt_dst) red_nt_copy(recv[k] + b, block, m * es);
       else memcpy(recv[k] + b, block, m * es);
     }
   }
   if (op->ctx.nt_dst) red_nt_fence();
+  if (in != in_s) free(in);
 }
 
 int direct_allreduce_try(struct ch_op* op) {

@@ -89,7 +89,7 @@ static ch_status check_task(struct ch_task* t) {
     return CH_INVALID_ARG;
   }
   if (has_op(t->func)) CHECK(api_red_op(comm, t->op, t->type, &t->red));
-  CHECK(tune_check_call(comm, t->func)); /* NCCL_ALGO/NCCL_PROTO leave it something to run */
+  CHECK(tune_check_call(comm, t->func, t->type)); /* NCCL_ALGO/NCCL_PROTO leave it something to run */
   if (has_root(t->func) && (t->root < 0 || t->root >= comm->nranks)) {
     WARN("%s: invalid root %d (nranks is %d)", fn, t->root, comm->nranks);
     return CH_INVALID_ARG;

@@ -384,6 +384,38 @@ CH_API(ncclResult_t, chorusCommSetTimeout, ncclComm_t comm, double seconds) {
   return ncclSuccess;
 }
 
+CH_API(ncclResult_t, chorusCommSetReproducible, ncclComm_t comm, int level) {
+  struct comm_guard g;
+  ch_status s = comm_check(comm, "chorusCommSetReproducible");
+  if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
+    if (level < CH_REPRO_OFF || level > CH_REPRO_EXACT) {
+      WARN("chorusCommSetReproducible: level %d is not one of chorusReproOff (0), chorusReproOrder (1), "
+           "chorusReproExact (2)", level);
+      s = CH_INVALID_ARG;
+    } else if ((s = comm_ensure_ready(comm)) != CH_OK) {
+    } else if (comm->rings_connected || atomic_load(&comm->seq) != 0) {
+      /* the calls so far connected and chose without it: ranks would disagree on what runs */
+      WARN("chorusCommSetReproducible: communicator %p (rank %d) has already run a collective; set the level "
+           "before its first call", (void*)comm, comm->rank);
+      s = CH_INVALID_USAGE;
+    } else {
+      comm->repro = level;
+      INFO(LOG_INIT, "comm %p rank %d: reproducible reductions %s", (void*)comm, comm->rank,
+           level == CH_REPRO_EXACT ? "exact" : level ? "order" : "off");
+    }
+    comm_leave(&g);
+  }
+  return ch_to_nccl(s);
+}
+
+CH_API(ncclResult_t, chorusCommGetReproducible, ncclComm_t comm, int* level) {
+  ch_status s = comm_check(comm, "chorusCommGetReproducible");
+  if (s != CH_OK) return ch_to_nccl(s);
+  ARG_NONNULL(level, "chorusCommGetReproducible");
+  *level = comm->repro;
+  return ncclSuccess;
+}
+
 /* Safe from any thread at any time (PyTorch's watchdog polls it while the main thread issues calls):
  * atomic loads only, never a join or a wait; counted in `users` so a concurrent abort waits for it. */
 CH_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError) {

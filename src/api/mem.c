@@ -250,7 +250,12 @@ ch_status api_red_op(struct ncclComm* comm, int op, int type, struct red_op* out
     case ncclMax: out->kind = RED_MAX; return CH_OK;
     case ncclMin: out->kind = RED_MIN; return CH_OK;
     case ncclAvg:
-      if (red_type_is_float(type)) {
+      /* EXACT: the exact sum divided by nranks, rounded once (reduce/repro.c); NCCL's avg premultiplies
+       * by 1/nranks, which ORDER keeps. */
+      if (red_type_is_float(type) && comm->repro == CH_REPRO_EXACT && comm->nranks > 1) {
+        out->kind = RED_SUMPOSTDIV;
+        out->divisor = (uint64_t)comm->nranks;
+      } else if (red_type_is_float(type)) {
         out->kind = RED_PREMULSUM;
         out->scalar_f = 1.0 / comm->nranks;
       } else {

@@ -86,6 +86,12 @@ struct ncclComm {
   struct tp_sizes sizes;     /* ring FIFOs */
   struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */
   char* scratch; /* LL/LL128 staging, one slot payload */
+  /* Reproducible reductions: the level (CH_REPRO_*, CHORUS_REPRODUCIBLE or chorusCommSetReproducible
+   * before the first call; read by the calling thread only), and Owner's slots (nranks steps of
+   * peer_step_bytes, made by plan_build on first use, freed with the comm). */
+  int repro;
+  char* repro_scratch;
+  size_t peer_step_bytes;
   char* peer_scratch; /* Tree Reduce partial results: one step of the per-peer FIFOs (init.c); used only
                        * by the thread running this comm's current plan (plans run one at a time,
                        * and a plan's Tree Reduces share one lane) */

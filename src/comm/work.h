@@ -12,6 +12,7 @@ struct tune_choice {
   int fallback; /* algorithm when Direct finds a buffer other processes cannot reach */
   int fb_nch;   /* Direct between processes: the channels that fallback takes (the model's for it), 1 if one */
   int nt;     /* write results with non-temporal (streaming) stores */
+  int repro;  /* the reproducible level (CH_REPRO_*) this call honours; 0: none */
 };
 
 struct ch_task {

@@ -193,6 +193,9 @@ static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_s
         algo_peer_set(c->rank, n, c->trees, c->ntrees, need_send + n + 1);
         algo_peer_set(c->rank, n, c->trees, c->ntrees, need_recv + n + 1);
       }
+      /* Owner (the reproducible levels) talks to every rank: all pairs, with the rings. */
+      for (int r = 0; !c->rings_connected && c->repro && r < n; r++)
+        if (r != c->rank) need_send[n + 1 + r] = need_recv[n + 1 + r] = 1;
     }
   }
   return unconnected;

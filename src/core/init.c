@@ -296,6 +296,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
   if (!comm->scratch) return CH_SYSTEM;
   size_t pstep = 0;
   for (int p = 0; p < CH_NPROTO; p++) pstep = UT_MAX(pstep, prim_slot_payload(p, comm->p2p_sizes.buff[p] / CH_STEPS));
+  comm->peer_step_bytes = pstep;
   comm->peer_scratch = malloc(pstep);
   if (!comm->peer_scratch) return CH_SYSTEM;
 
@@ -473,6 +474,8 @@ void comm_free(struct ncclComm* comm) {
   free(comm->p2p);
   free(comm->scratch);
   free(comm->peer_scratch);
+  free(comm->repro_scratch);
+  comm->repro_scratch = NULL;
   comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = NULL, comm->scratch = comm->peer_scratch = NULL;
   comm_unref(comm);
 }

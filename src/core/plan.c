@@ -159,6 +159,8 @@ static void direct_describe(struct ch_op* op) {
 static void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_t esize) {
   const struct tp_sizes* sz = coll && !algo_uses_peers(op->algo) ? &comm->sizes : &comm->p2p_sizes;
   op->chunk = prim_step_elems(op->proto, sz->buff[op->proto] / CH_STEPS, esize ? esize : 1);
+  op->tmp_stride = op->chunk * esize; /* Owner's slots: one step each (init.c sizes repro_scratch so) */
+  if (op->algo == ALGO_OWNER) op->tmp = comm->repro_scratch;
 }
 
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out) {
@@ -179,7 +181,17 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
     struct ch_task* t = &bs.tasks[i];
     /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
      * FIFOs of their own (comm_apeer), apart from the group's sends and receives. */
-    tune_choose(comm, t->func, t->count * red_type_size(t->type), &t->how);
+    tune_choose_call(comm, t->func, t->count * red_type_size(t->type), tune_repro_level(comm, t->func, t->type),
+                     &t->how);
+    if (t->how.repro && !comm->repro_scratch) {
+      /* Owner's slots (a step per rank), made once; only this comm's calling thread builds its plans */
+      comm->repro_scratch = malloc(comm->peer_step_bytes * (size_t)comm->nranks);
+      if (!comm->repro_scratch) {
+        WARN("could not allocate %zu bytes for the reproducible reductions' slots",
+             comm->peer_step_bytes * (size_t)comm->nranks);
+        return CH_SYSTEM;
+      }
+    }
     if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1, t->how.fb_nch = 1;
     for (int c = 0; c < task_nops(t); c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
     nops += task_nops(t);
@@ -246,6 +258,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       op->algo = t->how.algo;
       op->proto = op->ctx.proto = t->how.proto;
       op->ctx.nt_dst = t->how.nt;
+      op->ctx.repro = t->how.repro;
       op->part_off = UT_MIN(t->count, (size_t)c * per);
       op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
       if (is_coll(t->func)) {

@@ -8,6 +8,7 @@
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "../core/plan.h"
+#include "../tune/tune.h"
 #include "gpu.h"
 
 /* The calls that run on the GPU: every collective, and Send/Recv. */
@@ -16,7 +17,11 @@ int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }
 
 /* Decided from what every rank knows alike (the comm and the call), never from one rank's buffers:
  * a buffer that cannot take part (another device's) fails the call on every rank instead. */
-int gpu_takes(const struct ch_task* t) { return t->comm->gpu && t->count > 0 && on_gpu(t->func); }
+/* Reproducible reductions run on host copies (gpu/staging.c): the host's combination (reduce/repro.c)
+ * is the one definition of their bits, so device buffers give what host buffers give. */
+int gpu_takes(const struct ch_task* t) {
+  return t->comm->gpu && t->count > 0 && on_gpu(t->func) && !tune_repro_level(t->comm, t->func, t->type);
+}
 
 /* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
  * allocation when some rank is another process (kept per allocation: the driver's buffer id). */

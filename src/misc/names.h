@@ -67,7 +67,8 @@
   X(EXCHANGE, "Exchange", -1)      \
   X(DIRECT, "Direct", -1)          \
   X(RECDBL, "RecDbl", -1)          \
-  X(RABEN, "Rabenseifner", -1)
+  X(RABEN, "Rabenseifner", -1)     \
+  X(OWNER, "Owner", -1)
 /* NCCL's algorithms Chorus does not run: NCCL_ALGO accepts them, nothing chooses them. In algorithm
  * masks they take the bits after Chorus's own (CH_NALGO + row). */
 #define CH_ALGO_NCCL_ONLY_LIST(X)        \

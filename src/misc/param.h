@@ -72,6 +72,8 @@
     "smallest AllReduce (bytes) done Direct when all ranks are threads of one process (-1 = never)") \
   X(SHM_DIRECT_MIN_BYTES, "CHORUS_SHM_DIRECT_MIN_BYTES", P_INT, 256 << 10, "",                      \
     "smallest AllReduce (bytes) done Direct between processes of one host on ncclMemAlloc buffers (-1 = never)") \
+  X(REPRODUCIBLE, "CHORUS_REPRODUCIBLE", P_STR, 0, "off",                                        \
+    "floating-point AllReduce/ReduceScatter/Reduce: off, order (the same bits whatever the algorithm, protocol, channels or placement, for a given rank count) or exact (the correctly rounded exact sum: also the same for any rank count); ranks must agree (docs/REPRODUCIBLE.md)") \
   X(STREAM_MIN_BYTES, "CHORUS_STREAM_MIN_BYTES", P_INT, 8 << 20, "",                               \
     "smallest result (bytes) written with streaming stores, bypassing the cache (-1 = never)")     \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \

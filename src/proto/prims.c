@@ -4,6 +4,7 @@
  * (a receiver never takes another call's data for its own), and the writer stores
  * the last line's flag with release order, so seeing that flag (acquire) proves the whole slot is
  * visible on any architecture. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "prims.h"
@@ -87,7 +88,21 @@ static void compute_streamed(const struct prim_ctx* ctx, const struct prim* p, c
   red_nt_fence();
 }
 
+/* Owner's combine step: every rank's contribution is here (reduce/repro.c). */
+static int prim_combine(struct prim_ctx* ctx, const struct prim* p) {
+  struct red_contrib stack_in[64] = {{0}}, *in = p->nslots <= 64 ? stack_in : malloc(sizeof(*in) * (size_t)p->nslots);
+  if (!in) return 0; /* retried: this is the only allocation on the path, and it is small */
+  for (int q = 0; q < p->nslots; q++)
+    in[q] = q == p->self ? (struct red_contrib){p->src, ctx->red}
+                         : (struct red_contrib){p->slots + (size_t)q * p->slot_stride, NULL};
+  red_repro_combine(ctx->repro, ctx->red, p->dst, in, p->nslots, p->nelem);
+  if (in != stack_in) free(in);
+  return 1;
+}
+
 int prim_try(struct prim_ctx* ctx, const struct prim* p) {
+  if (p->combine) return prim_combine(ctx, p);
+  if (!p->send && !p->recv && !p->dst) return 1; /* an empty step (Owner: an empty part) */
   int proto = ctx->proto;
   size_t bytes = p->nelem * ctx->esize;
   if (p->recv && !in_ready(ctx->in, proto, bytes, ctx->tag)) {

@@ -30,6 +30,12 @@ struct prim {
   uint8_t peers;  /* in/out are the per-peer connections of ranks in_peer/out_peer (set by the engine),
                    * not the op's own (its ring neighbours) */
   int in_peer, out_peer;
+  /* combine (Owner): dst <- red_repro_combine of nslots contributions, slot q at slots + q * slot_stride
+   * (premultiplied by their senders) but slot self, which is premul(src). No FIFO is touched. */
+  uint8_t combine;
+  int self, nslots;
+  const char* slots;
+  size_t slot_stride;
   const char* src;
   char* dst;
   size_t nelem;
@@ -41,6 +47,7 @@ struct prim_ctx {
   int proto;
   size_t esize;
   const struct red_op* red;
+  int repro; /* the reproducible level (CH_REPRO_*) a combine step applies */
   char* scratch; /* >= largest LL/LL128 slot payload */
   int nt_dst; /* write final results (dst, not also sent) with streaming stores: a large output */
   /* Set when prim_try returns 0: what to sleep on (see prim_wait). */

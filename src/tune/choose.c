@@ -47,6 +47,7 @@ void tune_init(struct ncclComm* comm) {
   /* LL/LL128 readiness rests on flags stored last with release order; a recv() into a slot gives no
    * such order (the proxy publishes whole slots through tail), and only Simple steps record their
    * size for the proxy. So a communicator that uses the network runs Simple only. */
+  if (tune_parse_repro(param_str(PARAM_REPRODUCIBLE), &comm->repro) != CH_OK) comm->tune_bad |= 4;
   comm->tune_net = tune_uses_net(comm);
   comm->model = tune_model_get(); /* CHORUS_TUNE_FILE is looked up once per communicator */
   comm->proto_ok = comm->tune_net ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
@@ -59,6 +60,31 @@ void tune_init(struct ncclComm* comm) {
   /* Striping over sockets (init.c): large calls may use that many channels, a socket each per peer. */
   if (comm->tune_net) comm->max_nchannels = UT_MAX(comm->max_nchannels, UT_MIN(comm->nchannels, tune_net_socks()));
   tuner_open(comm);
+}
+
+ch_status tune_parse_repro(const char* v, int* level) {
+  static const char* names[] = {"off", "order", "exact"};
+  if (!v || !*v) v = "off";
+  for (int i = 0; i < 3; i++)
+    if (ch_name_is(v, strlen(v), names[i], 1) && strlen(v) == strlen(names[i])) {
+      *level = i;
+      return CH_OK;
+    }
+  WARN("CHORUS_REPRODUCIBLE=%s: expected off, order or exact", v);
+  return CH_INVALID_USAGE;
+}
+
+int tune_repro_level(const struct ncclComm* comm, int func, int type) {
+  int reduces = func == FUNC_ALLREDUCE || func == FUNC_REDUCESCATTER || func == FUNC_REDUCE;
+  return reduces && comm->nranks > 1 && red_type_is_float(type) ? comm->repro : CH_REPRO_OFF;
+}
+
+/* The algorithms that honour a reproducible level: Owner anywhere, Direct for AllReduce on one host
+ * (both combine every rank's value of an element at one place, reduce/repro.c). */
+static unsigned repro_algos(const struct ncclComm* comm, int func) {
+  unsigned m = 1u << ALGO_OWNER;
+  if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
+  return m;
 }
 
 int64_t tune_agree_value(const struct ncclComm* comm, int is_algo) {
@@ -104,11 +130,12 @@ static void put_names(unsigned m, int is_algo, int nbits, char* out, size_t cap)
   if (!out[0]) snprintf(out, cap, "none");
 }
 
-ch_status tune_check_call(struct ncclComm* comm, int func) {
+ch_status tune_check_call(struct ncclComm* comm, int func, int type) {
   if (comm->nranks == 1) return CH_OK; /* a local copy: nothing to choose */
   int i = tune_mask_index(func);
   const char* fn = tune_func_name(func);
   char a[160], b[160];
+
   if (!(comm->proto_mask[i] & comm->proto_ok)) {
     put_names(comm->proto_mask[i], 0, CH_NPROTO, a, sizeof(a));
     put_names(comm->proto_ok, 0, CH_NPROTO, b, sizeof(b));
@@ -117,6 +144,16 @@ ch_status tune_check_call(struct ncclComm* comm, int func) {
          ", as the network transport carries only Simple" : "");
     return CH_INVALID_USAGE;
   }
+  int repro = tune_repro_level(comm, func, type);
+  if (repro && !(comm->algo_mask[i] & repro_algos(comm, func))) {
+    put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
+    put_names(repro_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
+    WARN("%s: NCCL_ALGO=%s leaves it no algorithm that honours the reproducible level %s (allowed: %s; "
+         "the ones that do here: %s); unset NCCL_ALGO or allow one of them", fn, param_str(PARAM_ALGO),
+         repro == CH_REPRO_EXACT ? "exact" : "order", a, b);
+    return CH_INVALID_USAGE;
+  }
+  if (repro) return CH_OK; /* Owner (or Direct) runs it, whatever else NCCL_ALGO allows */
   if (func < TUNE_P2P && !(comm->algo_mask[i] & runnable_algos(comm, func))) {
     put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
     put_names(runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
@@ -141,6 +178,12 @@ static double predict_us(const struct ncclComm* comm, int func, int algo, int pr
   if (algo == ALGO_DIRECT) {
     traffic = 2.0 * (dn - 1) / dn; /* read peers' inputs, write peers' outputs: its segment */
     return model->direct_us + (double)bytes * traffic / model->copy_bw;
+  }
+  if (algo == ALGO_OWNER) { /* a hop to the owners (and one back): the ring's bytes */
+    steps = func == FUNC_REDUCESCATTER ? 1 : 2;
+    traffic = func == FUNC_REDUCESCATTER ? dn - 1 : 2 * (dn - 1) / dn;
+    if (net) return steps * model->net_step_us + (double)bytes * traffic / model->net_bw;
+    return steps * model->step_us[proto] + (double)bytes * traffic * copies / (model->copy_bw * model->proto_eff[proto]);
   }
   if (n == 1) {
     steps = 0, traffic = 1, copies = 1; /* local copy */
@@ -187,9 +230,15 @@ static double cost_us(const struct ncclComm* comm, int func, int algo, int proto
 /* Algorithms allowed and runnable for this call. The size thresholds (CHORUS_EXCHANGE_MAX_BYTES,
  * CHORUS_*DIRECT_MIN_BYTES) bound where Chorus's own algorithms run; where they rule out everything
  * NCCL_ALGO allows, Ring runs the call (what Exchange and Direct fall back to). */
-static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes) {
+static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes, int repro) {
   if (comm->nranks == 1 || func >= TUNE_P2P) return 1u << ALGO_RING;
   unsigned allow = comm->algo_mask[func] & runnable_algos(comm, func), e = allow;
+  if (repro) { /* only what honours the level; Owner whatever NCCL_ALGO says (tune_check_call refused that) */
+    e = comm->algo_mask[func] & repro_algos(comm, func);
+    if ((e & (1u << ALGO_DIRECT)) && bytes < (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes))
+      e &= ~(1u << ALGO_DIRECT);
+    return e ? e : 1u << ALGO_OWNER;
+  }
   if (bytes > comm->exchange_max_bytes) e &= ~(1u << ALGO_EXCHANGE);
   if ((e & (1u << ALGO_DIRECT)) && bytes < (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes))
     e &= ~(1u << ALGO_DIRECT);
@@ -202,7 +251,8 @@ static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes) {
 }
 
 /* Preference among equal predictions: Chorus's specialised algorithms first, Simple first. */
-static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_RECDBL, ALGO_RABEN, ALGO_TREE};
+static const int algo_order[ALGO_COUNT] = {ALGO_DIRECT, ALGO_EXCHANGE, ALGO_RING, ALGO_RECDBL, ALGO_RABEN, ALGO_TREE,
+                                           ALGO_OWNER};
 static const int proto_order[CH_NPROTO] = {PROTO_SIMPLE, PROTO_LL128, PROTO_LL};
 
 /* Cheapest entry of cost (negative: not available); 0 if none. */
@@ -255,10 +305,11 @@ static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t
  * set per pair. */
 static int algo_one_channel(int algo) { return algo == ALGO_DIRECT || algo_uses_peers(algo); }
 
-static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out, int* by_tuner) {
+static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out,
+                     int* by_tuner) {
   const struct tune_model* model = comm->model;
   int n = comm->nranks, i = tune_mask_index(func);
-  unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes);
+  unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes, repro);
   if (!pm) pm = 1u << PROTO_SIMPLE; /* only if tune_check_call was bypassed */
   int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes / model->chan_bytes));
   nch = UT_MAX(1, UT_MIN(nch, comm->nchannels));
@@ -266,7 +317,8 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   for (int a = 0; a < ALGO_COUNT; a++)
     for (int p = 0; p < CH_NPROTO; p++)
       t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(comm, func, a, p, bytes, algo_one_channel(a) ? 1 : nch) : -1.0;
-  *by_tuner = comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
+  /* A tuner plugin sees NCCL's algorithms only: nothing to ask when the level leaves none of them. */
+  *by_tuner = !repro && comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
   int algo = ALGO_RING, proto = PROTO_SIMPLE;
   cheapest(*by_tuner ? cost : t, &algo, &proto);
   /* Direct between processes runs another algorithm when some buffer is not from ncclMemAlloc (known
@@ -276,7 +328,9 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
    * within 1% of Ring, so cannot tell them apart, and measured on 2 CPUs (4 processes) Ring was
    * 1.2-2x faster from 4 MiB; the 16-core single runs disagreed (docs/PERFORMANCE.md). */
   out->fallback = algo;
-  if (algo == ALGO_DIRECT) {
+  if (algo == ALGO_DIRECT && repro) {
+    out->fallback = ALGO_OWNER; /* the one other algorithm that honours the level */
+  } else if (algo == ALGO_DIRECT) {
     unsigned fm = em & (1u << ALGO_EXCHANGE | 1u << ALGO_RING);
     if (!fm) fm = 1u << ALGO_RING;
     double fb[ALGO_COUNT][CH_NPROTO];
@@ -287,8 +341,9 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   }
   /* On 2 ranks RecDbl, Rabenseifner and Tree are one link each way, the same steps as Ring, so they
    * run as Ring there and need no connections of their own (tune_peer_algos). */
-  if (n == 2 && algo_uses_peers(algo)) algo = out->fallback = ALGO_RING;
+  if (n == 2 && algo_uses_peers(algo) && algo != ALGO_OWNER) algo = out->fallback = ALGO_RING;
   out->algo = algo;
+  out->repro = repro;
   out->proto = proto;
   out->nch = algo_one_channel(algo) ? 1 : nch;
   /* Direct between processes that falls back runs its fallback on the channels the model gives it
@@ -301,20 +356,28 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, struct tune_
   return predict_us(comm, func, algo, proto, bytes, out->nch);
 }
 
-double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
+double tune_predict_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
   int by_tuner;
-  return choose(comm, func, bytes, out, &by_tuner);
+  return choose(comm, func, bytes, repro, out, &by_tuner);
+}
+double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
+  return tune_predict_call(comm, func, bytes, CH_REPRO_OFF, out);
+}
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
+  tune_choose_call(comm, func, bytes, CH_REPRO_OFF, out);
 }
 
-void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
+void tune_choose_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
   int by_tuner;
-  double us = choose(comm, func, bytes, out, &by_tuner);
+  double us = choose(comm, func, bytes, repro, out, &by_tuner);
   int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;
   char fb[96] = "";
   if (note) snprintf(fb, sizeof fb, " if all buffers are from ncclMemAlloc, else %s on %d channel(s)",
                      algo_name(out->fallback), out->fb_nch);
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s",
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s%s",
        tune_func_name(func), bytes, algo_name(out->algo), fb, tune_proto_name(out->proto), out->nch, us,
        by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
-       out->nt ? ", streaming stores" : "");
+       out->nt ? ", streaming stores" : "",
+       repro == CH_REPRO_EXACT ? ", reproducible exact: Owner/Direct only" :
+       repro ? ", reproducible order: Owner/Direct only" : "");
 }

@@ -16,6 +16,16 @@ int tune_uses_net(const struct ncclComm* comm);
 int tune_net_socks(void);
 void tune_init(struct ncclComm* comm);
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
+/* The same for a call that must honour a reproducible level (CH_REPRO_*; tune_repro_level): only the
+ * algorithms that do (Owner, Direct) are candidates. */
+void tune_choose_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
+double tune_predict_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
+/* The level a call of func on type must honour: the communicator's for floating-point reductions on
+ * several ranks, else CH_REPRO_OFF (integers are exact already). */
+int tune_repro_level(const struct ncclComm* comm, int func, int type);
+/* CHORUS_REPRODUCIBLE's value ("off", "order", "exact", any case; empty: off) as a level, or
+ * CH_INVALID_USAGE with a WARN. */
+ch_status tune_parse_repro(const char* value, int* level);
 /* Names of misc/names.h, "?" for a value that has none. */
 const char* tune_proto_name(int proto); /* "LL", "LL128", "Simple" */
 /* Whether NCCL_ALGO leaves some collective an algorithm that uses the per-peer connections (RecDbl,
@@ -52,7 +62,7 @@ int64_t tune_agree_value(const struct ncclComm* comm, int is_algo);
 ch_status tune_check(struct ncclComm* comm);
 /* When a call is checked: CH_INVALID_USAGE with a WARN when NCCL_ALGO/NCCL_PROTO leave `func`
  * nothing Chorus can run on this communicator. */
-ch_status tune_check_call(struct ncclComm* comm, int func);
+ch_status tune_check_call(struct ncclComm* comm, int func, int type);
 /* The choice for a call and the model's predicted time (us) of what was chosen; tune_choose is this
  * plus the TUNING log line. */
 double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
