@@ -171,7 +171,7 @@ TEST(names, algorithms) {
   unsigned m[TUNE_NMASK];
   EXPECT_EQ(tune_parse("NCCL_ALGO", "ring,hyper", 1, m), CH_INVALID_USAGE);
   EXPECT(strstr(log_last_error(), "unknown algorithm 'hyper' (known: Tree, Ring, CollNetDirect, CollNetChain, NVLS, "
-                                  "NVLSTree, PAT, Exchange, Direct, RecDbl, Rabenseifner)"));
+                                  "NVLSTree, PAT, Exchange, Direct, RecDbl, Rabenseifner, Owner)"));
 }
 
 TEST(names, protocols) {
