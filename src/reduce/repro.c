@@ -228,6 +228,88 @@ static uint64_t order_key(const struct fmt* f, uint64_t u) {
   return u & sign ? ~u & all : u | sign;
 }
 
+/* ---- EXACT's fast path for the types inside fp32 (fp32, bf16, fp16, fp8) -------------------------
+ * When an element's nonzero terms are normal numbers whose exponents lie within 53 - p - log2(n)
+ * binades of each other, their sum and every partial sum is exact in a double (the common case:
+ * gradients span a few binades). The double is then rounded to the type with integer arithmetic.
+ * Anything else (a subnormal term or result, Inf, NaN, a wider spread, an overflow, a quotient near
+ * a tie) goes to exact_one. Same bits either way: both are the exact sum rounded once. Subnormal
+ * terms are excluded so that DAZ cannot zero them; the adds are exact, so rounding modes do not
+ * matter; FTZ could only touch subnormal results, which are excluded too. */
+
+/* RN of d (exact, or for a quotient within half an ulp of a double) to the format; 0 if the slow path
+ * must decide (result not normal in the format, overflow, or near_tie and d close to a midpoint). */
+static inline int round_double(const struct fmt* f, double d, int near_tie, uint64_t* out) {
+  uint64_t u;
+  memcpy(&u, &d, 8);
+  uint64_t sign = u >> 63, E = (u >> 52) & 0x7ff, mant = u & ((1ull << 52) - 1);
+  if (E == 0) {
+    if (mant) return 0;
+    *out = sign << (f->bits - 1); /* an exact zero keeps IEEE's sign: -0 only from -0 terms alone */
+    return 1;
+  }
+  int e = (int)E - 1023;
+  if (e < 1 - f->bias) return 0; /* subnormal in the format */
+  int sh = 52 - f->mbits;
+  uint64_t half = 1ull << (sh - 1), disc = mant & ((1ull << sh) - 1);
+  if (near_tie && disc + 1 >= half && disc <= half + 1) return 0;
+  uint64_t r = ((uint64_t)(e + f->bias) << f->mbits) + ((mant + half - 1 + ((mant >> sh) & 1)) >> sh);
+  uint64_t emaxf = (1ull << f->ebits) - 1, hidden = 1ull << f->mbits;
+  if (f->ieee ? (r >> f->mbits) >= emaxf : r > (emaxf << f->mbits | (hidden - 2))) return 0; /* overflow */
+  *out = sign << (f->bits - 1) | r;
+  return 1;
+}
+
+static inline double small_to_double(int type, uint64_t u) {
+  switch (type) {
+    case ncclFloat32: return (double)red_u2f((uint32_t)u);
+    case ncclBfloat16: return (double)red_u2f((uint32_t)u << 16);
+    case ncclFloat16: return (double)red_cv_half_to_float((uint16_t)u);
+    case ncclFloat8e5m2: return (double)red_cv_e5m2_to_float((uint8_t)u);
+    default: return (double)red_cv_e4m3_to_float((uint8_t)u);
+  }
+}
+
+/* One block of EXACT sum/avg for a type inside fp32; always inlined with constant formats. */
+static inline __attribute__((always_inline)) void exact_block_small(int type, const struct fmt* f, void* dst,
+                                                                    size_t at, const char** src, int n, size_t m,
+                                                                    uint64_t divisor, uint64_t* v) {
+  int logn = bitlen64((uint64_t)n);
+  int span = 53 - (f->mbits + 1) - logn; /* widest exponent spread the double holds exactly */
+  int pow2 = (divisor & (divisor - 1)) == 0;
+  uint64_t emask = (1ull << f->ebits) - 1, mmask = (1ull << f->mbits) - 1;
+  for (size_t i = 0; i < m; i++) {
+    double acc = -0.0; /* the identity: a sum of -0 terms stays -0 */
+    int lo = 1 << 30, hi = 0, bad = 0;
+    for (int k = 0; k < n; k++) {
+      uint64_t u = v[k] = load_bits(src[k], i, f->bits);
+      int e = (int)((u >> f->mbits) & emask);
+      uint64_t mt = u & mmask;
+      bad |= f->ieee ? e == (int)emask : (e == (int)emask && mt == mmask); /* Inf or NaN */
+      bad |= e == 0 && mt != 0;                                            /* subnormal */
+      if (e) lo = e < lo ? e : lo, hi = e > hi ? e : hi;
+      acc += small_to_double(type, u);
+    }
+    uint64_t r;
+    if (bad || (hi && hi - lo > span) ||
+        !round_double(f, divisor > 1 ? acc / (double)divisor : acc, divisor > 1 && !pow2, &r))
+      r = exact_one(f, v, n, divisor);
+    store_bits(dst, at + i, f->bits, r);
+  }
+}
+
+static int exact_fast(int type, const struct fmt* f, void* dst, size_t at, const char** src, int n, size_t m,
+                      uint64_t divisor, uint64_t* v) {
+  switch (type) { /* a call per type, so each loop is compiled for its format */
+    case ncclFloat32: exact_block_small(ncclFloat32, f, dst, at, src, n, m, divisor, v); return 1;
+    case ncclBfloat16: exact_block_small(ncclBfloat16, f, dst, at, src, n, m, divisor, v); return 1;
+    case ncclFloat16: exact_block_small(ncclFloat16, f, dst, at, src, n, m, divisor, v); return 1;
+    case ncclFloat8e5m2: exact_block_small(ncclFloat8e5m2, f, dst, at, src, n, m, divisor, v); return 1;
+    case ncclFloat8e4m3: exact_block_small(ncclFloat8e4m3, f, dst, at, src, n, m, divisor, v); return 1;
+    default: return 0;
+  }
+}
+
 static uint64_t maxmin_one(const struct fmt* f, const uint64_t* v, int n, int is_max) {
   int found = 0;
   uint64_t best = 0, bk = 0;
@@ -304,6 +386,8 @@ void red_repro_combine(int level, const struct red_op* op, void* dst, const stru
     for (size_t at = 0; at < count; at += blk) {
       size_t m = count - at < blk ? count - at : blk;
       gather_block(in, n, at, m, es, buf, src);
+      if (kind != RED_MAX && kind != RED_MIN && n < 64 && exact_fast(op->type, &f, dst, at, src, n, m, divisor, v))
+        continue;
       for (size_t i = 0; i < m; i++) {
         for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f.bits);
         uint64_t r = kind == RED_MAX || kind == RED_MIN ? maxmin_one(&f, v, n, kind == RED_MAX)

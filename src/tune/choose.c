@@ -160,7 +160,7 @@ ch_status tune_check_call(struct ncclComm* comm, int func, int type) {
     WARN("%s: NCCL_ALGO=%s leaves it no algorithm Chorus can run (allowed for %s: %s; Chorus runs %s here: "
          "CollNet, NVLS and PAT are not implemented, Tree serves AllReduce, Broadcast and Reduce, RecDbl and Rabenseifner AllReduce, "
          "Exchange needs 2 ranks, "
-         "Direct one host)",
+         "Direct one host, Owner the reproducible levels of CHORUS_REPRODUCIBLE only)",
          fn, param_str(PARAM_ALGO), fn, a, b);
     return CH_INVALID_USAGE;
   }
