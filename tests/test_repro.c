@@ -342,6 +342,7 @@ TEST(repro, premul_and_max_min) {
 struct rc_case {
   int level, type, coll, inplace, env_level;
   size_t count;
+  int pad; /* ranks from 2 up hold -0 (the identity) only: the multiset is ranks 0 and 1's values */
 };
 
 static uint64_t mix(uint64_t x) {
@@ -352,6 +353,7 @@ static uint64_t mix(uint64_t x) {
  * rank 0's value and every 11th spread over the whole range. */
 static uint64_t rc_input(int type, int r, size_t i) {
   struct tf f = tf_of(type);
+  if (r >= 1000) return 1ull << (f.bits - 1); /* padding: -0 */
   uint64_t h = mix((uint64_t)r * 0x9e3779b97f4a7c15ull + i * 0x632be59bd9b4e019ull + (uint64_t)type);
   uint64_t u;
   if (r > 0 && i % 7 == 0) return rc_input(type, 0, i) ^ (1ull << (f.bits - 1));
@@ -402,7 +404,8 @@ static void rc_body(int rank, int n, ncclUniqueId id, void* arg) {
   char* send = calloc(in_n, es);
   char* recv = calloc(in_n, es);
   ASSERT(send && recv);
-  for (size_t i = 0; i < in_n; i++) put(c->type, send, (int)i, rc_input(c->type, rank, i));
+  for (size_t i = 0; i < in_n; i++)
+    put(c->type, send, (int)i, rc_input(c->type, c->pad && rank >= 2 ? 1000 : rank, i));
   if (c->inplace) memcpy(recv, send, in_n * es);
   const void* sb = c->inplace ? recv : send;
   if (c->coll == CU_ALLREDUCE)
@@ -411,13 +414,14 @@ static void rc_body(int rank, int n, ncclUniqueId id, void* arg) {
     NCCL_OK(ncclReduceScatter(sb, c->inplace ? recv + (size_t)rank * cnt * es : recv, cnt, c->type, ncclSum, comm,
                               NULL));
   else
-    NCCL_OK(ncclReduce(sb, recv, cnt, c->type, ncclSum, n - 1, comm, NULL));
+    NCCL_OK(ncclReduce(sb, recv, cnt, c->type, ncclSum, (int)(c->count % (size_t)n), comm, NULL));
   int bad = 0;
-  if (c->coll != CU_REDUCE || rank == n - 1) {
+  if (c->coll != CU_REDUCE || rank == (int)(c->count % (size_t)n)) {
     const char* out = c->coll == CU_REDUCESCATTER && c->inplace ? recv + (size_t)rank * cnt * es : recv;
     size_t base = c->coll == CU_REDUCESCATTER ? (size_t)rank * cnt : 0;
     for (size_t i = 0; i < out_n && bad < 3; i++) {
-      uint64_t want = rc_expect(c, n, base + i), got = get(c->type, out, (int)i);
+      /* padded: the exact sum of two ranks' values, whatever n */
+      uint64_t want = rc_expect(c, c->pad ? 2 : n, base + i), got = get(c->type, out, (int)i);
       if (want != got) {
         bad++;
         rt_fail(__FILE__, __LINE__, "rank %d/%d %s %s level %d%s algo %s proto %s: element %zu got %#llx want %#llx",
@@ -454,7 +458,7 @@ static void rc_matrix(int level, int n, int procs, const int* types, int ntypes)
             rc_env(algos[a], protos[p], sizes[s], NULL);
             /* EXACT's reference (big integers, every element on every rank) is the slow part: fewer elements */
             size_t big = level == CH_REPRO_EXACT ? 12000 : 40000;
-            struct rc_case c = {level, types[t], colls[k], (a + p + s) & 1, 0, 3001 + (size_t)s * big};
+            struct rc_case c = {level, types[t], colls[k], (a + p + s) & 1, 0, 3001 + (size_t)s * big, 0};
             if (procs) rt_run_procs(n, rc_body, &c);
             else rt_run_threads(n, rc_body, &c);
           }
@@ -469,11 +473,24 @@ TEST_T(repro_coll, exact_threads_4, 300) { rc_matrix(CH_REPRO_EXACT, 4, 0, rc_ty
 TEST_T(repro_coll, exact_threads_5, 300) { rc_matrix(CH_REPRO_EXACT, 5, 0, rc_types + 3, 3); }
 TEST_T(repro_coll, exact_procs_2, 300) { rc_matrix(CH_REPRO_EXACT, 2, 1, rc_types, 2); }
 
+/* EXACT depends on the multiset of values only: the same two ranks' values padded with -0 on 2 to 6
+ * ranks give the same bits (each checked against the exact sum of the two). */
+TEST_T(repro_coll, exact_across_rank_counts, 300) {
+  static const int colls[] = {CU_ALLREDUCE, CU_REDUCESCATTER, CU_REDUCE};
+  for (int n = 2; n <= 6; n++)
+    for (int t = 0; t < 3; t++)
+      for (int k = 0; k < 3; k++) {
+        struct rc_case c = {CH_REPRO_EXACT, rc_types[t], colls[k], k == 1, 0, 2003 + (size_t)n, 1};
+        if (n == 4) rt_run_procs(n, rc_body, &c);
+        else rt_run_threads(n, rc_body, &c);
+      }
+}
+
 /* CHORUS_REPRODUCIBLE takes effect like the call (no chorusCommSetReproducible), and Direct between
  * processes on ncclMemAlloc buffers is not exercised here (test_direct covers Direct itself). */
 TEST_T(repro_coll, env_level_procs_4, 120) {
   rc_env(NULL, NULL, NULL, "exact");
-  struct rc_case c = {CH_REPRO_EXACT, ncclFloat32, CU_ALLREDUCE, 0, 1, 100003};
+  struct rc_case c = {CH_REPRO_EXACT, ncclFloat32, CU_ALLREDUCE, 0, 1, 100003, 0};
   rt_run_procs(4, rc_body, &c);
   rc_env(NULL, NULL, NULL, "order");
   c.level = CH_REPRO_ORDER, c.type = ncclBfloat16;
