@@ -119,6 +119,24 @@ TEST_T(cluster, peer_algorithms_3x2_interleaved, 900) {
   nn_down();
 }
 
+/* Reproducible reductions across hosts (Owner over the network transport, shared memory inside a
+ * host): each rank checks the definition's bits (tests/test_repro.c), at both levels. */
+TEST_T(cluster, reproducible_3x2_interleaved, 900) {
+  if (!cl_up(3)) return;
+  if (!nn_net_enabled("cluster_rank.net_probe")) {
+    nn_down();
+    return;
+  }
+  static const char* const levels[] = {"order", "exact"};
+  for (int l = 0; l < 2; l++) {
+    setenv("CHORUS_REPRODUCIBLE", levels[l], 1); /* the script passes the environment to the ranks */
+    printf("    CHORUS_REPRODUCIBLE=%s\n", levels[l]);
+    EXPECT_EQ(nn_run("", 6, 400, "cluster_rank.repro_matrix"), 0);
+  }
+  unsetenv("CHORUS_REPRODUCIBLE");
+  nn_down();
+}
+
 /* Host 2's link goes down in the middle of an AllReduce loop: every rank returns an error naming a
  * peer within the timeout. */
 TEST_T(cluster, link_cut_mid_allreduce, 400) {
@@ -453,6 +471,15 @@ TEST_T(cluster_rank, algo_matrix, 400) {
   struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE | 1u << CU_BROADCAST | 1u << CU_REDUCE, .types = types,
                         .ntypes = 3, .ops = ops, .nops = 3, .big = {70001}};
   cu_sweep_body(rank, n, id, &sw);
+}
+
+void repro_cluster_cases(int rank, int n, ncclUniqueId id, int level); /* tests/test_repro.c */
+TEST_T(cluster_rank, repro_matrix, 400) {
+  int rank, n;
+  ncclUniqueId id;
+  if (!cl_rank_id(&rank, &n, &id)) return;
+  const char* v = getenv("CHORUS_REPRODUCIBLE");
+  repro_cluster_cases(rank, n, id, v && !strcmp(v, "exact") ? 2 : 1);
 }
 
 /* AllReduce in a loop until a call fails (a cut link or a dead peer): the failure must come within

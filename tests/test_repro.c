@@ -473,6 +473,19 @@ TEST_T(repro_coll, exact_threads_4, 300) { rc_matrix(CH_REPRO_EXACT, 4, 0, rc_ty
 TEST_T(repro_coll, exact_threads_5, 300) { rc_matrix(CH_REPRO_EXACT, 5, 0, rc_types + 3, 3); }
 TEST_T(repro_coll, exact_procs_2, 300) { rc_matrix(CH_REPRO_EXACT, 2, 1, rc_types, 2); }
 
+/* The cases test_cluster.c runs on each rank across netns hosts (level from CHORUS_REPRODUCIBLE):
+ * the three reducing collectives on two types, in place and not, one with several FIFO steps. */
+void repro_cluster_cases(int rank, int n, ncclUniqueId id, int level);
+void repro_cluster_cases(int rank, int n, ncclUniqueId id, int level) {
+  static const int colls[] = {CU_ALLREDUCE, CU_REDUCESCATTER, CU_REDUCE};
+  static const int types[] = {ncclFloat32, ncclBfloat16};
+  for (int t = 0; t < 2; t++)
+    for (int k = 0; k < 3; k++) {
+      struct rc_case c = {level, types[t], colls[k], k == 1, 1, k == 0 ? 70001 : 3001, 0};
+      rc_body(rank, n, id, &c);
+    }
+}
+
 /* EXACT depends on the multiset of values only: the same two ranks' values padded with -0 on 2 to 6
  * ranks give the same bits (each checked against the exact sum of the two). */
 TEST_T(repro_coll, exact_across_rank_counts, 300) {
