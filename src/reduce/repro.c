@@ -358,9 +358,14 @@ static void combine_order(const struct red_op* op, void* dst, const struct red_c
       }
       red_from_float(op->type, (char*)dst + at * es, acc, m);
     } else {
-      memcpy(wide, src[0], m * es);
-      for (int k = 1; k < n; k++) red_reduce(&acc_op, wide, wide, src[k], m);
-      memcpy((char*)dst + at * es, wide, m * es);
+      /* accumulate in dst itself unless it holds a later rank's input (in place, as rank k > 0) */
+      char* d = (char*)dst + at * es;
+      int later = 0;
+      for (int k = 1; k < n && !later; k++) later = !red_disjoint(d, src[k], m * es);
+      char* acc_at = later ? wide : d;
+      if (acc_at != src[0]) memcpy(acc_at, src[0], m * es);
+      for (int k = 1; k < n; k++) red_reduce(&acc_op, acc_at, acc_at, src[k], m);
+      if (later) memcpy(d, wide, m * es);
     }
   }
   if (op->kind == RED_SUMPOSTDIV && op->divisor > 1) red_postop(op, dst, dst, count);
