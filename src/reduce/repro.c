@@ -18,6 +18,10 @@
 #include "reduce.h"
 #include "reduce_impl.h"
 
+/* Elements per block (the block of every rank's values stays in L1) and the block's bytes. */
+#define REPRO_BLOCK_BYTES (32u << 10)
+#define REPRO_MAX_BLOCK 256
+
 /* IEEE-like binary formats: mantissa bits (without the hidden one), exponent bias, field width,
  * whether the all-ones exponent means Inf/NaN (e4m3fn has no Inf; only S.1111.111 is NaN), and the
  * canonical quiet NaN. */
@@ -270,44 +274,77 @@ static inline double small_to_double(int type, uint64_t u) {
   }
 }
 
-/* One block of EXACT sum/avg for a type inside fp32; always inlined with constant formats. */
+/* One block of EXACT sum/avg for a type inside fp32; always inlined with constant formats. Pass 1
+ * runs over ranks, then elements, so that it vectorises: the double sums and each element's exponent
+ * range and special terms. Pass 2 rounds each sum, or sends the element to exact_one. */
 static inline __attribute__((always_inline)) void exact_block_small(int type, const struct fmt* f, void* dst,
                                                                     size_t at, const char** src, int n, size_t m,
                                                                     uint64_t divisor, uint64_t* v) {
   int logn = bitlen64((uint64_t)n);
   int span = 53 - (f->mbits + 1) - logn; /* widest exponent spread the double holds exactly */
   int pow2 = (divisor & (divisor - 1)) == 0;
-  uint64_t emask = (1ull << f->ebits) - 1, mmask = (1ull << f->mbits) - 1;
-  for (size_t i = 0; i < m; i++) {
-    double acc = -0.0; /* the identity: a sum of -0 terms stays -0 */
-    int lo = 1 << 30, hi = 0, bad = 0;
-    for (int k = 0; k < n; k++) {
-      uint64_t u = v[k] = load_bits(src[k], i, f->bits);
-      int e = (int)((u >> f->mbits) & emask);
-      uint64_t mt = u & mmask;
-      bad |= f->ieee ? e == (int)emask : (e == (int)emask && mt == mmask); /* Inf or NaN */
-      bad |= e == 0 && mt != 0;                                            /* subnormal */
-      if (e) lo = e < lo ? e : lo, hi = e > hi ? e : hi;
-      acc += small_to_double(type, u);
+  const uint32_t emask = (1u << f->ebits) - 1, mmask = (1u << f->mbits) - 1;
+  _Alignas(64) double acc[REPRO_MAX_BLOCK];
+  _Alignas(64) int32_t lo[REPRO_MAX_BLOCK], hi[REPRO_MAX_BLOCK], bad[REPRO_MAX_BLOCK];
+  for (size_t i = 0; i < m; i++) acc[i] = -0.0, lo[i] = 1 << 30, hi[i] = 0, bad[i] = 0; /* -0: the identity */
+  for (int k = 0; k < n; k++) {
+    const char* p = src[k];
+    for (size_t i = 0; i < m; i++) {
+      uint32_t u = (uint32_t)load_bits(p, i, f->bits);
+      int32_t e = (int32_t)((u >> f->mbits) & emask);
+      uint32_t mt = u & mmask;
+      int32_t special = f->ieee ? e == (int32_t)emask : (e == (int32_t)emask && mt == mmask); /* Inf, NaN */
+      bad[i] |= special | (e == 0 && mt != 0); /* subnormal terms: DAZ must not see them */
+      int32_t el = e ? e : 1 << 30;
+      lo[i] = el < lo[i] ? el : lo[i];
+      hi[i] = e > hi[i] ? e : hi[i];
+      acc[i] += small_to_double(type, u);
     }
+  }
+  for (size_t i = 0; i < m; i++) {
     uint64_t r;
-    if (bad || (hi && hi - lo > span) ||
-        !round_double(f, divisor > 1 ? acc / (double)divisor : acc, divisor > 1 && !pow2, &r))
+    if (bad[i] || (hi[i] && hi[i] - lo[i] > span) ||
+        !round_double(f, divisor > 1 ? acc[i] / (double)divisor : acc[i], divisor > 1 && !pow2, &r)) {
+      for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f->bits);
       r = exact_one(f, v, n, divisor);
+    }
     store_bits(dst, at + i, f->bits, r);
   }
 }
 
-static int exact_fast(int type, const struct fmt* f, void* dst, size_t at, const char** src, int n, size_t m,
-                      uint64_t divisor, uint64_t* v) {
-  switch (type) { /* a call per type, so each loop is compiled for its format */
-    case ncclFloat32: exact_block_small(ncclFloat32, f, dst, at, src, n, m, divisor, v); return 1;
-    case ncclBfloat16: exact_block_small(ncclBfloat16, f, dst, at, src, n, m, divisor, v); return 1;
-    case ncclFloat16: exact_block_small(ncclFloat16, f, dst, at, src, n, m, divisor, v); return 1;
-    case ncclFloat8e5m2: exact_block_small(ncclFloat8e5m2, f, dst, at, src, n, m, divisor, v); return 1;
-    case ncclFloat8e4m3: exact_block_small(ncclFloat8e4m3, f, dst, at, src, n, m, divisor, v); return 1;
-    default: return 0;
+/* The formats as constants, so that each instance of exact_block_small is compiled for its own. */
+#define EXACT_FAST_CASES(TYPE_CALL)                                                        \
+  switch (type) {                                                                          \
+    case ncclFloat32: TYPE_CALL(ncclFloat32, 23, 8, 127, 32, 1, 0x7fc00000u); return 1;    \
+    case ncclBfloat16: TYPE_CALL(ncclBfloat16, 7, 8, 127, 16, 1, 0x7fc0u); return 1;       \
+    case ncclFloat16: TYPE_CALL(ncclFloat16, 10, 5, 15, 16, 1, 0x7e00u); return 1;         \
+    case ncclFloat8e5m2: TYPE_CALL(ncclFloat8e5m2, 2, 5, 15, 8, 1, 0x7eu); return 1;       \
+    case ncclFloat8e4m3: TYPE_CALL(ncclFloat8e4m3, 3, 4, 7, 8, 0, 0x7fu); return 1;        \
+    default: return 0;                                                                     \
   }
+#define EXACT_FAST_CALL(T, MB, EB, BIAS, BITS, IEEE, QNAN)                                      \
+  do {                                                                                          \
+    static const struct fmt cf = {MB, EB, BIAS, BITS, IEEE, QNAN};                              \
+    exact_block_small(T, &cf, dst, at, src, n, m, divisor, v);                                  \
+  } while (0)
+
+static int exact_fast_base(int type, void* dst, size_t at, const char** src, int n, size_t m, uint64_t divisor,
+                           uint64_t* v) {
+  EXACT_FAST_CASES(EXACT_FAST_CALL)
+}
+#if defined(__x86_64__)
+/* The same loops with AVX2 (no FMA: the adds are exact anyway), chosen at run time as the kernels are. */
+RED_TARGET_AVX2 static int exact_fast_avx2(int type, void* dst, size_t at, const char** src, int n, size_t m,
+                                           uint64_t divisor, uint64_t* v) {
+  EXACT_FAST_CASES(EXACT_FAST_CALL)
+}
+#endif
+static int exact_fast(int type, void* dst, size_t at, const char** src, int n, size_t m, uint64_t divisor,
+                      uint64_t* v) {
+#if defined(__x86_64__)
+  if (red_simd_level()) return exact_fast_avx2(type, dst, at, src, n, m, divisor, v);
+#endif
+  return exact_fast_base(type, dst, at, src, n, m, divisor, v);
 }
 
 static uint64_t maxmin_one(const struct fmt* f, const uint64_t* v, int n, int is_max) {
@@ -335,8 +372,6 @@ static void gather_block(const struct red_contrib* in, int n, size_t at, size_t 
   }
 }
 
-#define REPRO_BLOCK_BYTES (32u << 10)
-#define REPRO_MAX_BLOCK 256
 
 static void combine_order(const struct red_op* op, void* dst, const struct red_contrib* in, int n, size_t count,
                           char* buf, const char** src) {
@@ -391,7 +426,7 @@ void red_repro_combine(int level, const struct red_op* op, void* dst, const stru
     for (size_t at = 0; at < count; at += blk) {
       size_t m = count - at < blk ? count - at : blk;
       gather_block(in, n, at, m, es, buf, src);
-      if (kind != RED_MAX && kind != RED_MIN && n < 64 && exact_fast(op->type, &f, dst, at, src, n, m, divisor, v))
+      if (kind != RED_MAX && kind != RED_MIN && n < 64 && exact_fast(op->type, dst, at, src, n, m, divisor, v))
         continue;
       for (size_t i = 0; i < m; i++) {
         for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f.bits);
