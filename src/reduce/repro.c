@@ -298,8 +298,9 @@ static inline __attribute__((always_inline)) void exact_block_small(int type, co
       int32_t el = e ? e : 1 << 30;
       lo[i] = el < lo[i] ? el : lo[i];
       hi[i] = e > hi[i] ? e : hi[i];
-      acc[i] += small_to_double(type, u);
     }
+    /* a loop of its own: the conversion chain keeps the loop above from vectorising otherwise */
+    for (size_t i = 0; i < m; i++) acc[i] += small_to_double(type, (uint32_t)load_bits(p, i, f->bits));
   }
   for (size_t i = 0; i < m; i++) {
     uint64_t r;
