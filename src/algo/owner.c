@@ -11,6 +11,8 @@
  *   send my part of block rank+d to rank+d (premultiplied)   n-1 steps
  *   recv block rank's part from rank-d into tmp slot rank-d   n-1 steps
  *   combine tmp slots and my own part into the result         1 step
+ *   (ORDER on fp32/fp64 sum and prod instead: receive from rank 0, 1, ... adding each part into the
+ *   result as it comes, my own in its turn: n steps, +1 in place; see streams())
  *   AllReduce: send the result to rank+d; recv block rank-d's result from rank-d   2(n-1) steps
  *   Reduce: a non-root sends its result to the root (1 step); the root receives n-1 results
  * A part that is empty (the last blocks of a short vector) is an empty step at both ends. The order
@@ -44,7 +46,34 @@ static uint64_t tail_steps(const struct ch_op* op) {
   if (op->func == FUNC_REDUCE) return op->rank == op->root ? (uint64_t)(n - 1) : 1;
   return 0;
 }
-static uint64_t per_chunk(const struct ch_op* op) { return 2 * (uint64_t)(op->nranks - 1) + 1 + tail_steps(op); }
+/* ORDER on fp32/fp64 sums and products, whose accumulation type is the element type: the owner adds
+ * each rank's part into its result as it arrives, in rank order (receiving from rank 0, then 1, ...),
+ * straight from the FIFO, instead of copying the parts into slots and combining them after. Same
+ * bits: a + b is b + a, and the order of the additions is rank order either way. */
+static int streams(const struct ch_op* op) {
+  const struct red_op* r = op->ctx.red;
+  return op->ctx.repro == CH_REPRO_ORDER && (r->type == ncclFloat32 || r->type == ncclFloat64) &&
+         (r->kind == RED_SUM || r->kind == RED_PREMULSUM || r->kind == RED_PROD);
+}
+/* Where my result for chunk j goes: my block of recvbuff (the root's block for a non-root Reduce
+ * rank, which has no recvbuff: its own tmp slot). */
+static char* result_at(const struct ch_op* op, uint64_t j);
+/* Where streaming accumulates: the result, unless that is my own input (in place) and ranks before me
+ * would overwrite it before I add it: then slot 0 (streaming uses no slots), copied over at the end. */
+static char* acc_at(const struct ch_op* op, uint64_t j) {
+  char* a = result_at(op, j);
+  const char* own = op->sendbuff + (blk_off(op, op->rank) + (size_t)j * op->chunk) * op->esize;
+  return op->rank > 0 && a == own ? op->tmp : a;
+}
+/* Steps after the sends: the receives and the combine, or streaming's n steps (+1 copy). */
+static uint64_t gather_steps(const struct ch_op* op) {
+  if (!streams(op)) return (uint64_t)op->nranks;
+  int inplace = op->rank > 0 && result_at(op, 0) == op->sendbuff + blk_off(op, op->rank) * op->esize;
+  return (uint64_t)op->nranks + (uint64_t)inplace;
+}
+static uint64_t per_chunk(const struct ch_op* op) {
+  return (uint64_t)(op->nranks - 1) + gather_steps(op) + tail_steps(op);
+}
 
 uint64_t owner_nsteps(const struct ch_op* op) {
   size_t longest = blk_len(op, 0); /* block 0 is never shorter than another */
@@ -75,23 +104,36 @@ void owner_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
     return;
   }
   s -= n - 1;
-  if (s < n - 1) { /* rank me-d's part of my block, into its slot */
+  int g = (int)gather_steps(op);
+  if (s < g && !(p->nelem = part(op, me, j))) return;
+  if (s < g && streams(op)) { /* rank s's part, added in rank order */
+    char* acc = acc_at(op, j);
+    if (s == n) { /* in place: the sum over to where the result goes */
+      p->peers = 0, p->src = acc, p->dst = result_at(op, j);
+    } else if (s == me) { /* my own part: a copy (rank 0) or an add, premultiplied (combine's accumulate) */
+      p->peers = 0, p->src = op->sendbuff + (blk_off(op, me) + o) * es, p->dst = acc;
+      if (s == 0) p->premul = 1;
+      else p->combine = 1, p->nslots = 0;
+    } else {
+      p->recv = 1, p->in_peer = s, p->dst = acc;
+      if (s > 0) p->reduce = 1, p->src = acc; /* acc + part: commutative, the same bits as part + acc */
+    }
+    return;
+  }
+  if (s < g - 1) { /* rank me-d's part of my block, into its slot */
     int q = (me - s - 1 + n) % n;
-    if (!(p->nelem = part(op, me, j))) return;
     p->recv = 1, p->in_peer = q;
     p->dst = op->tmp + (size_t)q * op->tmp_stride;
     return;
   }
-  s -= n - 1;
-  if (s == 0) {
-    if (!(p->nelem = part(op, me, j))) return;
+  if (s == g - 1) { /* all parts here: combine them (reduce/repro.c) */
     p->peers = 0, p->combine = 1;
     p->src = op->sendbuff + (blk_off(op, me) + o) * es;
     p->dst = result_at(op, j);
     p->slots = op->tmp, p->slot_stride = op->tmp_stride, p->self = me, p->nslots = n;
     return;
   }
-  s -= 1;
+  s -= g; /* the tail: results to where they go */
   if (op->func == FUNC_REDUCE && me != op->root) {
     if (!(p->nelem = part(op, me, j))) return;
     p->send = 1, p->out_peer = op->root, p->src = result_at(op, j);

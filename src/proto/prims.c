@@ -90,6 +90,10 @@ static void compute_streamed(const struct prim_ctx* ctx, const struct prim* p, c
 
 /* Owner's combine step: every rank's contribution is here (reduce/repro.c). */
 static int prim_combine(struct prim_ctx* ctx, const struct prim* p) {
+  if (p->nslots == 0) { /* streaming ORDER: dst <- dst (+) premul(src), the owner's own part */
+    red_reduce(ctx->red, p->dst, p->dst, p->src, p->nelem);
+    return 1;
+  }
   struct red_contrib stack_in[64] = {{0}}, *in = p->nslots <= 64 ? stack_in : malloc(sizeof(*in) * (size_t)p->nslots);
   if (!in) return 0; /* retried: this is the only allocation on the path, and it is small */
   for (int q = 0; q < p->nslots; q++)

@@ -31,7 +31,8 @@ struct prim {
                    * not the op's own (its ring neighbours) */
   int in_peer, out_peer;
   /* combine (Owner): dst <- red_repro_combine of nslots contributions, slot q at slots + q * slot_stride
-   * (premultiplied by their senders) but slot self, which is premul(src). No FIFO is touched. */
+   * (premultiplied by their senders) but slot self, which is premul(src); nslots 0: dst <- dst (+)
+   * premul(src) (Owner's streaming accumulation). No FIFO is touched. */
   uint8_t combine;
   int self, nslots;
   const char* slots;
