@@ -506,6 +506,43 @@ TEST_T(repro_coll, exact_across_rank_counts, 300) {
       }
 }
 
+/* One communicator repeating a call (its plan is reused) alternately out of place and in place: the
+ * step counts differ (Owner's in-place copy), every result still the definition's. */
+static void alternate_body(int rank, int n, ncclUniqueId id, void* arg) {
+  const struct rc_case* c = arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  NCCL_OK(chorusCommSetReproducible(comm, c->level));
+  size_t es = red_type_size(c->type);
+  char* send = calloc(c->count, es);
+  char* recv = calloc(c->count, es);
+  ASSERT(send && recv);
+  for (int round = 0; round < 6; round++) {
+    int inplace = round & 1;
+    for (size_t i = 0; i < c->count; i++) put(c->type, send, (int)i, rc_input(c->type, rank, i));
+    if (inplace) memcpy(recv, send, c->count * es);
+    NCCL_OK(ncclAllReduce(inplace ? recv : send, recv, c->count, c->type, ncclSum, comm, NULL));
+    int bad = 0;
+    for (size_t i = 0; i < c->count && bad < 3; i++)
+      if (get(c->type, recv, (int)i) != rc_expect(c, n, i)) {
+        bad++;
+        rt_fail(__FILE__, __LINE__, "rank %d round %d%s: element %zu differs", rank, round, inplace ? " (in place)" : "", i);
+      }
+  }
+  free(send);
+  free(recv);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST_T(repro_coll, plan_reused_in_place_and_not, 120) {
+  rc_env("allreduce:Owner", NULL, NULL, NULL);
+  for (int level = CH_REPRO_ORDER; level <= CH_REPRO_EXACT; level++)
+    for (int t = 0; t < 2; t++) {
+      struct rc_case c = {level, t ? ncclBfloat16 : ncclFloat32, CU_ALLREDUCE, 0, 0, 2 + (size_t)t * 5000, 0};
+      rt_run_threads(3, alternate_body, &c);
+      rt_run_procs(2, alternate_body, &c);
+    }
+  rc_env(NULL, NULL, NULL, NULL);
+}
+
 /* CHORUS_REPRODUCIBLE takes effect like the call (no chorusCommSetReproducible), and Direct between
  * processes on ncclMemAlloc buffers is not exercised here (test_direct covers Direct itself). */
 TEST_T(repro_coll, env_level_procs_4, 120) {

@@ -325,6 +325,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     op->idx = 0;
     if (!op->standby && op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back */
     if (op->algo == ALGO_DIRECT) direct_describe(op);
+    if (op->algo == ALGO_OWNER) op->nidx = 0; /* its step count depends on in place or not (owner.c) */
     op->ctx.hdr.seq = 1; /* the plan's only collective; made absolute by plan_start */
     op->ctx.hdr.op = hdr_op(t->op);
     op->ctx.wait_word = NULL;
