@@ -112,13 +112,12 @@ static void reduce_scatter_segment(struct ch_op* op, const struct red_op* red, c
   size_t es = op->esize;
   _Alignas(64) char block[4096];
   size_t per = sizeof(block) / es;
-  struct red_contrib in_s[64], *in = n <= 64 ? in_s : NULL;
-  if (op->ctx.repro && !in) in = malloc(sizeof(*in) * (size_t)n); /* more than 64 ranks on one host */
+  struct red_contrib in[64]; /* tune/choose.c takes Direct under a level for at most 64 ranks */
   for (size_t o = 0; o < len; o += per) {
     size_t m = len - o < per ? len - o : per, b = (at + o) * es;
-    if (op->ctx.repro && in) { /* every rank's value of each element in rank order (reduce/repro.c) */
+    if (op->ctx.repro && n <= 64) { /* every rank's value of each element in rank order (reduce/repro.c) */
       for (int k = 0; k < n; k++) in[k] = (struct red_contrib){send[k] + b, &red[k]};
-      red_repro_combine(op->ctx.repro, &red[me], block, in, n, m);
+      (void)red_repro_combine(op->ctx.repro, &red[me], block, in, n, m); /* no heap below 65 ranks */
     } else {
       red_premul(&red[me], block, send[me] + b, m);
       for (int k = 0; k < n; k++)
@@ -131,7 +130,6 @@ static void reduce_scatter_segment(struct ch_op* op, const struct red_op* red, c
     }
   }
   if (op->ctx.nt_dst) red_nt_fence();
-  if (in != in_s) free(in);
 }
 
 int direct_allreduce_try(struct ch_op* op) {

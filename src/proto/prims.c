@@ -99,9 +99,9 @@ static int prim_combine(struct prim_ctx* ctx, const struct prim* p) {
   for (int q = 0; q < p->nslots; q++)
     in[q] = q == p->self ? (struct red_contrib){p->src, ctx->red}
                          : (struct red_contrib){p->slots + (size_t)q * p->slot_stride, NULL};
-  red_repro_combine(ctx->repro, ctx->red, p->dst, in, p->nslots, p->nelem);
+  int done = red_repro_combine(ctx->repro, ctx->red, p->dst, in, p->nslots, p->nelem);
   if (in != stack_in) free(in);
-  return 1;
+  return done; /* 0: out of memory for a moment (over 64 ranks): the engine calls again */
 }
 
 int prim_try(struct prim_ctx* ctx, const struct prim* p) {

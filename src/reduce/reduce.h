@@ -69,8 +69,9 @@ struct red_contrib {
 };
 /* dst[i] = the combination of in[0..n)[i], rank 0 first, as `level` defines it for op's kind and
  * (floating) type; op's postop included (SUMPOSTDIV: EXACT divides the exact sum). dst may be one of
- * the inputs (the same elements). */
-void red_repro_combine(int level, const struct red_op* op, void* dst, const struct red_contrib* in, int n,
+ * the inputs (the same elements). Returns 0, having written nothing, only when more than 64 ranks need
+ * a few KiB of heap that malloc refused: the caller tries again later. */
+int red_repro_combine(int level, const struct red_op* op, void* dst, const struct red_contrib* in, int n,
                        size_t count);
 
 /* The reduction of one rank's data leaves it as it is (a one-rank call is then a copy, or nothing in

@@ -407,10 +407,11 @@ static void combine_order(const struct red_op* op, void* dst, const struct red_c
   if (op->kind == RED_SUMPOSTDIV && op->divisor > 1) red_postop(op, dst, dst, count);
 }
 
-void red_repro_combine(int level, const struct red_op* op, void* dst, const struct red_contrib* in, int n,
-                       size_t count) {
+int red_repro_combine(int level, const struct red_op* op, void* dst, const struct red_contrib* in, int n,
+                      size_t count) {
   struct fmt f;
-  if (!count || n < 1 || !fmt_of(op->type, &f)) return; /* integers never come here (exact already) */
+  int done = 0;
+  if (!count || n < 1 || !fmt_of(op->type, &f)) return 1; /* integers never come here (exact already) */
   size_t es = red_type_size(op->type);
   /* premultiplied copies of one block of every rank: on the stack up to 32 KiB, else the heap */
   _Alignas(64) char stackbuf[REPRO_BLOCK_BYTES];
@@ -420,7 +421,7 @@ void red_repro_combine(int level, const struct red_op* op, void* dst, const stru
   char* buf = (size_t)n * blk * es <= sizeof(stackbuf) ? stackbuf : malloc((size_t)n * blk * es);
   const char** src = n <= 64 ? stack_src : malloc(sizeof(char*) * (size_t)n);
   uint64_t stack_v[64], *v = n <= 64 ? stack_v : malloc(sizeof(uint64_t) * (size_t)n);
-  if (!buf || !src || !v) goto out; /* caller sized n; an allocation this small failing is fatal anyway */
+  if (!buf || !src || !v) goto out;
   int kind = op->kind;
   if (kind == RED_MAX || kind == RED_MIN || (level == CH_REPRO_EXACT && kind != RED_PROD)) {
     uint64_t divisor = kind == RED_SUMPOSTDIV && op->divisor > 1 ? op->divisor : 1;
@@ -439,8 +440,10 @@ void red_repro_combine(int level, const struct red_op* op, void* dst, const stru
   } else {
     combine_order(op, dst, in, n, count, buf, src);
   }
+  done = 1;
 out:
   if (buf != stackbuf) free(buf);
   if (src != stack_src) free((void*)src);
   if (v != stack_v) free(v);
+  return done;
 }

@@ -83,7 +83,7 @@ int tune_repro_level(const struct ncclComm* comm, int func, int type) {
  * (both combine every rank's value of an element at one place, reduce/repro.c). */
 static unsigned repro_algos(const struct ncclComm* comm, int func) {
   unsigned m = 1u << ALGO_OWNER;
-  if (func == FUNC_ALLREDUCE && comm->clique) m |= 1u << ALGO_DIRECT;
+  if (func == FUNC_ALLREDUCE && comm->clique && comm->nranks <= 64) m |= 1u << ALGO_DIRECT; /* see direct_allreduce.c */
   return m;
 }
 
