@@ -93,6 +93,15 @@ TEST_T(agree, proto_differs, 30) {
   rt_run_procs(3, agree_body, &ec);
 }
 
+/* The reproducible level decides connections and algorithms: set differently, init fails naming it
+ * (chorusCommSetReproducible cannot be compared at init: see docs/REPRODUCIBLE.md). */
+TEST_T(agree, reproducible_differs, 30) {
+  struct env_case ec = {{{"CHORUS_REPRODUCIBLE=order"}, {"CHORUS_REPRODUCIBLE=order"}, {NULL}},
+                        ncclInvalidUsage,
+                        {"CHORUS_REPRODUCIBLE (0 off, 1 order, 2 exact) differs across ranks: 1 on ranks 0-1, 0 on rank 2"}};
+  rt_run_procs(3, agree_body, &ec);
+}
+
 /* Socket striping shapes the channel count of a communicator that uses the network (only there). */
 TEST_T(agree, sockets_differ_over_the_network, 30) {
   struct env_case ec = {{{"NCCL_SHM_DISABLE=1", "NCCL_P2P_DISABLE=1", "NCCL_NSOCKS_PERTHREAD=4"},

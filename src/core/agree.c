@@ -39,7 +39,8 @@ enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
   X("CHORUS_RING_ORDER", AG_INT, topo_ring_order())                                                 \
   X("CHORUS_TREE_PER_RANK", AG_INT, param_int(PARAM_TREE_PER_RANK) != 0)                            \
   X("CHORUS_TUNE_FILE (cost model constants)", AG_INT, tune_model_hash())                          \
-  X("CHORUS_CUDA_DIRECT", AG_INT, param_int(PARAM_CUDA_DIRECT) != 0)
+  X("CHORUS_CUDA_DIRECT", AG_INT, param_int(PARAM_CUDA_DIRECT) != 0)                                \
+  X("CHORUS_REPRODUCIBLE (0 off, 1 order, 2 exact)", AG_INT, c->repro)
 
 #define AG_COUNT_ROW(name, fmt, expr) +1
 enum { AGREE_NROWS = 0 AGREE_TABLE(AG_COUNT_ROW) };
