@@ -50,8 +50,9 @@ ncclResult_t chorusCommStallReport(ncclComm_t comm, char* text, size_t len, size
  * message size or placement of the ranks, for a given rank count (ranks' values combined in rank
  * order; 16- and 8-bit types accumulate in fp32 and round once); chorusReproExact gives the correctly
  * rounded exact sum (avg: of the exact sum divided by nranks), so also the same for any rank count.
- * Default: CHORUS_REPRODUCIBLE (off). Set it alike on every rank, before comm's first call
- * (ncclInvalidUsage afterwards). Integer reductions are exact already: nothing changes for them. */
+ * Default: CHORUS_REPRODUCIBLE (off). Collective: every rank of comm calls it with the same level,
+ * before comm's first call (ncclInvalidUsage afterwards, or when the ranks' levels differ, on every
+ * rank). Integer reductions are exact already: nothing changes for them. */
 typedef enum { chorusReproOff = 0, chorusReproOrder = 1, chorusReproExact = 2 } chorusRepro_t;
 ncclResult_t chorusCommSetReproducible(ncclComm_t comm, int level);
 ncclResult_t chorusCommGetReproducible(ncclComm_t comm, int* level);

@@ -574,6 +574,25 @@ static void refuse_body(int rank, int n, ncclUniqueId id, void* arg) {
   EXPECT_EQ(lvl, chorusReproOrder);
   NCCL_OK(ncclCommDestroy(comm));
 }
+/* Ranks that ask for different levels are all told (the call compares them), and keep the level they
+ * had: the next call still runs, on every rank alike. */
+static void differ_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  EXPECT_EQ(chorusCommSetReproducible(comm, rank == 1 ? chorusReproExact : chorusReproOrder), ncclInvalidUsage);
+  int lvl = -1;
+  NCCL_OK(chorusCommGetReproducible(comm, &lvl));
+  EXPECT_EQ(lvl, chorusReproOff);
+  float x[5] = {1, 2, 3, 4, 5};
+  NCCL_OK(ncclAllReduce(x, x, 5, ncclFloat32, ncclSum, comm, NULL));
+  EXPECT(x[4] == 5.0f * (float)n);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST(repro_coll, levels_differ_refused) {
+  rt_run_threads(3, differ_body, NULL);
+  rt_run_procs(2, differ_body, NULL);
+}
+
 TEST(repro_coll, forced_ring_refused) {
   rc_env("Ring", NULL, NULL, NULL);
   rt_run_threads(3, refuse_body, NULL);

@@ -81,11 +81,13 @@ void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
   int f = h->func < FUNC_COUNT ? (int)h->func : -1;
   const char* fn = ch_func_text(f);
   /* every op from ncclNumOps up is a PreMulSum */
-  const char* op = ch_op_name(h->op < ncclNumOps ? (int)h->op : ncclNumOps);
+  uint32_t base = h->op & ((1u << XFER_OP_REPRO_SHIFT) - 1), level = h->op >> XFER_OP_REPRO_SHIFT;
+  const char* op = ch_op_name(base < ncclNumOps ? (int)base : ncclNumOps);
+  const char* lv = level == 1 ? ", reproducible order" : level == 2 ? ", reproducible exact" : level ? ", ?" : "";
   switch (f) {
     case FUNC_ALLREDUCE:
-    case FUNC_REDUCESCATTER: snprintf(b, n, "%s(%llu x %s, %s) #%llu", fn, cnt, ty, op, seq); break;
-    case FUNC_REDUCE: snprintf(b, n, "%s(%llu x %s, %s, root %d) #%llu", fn, cnt, ty, op, h->root, seq); break;
+    case FUNC_REDUCESCATTER: snprintf(b, n, "%s(%llu x %s, %s%s) #%llu", fn, cnt, ty, op, lv, seq); break;
+    case FUNC_REDUCE: snprintf(b, n, "%s(%llu x %s, %s%s, root %d) #%llu", fn, cnt, ty, op, lv, h->root, seq); break;
     case FUNC_BROADCAST: snprintf(b, n, "%s(%llu x %s, root %d) #%llu", fn, cnt, ty, h->root, seq); break;
     case FUNC_ALLGATHER: snprintf(b, n, "%s(%llu x %s) #%llu", fn, cnt, ty, seq); break;
     case FUNC_SENDRECV: snprintf(b, n, "%s(%llu x %s)", fn, cnt, ty); break;

@@ -137,7 +137,8 @@ int direct_allreduce_try(struct ch_op* op) {
   struct direct_slot* me = &c->slot[op->rank];
   uint64_t seq = op->ctx.hdr.seq + 1;
   int n = op->nranks;
-  uint32_t opc = op->ctx.hdr.op < OP_CUSTOM ? op->ctx.hdr.op : OP_CUSTOM;
+  uint32_t base = op->ctx.hdr.op & ((1u << XFER_OP_REPRO_SHIFT) - 1); /* above: the level, compared too */
+  uint32_t opc = (base < OP_CUSTOM ? base : OP_CUSTOM) | (op->ctx.hdr.op & ~((1u << XFER_OP_REPRO_SHIFT) - 1));
   struct direct_shape mine = {op->ctx.hdr.seq, op->count, op->ctx.hdr.type, opc};
   if (op->idx == 0) {
     me->shape = mine;

@@ -398,7 +398,7 @@ CH_API(ncclResult_t, chorusCommSetReproducible, ncclComm_t comm, int level) {
       WARN("chorusCommSetReproducible: communicator %p (rank %d) has already run a collective; set the level "
            "before its first call", (void*)comm, comm->rank);
       s = CH_INVALID_USAGE;
-    } else {
+    } else if ((s = comm_agree_repro(comm, level)) == CH_OK) { /* every rank calls it: compared first */
       comm->repro = level;
       INFO(LOG_INIT, "comm %p rank %d: reproducible reductions %s", (void*)comm, comm->rank,
            level == CH_REPRO_EXACT ? "exact" : level ? "order" : "off");

@@ -171,3 +171,27 @@ ch_status comm_agree(struct ncclComm* comm) {
   free(all);
   return s == CH_OK && bad ? CH_INVALID_USAGE : s;
 }
+
+/* chorusCommSetReproducible on every rank: the levels compared in one bootstrap allgather before any
+ * takes effect, so ranks that ask for different levels are told by name on every rank, instead of
+ * running different algorithms and waiting for each other. */
+ch_status comm_agree_repro(struct ncclComm* comm, int level) {
+  int n = comm->nranks;
+  if (n == 1) return CH_OK;
+  int64_t* all = calloc((size_t)n, sizeof(*all));
+  if (!all) {
+    WARN("out of memory comparing reproducible levels across %d ranks", n);
+    return CH_SYSTEM;
+  }
+  all[comm->rank] = level;
+  ch_status s = boot_allgather(comm->boot, all, sizeof(*all));
+  for (int r = 1; s == CH_OK && r < n; r++)
+    if (all[r] != all[0]) {
+      WARN("chorusCommSetReproducible: rank 0 asked for level %lld but rank %d for level %lld (0 off, 1 order, "
+           "2 exact); every rank must set the same level: the communicator keeps level %d",
+           (long long)all[0], r, (long long)all[r], comm->repro);
+      s = CH_INVALID_USAGE;
+    }
+  free(all);
+  return s;
+}

@@ -37,6 +37,8 @@ void comm_join_init(struct ncclComm* comm);
  * difference every rank returns CH_INVALID_USAGE, with one WARN per differing setting naming the
  * variable, the values and which ranks have which. */
 ch_status comm_agree(struct ncclComm* comm);
+/* Every rank's chorusCommSetReproducible level, compared (collective over the bootstrap). */
+ch_status comm_agree_repro(struct ncclComm* comm, int level);
 
 /* Run the init job (bootstrap, peers, channels) for comm; used blocking and from threads. */
 ch_status comm_init_job(struct ncclComm* comm);

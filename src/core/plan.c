@@ -108,6 +108,9 @@ static ch_status expand_task(const struct ch_task* t, int rank, int nranks, int*
 /* The op as a call's header names it: a PreMulSum op's number is this rank's own (ranks create and
  * destroy them in their own order), so every such op describes the call alike, as Direct's slots do. */
 static uint32_t hdr_op(int op) { return op >= ncclNumOps ? (uint32_t)ncclNumOps : (uint32_t)op; }
+/* ... with the call's reproducible level: ranks whose levels differ run different algorithms, and
+ * find so as a mismatch named by both calls instead of waiting for each other. */
+static uint32_t hdr_op_level(int op, int repro) { return hdr_op(op) | (uint32_t)repro << XFER_OP_REPRO_SHIFT; }
 
 static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_task* t, struct red_op* red) {
   op->func = t->func;
@@ -125,7 +128,7 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
    * its recv describe the same thing, the call that made them (see struct xfer_hdr). */
   if (is_coll(t->func))
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
-                                    hdr_op(t->op), t->root};
+                                    hdr_op_level(t->op, t->how.repro), t->root};
   else
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)(t->origin ? t->origin : FUNC_SENDRECV),
                                     (uint32_t)t->type, t->count, 0, t->origin ? t->origin_root : -1};
@@ -327,7 +330,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     if (op->algo == ALGO_DIRECT) direct_describe(op);
     if (op->algo == ALGO_OWNER) op->nidx = 0; /* its step count depends on in place or not (owner.c) */
     op->ctx.hdr.seq = 1; /* the plan's only collective; made absolute by plan_start */
-    op->ctx.hdr.op = hdr_op(t->op);
+    op->ctx.hdr.op = hdr_op_level(t->op, op->ctx.repro);
     op->ctx.wait_word = NULL;
     op->ctx.wait_sleeping = NULL;
   }

@@ -41,9 +41,10 @@ struct xfer_hdr {
   uint32_t func;
   uint32_t type;
   uint64_t count;
-  uint32_t op;
+  uint32_t op; /* bits 0-7: ncclRedOp_t (ncclNumOps for any PreMulSum); 8-9: the reproducible level */
   int32_t root;
 };
+#define XFER_OP_REPRO_SHIFT 8
 
 /* A 32-bit digest of a header: what a receiver compares on every step, at no extra cache miss (it
  * sits in the line of `tail`, and LL/LL128 fold it into their flags). Never 0, so a zeroed slot never
