@@ -302,10 +302,35 @@ static inline __attribute__((always_inline)) void exact_block_small(int type, co
     /* a loop of its own: the conversion chain keeps the loop above from vectorising otherwise */
     for (size_t i = 0; i < m; i++) acc[i] += small_to_double(type, (uint32_t)load_bits(p, i, f->bits));
   }
+  if (divisor <= 1) { /* sums: round_double's arithmetic without branches, so that it vectorises too */
+    const uint64_t sh = (uint64_t)(52 - f->mbits), half = 1ull << (sh - 1), hid = 1ull << f->mbits;
+    const uint64_t maxfin = f->ieee ? (((uint64_t)emask - 1) << f->mbits | (hid - 1)) : ((uint64_t)emask << f->mbits | (hid - 2));
+    const uint64_t emin = (uint64_t)(1023 + 1 - f->bias); /* smallest double exponent field that is normal here */
+    _Alignas(64) uint64_t out[REPRO_MAX_BLOCK];
+    for (size_t i = 0; i < m; i++) {
+      uint64_t u;
+      memcpy(&u, &acc[i], 8);
+      uint64_t sign = u >> 63, E = (u >> 52) & 0x7ff, mant = u & ((1ull << 52) - 1);
+      uint64_t r = ((E - 1023 + (uint64_t)f->bias) << f->mbits) + ((mant + half - 1 + ((mant >> sh) & 1)) >> sh);
+      uint64_t zero = (uint64_t)((u << 1) == 0);
+      uint64_t fine = (uint64_t)(E >= emin) & (uint64_t)(r <= maxfin);
+      uint64_t okv = (uint64_t)(bad[i] == 0) & (uint64_t)(hi[i] - lo[i] <= span || hi[i] == 0) & (zero | fine);
+      out[i] = (sign << (f->bits - 1)) | (r & (zero - 1)) | ((okv ^ 1) << 63); /* bit 63: redo */
+    }
+    for (size_t i = 0; i < m; i++) {
+      uint64_t r = out[i];
+      if (r >> 63) {
+        for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f->bits);
+        r = exact_one(f, v, n, divisor);
+      }
+      store_bits(dst, at + i, f->bits, r);
+    }
+    return;
+  }
   for (size_t i = 0; i < m; i++) {
     uint64_t r;
     if (bad[i] || (hi[i] && hi[i] - lo[i] > span) ||
-        !round_double(f, divisor > 1 ? acc[i] / (double)divisor : acc[i], divisor > 1 && !pow2, &r)) {
+        !round_double(f, acc[i] / (double)divisor, !pow2, &r)) {
       for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f->bits);
       r = exact_one(f, v, n, divisor);
     }
