@@ -57,7 +57,12 @@ static int streams(const struct ch_op* op) {
 }
 /* Where my result for chunk j goes: my block of recvbuff (the root's block for a non-root Reduce
  * rank, which has no recvbuff: its own tmp slot). */
-static char* result_at(const struct ch_op* op, uint64_t j);
+static char* result_at(const struct ch_op* op, uint64_t j) {
+  size_t o = (size_t)j * op->chunk;
+  if (op->func == FUNC_REDUCESCATTER) return op->recvbuff + o * op->esize;
+  if (op->func == FUNC_REDUCE && op->rank != op->root) return op->tmp + (size_t)op->rank * op->tmp_stride;
+  return op->recvbuff + (blk_off(op, op->rank) + o) * op->esize;
+}
 /* Where streaming accumulates: the result, unless that is my own input (in place) and ranks before me
  * would overwrite it before I add it: then slot 0 (streaming uses no slots), copied over at the end. */
 static char* acc_at(const struct ch_op* op, uint64_t j) {
@@ -81,14 +86,6 @@ uint64_t owner_nsteps(const struct ch_op* op) {
   return chunks * per_chunk(op);
 }
 
-/* Where my result for chunk j goes: my block of recvbuff (the root's block for a non-root Reduce
- * rank, which has no recvbuff: its own tmp slot). */
-static char* result_at(const struct ch_op* op, uint64_t j) {
-  size_t o = (size_t)j * op->chunk;
-  if (op->func == FUNC_REDUCESCATTER) return op->recvbuff + o * op->esize;
-  if (op->func == FUNC_REDUCE && op->rank != op->root) return op->tmp + (size_t)op->rank * op->tmp_stride;
-  return op->recvbuff + (blk_off(op, op->rank) + o) * op->esize;
-}
 
 void owner_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
   int n = op->nranks, me = op->rank;
