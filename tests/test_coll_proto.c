@@ -50,7 +50,7 @@ static void chosen_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   const size_t sizes[] = {8, 4096, 65536, 1 << 20, 64 << 20};
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
     struct tune_choice how = {.proto = -1};
-    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &how);
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], CH_REPRO_OFF, &how);
     int proto = how.proto;
     if (proto != want) rt_fail(__FILE__, __LINE__, "NCCL_PROTO=%s: %zu bytes use protocol %d", cu_proto(), sizes[s], proto);
   }

@@ -84,7 +84,7 @@ static void fallback_choice_body(int rank, int nranks, ncclUniqueId id, void* ar
   (void)arg;
   ncclComm_t comm = cu_comm_init(rank, nranks, id);
   struct tune_choice ch;
-  tune_predict(comm, FUNC_ALLREDUCE, 100003 * sizeof(float), &ch);
+  tune_predict(comm, FUNC_ALLREDUCE, 100003 * sizeof(float), CH_REPRO_OFF, &ch);
   EXPECT_EQ(ch.algo, ALGO_DIRECT);
   EXPECT_EQ(ch.fb_nch, 4);
   NCCL_OK(ncclCommDestroy(comm));

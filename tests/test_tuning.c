@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "chorus.h"
 #include "comm/comm.h"
 #include "tune/tune.h"
 #include "misc/log.h"
@@ -186,7 +187,7 @@ static void sweep_body(int rank, int nranks, ncclUniqueId id, void* arg) {
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
       struct tune_choice a, b;
       memset(&a, 0, sizeof(a)), memset(&b, 0, sizeof(b));
-      tune_choose(comm, f, sizes[s], &a);
+      tune_choose(comm, f, sizes[s], CH_REPRO_OFF, &a);
       old_choose(comm, f, sizes[s], pm ? pm : B(PROTO_SIMPLE), am, &b);
       if (a.algo != b.algo || a.proto != b.proto || a.nch != b.nch || a.fallback != b.fallback || a.nt != b.nt)
         rt_fail(__FILE__, __LINE__, "%s x%d, NCCL_PROTO=%s NCCL_ALGO=%s, %s %zu bytes: %s/%s/%d ch (fallback %s), "
@@ -234,21 +235,21 @@ static void recdbl_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
   struct tune_choice a;
-  tune_choose(comm, FUNC_ALLREDUCE, 8, &a);
+  tune_choose(comm, FUNC_ALLREDUCE, 8, CH_REPRO_OFF, &a);
   EXPECT_EQ(a.algo, ALGO_RECDBL);
   EXPECT_EQ(a.nch, 1);
-  tune_choose(comm, FUNC_ALLREDUCE, 64 << 20, &a);
+  tune_choose(comm, FUNC_ALLREDUCE, 64 << 20, CH_REPRO_OFF, &a);
   EXPECT(a.algo != ALGO_RECDBL);
-  tune_choose(comm, FUNC_ALLGATHER, 8, &a); /* AllReduce only */
+  tune_choose(comm, FUNC_ALLGATHER, 8, CH_REPRO_OFF, &a); /* AllReduce only */
   EXPECT_EQ(a.algo, ALGO_RING);
   /* Tree Broadcast/Reduce: small messages across the network only */
-  tune_choose(comm, FUNC_BROADCAST, 8, &a);
+  tune_choose(comm, FUNC_BROADCAST, 8, CH_REPRO_OFF, &a);
   EXPECT_EQ(a.algo, comm->tune_net ? ALGO_TREE : ALGO_RING);
-  tune_choose(comm, FUNC_REDUCE, 8, &a);
+  tune_choose(comm, FUNC_REDUCE, 8, CH_REPRO_OFF, &a);
   EXPECT_EQ(a.algo, comm->tune_net ? ALGO_TREE : ALGO_RING);
-  tune_choose(comm, FUNC_REDUCE, 4 << 20, &a);
+  tune_choose(comm, FUNC_REDUCE, 4 << 20, CH_REPRO_OFF, &a);
   EXPECT_EQ(a.algo, ALGO_RING);
-  tune_choose(comm, FUNC_ALLREDUCE, 16384, &a);
+  tune_choose(comm, FUNC_ALLREDUCE, 16384, CH_REPRO_OFF, &a);
   if (comm->tune_net) EXPECT_EQ(a.algo, ALGO_RECDBL);
   else EXPECT(a.algo != ALGO_RECDBL);
   NCCL_OK(ncclCommDestroy(comm));
@@ -270,10 +271,10 @@ static void fallback_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
     struct tune_choice a, b;
     unsigned keep = comm->algo_mask[FUNC_ALLREDUCE];
-    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &a);
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], CH_REPRO_OFF, &a);
     comm->algo_mask[FUNC_ALLREDUCE] = keep & (B(ALGO_EXCHANGE) | B(ALGO_RING));
     if (!comm->algo_mask[FUNC_ALLREDUCE]) comm->algo_mask[FUNC_ALLREDUCE] = B(ALGO_RING);
-    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &b);
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], CH_REPRO_OFF, &b);
     comm->algo_mask[FUNC_ALLREDUCE] = keep;
     if (a.algo != ALGO_DIRECT) continue; /* not chosen here (NCCL_ALGO) */
     EXPECT_EQ(a.fallback, nranks == 2 && sizes[s] <= comm->exchange_max_bytes ? ALGO_EXCHANGE : ALGO_RING);
@@ -368,7 +369,7 @@ static void tune_file_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
   EXPECT(tune_model_get()->step_us[PROTO_SIMPLE] == 500.0);
   struct tune_choice a;
-  tune_choose(comm, FUNC_ALLREDUCE, 64 << 10, &a); /* Direct's threshold is higher */
+  tune_choose(comm, FUNC_ALLREDUCE, 64 << 10, CH_REPRO_OFF, &a); /* Direct's threshold is higher */
   EXPECT_EQ(a.algo, ALGO_RECDBL);
   NCCL_OK(ncclCommDestroy(comm));
 }
@@ -470,10 +471,10 @@ static void forced_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   struct tune_choice how;
   const size_t sizes[] = {8, 4096, 1 << 20, 16 << 20};
   for (size_t s = 0; s < 4; s++) {
-    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], &how);
+    tune_choose(comm, FUNC_ALLREDUCE, sizes[s], CH_REPRO_OFF, &how);
     EXPECT_EQ(how.algo, ALGO_RING);
     EXPECT_EQ(how.proto, PROTO_LL128);
-    tune_choose(comm, FUNC_BROADCAST, sizes[s], &how);
+    tune_choose(comm, FUNC_BROADCAST, sizes[s], CH_REPRO_OFF, &how);
     EXPECT_EQ(how.algo, ALGO_RING);
     EXPECT_EQ(how.proto, PROTO_SIMPLE);
   }
@@ -539,13 +540,18 @@ TEST_T(tuning, per_collective_masks_must_agree, 60) {
 
 /* ---- ncclGroupSimulateEnd ---- */
 
+/* arg: NULL, or the reproducible level the communicator takes (its AllReduce then predicted as one
+ * that honours it: Owner or Direct). */
 static void sim_body(int rank, int nranks, ncclUniqueId id, void* arg) {
-  (void)arg;
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  int level = arg ? *(int*)arg : CH_REPRO_OFF;
+  if (level) NCCL_OK(chorusCommSetReproducible(comm, level));
   static float in[1 << 18], out[1 << 18];
   struct tune_choice how;
-  double want = tune_predict(comm, FUNC_ALLREDUCE, sizeof(in), &how) + tune_predict(comm, FUNC_BROADCAST, 400, &how);
+  double want = tune_predict(comm, FUNC_ALLREDUCE, sizeof(in), level, &how);
+  if (level) EXPECT_EQ(how.algo, ALGO_OWNER);
+  want += tune_predict(comm, FUNC_BROADCAST, 400, CH_REPRO_OFF, &how);
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(in, out, 1 << 18, ncclFloat, ncclSum, comm, NULL));
@@ -556,7 +562,17 @@ static void sim_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST(tuning, simulate_end_is_the_model) { rt_run_both(2, sim_body, NULL); }
+TEST(tuning, simulate_end_is_the_model) {
+  rt_run_both(2, sim_body, NULL);
+  /* Under a level the calls are predicted as plan_build will choose them: Owner here, where Ring
+   * would run otherwise (Direct, which both would take, is ruled out so that they differ). */
+  setenv("NCCL_ALGO", "allreduce:Ring,Owner", 1);
+  param_reset();
+  int level = CH_REPRO_ORDER;
+  rt_run_both(3, sim_body, &level);
+  unsetenv("NCCL_ALGO");
+  param_reset();
+}
 
 /* ---- tuner plugins (plugins/tuner-csv, built into build/lib) ---- */
 
@@ -614,7 +630,7 @@ static void plugin_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
   for (; w->bytes; w++) {
     struct tune_choice how;
-    tune_choose(comm, w->func, w->bytes, &how);
+    tune_choose(comm, w->func, w->bytes, CH_REPRO_OFF, &how);
     if (how.algo != w->algo || how.proto != w->proto || (w->nch && how.nch != w->nch))
       rt_fail(__FILE__, __LINE__, "%s rank %d, tuner %s, %s %zu bytes: %s/%s/%d ch, want %s/%s/%d", rt_mode(), rank,
               tuner_name(comm), tune_func_name(w->func), w->bytes, algo_name(how.algo), tune_proto_name(how.proto),

@@ -311,7 +311,9 @@ static float estimate_us(void) {
     struct tune_choice how;
     struct comm_guard g;
     if (tasks[k].lost || !comm_try_enter(tasks[k].comm, &g)) continue; /* an abort waits for us */
-    us += tune_predict(tasks[k].comm, tasks[k].func, tasks[k].count * red_type_size(tasks[k].type), &how);
+    const struct ch_task* t = &tasks[k];
+    us += tune_predict(t->comm, t->func, t->count * red_type_size(t->type),
+                       tune_repro_level(t->comm, t->func, t->type), &how); /* as plan_build will choose */
     comm_leave(&g);
   }
   return (float)us;

@@ -184,8 +184,8 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
     struct ch_task* t = &bs.tasks[i];
     /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
      * FIFOs of their own (comm_apeer), apart from the group's sends and receives. */
-    tune_choose_call(comm, t->func, t->count * red_type_size(t->type), tune_repro_level(comm, t->func, t->type),
-                     &t->how);
+    tune_choose(comm, t->func, t->count * red_type_size(t->type), tune_repro_level(comm, t->func, t->type),
+                &t->how);
     if (t->how.repro && !comm->repro_scratch) {
       /* Owner's slots (a step per rank), made once; only this comm's calling thread builds its plans */
       comm->repro_scratch = malloc(comm->peer_step_bytes * (size_t)comm->nranks);

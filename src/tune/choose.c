@@ -356,18 +356,12 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, s
   return predict_us(comm, func, algo, proto, bytes, out->nch);
 }
 
-double tune_predict_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
+double tune_predict(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
   int by_tuner;
   return choose(comm, func, bytes, repro, out, &by_tuner);
 }
-double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
-  return tune_predict_call(comm, func, bytes, CH_REPRO_OFF, out);
-}
-void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out) {
-  tune_choose_call(comm, func, bytes, CH_REPRO_OFF, out);
-}
 
-void tune_choose_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
   int by_tuner;
   double us = choose(comm, func, bytes, repro, out, &by_tuner);
   int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;

@@ -15,11 +15,9 @@ int tune_uses_net(const struct ncclComm* comm);
 /* NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (threads 1..16, at most CH_MAX_CHANNELS sockets). */
 int tune_net_socks(void);
 void tune_init(struct ncclComm* comm);
-void tune_choose(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
-/* The same for a call that must honour a reproducible level (CH_REPRO_*; tune_repro_level): only the
+/* repro: the reproducible level the call must honour (CH_REPRO_*, tune_repro_level); under one only the
  * algorithms that do (Owner, Direct) are candidates. */
-void tune_choose_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
-double tune_predict_call(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
+void tune_choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
 /* The level a call of func on type must honour: the communicator's for floating-point reductions on
  * several ranks, else CH_REPRO_OFF (integers are exact already). */
 int tune_repro_level(const struct ncclComm* comm, int func, int type);
@@ -65,7 +63,7 @@ ch_status tune_check(struct ncclComm* comm);
 ch_status tune_check_call(struct ncclComm* comm, int func, int type);
 /* The choice for a call and the model's predicted time (us) of what was chosen; tune_choose is this
  * plus the TUNING log line. */
-double tune_predict(struct ncclComm* comm, int func, size_t bytes, struct tune_choice* out);
+double tune_predict(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
 /* Release the tuner plugin context (comm_free). */
 void tune_fini(struct ncclComm* comm);
 
