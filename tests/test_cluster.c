@@ -99,42 +99,37 @@ TEST_T(cluster, coll_matrix_3x2_interleaved, 900) {
   nn_down();
 }
 
-/* Each algorithm that talks to other ranks than its ring neighbours (RecDbl, Rabenseifner, Tree),
- * forced, across 3 hosts x 2 ranks interleaved: the double binary tree between hosts with a chain
- * inside each, folds and recursive-doubling pairs crossing hosts, over the network transport. */
-TEST_T(cluster, peer_algorithms_3x2_interleaved, 900) {
+/* On 3 hosts x 2 ranks interleaved, runs the rank suite `body` once per value of the variable `var`
+ * (the script passes the environment to the ranks), then unsets it. */
+static void each_value_3x2(const char* var, const char* const* values, int nvalues, const char* body) {
   if (!cl_up(3)) return;
   if (!nn_net_enabled("cluster_rank.net_probe")) {
     nn_down();
     return;
   }
+  for (int v = 0; v < nvalues; v++) {
+    setenv(var, values[v], 1);
+    printf("    %s=%s\n", var, values[v]);
+    EXPECT_EQ(nn_run("", 6, 400, body), 0);
+  }
+  unsetenv(var);
+  nn_down();
+}
+
+/* Each algorithm that talks to other ranks than its ring neighbours (RecDbl, Rabenseifner, Tree),
+ * forced, across 3 hosts x 2 ranks interleaved: the double binary tree between hosts with a chain
+ * inside each, folds and recursive-doubling pairs crossing hosts, over the network transport. */
+TEST_T(cluster, peer_algorithms_3x2_interleaved, 900) {
   static const char* const algos[] = {"allreduce:RecDbl", "allreduce:Rabenseifner",
                                       "allreduce:Tree;broadcast:Tree;reduce:Tree"};
-  for (int a = 0; a < 3; a++) {
-    setenv("NCCL_ALGO", algos[a], 1); /* the script passes the environment to the ranks */
-    printf("    NCCL_ALGO=%s\n", algos[a]);
-    EXPECT_EQ(nn_run("", 6, 400, "cluster_rank.algo_matrix"), 0);
-  }
-  unsetenv("NCCL_ALGO");
-  nn_down();
+  each_value_3x2("NCCL_ALGO", algos, 3, "cluster_rank.algo_matrix");
 }
 
 /* Reproducible reductions across hosts (Owner over the network transport, shared memory inside a
  * host): each rank checks the definition's bits (tests/test_repro.c), at both levels. */
 TEST_T(cluster, reproducible_3x2_interleaved, 900) {
-  if (!cl_up(3)) return;
-  if (!nn_net_enabled("cluster_rank.net_probe")) {
-    nn_down();
-    return;
-  }
   static const char* const levels[] = {"order", "exact"};
-  for (int l = 0; l < 2; l++) {
-    setenv("CHORUS_REPRODUCIBLE", levels[l], 1); /* the script passes the environment to the ranks */
-    printf("    CHORUS_REPRODUCIBLE=%s\n", levels[l]);
-    EXPECT_EQ(nn_run("", 6, 400, "cluster_rank.repro_matrix"), 0);
-  }
-  unsetenv("CHORUS_REPRODUCIBLE");
-  nn_down();
+  each_value_3x2("CHORUS_REPRODUCIBLE", levels, 2, "cluster_rank.repro_matrix");
 }
 
 /* Host 2's link goes down in the middle of an AllReduce loop: every rank returns an error naming a
