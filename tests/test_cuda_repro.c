@@ -30,6 +30,15 @@ static void repro_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   EXPECT_EQ(fk.kernels(), before); /* staged: the host's combination defines the bits */
   NCCL_OK(ncclAllReduce(ha, hb, N, ncclFloat32, ncclSum, comm, NULL));
   EXPECT(memcmp(b, hb, sizeof(float) * N) == 0);
+  /* ... and it is the level that keeps the call off the GPU: the same call on a communicator without
+   * one (a split child starts from CHORUS_REPRODUCIBLE, unset) runs a kernel */
+  ncclComm_t plain;
+  NCCL_OK(ncclCommSplit(comm, 0, rank, &plain, NULL));
+  before = fk.kernels();
+  NCCL_OK(ncclAllReduce(a, b, N, ncclFloat32, ncclSum, plain, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  if (rank == 0) EXPECT(fk.kernels() > before); /* between processes rank 0's kernel may do every part */
+  NCCL_OK(ncclCommDestroy(plain));
   for (int i = 0; level == chorusReproOrder && i < N; i++) {
     volatile float acc = inexact(0, i);
     for (int r = 1; r < nranks; r++) acc = acc + inexact(r, i);
@@ -45,10 +54,12 @@ static void repro_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 /* Threads and processes in tests of their own: the stand-in driver's stream threads do not survive
  * a fork (as with a real driver). */
 TEST_T(cuda_repro, device_buffers_give_host_bits_threads, 60) {
+  if (no_kernels()) return; /* without kernels every device call is staged: nothing to tell apart */
   load();
   for (int level = chorusReproOrder; level <= chorusReproExact; level++) rt_run_threads(3, repro_body, &level);
 }
 TEST_T(cuda_repro, device_buffers_give_host_bits_procs, 60) {
+  if (no_kernels()) return;
   load();
   for (int level = chorusReproOrder; level <= chorusReproExact; level++) rt_run_procs(2, repro_body, &level);
 }
