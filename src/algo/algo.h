@@ -135,6 +135,10 @@ struct ch_op {
   int standby;
   _Atomic int* outcome;
   uint64_t idx, nidx; /* next primitive index, total */
+  /* The primitive of step step_at - 1 (0: none), kept while that step waits so that polling does not
+   * compute it again. Only the thread running the plan touches both. */
+  struct prim step;
+  uint64_t step_at;
 };
 
 /* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Rabenseifner, Tree) name the

@@ -325,7 +325,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     struct ch_op* op = &pl->ops[k];
     op->sendbuff = t->sendbuff;
     op->recvbuff = t->recvbuff;
-    op->idx = 0;
+    op->idx = 0, op->step_at = 0; /* new buffers: no step computed for them yet */
     if (!op->standby && op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back */
     if (op->algo == ALGO_DIRECT) direct_describe(op);
     if (op->algo == ALGO_OWNER) op->nidx = 0; /* its step count depends on in place or not (owner.c) */
@@ -375,7 +375,7 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
       }
       if (r == DIRECT_FALLBACK) { /* some buffer is unreachable: every rank switches to the FIFO algorithm */
         if (op->outcome) atomic_store_explicit(op->outcome, DIRECT_OUTCOME_FELL_BACK, memory_order_release);
-        op->algo = op->fallback_algo, op->idx = 0;
+        op->algo = op->fallback_algo, op->idx = 0, op->step_at = 0;
         op_set_chunk(comm, op, 1, op->esize); /* before counting its steps */
         op->nidx = algo_nsteps(op) + 1;
       }
@@ -384,20 +384,23 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
       progressed = 1;
       continue;
     }
-    struct prim p;
-    algo_step(op, op->idx, &p);
-    if (p.peers) { /* RecDbl, Rabenseifner, Tree: this step's peer connections (group.c connects
-                    * them with the rings) */
-      if (p.recv) op->ctx.in = &comm_apeer(comm, p.in_peer)->recv;
-      if (p.send) op->ctx.out = &comm_apeer(comm, p.out_peer)->send;
-      if ((p.recv && !op->ctx.in->connected) || (p.send && !op->ctx.out->connected)) {
+    const struct prim* p = &op->step;
+    if (op->step_at != op->idx + 1) { /* a step that waits is tried again as it was computed */
+      algo_step(op, op->idx, &op->step);
+      op->step_at = op->idx + 1;
+    }
+    if (p->peers) { /* RecDbl, Rabenseifner, Tree, Owner: this step's peer connections (group.c connects
+                     * them with the rings) */
+      if (p->recv) op->ctx.in = &comm_apeer(comm, p->in_peer)->recv;
+      if (p->send) op->ctx.out = &comm_apeer(comm, p->out_peer)->send;
+      if ((p->recv && !op->ctx.in->connected) || (p->send && !op->ctx.out->connected)) {
         WARN("rank %d: %s needs a connection with rank %d that was not set up (internal error)", comm->rank,
-             algo_name(op->algo), p.recv && !op->ctx.in->connected ? p.in_peer : p.out_peer);
+             algo_name(op->algo), p->recv && !op->ctx.in->connected ? p->in_peer : p->out_peer);
         *err = CH_INTERNAL;
         break;
       }
     }
-    int r = prim_try(&op->ctx, &p);
+    int r = prim_try(&op->ctx, p);
     if (r == PRIM_MISMATCH) {
       *err = mm_found(comm, op);
       break;
