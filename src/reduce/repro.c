@@ -241,27 +241,23 @@ static uint64_t order_key(const struct fmt* f, uint64_t u) {
  * terms are excluded so that DAZ cannot zero them; the adds are exact, so rounding modes do not
  * matter; FTZ could only touch subnormal results, which are excluded too. */
 
-/* RN of d (exact, or for a quotient within half an ulp of a double) to the format; 0 if the slow path
- * must decide (result not normal in the format, overflow, or near_tie and d close to a midpoint). */
-static inline int round_double(const struct fmt* f, double d, int near_tie, uint64_t* out) {
+/* RN of d (exact, or for a quotient within half an ulp of a double) to the format, without branches so
+ * that the loops calling it vectorise. Bit 63 set: the slow path must decide (the result is not normal
+ * in the format, overflows, or near_tie and d is close to a midpoint: rounding the double again could
+ * differ from rounding the exact quotient). An exact zero keeps IEEE's sign: -0 only from -0 terms. */
+static inline uint64_t round_double(const struct fmt* f, double d, uint64_t near_tie) {
+  const uint64_t sh = (uint64_t)(52 - f->mbits), half = 1ull << (sh - 1), hid = 1ull << f->mbits;
+  const uint64_t emaxf = (1ull << f->ebits) - 1;
+  const uint64_t maxfin = f->ieee ? ((emaxf - 1) << f->mbits | (hid - 1)) : (emaxf << f->mbits | (hid - 2));
+  const uint64_t emin = (uint64_t)(1023 + 1 - f->bias); /* smallest double exponent field normal here */
   uint64_t u;
   memcpy(&u, &d, 8);
-  uint64_t sign = u >> 63, E = (u >> 52) & 0x7ff, mant = u & ((1ull << 52) - 1);
-  if (E == 0) {
-    if (mant) return 0;
-    *out = sign << (f->bits - 1); /* an exact zero keeps IEEE's sign: -0 only from -0 terms alone */
-    return 1;
-  }
-  int e = (int)E - 1023;
-  if (e < 1 - f->bias) return 0; /* subnormal in the format */
-  int sh = 52 - f->mbits;
-  uint64_t half = 1ull << (sh - 1), disc = mant & ((1ull << sh) - 1);
-  if (near_tie && disc + 1 >= half && disc <= half + 1) return 0;
-  uint64_t r = ((uint64_t)(e + f->bias) << f->mbits) + ((mant + half - 1 + ((mant >> sh) & 1)) >> sh);
-  uint64_t emaxf = (1ull << f->ebits) - 1, hidden = 1ull << f->mbits;
-  if (f->ieee ? (r >> f->mbits) >= emaxf : r > (emaxf << f->mbits | (hidden - 2))) return 0; /* overflow */
-  *out = sign << (f->bits - 1) | r;
-  return 1;
+  uint64_t sign = u >> 63, E = (u >> 52) & 0x7ff, mant = u & ((1ull << 52) - 1), disc = mant & ((1ull << sh) - 1);
+  uint64_t r = ((E - 1023 + (uint64_t)f->bias) << f->mbits) + ((mant + half - 1 + ((mant >> sh) & 1)) >> sh);
+  uint64_t zero = (uint64_t)((u << 1) == 0);
+  uint64_t tie = near_tie & (uint64_t)(disc + 1 >= half) & (uint64_t)(disc <= half + 1);
+  uint64_t ok = zero | ((uint64_t)(E >= emin) & (uint64_t)(r <= maxfin) & (tie ^ 1));
+  return (sign << (f->bits - 1)) | (r & (zero - 1)) | ((ok ^ 1) << 63);
 }
 
 static inline double small_to_double(int type, uint64_t u) {
@@ -302,35 +298,18 @@ static inline __attribute__((always_inline)) void exact_block_small(int type, co
     /* a loop of its own: the conversion chain keeps the loop above from vectorising otherwise */
     for (size_t i = 0; i < m; i++) acc[i] += small_to_double(type, (uint32_t)load_bits(p, i, f->bits));
   }
-  if (divisor <= 1) { /* sums: round_double's arithmetic without branches, so that it vectorises too */
-    const uint64_t sh = (uint64_t)(52 - f->mbits), half = 1ull << (sh - 1), hid = 1ull << f->mbits;
-    const uint64_t maxfin = f->ieee ? (((uint64_t)emask - 1) << f->mbits | (hid - 1)) : ((uint64_t)emask << f->mbits | (hid - 2));
-    const uint64_t emin = (uint64_t)(1023 + 1 - f->bias); /* smallest double exponent field that is normal here */
-    _Alignas(64) uint64_t out[REPRO_MAX_BLOCK];
-    for (size_t i = 0; i < m; i++) {
-      uint64_t u;
-      memcpy(&u, &acc[i], 8);
-      uint64_t sign = u >> 63, E = (u >> 52) & 0x7ff, mant = u & ((1ull << 52) - 1);
-      uint64_t r = ((E - 1023 + (uint64_t)f->bias) << f->mbits) + ((mant + half - 1 + ((mant >> sh) & 1)) >> sh);
-      uint64_t zero = (uint64_t)((u << 1) == 0);
-      uint64_t fine = (uint64_t)(E >= emin) & (uint64_t)(r <= maxfin);
-      uint64_t okv = (uint64_t)(bad[i] == 0) & (uint64_t)(hi[i] - lo[i] <= span || hi[i] == 0) & (zero | fine);
-      out[i] = (sign << (f->bits - 1)) | (r & (zero - 1)) | ((okv ^ 1) << 63); /* bit 63: redo */
-    }
-    for (size_t i = 0; i < m; i++) {
-      uint64_t r = out[i];
-      if (r >> 63) {
-        for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f->bits);
-        r = exact_one(f, v, n, divisor);
-      }
-      store_bits(dst, at + i, f->bits, r);
-    }
-    return;
+  _Alignas(64) uint64_t out[REPRO_MAX_BLOCK];
+  for (size_t i = 0; i < m; i++) /* bit 63: the slow path (a special or subnormal term, a wide spread) */
+    out[i] = (uint64_t)((bad[i] != 0) | (hi[i] != 0 && hi[i] - lo[i] > span)) << 63;
+  if (divisor <= 1) { /* sums (a loop of their own: no division, which vectorises) */
+    for (size_t i = 0; i < m; i++) out[i] |= round_double(f, acc[i], 0);
+  } else { /* avg: the quotient rounded to a double first, so a midpoint nearby needs the slow path */
+    const double dv = (double)divisor;
+    for (size_t i = 0; i < m; i++) out[i] |= round_double(f, acc[i] / dv, (uint64_t)!pow2);
   }
   for (size_t i = 0; i < m; i++) {
-    uint64_t r;
-    if (bad[i] || (hi[i] && hi[i] - lo[i] > span) ||
-        !round_double(f, acc[i] / (double)divisor, !pow2, &r)) {
+    uint64_t r = out[i];
+    if (r >> 63) {
       for (int k = 0; k < n; k++) v[k] = load_bits(src[k], i, f->bits);
       r = exact_one(f, v, n, divisor);
     }
