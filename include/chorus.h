@@ -3,6 +3,8 @@
 #define CHORUS_H_
 
 #include "nccl.h"
+#include <stddef.h>
+#include <stdint.h>
 
 #define CHORUS_MAJOR 0
 #define CHORUS_MINOR 1
@@ -56,6 +58,29 @@ ncclResult_t chorusCommStallReport(ncclComm_t comm, char* text, size_t len, size
 typedef enum { chorusReproOff = 0, chorusReproOrder = 1, chorusReproExact = 2 } chorusRepro_t;
 ncclResult_t chorusCommSetReproducible(ncclComm_t comm, int level);
 ncclResult_t chorusCommGetReproducible(ncclComm_t comm, int* level);
+/* Counters of comm (docs/OBSERVE.md): calls finished, their data (count x type size as given), time this
+ * rank waited for peers inside calls (waits longer than about 64 polls; a short wait is not timed), calls
+ * failed. Per peer: payload bytes sent to it and received from it over connections (Direct's reads of
+ * its buffers are not counted) and time waited on it. Any thread, any time after init, also while
+ * another thread is in a call on comm. */
+typedef struct {
+  uint64_t calls, bytes, waitNs, errors;
+  uint64_t reserved[4];
+} chorusCounters_t;
+typedef struct {
+  uint64_t bytesSent, bytesReceived, waitNs;
+  uint64_t reserved[5];
+} chorusPeerCounters_t;
+ncclResult_t chorusCommGetCounters(ncclComm_t comm, chorusCounters_t* counters);
+ncclResult_t chorusCommGetPeerCounters(ncclComm_t comm, int peer, chorusPeerCounters_t* counters);
+/* The same in Prometheus' text exposition format (chorus_calls_total{comm=...,rank=...} ...), as for
+ * chorusCommStallReport: at most len bytes, NUL-terminated; *needed the whole text's length. */
+ncclResult_t chorusCommMetrics(ncclComm_t comm, char* text, size_t len, size_t* needed);
+/* Write comm's flight recorder (its last CHORUS_FLIGHT_RECORDER calls) now, to
+ * CHORUS_DUMP_DIR/chorus-fr-<comm>-r<rank>.txt; path (if not NULL) gets the file's name, NUL-terminated
+ * in len bytes. chorus-info --flight DIR reads every rank's file. ncclInvalidUsage when the recorder is
+ * off (CHORUS_FLIGHT_RECORDER=0); ncclSystemError when the file cannot be written (a WARN says why). */
+ncclResult_t chorusCommDumpFlightRecorder(ncclComm_t comm, char* path, size_t len);
 /* Rank and world size the environment describes, without creating a communicator. */
 ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
 

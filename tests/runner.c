@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "runner.h"
 
+#include <ftw.h>
+#include <sys/stat.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fnmatch.h>
@@ -361,6 +363,11 @@ static void usage(const char* argv0) {
          argv0);
 }
 
+static int rm_entry(const char* p, const struct stat* st, int flag, struct FTW* ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(p);
+}
+
 int main(int argc, char** argv) {
   int list = 0, nofork = 0, timeout_override = 0, npat = 0;
   char** pat = argv + 1; /* patterns are compacted in place: npat never passes the index read */
@@ -399,6 +406,13 @@ int main(int argc, char** argv) {
   }
 
   setvbuf(stdout, NULL, _IOLBF, 0);
+  /* Flight recorder dumps of tests that time out or fail on purpose go to a folder of this run. */
+  static char dump_dir[64];
+  if (!getenv("CHORUS_DUMP_DIR")) {
+    snprintf(dump_dir, sizeof(dump_dir), "/tmp/chorus-tests-dump-XXXXXX");
+    if (mkdtemp(dump_dir)) setenv("CHORUS_DUMP_DIR", dump_dir, 1);
+    else dump_dir[0] = 0;
+  }
   prctl(PR_SET_CHILD_SUBREAPER, 1); /* rank processes orphaned by a killed test come back to us */
   int passed = 0, failed = 0;
   char** failed_names = calloc((size_t)selected, sizeof(char*));
@@ -421,6 +435,7 @@ int main(int argc, char** argv) {
   }
   printf("%d passed, %d failed\n", passed, failed);
   fflush(stdout);
+  if (dump_dir[0]) nftw(dump_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
   for (int i = 0; i < failed; i++) free(failed_names[i]);
   free(failed_names);
   free(tests);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/statvfs.h>
 
+#include "flight.h"
 #include "chorus.h"
 #include "../src/bootstrap/boot_internal.h"
 #include "../src/fault/stall.h"
@@ -44,7 +45,7 @@ static void print_numa(void) {
 
 /* Job key for --stall: CHORUS_SECRET_FILE / CHORUS_SECRET as the ranks read them; else, with
  * NCCL_COMM_ID, that job's public key; else none (the service then admits only our uid, locally). */
-static int stall(const char* hostport) {
+static int query(const char* hostport, uint32_t kind) {
   union sock_addr a;
   if (sock_parse_addr(hostport, &a) != CH_OK) {
     fprintf(stderr, "chorus-info: cannot parse address %s (HOST:PORT expected)\n", hostport);
@@ -57,11 +58,11 @@ static int stall(const char* hostport) {
   char* out = malloc(cap + 1);
   char why[200];
   if (!out) return 1;
-  ch_status st = boot_query(&a, keyed ? &key : NULL, STALL_Q_SUMMARY, NULL, 0, out, cap, &got,
+  ch_status st = boot_query(&a, keyed ? &key : NULL, kind, NULL, 0, out, cap, &got,
                             ut_now_ns() + 5000000000ull, NULL, why, sizeof(why));
   memset(&key, 0, sizeof(key));
   if (st != CH_OK) {
-    fprintf(stderr, "chorus-info: stall query to %s failed: %s\n", hostport, why);
+    fprintf(stderr, "chorus-info: query to %s failed: %s\n", hostport, why);
     free(out);
     return 1;
   }
@@ -75,7 +76,11 @@ static int stall(const char* hostport) {
 
 int main(int argc, char** argv) {
   int brief = argc > 1 && strcmp(argv[1], "--brief") == 0;
-  if (argc == 3 && strcmp(argv[1], "--stall") == 0) return stall(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--stall") == 0) return query(argv[2], STALL_Q_SUMMARY);
+  if (argc == 3 && strcmp(argv[1], "--dump") == 0) return query(argv[2], STALL_Q_DUMP);
+  if (argc == 3 && strcmp(argv[1], "--metrics") == 0) return query(argv[2], STALL_Q_METRICS);
+  if (argc == 3 && strcmp(argv[1], "--flight") == 0) return flight_report(argv[2], stdout);
+  if (argc >= 3 && argc <= 5 && strcmp(argv[1], "--trace") == 0) return trace_main(argc - 2, argv + 2);
   if (argc <= 3 && argc > 1 && strcmp(argv[1], "--calibrate") == 0)
     return calibrate_main(argc == 3 ? argv[2] : "chorus-tune.conf");
   if (argc > 1 && !brief) {
@@ -84,6 +89,14 @@ int main(int argc, char** argv) {
            "process's stall query address\n  (logged by each rank at NCCL_DEBUG=INFO, named in every stall "
            "report). The job's secret\n  comes from CHORUS_SECRET / CHORUS_SECRET_FILE; without one only the "
            "job's own user\n  on the same host may ask.\n"
+           "       chorus-info --dump HOST:PORT\n  Makes every rank of that job write its flight recorder "
+           "(CHORUS_DUMP_DIR on each host).\n"
+           "       chorus-info --metrics HOST:PORT\n  Prints that process's counters in Prometheus' text format.\n"
+           "       chorus-info --flight DIR\n  Reads every rank's flight recorder dump in DIR and says what "
+           "happened job-wide:\n  the first call on which ranks diverged, the ranks that never entered a call "
+           "the\n  others are in, the rank the others waited for.\n"
+           "       chorus-info --trace DIR [OUT.json [OUT.svg]]\n  Merges the ranks' CHORUS_TRACE files in DIR "
+           "into one trace (default DIR/job.json)\n  and draws it (default DIR/job.svg).\n"
            "       chorus-info --calibrate [FILE]\n  Measures the cost model's constants on this machine (a few "
            "seconds) and writes them\n  to FILE (default chorus-tune.conf) for CHORUS_TUNE_FILE.\n");
     return strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ? 0 : 2;

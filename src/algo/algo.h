@@ -139,6 +139,8 @@ struct ch_op {
    * compute it again. Only the thread running the plan touches both. */
   struct prim step;
   uint64_t step_at;
+  int channel;  /* a collective's: the channel of its share */
+  uint64_t t0;  /* CHORUS_TRACE: ticks when its first step was tried (0: not yet) */
 };
 
 /* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Rabenseifner, Tree) name the

@@ -13,6 +13,7 @@
 #include "../core/init.h"
 #include "../gpu/gpu.h"
 #include "../gpu/staging.h"
+#include "../observe/observe.h"
 #include "api.h"
 
 static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
@@ -138,6 +139,8 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
   if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
     s = check_task(&t);
     if (s == CH_OK && t.noop) {
+      fr_enqueue(comm, &t, 1); /* recorded as done */
+      obs_add(&comm->ctr_noop, 1);
       INFO(LOG_COLL, "%s: one rank, in place: nothing to do (comm %p)", algo_fname(func), (void*)comm);
     } else if (s == CH_OK) {
       INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../observe/observe.h"
 #include "chorus.h"
 #include "../misc/log.h"
 #include "../misc/param.h"
@@ -260,6 +261,10 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
     WARN("ncclCommAbort: communicator %p is already being aborted by another thread", (void*)comm);
     return ncclInvalidUsage;
   }
+  /* The flight recorder is written when the abort stops calls in flight or follows a failure (an abort
+   * of an idle, healthy comm, as at a job's end, says nothing worth a file). */
+  int busy = atomic_load(&comm->next_ticket) != atomic_load(&comm->done_ticket) ||
+             atomic_load(&comm->async_result) != ncclSuccess;
   /* A revoke or shrink may hold the flag already: it is counted in users, and leaves it raised. */
   __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST);
   /* Every wait in the library polls the flag at least every ~100 ms, so these waits are bounded:
@@ -275,6 +280,7 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   while (atomic_load(&comm->init_caller)) ut_backoff(1000000);
   comm_wait_idle_aborting(comm); /* its calls queued behind another comm's (perhaps stuck) need not wait */
+  if (busy && atomic_load(&comm->init_state) == ncclSuccess) fr_dump_first(comm, "abort");
   comm_free(comm);
   return ncclSuccess;
 }

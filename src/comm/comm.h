@@ -53,6 +53,8 @@ struct gpu_hello {
 
 struct ch_plan;    /* comm/work.h */
 struct tune_model; /* tune/tune.h */
+struct fr_ring;    /* observe/recorder.c */
+struct obs_trace;  /* observe/trace.c */
 
 struct ncclComm {
   uint64_t magic;
@@ -173,6 +175,20 @@ struct ncclComm {
    * too): no thread enters any more, and once freed only refs' part of the struct is left. */
   _Atomic int dead;
   struct log_err_sink last_error; /* WARNs of calls on this comm: ncclGetLastError(comm) */
+  /* Observation (observe/): the flight recorder (its own lock; NULL when CHORUS_FLIGHT_RECORDER=0), made
+   * at init and freed by comm_free after stall_unregister, so a dump from the query service never sees
+   * it go; fr_dumped: the first failure's dump was written (exchanged to 1 once). clock_offset_ns: this
+   * host's realtime minus rank 0's (observe/clock.c), set at init, read-only afterwards. */
+  struct fr_ring* fr;
+  _Atomic int fr_dumped;
+  int64_t clock_offset_ns;
+  /* Counters (chorusCommGetCounters): calls, bytes and errors added to by the thread finishing a plan
+   * (one at a time: tickets), wait times with atomic adds by any waiting thread; read by any. wait_ns_peer[nranks]: time the engine waited on each peer (made at
+   * init). Bytes per peer are counted on the connections (struct conn). */
+  _Atomic uint64_t ctr_calls, ctr_bytes, ctr_wait_ns, ctr_errors;
+  _Atomic uint64_t ctr_noop; /* calls with nothing to do (one rank, in place): the calling thread's */
+  _Atomic uint64_t* wait_ns_peer;
+  struct obs_trace* trace; /* CHORUS_TRACE (observe/trace.c), or NULL */
   /* Device buffers in CUDA stream order (gpu/staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */
   struct stage_comm* stage;

@@ -32,6 +32,7 @@ struct ch_task {
   int exec; /* enum ch_exec (core/exec.h): where it runs, decided once when it is checked (api/coll.c) */
   struct stage* stage; /* device buffers staged through host memory (gpu/staging.c), or NULL */
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu/call.c): t is their exchange, or NULL */
+  uint64_t fr_id;       /* its flight recorder entry (observe/recorder.c), 0 when the recorder is off */
   int noop;             /* nothing to do (one rank, in place): checked, never queued */
   int hostless;         /* its executor exchanges what it needs itself (gpu/call.c): no host operation */
   int held;             /* queued in an open group: holds a reference on comm (group.c) */
@@ -67,6 +68,11 @@ struct ch_plan {
   int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
   size_t key_count;
   struct ch_plan* next; /* comm_wait_idle_aborting's list of plans taken off their streams */
+  /* Observation: the flight recorder entries of its calls (ids fr_lo..fr_hi, this comm's calls of the
+   * group in call order; 0: none) and what the counters add when it ends. */
+  uint64_t fr_lo, fr_hi;
+  uint64_t user_bytes; /* count x type size of its calls */
+  int ncalls;
 };
 
 #endif

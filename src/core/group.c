@@ -8,6 +8,7 @@
 #include "../misc/utils.h"
 #include "../comm/work.h"
 #include "../tune/tune.h"
+#include "../observe/observe.h"
 #include "connect.h"
 #include "exec.h"
 #include "group.h"
@@ -137,6 +138,7 @@ ch_status enq_task(struct ch_task* t) {
   }
   tasks[ntasks_] = *t;
   tasks[ntasks_].next = NULL;
+  tasks[ntasks_].fr_id = fr_enqueue(t->comm, t, depth == 0 && t->exec == EXEC_HOST);
   tasks[ntasks_].held = depth > 0, tasks[ntasks_].lost = 0;
   if (depth > 0) atomic_fetch_add(&t->comm->refs, 1); /* an abort meanwhile leaves comm to us */
   ntasks_++;
@@ -147,7 +149,17 @@ ch_status enq_task(struct ch_task* t) {
   return CH_OK;
 }
 
-static void drop_tasks(void) { ntasks_ = 0; }
+/* The group's calls will not run (an earlier call of it failed its checks, or an init): those whose
+ * comm is still there are marked failed in its flight recorder. */
+static void drop_tasks(ch_status why) {
+  for (int k = 0; k < ntasks_; k++) {
+    struct comm_guard g;
+    if (!tasks[k].fr_id || tasks[k].lost || !comm_try_enter(tasks[k].comm, &g)) continue; /* aborted: gone */
+    fr_fail_queued(tasks[k].comm, tasks[k].fr_id, tasks[k].fr_id, why);
+    comm_leave(&g);
+  }
+  ntasks_ = 0;
+}
 
 /* A group runs on the highest executor any of its calls needs (core/exec.h): device buffers on the GPU
  * or staged, else a Chorus host stream when every call names it, else here, before returning. Tickets
@@ -232,7 +244,7 @@ static ch_status launch_tasks(void) {
   struct comm_guard* guards = big ? calloc((size_t)ntasks, sizeof(*guards)) : guards_s;
   char** need_send = big ? calloc((size_t)ntasks, sizeof(char*)) : send_s;
   char** need_recv = big ? calloc((size_t)ntasks, sizeof(char*)) : recv_s;
-  int ncomms = 0, unconnected = 0, entered = 0;
+  int ncomms = 0, unconnected = 0, entered = 0, launched = 0;
   if (!comms || !lists || !tails || !plans || !guards || !need_send || !need_recv) {
     res = CH_SYSTEM;
     goto out;
@@ -288,8 +300,12 @@ static ch_status launch_tasks(void) {
     if (res != CH_OK) goto out;
   }
 
+  launched = 1;
   res = launch_plans(plans, lists, ncomms);
 out:
+  /* Failed before any ran (setup, planning, connections): its calls will never start. */
+  for (int i = 0; i < entered && !launched && res != CH_OK; i++) /* inside those comms: not freed under us */
+    for (struct ch_task* t = lists[i]; t; t = t->next) fr_fail_queued(comms[i], t->fr_id, t->fr_id, res);
   for (int i = 0; i < ncomms && plans; i++) plan_release(plans[i]);
   while (entered > 0) comm_leave(&guards[--entered]);
   if (big) {
@@ -381,21 +397,21 @@ static ch_status group_run(float* simulate, ch_status* lost) {
   if (res != CH_OK) {
     /* An earlier call in this group failed its checks: drop its calls, but still create the
      * communicators it asked for, whose handles the caller already holds. */
-    drop_tasks();
+    drop_tasks(res);
     if (ninits) run_inits();
     return res;
   }
   if (ninits) {
     res = run_inits();
     if (res != CH_OK && res != CH_IN_PROGRESS) {
-      drop_tasks();
+      drop_tasks(res);
       return res;
     }
   }
   *lost = group_drop_lost();
   if (simulate) { /* estimate, then drop the calls: nothing is launched */
     *simulate = estimate_us();
-    drop_tasks();
+    drop_tasks(CH_OK); /* simulated: recorded as done, never started */
     return res;
   }
   ch_status r2 = launch_tasks();

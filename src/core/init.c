@@ -19,6 +19,7 @@
 #include "../fault/stall.h"
 #include "connect.h"
 #include "exec.h"
+#include "../observe/observe.h"
 #include "init.h"
 #include "plan.h"
 
@@ -317,6 +318,13 @@ static ch_status comm_setup(struct ncclComm* comm) {
   free(comm->gpu_hellos);
   comm->gpu_hellos = NULL;
   CHECK(gs);
+  CHECK(obs_clock_align(comm)); /* one time base for dumps and traces (several hosts only) */
+  int64_t frn = param_int(PARAM_FLIGHT_RECORDER);
+  if (frn <= 0 && param_str(PARAM_TRACE)[0]) frn = 1024; /* the trace's call spans come from the recorder */
+  comm->fr = fr_create((int)UT_MIN(frn, 1 << 20));
+  comm->trace = trace_open(comm);
+  comm->wait_ns_peer = calloc((size_t)n, sizeof(*comm->wait_ns_peer));
+  if (!comm->wait_ns_peer) return CH_SYSTEM;
 
   unsigned used = 0;
   for (int r = 0; r < n; r++)
@@ -476,6 +484,11 @@ void comm_free(struct ncclComm* comm) {
   free(comm->peer_scratch);
   free(comm->repro_scratch);
   comm->repro_scratch = NULL;
+  trace_close(comm); /* no plan runs any more */
+  fr_free(comm->fr); /* stall_unregister above: no dump reads it any more */
+  comm->fr = NULL;
+  free((void*)comm->wait_ns_peer);
+  comm->wait_ns_peer = NULL;
   comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = NULL, comm->scratch = comm->peer_scratch = NULL;
   comm_unref(comm);
 }

@@ -14,6 +14,7 @@
 #include "../tune/tune.h"
 #include "../fault/mismatch.h"
 #include "../fault/stall.h"
+#include "../observe/observe.h"
 #include "init.h"
 #include "memreg.h"
 #include "plan.h"
@@ -196,6 +197,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       }
     }
     if (!is_coll(t->func) || comm->nranks == 1) t->how.nch = 1, t->how.fb_nch = 1;
+    if (is_coll(t->func)) fr_choice(comm, t->fr_id, &t->how);
     for (int c = 0; c < task_nops(t); c++) nused += bs.lane_n[lane_of(comm, t, c)]++ == 0;
     nops += task_nops(t);
   }
@@ -218,6 +220,12 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
     return CH_SYSTEM;
   }
   struct ch_plan* plan = (struct ch_plan*)mem;
+  for (struct ch_task* t = tasks; t; t = t->next) { /* the group's calls on comm, hostless ones too */
+    if (t->fr_id && !plan->fr_lo) plan->fr_lo = t->fr_id;
+    if (t->fr_id) plan->fr_hi = t->fr_id;
+    plan->user_bytes += (uint64_t)t->count * red_type_size(t->type);
+    plan->ncalls++;
+  }
   plan->ops = (struct ch_op*)(plan + 1);
   plan->lanes = (struct ch_lane*)(plan->ops + nops);
   plan->lane_ops = (struct ch_op**)(plan->lanes + nused);
@@ -266,6 +274,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
       if (is_coll(t->func)) {
         struct ch_channel* ch = &comm->channels[c];
+        op->channel = c;
         op->ring = ch->ring;
         op->ring_index = ch->ring_index;
         op->trees = comm->trees;
@@ -317,6 +326,9 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     return NULL;
   }
   pl->reds[0] = t->red;
+  pl->fr_lo = pl->fr_hi = t->fr_id;
+  pl->user_bytes = (uint64_t)t->count * red_type_size(t->type), pl->ncalls = 1;
+  fr_choice(comm, t->fr_id, &(struct tune_choice){.algo = pl->first_algo, .proto = pl->ops[0].proto, .nch = pl->nops});
   atomic_store(&pl->outcome[0], DIRECT_OUTCOME_OPEN);
   pl->started = pl->done = 0;
   pl->status = CH_OK;
@@ -325,7 +337,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     struct ch_op* op = &pl->ops[k];
     op->sendbuff = t->sendbuff;
     op->recvbuff = t->recvbuff;
-    op->idx = 0, op->step_at = 0; /* new buffers: no step computed for them yet */
+    op->idx = 0, op->step_at = 0, op->t0 = 0; /* new buffers: no step computed for them yet */
     if (!op->standby && op->algo != pl->first_algo) op->algo = pl->first_algo, op->nidx = 0; /* Direct fell back */
     if (op->algo == ALGO_DIRECT) direct_describe(op);
     if (op->algo == ALGO_OWNER) op->nidx = 0; /* its step count depends on in place or not (owner.c) */
@@ -357,7 +369,13 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
       if (o == DIRECT_OUTCOME_RAN) { ln->cur++; progressed = 1; continue; }
     }
     if (op->nidx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
+    if (comm->trace && !op->t0) op->t0 = obs_ticks();
     if (op->idx + 1 >= op->nidx) {
+      if (comm->trace)
+        trace_op(comm, op->func, op->func == FUNC_SEND || op->func == FUNC_RECV ? -1 : op->algo, op->proto, op->channel,
+                 op->func == FUNC_SEND || op->func == FUNC_RECV ? op->root : -1,
+                 (uint64_t)(op->func == FUNC_SEND || op->func == FUNC_RECV ? op->count : op->part_count) * op->esize,
+                 op->t0, obs_ticks());
       if (op->algo == ALGO_DIRECT && op->outcome)
         atomic_store_explicit(op->outcome, DIRECT_OUTCOME_RAN, memory_order_release);
       ln->cur++;
@@ -408,6 +426,11 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
     if (!r) {
       if (!*blocked) *blocked = &op->ctx;
       break;
+    }
+    if (p->send | p->recv) {
+      uint64_t b = (uint64_t)p->nelem * op->ctx.esize;
+      if (p->send) obs_moved(op->ctx.out, b);
+      if (p->recv) obs_moved(op->ctx.in, b);
     }
     op->idx++;
     progressed = 1;
@@ -537,6 +560,7 @@ static void plan_start(struct ch_plan* pl) {
     op->ctx.tag = xfer_tag(&op->ctx.hdr);
   }
   if (first) mm_publish(comm, first); /* the group's first collective stands for it */
+  fr_start(comm, pl->fr_lo, pl->fr_hi, base);
   atomic_store_explicit(&comm->seq, base + (uint64_t)pl->ncoll, memory_order_relaxed);
   pl->started = 1;
 }
@@ -550,9 +574,15 @@ static ch_status finish_plan(struct ch_plan** slot) {
   struct ncclComm* comm = pl->comm;
   ch_status st = pl->status;
   pl->done = 1;
+  fr_end(comm, pl->fr_lo, pl->fr_hi, st);
+  if (comm->trace) trace_calls(comm, pl->fr_lo, pl->fr_hi);
+  obs_add(&comm->ctr_calls, (uint64_t)pl->ncalls); /* plans of a comm finish one at a time (tickets) */
+  obs_add(&comm->ctr_bytes, pl->user_bytes);
   if (st != CH_OK) {
     if (st == CH_ABORTED) INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", comm->rank);
+    atomic_fetch_add_explicit(&comm->ctr_errors, (uint64_t)pl->ncalls, memory_order_relaxed);
     comm_set_async_error(comm, st);
+    if (st != CH_ABORTED) stall_dump_failure(comm, st); /* the flight recorder, once per comm */
   }
   *slot = NULL;
   plan_release(pl);
@@ -579,6 +609,9 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     if (c && c < timeout_ns) timeout_ns = c;
   }
   uint64_t idle = 0, idle_since = 0, check_since = 0, mm_since = 0, t = 0;
+  struct ncclComm* wcomm = NULL; /* what the current wait is charged to (counters): comm and peer */
+  int wpeer = -1;
+  uint64_t wtick = 0; /* its start in ticks, when wcomm is traced */
   while (remaining > 0) {
     int progressed = 0;
     struct prim_ctx* blocked = NULL;
@@ -615,6 +648,10 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
     }
     if (progressed) {
+      if (idle_since && wcomm) {
+        obs_waited(wcomm, wpeer, ut_now_ns() - idle_since); /* waits past 64 polls */
+        if (wtick && wcomm->trace) trace_wait(wcomm, wpeer, wtick, obs_ticks());
+      }
       idle = 0, idle_since = 0;
       continue;
     }
@@ -622,7 +659,12 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
      * every 64th idle pass (every pass when oversubscribed, where we yield at once anyway). */
     if (oversubscribed || (++idle & 63) == 0) {
       t = ut_now_ns();
-      if (!idle_since) idle_since = check_since = mm_since = t;
+      if (!idle_since) {
+        idle_since = check_since = mm_since = t;
+        wcomm = bcomm, wpeer = -1;
+        wtick = wcomm && wcomm->trace ? obs_ticks() : 0;
+        if (blocked) stall_waits_for((const struct ch_op*)(const void*)((char*)blocked - offsetof(struct ch_op, ctx)), &wpeer);
+      }
     }
     /* Not per poll: a mismatch or a poisoned connection only matters once we have waited a while,
      * and the check reads lines that peers write. */

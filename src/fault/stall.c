@@ -3,6 +3,7 @@
  * naming the collective, its sequence number, how far it got and the peer whose data or credit it
  * waits for, then the job-wide summary of fault/stall_job.c. */
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "../misc/param.h"
 #include "../comm/work.h"
 #include "../tune/tune.h"
+#include "../observe/observe.h"
 #include "stall.h"
 
 /* Which peer op is blocked on, from what its last primitive would sleep on. */
@@ -65,7 +67,9 @@ void stall_report(const struct ch_plan* pl, double idle_s, int on_request) {
   char why[64];
   if (on_request) snprintf(why, sizeof(why), "on request: ");
   else snprintf(why, sizeof(why), "no progress for %.0f s: ", idle_s);
-  stall_job_report(comm, why);
+  /* A timeout asks every rank to write its flight recorder (the one stuck elsewhere too); on a signal
+   * each signalled process writes its own (stall_dump_thread), so the others are not asked again. */
+  stall_job_report(comm, why, on_request ? STALL_DUMP_NONE : STALL_DUMP_TIMEOUT);
 }
 
 /* CHORUS_DUMP_SIGNAL: the handler only counts requests (async-signal-safe); ranks blocked in plan_exec
@@ -73,9 +77,25 @@ void stall_report(const struct ch_plan* pl, double idle_s, int on_request) {
 static _Atomic unsigned dump_requests;
 static pthread_once_t dump_once = PTHREAD_ONCE_INIT;
 
+/* The flight recorders are written by a thread of their own, woken by the handler (sem_post is
+ * async-signal-safe): a rank that is not in a call (the one the others wait for, busy elsewhere) writes
+ * its recorder too. */
+static sem_t dump_sem;
+static int dump_thread_ok;
+
 static void on_dump_signal(int sig) {
   (void)sig;
   atomic_fetch_add_explicit(&dump_requests, 1, memory_order_relaxed);
+  if (dump_thread_ok) sem_post(&dump_sem);
+}
+
+static void* dump_thread(void* arg) {
+  (void)arg;
+  for (;;) {
+    while (sem_wait(&dump_sem) != 0) {}
+    stall_dump_all(STALL_DUMP_SIGNAL);
+  }
+  return NULL;
 }
 
 static void dump_install(void) {
@@ -92,6 +112,11 @@ static void dump_install(void) {
     WARN("CHORUS_DUMP_SIGNAL=%s is not a signal that can be caught (use e.g. SIGUSR1)", v);
     return;
   }
+  pthread_t th;
+  if (sem_init(&dump_sem, 0, 0) == 0 && pthread_create(&th, NULL, dump_thread, NULL) == 0) {
+    pthread_detach(th);
+    dump_thread_ok = 1;
+  }
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = on_dump_signal;
@@ -103,3 +128,11 @@ static void dump_install(void) {
 
 void stall_install_signal(void) { pthread_once(&dump_once, dump_install); }
 unsigned stall_dump_requests(void) { return atomic_load_explicit(&dump_requests, memory_order_relaxed); }
+
+void stall_dump_failure(struct ncclComm* comm, ch_status st) {
+  const char* why = st == CH_TIMEOUT                 ? "timeout"
+                    : atomic_load(&comm->poisoned)   ? "mismatch"
+                    : st == CH_REMOTE                ? "peer-lost"
+                                                     : fr_status_word(st);
+  fr_dump_first(comm, why);
+}

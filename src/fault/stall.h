@@ -45,7 +45,10 @@ struct stall_wire {
 };
 /* Query kinds served by fault/stall_job.c. RECORD: {hash, rank, nranks} -> struct stall_wire (or nothing);
  * SUMMARY: {} or {hash} -> the text report of each matching communicator (chorus-info --stall). */
-enum { STALL_Q_RECORD = 1, STALL_Q_SUMMARY = 2 };
+/* DUMP: {} or {hash} -> every rank of each matching communicator writes its flight recorder (this
+ * process's directly, the others' asked through their services); the reply says how many did. */
+/* METRICS: {} or {hash} -> this process's communicators' counters in Prometheus' text format. */
+enum { STALL_Q_RECORD = 1, STALL_Q_SUMMARY = 2, STALL_Q_DUMP = 3, STALL_Q_METRICS = 4 };
 int stall_wire_ok(struct stall_wire* w, uint64_t hash, int rank, int nranks);
 
 /* Registry of this process's communicators (init.c: after init succeeds / before comm_free). */
@@ -57,14 +60,22 @@ void stall_note_plan(const struct ch_plan* pl, uint64_t idle_ns, int gave_up);
  * ("AllReduce #5 (1 KiB): ranks 0-1 waiting, rank 2 last completed #4") then one line per rank.
  * `why` prefixes the headline; asking other processes stops after 2 s or once *abort is set. Returns
  * the length written (text NUL-terminated, truncated to cap). */
-size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, char* out,
-                      size_t cap);
+size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, int dump,
+                      char* out, size_t cap);
 /* The same for a comm of this process, gathered once and formatted whole (chorusCommStallReport):
  * the text (the caller frees it) and its length in *len; NULL if out of memory. */
 char* stall_job_text_all(uint64_t hash, const char* why, const volatile int* abort, size_t* len);
 /* The same from explicit states (tests). */
 size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char* why, char* out, size_t cap);
-/* Gather and WARN it, details first, headline last (so ncclGetLastError shows the headline). */
-void stall_job_report(const struct ncclComm* comm, const char* why);
+/* Gather and WARN it, details first, headline last (so ncclGetLastError shows the headline). dump: every
+ * rank asked also writes its flight recorder (a rank busy elsewhere too: its process's query thread
+ * answers), for that reason. */
+enum stall_dump { STALL_DUMP_NONE = 0, STALL_DUMP_TIMEOUT = 1, STALL_DUMP_SIGNAL = 2, STALL_DUMP_REQUEST = 3, STALL_DUMP_COUNT };
+extern const char* const stall_dump_names[STALL_DUMP_COUNT];
+void stall_job_report(const struct ncclComm* comm, const char* why, int dump);
+/* Every communicator of this process writes its flight recorder (the CHORUS_DUMP_SIGNAL thread). */
+void stall_dump_all(int why);
+/* A call on comm failed with st (core/plan.c): its flight recorder is written, the first time. */
+void stall_dump_failure(struct ncclComm* comm, ch_status st);
 
 #endif

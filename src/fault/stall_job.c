@@ -22,6 +22,7 @@
 #include "../misc/utils.h"
 #include "../comm/work.h"
 #include "../tune/tune.h"
+#include "../observe/observe.h"
 #include "stall.h"
 
 #define STALL_NOTE_AFTER_NS 10000000ull   /* a plan idle this long publishes what it waits for */
@@ -85,6 +86,8 @@ static const struct stall_wire* find_gone(uint64_t hash, int rank, int nranks, c
 }
 
 static size_t on_query(const struct boot_key* key, uint32_t kind, const void* req, size_t len, char* out, size_t cap);
+static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int* nranks_out, union sock_addr* self,
+                                 const volatile int* abort, int dump);
 
 void stall_register(struct ncclComm* comm) {
   struct stall_ent* e = calloc(1, sizeof(*e));
@@ -287,7 +290,18 @@ int stall_wire_ok(struct stall_wire* w, uint64_t hash, int rank, int nranks) {
 struct stall_query_req {
   uint64_t hash;
   int32_t rank, nranks;
+  int32_t dump, pad; /* enum stall_dump: the rank also writes its flight recorder (observe/dump.c) */
 };
+
+const char* const stall_dump_names[STALL_DUMP_COUNT] = {"", "timeout", "signal", "request"};
+
+/* Write comm's flight recorder for `why`: a timeout's once per comm (every rank that times out asks
+ * every other), a signal's or a request's every time. */
+static void dump_for(struct ncclComm* comm, int why) {
+  if (why <= STALL_DUMP_NONE || why >= STALL_DUMP_COUNT) return;
+  if (why == STALL_DUMP_TIMEOUT) fr_dump_first(comm, stall_dump_names[why]);
+  else fr_dump(comm, stall_dump_names[why], NULL, 0);
+}
 
 static size_t on_query(const struct boot_key* key, uint32_t kind, const void* req, size_t len, char* out, size_t cap) {
   if (kind == STALL_Q_RECORD) {
@@ -301,6 +315,7 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
     if (e && e->nranks == q.nranks) {
       read_state(e, (struct stall_wire*)(void*)out);
       n = sizeof(struct stall_wire);
+      dump_for(e->comm, q.dump); /* under reg_lock: the comm stays */
     } else if (g) {
       memcpy(out, g, sizeof(*g));
       n = sizeof(struct stall_wire);
@@ -308,9 +323,23 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
     pthread_mutex_unlock(&reg_lock);
     return n; /* 0: no such communicator here (destroyed, or never made) */
   }
-  if (kind != STALL_Q_SUMMARY || (len != 0 && len != sizeof(uint64_t))) return 0;
+  if ((kind != STALL_Q_SUMMARY && kind != STALL_Q_DUMP && kind != STALL_Q_METRICS) ||
+      (len != 0 && len != sizeof(uint64_t)))
+    return 0;
   uint64_t only = 0;
   if (len) memcpy(&only, req, sizeof(only));
+  if (kind == STALL_Q_METRICS) { /* this process's comms, formatted under reg_lock (they stay) */
+    enum { MAXM = 64 };
+    struct ncclComm* comms[MAXM];
+    int nc = 0;
+    pthread_mutex_lock(&reg_lock);
+    for (struct stall_ent* e = reg; e && nc < MAXM; e = e->next)
+      if ((!key || (e->key.mode == key->mode && !memcmp(e->key.k, key->k, sizeof(key->k)))) && (!only || e->hash == only))
+        comms[nc++] = e->comm;
+    size_t n = obs_prometheus(comms, nc, out, cap);
+    pthread_mutex_unlock(&reg_lock);
+    return n < cap ? n : cap - 1;
+  }
   /* One report per communicator this process serves under that key, each made once. */
   enum { MAXC = 32 };
   uint64_t hashes[MAXC];
@@ -326,7 +355,20 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
   pthread_mutex_unlock(&reg_lock);
   size_t at = 0;
   if (!nh) at = (size_t)snprintf(out, cap, "no communicator of this job in process %d\n", (int)getpid());
-  for (int i = 0; i < nh && at + 1 < cap; i++) at += stall_job_text(hashes[i], key, NULL, NULL, out + at, cap - at);
+  if (kind == STALL_Q_DUMP) {
+    for (int i = 0; i < nh && at + 1 < cap; i++) {
+      int n = 0, wrote = 0;
+      union sock_addr self;
+      struct stall_wire* w = gather(hashes[i], key, &n, &self, NULL, STALL_DUMP_REQUEST);
+      for (int r = 0; r < n; r++) wrote += w[r].state != STALL_ST_NOANSWER;
+      at += (size_t)snprintf(out + at, cap - at, "comm %016llx: %d of %d ranks wrote their flight recorder (each in "
+                             "its host's CHORUS_DUMP_DIR; this process's: %s)\n", (unsigned long long)hashes[i],
+                             wrote, n, obs_dump_dir());
+      free(w);
+    }
+    return at < cap ? at : cap - 1;
+  }
+  for (int i = 0; i < nh && at + 1 < cap; i++) at += stall_job_text(hashes[i], key, NULL, NULL, STALL_DUMP_NONE, out + at, cap - at);
   return at < cap ? at : cap - 1;
 }
 
@@ -335,7 +377,7 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
 /* Every rank's state for comm `hash` as seen from this process; the caller frees. *me: a rank of
  * it in this process. NULL if this process has no such communicator. */
 static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int* nranks_out, union sock_addr* self,
-                                 const volatile int* abort) {
+                                 const volatile int* abort, int dump) {
   pthread_mutex_lock(&reg_lock);
   struct stall_ent* e = NULL;
   for (struct stall_ent* x = reg; x && !e; x = x->next)
@@ -361,7 +403,7 @@ static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int*
     snprintf(w[r].host, sizeof(w[r].host), "%s", e->comm->peers[r].hostname);
     struct stall_ent* x = find_rank(hash, r, &k);
     const struct stall_wire* g = find_gone(hash, r, n, &k);
-    if (x && x->nranks == n) read_state(x, &w[r]), have[r] = 1;
+    if (x && x->nranks == n) read_state(x, &w[r]), have[r] = 1, dump_for(x->comm, dump);
     else if (g) w[r] = *g, have[r] = 1;
   }
   pthread_mutex_unlock(&reg_lock);
@@ -378,7 +420,7 @@ static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int*
     } else if (now >= end) {
       snprintf(why, sizeof(why), "not asked: the report's %llu s were spent", STALL_GATHER_NS / 1000000000ull);
     } else if (qa[r].sa.sa_family != AF_UNSPEC) {
-      struct stall_query_req q = {hash, r, n};
+      struct stall_query_req q = {hash, r, n, dump, 0};
       struct stall_wire got;
       size_t len = 0;
       uint64_t dl = now + STALL_ASK_NS < end ? now + STALL_ASK_NS : end;
@@ -543,11 +585,11 @@ static size_t job_text(const struct stall_wire* w, int n, const union sock_addr*
   return at;
 }
 
-size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, char* out,
-                      size_t cap) {
+size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why, const volatile int* abort, int dump,
+                      char* out, size_t cap) {
   int n = 0;
   union sock_addr self;
-  struct stall_wire* w = gather(hash, key, &n, &self, abort);
+  struct stall_wire* w = gather(hash, key, &n, &self, abort, dump);
   size_t at = job_text(w, n, &self, hash, why, out, cap);
   free(w);
   return at;
@@ -556,7 +598,7 @@ size_t stall_job_text(uint64_t hash, const struct boot_key* key, const char* why
 char* stall_job_text_all(uint64_t hash, const char* why, const volatile int* abort, size_t* len) {
   int n = 0;
   union sock_addr self;
-  struct stall_wire* w = gather(hash, NULL, &n, &self, abort); /* once: the states do not change below */
+  struct stall_wire* w = gather(hash, NULL, &n, &self, abort, STALL_DUMP_NONE); /* once: the states do not change below */
   char* out = NULL;
   for (size_t cap = 256;; cap *= 2) { /* doubled until it fits: formatting the same states again is cheap */
     char* p = cap <= ((size_t)1 << 30) ? realloc(out, cap) : NULL;
@@ -573,11 +615,11 @@ char* stall_job_text_all(uint64_t hash, const char* why, const volatile int* abo
   return out;
 }
 
-void stall_job_report(const struct ncclComm* comm, const char* why) {
+void stall_job_report(const struct ncclComm* comm, const char* why, int dump) {
   size_t cap = 16384;
   char* text = malloc(cap);
   if (!text) return;
-  stall_job_text(comm->comm_hash, NULL, why, &comm->abort_flag, text, cap);
+  stall_job_text(comm->comm_hash, NULL, why, &comm->abort_flag, dump, text, cap);
   /* Details first, the headline last: it is what ncclGetLastError shows. */
   char* nl = strchr(text, '\n');
   char* details = nl ? nl + 1 : NULL;
@@ -587,4 +629,10 @@ void stall_job_report(const struct ncclComm* comm, const char* why) {
     WARN("rank %d: %s", comm->rank, line);
   WARN("rank %d: %s", comm->rank, text);
   free(text);
+}
+
+void stall_dump_all(int why) {
+  pthread_mutex_lock(&reg_lock);
+  for (struct stall_ent* e = reg; e; e = e->next) dump_for(e->comm, why);
+  pthread_mutex_unlock(&reg_lock);
 }

@@ -57,7 +57,15 @@
   X(TIMEOUT, "CHORUS_TIMEOUT", P_INT, 1800, "",                                                    \
     "seconds a call may wait without any progress before it fails with ncclTimeout and reports what it waits for (0 = never)") \
   X(DUMP_SIGNAL, "CHORUS_DUMP_SIGNAL", P_STR, 0, "",                                              \
-    "signal (e.g. SIGUSR1) on which every rank blocked in a call logs what it waits for (empty = none)") \
+    "signal (e.g. SIGUSR1) on which every rank blocked in a call logs what it waits for and every communicator writes its flight recorder (empty = none)") \
+  X(FLIGHT_RECORDER, "CHORUS_FLIGHT_RECORDER", P_INT, 2000, "",                                  \
+    "calls each communicator's flight recorder keeps (the last N, written out on a timeout, mismatch, dead peer, abort, CHORUS_DUMP_SIGNAL or request; 0 = off)") \
+  X(DUMP_DIR, "CHORUS_DUMP_DIR", P_STR, 0, "",                                                     \
+    "folder for flight recorder dumps (default $TMPDIR/chorus-dump-<uid>, made 0700; chorus-info --flight reads it)") \
+  X(TRACE, "CHORUS_TRACE", P_STR, 0, "",                                                           \
+    "folder: each rank writes a Chrome/Perfetto trace of its calls there (chorus-info --trace merges them; empty = off)") \
+  X(CLOCK_SKEW_US, "CHORUS_CLOCK_SKEW_US", P_INT, 0, "",                                            \
+    "testing aid: microseconds added to this process's clock for dumps and traces (the alignment at init removes it)") \
   X(STALL_QUERY, "CHORUS_STALL_QUERY", P_INT, 1, "",                                               \
     "1 = each process answers stall queries (peers' stall reports, chorus-info --stall) on its bootstrap interface; 0 = no such listener (reports show this process's ranks only)") \
   X(SPIN_COUNT, "CHORUS_SPIN_COUNT", P_INT, 2000, "",                                              \

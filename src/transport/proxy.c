@@ -456,11 +456,13 @@ static int sync_lists(void) {
   return exiting;
 }
 
+void (*_Atomic tp_busy_hook)(uint64_t t0, uint64_t t1);
+
 static void* proxy_main(void* arg) {
   (void)arg;
   struct epoll_event ev[64];
   int64_t spin_ns = param_int(PARAM_NET_SPIN_US) * 1000;
-  uint64_t idle_since = 0;
+  uint64_t idle_since = 0, busy_since = 0; /* busy_since: only while a trace wants the busy periods */
   for (;;) {
     if (atomic_load_explicit(&px_changes, memory_order_acquire) && sync_lists()) break;
     if (px.nacc) expire_accepts();
@@ -472,9 +474,15 @@ static void* proxy_main(void* arg) {
     handle_events(ev, ne);
     if (progress_all() || ne > 0) {
       idle_since = 0;
+      if (!busy_since && atomic_load_explicit(&tp_busy_hook, memory_order_relaxed)) busy_since = ut_now_ns();
       continue;
     }
     uint64_t now = ut_now_ns();
+    if (busy_since) {
+      void (*hook)(uint64_t, uint64_t) = atomic_load_explicit(&tp_busy_hook, memory_order_relaxed);
+      if (hook) hook(busy_since, now);
+      busy_since = 0;
+    }
     if (!idle_since) idle_since = now;
     if ((int64_t)(now - idle_since) < spin_ns) {
       PX_RELAX();

@@ -134,9 +134,16 @@ struct conn {
   uint64_t token; /* receiver: registry token of the FIFO until the sender has it (0: none) */
   struct net_conn* net; /* TP_NET: the proxy's record of this connection (net.h) */
   struct fab_conn* fab; /* TP_FAB: the fabric proxy's record of this connection (fabric.h) */
+  /* Payload bytes this end moved (chorusCommGetPeerCounters): added to by the thread running the
+   * plan that uses the connection (one at a time), read by any thread. */
+  _Atomic uint64_t bytes;
 };
 
 enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_FAB = 2, TP_NET = 3, TP_COUNT };
+
+/* The network proxy was busy moving data from t0 to t1 (CLOCK_MONOTONIC ns): set by observe/trace.c while
+ * a trace is open (NULL otherwise), called by the proxy thread. */
+extern void (*_Atomic tp_busy_hook)(uint64_t t0, uint64_t t1);
 
 #define TP_BLOB_BYTES 128 /* NCCL_NET_HANDLE_MAXSIZE */
 /* What the receiver tells the sender so it can reach the FIFO: no address, no descriptor. */

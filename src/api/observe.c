@@ -1,0 +1,105 @@
+/* What Chorus shows of a communicator (observe/): counters, their Prometheus text, and a flight
+ * recorder dump on request. Queries, as chorusCommStallReport: any thread may ask while another is in
+ * a call on comm (comm_try_enter: counted in `users`), and beside ncclCommAbort. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chorus.h"
+#include "../misc/log.h"
+#include "../observe/observe.h"
+#include "../core/init.h"
+#include "api.h"
+
+/* Enter comm as a query: 1 with *r ncclSuccess when it is initialized; else 0 (or 1 with *r set, the
+ * caller leaving) and a WARN naming fn. */
+static int enter_query(ncclComm_t comm, const char* fn, struct comm_guard* g, ncclResult_t* r) {
+  ch_status s = comm_check(comm, fn);
+  *r = ch_to_nccl(s);
+  if (s != CH_OK) return 0;
+  if (!comm_try_enter(comm, g)) {
+    WARN("%s: communicator %p is being aborted, revoked or destroyed by another thread", fn, (void*)comm);
+    *r = ncclInvalidUsage;
+    return 0;
+  }
+  int st = atomic_load(&comm->init_state);
+  *r = st == ncclInProgress ? ncclInProgress : st != ncclSuccess ? ch_to_nccl(comm_ensure_ready(comm)) : ncclSuccess;
+  return 1;
+}
+
+CH_API(ncclResult_t, chorusCommGetCounters, ncclComm_t comm, chorusCounters_t* counters) {
+  static const char fn[] = "chorusCommGetCounters";
+  if (!counters) {
+    WARN("%s: counters is NULL", fn);
+    return ncclInvalidArgument;
+  }
+  struct comm_guard g;
+  ncclResult_t r;
+  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (r == ncclSuccess) {
+    struct obs_ctr c;
+    obs_counters(comm, &c);
+    memset(counters, 0, sizeof(*counters));
+    counters->calls = c.calls, counters->bytes = c.bytes, counters->waitNs = c.wait_ns, counters->errors = c.errors;
+  }
+  comm_leave(&g);
+  return r;
+}
+
+CH_API(ncclResult_t, chorusCommGetPeerCounters, ncclComm_t comm, int peer, chorusPeerCounters_t* counters) {
+  static const char fn[] = "chorusCommGetPeerCounters";
+  if (!counters) {
+    WARN("%s: counters is NULL", fn);
+    return ncclInvalidArgument;
+  }
+  struct comm_guard g;
+  ncclResult_t r;
+  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (r == ncclSuccess && (peer < 0 || peer >= comm->nranks)) {
+    WARN("%s: peer %d is not a rank of this %d-rank communicator", fn, peer, comm->nranks);
+    r = ncclInvalidArgument;
+  } else if (r == ncclSuccess) {
+    struct obs_peer_ctr c;
+    obs_peer_counters(comm, peer, &c);
+    memset(counters, 0, sizeof(*counters));
+    counters->bytesSent = c.sent, counters->bytesReceived = c.received, counters->waitNs = c.wait_ns;
+  }
+  comm_leave(&g);
+  return r;
+}
+
+CH_API(ncclResult_t, chorusCommMetrics, ncclComm_t comm, char* text, size_t len, size_t* needed) {
+  static const char fn[] = "chorusCommMetrics";
+  if ((!text && len > 0) || (!text && !needed)) {
+    WARN("%s: text is NULL with len %zu%s", fn, len, needed ? "" : " and needed is NULL too");
+    return ncclInvalidArgument;
+  }
+  struct comm_guard g;
+  ncclResult_t r;
+  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (r == ncclSuccess) {
+    size_t n = obs_prometheus(&comm, 1, text, len);
+    if (len > 0 && n >= len) text[len - 1] = '\0';
+    if (needed) *needed = n;
+  }
+  comm_leave(&g);
+  return r;
+}
+
+CH_API(ncclResult_t, chorusCommDumpFlightRecorder, ncclComm_t comm, char* path, size_t len) {
+  static const char fn[] = "chorusCommDumpFlightRecorder";
+  if (!path && len > 0) {
+    WARN("%s: path is NULL with len %zu", fn, len);
+    return ncclInvalidArgument;
+  }
+  struct comm_guard g;
+  ncclResult_t r;
+  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (r == ncclSuccess && !comm->fr) {
+    WARN("%s: the flight recorder is off (CHORUS_FLIGHT_RECORDER=0)", fn);
+    r = ncclInvalidUsage;
+  } else if (r == ncclSuccess) {
+    r = ch_to_nccl(fr_dump(comm, "request", path, len));
+  }
+  comm_leave(&g);
+  return r;
+}
