@@ -128,7 +128,19 @@ static const char* color_of(const char* name) {
   return "#bab0ac";
 }
 
-/* The last calls (up to 40 collectives) of the trace, a lane per rank: each call a bar, its waits red. */
+/* Time a rank spent waiting inside span c: its wait spans that start within c. */
+static double waited_in(const struct merge* m, const struct span* c) {
+  double w = 0;
+  for (int i = 0; i < m->n; i++) {
+    const struct span* s = &m->s[i];
+    if (s->wait && s->pid == c->pid && s->ts >= c->ts && s->ts <= c->ts + c->dur) w += s->dur;
+  }
+  return w;
+}
+
+/* Two pictures of the last collectives (up to 40), a lane per rank. Above, the timeline: each call a
+ * bar, its waits red. Below, per call: each rank's time in it, as a share of the longest rank's, the
+ * waiting part red; the rank that did not wait is the one the others waited for. */
 static void draw(struct merge* m, FILE* svg) {
   qsort(m->l, (size_t)m->nl, sizeof(*m->l), cmp_lane);
   long long top = -1;
@@ -137,23 +149,25 @@ static void draw(struct merge* m, FILE* svg) {
     if (!m->s[i].wait && m->s[i].seq > top) top = m->s[i].seq;
     if (m->s[i].ts + m->s[i].dur > end) end = m->s[i].ts + m->s[i].dur;
   }
+  long long first = top < 40 ? 1 : top - 39, ncol = top >= first ? top - first + 1 : 0;
   for (int i = 0; i < m->n; i++)
-    if (!m->s[i].wait && (top < 40 || m->s[i].seq > top - 40) && m->s[i].ts < begin) begin = m->s[i].ts;
+    if (!m->s[i].wait && m->s[i].seq >= first && m->s[i].ts < begin) begin = m->s[i].ts;
   if (begin > end) begin = end;
   double span = end - begin > 1e-3 ? end - begin : 1e-3;
-  int W = 1200, left = 230, lh = 28, H = 70 + lh * m->nl;
+  int W = 1200, left = 230, lh = 28, top1 = 40, top2 = 90 + lh * m->nl, H = top2 + 40 + lh * m->nl;
   double px = (double)(W - left - 20) / span;
   fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-  fprintf(svg, "<text x=\"10\" y=\"20\" font-size=\"14\">Chorus timeline: the last %lld collectives, %.1f us "
-               "(bars: calls, red: waiting for a peer)</text>\n", top < 40 ? top : 40, span);
+  fprintf(svg, "<text x=\"10\" y=\"20\" font-size=\"14\">Timeline of collectives #%lld-#%lld: %.1f ms "
+               "(bars: calls, red: waiting for a peer)</text>\n", first, top, span / 1e3);
   for (int t = 0; t <= 5; t++) {
     double x = left + (double)t * (W - left - 20) / 5;
-    fprintf(svg, "<line x1=\"%.1f\" y1=\"35\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%d\" "
-                 "text-anchor=\"middle\" fill=\"#666\">+%.1f us</text>\n", x, x, H - 20, x, H - 5, span * t / 5);
+    fprintf(svg, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%d\" "
+                 "text-anchor=\"middle\" fill=\"#666\">+%.1f ms</text>\n", x, top1 - 5, x, top1 + lh * m->nl, x,
+            top1 + lh * m->nl + 14, span * t / 5 / 1e3);
   }
   for (int li = 0; li < m->nl; li++) {
-    int y = 40 + li * lh;
+    int y = top1 + li * lh;
     fprintf(svg, "<text x=\"10\" y=\"%d\">%s</text>\n", y + 16, m->l[li].label);
     for (int pass = 0; pass < 2; pass++) /* calls, then their waits on top */
       for (int i = 0; i < m->n; i++) {
@@ -169,6 +183,36 @@ static void draw(struct merge* m, FILE* svg) {
                   x, y + 2, w, color_of(s->name), s->name, s->seq, s->dur);
       }
   }
+  if (!ncol) {
+    fprintf(svg, "</svg>\n");
+    return;
+  }
+  fprintf(svg, "<text x=\"10\" y=\"%d\" font-size=\"14\">Per call: each rank's time in it (full cell: the "
+               "longest rank's), red: waiting</text>\n", top2 - 20);
+  double cw = (double)(W - left - 20) / (double)ncol;
+  for (long long q = first; q <= top; q++) {
+    double longest = 0;
+    for (int i = 0; i < m->n; i++)
+      if (!m->s[i].wait && m->s[i].seq == q && m->s[i].dur > longest) longest = m->s[i].dur;
+    double x = left + (double)(q - first) * cw;
+    if ((q - first) % 5 == 0)
+      fprintf(svg, "<text x=\"%.1f\" y=\"%d\" fill=\"#666\">#%lld</text>\n", x, top2 + lh * m->nl + 16, q);
+    for (int li = 0; li < m->nl && longest > 0; li++)
+      for (int i = 0; i < m->n; i++) {
+        const struct span* s = &m->s[i];
+        if (s->wait || s->seq != q || s->pid != m->l[li].pid) continue;
+        int y = top2 + li * lh;
+        double h = 20.0 * s->dur / longest, wt = waited_in(m, s), hw = wt > s->dur ? h : 20.0 * wt / longest;
+        fprintf(svg, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>rank lane %d, "
+                     "%s #%lld: %.1f us, %.1f us waiting</title></rect>\n",
+                x + 1, y + 22 - h, cw - 2, h, color_of(s->name), li, s->name, q, s->dur, wt);
+        if (hw > 0.2)
+          fprintf(svg, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"#e15759\"/>\n", x + 1,
+                  y + 22 - hw, cw - 2, hw);
+      }
+  }
+  for (int li = 0; li < m->nl; li++)
+    fprintf(svg, "<text x=\"10\" y=\"%d\">%s</text>\n", top2 + li * lh + 16, m->l[li].label);
   fprintf(svg, "</svg>\n");
 }
 

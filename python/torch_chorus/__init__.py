@@ -29,6 +29,13 @@ import torch.distributed as dist  # noqa: E402
 if not dist.is_available():
     raise ImportError("torch_chorus: this PyTorch build has no torch.distributed")
 
+import os  # noqa: E402
+
+# Flight recorder dumps (docs/OBSERVE.md) go beside torch's own (TORCH_NCCL_DEBUG_INFO_TEMP_FILE's folder,
+# /tmp by default) unless CHORUS_DUMP_DIR says otherwise: set before the library reads its parameters.
+os.environ.setdefault("CHORUS_DUMP_DIR", os.path.dirname(os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or
+                                                         "/tmp/nccl_trace_rank_") or ".")
+
 from . import _lib  # noqa: E402
 from . import backend  # noqa: E402
 from .ops import ChorusBackend, create_backend_ext  # noqa: E402,F401
@@ -202,3 +209,15 @@ except Exception as e:  # private torch API: a torch that changed it still impor
     import warnings
 
     warnings.warn(f"torch_chorus: collectives inside torch.compile may fail on this torch ({e.__class__.__name__}: {e})")
+
+
+def dump_flight_recorder(group=None):
+    """Write this rank's flight recorder for `group` (default: the default group) now, as torch's
+    _dump_nccl_trace does for NCCL: CHORUS_DUMP_DIR/chorus-fr-<comm>-r<rank>.txt, which
+    `chorus-info --flight DIR` reads with the other ranks' files. Returns the file's path."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    engine = _chorus_engine(group, None)
+    if engine is None:
+        raise RuntimeError("torch_chorus.dump_flight_recorder: the group has no chorus backend for CPU tensors")
+    return _lib.dump_flight_recorder(engine._comm)

@@ -11,6 +11,7 @@
 // Who touches what: `fast_` (atomic) is written by the engine's threads whenever its queue state
 // changes and read by the issuing thread here; `fn_`/`comm_` are set before the engine allows the
 // fast path and cleared (fast_ first) before its communicator is destroyed.
+#include <ATen/record_function.h>
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -112,6 +113,24 @@ class ChorusWork : public Work {
   c10::intrusive_ptr<c10::ivalue::Future> fut_;
 };
 
+// torch.profiler: every call is a record_function "chorus::<call>" carrying its tensors, so traces show
+// it with its input shapes (record_shapes=True). The list is built only while a profiler listens.
+void add_ivals(std::vector<c10::IValue>& v, const at::Tensor& t) { v.emplace_back(t); }
+void add_ivals(std::vector<c10::IValue>& v, const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) v.emplace_back(t);
+}
+void add_ivals(std::vector<c10::IValue>& v, const std::vector<std::vector<at::Tensor>>& tss) {
+  for (const auto& ts : tss) add_ivals(v, ts);
+}
+template <typename T>
+void add_ivals(std::vector<c10::IValue>&, const T&) {}
+template <typename... A>
+std::vector<c10::IValue> ivals(const A&... a) {
+  std::vector<c10::IValue> v;
+  (add_ivals(v, a), ...);
+  return v;
+}
+
 class ChorusCBackend : public c10d::Backend {
  public:
   ChorusCBackend(py::object engine, int rank, int size) : Backend(rank, size), engine_(std::move(engine)) {}
@@ -161,6 +180,7 @@ class ChorusCBackend : public c10d::Backend {
   }
 
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    RECORD_FUNCTION("chorus::allreduce", ivals(tensors));
     if (!opts.asyncOp && tensors.size() == 1 && fast_.load(std::memory_order_acquire)) {
       at::Tensor& t = tensors[0];
       int dt = nccl_type(t.scalar_type()), op = nccl_op(opts.reduceOp.op_);
@@ -172,7 +192,7 @@ class ChorusCBackend : public c10d::Backend {
         engine_.attr("_check")(rc, "allreduce");  // raises with Chorus's message
       }
     }
-    return call("allreduce", tensors, opts);
+    return invoke("allreduce", tensors, opts);
   }
 
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& t, const c10d::AllreduceCoalescedOptions& o) override {
@@ -245,6 +265,11 @@ class ChorusCBackend : public c10d::Backend {
  private:
   template <typename... A>
   WorkPtr call(const char* name, A&... args) {
+    RECORD_FUNCTION(std::string("chorus::") + name, ivals(args...));
+    return invoke(name, args...);
+  }
+  template <typename... A>
+  WorkPtr invoke(const char* name, A&... args) {
     py::gil_scoped_acquire g;
     return engine_.attr(name)(args...).template cast<WorkPtr>();
   }

@@ -86,6 +86,7 @@ _STRING_RESULT = ("ncclGetErrorString", "ncclGetLastError")
 # Bound where the library has them (a libchorus older than this package lacks them): None otherwise.
 _OPTIONAL = {
     "chorusCommStallReport": [_P, ctypes.c_char_p, _Z, ctypes.POINTER(_Z)],
+    "chorusCommDumpFlightRecorder": [_P, ctypes.c_char_p, _Z],
 }
 NCCL_SPLIT_NOCOLOR = -1
 
@@ -141,6 +142,18 @@ def _load():
 
 optional = {}
 lib, library_path = _load()
+
+
+def dump_flight_recorder(comm):
+    """chorusCommDumpFlightRecorder: the dump's path; raises RuntimeError with the library's reason."""
+    fn = optional.get("chorusCommDumpFlightRecorder")
+    if fn is None:
+        raise RuntimeError("torch_chorus: this libchorus has no flight recorder (chorusCommDumpFlightRecorder)")
+    buf = ctypes.create_string_buffer(4096)
+    rc = fn(comm, buf, len(buf))
+    if rc != ncclSuccess:
+        raise RuntimeError(f"chorus: writing the flight recorder failed: {error_string(rc)}: {last_error(comm)}")
+    return buf.value.decode()
 
 
 def stall_report(comm):

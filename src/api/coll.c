@@ -15,6 +15,7 @@
 #include "../gpu/staging.h"
 #include "../observe/observe.h"
 #include "api.h"
+#include "nvtx.h"
 
 static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
@@ -132,6 +133,7 @@ static ch_status check_task(struct ch_task* t) {
 
 static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  NVTX_RANGE(func); /* named after the API call, as NCCL's (ncclBcast's is "ncclBroadcast") */
   struct ch_task t = {.func = func, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .type = (int)type,
                       .op = (int)op, .root = root, .comm = comm, .stream = stream};
   struct comm_guard g;
@@ -203,10 +205,17 @@ CH_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t data
   return submit(FUNC_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream);
 }
 
-CH_API(ncclResult_t, ncclGroupStart, void) { return ch_to_nccl(group_start()); }
-CH_API(ncclResult_t, ncclGroupEnd, void) { return ch_to_nccl(group_end()); }
+CH_API(ncclResult_t, ncclGroupStart, void) {
+  NVTX_RANGE(NVTX_GROUP_START);
+  return ch_to_nccl(group_start());
+}
+CH_API(ncclResult_t, ncclGroupEnd, void) {
+  NVTX_RANGE(NVTX_GROUP_END);
+  return ch_to_nccl(group_end());
+}
 
 CH_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo) {
+  NVTX_RANGE(NVTX_GROUP_SIMULATE_END);
   if (!simInfo) {
     WARN("ncclGroupSimulateEnd: simInfo is NULL");
     return ncclInvalidArgument;

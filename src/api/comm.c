@@ -14,6 +14,7 @@
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "api.h"
+#include "nvtx.h"
 
 #define ARG_NONNULL(p, fn)                                 \
   do {                                                     \
@@ -146,14 +147,17 @@ static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueI
 
 CH_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
        ncclConfig_t* config) {
+  NVTX_RANGE(NVTX_COMM_INIT_RANK_CONFIG);
   return init_rank(comm, nranks, &commId, rank, config, "ncclCommInitRankConfig");
 }
 
 CH_API(ncclResult_t, ncclCommInitRank, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  NVTX_RANGE(NVTX_COMM_INIT_RANK);
   return init_rank(comm, nranks, &commId, rank, NULL, "ncclCommInitRank");
 }
 
 CH_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* devlist) {
+  NVTX_RANGE(NVTX_COMM_INIT_ALL);
   ARG_NONNULL(comms, "ncclCommInitAll");
   if (ndev < 1) {
     WARN("ncclCommInitAll: invalid ndev %d", ndev);
@@ -186,6 +190,7 @@ CH_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* de
 
 CH_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, int myrank, int nId,
        ncclUniqueId* commIds, ncclConfig_t* config) {
+  NVTX_RANGE(NVTX_COMM_INIT_RANK_SCALABLE);
   ARG_NONNULL(commIds, "ncclCommInitRankScalable");
   if (nId < 1) {
     WARN("ncclCommInitRankScalable: nId must be >= 1, got %d", nId);
@@ -196,6 +201,7 @@ CH_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, 
 }
 
 CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  NVTX_RANGE(NVTX_COMM_SPLIT);
   ARG_NONNULL(newcomm, "ncclCommSplit");
   *newcomm = NULL;
   struct comm_guard g;
@@ -216,6 +222,7 @@ CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclCom
 }
 
 CH_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
+  NVTX_RANGE(NVTX_COMM_FINALIZE);
   struct comm_guard g;
   ch_status s = comm_check(comm, "ncclCommFinalize");
   if (s != CH_OK) return ch_to_nccl(s);
@@ -236,6 +243,7 @@ static int let_go_inherited(ncclComm_t comm, const char* fn) {
 }
 
 CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
+  NVTX_RANGE(NVTX_COMM_DESTROY);
   if (comm == NULL) return ncclSuccess; /* as NCCL: destroying NULL is a no-op */
   if (let_go_inherited(comm, "ncclCommDestroy")) return ncclSuccess;
   ch_status s = comm_check(comm, "ncclCommDestroy");
@@ -253,6 +261,7 @@ CH_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) {
 }
 
 CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
+  NVTX_RANGE(NVTX_COMM_ABORT);
   if (comm == NULL) return ncclSuccess;
   if (let_go_inherited(comm, "ncclCommAbort")) return ncclSuccess;
   ch_status s = comm_check(comm, "ncclCommAbort");
@@ -312,6 +321,7 @@ static void quiesce_end(struct ncclComm* comm) { atomic_fetch_sub(&comm->users, 
 /* NCCL 2.28 semantics: outstanding calls end, later collectives fail with ncclInvalidUsage; the comm
  * can still be split, shrunk and destroyed. Safe from any thread, like ncclCommAbort. */
 CH_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
+  NVTX_RANGE(NVTX_COMM_REVOKE);
   ch_status s = comm_check(comm, "ncclCommRevoke");
   if (s != CH_OK) return ch_to_nccl(s);
   if (revokeFlags != NCCL_REVOKE_DEFAULT) {
@@ -329,6 +339,7 @@ CH_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
 
 CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
        ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  NVTX_RANGE(NVTX_COMM_SHRINK);
   ARG_NONNULL(newcomm, "ncclCommShrink");
   *newcomm = NULL;
   ch_status s = comm_check(comm, "ncclCommShrink");
@@ -450,13 +461,16 @@ static ncclResult_t comm_query(const ncclComm_t comm, int* out, int what, const 
 }
 
 CH_API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count) {
+  NVTX_RANGE(NVTX_COMM_COUNT);
   return comm_query(comm, count, 0, "ncclCommCount");
 }
 CH_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank) {
+  NVTX_RANGE(NVTX_COMM_USER_RANK);
   return comm_query(comm, rank, 1, "ncclCommUserRank");
 }
 /* On host memory there is no CUDA device: we report the rank's index among the ranks of its host,
  * which is what NCCL programs use the device number for (picking per-rank resources). */
 CH_API(ncclResult_t, ncclCommCuDevice, const ncclComm_t comm, int* device) {
+  NVTX_RANGE(NVTX_COMM_CU_DEVICE);
   return comm_query(comm, device, 2, "ncclCommCuDevice");
 }

@@ -55,6 +55,7 @@ struct ch_plan;    /* comm/work.h */
 struct tune_model; /* tune/tune.h */
 struct fr_ring;    /* observe/recorder.c */
 struct obs_trace;  /* observe/trace.c */
+struct prof_comm;  /* observe/profiler.c */
 
 struct ncclComm {
   uint64_t magic;
@@ -189,6 +190,9 @@ struct ncclComm {
   _Atomic uint64_t ctr_noop; /* calls with nothing to do (one rank, in place): the calling thread's */
   _Atomic uint64_t* wait_ns_peer;
   struct obs_trace* trace; /* CHORUS_TRACE (observe/trace.c), or NULL */
+  /* NCCL_PROFILER_PLUGIN's context (observe/profiler.c), or NULL: set at the end of init, freed by
+   * comm_free; its plan events only by the thread running the comm's current plan (tickets). */
+  struct prof_comm* prof;
   /* Device buffers in CUDA stream order (gpu/staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */
   struct stage_comm* stage;

@@ -320,9 +320,10 @@ static ch_status comm_setup(struct ncclComm* comm) {
   CHECK(gs);
   CHECK(obs_clock_align(comm)); /* one time base for dumps and traces (several hosts only) */
   int64_t frn = param_int(PARAM_FLIGHT_RECORDER);
-  if (frn <= 0 && param_str(PARAM_TRACE)[0]) frn = 1024; /* the trace's call spans come from the recorder */
+  if (frn <= 0 && (param_str(PARAM_TRACE)[0] || prof_wanted())) frn = 1024; /* traces and profilers read it */
   comm->fr = fr_create((int)UT_MIN(frn, 1 << 20));
   comm->trace = trace_open(comm);
+  prof_comm_init(comm); /* NCCL_PROFILER_PLUGIN */
   comm->wait_ns_peer = calloc((size_t)n, sizeof(*comm->wait_ns_peer));
   if (!comm->wait_ns_peer) return CH_SYSTEM;
 
@@ -485,6 +486,7 @@ void comm_free(struct ncclComm* comm) {
   free(comm->repro_scratch);
   comm->repro_scratch = NULL;
   trace_close(comm); /* no plan runs any more */
+  prof_comm_fini(comm); /* finalize: no plan runs any more */
   fr_free(comm->fr); /* stall_unregister above: no dump reads it any more */
   comm->fr = NULL;
   free((void*)comm->wait_ns_peer);

@@ -561,6 +561,7 @@ static void plan_start(struct ch_plan* pl) {
   }
   if (first) mm_publish(comm, first); /* the group's first collective stands for it */
   fr_start(comm, pl->fr_lo, pl->fr_hi, base);
+  if (comm->prof) prof_plan_start(comm, pl->fr_lo, pl->fr_hi);
   atomic_store_explicit(&comm->seq, base + (uint64_t)pl->ncoll, memory_order_relaxed);
   pl->started = 1;
 }
@@ -575,6 +576,7 @@ static ch_status finish_plan(struct ch_plan** slot) {
   ch_status st = pl->status;
   pl->done = 1;
   fr_end(comm, pl->fr_lo, pl->fr_hi, st);
+  if (comm->prof) prof_plan_end(comm, pl->fr_lo, pl->fr_hi, st);
   if (comm->trace) trace_calls(comm, pl->fr_lo, pl->fr_hi);
   obs_add(&comm->ctr_calls, (uint64_t)pl->ncalls); /* plans of a comm finish one at a time (tickets) */
   obs_add(&comm->ctr_bytes, pl->user_bytes);
@@ -595,6 +597,26 @@ void plan_cancel(struct ch_plan* pl) {
   finish_plan(&pl);
 }
 
+/* The engine's current wait (one at a time: it waits for all its plans at once), charged to the comm
+ * and peer it was blocked on when it began: counters and, when traced, the timeline. */
+struct wait_rec {
+  struct ncclComm* comm; /* NULL: nothing to charge (none, or charged already) */
+  int peer;
+  uint64_t since_ns, tick;
+};
+
+/* End the wait (progress resumed, or it ends in a failure). Called before finish_plan hands comm on:
+ * after it, another thread may run the comm's plans or free it. */
+static void wait_end(struct wait_rec* w) {
+  if (!w->comm) return;
+  obs_waited(w->comm, w->peer, ut_now_ns() - w->since_ns); /* waits past 64 polls only: see plan_exec */
+  if (w->tick && w->comm->trace) trace_wait(w->comm, w->peer, w->tick, obs_ticks());
+  w->comm = NULL;
+}
+static void wait_end_for(struct wait_rec* w, const struct ch_plan* pl) {
+  if (w->comm == pl->comm) wait_end(w);
+}
+
 /* Plans are owned by plan_exec from the call on: each is released as it finishes and plans[i] becomes
  * NULL (callers' later plan_release/plan_free of plans[i] are no-ops). Returns the status of the first
  * plan (in array order) that failed. */
@@ -609,13 +631,12 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     if (c && c < timeout_ns) timeout_ns = c;
   }
   uint64_t idle = 0, idle_since = 0, check_since = 0, mm_since = 0, t = 0;
-  struct ncclComm* wcomm = NULL; /* what the current wait is charged to (counters): comm and peer */
-  int wpeer = -1;
-  uint64_t wtick = 0; /* its start in ticks, when wcomm is traced */
+  struct wait_rec wait = {0};
   while (remaining > 0) {
     int progressed = 0;
     struct prim_ctx* blocked = NULL;
     struct ncclComm* bcomm = NULL; /* blocked's */
+    struct ncclComm* stuck = NULL; /* the first comm whose plan did not move */
     for (int i = 0; i < n; i++) {
       struct ch_plan* pl = plans[i];
       if (!pl) continue; /* finished and released */
@@ -628,19 +649,22 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         int as = atomic_load(&comm->async_result);
         if (as != ncclSuccess) pl->status = (ch_status)as;
       }
-      int busy = 0;
+      int busy = 0, moved = 0;
       if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
         pl->status = CH_ABORTED;
       } else if (pl->status == CH_OK) {
         for (int l = 0; l < pl->nlanes; l++) {
           struct ch_lane* ln = &pl->lanes[l];
           if (ln->cur >= ln->nops) continue;
-          progressed |= lane_progress(comm, ln, &blocked, &pl->status);
+          moved |= lane_progress(comm, ln, &blocked, &pl->status);
           if (blocked && !bcomm) bcomm = comm;
           busy |= ln->cur < ln->nops;
         }
+        progressed |= moved;
+        if (busy && !moved && !stuck) stuck = comm; /* a wait is charged to it (Direct's too: no blocked) */
       }
       if (!busy || pl->status != CH_OK) {
+        wait_end_for(&wait, pl);
         ch_status st = finish_plan(&plans[i]);
         if (st != CH_OK && i < err_at) err = st, err_at = i;
         remaining--;
@@ -648,10 +672,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
     }
     if (progressed) {
-      if (idle_since && wcomm) {
-        obs_waited(wcomm, wpeer, ut_now_ns() - idle_since); /* waits past 64 polls */
-        if (wtick && wcomm->trace) trace_wait(wcomm, wpeer, wtick, obs_ticks());
-      }
+      wait_end(&wait); /* its comm's plan is still running (a finished one was charged above) */
       idle = 0, idle_since = 0;
       continue;
     }
@@ -661,9 +682,10 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       t = ut_now_ns();
       if (!idle_since) {
         idle_since = check_since = mm_since = t;
-        wcomm = bcomm, wpeer = -1;
-        wtick = wcomm && wcomm->trace ? obs_ticks() : 0;
-        if (blocked) stall_waits_for((const struct ch_op*)(const void*)((char*)blocked - offsetof(struct ch_op, ctx)), &wpeer);
+        struct ncclComm* wc = bcomm ? bcomm : stuck;
+        wait = (struct wait_rec){.comm = wc, .peer = -1, .since_ns = t, .tick = wc && wc->trace ? obs_ticks() : 0};
+        if (blocked && bcomm)
+          stall_waits_for((const struct ch_op*)(const void*)((char*)blocked - offsetof(struct ch_op, ctx)), &wait.peer);
       }
     }
     /* Not per poll: a mismatch or a poisoned connection only matters once we have waited a while,
@@ -674,6 +696,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = mm_poll(plans[i]->comm, plans[i]);
         if (plans[i]->status != CH_OK) {
+          wait_end_for(&wait, plans[i]);
           ch_status st = finish_plan(&plans[i]);
           if (i < err_at) err = st, err_at = i;
           remaining--;
@@ -696,6 +719,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         if (!plans[i] || !plans[i]->started) continue;
         stall_report(plans[i], (double)(t - idle_since) / 1e9, 0);
         plans[i]->status = CH_TIMEOUT;
+        wait_end_for(&wait, plans[i]);
         ch_status st = finish_plan(&plans[i]);
         if (i < err_at) err = st, err_at = i;
         remaining--;
@@ -707,6 +731,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
         if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = check_peers_alive(plans[i]->comm, blocked);
         if (plans[i]->status != CH_OK) {
+          wait_end_for(&wait, plans[i]);
           ch_status st = finish_plan(&plans[i]);
           if (i < err_at) err = st, err_at = i;
           remaining--;

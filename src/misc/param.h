@@ -43,8 +43,12 @@
     "ncclMemAlloc gives CUDA device memory: 1 always, 0 never (host memory), -1 when the calling thread has a current CUDA context") \
   X(TORCH_CPP, "CHORUS_TORCH_CPP", P_INT, 1, "",                                                   \
     "torch_chorus: 1 = torch sees the C++ c10d Backend (built for the installed torch), 0 = the Python engine only") \
+  X(NVTX_DISABLE, "NCCL_NVTX_DISABLE", P_INT, 0, "",                                              \
+    "1 = no NVTX ranges around the calls (made only when NVTX_INJECTION64_PATH names a tool, e.g. under Nsight Systems, and the process uses CUDA)") \
   X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
+  X(PROFILER_PLUGIN, "NCCL_PROFILER_PLUGIN", P_STR, 0, "",                                        \
+    "profiler plugin (NCCL's v6/v5 ABI): path, library name, or X for libnccl-profiler-X.so; none = no plugin (default: libnccl-profiler.so if present)") \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \
   X(LL_BUFFSIZE, "NCCL_LL_BUFFSIZE", P_INT, 1 << 18, "", "LL FIFO bytes per connection")           \
   X(LL128_BUFFSIZE, "NCCL_LL128_BUFFSIZE", P_INT, 1 << 20, "", "LL128 FIFO bytes per connection")  \

@@ -131,6 +131,22 @@ void trace_op(struct ncclComm* comm, int func, int algo, int proto, int channel,
               uint64_t t1);
 void trace_proxy_start(void);
 
+/* ---- profiler plugins (profiler.c) ---- */
+
+/* NCCL_PROFILER_PLUGIN (NCCL's v6/v5 profiler ABI, profiler_abi.h). prof_wanted: a plugin is loaded
+ * for this process (loading it on first use), so init makes the flight recorder, which the events
+ * are read from, even with CHORUS_FLIGHT_RECORDER=0. prof_comm_init (end of comm_setup) gives comm
+ * its plugin context (comm->prof, NULL without a plugin); prof_comm_fini (comm_free) finalizes it.
+ * The plan hooks are called only when comm->prof is set, by the thread running the plan holding
+ * calls [lo, hi]: start right after fr_start, end right after fr_end. */
+int prof_wanted(void);
+void prof_comm_init(struct ncclComm* comm);
+void prof_comm_fini(struct ncclComm* comm);
+void prof_plan_start(struct ncclComm* comm, uint64_t lo, uint64_t hi);
+void prof_plan_end(struct ncclComm* comm, uint64_t lo, uint64_t hi, ch_status st);
+/* The libraries NCCL_PROFILER_PLUGIN=value names, in the order tried: 0 ("none"), 1 or 2. */
+int prof_candidates(const char* value, char out[2][512]);
+
 /* ---- dumps (dump.c) ---- */
 
 /* CHORUS_DUMP_DIR, or $TMPDIR/chorus-dump-<uid> (made 0700): where dumps and default traces go. */
