@@ -8,10 +8,16 @@ Usage: test_observe.py [NRANKS]
 """
 import json
 import os
+import shutil
 import sys
 import tempfile
 
-from harness import init, require_torch, spawn
+# Before torch_chorus is imported (by the harness): it reads these once, at import.
+TMP = tempfile.mkdtemp(prefix="chorus-observe-")
+os.environ.pop("CHORUS_DUMP_DIR", None)
+os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(TMP, "nccl_trace_rank_")
+
+from harness import init, require_torch, spawn  # noqa: E402
 
 torch, dist = require_torch()
 
@@ -47,10 +53,10 @@ def body(rank, size, path, tmp):
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] else 2
-    with tempfile.TemporaryDirectory(prefix="chorus-observe-") as tmp:
-        os.environ.pop("CHORUS_DUMP_DIR", None)
-        os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(tmp, "nccl_trace_rank_")
-        spawn(body, n, tmp, timeout=200)
-        files = sorted(f for f in os.listdir(tmp) if f.startswith("chorus-fr-"))
+    try:
+        spawn(body, n, TMP, timeout=200)
+        files = sorted(f for f in os.listdir(TMP) if f.startswith("chorus-fr-"))
         assert len(files) == n, files
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
     print(f"test_observe: {n} ranks: profiler events with shapes, flight recorder beside torch's dumps")
