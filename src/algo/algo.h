@@ -141,6 +141,7 @@ struct ch_op {
   uint64_t step_at;
   int channel;  /* a collective's: the channel of its share */
   uint64_t t0;  /* CHORUS_TRACE: ticks when its first step was tried (0: not yet) */
+  int traced;   /* CHORUS_TRACE and more than one op in its plan: a span of its own (one op: the call's) */
 };
 
 /* Algorithms that talk to other ranks than their ring neighbours (RecDbl, Rabenseifner, Tree) name the

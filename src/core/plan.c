@@ -298,6 +298,7 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       ln->ops[ln->nops++] = op;
     }
   }
+  for (int k = 0; comm->trace && plan->nops > 1 && k < plan->nops; k++) plan->ops[k].traced = 1;
   *out = plan;
   return CH_OK;
 }
@@ -369,9 +370,9 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
       if (o == DIRECT_OUTCOME_RAN) { ln->cur++; progressed = 1; continue; }
     }
     if (op->nidx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
-    if (comm->trace && !op->t0) op->t0 = obs_ticks();
+    if (op->traced && !op->t0) op->t0 = obs_ticks();
     if (op->idx + 1 >= op->nidx) {
-      if (comm->trace)
+      if (op->traced)
         trace_op(comm, op->func, op->func == FUNC_SEND || op->func == FUNC_RECV ? -1 : op->algo, op->proto, op->channel,
                  op->func == FUNC_SEND || op->func == FUNC_RECV ? op->root : -1,
                  (uint64_t)(op->func == FUNC_SEND || op->func == FUNC_RECV ? op->count : op->part_count) * op->esize,

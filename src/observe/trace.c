@@ -109,35 +109,47 @@ struct obs_trace* trace_open(struct ncclComm* comm) {
   return t;
 }
 
-static double us(const struct obs_trace* t, const struct obs_timebase* tb, uint64_t ticks) {
-  return (double)(int64_t)(obs_job_ns(tb, ticks) - t->base_ns) / 1e3;
+/* ns since the file's base, and its text as us with 3 decimals ("12.345"): integer formatting, since
+ * printf's %f was most of the cost of a traced 8 B call. */
+static int64_t rel_ns(const struct obs_trace* t, const struct obs_timebase* tb, uint64_t ticks) {
+  return (int64_t)(obs_job_ns(tb, ticks) - t->base_ns);
+}
+static const char* us_text(int64_t ns, char* buf, size_t len) {
+  const char* sign = ns < 0 ? "-" : "";
+  uint64_t a = ns < 0 ? (uint64_t)-ns : (uint64_t)ns;
+  snprintf(buf, len, "%s%llu.%03u", sign, (unsigned long long)(a / 1000), (unsigned)(a % 1000));
+  return buf;
 }
 
 static void write_ev(struct ncclComm* comm, struct obs_trace* t, const struct obs_timebase* tb,
                      const struct trace_ev* e) {
-  double ts = us(t, tb, e->t0), dur = us(t, tb, e->t1) - ts;
-  if (dur < 0) dur = 0;
+  int64_t t0 = rel_ns(t, tb, e->t0), d = rel_ns(t, tb, e->t1) - t0;
+  char ts[32], dur[32];
+  us_text(t0, ts, sizeof(ts));
+  us_text(d < 0 ? 0 : d, dur, sizeof(dur));
   if (e->kind == EV_CALL) {
     const struct fr_entry* c = &e->u.call;
     const char* fn = ch_func_name(c->func);
     const char* algo = c->algo >= 0 ? ch_algo_name(c->algo) : NULL;
     const char* proto = c->proto >= 0 ? ch_proto_name(c->proto) : NULL;
     const char* type = ch_type_name(c->type);
+    char q[32];
+    us_text(c->t_enq ? t0 - rel_ns(t, tb, c->t_enq) : 0, q, sizeof(q));
     fprintf(t->f,
-            "{\"name\":\"%s\",\"cat\":\"call\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"args\":"
+            "{\"name\":\"%s\",\"cat\":\"call\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%s,\"dur\":%s,\"args\":"
             "{\"id\":%llu,\"seq\":%llu,\"count\":%llu,\"type\":\"%s\",\"op\":\"%s\",\"root\":%d,\"algo\":\"%s\","
-            "\"proto\":\"%s\",\"nch\":%d,\"queued_us\":%.3f,\"status\":\"%s\"}},\n",
+            "\"proto\":\"%s\",\"nch\":%d,\"queued_us\":%s,\"status\":\"%s\"}},\n",
             fn ? fn : "?", t->pid, ts, dur, (unsigned long long)c->id, (unsigned long long)c->seq,
             (unsigned long long)c->count, type ? type : "?",
             c->func == FUNC_ALLREDUCE || c->func == FUNC_REDUCE || c->func == FUNC_REDUCESCATTER ? ch_op_name(c->op) : "-",
             c->root,
-            algo ? algo : "-", proto ? proto : "-", c->nch, ts - us(t, tb, c->t_enq), fr_status_word(c->status));
+            algo ? algo : "-", proto ? proto : "-", c->nch, q, fr_status_word(c->status));
   } else if (e->kind == EV_WAIT) {
     char name[48];
     if (e->u.wait.peer >= 0) snprintf(name, sizeof(name), "wait for rank %d", e->u.wait.peer);
     else snprintf(name, sizeof(name), "wait");
     fprintf(t->f,
-            "{\"name\":\"%s\",\"cat\":\"wait\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"args\":"
+            "{\"name\":\"%s\",\"cat\":\"wait\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%s,\"dur\":%s,\"args\":"
             "{\"peer\":%d}},\n",
             name, t->pid, ts, dur, e->u.wait.peer);
   } else {
@@ -160,7 +172,7 @@ static void write_ev(struct ncclComm* comm, struct obs_trace* t, const struct ob
     else if (e->u.op.func == FUNC_RECV) snprintf(name, sizeof(name), "Recv from %d", e->u.op.peer);
     else snprintf(name, sizeof(name), "%s %s", fn ? fn : "?", algo ? algo : "-");
     fprintf(t->f,
-            "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":"
+            "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s,\"args\":"
             "{\"bytes\":%llu,\"proto\":\"%s\"}},\n",
             name, t->pid, tid, ts, dur, (unsigned long long)e->u.op.bytes,
             ch_proto_name(e->u.op.proto) ? ch_proto_name(e->u.op.proto) : "-");
@@ -231,10 +243,11 @@ static void trace_proxy_flush(struct ncclComm* comm, FILE* f, int pid, uint64_t 
   if (px_n)
     fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":9000,\"args\":{\"name\":\"network proxy\"}},\n", pid);
   for (int i = 0; i < px_n; i++) {
-    double ts = (double)(int64_t)(obs_mono_job_ns(&tb, px_span[i].t0) - base_ns) / 1e3;
-    double dur = (double)(px_span[i].t1 - px_span[i].t0) / 1e3;
-    fprintf(f, "{\"name\":\"moving data\",\"cat\":\"proxy\",\"ph\":\"X\",\"pid\":%d,\"tid\":9000,\"ts\":%.3f,"
-            "\"dur\":%.3f,\"args\":{}},\n", pid, ts, dur);
+    char ts[32], dur[32];
+    us_text((int64_t)(obs_mono_job_ns(&tb, px_span[i].t0) - base_ns), ts, sizeof(ts));
+    us_text((int64_t)(px_span[i].t1 - px_span[i].t0), dur, sizeof(dur));
+    fprintf(f, "{\"name\":\"moving data\",\"cat\":\"proxy\",\"ph\":\"X\",\"pid\":%d,\"tid\":9000,\"ts\":%s,"
+            "\"dur\":%s,\"args\":{}},\n", pid, ts, dur);
   }
   if (px_lost) WARN("CHORUS_TRACE: %d busy periods of the network proxy were not kept (buffer full)", px_lost);
   px_n = px_lost = 0;
