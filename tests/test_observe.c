@@ -276,3 +276,57 @@ static void counters_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(observe, counters_and_metrics, 60) { rt_run_both(3, counters_body, NULL); }
+
+/* The stall query service serves the counters (chorus-info --metrics) and writes every rank's recorder
+ * on request (chorus-info --dump). */
+#include "bootstrap/bootstrap.h"
+#include "comm/comm.h"
+#include "fault/stall.h"
+#include "misc/utils.h"
+
+static void query_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  float v[64] = {0};
+  for (int i = 0; i < 3; i++) NCCL_OK(ncclAllReduce(v, v, 64, ncclFloat, ncclSum, comm, NULL));
+  NCCL_OK(ncclAllReduce(v, v, 1, ncclFloat, ncclSum, comm, NULL)); /* all ranks past the three */
+  if (rank == 0) {
+    const union sock_addr* qa = &comm->peers[0].query_addr;
+    if (qa->sa.sa_family == AF_UNSPEC) {
+      printf("    SKIP: no stall query service here\n");
+    } else {
+      char* out = calloc(1, 1 << 16);
+      char why[200] = "";
+      size_t got = 0;
+      ASSERT(out != NULL);
+      ASSERT_EQ(boot_query(qa, NULL, STALL_Q_METRICS, NULL, 0, out, (1 << 16) - 1, &got, ut_now_ns() + 5000000000ull,
+                           NULL, why, sizeof(why)), CH_OK);
+      out[got] = 0;
+      char want[96];
+      snprintf(want, sizeof(want), "rank=\"0\",nranks=\"%d\"} 4\n", nranks);
+      if (!strstr(out, "chorus_calls_total{") || !strstr(out, want))
+        rt_fail(__FILE__, __LINE__, "metrics over the query service lack %s:\n%s", want, out);
+      got = 0;
+      ASSERT_EQ(boot_query(qa, NULL, STALL_Q_DUMP, NULL, 0, out, (1 << 16) - 1, &got, ut_now_ns() + 5000000000ull, NULL,
+                           why, sizeof(why)), CH_OK);
+      out[got] = 0;
+      snprintf(want, sizeof(want), ": %d of %d ranks wrote their flight recorder", nranks, nranks);
+      if (!strstr(out, want)) rt_fail(__FILE__, __LINE__, "the dump request answered:\n%s", out);
+      free(out);
+    }
+  }
+  NCCL_OK(ncclAllReduce(v, v, 1, ncclFloat, ncclSum, comm, NULL)); /* nobody leaves before the query */
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(observe, query_service_metrics_and_dump, 60) {
+  const char* dir = fresh_dump_dir();
+  rt_run_both(3, query_body, NULL);
+  int files = 0;
+  DIR* d = opendir(dir);
+  struct dirent* de;
+  while (d && (de = readdir(d))) files += !strncmp(de->d_name, "chorus-fr-", 10);
+  if (d) closedir(d);
+  EXPECT_EQ(files, 6); /* 3 ranks, threads then processes: two communicators */
+}
