@@ -1,7 +1,7 @@
 /* libFuzzer target: bytes sent to a process's stall query service (bootstrap/query.c), which serves a
  * 1-rank communicator: by a stranger (raw bytes), by a client of our uid without a key, or by a
  * client that proves the job's key (then the input's second byte is the request kind and the rest
- * its body). The service must reject or answer within its bounds, close the connection, never crash,
+ * its body: record, summary, flight recorder dump, metrics). The service must reject or answer within its bounds, close the connection, never crash,
  * leak or hang, and keep serving.
  *   first byte % 3 == 0: raw bytes;  1: keyed request;  2: request without a key (local, same uid) */
 #include <errno.h>
@@ -22,6 +22,7 @@ static union sock_addr qaddr;
 
 static void setup(void) {
   setenv("NCCL_DEBUG", getenv("FUZZ_DEBUG") ? getenv("FUZZ_DEBUG") : "", 1); /* quiet by default */
+  setenv("CHORUS_DUMP_DIR", "/tmp/chorus-fuzz-query-dumps", 0); /* kind 3 (dump) and record's dump field write here */
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess) abort();
   qaddr = comm->peers[0].query_addr;
