@@ -1,6 +1,7 @@
 /* Small helpers: clock, randomness, hashing, host identity, CPU count and polite waiting. */
 #define _GNU_SOURCE /* sched_getaffinity */
 #include <stdarg.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -9,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -207,4 +209,31 @@ void ut_appendf(char* buf, size_t cap, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf + used, cap - used, fmt, ap);
   va_end(ap);
+}
+
+int ut_plugin_names(const char* kind, const char* value, char out[2][512]) {
+  if (!value || !*value) {
+    snprintf(out[0], 512, "libnccl-%s.so", kind);
+    return 1;
+  }
+  if (strcasecmp(value, "none") == 0) return 0;
+  snprintf(out[0], 512, "%s", value);
+  size_t len = strlen(value);
+  int libso = strncmp(value, "lib", 3) == 0 && len >= 3 && strcmp(value + len - 3, ".so") == 0;
+  if (strchr(value, '/') || libso) return 1; /* NCCL tries such a value as it is only */
+  snprintf(out[1], 512, "libnccl-%s-%s.so", kind, value);
+  return 2;
+}
+
+void* ut_plugin_open(char names[2][512], int n, int* which, char err[2][256]) {
+  for (int k = 0; k < n; k++) {
+    void* dl = dlopen(names[k], RTLD_NOW | RTLD_LOCAL);
+    if (dl) {
+      *which = k;
+      return dl;
+    }
+    const char* e = dlerror();
+    snprintf(err[k], 256, "%s", e ? e : "unknown error");
+  }
+  return NULL;
 }

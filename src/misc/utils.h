@@ -39,4 +39,12 @@ void ut_backoff(uint64_t iter);
  * its size: a list of reasons built up as they are found. */
 void ut_appendf(char* buf, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* NCCL's names for a plugin library of kind K ("net", "profiler"): `value` as given, then
+ * libnccl-K-<value>.so when value is a bare name (no '/', not lib*.so); empty: libnccl-K.so; "none" (any
+ * case): nothing. Returns how many names it wrote (0-2). */
+int ut_plugin_names(const char* kind, const char* value, char out[2][512]);
+/* dlopen (RTLD_NOW | RTLD_LOCAL) the first of names[0..n) that loads: its handle, its index in *which;
+ * NULL when none did, each failure's dlerror text in err[i]. */
+void* ut_plugin_open(char names[2][512], int n, int* which, char err[2][256]);
+
 #endif

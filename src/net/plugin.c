@@ -148,16 +148,6 @@ static ncclResult_t a12_finalize(void* ctx) { return ncclSuccess; }
 
 /* The library names one entry of NCCL_NET_PLUGIN stands for: as given, then libnccl-net-<entry>.so
  * when the entry has no '/' and is not already lib*.so. */
-static int entry_candidates(const char* entry, char out[2][512]) {
-  snprintf(out[0], 512, "%s", entry);
-  size_t len = strlen(entry);
-  int libso = strncmp(entry, "lib", 3) == 0 && len >= 3 && strcmp(entry + len - 3, ".so") == 0;
-  if (strchr(entry, '/') || libso) return 1;
-  snprintf(out[1], 512, "libnccl-net-%s.so", entry);
-  return 2;
-}
-
-
 /* Tries one library: 1 with the table set up, 0 with the reason appended to why. */
 static int try_library(void* dl, const char* path, const ncclNet_t** out, int* version, char* origin,
                        size_t origin_len, char* why, size_t why_len) {
@@ -230,17 +220,10 @@ int ch_net_plugin_open(const char* spec, const ncclNet_t** out, int* version, ch
       break;
     }
     char cand[2][512];
-    int n = entry_candidates(e, cand);
-    void* dl = NULL;
+    int n = ut_plugin_names("net", e, cand), k = 0;
+    if (!n) continue; /* "none" among others: nothing to load for it */
     char err[2][256] = {"", ""};
-    int k = 0;
-    for (; k < n && !dl; k++) {
-      dl = dlopen(cand[k], RTLD_NOW | RTLD_LOCAL);
-      if (!dl) {
-        const char* m = dlerror();
-        snprintf(err[k], sizeof(err[k]), "%s", m ? m : "unknown error");
-      }
-    }
+    void* dl = ut_plugin_open(cand, n, &k, err);
     if (!dl) {
       if (n == 2)
         ut_appendf(whybuf, sizeof(whybuf), "cannot load %s (%s) nor %s (%s)", cand[0], err[0], cand[1], err[1]);
@@ -248,7 +231,6 @@ int ch_net_plugin_open(const char* spec, const ncclNet_t** out, int* version, ch
         ut_appendf(whybuf, sizeof(whybuf), "cannot load %s (%s)", cand[0], err[0]);
       continue;
     }
-    k--; /* the candidate that loaded */
     if (try_library(dl, cand[k], out, version, origin, origin_len, whybuf, sizeof(whybuf))) {
       INFO(LOG_INIT | LOG_NET, "net plugin %s (ncclNetPlugin_v%d) loaded from %s", (*out)->name, *version, cand[k]);
       if (whybuf[0]) INFO(LOG_INIT | LOG_NET, "net plugin: skipped before it: %s", whybuf);

@@ -27,6 +27,7 @@
 #include "../misc/log.h"
 #include "../misc/names.h"
 #include "../misc/param.h"
+#include "../misc/utils.h"
 #include "../net/net.h"
 #include "observe.h"
 #include "profiler_abi.h"
@@ -79,32 +80,12 @@ static struct prof_lib* loaded;
 static char failed_value[512];
 static int failed_valid;
 
-int prof_candidates(const char* value, char out[2][512]) {
-  if (!value || !*value) {
-    snprintf(out[0], 512, "libnccl-profiler.so");
-    return 1;
-  }
-  if (strcasecmp(value, "none") == 0) return 0;
-  snprintf(out[0], 512, "%s", value);
-  size_t len = strlen(value);
-  int libso = strncmp(value, "lib", 3) == 0 && len >= 3 && strcmp(value + len - 3, ".so") == 0;
-  if (strchr(value, '/') || libso) return 1; /* NCCL tries such a value as it is only */
-  snprintf(out[1], 512, "libnccl-profiler-%s.so", value);
-  return 2;
-}
+int prof_candidates(const char* value, char out[2][512]) { return ut_plugin_names("profiler", value, out); }
 
 static struct prof_lib* load(const char* value) {
   char cand[2][512], err[2][256] = {"", ""};
-  int n = prof_candidates(value, cand);
-  void* dl = NULL;
-  int k = 0;
-  for (; k < n && !dl; k++) {
-    dl = dlopen(cand[k], RTLD_NOW | RTLD_LOCAL);
-    if (!dl) {
-      const char* e = dlerror();
-      snprintf(err[k], sizeof(err[k]), "%s", e ? e : "unknown error");
-    }
-  }
+  int n = prof_candidates(value, cand), k = 0;
+  void* dl = ut_plugin_open(cand, n, &k, err);
   if (!dl) {
     if (!*value) /* the default name: its absence is normal */
       INFO(LOG_INIT | LOG_PROFILE, "no profiler plugin (%s: %s)", cand[0], err[0]);
@@ -116,7 +97,6 @@ static struct prof_lib* load(const char* value) {
            err[0]);
     return NULL;
   }
-  k--; /* the candidate that loaded */
   const void* iface = dlsym(dl, "ncclProfiler_v6");
   int version = 6;
   if (!iface) iface = dlsym(dl, "ncclProfiler_v5"), version = 5;

@@ -13,6 +13,7 @@
 
 #include "../misc/log.h"
 #include "../misc/param.h"
+#include "../misc/utils.h"
 #include "plugin_abi.h"
 #include "tune.h"
 
@@ -68,16 +69,8 @@ static void plugin_log(ncclDebugLogLevel level, unsigned long flags, const char*
 
 static struct tune_plugin* load(const char* value) {
   char cand[2][512], err[2][256] = {"", ""};
-  int n = tuner_candidates(value, cand);
-  void* dl = NULL;
-  int k = 0;
-  for (; k < n && !dl; k++) {
-    dl = dlopen(cand[k], RTLD_NOW | RTLD_LOCAL);
-    if (!dl) {
-      const char* e = dlerror();
-      snprintf(err[k], sizeof(err[k]), "%s", e ? e : "unknown error");
-    }
-  }
+  int n = tuner_candidates(value, cand), k = 0;
+  void* dl = ut_plugin_open(cand, n, &k, err);
   if (!dl) {
     if (!*value) /* the default name: its absence is normal */
       INFO(LOG_INIT | LOG_TUNING, "no tuner plugin (%s: %s)", cand[0], err[0]);
@@ -88,7 +81,6 @@ static struct tune_plugin* load(const char* value) {
       WARN("NCCL_TUNER_PLUGIN=%s: could not load %s (%s); continuing without a tuner plugin", value, cand[0], err[0]);
     return NULL;
   }
-  k--; /* the candidate that loaded */
   static const char* syms[] = {"ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3"};
   const void* iface = NULL;
   int version = 0;
