@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/bootstrap/bootstrap.h"
 #include "flight.h"
 
 #define NAME 24
@@ -98,29 +99,15 @@ static void shape(const struct call* c, char* s, size_t n) {
     snprintf(s + strlen(s), n - strlen(s), " root %d", c->root);
 }
 
-/* "3,5-7" */
-static void ranks_text(const char* flags, int n, char want, char* buf, size_t len) {
-  size_t at = 0;
-  buf[0] = 0;
-  for (int r = 0; r < n && at + 16 < len; r++) {
-    if (flags[r] != want) continue;
-    int e = r;
-    while (e + 1 < n && flags[e + 1] == want) e++;
-    at += (size_t)snprintf(buf + at, len - at, at ? ",%d" : "%d", r);
-    if (e > r) at += (size_t)snprintf(buf + at, len - at, "-%d", e);
-    r = e;
-  }
-}
-
 static void describe(const struct job* j, FILE* out) {
   int n = j->nranks, have = 0;
-  char* flags = calloc((size_t)n, 1);
+  unsigned char* flags = calloc((size_t)n, 1);
   char list[256];
   if (!flags) return;
   for (int r = 0; r < n; r++) flags[r] = j->by_rank[r] != NULL, have += flags[r];
   fprintf(out, "comm %016" PRIx64 ": %d ranks, dumps from %d", j->hash, n, have);
   if (have < n) {
-    ranks_text(flags, n, 0, list, sizeof(list));
+    boot_format_ranks(flags, n, 0, list, sizeof(list));
     fprintf(out, " (none from ranks %s: dead, unreachable, or CHORUS_FLIGHT_RECORDER=0 there)", list);
   }
   fprintf(out, "\n");
@@ -185,11 +172,11 @@ static void describe(const struct job* j, FILE* out) {
     shape(topc, sh, sizeof(sh));
     fprintf(out, "  latest collective: #%" PRIu64 " %s\n", top, sh);
     if (stuck) {
-      ranks_text(flags, n, 2, list, sizeof(list));
+      boot_format_ranks(flags, n, 2, list, sizeof(list));
       fprintf(out, "    in it, not finished: ranks %s\n", list);
     }
     if (behind) {
-      ranks_text(flags, n, 3, list, sizeof(list));
+      boot_format_ranks(flags, n, 3, list, sizeof(list));
       fprintf(out, "    NEVER ENTERED by ranks %s:\n", list);
       for (int r = 0; r < n; r++) {
         const struct dump* d = j->by_rank[r];
