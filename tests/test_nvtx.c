@@ -200,24 +200,26 @@ TEST(nvtx, comm_calls) {
   unlink(out_path);
 }
 
-/* NCCL_NVTX_DISABLE=1: the tool is never loaded, the calls work. */
-TEST(nvtx, disabled) {
-  setup(CHORUS_NVTX_STUB, "full", 1);
-  setenv("NCCL_NVTX_DISABLE", "1", 1);
-  param_reset();
+/* One rank makes its calls: the tool records nothing. */
+static void one_rank_no_ranges(void) {
   rt_run_threads(1, rank_body, NULL);
   struct record r;
   read_record(&r);
   EXPECT_EQ(r.lines, 0);
 }
 
+/* NCCL_NVTX_DISABLE=1: the tool is never loaded, the calls work. */
+TEST(nvtx, disabled) {
+  setup(CHORUS_NVTX_STUB, "full", 1);
+  setenv("NCCL_NVTX_DISABLE", "1", 1);
+  param_reset();
+  one_rank_no_ranges();
+}
+
 /* No NVTX_INJECTION64_PATH: nothing loaded. */
 TEST(nvtx, no_tool) {
   setup(NULL, "full", 1);
-  rt_run_threads(1, rank_body, NULL);
-  struct record r;
-  read_record(&r);
-  EXPECT_EQ(r.lines, 0);
+  one_rank_no_ranges();
 }
 
 /* A tool named in a process without CUDA: no ranges (the host path makes none). Once the process
@@ -225,14 +227,12 @@ TEST(nvtx, no_tool) {
  * second (cudrv_present), hence the wait. */
 TEST(nvtx, cuda_loaded_later) {
   setup(CHORUS_NVTX_STUB, "full", 0);
-  rt_run_threads(1, rank_body, NULL);
-  struct record r;
-  read_record(&r);
-  EXPECT_EQ(r.lines, 0);
+  one_rank_no_ranges();
   load_fake_cuda();
   param_reset();
   usleep(1100 * 1000);
   rt_run_threads(1, rank_body, NULL);
+  struct record r;
   read_record(&r);
   expect_ranks(&r, 1, 1, RANK_SEQ("NCCL"));
   unlink(out_path);

@@ -213,8 +213,6 @@ TEST_T(observe, dump_on_signal_when_idle, 30) {
   char* text = NULL;
   for (int i = 0; i < 100 && !text; i++) {
     usleep(20 * 1000);
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "%s", dir);
     DIR* d = opendir(dir);
     struct dirent* de;
     while (d && (de = readdir(d)))

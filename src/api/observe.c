@@ -10,9 +10,15 @@
 #include "../core/init.h"
 #include "api.h"
 
-/* Enter comm as a query: 1 with *r ncclSuccess when it is initialized; else 0 (or 1 with *r set, the
- * caller leaving) and a WARN naming fn. */
-static int enter_query(ncclComm_t comm, const char* fn, struct comm_guard* g, ncclResult_t* r) {
+/* Enter comm as a query whose result goes to out (named what; what NULL: nothing to check): 1 with *r
+ * ncclSuccess when comm is initialized; else 0 (or 1 with *r set, the caller leaving) and a WARN naming fn. */
+static int enter_query(ncclComm_t comm, const char* fn, const void* out, const char* what, struct comm_guard* g,
+                       ncclResult_t* r) {
+  if (what && !out) {
+    WARN("%s: %s is NULL", fn, what);
+    *r = ncclInvalidArgument;
+    return 0;
+  }
   ch_status s = comm_check(comm, fn);
   *r = ch_to_nccl(s);
   if (s != CH_OK) return 0;
@@ -28,13 +34,9 @@ static int enter_query(ncclComm_t comm, const char* fn, struct comm_guard* g, nc
 
 CH_API(ncclResult_t, chorusCommGetCounters, ncclComm_t comm, chorusCounters_t* counters) {
   static const char fn[] = "chorusCommGetCounters";
-  if (!counters) {
-    WARN("%s: counters is NULL", fn);
-    return ncclInvalidArgument;
-  }
   struct comm_guard g;
   ncclResult_t r;
-  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (!enter_query(comm, fn, counters, "counters", &g, &r)) return r;
   if (r == ncclSuccess) {
     struct obs_ctr c;
     obs_counters(comm, &c);
@@ -47,13 +49,9 @@ CH_API(ncclResult_t, chorusCommGetCounters, ncclComm_t comm, chorusCounters_t* c
 
 CH_API(ncclResult_t, chorusCommGetPeerCounters, ncclComm_t comm, int peer, chorusPeerCounters_t* counters) {
   static const char fn[] = "chorusCommGetPeerCounters";
-  if (!counters) {
-    WARN("%s: counters is NULL", fn);
-    return ncclInvalidArgument;
-  }
   struct comm_guard g;
   ncclResult_t r;
-  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (!enter_query(comm, fn, counters, "counters", &g, &r)) return r;
   if (r == ncclSuccess && (peer < 0 || peer >= comm->nranks)) {
     WARN("%s: peer %d is not a rank of this %d-rank communicator", fn, peer, comm->nranks);
     r = ncclInvalidArgument;
@@ -69,13 +67,13 @@ CH_API(ncclResult_t, chorusCommGetPeerCounters, ncclComm_t comm, int peer, choru
 
 CH_API(ncclResult_t, chorusCommMetrics, ncclComm_t comm, char* text, size_t len, size_t* needed) {
   static const char fn[] = "chorusCommMetrics";
-  if ((!text && len > 0) || (!text && !needed)) {
-    WARN("%s: text is NULL with len %zu%s", fn, len, needed ? "" : " and needed is NULL too");
+  if (!text && len > 0) {
+    WARN("%s: text is NULL with len %zu", fn, len);
     return ncclInvalidArgument;
   }
   struct comm_guard g;
   ncclResult_t r;
-  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (!enter_query(comm, fn, text ? (const void*)text : (const void*)needed, "text and needed", &g, &r)) return r;
   if (r == ncclSuccess) {
     size_t n = obs_prometheus(&comm, 1, text, len);
     if (len > 0 && n >= len) text[len - 1] = '\0';
@@ -93,7 +91,7 @@ CH_API(ncclResult_t, chorusCommDumpFlightRecorder, ncclComm_t comm, char* path, 
   }
   struct comm_guard g;
   ncclResult_t r;
-  if (!enter_query(comm, fn, &g, &r)) return r;
+  if (!enter_query(comm, fn, NULL, NULL, &g, &r)) return r; /* path may be NULL (len 0): no name wanted */
   if (r == ncclSuccess && !comm->fr) {
     WARN("%s: the flight recorder is off (CHORUS_FLIGHT_RECORDER=0)", fn);
     r = ncclInvalidUsage;

@@ -372,11 +372,11 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
     if (op->nidx == 0) op->nidx = algo_nsteps(op) + 1; /* +1: "computed" marker */
     if (op->traced && !op->t0) op->t0 = obs_ticks();
     if (op->idx + 1 >= op->nidx) {
-      if (op->traced)
-        trace_op(comm, op->func, op->func == FUNC_SEND || op->func == FUNC_RECV ? -1 : op->algo, op->proto, op->channel,
-                 op->func == FUNC_SEND || op->func == FUNC_RECV ? op->root : -1,
-                 (uint64_t)(op->func == FUNC_SEND || op->func == FUNC_RECV ? op->count : op->part_count) * op->esize,
-                 op->t0, obs_ticks());
+      if (op->traced) {
+        int p2p = op->func == FUNC_SEND || op->func == FUNC_RECV;
+        trace_op(comm, op->func, p2p ? -1 : op->algo, op->proto, op->channel, p2p ? op->root : -1,
+                 (uint64_t)(p2p ? op->count : op->part_count) * op->esize, op->t0, obs_ticks());
+      }
       if (op->algo == ALGO_DIRECT && op->outcome)
         atomic_store_explicit(op->outcome, DIRECT_OUTCOME_RAN, memory_order_release);
       ln->cur++;
@@ -583,7 +583,7 @@ static ch_status finish_plan(struct ch_plan** slot) {
   obs_add(&comm->ctr_bytes, pl->user_bytes);
   if (st != CH_OK) {
     if (st == CH_ABORTED) INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", comm->rank);
-    atomic_fetch_add_explicit(&comm->ctr_errors, (uint64_t)pl->ncalls, memory_order_relaxed);
+    obs_add(&comm->ctr_errors, (uint64_t)pl->ncalls);
     comm_set_async_error(comm, st);
     if (st != CH_ABORTED) stall_dump_failure(comm, st); /* the flight recorder, once per comm */
   }

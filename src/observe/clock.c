@@ -16,7 +16,9 @@
 #define CLOCK_TAG ((1 << 29) + (1 << 28)) /* bootstrap tag of the exchanges (split.c uses 1 << 29 up) */
 #define CLOCK_ROUNDS 5
 
-uint64_t obs_real_ns(void) {
+/* This process's realtime clock in ns, plus CHORUS_CLOCK_SKEW_US (a testing aid that makes a host's
+ * clock look wrong, so that the alignment can be seen to remove it). */
+static uint64_t obs_real_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (uint64_t)(param_int(PARAM_CLOCK_SKEW_US) * 1000);

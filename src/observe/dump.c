@@ -33,7 +33,7 @@ const char* fr_status_word(int status) {
   }
 }
 
-const char* fr_exec_word(int exec) {
+static const char* fr_exec_word(int exec) {
   static const char* const w[] = {"host", "host-stream", "staging", "kernel"}; /* enum ch_exec */
   return exec >= 0 && exec < (int)(sizeof(w) / sizeof(w[0])) ? w[exec] : "?";
 }

@@ -13,9 +13,6 @@
 
 /* ---- the clock (clock.c) ---- */
 
-/* This process's realtime clock in ns, plus CHORUS_CLOCK_SKEW_US (a testing aid that makes a host's
- * clock look wrong, so that the alignment can be seen to remove it). */
-uint64_t obs_real_ns(void);
 /* At init, ranks on more than one host: each host's first rank measures its clock against rank 0's
  * over the bootstrap (the round trip with the least delay of a few), and every rank takes its host's
  * offset. comm->clock_offset_ns = this host's realtime - rank 0's. One host: 0, nothing sent. */
@@ -129,7 +126,6 @@ void trace_calls(struct ncclComm* comm, uint64_t lo, uint64_t hi);
 void trace_wait(struct ncclComm* comm, int peer, uint64_t t0, uint64_t t1);
 void trace_op(struct ncclComm* comm, int func, int algo, int proto, int channel, int peer, uint64_t bytes, uint64_t t0,
               uint64_t t1);
-void trace_proxy_start(void);
 
 /* ---- profiler plugins (profiler.c) ---- */
 
@@ -157,8 +153,7 @@ const char* obs_dump_dir(void);
 ch_status fr_dump(struct ncclComm* comm, const char* reason, char* path, size_t len);
 /* The same, unless comm's recorder was written for a failure before (comm->fr_dumped). */
 void fr_dump_first(struct ncclComm* comm, const char* reason);
-/* Short words for a dump: a status ("ok", "timeout", "remote"...) and an executor (core/exec.h's order). */
+/* A short word for a status in dumps and traces ("ok", "timeout", "remote"...). */
 const char* fr_status_word(int status);
-const char* fr_exec_word(int exec);
 
 #endif

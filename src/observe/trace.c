@@ -54,6 +54,8 @@ struct obs_trace {
   struct trace_ev ev[TRACE_BUF];
 };
 
+static void trace_proxy_start(void); /* the proxy's track (below) */
+
 static int trace_pid(const struct ncclComm* comm) { return (int)((comm->comm_hash >> 8 & 0x3fff) << 16) + comm->rank; }
 
 static void meta(struct obs_trace* t, const char* what, int tid, const char* key, const char* val, int num) {
@@ -230,7 +232,7 @@ static void proxy_busy(uint64_t t0, uint64_t t1) {
   pthread_mutex_unlock(&px_lock);
 }
 
-void trace_proxy_start(void) {
+static void trace_proxy_start(void) {
   pthread_mutex_lock(&px_lock);
   if (px_open++ == 0) atomic_store(&tp_busy_hook, proxy_busy);
   pthread_mutex_unlock(&px_lock);
