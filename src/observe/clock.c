@@ -15,6 +15,7 @@
 
 #define CLOCK_TAG ((1 << 29) + (1 << 28)) /* bootstrap tag of the exchanges (split.c uses 1 << 29 up) */
 #define CLOCK_ROUNDS 5
+#define CLOCK_MAX_OFFSET_NS (86400ll * 1000000000ll)
 
 /* This process's realtime clock in ns, plus CHORUS_CLOCK_SKEW_US (a testing aid that makes a host's
  * clock look wrong, so that the alignment can be seen to remove it). */
@@ -113,7 +114,17 @@ ch_status obs_clock_align(struct ncclComm* comm) {
   if (!all) return CH_SYSTEM;
   all[me] = mine;
   ch_status st = boot_allgather(comm->boot, all, sizeof(int64_t));
-  if (st == CH_OK) comm->clock_offset_ns = all[host_leader(comm, me)];
+  if (st == CH_OK) {
+    /* A peer's number: bounded before it enters any arithmetic. Clocks a day apart are not clocks. */
+    int leader = host_leader(comm, me);
+    int64_t v = all[leader];
+    if (v > CLOCK_MAX_OFFSET_NS || v < -CLOCK_MAX_OFFSET_NS) {
+      WARN("rank %d: the clock offset measured by rank %d is %lld ns (more than a day): dumps and traces of this "
+           "host use its own clock", me, leader, (long long)v);
+      v = 0;
+    }
+    comm->clock_offset_ns = v;
+  }
   free(all);
   if (st == CH_OK)
     INFO(LOG_INIT, "rank %d: clock %+.3f ms from rank 0's (measured by rank %d, round trip %.3f ms; %.2f ms)", me,
