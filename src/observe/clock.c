@@ -126,9 +126,11 @@ ch_status obs_clock_align(struct ncclComm* comm) {
     comm->clock_offset_ns = v;
   }
   free(all);
-  if (st == CH_OK)
-    INFO(LOG_INIT, "rank %d: clock %+.3f ms from rank 0's (measured by rank %d, round trip %.3f ms; %.2f ms)", me,
-         (double)comm->clock_offset_ns / 1e6, host_leader(comm, me), best_rtt < 0 ? 0.0 : (double)best_rtt / 1e6,
-         (double)(ut_now_ns() - t0) / 1e6);
+  if (st == CH_OK) {
+    char rtt[48] = ""; /* only the rank that measured knows the round trip */
+    if (best_rtt >= 0) snprintf(rtt, sizeof(rtt), ", round trip %.3f ms", (double)best_rtt / 1e6);
+    INFO(LOG_INIT, "rank %d: clock %+.3f ms from rank 0's (measured by rank %d%s; alignment took %.2f ms)", me,
+         (double)comm->clock_offset_ns / 1e6, host_leader(comm, me), rtt, (double)(ut_now_ns() - t0) / 1e6);
+  }
   return st;
 }
