@@ -43,7 +43,10 @@ struct ch_redop_slot {
 /* Ranks sharing one GPU (gpu/gpu.h): what a rank says of itself at init (in comm_agree's message; read
  * from peers, only compared). */
 struct gpu_hello {
-  uint32_t capable;  /* a current context, kernels loaded, CHORUS_CUDA_DIRECT on */
+  uint32_t capable;  /* a current context, kernels loaded, stream memory operations */
+  uint32_t direct;   /* CHORUS_CUDA_DIRECT on */
+  int32_t relay;     /* CHORUS_CUDA_RELAY (rank 0's holds, with its chunk and depth) */
+  uint32_t relay_chunk, relay_depth;
   uint32_t shares;   /* probe below is set: this process can export device memory */
   uint64_t ctx_id;   /* the context's address: compared only between ranks of one process */
   unsigned char uuid[16];

@@ -20,7 +20,9 @@ int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }
 /* Reproducible reductions run on host copies (gpu/staging.c): the host's combination (reduce/repro.c)
  * is the one definition of their bits, so device buffers give what host buffers give. */
 int gpu_takes(const struct ch_task* t) {
-  return t->comm->gpu && t->count > 0 && on_gpu(t->func) && !tune_repro_level(t->comm, t->func, t->type);
+  const struct gpu_comm* g = t->comm->gpu;
+  return g && t->count > 0 && on_gpu(t->func) && !tune_repro_level(t->comm, t->func, t->type) &&
+         (!g->relay || gpu_relay_takes(t->func, &t->red));
 }
 
 /* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
@@ -65,6 +67,7 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   /* Captured: the buffers are exchanged once, at capture, and every replay reuses the table (gpu.h:
    * graph words). Only where one kernel (rank 0's) does the call; sends and receives not yet. */
   const char* no = !capturing            ? NULL
+                   : g->relay            ? "calls relayed through host memory (ranks on different GPUs)"
                    : gpu_is_p2p(t->func) ? "sends and receives on device buffers of ranks sharing one GPU"
                    : g->n > 1 && !gpu_one_kernel(g, t->func)
                        ? "this call with CHORUS_CUDA_ONE_KERNEL=0 (or AlltoAll on more than 7 ranks)"
@@ -92,7 +95,7 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   m->stream = (uint64_t)(uintptr_t)c->stream;
   if (red_type_is_float(c->type)) memcpy(&m->scalar, &c->red.scalar_f, sizeof(m->scalar));
   else memcpy(&m->scalar, &c->red.scalar_i, sizeof(m->scalar));
-  for (int b = 0; b < 2; b++) {
+  for (int b = 0; b < 2 && !g->relay; b++) { /* the relay shares no buffer: each rank's stay its own */
     if (!c->ptr[b]) continue;
     if (b == DEV_RECV && c->ptr[DEV_RECV] == c->ptr[DEV_SEND]) { /* in place: the same description */
       m->buf[DEV_RECV] = m->buf[DEV_SEND];
@@ -108,7 +111,7 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   }
   /* One rank, out of place: the result is the input (a reduction of one, divided by one), a copy the
    * copy engine makes without a kernel or a table (NCCL's one-rank calls are a copy too). */
-  c->copy_only = g->n == 1 && !gpu_is_p2p(c->func) && c->ptr[DEV_SEND] && c->ptr[DEV_RECV] &&
+  c->copy_only = g->n == 1 && !g->relay && !gpu_is_p2p(c->func) && c->ptr[DEV_SEND] && c->ptr[DEV_RECV] &&
                  c->ptr[DEV_SEND] != c->ptr[DEV_RECV] && red_keeps_one(&c->red) && m->buf[DEV_SEND].present &&
                  m->buf[DEV_RECV].present && cudrv_has_dtod();
   /* The call becomes the allgather of the descriptions (a send's goes to its peer; a receive gets
@@ -121,12 +124,13 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
                 (c->func == FUNC_SEND && c->peer != g->rank && gpu_p2p_active(g, FUNC_SEND, c->peer));
   t->hostless |= g->n == 1 && !gpu_is_p2p(c->func); /* one rank's "allgather": at launch (gpu_launch) */
   /* One kernel (rank 0's) for a collective: only rank 0 needs the descriptions (the board, gpu.h). */
-  c->boarded = g->seg && !capturing && !gpu_is_p2p(c->func) && gpu_one_kernel(g, c->func);
+  c->boarded = g->seg && !capturing && !gpu_is_p2p(c->func) && gpu_one_kernel(g, c->func); /* never relayed */
   t->hostless |= c->boarded;
   t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
   t->sendbuff = &c->mine, t->recvbuff = c->all;
   if (!gpu_is_p2p(t->func)) t->func = FUNC_ALLGATHER, t->root = 0;
-  INFO(LOG_COLL, "%s: device buffers of %d rank(s) on one GPU: the call runs there", fn, g->n);
+  if (g->relay) INFO(LOG_COLL, "%s: device buffers of %d ranks of this host: relayed through pinned host memory", fn, g->n);
+  else INFO(LOG_COLL, "%s: device buffers of %d rank(s) on one GPU: the call runs there", fn, g->n);
   return CH_OK;
 }
 
@@ -142,32 +146,23 @@ static void* word_dev(struct gpu_comm* g, int r, size_t field) {
   return (char*)g->seg_dev + offsetof(struct gpu_seg, w) + (size_t)r * sizeof(struct gpu_words) + field;
 }
 
-/* Stream memory operations gathered for one driver call (cudev_memops), sent when full or flushed. */
-struct memops {
-  struct gpu_comm* g;
-  cudaStream_t s;
-  ch_status st; /* the first failure */
-  int k;
-  struct cudev_memop op[CUDEV_MAX_MEMOPS];
-};
-
-static ch_status flush(struct memops* o) {
+ch_status gpu_flush(struct gpu_memops* o) {
   if (o->st == CH_OK && o->k) o->st = cudev_memops(o->s, o->op, o->k, o->g->ctx);
   o->k = 0;
   return o->st;
 }
 
-static void memop(struct memops* o, void* dev, uint32_t value, int wait) {
-  if (o->k == CUDEV_MAX_MEMOPS) flush(o);
+void gpu_memop(struct gpu_memops* o, void* dev, uint32_t value, int wait) {
+  if (o->k == CUDEV_MAX_MEMOPS) gpu_flush(o);
   o->op[o->k++] = (struct cudev_memop){.dev = dev, .value = value, .wait = wait};
 }
 
 /* Every rank's stream has written `seq` into its word `field`: my write, then a wait per peer. */
-static void barrier(struct memops* o, uint32_t seq, size_t field) {
+static void barrier(struct gpu_memops* o, uint32_t seq, size_t field) {
   struct gpu_comm* g = o->g;
-  memop(o, word_dev(g, g->rank, field), seq, 0);
+  gpu_memop(o, word_dev(g, g->rank, field), seq, 0);
   for (int r = 0; r < g->n; r++)
-    if (r != g->rank) memop(o, word_dev(g, r, field), seq, 1);
+    if (r != g->rank) gpu_memop(o, word_dev(g, r, field), seq, 1);
 }
 
 /* A word of the ordered pair src -> dst (gpu_pair): `posted` (the rank that does not copy has its
@@ -312,13 +307,13 @@ static ch_status run_kernel(struct gpu_comm* g, const struct gpu_call* c, cudaSt
  * stream at the next call: the application may have destroyed that stream meanwhile (allowed once
  * its work is queued), which would fail the call or, with the handle reused, order it after
  * another stream's work. */
-static ch_status follow(struct gpu_comm* g, cudaStream_t s) {
+ch_status gpu_follow(struct gpu_comm* g, cudaStream_t s) {
   if (g->any_launched && g->last_stream != s) CHECK(cudrv_event_wait(s, g->done_ev, g->ctx));
   g->last_stream = s, g->any_launched = 1;
   return CH_OK;
 }
 
-static ch_status done(struct gpu_comm* g, cudaStream_t s) {
+ch_status gpu_done(struct gpu_comm* g, cudaStream_t s) {
   if (!g->done_ev) CHECK(cudrv_event_new(&g->done_ev, g->ctx));
   return cudrv_event_record(g->done_ev, s, g->ctx);
 }
@@ -328,37 +323,38 @@ static ch_status done(struct gpu_comm* g, cudaStream_t s) {
  * one kernel for all (rank 0's), the barriers are a star: only rank 0 waits for the others' inputs,
  * and the others only for rank 0's kernel (one cross-process round trip a call, not two each way). */
 static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
-  struct memops o = {.g = g, .s = c->stream};
-  CHECK(follow(g, c->stream));
+  if (g->relay) return gpu_relay_queue(g, c);
+  struct gpu_memops o = {.g = g, .s = c->stream};
+  CHECK(gpu_follow(g, c->stream));
   if (c->copy_only) {
     CHECK(cudrv_copy_dtod((void*)c->ptr[DEV_RECV], c->ptr[DEV_SEND], c->count * red_type_size(c->type), c->stream,
                           g->ctx));
-    return done(g, c->stream); /* no table, so no slot to free: one driver call fewer */
+    return gpu_done(g, c->stream); /* no table, so no slot to free: one driver call fewer */
   }
   if (g->seg && gpu_one_kernel(g, c->func)) { /* a star around rank 0, whose kernel alone touches buffers */
     size_t arrive = offsetof(struct gpu_words, arrive), dn = offsetof(struct gpu_words, done);
     if (g->rank == 0) { /* its table, every rank's inputs ready, the kernel, then the others may go on */
-      memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
-      for (int r = 1; r < g->n; r++) memop(&o, word_dev(g, r, arrive), c->cseq, 1);
-      CHECK(flush(&o));
+      gpu_memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
+      for (int r = 1; r < g->n; r++) gpu_memop(&o, word_dev(g, r, arrive), c->cseq, 1);
+      CHECK(gpu_flush(&o));
       CHECK(run_kernel(g, c, c->stream));
-      memop(&o, word_dev(g, 0, dn), c->cseq, 0);
+      gpu_memop(&o, word_dev(g, 0, dn), c->cseq, 0);
     } else { /* no kernel, no table: my inputs are ready, then wait until rank 0's kernel is done */
-      memop(&o, word_dev(g, g->rank, arrive), c->cseq, 0);
-      memop(&o, word_dev(g, 0, dn), c->cseq, 1);
+      gpu_memop(&o, word_dev(g, g->rank, arrive), c->cseq, 0);
+      gpu_memop(&o, word_dev(g, 0, dn), c->cseq, 1);
     }
-    memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
-    CHECK(flush(&o));
-    return done(g, c->stream);
+    gpu_memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+    CHECK(gpu_flush(&o));
+    return gpu_done(g, c->stream);
   }
-  memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
+  gpu_memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), c->seq, 1);
   if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, arrive));
-  CHECK(flush(&o));
+  CHECK(gpu_flush(&o));
   CHECK(run_kernel(g, c, c->stream));
   if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, done));
-  memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
-  CHECK(flush(&o));
-  return done(g, c->stream);
+  gpu_memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+  CHECK(gpu_flush(&o));
+  return gpu_done(g, c->stream);
 }
 
 /* The ordered pair of a send or receive: its words and their number are the pair's (src -> dst). */
@@ -377,34 +373,34 @@ static void p2p_pair(const struct gpu_comm* g, const struct gpu_call* c, int* sr
  * than this group's can wait for each other until CHORUS_TIMEOUT. */
 static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
   cudaStream_t s = cs[0]->stream;
-  struct memops o = {.g = g, .s = s};
+  struct gpu_memops o = {.g = g, .s = s};
   int src, dst;
-  CHECK(follow(g, s));
+  CHECK(gpu_follow(g, s));
   for (int i = 1; i < k; i++)
     if (cs[i]->stream != s) CHECK(cudrv_join(cs[i]->stream, g->ctx, s, g->ctx)); /* twice is harmless */
   for (int i = 0; i < k; i++)
     if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer) && g->seg) {
       p2p_pair(g, cs[i], &src, &dst);
       int word = cs[i]->func == FUNC_SEND && gpu_p2p_relayed(g, src, dst) ? P_POSTED_SEND : P_POSTED;
-      memop(&o, pair_dev(g, src, dst, word), cs[i]->cseq, 0);
+      gpu_memop(&o, pair_dev(g, src, dst, word), cs[i]->cseq, 0);
     }
   for (int i = 0; i < k; i++) {
     if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer)) continue;
     p2p_pair(g, cs[i], &src, &dst);
-    memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), cs[i]->seq, 1);
-    if (g->seg) memop(&o, pair_dev(g, src, dst, 0), cs[i]->cseq, 1);
-    CHECK(flush(&o));
+    gpu_memop(&o, priv_dev(g, offsetof(struct gpu_priv, ready)), cs[i]->seq, 1);
+    if (g->seg) gpu_memop(&o, pair_dev(g, src, dst, 0), cs[i]->cseq, 1);
+    CHECK(gpu_flush(&o));
     CHECK(run_kernel(g, cs[i], s));
-    if (g->seg) memop(&o, pair_dev(g, src, dst, 1), cs[i]->cseq, 0); /* sent with what follows */
+    if (g->seg) gpu_memop(&o, pair_dev(g, src, dst, 1), cs[i]->cseq, 0); /* sent with what follows */
   }
   for (int i = 0; i < k; i++)
     if (!gpu_p2p_active(g, cs[i]->func, cs[i]->peer) && g->seg) {
       p2p_pair(g, cs[i], &src, &dst);
-      memop(&o, pair_dev(g, src, dst, 1), cs[i]->cseq, 1);
+      gpu_memop(&o, pair_dev(g, src, dst, 1), cs[i]->cseq, 1);
     }
-  for (int i = 0; i < k; i++) memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
-  CHECK(flush(&o));
-  CHECK(done(g, s));
+  for (int i = 0; i < k; i++) gpu_memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
+  CHECK(gpu_flush(&o));
+  CHECK(gpu_done(g, s));
   for (int i = 1; i < k; i++)
     if (cs[i]->stream != s) CHECK(cudrv_event_wait(cs[i]->stream, g->done_ev, g->ctx));
   return CH_OK;
@@ -460,25 +456,25 @@ static ch_status queue_graph(struct gpu_comm* g, const struct gpu_call* c) {
   if (c->copy_only)
     return cudrv_copy_dtod((void*)c->ptr[DEV_RECV], c->ptr[DEV_SEND], c->count * red_type_size(c->type), c->stream,
                            g->ctx);
-  struct memops o = {.g = g, .s = c->stream};
+  struct gpu_memops o = {.g = g, .s = c->stream};
   uint32_t k = c->gc->index;
   if (g->seg && g->rank != 0) {
-    memop(&o, graph_word(g, k, g->rank, 0), 1, 0);
-    memop(&o, graph_word(g, k, g->rank, 1), 1, 1);
-    memop(&o, graph_word(g, k, g->rank, 1), 0, 0);
-    return flush(&o);
+    gpu_memop(&o, graph_word(g, k, g->rank, 0), 1, 0);
+    gpu_memop(&o, graph_word(g, k, g->rank, 1), 1, 1);
+    gpu_memop(&o, graph_word(g, k, g->rank, 1), 0, 0);
+    return gpu_flush(&o);
   }
-  for (int r = 1; g->seg && r < g->n; r++) memop(&o, graph_word(g, k, r, 0), 1, 1);
-  for (int r = 1; g->seg && r < g->n; r++) memop(&o, graph_word(g, k, r, 0), 0, 0);
-  CHECK(flush(&o));
+  for (int r = 1; g->seg && r < g->n; r++) gpu_memop(&o, graph_word(g, k, r, 0), 1, 1);
+  for (int r = 1; g->seg && r < g->n; r++) gpu_memop(&o, graph_word(g, k, r, 0), 0, 0);
+  CHECK(gpu_flush(&o));
   struct dev_args a;
   gpu_fill_args(g, c, &a);
   if (a.njobs) {
     a.table = (uint64_t)(uintptr_t)c->gc->tab_dev, a.seq = c->gc->id;
     CHECK(gpu_launch_jobs(g, &a, c->gc->staged_dev, 0, c->stream));
   }
-  for (int r = 1; g->seg && r < g->n; r++) memop(&o, graph_word(g, k, r, 1), 1, 0);
-  return flush(&o);
+  for (int r = 1; g->seg && r < g->n; r++) gpu_memop(&o, graph_word(g, k, r, 1), 1, 0);
+  return gpu_flush(&o);
 }
 
 /* Why a group with ngpu calls on the GPU cannot run as it is (NULL: it can). */

@@ -110,6 +110,13 @@ struct gpu_comm {
   struct gpu_comm* next_orphan;         /* gpu/setup.c's orphans_mu */
   struct gpu_copier* copier;            /* rank 0 of 3+ ranks: copies the relayed pairs (gpu/copier.c) */
   struct gpu_graph_call* graphs;        /* captured calls (the owner, at launch; freed with the comm) */
+  /* The relay (gpu/relay.c): set at init; relay_next and the events are the owner's, at launch. */
+  int relay;
+  size_t relay_chunk;
+  uint32_t relay_depth;
+  _Atomic uint32_t relay_next;
+  void* relay_stream; /* cudaStream_t: this rank's consuming stream (kernels, copies out of the rings) */
+  void* relay_ev[2];         /* the call's start on its stream, the consuming stream's end */
   uint32_t next_graph;                  /* captured calls so far: alike on every rank (the owner) */
   /* gpu/watch.c, under its watch_mu */
   struct gpu_comm* next_watched;
@@ -177,6 +184,24 @@ static inline size_t gpu_graph_off(int n, uint32_t call, int r) {
 static inline size_t gpu_board_off(int n, int r, uint32_t k) {
   return UT_ALIGN_UP(gpu_graph_off(n, GPU_GRAPH_CALLS, 0), 64) +
          ((size_t)r * GPU_MAIL + k % GPU_MAIL) * sizeof(struct gpu_mail);
+}
+
+/* The relay (gpu/relay.c): ranks of one host whose buffers are not shared directly (on different GPUs,
+ * or CHORUS_CUDA_RELAY=1). Per rank, after the boards, two counters of pieces (chunks of a call,
+ * numbered on from call to call alike on every rank, cyclic): `in`, the pieces whose input this
+ * rank's stream has copied into its ring (written after each copy), and `used`, the pieces this rank
+ * has consumed from every ring (written after its kernel or copies of each piece, even where it had
+ * nothing to do). Then each rank's ring: `depth` entries of `chunk` bytes of pinned host memory that
+ * every rank maps for its device; piece G sits in entry G mod depth. */
+struct gpu_relay_words {
+  _Atomic uint32_t in, used;
+  uint32_t pad[14];
+};
+static inline size_t gpu_relay_off(int n, int r) {
+  return UT_ALIGN_UP(gpu_board_off(n, n, 0), 64) + (size_t)r * sizeof(struct gpu_relay_words);
+}
+static inline size_t gpu_ring_off(int n, int r, uint32_t entry, size_t chunk, uint32_t depth) {
+  return UT_ALIGN_UP(gpu_relay_off(n, n), 4096) + ((size_t)r * depth + entry) * chunk;
 }
 
 /* A captured call's own table and staging slot, kept with the communicator (a graph may be replayed
@@ -254,6 +279,20 @@ int gpu_p2p_active(const struct gpu_comm* g, int func, int peer);
 static inline int gpu_p2p_relayed(const struct gpu_comm* g, int src, int dst) {
   return g->one_kernel && g->n >= 3 && g->seg && src != 0 && dst != 0 && src != dst;
 }
+/* Stream memory operations gathered for one driver call (cudev_memops), sent when full or flushed. */
+struct gpu_memops {
+  struct gpu_comm* g;
+  cudaStream_t s;
+  ch_status st; /* the first failure */
+  int k;
+  struct cudev_memop op[CUDEV_MAX_MEMOPS];
+};
+ch_status gpu_flush(struct gpu_memops* o);
+void gpu_memop(struct gpu_memops* o, void* dev, uint32_t value, int wait); /* wait: for *dev >= value, cyclic */
+/* A rank's calls on one communicator run in call order whatever streams they name: s first waits for
+ * the previous call (gpu_follow), and gpu_done marks where the next one must wait. */
+ch_status gpu_follow(struct gpu_comm* g, cudaStream_t s);
+ch_status gpu_done(struct gpu_comm* g, cudaStream_t s);
 struct dev_args;
 /* Launch the kernel for a's jobs on s (stage_dev: GPU_SLOTS struct dev_staged, entry slot % GPU_SLOTS). */
 ch_status gpu_launch_jobs(struct gpu_comm* g, struct dev_args* a, void* stage_dev, uint32_t slot, cudaStream_t s);
@@ -289,6 +328,15 @@ void gpu_copier_stop(struct gpu_comm* g);
 int gpu_copier_busy(struct gpu_comm* g); /* copies queued on the GPU and not done */
 void gpu_copier_unblock(struct gpu_comm* g); /* gpu_unblock's part: the relayed pairs' words (any thread) */
 void gpu_copier_free(struct gpu_comm* g); /* with the comm, once not busy */
+/* gpu/relay.c. relay_takes: whether a call of func with red runs on the relay (else host staging);
+ * relay_setup: the consuming stream and events (after the shared page, which holds the rings);
+ * relay_queue: a call's pieces on its stream and the consuming one; relay_unblock: every relay word
+ * far ahead (gpu_unblock's part); relay_free: with the comm. */
+int gpu_relay_takes(int func, const struct red_op* red);
+ch_status gpu_relay_setup(struct gpu_comm* g);
+ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c);
+void gpu_relay_unblock(struct gpu_comm* g);
+void gpu_relay_free(struct gpu_comm* g);
 /* gpu/resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */
 void gpu_after(void* batch, ch_status st);
 

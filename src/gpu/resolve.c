@@ -189,6 +189,7 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
     }
   }
   for (int r = 0; r < n; r++) CHECK(streams_apart(g, c, r, c->all[r].stream));
+  if (g->relay) return CH_OK; /* only checked: the launch filled the table with this rank's own addresses */
   struct dev_table* tab = c->gc ? c->gc->tab : &g->priv->slot[c->seq % GPU_SLOTS];
   if (!c->gc) CHECK(wait_slot(g, c->seq));
   struct dev_args a;

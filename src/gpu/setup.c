@@ -18,7 +18,12 @@ void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   memset(h, 0, sizeof(*h));
   void* ctx = comm->cuda_ctx; /* the context current when the application made the communicator */
   int sms = 0, ordinal = -1;
-  if (!ctx || !param_int(PARAM_CUDA_DIRECT) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
+  h->direct = param_int(PARAM_CUDA_DIRECT) != 0;
+  h->relay = (int32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY), 1), -1);
+  /* a chunk of whole 4 KiB pages, at least 64 KiB (16-byte shares of 2 to 32 ranks' blocks), at most 256 MiB */
+  h->relay_chunk = (uint32_t)UT_ALIGN_UP(UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY_CHUNK), 1 << 28), 1 << 16), 4096);
+  h->relay_depth = (uint32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY_DEPTH), 64), 2);
+  if (!ctx || (!h->direct && h->relay == 0) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
     return;
   if (cudev_device(ctx, h->uuid, &sms, &ordinal) != CH_OK) return; /* WARNed */
   h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe); /* first: it checks the context is the same */
@@ -87,14 +92,17 @@ static void seg_put(void* mem) {
   free(last);
 }
 
-static size_t seg_bytes(int n) { return UT_ALIGN_UP(gpu_board_off(n, n, 0), 4096); } /* words, pairs, mailboxes, graphs, boards */
+/* words, pairs, mailboxes, graphs, boards; the relay's words and rings (relay: its chunk and depth) */
+static size_t seg_bytes(int n, const struct gpu_hello* relay) {
+  if (relay) return gpu_ring_off(n, (int)n, 0, relay->relay_chunk, relay->relay_depth);
+  return UT_ALIGN_UP(gpu_board_off(n, n, 0), 4096);
+}
 
 /* Rank 0 creates the page (a sealed memfd, so nothing outlives the processes) and exports it; every
  * rank maps and registers it; *ok: every rank has it. Only the token crosses the bootstrap. */
-static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, int* ok) {
+static ch_status seg_setup(struct ncclComm* comm, struct gpu_comm* g, size_t bytes, int* ok) {
   int n = comm->nranks, me = comm->rank, fd = -1;
   uint64_t token = 0;
-  size_t bytes = seg_bytes(n);
   uint64_t* all = calloc((size_t)n, sizeof(uint64_t));
   if (!all) return CH_SYSTEM;
   void* made = NULL;
@@ -244,29 +252,41 @@ static int ipc_works(struct ncclComm* comm, void* ctx, const struct gpu_hello* a
   return 1;
 }
 
-/* Why the communicator's calls on device buffers go through host memory, said once at init. */
-static int refuse(const struct ncclComm* comm, const struct gpu_hello* all) {
-  int n = comm->nranks, me = comm->rank;
-  if (!all[me].capable) return 1; /* no CUDA here: nothing to say */
-  for (int r = 0; r < n; r++) {
-    const char* why = NULL;
-    if (!all[r].capable) why = "has no current CUDA context with Chorus's kernels at init (or CHORUS_CUDA_DIRECT=0)";
-    else if (memcmp(all[r].uuid, all[me].uuid, 16)) why = "is on another GPU";
+/* Where the communicator's calls on device buffers run, decided alike on every rank from every rank's
+ * hello, and why not on the GPU (said once at init): GPU_NONE (host staging), GPU_DIRECT (ranks on one
+ * GPU reading each other's buffers) or GPU_RELAY (through pinned host memory, gpu/relay.c). */
+enum { GPU_NONE = 0, GPU_DIRECT = 1, GPU_RELAY = 2 };
+static int choose(const struct ncclComm* comm, const struct gpu_hello* all) {
+  int n = comm->nranks, me = comm->rank, apart = 0;
+  if (!all[me].capable) return GPU_NONE; /* no CUDA here: nothing to say */
+  const char *why = NULL, *direct_why = NULL;
+  int who = -1, direct_who = -1;
+  for (int r = 0; r < n && !why; r++) {
+    who = r;
+    if (!all[r].capable) why = "has no current CUDA context with Chorus's kernels at init";
     else if (r != me && !(tp_flags(comm->peer_tp[r]) & TP_F_SAME_HOST)) why = "is on another host (or NCCL_SHM_DISABLE)";
     /* Every rank must decide alike (they all take part in setup's allgathers, or none does): so these
      * look at every pair of ranks, not only at pairs with this one. */
     for (int q = 0; q < n && !why; q++) {
       int same = comm->peers[q].proc_nonce == comm->peers[r].proc_nonce;
       if (same && all[q].ctx_id != all[r].ctx_id) why = "shares its process with a rank on another CUDA context";
-      else if (!same && !all[r].shares)
-        why = "is one of several processes and could not export device memory through CUDA IPC";
+      else if (!same && !all[r].shares && !direct_why)
+        direct_why = "is one of several processes and could not export device memory through CUDA IPC", direct_who = r;
     }
-    if (why) {
-      INFO(LOG_INIT, "rank %d: rank %d %s: calls on device buffers go through host memory", me, r, why);
-      return 1;
-    }
+    if (memcmp(all[r].uuid, all[0].uuid, 16)) apart = 1;
+    if (!direct_why && apart) direct_why = "is on another GPU", direct_who = r;
+    if (!direct_why && !all[r].direct) direct_why = "has CHORUS_CUDA_DIRECT=0", direct_who = r;
   }
-  return 0;
+  if (why) {
+    INFO(LOG_INIT, "rank %d: rank %d %s: calls on device buffers go through host memory", me, who, why);
+    return GPU_NONE;
+  }
+  int relay = all[0].relay; /* rank 0's setting */
+  if (n > 1 && (relay == 1 || (relay == -1 && apart))) return GPU_RELAY;
+  if (!direct_why) return GPU_DIRECT;
+  INFO(LOG_INIT, "rank %d: rank %d %s: calls on device buffers go through host memory%s", me, direct_who, direct_why,
+       relay == 0 ? " (CHORUS_CUDA_RELAY=0)" : "");
+  return GPU_NONE;
 }
 
 /* The ranks of GPU paths in this process, so that a peer that claims this process's nonce (sent in
@@ -318,13 +338,16 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     gpu_hello_fill(comm, &one);
     all = &one;
   }
-  if (!all || refuse(comm, all)) return CH_OK;
+  int path = all ? choose(comm, all) : GPU_NONE;
+  if (path == GPU_NONE) return CH_OK;
   /* From here every rank takes part in every allgather below (agreed above), whatever fails here: a
    * rank that failed alone says so, and every rank falls back together. */
   struct gpu_comm* g = calloc(1, sizeof(*g));
   int ok = g != NULL;
   if (g) {
     g->comm = comm, g->ctx = comm->cuda_ctx, g->n = n, g->rank = me;
+    g->relay = path == GPU_RELAY;
+    g->relay_chunk = all[0].relay_chunk, g->relay_depth = all[0].relay_depth; /* rank 0's */
     unsigned char uuid[16];
     g->same_proc = calloc((size_t)n, 1);
     g->ipc = calloc((size_t)n, sizeof(*g->ipc));
@@ -338,10 +361,11 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     }
     g->comm_hash = comm->comm_hash;
     if (ok) ok = g->local = local_add(g->comm_hash, me); /* before seg_setup's allgathers: seen after them */
-    if (ok && g->any_proc) ok = ipc_works(comm, g->ctx, all); /* agreed in seg_setup's second allgather */
+    /* agreed in seg_setup's second allgather; the relay shares no device memory */
+    if (ok && g->any_proc && !g->relay) ok = ipc_works(comm, g->ctx, all);
   }
   ch_status s = CH_OK;
-  if (n > 1) s = seg_setup(comm, ok ? g : NULL, &ok);
+  if (n > 1) s = seg_setup(comm, ok ? g : NULL, seg_bytes(n, path == GPU_RELAY ? &all[0] : NULL), &ok);
   for (int r = 0; s == CH_OK && ok && r < n; r++)
     if (g->same_proc[r] && !local_has(g->comm_hash, r)) {
       WARN("rank %d: rank %d gave this process's nonce but is no rank of this communicator in this process: "
@@ -355,9 +379,10 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
          cudev_dev_alloc(g->ctx, GPU_SLOTS * sizeof(struct dev_staged), &g->stage_dev) == CH_OK;
     for (int t = 0; ok && t <= DEV_STAGE; t++) ok = (g->fn[t] = cudev_kernel(g->ctx, t)) != NULL;
     g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
-    g->one_kernel = param_int(PARAM_CUDA_ONE_KERNEL) != 0;
+    g->one_kernel = !g->relay && param_int(PARAM_CUDA_ONE_KERNEL) != 0; /* the relay: each rank its own */
     g->unroll = (int)UT_MAX(UT_MIN(param_int(PARAM_CUDA_UNROLL), 4), 1);
     if (ok) ok = gpu_copier_start(g) == CH_OK; /* rank 0 of 3+ ranks (its one_kernel is everyone's) */
+    if (ok && g->relay) ok = gpu_relay_setup(g) == CH_OK;
   }
   /* One rank that failed alone here must not leave the others on the GPU path: agree once more. */
   if (s == CH_OK && n > 1) {
@@ -374,6 +399,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   if (s != CH_OK || !ok) {
     if (!g) return s == CH_OK ? CH_SYSTEM : s;
     gpu_copier_free(g); /* never started */
+    gpu_relay_free(g);
     if (g->bridge) stream_destroy(g->bridge);
     if (g->priv) cudrv_host_free(g->priv, g->ctx);
     cudev_dev_free(g->ctx, g->stage_dev);
@@ -391,8 +417,13 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   comm->gpu = g;
   gpu_copier_run(g);
   gpu_watch_add(g);
-  INFO(LOG_INIT, "rank %d: %d rank(s) on one GPU (%d SMs): calls on device buffers run there, %s", me, n, g->sms,
-       g->any_proc ? "sharing buffers through CUDA IPC" : "all ranks threads of this process");
+  if (g->relay)
+    INFO(LOG_INIT, "rank %d: %d ranks on this host, not all on one GPU (or CHORUS_CUDA_RELAY=1): collectives on "
+         "device buffers relay through pinned host memory in %zu-byte chunks (%u per rank at once), each GPU "
+         "reducing what its rank receives", me, n, g->relay_chunk, g->relay_depth);
+  else
+    INFO(LOG_INIT, "rank %d: %d rank(s) on one GPU (%d SMs): calls on device buffers run there, %s", me, n, g->sms,
+         g->any_proc ? "sharing buffers through CUDA IPC" : "all ranks threads of this process");
   return CH_OK;
 }
 
@@ -435,6 +466,7 @@ void gpu_unblock(struct gpu_comm* g) {
       atomic_store_explicit(&from->copied, d, memory_order_release);
     }
   gpu_copier_unblock(g); /* rank 0: the copies it makes for other ranks */
+  gpu_relay_unblock(g);
   if (g->seg) /* replays of captured calls go through too (their kernel finds the failure words set) */
     for (uint32_t k = 0; k < GPU_GRAPH_CALLS; k++)
       for (int r = 0; r < g->n; r++) {
@@ -472,6 +504,7 @@ static void release(struct gpu_comm* g) {
   cudev_dev_free(g->ctx, g->stage_dev);
   gpu_graphs_free(g);
   gpu_copier_free(g);
+  gpu_relay_free(g);
   if (g->seg) seg_put(g->seg);
   free(g->same_proc);
   free(g->ipc);

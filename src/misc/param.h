@@ -39,6 +39,12 @@
     "ranks sharing one GPU: 1 = one kernel (rank 0's) does every rank's part of a call (processes' kernels take turns on the GPU), 0 = each rank's kernel its own part; rank 0's setting holds for all") \
   X(CUDA_UNROLL, "CHORUS_CUDA_UNROLL", P_INT, 4, "",                                               \
     "ranks sharing one GPU: above 1, a reduction kernel's thread keeps 4 16-byte vectors of each source in flight (2 for 1- and 2-byte types); 1 = one at a time") \
+  X(CUDA_RELAY, "CHORUS_CUDA_RELAY", P_INT, -1, "",                                                \
+    "ranks on one host whose device buffers cannot be shared directly (on different GPUs): their AllReduce, ReduceScatter, AllGather, Broadcast and Reduce relay through pinned host memory every rank maps, in chunks, reduced by each GPU; -1 = where ranks are on different GPUs, 1 = also instead of CHORUS_CUDA_DIRECT's path, 0 = never (whole buffers staged, reduced on the host)") \
+  X(CUDA_RELAY_CHUNK, "CHORUS_CUDA_RELAY_CHUNK", P_INT, 1 << 20, "",                               \
+    "the relay's chunk: bytes of each rank's input copied to host memory, then reduced, per step") \
+  X(CUDA_RELAY_DEPTH, "CHORUS_CUDA_RELAY_DEPTH", P_INT, 4, "",                                     \
+    "chunks of each rank in host memory at once (the relay's ring; pinned memory: ranks x depth x chunk)") \
   X(MEM_ALLOC_DEVICE, "CHORUS_MEM_ALLOC_DEVICE", P_INT, -1, "",                                     \
     "ncclMemAlloc gives CUDA device memory: 1 always, 0 never (host memory), -1 when the calling thread has a current CUDA context") \
   X(TORCH_CPP, "CHORUS_TORCH_CPP", P_INT, 1, "",                                                   \

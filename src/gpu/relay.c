@@ -1,0 +1,171 @@
+/* Ranks of one host whose device buffers are not shared directly (on different GPUs, or
+ * CHORUS_CUDA_RELAY=1): collectives relay through pinned host memory that every rank maps (the rings
+ * after the shared page's boards, gpu.h), chunk by chunk, with no host thread on the data's way.
+ *
+ * A call is cut into pieces of one ring entry each (ReduceScatter: a piece of every block). Each
+ * rank's own CUDA stream copies its input's pieces into its ring (the copy engine, device to host)
+ * and counts them in its `in` word. The rank's consuming stream (relay_stream) waits for the
+ * producers' `in`, then reduces the piece from every ring with Chorus's kernel straight into the
+ * rank's own receive buffer (AllReduce, ReduceScatter, Reduce's root), or copies it there (AllGather,
+ * Broadcast: host to device), and counts it in its `used` word. A producer refills an entry only once
+ * every rank has used the piece before in it. Copies in, reductions and copies out of different
+ * pieces overlap; the host only queues work, and the CPU never touches the data.
+ *
+ * What the ranks must agree on (function, count, type, op, root) is checked by the bridge through the
+ * exchange of descriptions the direct path uses (gpu/resolve.c); a difference fails the communicator,
+ * which lets every stream past its waits (gpu_unblock) and voids the tables its kernels read. Memory
+ * stays safe meanwhile: every offset comes from this rank's own call and stays within the ring
+ * entries, which are alike on every rank (rank 0's chunk and depth).
+ *
+ * Fields: relay_next is advanced by the comm's owner at launch and read by gpu_unblock (any thread);
+ * the words are written by streams (and gpu_unblock), read by streams. */
+#include <stddef.h>
+#include <string.h>
+
+#include "../misc/log.h"
+#include "../misc/utils.h"
+#include "../algo/algo.h"
+#include "gpu.h"
+
+/* PreMulSum's scalar is each rank's own: a kernel would need every rank's (host staging has them). */
+int gpu_relay_takes(int func, const struct red_op* red) {
+  int reduction = func == FUNC_ALLREDUCE || func == FUNC_REDUCESCATTER || func == FUNC_REDUCE;
+  return (reduction || func == FUNC_ALLGATHER || func == FUNC_BROADCAST) && !(reduction && red->kind == RED_PREMULSUM);
+}
+
+ch_status gpu_relay_setup(struct gpu_comm* g) {
+  CHECK(cudev_stream_new(&g->relay_stream, g->ctx));
+  for (int i = 0; i < 2; i++) CHECK(cudrv_event_new(&g->relay_ev[i], g->ctx));
+  return CH_OK;
+}
+
+void gpu_relay_free(struct gpu_comm* g) {
+  for (int i = 0; i < 2; i++)
+    if (g->relay_ev[i]) cudrv_event_free(g->relay_ev[i], g->ctx), g->relay_ev[i] = NULL;
+  if (g->relay_stream) cudev_stream_free(g->relay_stream, g->ctx), g->relay_stream = NULL;
+}
+
+static struct gpu_relay_words* words(struct gpu_comm* g, int r) {
+  return (struct gpu_relay_words*)((char*)g->seg + gpu_relay_off(g->n, r));
+}
+
+void gpu_relay_unblock(struct gpu_comm* g) {
+  if (!g->relay || !g->seg) return;
+  /* Far ahead of any piece a peer waits for: its numbers differ from this rank's by less than this
+   * only where the calls matched so far (a mismatch is found within one call). */
+  uint32_t v = atomic_load_explicit(&g->relay_next, memory_order_acquire) + 0x40000000u;
+  for (int r = 0; r < g->n; r++) {
+    atomic_store_explicit(&words(g, r)->in, v, memory_order_release);
+    atomic_store_explicit(&words(g, r)->used, v, memory_order_release);
+  }
+}
+
+static void* word_dev(struct gpu_comm* g, int r, int used) {
+  size_t field = used ? offsetof(struct gpu_relay_words, used) : offsetof(struct gpu_relay_words, in);
+  return (char*)g->seg_dev + gpu_relay_off(g->n, r) + field;
+}
+static size_t ring(const struct gpu_comm* g, int r, uint32_t piece) {
+  return gpu_ring_off(g->n, r, piece % g->relay_depth, g->relay_chunk, g->relay_depth);
+}
+
+/* The call that last used seq's table slot (GPU_SLOTS calls before) has finished on its stream. */
+static ch_status slot_wait(struct gpu_comm* g, uint32_t seq) {
+  _Atomic uint32_t* done = &g->priv->slot_done[seq % GPU_SLOTS];
+  for (uint64_t i = 0; (int32_t)(atomic_load_explicit(done, memory_order_acquire) - (seq - GPU_SLOTS)) < 0; i++) {
+    if (__atomic_load_n(&g->comm->abort_flag, __ATOMIC_ACQUIRE)) return CH_ABORTED;
+    int as = atomic_load(&g->comm->async_result);
+    if (as != ncclSuccess && as != ncclInProgress) return (ch_status)as;
+    ut_backoff(i);
+  }
+  return CH_OK;
+}
+
+/* This rank's table for call c: every rank's ring, as mapped here, and its own receive buffer. */
+static ch_status fill_table(struct gpu_comm* g, const struct gpu_call* c) {
+  CHECK(slot_wait(g, c->seq));
+  struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
+  for (int r = 0; r < g->n; r++) tab->buf[DEV_SEND][r] = (uintptr_t)g->seg_dev + ring(g, r, 0);
+  tab->buf[DEV_RECV][g->rank] = (uintptr_t)c->ptr[DEV_RECV];
+  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses first */
+  return CH_OK;
+}
+
+/* The kernel reducing one piece (elements at `off` of every rank's block, `len` of them) from every
+ * ring entry into this rank's receive buffer. */
+static ch_status reduce_piece(struct gpu_comm* g, const struct gpu_call* c, uint32_t piece, size_t off, size_t len,
+                              size_t block_in_entry) {
+  struct dev_args a;
+  memset(&a, 0, sizeof(a));
+  a.table = (uintptr_t)g->priv_dev + offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
+  a.seq = c->seq, a.type = c->type, a.op_kind = c->red.kind, a.divisor = c->red.divisor, a.unroll = g->unroll;
+  a.fail[0] = (uintptr_t)g->priv_dev + offsetof(struct gpu_priv, failed);
+  a.fail[1] = (uintptr_t)g->seg_dev + offsetof(struct gpu_seg, failed_by);
+  struct dev_job* j = &a.job[a.njobs++];
+  j->reduce = DEV_REDUCE, j->src_buf = DEV_SEND, j->dst_buf = DEV_RECV;
+  j->src_mask = g->n == 32 ? 0xffffffffu : (1u << g->n) - 1, j->dst_mask = 1u << g->rank;
+  j->src_off = ring(g, 0, piece) - ring(g, 0, 0) + block_in_entry; /* alike in every rank's ring */
+  j->dst_off = off * red_type_size(c->type), j->count = len;
+  return gpu_launch_jobs(g, &a, g->stage_dev, c->seq, g->relay_stream);
+}
+
+ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
+  int n = g->n, me = g->rank, f = c->func;
+  size_t E = red_type_size(c->type), C = c->count, align = E >= 16 ? 1 : 16 / E;
+  size_t P = (f == FUNC_REDUCESCATTER ? g->relay_chunk / (size_t)n : g->relay_chunk) / E / align * align;
+  uint64_t K = UT_DIV_UP(C, P);
+  if (K > (1u << 28)) { /* the pieces' numbers are compared cyclically */
+    WARN("%s: %zu elements are more than the relay's %llu chunks of %zu bytes (rank %d): raise CHORUS_CUDA_RELAY_CHUNK",
+         algo_fname(f), C, (unsigned long long)(1u << 28), g->relay_chunk, me);
+    return CH_INVALID_ARG;
+  }
+  uint32_t base = atomic_fetch_add_explicit(&g->relay_next, (uint32_t)K, memory_order_acq_rel), R = g->relay_depth;
+  int produce = f != FUNC_BROADCAST || me == c->root;
+  int reduce = f == FUNC_ALLREDUCE || f == FUNC_REDUCESCATTER || (f == FUNC_REDUCE && me == c->root);
+  int copy_out = f == FUNC_ALLGATHER || f == FUNC_BROADCAST;
+  const char* send = c->ptr[DEV_SEND];
+  char* recv = (char*)c->ptr[DEV_RECV];
+  cudaStream_t u = c->stream, s = g->relay_stream;
+  if (reduce) CHECK(fill_table(g, c));
+  CHECK(gpu_follow(g, u));
+  /* The consuming stream writes the receive buffer: after what the application queued before. */
+  CHECK(cudrv_event_record(g->relay_ev[0], u, g->ctx));
+  CHECK(cudrv_event_wait(s, g->relay_ev[0], g->ctx));
+  struct gpu_memops in = {.g = g, .s = u}, out = {.g = g, .s = s};
+  for (uint64_t k = 0; produce && k < K; k++) { /* into this rank's ring */
+    uint32_t piece = base + (uint32_t)k;
+    size_t off = k * P, len = UT_MIN(P, C - off);
+    char* entry = (char*)g->seg + ring(g, me, piece);
+    for (int r = 0; r < n; r++) gpu_memop(&in, word_dev(g, r, 1), piece - R + 1, 1); /* the entry is free */
+    CHECK(gpu_flush(&in));
+    for (int b = 0; b < (f == FUNC_REDUCESCATTER ? n : 1); b++)
+      CHECK(cudrv_copy_async(1, entry + (size_t)b * len * E, (void*)(send + ((size_t)b * C + off) * E), len * E, u,
+                             g->ctx));
+    gpu_memop(&in, word_dev(g, me, 0), piece + 1, 0);
+  }
+  CHECK(gpu_flush(&in));
+  for (uint64_t k = 0; k < K; k++) { /* out of every ring */
+    uint32_t piece = base + (uint32_t)k;
+    size_t off = k * P, len = UT_MIN(P, C - off);
+    if (reduce || copy_out) {
+      for (int r = 0; r < n; r++)
+        if (f != FUNC_BROADCAST || r == c->root) gpu_memop(&out, word_dev(g, r, 0), piece + 1, 1);
+      CHECK(gpu_flush(&out));
+    }
+    if (reduce) CHECK(reduce_piece(g, c, piece, off, len, f == FUNC_REDUCESCATTER ? (size_t)me * len * E : 0));
+    for (int r = 0; copy_out && r < n; r++) {
+      if (f == FUNC_BROADCAST && r != c->root) continue;
+      size_t to = f == FUNC_ALLGATHER ? (size_t)r * C + off : off;
+      CHECK(cudrv_copy_async(0, (char*)g->seg + ring(g, r, piece), recv + to * E, len * E, s, g->ctx));
+    }
+    gpu_memop(&out, word_dev(g, me, 1), piece + 1, 0); /* even with nothing done: the producers wait for it */
+  }
+  CHECK(gpu_flush(&out));
+  /* What the application queues next on its stream comes after the consuming stream's part. */
+  CHECK(cudrv_event_record(g->relay_ev[1], s, g->ctx));
+  CHECK(cudrv_event_wait(u, g->relay_ev[1], g->ctx));
+  if (!produce) gpu_memop(&in, word_dev(g, me, 0), base + (uint32_t)K, 0); /* numbered on alike */
+  gpu_memop(&in, (char*)g->priv_dev + offsetof(struct gpu_priv, slot_done) + (c->seq % GPU_SLOTS) * sizeof(uint32_t),
+            c->seq, 0);
+  CHECK(gpu_flush(&in));
+  return gpu_done(g, u);
+}

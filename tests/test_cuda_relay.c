@@ -1,0 +1,178 @@
+/* The relay (gpu/relay.c): ranks of one host on different GPUs (the stand-in driver's FAKE_CUDA_UUID
+ * puts a process "on another GPU") or with CHORUS_CUDA_RELAY=1 run their collectives through pinned
+ * host memory every rank maps, chunk by chunk, each GPU reducing (the stand-in runs the kernels on the
+ * CPU). Calls span several chunks with a ring of two entries, so entries are refilled within a call and
+ * across calls of different kinds; expected values in closed form. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chorus.h"
+#include "comm/comm.h"
+#include "gpu/gpu.h"
+#include "misc/param.h"
+#include "nccl.h"
+#include "cuda_gpu_util.h"
+#include "runner.h"
+
+#define M 70001 /* elements per rank: five 64 KiB chunks of floats, the last one short */
+
+struct relay_arg {
+  int apart;    /* process ranks: odd ranks "on another GPU" */
+  int mismatch; /* rank 1 gives another count */
+  int relay;    /* the communicator must (1) or must not (0) relay */
+};
+
+static void* dev_bytes(size_t n) {
+  uintptr_t d = 0;
+  ASSERT(fk.alloc(&d, n) == 0);
+  return (void*)d;
+}
+
+static ncclComm_t relay_rank(int rank, int nranks, ncclUniqueId id, const struct relay_arg* ra, cudaStream_t* s) {
+  if (ra->apart && rank % 2) setenv("FAKE_CUDA_UUID", "01", 1);
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9000, s);
+  struct gpu_comm* g = comm->gpu;
+  EXPECT_EQ(g != NULL && g->relay, ra->relay);
+  return comm;
+}
+
+static void relay_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct relay_arg* ra = arg;
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, ra, &s);
+  int n = nranks, kernels0 = fk.kernels();
+  size_t all = (size_t)M * n;
+  float *a = dev_alloc(all), *b = dev_alloc(all);
+  /* AllReduce, out of place */
+  for (size_t i = 0; i < all; i++) a[i] = (float)(rank + (int)(i % 1000)), b[i] = -1;
+  NCCL_OK(ncclAllReduce(a, b, M, ncclFloat32, ncclSum, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < M; i++) EXPECT(b[i] == (float)(n * (n - 1) / 2 + n * (i % 1000)));
+  for (int i = M; i < M + 8; i++) EXPECT(b[i] == -1); /* nothing past the count */
+  /* AllReduce of bytes in place (1-byte elements, sums wrap), then Max of int32 in place */
+  uint8_t* u = dev_bytes((size_t)M + 3);
+  for (int i = 0; i < M + 3; i++) u[i] = (uint8_t)(rank * 50 + i);
+  NCCL_OK(ncclAllReduce(u, u, (size_t)M + 3, ncclUint8, ncclSum, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < M + 3; i++) EXPECT(u[i] == (uint8_t)(50 * n * (n - 1) / 2 + n * i));
+  int32_t* ia = (int32_t*)a;
+  for (int i = 0; i < M; i++) ia[i] = rank == (i % n) ? 1000000 + i : i;
+  NCCL_OK(ncclAllReduce(ia, ia, M, ncclInt32, ncclMax, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < M; i++) EXPECT(ia[i] == 1000000 + i);
+  /* ReduceScatter, out of place: block `rank` of the sum */
+  for (size_t j = 0; j < all; j++) a[j] = (float)(rank * 3 + (int)(j % 977));
+  NCCL_OK(ncclReduceScatter(a, b, M, ncclFloat32, ncclSum, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < M; i++) EXPECT(b[i] == (float)(3 * n * (n - 1) / 2 + n * (int)(((size_t)rank * M + i) % 977)));
+  /* AllGather in place: my block sits at rank * M */
+  for (int i = 0; i < M; i++) a[(size_t)rank * M + i] = (float)(rank * 1000 + i % 500);
+  NCCL_OK(ncclAllGather(a + (size_t)rank * M, a, M, ncclFloat32, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < M; i++) EXPECT(a[(size_t)r * M + i] == (float)(r * 1000 + i % 500));
+  /* Broadcast from the last rank, out of place */
+  for (int i = 0; i < M; i++) a[i] = (float)(rank * 7 + i % 300);
+  NCCL_OK(ncclBroadcast(a, b, M, ncclFloat32, n - 1, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < M; i++) EXPECT(b[i] == (float)((n - 1) * 7 + i % 300));
+  /* Reduce (Avg of int32) to rank 0: the others' receive buffers stay as they were */
+  for (int i = 0; i < M; i++) ia[i] = rank * 4 + i % 100, ((int32_t*)b)[i] = -5;
+  NCCL_OK(ncclReduce(ia, b, M, ncclInt32, ncclAvg, 0, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < M; i++) EXPECT(((int32_t*)b)[i] == (rank == 0 ? 2 * (n - 1) + i % 100 : -5));
+  int relayed = fk.kernels() - kernels0;
+  /* PreMulSum and Send/Recv are not relayed: they go through host memory on the same communicator */
+  double scalar = (double)(rank + 1);
+  ncclRedOp_t op;
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat64, ncclScalarHostImmediate, comm));
+  double* da = (double*)a;
+  for (int i = 0; i < 500; i++) da[i] = (double)i;
+  NCCL_OK(ncclAllReduce(da, da, 500, ncclFloat64, op, comm, s));
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < 500; i++) EXPECT(da[i] == (double)(n * (n + 1) / 2) * i);
+  NCCL_OK(ncclRedOpDestroy(op, comm));
+  for (int i = 0; i < 1000; i++) a[i] = (float)(rank * 10000 + i);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(a, 1000, ncclFloat32, (rank + 1) % n, comm, s));
+  NCCL_OK(ncclRecv(b, 1000, ncclFloat32, (rank + n - 1) % n, comm, s));
+  NCCL_OK(ncclGroupEnd());
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < 1000; i++) EXPECT(b[i] == (float)(((rank + n - 1) % n) * 10000 + i));
+  /* Each rank's kernels: one per chunk of its reductions (the stand-in counts every process's own) */
+  if (ra->relay) EXPECT(relayed >= 5 * 3 + 2);
+  else EXPECT_EQ(relayed, 0);
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  EXPECT_EQ(fk.free((uintptr_t)b), 0);
+  EXPECT_EQ(fk.free((uintptr_t)u), 0);
+}
+
+/* Chunks of 64 KiB, two at a time per rank: every call refills the ring. */
+static void small_ring(const char* relay) {
+  setenv("CHORUS_CUDA_RELAY_CHUNK", "65536", 1);
+  setenv("CHORUS_CUDA_RELAY_DEPTH", "2", 1);
+  if (relay) setenv("CHORUS_CUDA_RELAY", relay, 1);
+  else unsetenv("CHORUS_CUDA_RELAY");
+  param_reset();
+}
+
+TEST_T(cuda_relay, five_collectives_procs_on_two_gpus, 120) {
+  if (no_kernels()) return;
+  load();
+  small_ring(NULL);
+  struct relay_arg ra = {.apart = 1, .relay = 1};
+  for (int n = 2; n <= 4; n++) rt_run_procs(n, relay_body, &ra);
+}
+
+/* CHORUS_CUDA_RELAY=1: ranks on one GPU relay too (for comparisons). Processes and threads in tests
+ * of their own: the stand-in's stream threads do not survive a fork. */
+TEST_T(cuda_relay, forced_on_one_gpu_procs, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring("1");
+  struct relay_arg ra = {.relay = 1};
+  rt_run_procs(2, relay_body, &ra);
+  rt_run_procs(3, relay_body, &ra);
+}
+
+TEST_T(cuda_relay, forced_on_one_gpu_threads, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring("1");
+  struct relay_arg ra = {.relay = 1};
+  for (int n = 2; n <= 3; n++) rt_run_threads(n, relay_body, &ra);
+  EXPECT_EQ(fk.registered(), 0); /* the shared page and its rings given back */
+}
+
+/* CHORUS_CUDA_RELAY=0: ranks on different GPUs stage whole buffers through host memory, as before. */
+TEST_T(cuda_relay, off_stages_through_the_host, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring("0");
+  struct relay_arg ra = {.apart = 1, .relay = 0};
+  rt_run_procs(2, relay_body, &ra);
+}
+
+/* Ranks that call with different counts: the bridge's check fails the communicator on every rank, by
+ * name, and the streams waiting for pieces that never come are let through. */
+static void mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
+  float *a = dev_alloc((size_t)M + 20000), *b = dev_alloc((size_t)M + 20000);
+  NCCL_OK(ncclAllReduce(a, b, rank == 1 ? M + 20000 : M, ncclFloat32, ncclSum, comm, s));
+  expect_failed(comm, ncclInvalidUsage, "differs");
+  EXPECT_EQ(fk.sync(s), 0); /* the stream was let through */
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_relay, count_mismatch_fails_every_rank, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring(NULL);
+  struct relay_arg ra = {.apart = 1, .relay = 1, .mismatch = 1};
+  rt_run_procs(2, mismatch_body, &ra);
+}
