@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chorus.h"
 #include "comm/comm.h"
@@ -175,4 +176,62 @@ TEST_T(cuda_relay, count_mismatch_fails_every_rank, 60) {
   small_ring(NULL);
   struct relay_arg ra = {.apart = 1, .relay = 1, .mismatch = 1};
   rt_run_procs(2, mismatch_body, &ra);
+}
+
+/* A peer process dies while this rank's streams wait for its pieces (no host call is waiting, only the
+ * GPU): the watcher finds it gone, fails the communicator naming it, and the streams run on. */
+static void dead_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
+  float* a = dev_alloc(M);
+  static int never;
+  if (rank == 1) ASSERT_EQ(fk.hold(s, &never), 0); /* its stream never copies its input in */
+  NCCL_OK(ncclAllReduce(a, a, M, ncclFloat32, ncclSum, comm, s));
+  if (rank == 1) {
+    usleep(300000); /* the exchange is done on both ranks */
+    _exit(0);
+  }
+  ASSERT_EQ(fk.sync(s), 0); /* let through once rank 1 is found gone */
+  EXPECT_EQ(async_error(comm), ncclRemoteError);
+  EXPECT(strstr(ncclGetLastError(comm), "is gone") != NULL);
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+TEST_T(cuda_relay, peer_dies_while_the_streams_wait, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring(NULL);
+  struct relay_arg ra = {.apart = 1, .relay = 1};
+  rt_run_procs(2, dead_peer_body, &ra);
+}
+
+/* CHORUS_TIMEOUT: a peer whose stream never reaches the call (alive, held) fails the call on the
+ * others once the timeout passes, instead of holding their streams for ever. */
+static void held_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
+  float* a = dev_alloc(M);
+  static int release;
+  if (rank == 1) ASSERT_EQ(fk.hold(s, &release), 0);
+  NCCL_OK(ncclAllReduce(a, a, M, ncclFloat32, ncclSum, comm, s));
+  if (rank == 0) {
+    ASSERT_EQ(fk.sync(s), 0);
+    ncclResult_t as = async_error(comm);
+    EXPECT(as == ncclTimeout || as == ncclRemoteError);
+  } else {
+    usleep(1500000);
+    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+    ASSERT_EQ(fk.sync(s), 0);
+  }
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+TEST_T(cuda_relay, stream_that_never_arrives_times_out, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring(NULL);
+  setenv("CHORUS_TIMEOUT", "1", 1);
+  param_reset();
+  struct relay_arg ra = {.apart = 1, .relay = 1};
+  rt_run_procs(2, held_peer_body, &ra);
 }

@@ -9,6 +9,7 @@
 #                                           # protocol forced, the automatic choice, Open MPI  (~4 min
 #                                           # a rank count at 16 cores)
 #          tools/device-session.sh ab       # after a GPU-path change: its choices A/B  (~2 min)
+#          tools/device-session.sh relay    # issue 29 item 4: the relay through pinned host memory (~4 min)
 #   device run: command "tools/device-session.sh gpu", carry [".devcarry"], timeout_s 540
 #   (2026-11-26 on an H200: machine start + transfers ~30 s; build 12 s; gpu 250 s; the scaling of
 #   16 ranks alone took 250 s before large sizes ran unchecked). .devcarry now also holds NCCL 2.32
@@ -194,6 +195,38 @@ print("DtoD %.1f GB/s copied (bytes read + written: x2)" % rate(lambda: e.copy_(
   done
 }
 
+# Issue 29 item 4: the relay (ranks on different GPUs; CHORUS_CUDA_RELAY=1 forces it on one GPU, which
+# is what one lent GPU can show), every relayed collective with its results checked, against whole
+# buffers staged through the host (CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0, the old path) and the
+# pinned copy rate the goal is stated in (60% of it at 128 MiB, 2 processes); chunk sizes A/B. ~4 min.
+relay() {
+  [[ -x $B/bin/all_reduce_perf ]] || build || return 1
+  local p=(-b 8 -e 256M -f 4 -n 20 -w 5 -T 30) np t
+  for np in 2 4; do
+    bounded relay 45 env CHORUS_CUDA_RELAY=1 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
+  done
+  bounded relay 40 env CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
+  for t in reduce_scatter all_gather broadcast reduce; do
+    bounded relay 25 env CHORUS_CUDA_RELAY=1 $B/bin/${t}_perf --device -np 2 -b 8 -e 128M -f 16 -n 10 -w 3 -T 20
+  done
+  for c in 262144 4194304 16777216; do
+    bounded relay 20 env CHORUS_CUDA_RELAY=1 CHORUS_CUDA_RELAY_CHUNK=$c $B/bin/all_reduce_perf --device -np 2 \
+      -b 128M -e 128M -n 20 -w 5 -T 15
+  done
+  bounded relay 20 env CHORUS_CUDA_RELAY=1 CHORUS_CUDA_RELAY_DEPTH=8 $B/bin/all_reduce_perf --device -np 2 \
+    -b 128M -e 128M -n 20 -w 5 -T 15
+  bounded relay 20 "$py" -c '
+import torch, time
+n = 128 << 20
+d = torch.empty(n, dtype=torch.uint8, device="cuda"); h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+def rate(f, reps=20):
+    f(); torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(reps): f()
+    torch.cuda.synchronize(); return n * reps / (time.perf_counter() - t) / 1e9
+print("pinned DtoH %.1f GB/s, HtoD %.1f GB/s (128 MiB)" % (rate(lambda: h.copy_(d, non_blocking=True)),
+      rate(lambda: d.copy_(h, non_blocking=True))))'
+}
+
 # Open MPI for the baseline: the machine's, else the wheel `prep` carried (unpacked, no network).
 mpi_setup() {
   if [[ -z ${MPI_WHEEL:-} ]] && command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
@@ -287,8 +320,8 @@ prep() { # here, before the first device call
 
 for step in "${@:-gpu}"; do
   case $step in
-    prep | build | gpu | p2p | kernels | ab | scaling) "$step" ;;
-    *) echo "usage: $0 prep | gpu | p2p | kernels | ab | scaling | build" >&2; exit 2 ;;
+    prep | build | gpu | p2p | kernels | relay | ab | scaling) "$step" ;;
+    *) echo "usage: $0 prep | gpu | p2p | kernels | relay | ab | scaling | build" >&2; exit 2 ;;
   esac
 done
 echo "done in $((SECONDS - start)) s; results in $OUT" | tee -a "$OUT/summary.txt"
