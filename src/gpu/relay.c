@@ -80,7 +80,8 @@ static ch_status slot_wait(struct gpu_comm* g, uint32_t seq) {
   return CH_OK;
 }
 
-/* This rank's table for call c: every rank's ring, as mapped here, and its own receive buffer. */
+/* This rank's table for call c: every peer's ring, as mapped here, and its own receive buffer (its
+ * own input's entry is written per piece: reduce_piece). */
 static ch_status fill_table(struct gpu_comm* g, const struct gpu_call* c) {
   CHECK(slot_wait(g, c->seq));
   struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
@@ -90,10 +91,22 @@ static ch_status fill_table(struct gpu_comm* g, const struct gpu_call* c) {
   return CH_OK;
 }
 
-/* The kernel reducing one piece (elements at `off` of every rank's block, `len` of them) from every
- * ring entry into this rank's receive buffer. */
-static ch_status reduce_piece(struct gpu_comm* g, const struct gpu_call* c, uint32_t piece, size_t off, size_t len,
-                              size_t block_in_entry) {
+/* The kernel reducing one piece (elements at `off` of every rank's block, `len` of them) from the
+ * peers' ring entries and this rank's own input, in its device memory, into its receive buffer: so
+ * the GPU reads over PCIe only what the peers sent (on 2 ranks as much as it copied out, each way at
+ * once). Job offsets are one for all sources, so the stream itself first points the table's entry
+ * for this rank at its input, moved back by the ring entry's offset (two 32-bit writes, in order
+ * before the kernel). */
+static ch_status reduce_piece(struct gpu_comm* g, struct gpu_memops* o, const struct gpu_call* c, uint32_t piece,
+                              size_t off, size_t len, size_t block) {
+  size_t E = red_type_size(c->type), entry = ring(g, 0, piece) - ring(g, 0, 0);
+  size_t in_entry = c->func == FUNC_REDUCESCATTER ? (size_t)g->rank * len * E : 0;
+  uint64_t mine = (uintptr_t)c->ptr[DEV_SEND] + ((size_t)g->rank * block + off) * E - entry - in_entry;
+  size_t tab = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table) +
+               offsetof(struct dev_table, buf) + (size_t)g->rank * sizeof(uint64_t); /* buf[DEV_SEND][rank] */
+  gpu_memop(o, (char*)g->priv_dev + tab, (uint32_t)mine, 0);
+  gpu_memop(o, (char*)g->priv_dev + tab + 4, (uint32_t)(mine >> 32), 0);
+  CHECK(gpu_flush(o));
   struct dev_args a;
   memset(&a, 0, sizeof(a));
   a.table = (uintptr_t)g->priv_dev + offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
@@ -103,7 +116,7 @@ static ch_status reduce_piece(struct gpu_comm* g, const struct gpu_call* c, uint
   struct dev_job* j = &a.job[a.njobs++];
   j->reduce = DEV_REDUCE, j->src_buf = DEV_SEND, j->dst_buf = DEV_RECV;
   j->src_mask = g->n == 32 ? 0xffffffffu : (1u << g->n) - 1, j->dst_mask = 1u << g->rank;
-  j->src_off = ring(g, 0, piece) - ring(g, 0, 0) + block_in_entry; /* alike in every rank's ring */
+  j->src_off = entry + in_entry; /* alike in every rank's ring */
   j->dst_off = off * red_type_size(c->type), j->count = len;
   return gpu_launch_jobs(g, &a, g->stage_dev, c->seq, g->relay_stream);
 }
@@ -151,7 +164,7 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
         if (f != FUNC_BROADCAST || r == c->root) gpu_memop(&out, word_dev(g, r, 0), piece + 1, 1);
       CHECK(gpu_flush(&out));
     }
-    if (reduce) CHECK(reduce_piece(g, c, piece, off, len, f == FUNC_REDUCESCATTER ? (size_t)me * len * E : 0));
+    if (reduce) CHECK(reduce_piece(g, &out, c, piece, off, len, f == FUNC_REDUCESCATTER ? C : 0));
     for (int r = 0; copy_out && r < n; r++) {
       if (f == FUNC_BROADCAST && r != c->root) continue;
       size_t to = f == FUNC_ALLGATHER ? (size_t)r * C + off : off;
