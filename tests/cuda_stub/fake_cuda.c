@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,7 +199,10 @@ static void run_op(struct op* o) {
     case OP_KERNEL: DEVICE_ACCESS(run_kernel(&o->args)); break;
     case OP_STAGE: { /* the stage kernel: the table and the failure words into device memory */
       struct dev_staged* d = (struct dev_staged*)(uintptr_t)o->stage.dst;
-      memcpy(&d->table, (const void*)(uintptr_t)o->stage.table, sizeof(d->table));
+      /* seq as the device reads it, one word at once (a failure voids it meanwhile: gpu_unblock) */
+      const struct dev_table* t = (const struct dev_table*)(uintptr_t)o->stage.table;
+      memcpy((char*)&d->table + offsetof(struct dev_table, buf), t->buf, sizeof(*t) - offsetof(struct dev_table, buf));
+      d->table.seq = __atomic_load_n((const uint32_t*)&t->seq, __ATOMIC_ACQUIRE);
       for (int k = 0; k < 2; k++)
         d->failed[k] = o->stage.fail[k] ? __atomic_load_n((uint32_t*)(uintptr_t)o->stage.fail[k], __ATOMIC_ACQUIRE) : 0;
       __atomic_fetch_add(&stage_runs, 1, __ATOMIC_RELAXED);
