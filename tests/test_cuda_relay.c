@@ -235,3 +235,92 @@ TEST_T(cuda_relay, stream_that_never_arrives_times_out, 60) {
   struct relay_arg ra = {.apart = 1, .relay = 1};
   rt_run_procs(2, held_peer_body, &ra);
 }
+
+/* Calls of every relayed kind back to back, no synchronisation between them: ring entries are
+ * refilled while a peer may still be consuming the previous call, a Reduce's non-roots and a
+ * Broadcast's non-roots count pieces they had no work for. Checked once at the end. */
+static void burst_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
+  int n = nranks;
+  size_t all = (size_t)M * n;
+  float *a = dev_alloc(all), *ar = dev_alloc(M), *bc = dev_alloc(M), *rd = dev_alloc(M), *rs = dev_alloc(M),
+        *ag = dev_alloc(all);
+  for (size_t i = 0; i < all; i++) a[i] = (float)(rank + (int)(i % 1000));
+  for (int i = 0; i < M; i++) rd[i] = -5;
+  for (int round = 0; round < 3; round++) {
+    NCCL_OK(ncclAllReduce(a, ar, M, ncclFloat32, ncclSum, comm, s));
+    NCCL_OK(ncclBroadcast(a, bc, M, ncclFloat32, n - 1, comm, s));
+    NCCL_OK(ncclReduce(a, rd, M, ncclFloat32, ncclMax, 0, comm, s));
+    NCCL_OK(ncclReduceScatter(a, rs, M, ncclFloat32, ncclSum, comm, s));
+    NCCL_OK(ncclAllGather(a, ag, M, ncclFloat32, comm, s));
+  }
+  ASSERT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < M; i++) {
+    EXPECT(ar[i] == (float)(n * (n - 1) / 2 + n * (i % 1000)));
+    EXPECT(bc[i] == (float)(n - 1 + i % 1000));
+    EXPECT(rd[i] == (rank == 0 ? (float)(n - 1 + i % 1000) : -5.0f));
+    EXPECT(rs[i] == (float)(n * (n - 1) / 2 + n * (int)(((size_t)rank * M + i) % 1000)));
+  }
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < M; i++) EXPECT(ag[(size_t)r * M + i] == (float)(r + i % 1000));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_relay, every_kind_back_to_back_procs, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring(NULL);
+  struct relay_arg ra = {.apart = 1, .relay = 1};
+  rt_run_procs(2, burst_body, &ra);
+  rt_run_procs(3, burst_body, &ra);
+}
+
+/* One thread drives two ranks (ncclCommInitAll, CHORUS_CUDA_RELAY=1), each call a group over both,
+ * more calls in flight than a communicator has table slots: nothing waits on the launching thread
+ * for the GPU (the bridge fills the tables). */
+TEST_T(cuda_relay, one_thread_two_ranks_many_in_flight, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring("1");
+  set_device();
+  ncclComm_t comms[2];
+  NCCL_OK(ncclCommInitAll(comms, 2, NULL));
+  EXPECT(comms[0]->gpu && comms[0]->gpu->relay);
+  cudaStream_t s[2] = {(cudaStream_t)0x9a00, (cudaStream_t)0x9a10};
+  float* buf[2];
+  for (int r = 0; r < 2; r++) {
+    buf[r] = dev_alloc(1000);
+    for (int i = 0; i < 1000; i++) buf[r][i] = (float)(r + i);
+  }
+  for (int k = 0; k < 2 * GPU_SLOTS + 10; k++) { /* max of both: the values stay */
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; r++) NCCL_OK(ncclAllReduce(buf[r], buf[r], 1000, ncclFloat32, ncclMax, comms[r], s[r]));
+    NCCL_OK(ncclGroupEnd());
+  }
+  for (int r = 0; r < 2; r++) ASSERT_EQ(fk.sync(s[r]), 0);
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 1000; i++) EXPECT(buf[r][i] == (float)(1 + i));
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
+}
+
+/* A buffer the kernels cannot load whole elements from (one rank's, 2 bytes off): every rank fails the
+ * call naming it, and nothing touches it. */
+static void misaligned_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
+  float* a = dev_alloc((size_t)M + 1);
+  float* p = rank == 1 ? (float*)((char*)a + 2) : a;
+  NCCL_OK(ncclAllReduce(p, p, M, ncclFloat32, ncclSum, comm, s));
+  expect_failed(comm, ncclInvalidArgument, "not aligned");
+  EXPECT_EQ(fk.sync(s), 0);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_relay, misaligned_buffer_fails_every_rank, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring(NULL);
+  struct relay_arg ra = {.apart = 1, .relay = 1};
+  rt_run_procs(2, misaligned_body, &ra);
+}

@@ -238,8 +238,12 @@ int cudrv_describe(char* out, size_t cap) {
   cudev_fatbin(&fb);
   if (len < cap)
     len += (size_t)snprintf(out + len, cap - len, "; device kernels: %s%s", cudev_fatbin_archs(),
-                            !fb ? "" : !param_int(PARAM_CUDA_DIRECT) ? " (off: CHORUS_CUDA_DIRECT=0)"
-                                     : ", used by ranks that share one GPU");
+                            !fb ? ""
+                            : !param_int(PARAM_CUDA_DIRECT)
+                                ? (param_int(PARAM_CUDA_RELAY) ? " (ranks sharing one GPU: off, CHORUS_CUDA_DIRECT=0; "
+                                                                 "used by the relay between GPUs of one host)"
+                                                               : " (off: CHORUS_CUDA_DIRECT=0, CHORUS_CUDA_RELAY=0)")
+                                : ", used by ranks that share one GPU and by the relay between GPUs of one host");
   if (len < cap)
     snprintf(out + len, cap - len, "; other device buffers: %s",
              !cu.async_ok ? "through host memory, completing before the call returns (no cuStreamWaitValue32_v2)"

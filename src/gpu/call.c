@@ -95,7 +95,9 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   m->stream = (uint64_t)(uintptr_t)c->stream;
   if (red_type_is_float(c->type)) memcpy(&m->scalar, &c->red.scalar_f, sizeof(m->scalar));
   else memcpy(&m->scalar, &c->red.scalar_i, sizeof(m->scalar));
-  for (int b = 0; b < 2 && !g->relay; b++) { /* the relay shares no buffer: each rank's stay its own */
+  for (int b = 0; b < 2 && g->relay; b++) /* shared with no one: only whether the kernels may touch it */
+    if (c->ptr[b]) gpu_relay_describe(g, c->ptr[b], red_type_size(c->type), &m->buf[b]);
+  for (int b = 0; b < 2 && !g->relay; b++) {
     if (!c->ptr[b]) continue;
     if (b == DEV_RECV && c->ptr[DEV_RECV] == c->ptr[DEV_SEND]) { /* in place: the same description */
       m->buf[DEV_RECV] = m->buf[DEV_SEND];
@@ -498,8 +500,10 @@ static const char* refusal(struct ch_task** lists, int n, int ngpu) {
              "communicator: split it";
   }
   if (ngpu < nall)
-    return "mixes calls that run on the GPU (device buffers of ranks sharing one GPU) with calls through host "
-           "memory: issue them in separate groups, or set CHORUS_CUDA_DIRECT=0";
+    return "mixes calls that run on the GPU (device buffers of ranks sharing one GPU, or collectives relayed "
+           "between GPUs of one host) with calls through host memory (sends and receives between GPUs, PreMulSum "
+           "there, host buffers...): issue them in separate groups, or set CHORUS_CUDA_DIRECT=0 (one GPU) or "
+           "CHORUS_CUDA_RELAY=0 (several)";
   return NULL;
 }
 

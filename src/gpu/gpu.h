@@ -128,7 +128,8 @@ struct gpu_comm {
 /* The description of one rank's part of a call (allgathered; peers' are checked before use). */
 struct gpu_buf_desc {
   uint32_t present, shareable;
-  uint32_t foreign, pad; /* device memory of another device or context than the communicator's */
+  uint32_t foreign;   /* device memory of another device or context than the communicator's */
+  uint32_t misaligned; /* the relay: not aligned to its elements (its kernel loads whole ones) */
   uint64_t id, off;
   uint64_t ptr;  /* used only between ranks of one process, and checked against the driver first */
   uint64_t base; /* the allocation's address in its process: only compared (a reused address is a new allocation) */
@@ -330,11 +331,15 @@ void gpu_copier_unblock(struct gpu_comm* g); /* gpu_unblock's part: the relayed 
 void gpu_copier_free(struct gpu_comm* g); /* with the comm, once not busy */
 /* gpu/relay.c. relay_takes: whether a call of func with red runs on the relay (else host staging);
  * relay_setup: the consuming stream and events (after the shared page, which holds the rings);
- * relay_queue: a call's pieces on its stream and the consuming one; relay_unblock: every relay word
+ * relay_describe: a buffer's usability in its description; relay_table: the addresses the bridge fills
+ * in once every rank's call is checked; relay_queue: a call's pieces on its stream and the consuming
+ * one (its kernels wait for that table); relay_unblock: every relay word
  * far ahead (gpu_unblock's part); relay_free: with the comm. */
 int gpu_relay_takes(int func, const struct red_op* red);
 ch_status gpu_relay_setup(struct gpu_comm* g);
 ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c);
+void gpu_relay_describe(struct gpu_comm* g, const void* p, size_t esize, struct gpu_buf_desc* d); /* at enqueue */
+void gpu_relay_table(struct gpu_comm* g, const struct gpu_call* c, struct dev_table* tab);         /* the bridge's */
 void gpu_relay_unblock(struct gpu_comm* g);
 void gpu_relay_free(struct gpu_comm* g);
 /* gpu/resolve.c: the bridge's hook after the exchange ran (status st); frees the batch. */

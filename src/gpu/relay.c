@@ -68,27 +68,29 @@ static size_t ring(const struct gpu_comm* g, int r, uint32_t piece) {
   return gpu_ring_off(g->n, r, piece % g->relay_depth, g->relay_chunk, g->relay_depth);
 }
 
-/* The call that last used seq's table slot (GPU_SLOTS calls before) has finished on its stream. */
-static ch_status slot_wait(struct gpu_comm* g, uint32_t seq) {
-  _Atomic uint32_t* done = &g->priv->slot_done[seq % GPU_SLOTS];
-  for (uint64_t i = 0; (int32_t)(atomic_load_explicit(done, memory_order_acquire) - (seq - GPU_SLOTS)) < 0; i++) {
-    if (__atomic_load_n(&g->comm->abort_flag, __ATOMIC_ACQUIRE)) return CH_ABORTED;
-    int as = atomic_load(&g->comm->async_result);
-    if (as != ncclSuccess && as != ncclInProgress) return (ch_status)as;
-    ut_backoff(i);
-  }
-  return CH_OK;
-}
-
-/* This rank's table for call c: every peer's ring, as mapped here, and its own receive buffer (its
- * own input's entry is written per piece: reduce_piece). */
-static ch_status fill_table(struct gpu_comm* g, const struct gpu_call* c) {
-  CHECK(slot_wait(g, c->seq));
-  struct dev_table* tab = &g->priv->slot[c->seq % GPU_SLOTS];
+/* The bridge, once every rank's call is checked (gpu/resolve.c): this rank's table for call c, every
+ * peer's ring as mapped here and its own receive buffer (its own input's entry is written per piece:
+ * reduce_piece). */
+void gpu_relay_table(struct gpu_comm* g, const struct gpu_call* c, struct dev_table* tab) {
   for (int r = 0; r < g->n; r++) tab->buf[DEV_SEND][r] = (uintptr_t)g->seg_dev + ring(g, r, 0);
   tab->buf[DEV_RECV][g->rank] = (uintptr_t)c->ptr[DEV_RECV];
-  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses first */
-  return CH_OK;
+}
+
+/* At enqueue: whether this rank's buffer p can be read and written by its kernels and copies (device
+ * memory of the communicator's context, aligned to its elements), said in its description so that
+ * every rank's bridge fails the call alike, naming it. */
+void gpu_relay_describe(struct gpu_comm* g, const void* p, size_t esize, struct gpu_buf_desc* d) {
+  uintptr_t base;
+  size_t size;
+  void* ctx = NULL;
+  int dev = -1, cu = cudev_describe(p, &ctx, &dev, &base, &size, &d->id);
+  d->present = 1;
+  d->foreign = cu || (ctx ? ctx != g->ctx : dev != g->ordinal);
+  d->misaligned = esize && (uintptr_t)p % esize;
+}
+
+static int usable(const struct gpu_call* c, int b) {
+  return !c->ptr[b] || (!c->mine.buf[b].foreign && !c->mine.buf[b].misaligned);
 }
 
 /* The kernel reducing one piece (elements at `off` of every rank's block, `len` of them) from the
@@ -121,6 +123,10 @@ static ch_status reduce_piece(struct gpu_comm* g, struct gpu_memops* o, const st
   return gpu_launch_jobs(g, &a, g->stage_dev, c->seq, g->relay_stream);
 }
 
+/* A call's stream part. Its pieces are queued interleaved (piece k's copy in on the call's stream,
+ * then piece k's consumption on the consuming stream), so that even where the two streams share one
+ * hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1) the order they were queued in can run: each wait
+ * there is for a piece queued before it, here or at a peer. */
 ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
   int n = g->n, me = g->rank, f = c->func;
   size_t E = red_type_size(c->type), C = c->count, align = E >= 16 ? 1 : 16 / E;
@@ -132,47 +138,48 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
     return CH_INVALID_ARG;
   }
   uint32_t base = atomic_fetch_add_explicit(&g->relay_next, (uint32_t)K, memory_order_acq_rel), R = g->relay_depth;
+  /* A buffer the bridge will refuse (every rank fails, naming it) is not touched: only the counters move. */
+  int ok = usable(c, DEV_SEND) && usable(c, DEV_RECV);
   int produce = f != FUNC_BROADCAST || me == c->root;
   int reduce = f == FUNC_ALLREDUCE || f == FUNC_REDUCESCATTER || (f == FUNC_REDUCE && me == c->root);
   int copy_out = f == FUNC_ALLGATHER || f == FUNC_BROADCAST;
   const char* send = c->ptr[DEV_SEND];
   char* recv = (char*)c->ptr[DEV_RECV];
   cudaStream_t u = c->stream, s = g->relay_stream;
-  if (reduce) CHECK(fill_table(g, c));
   CHECK(gpu_follow(g, u));
   /* The consuming stream writes the receive buffer: after what the application queued before. */
   CHECK(cudrv_event_record(g->relay_ev[0], u, g->ctx));
   CHECK(cudrv_event_wait(s, g->relay_ev[0], g->ctx));
   struct gpu_memops in = {.g = g, .s = u}, out = {.g = g, .s = s};
-  for (uint64_t k = 0; produce && k < K; k++) { /* into this rank's ring */
+  /* Kernels only once the bridge has checked every rank's call and filled the table (or failed). */
+  if (reduce) gpu_memop(&out, (char*)g->priv_dev + offsetof(struct gpu_priv, ready), c->seq, 1);
+  for (uint64_t k = 0; k < K; k++) {
     uint32_t piece = base + (uint32_t)k;
     size_t off = k * P, len = UT_MIN(P, C - off);
-    char* entry = (char*)g->seg + ring(g, me, piece);
-    for (int r = 0; r < n; r++) gpu_memop(&in, word_dev(g, r, 1), piece - R + 1, 1); /* the entry is free */
-    CHECK(gpu_flush(&in));
-    for (int b = 0; b < (f == FUNC_REDUCESCATTER ? n : 1); b++)
-      CHECK(cudrv_copy_async(1, entry + (size_t)b * len * E, (void*)(send + ((size_t)b * C + off) * E), len * E, u,
-                             g->ctx));
-    gpu_memop(&in, word_dev(g, me, 0), piece + 1, 0);
-  }
-  CHECK(gpu_flush(&in));
-  for (uint64_t k = 0; k < K; k++) { /* out of every ring */
-    uint32_t piece = base + (uint32_t)k;
-    size_t off = k * P, len = UT_MIN(P, C - off);
-    if (reduce || copy_out) {
+    if (produce) { /* into this rank's ring, once every rank has used what was there */
+      char* entry = (char*)g->seg + ring(g, me, piece);
+      for (int r = 0; r < n; r++) gpu_memop(&in, word_dev(g, r, 1), piece - R + 1, 1);
+      CHECK(gpu_flush(&in));
+      for (int b = 0; ok && b < (f == FUNC_REDUCESCATTER ? n : 1); b++)
+        CHECK(cudrv_copy_async(1, entry + (size_t)b * len * E, (void*)(send + ((size_t)b * C + off) * E), len * E,
+                               u, g->ctx));
+      gpu_memop(&in, word_dev(g, me, 0), piece + 1, 0);
+      CHECK(gpu_flush(&in));
+    }
+    if (reduce || copy_out) { /* out of the rings that hold it */
       for (int r = 0; r < n; r++)
         if (f != FUNC_BROADCAST || r == c->root) gpu_memop(&out, word_dev(g, r, 0), piece + 1, 1);
       CHECK(gpu_flush(&out));
     }
-    if (reduce) CHECK(reduce_piece(g, &out, c, piece, off, len, f == FUNC_REDUCESCATTER ? C : 0));
-    for (int r = 0; copy_out && r < n; r++) {
+    if (reduce && ok) CHECK(reduce_piece(g, &out, c, piece, off, len, f == FUNC_REDUCESCATTER ? C : 0));
+    for (int r = 0; copy_out && ok && r < n; r++) {
       if (f == FUNC_BROADCAST && r != c->root) continue;
       size_t to = f == FUNC_ALLGATHER ? (size_t)r * C + off : off;
       CHECK(cudrv_copy_async(0, (char*)g->seg + ring(g, r, piece), recv + to * E, len * E, s, g->ctx));
     }
     gpu_memop(&out, word_dev(g, me, 1), piece + 1, 0); /* even with nothing done: the producers wait for it */
+    CHECK(gpu_flush(&out));
   }
-  CHECK(gpu_flush(&out));
   /* What the application queues next on its stream comes after the consuming stream's part. */
   CHECK(cudrv_event_record(g->relay_ev[1], s, g->ctx));
   CHECK(cudrv_event_wait(u, g->relay_ev[1], g->ctx));

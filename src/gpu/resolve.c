@@ -173,6 +173,25 @@ static ch_status streams_apart(struct gpu_comm* g, const struct gpu_call* c, int
   return CH_INVALID_USAGE;
 }
 
+/* A relayed call (gpu/relay.c): every rank's buffers usable by its own kernels and copies (each rank
+ * says so of its own; any that is not fails the call everywhere, named), then this rank's table. */
+static ch_status resolve_relay(struct gpu_comm* g, struct gpu_call* c, struct dev_table* tab) {
+  for (int r = 0; r < g->n; r++)
+    for (int b = 0; b < 2; b++) {
+      const struct gpu_buf_desc* d = &c->all[r].buf[b];
+      if (!d->present || (!d->foreign && !d->misaligned)) continue;
+      WARN("rank %d: rank %d's %s for %s is %s", g->rank, r, bufname(b), algo_fname(c->func),
+           d->foreign ? "device memory of another GPU or CUDA context than its communicator's (made for the context "
+                        "current at ncclCommInitRank): allocate it there"
+                      : "not aligned to its elements");
+      return CH_INVALID_ARG;
+    }
+  CHECK(wait_slot(g, c->seq));
+  gpu_relay_table(g, c, tab);
+  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses first */
+  return CH_OK;
+}
+
 static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
   int n = g->n, me = g->rank;
   CHECK(broken(g));
@@ -189,8 +208,8 @@ static ch_status resolve(struct gpu_comm* g, struct gpu_call* c) {
     }
   }
   for (int r = 0; r < n; r++) CHECK(streams_apart(g, c, r, c->all[r].stream));
-  if (g->relay) return CH_OK; /* only checked: the launch filled the table with this rank's own addresses */
   struct dev_table* tab = c->gc ? c->gc->tab : &g->priv->slot[c->seq % GPU_SLOTS];
+  if (g->relay) return resolve_relay(g, c, tab);
   if (!c->gc) CHECK(wait_slot(g, c->seq));
   struct dev_args a;
   size_t need[32][2] = {{0}}; /* n <= 32: the jobs' rank masks */

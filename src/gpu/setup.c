@@ -26,7 +26,8 @@ void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   if (!ctx || (!h->direct && h->relay == 0) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
     return;
   if (cudev_device(ctx, h->uuid, &sms, &ordinal) != CH_OK) return; /* WARNed */
-  h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe); /* first: it checks the context is the same */
+  if (h->direct) /* only the direct path shares device memory (the relay maps host memory only) */
+    h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe); /* first: it checks the context is the same */
   if (!cudev_kernel(ctx, 0)) return;
   h->capable = 1;
   h->ctx_id = (uint64_t)(uintptr_t)ctx;
