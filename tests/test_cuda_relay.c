@@ -86,7 +86,8 @@ static void relay_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   ASSERT_EQ(fk.sync(s), 0);
   for (int i = 0; i < M; i++) EXPECT(((int32_t*)b)[i] == (rank == 0 ? 2 * (n - 1) + i % 100 : -5));
   int relayed = fk.kernels() - kernels0;
-  /* PreMulSum and Send/Recv are not relayed: they go through host memory on the same communicator */
+  /* PreMulSum (every rank's scalar from the bridge), then Send/Recv (not relayed: through host memory
+   * on the same communicator) */
   double scalar = (double)(rank + 1);
   ncclRedOp_t op;
   NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat64, ncclScalarHostImmediate, comm));
@@ -323,4 +324,53 @@ TEST_T(cuda_relay, misaligned_buffer_fails_every_rank, 60) {
   small_ring(NULL);
   struct relay_arg ra = {.apart = 1, .relay = 1};
   rt_run_procs(2, misaligned_body, &ra);
+}
+
+/* AlltoAll, Gather and Scatter relayed (a slice of each block side by side in a piece where each rank
+ * takes another block), out of place and in place, every root. */
+static float v3(int r, int j, int i) { return (float)(r * 1000000 + j * 100000 + i % 99991); }
+
+static void three_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
+  int n = nranks, kernels0 = fk.kernels();
+  size_t all = (size_t)M * n;
+  float *a = dev_alloc(all), *b = dev_alloc(all);
+  for (int inplace = 0; inplace < 2; inplace++) {
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < M; i++) a[(size_t)j * M + i] = v3(rank, j, i), b[(size_t)j * M + i] = -1;
+    float* out = inplace ? a : b;
+    NCCL_OK(ncclAlltoAll(a, out, M, ncclFloat32, comm, s));
+    ASSERT_EQ(fk.sync(s), 0);
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < M; i++) EXPECT(out[(size_t)j * M + i] == v3(j, rank, i));
+    for (int root = 0; root < n; root++) {
+      for (size_t i = 0; i < all; i++) b[i] = -1, a[i] = i < (size_t)M ? v3(rank, 0, (int)i) : -2;
+      float* in = inplace && rank == root ? b + (size_t)root * M : a;
+      if (in != a) memcpy(in, a, M * sizeof(float));
+      NCCL_OK(ncclGather(in, b, M, ncclFloat32, root, comm, s));
+      ASSERT_EQ(fk.sync(s), 0);
+      for (int j = 0; rank == root && j < n; j++)
+        for (int i = 0; i < M; i++) EXPECT(b[(size_t)j * M + i] == v3(j, 0, i));
+      for (int j = 0; j < n; j++)
+        for (int i = 0; i < M; i++) a[(size_t)j * M + i] = v3(rank, j, i), b[(size_t)j * M + i] = -1;
+      float* to = inplace && rank == root ? a + (size_t)root * M : b;
+      NCCL_OK(ncclScatter(a, to, M, ncclFloat32, root, comm, s));
+      ASSERT_EQ(fk.sync(s), 0);
+      for (int i = 0; i < M; i++) EXPECT(to[i] == v3(root, rank, i));
+    }
+  }
+  EXPECT_EQ(fk.kernels(), kernels0); /* copies only: no kernel */
+  NCCL_OK(ncclCommDestroy(comm));
+  EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  EXPECT_EQ(fk.free((uintptr_t)b), 0);
+}
+
+TEST_T(cuda_relay, alltoall_gather_scatter_procs, 60) {
+  if (no_kernels()) return;
+  load();
+  small_ring(NULL);
+  struct relay_arg ra = {.apart = 1, .relay = 1};
+  rt_run_procs(2, three_body, &ra);
+  rt_run_procs(3, three_body, &ra);
 }

@@ -501,8 +501,8 @@ static const char* refusal(struct ch_task** lists, int n, int ngpu) {
   }
   if (ngpu < nall)
     return "mixes calls that run on the GPU (device buffers of ranks sharing one GPU, or collectives relayed "
-           "between GPUs of one host) with calls through host memory (sends and receives between GPUs, PreMulSum "
-           "there, host buffers...): issue them in separate groups, or set CHORUS_CUDA_DIRECT=0 (one GPU) or "
+           "between GPUs of one host) with calls through host memory (sends and receives between GPUs, host "
+           "buffers...): issue them in separate groups, or set CHORUS_CUDA_DIRECT=0 (one GPU) or "
            "CHORUS_CUDA_RELAY=0 (several)";
   return NULL;
 }

@@ -2,12 +2,14 @@
  * CHORUS_CUDA_RELAY=1): collectives relay through pinned host memory that every rank maps (the rings
  * after the shared page's boards, gpu.h), chunk by chunk, with no host thread on the data's way.
  *
- * A call is cut into pieces of one ring entry each (ReduceScatter: a piece of every block). Each
+ * A call is cut into pieces of one ring entry each (ReduceScatter, AlltoAll, Scatter's root: a slice of
+ * every block side by side). Each
  * rank's own CUDA stream copies its input's pieces into its ring (the copy engine, device to host)
  * and counts them in its `in` word. The rank's consuming stream (relay_stream) waits for the
  * producers' `in`, then reduces the piece from every ring with Chorus's kernel straight into the
- * rank's own receive buffer (AllReduce, ReduceScatter, Reduce's root), or copies it there (AllGather,
- * Broadcast: host to device), and counts it in its `used` word. A producer refills an entry only once
+ * rank's own receive buffer (AllReduce, ReduceScatter, Reduce's root), or copies what it needs there
+ * (AllGather, AlltoAll, Gather's root, Broadcast, Scatter: host to device), and counts it in its
+ * `used` word. A producer refills an entry only once
  * every rank has used the piece before in it. Copies in, reductions and copies out of different
  * pieces overlap; the host only queues work, and the CPU never touches the data.
  *
@@ -27,10 +29,10 @@
 #include "../algo/algo.h"
 #include "gpu.h"
 
-/* PreMulSum's scalar is each rank's own: a kernel would need every rank's (host staging has them). */
+/* Every collective (sends and receives stage whole buffers: their pairs need matching of their own). */
 int gpu_relay_takes(int func, const struct red_op* red) {
-  int reduction = func == FUNC_ALLREDUCE || func == FUNC_REDUCESCATTER || func == FUNC_REDUCE;
-  return (reduction || func == FUNC_ALLGATHER || func == FUNC_BROADCAST) && !(reduction && red->kind == RED_PREMULSUM);
+  (void)red; /* PreMulSum too: the bridge puts every rank's scalar in the table */
+  return func != FUNC_SEND && func != FUNC_RECV && func != FUNC_SENDRECV;
 }
 
 ch_status gpu_relay_setup(struct gpu_comm* g) {
@@ -72,7 +74,10 @@ static size_t ring(const struct gpu_comm* g, int r, uint32_t piece) {
  * peer's ring as mapped here and its own receive buffer (its own input's entry is written per piece:
  * reduce_piece). */
 void gpu_relay_table(struct gpu_comm* g, const struct gpu_call* c, struct dev_table* tab) {
-  for (int r = 0; r < g->n; r++) tab->buf[DEV_SEND][r] = (uintptr_t)g->seg_dev + ring(g, r, 0);
+  for (int r = 0; r < g->n; r++) {
+    tab->buf[DEV_SEND][r] = (uintptr_t)g->seg_dev + ring(g, r, 0);
+    tab->scalar[r] = c->all[r].scalar; /* PreMulSum: each rank's (only ever multiplies data) */
+  }
   tab->buf[DEV_RECV][g->rank] = (uintptr_t)c->ptr[DEV_RECV];
 }
 
@@ -130,7 +135,10 @@ static ch_status reduce_piece(struct gpu_comm* g, struct gpu_memops* o, const st
 ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
   int n = g->n, me = g->rank, f = c->func;
   size_t E = red_type_size(c->type), C = c->count, align = E >= 16 ? 1 : 16 / E;
-  size_t P = (f == FUNC_REDUCESCATTER ? g->relay_chunk / (size_t)n : g->relay_chunk) / E / align * align;
+  /* A producer's piece holds a slice of each of its n blocks side by side where each rank takes
+   * another block (ReduceScatter, AlltoAll, Scatter's root), else a slice of its one input. */
+  int blocks = f == FUNC_REDUCESCATTER || f == FUNC_ALLTOALL || f == FUNC_SCATTER ? n : 1;
+  size_t P = g->relay_chunk / (size_t)blocks / E / align * align;
   uint64_t K = UT_DIV_UP(C, P);
   if (K > (1u << 28)) { /* the pieces' numbers are compared cyclically */
     WARN("%s: %zu elements are more than the relay's %llu chunks of %zu bytes (rank %d): raise CHORUS_CUDA_RELAY_CHUNK",
@@ -140,9 +148,10 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
   uint32_t base = atomic_fetch_add_explicit(&g->relay_next, (uint32_t)K, memory_order_acq_rel), R = g->relay_depth;
   /* A buffer the bridge will refuse (every rank fails, naming it) is not touched: only the counters move. */
   int ok = usable(c, DEV_SEND) && usable(c, DEV_RECV);
-  int produce = f != FUNC_BROADCAST || me == c->root;
+  int rooted = f == FUNC_BROADCAST || f == FUNC_SCATTER; /* only the root's ring holds data */
+  int produce = !rooted || me == c->root;
   int reduce = f == FUNC_ALLREDUCE || f == FUNC_REDUCESCATTER || (f == FUNC_REDUCE && me == c->root);
-  int copy_out = f == FUNC_ALLGATHER || f == FUNC_BROADCAST;
+  int copy_out = f == FUNC_ALLGATHER || f == FUNC_ALLTOALL || rooted || (f == FUNC_GATHER && me == c->root);
   const char* send = c->ptr[DEV_SEND];
   char* recv = (char*)c->ptr[DEV_RECV];
   cudaStream_t u = c->stream, s = g->relay_stream;
@@ -160,7 +169,7 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
       char* entry = (char*)g->seg + ring(g, me, piece);
       for (int r = 0; r < n; r++) gpu_memop(&in, word_dev(g, r, 1), piece - R + 1, 1);
       CHECK(gpu_flush(&in));
-      for (int b = 0; ok && b < (f == FUNC_REDUCESCATTER ? n : 1); b++)
+      for (int b = 0; ok && b < blocks; b++)
         CHECK(cudrv_copy_async(1, entry + (size_t)b * len * E, (void*)(send + ((size_t)b * C + off) * E), len * E,
                                u, g->ctx));
       gpu_memop(&in, word_dev(g, me, 0), piece + 1, 0);
@@ -168,14 +177,15 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
     }
     if (reduce || copy_out) { /* out of the rings that hold it */
       for (int r = 0; r < n; r++)
-        if (f != FUNC_BROADCAST || r == c->root) gpu_memop(&out, word_dev(g, r, 0), piece + 1, 1);
+        if (!rooted || r == c->root) gpu_memop(&out, word_dev(g, r, 0), piece + 1, 1);
       CHECK(gpu_flush(&out));
     }
     if (reduce && ok) CHECK(reduce_piece(g, &out, c, piece, off, len, f == FUNC_REDUCESCATTER ? C : 0));
-    for (int r = 0; copy_out && ok && r < n; r++) {
-      if (f == FUNC_BROADCAST && r != c->root) continue;
-      size_t to = f == FUNC_ALLGATHER ? (size_t)r * C + off : off;
-      CHECK(cudrv_copy_async(0, (char*)g->seg + ring(g, r, piece), recv + to * E, len * E, s, g->ctx));
+    for (int r = 0; copy_out && ok && r < n; r++) { /* from rank r's ring: its slice, or my block of it */
+      if (rooted && r != c->root) continue;
+      size_t from = blocks > 1 ? (size_t)me * len * E : 0;
+      size_t to = rooted ? off : (size_t)r * C + off; /* AllGather, AlltoAll, Gather: block r of mine */
+      CHECK(cudrv_copy_async(0, (char*)g->seg + ring(g, r, piece) + from, recv + to * E, len * E, s, g->ctx));
     }
     gpu_memop(&out, word_dev(g, me, 1), piece + 1, 0); /* even with nothing done: the producers wait for it */
     CHECK(gpu_flush(&out));

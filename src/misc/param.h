@@ -40,7 +40,7 @@
   X(CUDA_UNROLL, "CHORUS_CUDA_UNROLL", P_INT, 4, "",                                               \
     "ranks sharing one GPU: above 1, a reduction kernel's thread keeps 4 16-byte vectors of each source in flight (2 for 1- and 2-byte types); 1 = one at a time") \
   X(CUDA_RELAY, "CHORUS_CUDA_RELAY", P_INT, -1, "",                                                \
-    "ranks on one host whose device buffers cannot be shared directly (on different GPUs): their AllReduce, ReduceScatter, AllGather, Broadcast and Reduce relay through pinned host memory every rank maps, in chunks, reduced by each GPU; -1 = where ranks are on different GPUs, 1 = also instead of CHORUS_CUDA_DIRECT's path, 0 = never (whole buffers staged, reduced on the host)") \
+    "ranks on one host whose device buffers cannot be shared directly (on different GPUs): their collectives (not sends and receives) relay through pinned host memory every rank maps, in chunks, reduced by each GPU; -1 = where ranks are on different GPUs, 1 = also instead of CHORUS_CUDA_DIRECT's path, 0 = never (whole buffers staged, reduced on the host)") \
   X(CUDA_RELAY_CHUNK, "CHORUS_CUDA_RELAY_CHUNK", P_INT, 1 << 20, "",                               \
     "the relay's chunk: bytes of each rank's input copied to host memory, then reduced, per step") \
   X(CUDA_RELAY_DEPTH, "CHORUS_CUDA_RELAY_DEPTH", P_INT, 4, "",                                     \
