@@ -206,8 +206,8 @@ relay() {
     bounded relay 45 env CHORUS_CUDA_RELAY=1 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
   done
   bounded relay 40 env CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
-  for t in reduce_scatter all_gather broadcast reduce; do
-    bounded relay 25 env CHORUS_CUDA_RELAY=1 $B/bin/${t}_perf --device -np 2 -b 8 -e 128M -f 16 -n 10 -w 3 -T 20
+  for t in reduce_scatter all_gather broadcast reduce alltoall gather scatter; do
+    bounded relay 20 env CHORUS_CUDA_RELAY=1 $B/bin/${t}_perf --device -np 2 -b 8 -e 128M -f 32 -n 10 -w 3 -T 15
   done
   for c in 262144 4194304 16777216; do
     bounded relay 20 env CHORUS_CUDA_RELAY=1 CHORUS_CUDA_RELAY_CHUNK=$c $B/bin/all_reduce_perf --device -np 2 \
