@@ -75,7 +75,9 @@ static size_t ring(const struct gpu_comm* g, int r, uint32_t piece) {
  * reduce_piece). */
 void gpu_relay_table(struct gpu_comm* g, const struct gpu_call* c, struct dev_table* tab) {
   for (int r = 0; r < g->n; r++) {
-    tab->buf[DEV_SEND][r] = (uintptr_t)g->seg_dev + ring(g, r, 0);
+    /* not this rank's own entry: only its consuming stream writes that one (a failure lets the stream
+     * past its wait for this table while the bridge may still be here) */
+    if (r != g->rank) tab->buf[DEV_SEND][r] = (uintptr_t)g->seg_dev + ring(g, r, 0);
     tab->scalar[r] = c->all[r].scalar; /* PreMulSum: each rank's (only ever multiplies data) */
   }
   tab->buf[DEV_RECV][g->rank] = (uintptr_t)c->ptr[DEV_RECV];

@@ -174,6 +174,18 @@ void __tsan_ignore_thread_end(void);
 #define DEVICE_ACCESS(x) (x)
 #endif
 
+/* The stage kernel: the table and the failure words into device memory. */
+static void stage_kernel(const struct op* o) {
+  struct dev_staged* d = (struct dev_staged*)(uintptr_t)o->stage.dst;
+  /* seq as the device reads it, one word at once (a failure voids it meanwhile: gpu_unblock) */
+  const struct dev_table* t = (const struct dev_table*)(uintptr_t)o->stage.table;
+  memcpy((char*)&d->table + offsetof(struct dev_table, buf), t->buf, sizeof(*t) - offsetof(struct dev_table, buf));
+  d->table.seq = __atomic_load_n((const uint32_t*)&t->seq, __ATOMIC_ACQUIRE);
+  for (int k = 0; k < 2; k++)
+    d->failed[k] = o->stage.fail[k] ? __atomic_load_n((uint32_t*)(uintptr_t)o->stage.fail[k], __ATOMIC_ACQUIRE) : 0;
+  __atomic_fetch_add(&stage_runs, 1, __ATOMIC_RELAXED);
+}
+
 static void run_op(struct op* o) {
   switch (o->kind) {
     case OP_COPY:
@@ -197,17 +209,7 @@ static void run_op(struct op* o) {
       break;
     case OP_WRITE32: __atomic_store_n((uint32_t*)o->dst, o->value, __ATOMIC_RELEASE); break;
     case OP_KERNEL: DEVICE_ACCESS(run_kernel(&o->args)); break;
-    case OP_STAGE: { /* the stage kernel: the table and the failure words into device memory */
-      struct dev_staged* d = (struct dev_staged*)(uintptr_t)o->stage.dst;
-      /* seq as the device reads it, one word at once (a failure voids it meanwhile: gpu_unblock) */
-      const struct dev_table* t = (const struct dev_table*)(uintptr_t)o->stage.table;
-      memcpy((char*)&d->table + offsetof(struct dev_table, buf), t->buf, sizeof(*t) - offsetof(struct dev_table, buf));
-      d->table.seq = __atomic_load_n((const uint32_t*)&t->seq, __ATOMIC_ACQUIRE);
-      for (int k = 0; k < 2; k++)
-        d->failed[k] = o->stage.fail[k] ? __atomic_load_n((uint32_t*)(uintptr_t)o->stage.fail[k], __ATOMIC_ACQUIRE) : 0;
-      __atomic_fetch_add(&stage_runs, 1, __ATOMIC_RELAXED);
-      break;
-    }
+    case OP_STAGE: DEVICE_ACCESS(stage_kernel(o)); break; /* a kernel too */
   }
 }
 
