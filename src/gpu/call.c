@@ -22,7 +22,7 @@ int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }
 int gpu_takes(const struct ch_task* t) {
   const struct gpu_comm* g = t->comm->gpu;
   return g && t->count > 0 && on_gpu(t->func) && !tune_repro_level(t->comm, t->func, t->type) &&
-         (!g->relay || gpu_relay_takes(t->func, &t->red));
+         !(g->relay && gpu_is_p2p(t->func)); /* the relay: collectives only (sends and receives are staged) */
 }
 
 /* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
@@ -131,8 +131,10 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   t->type = ncclUint8, t->count = sizeof(struct gpu_desc), t->op = ncclSum;
   t->sendbuff = &c->mine, t->recvbuff = c->all;
   if (!gpu_is_p2p(t->func)) t->func = FUNC_ALLGATHER, t->root = 0;
-  if (g->relay) INFO(LOG_COLL, "%s: device buffers of %d ranks of this host: relayed through pinned host memory", fn, g->n);
-  else INFO(LOG_COLL, "%s: device buffers of %d rank(s) on one GPU: the call runs there", fn, g->n);
+  if (g->relay)
+    INFO(LOG_COLL, "%s: device buffers of %d ranks of this host: relayed through pinned host memory", fn, g->n);
+  else
+    INFO(LOG_COLL, "%s: device buffers of %d rank(s) on one GPU: the call runs there", fn, g->n);
   return CH_OK;
 }
 
@@ -176,11 +178,11 @@ static void* pair_dev(struct gpu_comm* g, int src, int dst, int word) {
                                         : offsetof(struct gpu_pair, posted);
   return (char*)g->seg_dev + gpu_pair_off(g->n, src, dst) + off;
 }
-static void* slot_done_dev(struct gpu_comm* g, uint32_t seq) {
+void* gpu_slot_done_dev(struct gpu_comm* g, uint32_t seq) {
   return priv_dev(g, offsetof(struct gpu_priv, slot_done) + (seq % GPU_SLOTS) * sizeof(uint32_t));
 }
 
-static struct dev_job* job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
+struct dev_job* gpu_job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
                            uint32_t dst_mask, int dst_buf, uint64_t dst_off, uint64_t count) {
   struct dev_job* j = &a->job[a->njobs++];
   memset(j, 0, sizeof(*j));
@@ -232,44 +234,51 @@ static void rank_jobs(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
     case FUNC_ALLREDUCE: { /* shares aligned to 16 bytes */
       size_t align = E >= 16 ? 1 : 16 / E, share = UT_ALIGN_UP(UT_DIV_UP(C, (size_t)n), align);
       size_t off = UT_MIN(C, share * (size_t)me), len = UT_MIN(share, C - off);
-      if (len) job(a, DEV_REDUCE, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
+      if (len) gpu_job(a, DEV_REDUCE, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
       break;
     }
-    case FUNC_ALLGATHER: job(a, DEV_COPY, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
-    case FUNC_REDUCESCATTER: job(a, DEV_REDUCE, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
+    case FUNC_ALLGATHER: gpu_job(a, DEV_COPY, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
+    case FUNC_REDUCESCATTER: gpu_job(a, DEV_REDUCE, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
     case FUNC_BROADCAST: /* a root in place has nothing to do */
-      if (me != c->root || !own || send != recv) job(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      if (me != c->root || !own || send != recv) gpu_job(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
       break;
     case FUNC_REDUCE:
-      if (me == c->root) job(a, DEV_REDUCE, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      if (me == c->root) gpu_job(a, DEV_REDUCE, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
       break;
     case FUNC_ALLTOALL: /* its own block (unless in place), then its pairs */
-      if (!own || send != recv) job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
+      if (!own || send != recv) gpu_job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
       for (int r = 0; r < n; r++)
-        if (gpu_a2a_pair(n, me, r)) job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
+        if (gpu_a2a_pair(n, me, r)) gpu_job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
       break;
     case FUNC_GATHER: /* the root pulls every block; its own is already in place when sendbuff is there */
       for (int r = 0; me == c->root && r < n; r++)
         if (r != me || !own || send != recv + (size_t)me * B)
-          job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
+          gpu_job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
       break;
-    case FUNC_RECV: job(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
-    case FUNC_SEND: job(a, DEV_COPY, self, DEV_SEND, 0, 1u << c->peer, DEV_RECV, 0, C); break;
+    case FUNC_RECV: gpu_job(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
+    case FUNC_SEND: gpu_job(a, DEV_COPY, self, DEV_SEND, 0, 1u << c->peer, DEV_RECV, 0, C); break;
     case FUNC_SCATTER: /* every rank pulls its block from the root (nothing to do for a root in place) */
       if (me != c->root || !own || recv != send + (size_t)me * B)
-        job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
+        gpu_job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
       break;
   }
 }
 
 /* What this rank's kernel does: its own part, every rank's (gpu_one_kernel, rank 0), or nothing. */
-void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
+void* gpu_table_dev(struct gpu_comm* g, uint32_t seq) {
+  return priv_dev(g, offsetof(struct gpu_priv, slot) + (seq % GPU_SLOTS) * sizeof(struct dev_table));
+}
+
+void gpu_args_init(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
   memset(a, 0, sizeof(*a));
-  size_t slot = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
-  a->table = (uint64_t)(uintptr_t)priv_dev(g, slot);
+  a->table = (uint64_t)(uintptr_t)gpu_table_dev(g, c->seq);
   a->seq = c->seq, a->type = c->type, a->op_kind = c->red.kind, a->divisor = c->red.divisor, a->unroll = g->unroll;
   a->fail[0] = (uint64_t)(uintptr_t)priv_dev(g, offsetof(struct gpu_priv, failed));
   a->fail[1] = g->seg ? (uint64_t)(uintptr_t)((char*)g->seg_dev + offsetof(struct gpu_seg, failed_by)) : 0;
+}
+
+void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a) {
+  gpu_args_init(g, c, a);
   if (gpu_is_p2p(c->func)) {
     if (gpu_p2p_active(g, c->func, c->peer)) rank_jobs(g, c, a, g->rank);
   } else if (!gpu_one_kernel(g, c->func)) rank_jobs(g, c, a, g->rank);
@@ -345,7 +354,7 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
       gpu_memop(&o, word_dev(g, g->rank, arrive), c->cseq, 0);
       gpu_memop(&o, word_dev(g, 0, dn), c->cseq, 1);
     }
-    gpu_memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+    gpu_memop(&o, gpu_slot_done_dev(g, c->seq), c->seq, 0);
     CHECK(gpu_flush(&o));
     return gpu_done(g, c->stream);
   }
@@ -354,7 +363,7 @@ static ch_status queue_call(struct gpu_comm* g, const struct gpu_call* c) {
   CHECK(gpu_flush(&o));
   CHECK(run_kernel(g, c, c->stream));
   if (g->seg) barrier(&o, c->cseq, offsetof(struct gpu_words, done));
-  gpu_memop(&o, slot_done_dev(g, c->seq), c->seq, 0);
+  gpu_memop(&o, gpu_slot_done_dev(g, c->seq), c->seq, 0);
   CHECK(gpu_flush(&o));
   return gpu_done(g, c->stream);
 }
@@ -400,7 +409,7 @@ static ch_status queue_p2p(struct gpu_comm* g, struct gpu_call** cs, int k) {
       p2p_pair(g, cs[i], &src, &dst);
       gpu_memop(&o, pair_dev(g, src, dst, 1), cs[i]->cseq, 1);
     }
-  for (int i = 0; i < k; i++) gpu_memop(&o, slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
+  for (int i = 0; i < k; i++) gpu_memop(&o, gpu_slot_done_dev(g, cs[i]->seq), cs[i]->seq, 0);
   CHECK(gpu_flush(&o));
   CHECK(gpu_done(g, s));
   for (int i = 1; i < k; i++)

@@ -297,6 +297,12 @@ ch_status gpu_done(struct gpu_comm* g, cudaStream_t s);
 struct dev_args;
 /* Launch the kernel for a's jobs on s (stage_dev: GPU_SLOTS struct dev_staged, entry slot % GPU_SLOTS). */
 ch_status gpu_launch_jobs(struct gpu_comm* g, struct dev_args* a, void* stage_dev, uint32_t slot, cudaStream_t s);
+/* A kernel's arguments for call c without jobs: its table slot, failure words, type and operation. */
+void gpu_args_init(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a);
+struct dev_job* gpu_job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
+                        uint32_t dst_mask, int dst_buf, uint64_t dst_off, uint64_t count); /* appended to a */
+void* gpu_table_dev(struct gpu_comm* g, uint32_t seq);     /* call seq's table (its ring slot) */
+void* gpu_slot_done_dev(struct gpu_comm* g, uint32_t seq); /* the word its stream writes when done */
 /* The jobs of this rank's kernel for call c (none: it launches nothing); also what resolve checks. */
 void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a);
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
@@ -329,13 +335,12 @@ void gpu_copier_stop(struct gpu_comm* g);
 int gpu_copier_busy(struct gpu_comm* g); /* copies queued on the GPU and not done */
 void gpu_copier_unblock(struct gpu_comm* g); /* gpu_unblock's part: the relayed pairs' words (any thread) */
 void gpu_copier_free(struct gpu_comm* g); /* with the comm, once not busy */
-/* gpu/relay.c. relay_takes: whether a call of func with red runs on the relay (else host staging);
+/* gpu/relay.c: every collective of a relaying communicator (gpu_takes: sends and receives are staged).
  * relay_setup: the consuming stream and events (after the shared page, which holds the rings);
  * relay_describe: a buffer's usability in its description; relay_table: the addresses the bridge fills
  * in once every rank's call is checked; relay_queue: a call's pieces on its stream and the consuming
- * one (its kernels wait for that table); relay_unblock: every relay word
- * far ahead (gpu_unblock's part); relay_free: with the comm. */
-int gpu_relay_takes(int func, const struct red_op* red);
+ * one (its kernels wait for that table); relay_unblock: every relay word far ahead (gpu_unblock's
+ * part); relay_free: with the comm. */
 ch_status gpu_relay_setup(struct gpu_comm* g);
 ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c);
 void gpu_relay_describe(struct gpu_comm* g, const void* p, size_t esize, struct gpu_buf_desc* d); /* at enqueue */

@@ -29,12 +29,6 @@
 #include "../algo/algo.h"
 #include "gpu.h"
 
-/* Every collective (sends and receives stage whole buffers: their pairs need matching of their own). */
-int gpu_relay_takes(int func, const struct red_op* red) {
-  (void)red; /* PreMulSum too: the bridge puts every rank's scalar in the table */
-  return func != FUNC_SEND && func != FUNC_RECV && func != FUNC_SENDRECV;
-}
-
 ch_status gpu_relay_setup(struct gpu_comm* g) {
   CHECK(cudev_stream_new(&g->relay_stream, g->ctx));
   for (int i = 0; i < 2; i++) CHECK(cudrv_event_new(&g->relay_ev[i], g->ctx));
@@ -111,22 +105,15 @@ static ch_status reduce_piece(struct gpu_comm* g, struct gpu_memops* o, const st
   size_t E = red_type_size(c->type), entry = ring(g, 0, piece) - ring(g, 0, 0);
   size_t in_entry = c->func == FUNC_REDUCESCATTER ? (size_t)g->rank * len * E : 0;
   uint64_t mine = (uintptr_t)c->ptr[DEV_SEND] + ((size_t)g->rank * block + off) * E - entry - in_entry;
-  size_t tab = offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table) +
-               offsetof(struct dev_table, buf) + (size_t)g->rank * sizeof(uint64_t); /* buf[DEV_SEND][rank] */
-  gpu_memop(o, (char*)g->priv_dev + tab, (uint32_t)mine, 0);
-  gpu_memop(o, (char*)g->priv_dev + tab + 4, (uint32_t)(mine >> 32), 0);
+  char* own = (char*)gpu_table_dev(g, c->seq) + offsetof(struct dev_table, buf) + (size_t)g->rank * sizeof(uint64_t);
+  gpu_memop(o, own, (uint32_t)mine, 0); /* buf[DEV_SEND][rank], little-endian halves */
+  gpu_memop(o, own + 4, (uint32_t)(mine >> 32), 0);
   CHECK(gpu_flush(o));
   struct dev_args a;
-  memset(&a, 0, sizeof(a));
-  a.table = (uintptr_t)g->priv_dev + offsetof(struct gpu_priv, slot) + (c->seq % GPU_SLOTS) * sizeof(struct dev_table);
-  a.seq = c->seq, a.type = c->type, a.op_kind = c->red.kind, a.divisor = c->red.divisor, a.unroll = g->unroll;
-  a.fail[0] = (uintptr_t)g->priv_dev + offsetof(struct gpu_priv, failed);
-  a.fail[1] = (uintptr_t)g->seg_dev + offsetof(struct gpu_seg, failed_by);
-  struct dev_job* j = &a.job[a.njobs++];
-  j->reduce = DEV_REDUCE, j->src_buf = DEV_SEND, j->dst_buf = DEV_RECV;
-  j->src_mask = g->n == 32 ? 0xffffffffu : (1u << g->n) - 1, j->dst_mask = 1u << g->rank;
-  j->src_off = entry + in_entry; /* alike in every rank's ring */
-  j->dst_off = off * red_type_size(c->type), j->count = len;
+  gpu_args_init(g, c, &a);
+  uint32_t all = g->n == 32 ? 0xffffffffu : (1u << g->n) - 1;
+  /* the ring entry's offset is alike in every rank's ring */
+  gpu_job(&a, DEV_REDUCE, all, DEV_SEND, entry + in_entry, 1u << g->rank, DEV_RECV, off * E, len);
   return gpu_launch_jobs(g, &a, g->stage_dev, c->seq, g->relay_stream);
 }
 
@@ -196,8 +183,7 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
   CHECK(cudrv_event_record(g->relay_ev[1], s, g->ctx));
   CHECK(cudrv_event_wait(u, g->relay_ev[1], g->ctx));
   if (!produce) gpu_memop(&in, word_dev(g, me, 0), base + (uint32_t)K, 0); /* numbered on alike */
-  gpu_memop(&in, (char*)g->priv_dev + offsetof(struct gpu_priv, slot_done) + (c->seq % GPU_SLOTS) * sizeof(uint32_t),
-            c->seq, 0);
+  gpu_memop(&in, gpu_slot_done_dev(g, c->seq), c->seq, 0);
   CHECK(gpu_flush(&in));
   return gpu_done(g, u);
 }
