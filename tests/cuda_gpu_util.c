@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "nccl.h"
+
 #include "cuda/cudrv.h"
 #include "cuda_gpu_util.h"
 #include "misc/param.h"
@@ -101,4 +103,75 @@ void kernels_as(const char* stage_blocks, const char* one_kernel) {
     if (values[i]) setenv(names[i], values[i], 1);
     else unsetenv(names[i]);
   param_reset();
+}
+
+/* Block j of rank r's AlltoAll/Gather/Scatter input, element i (exact in a float up to 9 ranks). */
+static float v3(int r, int j, int i) { return (float)(r * 1000000 + j * 100000 + i % 99991); }
+
+void three_steps(ncclComm_t comm, cudaStream_t s, int rank, int n, size_t count) {
+  size_t all = count * (size_t)n;
+  float *a = dev_alloc(all), *b = dev_alloc(all);
+  for (int inplace = 0; inplace < 2; inplace++) {
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < count; i++) a[j * count + i] = v3(rank, j, (int)i), b[j * count + i] = -1;
+    float* out = inplace ? a : b;
+    NCCL_OK(ncclAlltoAll(a, out, count, ncclFloat32, comm, s));
+    ASSERT_EQ(fk.sync(s), 0);
+    for (int j = 0; j < n; j++)
+      for (size_t i = 0; i < count; i++) EXPECT(out[j * count + i] == v3(j, rank, (int)i));
+    for (int root = 0; root < n; root++) {
+      /* Gather: in place, the root's input is already its block of the output */
+      for (size_t i = 0; i < all; i++) b[i] = -1, a[i] = i < count ? v3(rank, 0, (int)i) : -2;
+      float* in = inplace && rank == root ? b + (size_t)root * count : a;
+      if (in != a) memcpy(in, a, count * sizeof(float));
+      NCCL_OK(ncclGather(in, b, count, ncclFloat32, root, comm, s));
+      ASSERT_EQ(fk.sync(s), 0);
+      for (int j = 0; rank == root && j < n; j++)
+        for (size_t i = 0; i < count; i++) EXPECT(b[j * count + i] == v3(j, 0, (int)i));
+      /* Scatter: in place, the root's output is its block of the input */
+      for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < count; i++) a[j * count + i] = v3(rank, j, (int)i), b[j * count + i] = -1;
+      float* to = inplace && rank == root ? a + (size_t)root * count : b;
+      NCCL_OK(ncclScatter(a, to, count, ncclFloat32, root, comm, s));
+      ASSERT_EQ(fk.sync(s), 0);
+      for (size_t i = 0; i < count; i++) EXPECT(to[i] == v3(root, rank, (int)i));
+    }
+  }
+  EXPECT_EQ(fk.free((uintptr_t)a), 0);
+  EXPECT_EQ(fk.free((uintptr_t)b), 0);
+}
+
+void dead_peer_steps(ncclComm_t comm, cudaStream_t s, int rank, size_t count) {
+  float* a = dev_alloc(count);
+  static int never;
+  if (rank == 1) ASSERT_EQ(fk.hold(s, &never), 0); /* its stream never reaches the call */
+  NCCL_OK(ncclAllReduce(a, a, count, ncclFloat32, ncclSum, comm, s));
+  if (rank == 1) {
+    usleep(300000); /* the exchange is done on both ranks */
+    _exit(0);
+  }
+  ASSERT_EQ(fk.sync(s), 0); /* let through once rank 1 is found gone */
+  EXPECT_EQ(async_error(comm), ncclRemoteError);
+  EXPECT(strstr(ncclGetLastError(comm), "is gone") != NULL);
+  NCCL_OK(ncclCommAbort(comm));
+}
+
+void held_peer_steps(ncclComm_t comm, cudaStream_t s, int rank, size_t count) {
+  float* a = dev_alloc(count);
+  static int release;
+  if (rank == 1) ASSERT_EQ(fk.hold(s, &release), 0);
+  NCCL_OK(ncclAllReduce(a, a, count, ncclFloat32, ncclSum, comm, s));
+  if (rank == 0) {
+    ASSERT_EQ(fk.sync(s), 0);
+    /* both ranks' watchers time out; whichever is first, the other learns it from the shared page */
+    ncclResult_t as = async_error(comm);
+    const char* why = ncclGetLastError(comm);
+    EXPECT(as == ncclTimeout || as == ncclRemoteError);
+    EXPECT(strstr(why, as == ncclTimeout ? "CHORUS_TIMEOUT" : "rank 1 failed") != NULL);
+  } else {
+    usleep(1500000);
+    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+    ASSERT_EQ(fk.sync(s), 0);
+  }
+  NCCL_OK(ncclCommAbort(comm));
 }

@@ -52,4 +52,13 @@ void expect_failed(ncclComm_t comm, ncclResult_t want, const char* why);
  * kernel doing its part or rank 0's doing all (CHORUS_CUDA_ONE_KERNEL); NULL: as by default. */
 void kernels_as(const char* stage_blocks, const char* one_kernel);
 
+/* Steps shared by the direct path's tests and the relay's, once a rank's communicator is open on
+ * stream s. three_steps: AlltoAll, Gather and Scatter of `count` elements a block, out of place and in
+ * place, every root, expected values in closed form. dead_peer_steps: rank 1's stream never reaches an
+ * AllReduce and its process exits; the others fail, naming it gone. held_peer_steps (CHORUS_TIMEOUT=1):
+ * rank 1's stream is held for 1.5 s; rank 0 fails by the timeout. Both end with ncclCommAbort. */
+void three_steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, size_t count);
+void dead_peer_steps(ncclComm_t comm, cudaStream_t s, int rank, size_t count);
+void held_peer_steps(ncclComm_t comm, cudaStream_t s, int rank, size_t count);
+
 #endif

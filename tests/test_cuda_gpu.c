@@ -127,45 +127,17 @@ TEST_T(cuda_gpu, one_kernel_settings_differ, 60) {
   kernels_as(NULL, NULL);
 }
 
-/* AlltoAll, Gather and Scatter on the GPU, out of place and in place (AlltoAll's pairs then swap
- * blocks between two ranks' buffers), every root. Block j of rank r's data: v(r, j, i). */
+/* Block j of rank r's data, element i, in the point-to-point tests below. */
 static float v3(int r, int j, int i) { return (float)(r * 100000 + j * 1000 + i); }
 
+/* AlltoAll, Gather and Scatter on the GPU, out of place and in place (AlltoAll's pairs then swap
+ * blocks between two ranks' buffers), every root (cuda_gpu_util.c). */
 static void three_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0x8000, &s);
-  float *a = dev_alloc((size_t)N * nranks), *b = dev_alloc((size_t)N * nranks);
-  for (int inplace = 0; inplace < 2; inplace++) {
-    for (int j = 0; j < nranks; j++)
-      for (int i = 0; i < N; i++) a[j * N + i] = v3(rank, j, i), b[j * N + i] = -1;
-    float* out = inplace ? a : b;
-    NCCL_OK(ncclAlltoAll(a, out, N, ncclFloat32, comm, s));
-    ASSERT_EQ(fk.sync(s), 0);
-    for (int j = 0; j < nranks; j++)
-      for (int i = 0; i < N; i++) EXPECT(out[j * N + i] == v3(j, rank, i));
-    for (int root = 0; root < nranks; root++) {
-      /* Gather: in place, the root's input is already its block of the output */
-      for (int j = 0; j < nranks; j++)
-        for (int i = 0; i < N; i++) b[j * N + i] = -1, a[j * N + i] = j ? -2 : v3(rank, 0, i);
-      float* in = inplace && rank == root ? b + (size_t)root * N : a;
-      if (in != a) memcpy(in, a, N * sizeof(float));
-      NCCL_OK(ncclGather(in, b, N, ncclFloat32, root, comm, s));
-      ASSERT_EQ(fk.sync(s), 0);
-      for (int j = 0; rank == root && j < nranks; j++)
-        for (int i = 0; i < N; i++) EXPECT(b[j * N + i] == v3(j, 0, i));
-      /* Scatter: in place, the root's output is its block of the input */
-      for (int j = 0; j < nranks; j++)
-        for (int i = 0; i < N; i++) a[j * N + i] = v3(rank, j, i), b[j * N + i] = -1;
-      float* to = inplace && rank == root ? a + (size_t)root * N : b;
-      NCCL_OK(ncclScatter(a, to, N, ncclFloat32, root, comm, s));
-      ASSERT_EQ(fk.sync(s), 0);
-      for (int i = 0; i < N; i++) EXPECT(to[i] == v3(root, rank, i));
-    }
-  }
+  three_steps(comm, s, rank, nranks, N);
   NCCL_OK(ncclCommDestroy(comm));
-  EXPECT_EQ(fk.free((uintptr_t)a), 0);
-  EXPECT_EQ(fk.free((uintptr_t)b), 0);
 }
 
 TEST_T(cuda_gpu, alltoall_gather_scatter_1_to_4_threads, 120) {

@@ -287,18 +287,7 @@ static void dead_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0x8400, &s);
-  float* a = dev_alloc(N);
-  static int never;
-  if (rank == 1) ASSERT_EQ(fk.hold(s, &never), 0); /* its stream never reaches the call */
-  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
-  if (rank == 1) {
-    usleep(300000); /* the exchange is done on both ranks */
-    _exit(0);
-  }
-  ASSERT_EQ(fk.sync(s), 0); /* let through once rank 1 is found gone */
-  EXPECT_EQ(async_error(comm), ncclRemoteError);
-  EXPECT(strstr(ncclGetLastError(comm), "is gone") != NULL);
-  NCCL_OK(ncclCommAbort(comm));
+  dead_peer_steps(comm, s, rank, N);
 }
 
 TEST_T(cuda_gpu, peer_dies_while_the_stream_waits, 60) {
@@ -313,23 +302,7 @@ static void held_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0x8800, &s);
-  float* a = dev_alloc(N);
-  static int release;
-  if (rank == 1) ASSERT_EQ(fk.hold(s, &release), 0);
-  NCCL_OK(ncclAllReduce(a, a, N, ncclFloat32, ncclSum, comm, s));
-  if (rank == 0) {
-    ASSERT_EQ(fk.sync(s), 0);
-    /* both ranks' watchers time out; whichever is first, the other learns it from the shared page */
-    ncclResult_t as = async_error(comm);
-    const char* why = ncclGetLastError(comm);
-    EXPECT(as == ncclTimeout || as == ncclRemoteError);
-    EXPECT(strstr(why, as == ncclTimeout ? "CHORUS_TIMEOUT" : "rank 1 failed") != NULL);
-  } else {
-    usleep(1500000);
-    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
-    ASSERT_EQ(fk.sync(s), 0);
-  }
-  NCCL_OK(ncclCommAbort(comm));
+  held_peer_steps(comm, s, rank, N);
 }
 
 TEST_T(cuda_gpu, stream_that_never_arrives_times_out, 60) {

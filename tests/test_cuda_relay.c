@@ -22,7 +22,6 @@
 
 struct relay_arg {
   int apart;    /* process ranks: odd ranks "on another GPU" */
-  int mismatch; /* rank 1 gives another count */
   int relay;    /* the communicator must (1) or must not (0) relay */
 };
 
@@ -122,24 +121,23 @@ static void small_ring(const char* relay) {
   param_reset();
 }
 
-TEST_T(cuda_relay, five_collectives_procs_on_two_gpus, 120) {
+/* A test of process ranks: the stand-in, small_ring(relay), then body on `from` to `to` processes
+ * (with ra: which odd ranks are on another GPU, whether they must relay). Nothing where the build has
+ * no kernels. */
+static void procs(const char* relay, struct relay_arg ra, rt_rank_fn body, int from, int to) {
   if (no_kernels()) return;
   load();
-  small_ring(NULL);
-  struct relay_arg ra = {.apart = 1, .relay = 1};
-  for (int n = 2; n <= 4; n++) rt_run_procs(n, relay_body, &ra);
+  small_ring(relay);
+  for (int n = from; n <= to; n++) rt_run_procs(n, body, &ra);
+}
+
+TEST_T(cuda_relay, five_collectives_procs_on_two_gpus, 120) {
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, relay_body, 2, 4);
 }
 
 /* CHORUS_CUDA_RELAY=1: ranks on one GPU relay too (for comparisons). Processes and threads in tests
  * of their own: the stand-in's stream threads do not survive a fork. */
-TEST_T(cuda_relay, forced_on_one_gpu_procs, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring("1");
-  struct relay_arg ra = {.relay = 1};
-  rt_run_procs(2, relay_body, &ra);
-  rt_run_procs(3, relay_body, &ra);
-}
+TEST_T(cuda_relay, forced_on_one_gpu_procs, 60) { procs("1", (struct relay_arg){.relay = 1}, relay_body, 2, 3); }
 
 TEST_T(cuda_relay, forced_on_one_gpu_threads, 60) {
   if (no_kernels()) return;
@@ -152,11 +150,7 @@ TEST_T(cuda_relay, forced_on_one_gpu_threads, 60) {
 
 /* CHORUS_CUDA_RELAY=0: ranks on different GPUs stage whole buffers through host memory, as before. */
 TEST_T(cuda_relay, off_stages_through_the_host, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring("0");
-  struct relay_arg ra = {.apart = 1, .relay = 0};
-  rt_run_procs(2, relay_body, &ra);
+  procs("0", (struct relay_arg){.apart = 1, .relay = 0}, relay_body, 2, 2);
 }
 
 /* Ranks that call with different counts: the bridge's check fails the communicator on every rank, by
@@ -172,11 +166,7 @@ static void mismatch_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_relay, count_mismatch_fails_every_rank, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring(NULL);
-  struct relay_arg ra = {.apart = 1, .relay = 1, .mismatch = 1};
-  rt_run_procs(2, mismatch_body, &ra);
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, mismatch_body, 2, 2);
 }
 
 /* A peer process dies while this rank's streams wait for its pieces (no host call is waiting, only the
@@ -184,26 +174,11 @@ TEST_T(cuda_relay, count_mismatch_fails_every_rank, 60) {
 static void dead_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   cudaStream_t s;
   ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
-  float* a = dev_alloc(M);
-  static int never;
-  if (rank == 1) ASSERT_EQ(fk.hold(s, &never), 0); /* its stream never copies its input in */
-  NCCL_OK(ncclAllReduce(a, a, M, ncclFloat32, ncclSum, comm, s));
-  if (rank == 1) {
-    usleep(300000); /* the exchange is done on both ranks */
-    _exit(0);
-  }
-  ASSERT_EQ(fk.sync(s), 0); /* let through once rank 1 is found gone */
-  EXPECT_EQ(async_error(comm), ncclRemoteError);
-  EXPECT(strstr(ncclGetLastError(comm), "is gone") != NULL);
-  NCCL_OK(ncclCommAbort(comm));
+  dead_peer_steps(comm, s, rank, M);
 }
 
 TEST_T(cuda_relay, peer_dies_while_the_streams_wait, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring(NULL);
-  struct relay_arg ra = {.apart = 1, .relay = 1};
-  rt_run_procs(2, dead_peer_body, &ra);
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, dead_peer_body, 2, 2);
 }
 
 /* CHORUS_TIMEOUT: a peer whose stream never reaches the call (alive, held) fails the call on the
@@ -211,30 +186,12 @@ TEST_T(cuda_relay, peer_dies_while_the_streams_wait, 60) {
 static void held_peer_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   cudaStream_t s;
   ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
-  float* a = dev_alloc(M);
-  static int release;
-  if (rank == 1) ASSERT_EQ(fk.hold(s, &release), 0);
-  NCCL_OK(ncclAllReduce(a, a, M, ncclFloat32, ncclSum, comm, s));
-  if (rank == 0) {
-    ASSERT_EQ(fk.sync(s), 0);
-    ncclResult_t as = async_error(comm);
-    EXPECT(as == ncclTimeout || as == ncclRemoteError);
-  } else {
-    usleep(1500000);
-    __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
-    ASSERT_EQ(fk.sync(s), 0);
-  }
-  NCCL_OK(ncclCommAbort(comm));
+  held_peer_steps(comm, s, rank, M);
 }
 
 TEST_T(cuda_relay, stream_that_never_arrives_times_out, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring(NULL);
-  setenv("CHORUS_TIMEOUT", "1", 1);
-  param_reset();
-  struct relay_arg ra = {.apart = 1, .relay = 1};
-  rt_run_procs(2, held_peer_body, &ra);
+  setenv("CHORUS_TIMEOUT", "1", 1); /* read at small_ring's param_reset */
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, held_peer_body, 2, 2);
 }
 
 /* Calls of every relayed kind back to back, no synchronisation between them: ring entries are
@@ -269,12 +226,7 @@ static void burst_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_relay, every_kind_back_to_back_procs, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring(NULL);
-  struct relay_arg ra = {.apart = 1, .relay = 1};
-  rt_run_procs(2, burst_body, &ra);
-  rt_run_procs(3, burst_body, &ra);
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, burst_body, 2, 3);
 }
 
 /* One thread drives two ranks (ncclCommInitAll, CHORUS_CUDA_RELAY=1), each call a group over both,
@@ -319,58 +271,20 @@ static void misaligned_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_relay, misaligned_buffer_fails_every_rank, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring(NULL);
-  struct relay_arg ra = {.apart = 1, .relay = 1};
-  rt_run_procs(2, misaligned_body, &ra);
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, misaligned_body, 2, 2);
 }
 
 /* AlltoAll, Gather and Scatter relayed (a slice of each block side by side in a piece where each rank
  * takes another block), out of place and in place, every root. */
-static float v3(int r, int j, int i) { return (float)(r * 1000000 + j * 100000 + i % 99991); }
-
 static void three_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   cudaStream_t s;
   ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
-  int n = nranks, kernels0 = fk.kernels();
-  size_t all = (size_t)M * n;
-  float *a = dev_alloc(all), *b = dev_alloc(all);
-  for (int inplace = 0; inplace < 2; inplace++) {
-    for (int j = 0; j < n; j++)
-      for (int i = 0; i < M; i++) a[(size_t)j * M + i] = v3(rank, j, i), b[(size_t)j * M + i] = -1;
-    float* out = inplace ? a : b;
-    NCCL_OK(ncclAlltoAll(a, out, M, ncclFloat32, comm, s));
-    ASSERT_EQ(fk.sync(s), 0);
-    for (int j = 0; j < n; j++)
-      for (int i = 0; i < M; i++) EXPECT(out[(size_t)j * M + i] == v3(j, rank, i));
-    for (int root = 0; root < n; root++) {
-      for (size_t i = 0; i < all; i++) b[i] = -1, a[i] = i < (size_t)M ? v3(rank, 0, (int)i) : -2;
-      float* in = inplace && rank == root ? b + (size_t)root * M : a;
-      if (in != a) memcpy(in, a, M * sizeof(float));
-      NCCL_OK(ncclGather(in, b, M, ncclFloat32, root, comm, s));
-      ASSERT_EQ(fk.sync(s), 0);
-      for (int j = 0; rank == root && j < n; j++)
-        for (int i = 0; i < M; i++) EXPECT(b[(size_t)j * M + i] == v3(j, 0, i));
-      for (int j = 0; j < n; j++)
-        for (int i = 0; i < M; i++) a[(size_t)j * M + i] = v3(rank, j, i), b[(size_t)j * M + i] = -1;
-      float* to = inplace && rank == root ? a + (size_t)root * M : b;
-      NCCL_OK(ncclScatter(a, to, M, ncclFloat32, root, comm, s));
-      ASSERT_EQ(fk.sync(s), 0);
-      for (int i = 0; i < M; i++) EXPECT(to[i] == v3(root, rank, i));
-    }
-  }
+  int kernels0 = fk.kernels();
+  three_steps(comm, s, rank, nranks, M);
   EXPECT_EQ(fk.kernels(), kernels0); /* copies only: no kernel */
   NCCL_OK(ncclCommDestroy(comm));
-  EXPECT_EQ(fk.free((uintptr_t)a), 0);
-  EXPECT_EQ(fk.free((uintptr_t)b), 0);
 }
 
 TEST_T(cuda_relay, alltoall_gather_scatter_procs, 60) {
-  if (no_kernels()) return;
-  load();
-  small_ring(NULL);
-  struct relay_arg ra = {.apart = 1, .relay = 1};
-  rt_run_procs(2, three_body, &ra);
-  rt_run_procs(3, three_body, &ra);
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, three_body, 2, 3);
 }
