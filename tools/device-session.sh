@@ -10,6 +10,7 @@
 #                                           # a rank count at 16 cores)
 #          tools/device-session.sh ab       # after a GPU-path change: its choices A/B  (~2 min)
 #          tools/device-session.sh relay    # issue 29 item 4: the relay through pinned host memory (~4 min)
+#          tools/device-session.sh torchgpu # issue 29 item 6: the chorus backend on CUDA tensors (~2 min)
 #   device run: command "tools/device-session.sh gpu", carry [".devcarry"], timeout_s 540
 #   (2026-11-26 on an H200: machine start + transfers ~30 s; build 12 s; gpu 250 s; the scaling of
 #   16 ranks alone took 250 s before large sizes ran unchecked). .devcarry now also holds NCCL 2.32
@@ -195,6 +196,19 @@ print("DtoD %.1f GB/s copied (bytes read + written: x2)" % rate(lambda: e.copy_(
   done
 }
 
+# Issue 29 item 6: torch_chorus's own backend on CUDA tensors (no preload): every collective checked,
+# a CUDA graph of an all_reduce replayed 100 times, the 8 B and 4 MiB all_reduce, DDP against Gloo;
+# then torch's nccl backend with Chorus preloaded, same script, for the side-by-side (~2 min).
+torchgpu() {
+  [[ -x $B/bin/all_reduce_perf ]] || build || return 1
+  local np
+  for np in 2 4; do
+    bounded torchgpu 90 env PYTHONPATH="$B/python" CHORUS_SMOKE_BACKEND=chorus CHORUS_SMOKE_GRAPH=1 PYTHONUNBUFFERED=1 \
+      "$py" tests/torch/gpu_nccl_smoke.py "$np"
+    bounded torchgpu 90 env LD_PRELOAD="$B/lib/libnccl.so.2" PYTHONUNBUFFERED=1 "$py" tests/torch/gpu_nccl_smoke.py "$np"
+  done
+}
+
 # Issue 29 item 4: the relay (ranks on different GPUs; CHORUS_CUDA_RELAY=1 forces it on one GPU, which
 # is what one lent GPU can show), every relayed collective with its results checked, against whole
 # buffers staged through the host (CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0, the old path) and the
@@ -320,8 +334,8 @@ prep() { # here, before the first device call
 
 for step in "${@:-gpu}"; do
   case $step in
-    prep | build | gpu | p2p | kernels | relay | ab | scaling) "$step" ;;
-    *) echo "usage: $0 prep | gpu | p2p | kernels | relay | ab | scaling | build" >&2; exit 2 ;;
+    prep | build | gpu | p2p | kernels | relay | torchgpu | ab | scaling) "$step" ;;
+    *) echo "usage: $0 prep | gpu | p2p | kernels | relay | torchgpu | ab | scaling | build" >&2; exit 2 ;;
   esac
 done
 echo "done in $((SECONDS - start)) s; results in $OUT" | tee -a "$OUT/summary.txt"

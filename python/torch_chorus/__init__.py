@@ -1,4 +1,4 @@
-"""torch_chorus: a torch.distributed backend named "chorus" for CPU tensors, running on libchorus.
+"""torch_chorus: a torch.distributed backend named "chorus" for CPU and CUDA tensors, running on libchorus.
 
     import torch_chorus                  # registers the backend
     import torch.distributed as dist
@@ -43,8 +43,29 @@ from .ops import ChorusBackend, create_backend_ext  # noqa: E402,F401
 library_path = _lib.library_path
 chorus_version = _lib.version()
 
+
+
+def _devices():
+    """The device types the backend serves: CHORUS_TORCH_DEVICES ("cpu" or "cpu,cuda"), else cuda too
+    where this torch is a CUDA build and the machine has a GPU. Asked through NVML (or the driver's
+    device node), not the CUDA runtime: initialising CUDA here would break the ranks a launcher forks
+    after `import torch_chorus`. torch then makes one communicator per device type of a group."""
+    given = os.environ.get("CHORUS_TORCH_DEVICES")
+    if given:
+        return [d.strip() for d in given.split(",") if d.strip()]
+    if torch.version.cuda is None:
+        return ["cpu"]
+    count = getattr(torch.cuda, "_device_count_nvml", None)
+    try:
+        gpus = count() > 0 if count is not None else os.path.exists("/dev/nvidiactl")
+    except Exception:
+        gpus = os.path.exists("/dev/nvidiactl")
+    return ["cpu", "cuda"] if gpus else ["cpu"]
+
+
+devices = _devices()
 if "CHORUS" not in dist.Backend._plugins if hasattr(dist.Backend, "_plugins") else True:
-    dist.Backend.register_backend("chorus", create_backend_ext, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend("chorus", create_backend_ext, extended_api=True, devices=devices)
 
 
 

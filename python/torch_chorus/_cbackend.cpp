@@ -113,6 +113,50 @@ class ChorusWork : public Work {
   c10::intrusive_ptr<c10::ivalue::Future> fut_;
 };
 
+// The Work of a call on device tensors (device_ops.py's _DeviceWork, a Python Work): held here with its
+// Python object, which a plain cast would let go (pybind then loses its overrides and torch's base
+// wait() waits forever). Each method asks the object, under the GIL.
+class HeldWork : public Work {
+ public:
+  explicit HeldWork(py::object obj) : obj_(std::move(obj)) {}
+  ~HeldWork() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire g;
+      obj_ = py::object();
+    } else {
+      obj_.release();
+    }
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    py::gil_scoped_acquire g;
+    return obj_.attr("_wait_ms")(timeout.count()).cast<bool>();
+  }
+  bool isCompleted() override {
+    py::gil_scoped_acquire g;
+    return obj_.attr("is_completed")().cast<bool>();
+  }
+  bool isSuccess() const override {
+    py::gil_scoped_acquire g;
+    return obj_.attr("is_success")().cast<bool>();
+  }
+  void synchronize() override {
+    py::gil_scoped_acquire g;
+    obj_.attr("synchronize")();
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    py::gil_scoped_acquire g;
+    return obj_.attr("get_future")().cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
+  }
+  std::vector<at::Tensor> result() override {
+    auto fut = getFuture();
+    const c10::IValue& v = fut->value();
+    return v.isTensorList() ? v.toTensorVector() : std::vector<at::Tensor>{};
+  }
+
+ private:
+  py::object obj_;
+};
+
 // torch.profiler: every call is a record_function "chorus::<call>" carrying its tensors, so traces show
 // it with its input shapes (record_shapes=True). The list is built only while a profiler listens.
 void add_ivals(std::vector<c10::IValue>& v, const at::Tensor& t) { v.emplace_back(t); }
@@ -271,7 +315,9 @@ class ChorusCBackend : public c10d::Backend {
   template <typename... A>
   WorkPtr invoke(const char* name, A&... args) {
     py::gil_scoped_acquire g;
-    return engine_.attr(name)(args...).template cast<WorkPtr>();
+    py::object w = engine_.attr(name)(args...);
+    if (py::hasattr(w, "_held_by_front")) return c10::make_intrusive<HeldWork>(std::move(w));
+    return w.template cast<WorkPtr>();
   }
 
   py::object engine_;

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _CBackend
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import _lib
+from . import _lib, device
 from ._lib import lib
 
 _R = dist.ReduceOp.RedOpType
@@ -76,6 +76,20 @@ def _check_cpu(t):
 def _real(t):
     """Complex tensors travel as their real pairs (only for data movement and sums)."""
     return torch.view_as_real(t) if t.is_complex() else t
+
+
+def split_counts(t, given, size, what):
+    """all_to_all_single's element counts per rank: t's rows split as `given` says (evenly if empty)."""
+    rows = t.shape[0] if t.dim() else 1
+    row = t.numel() // rows if rows else 0
+    if not given:
+        if rows % size:
+            raise RuntimeError(f"chorus: all_to_all_single: {what} has {rows} rows, not a multiple of {size}")
+        given = [rows // size] * size
+    if len(given) != size or sum(given) != rows:
+        raise RuntimeError(f"chorus: all_to_all_single: {what} split sizes {list(given)} do not "
+                           f"cover its {rows} rows over {size} ranks")
+    return [g * row for g in given]
 
 
 class _Out:
@@ -359,8 +373,9 @@ class ChorusEngine(_BASE):
         if front is not None:
             # Not while a completed call's results are still being copied back (a settler's _Out): a
             # call over the same memory must see them (torch_work's column-then-matrix case).
+            # Not where a device row takes CPU tensors (the stand-in's tests): the front would run them here.
             front.set_allowed(self._done_upto == self._issued and not self._batch and self._first_bad is None
-                              and not self._unsettled)
+                              and not self._unsettled and not device.host_claims)
 
     # ---- issuing ----
 

@@ -17,7 +17,10 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .backend import _ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _CBackend, _check_cpu, _dtype, _Out, _real
+from . import device
+from .backend import (_ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _CBackend, _check_cpu, _dtype, _Out, _real,
+                      split_counts)
+from .device_ops import DeviceOps
 
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default for a group without one
 
@@ -44,7 +47,7 @@ def _missing_ranks_doing(report, ranks):
     return lines
 
 
-class ChorusBackend(ChorusEngine):
+class ChorusBackend(DeviceOps, ChorusEngine):
     def _redop(self, op, t):
         """The NCCL op for a c10d ReduceOp on t's dtype, and the factor to scale the inputs by first
         (PREMUL_SUM: each rank's input times the factor, then a sum, in t's dtype as NCCL does; done
@@ -371,20 +374,8 @@ class ChorusBackend(ChorusEngine):
                              lambda s: lib.ncclAlltoAll(src.data_ptr(), out.buf.data_ptr(), n, dt, comm, s),
                              output, self._finishers([out]), (src, out))
 
-        def splits(t, given, what):
-            rows = t.shape[0] if t.dim() else 1
-            row = t.numel() // rows if rows else 0
-            if not given:
-                if rows % size:
-                    raise RuntimeError(f"chorus: all_to_all_single: {what} has {rows} rows, not a multiple of {size}")
-                given = [rows // size] * size
-            if len(given) != size or sum(given) != rows:
-                raise RuntimeError(f"chorus: all_to_all_single: {what} split sizes {list(given)} do not "
-                                   f"cover its {rows} rows over {size} ranks")
-            return [g * row for g in given]
-
-        scount = splits(src, input_split_sizes, "input")
-        rcount = splits(out.buf, output_split_sizes, "output")
+        scount = split_counts(src, input_split_sizes, size, "input")
+        rcount = split_counts(out.buf, output_split_sizes, size, "output")
         es = src.element_size()
         soff = [sum(scount[:p]) * es for p in range(size)]
         roff = [sum(rcount[:p]) * es for p in range(size)]
@@ -589,6 +580,50 @@ def _sync_calls(cls):
 
 
 _sync_calls(ChorusBackend)
+
+_DEVICE_CALLS = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced",
+                 "_allgather_base", "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
+                 "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall_base", "alltoall", "send", "recv")
+
+
+def _first_tensor(args):
+    for a in args:
+        while isinstance(a, (list, tuple)) and a:
+            a = a[0]
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+def _device_calls(cls):
+    """Send an operation whose tensors are a device's (device.py) to its device version
+    (device_ops.py, `_dev_<name>`); CPU tensors go on as before, at the cost of one check."""
+    import functools
+
+    def wrap(name, f):
+        dev = getattr(cls, "_dev_" + name)
+
+        @functools.wraps(f)
+        def call(self, *args, **kwargs):
+            t = _first_tensor(args)
+            d = device.of(t) if t is not None else None
+            if d is None:
+                return f(self, *args, **kwargs)
+            return dev(self, d, *args, **kwargs)
+        return call
+
+    for name in _DEVICE_CALLS:
+        setattr(cls, name, wrap(name, getattr(cls, name)))
+    return cls
+
+
+_device_calls(ChorusBackend)
+for _alias, _name in (("all_gather_single", "_allgather_base"),
+                      ("all_gather_single_coalesced", "allgather_into_tensor_coalesced"),
+                      ("reduce_scatter_single", "_reduce_scatter_base"),
+                      ("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced"),
+                      ("all_to_all_single", "alltoall_base")):
+    setattr(ChorusBackend, _alias, getattr(ChorusBackend, _name))  # the wrapped calls, not the originals
 
 
 def create_backend(store, rank, size, timeout):

@@ -420,6 +420,15 @@ EXPORT int cuStreamWaitEvent(void* s, void* ev, unsigned flags) {
   struct event* e = ev;
   return enqueue(s, (struct op){.kind = OP_WAIT_EVENT, .dst = e, .value = e->records});
 }
+/* CUDA_ERROR_NOT_READY (600) until the stream has run the event's latest record (torch_chorus's Works). */
+EXPORT int cuEventQuery(void* ev) {
+  struct event* e = ev;
+  return (int32_t)(__atomic_load_n(&e->done, __ATOMIC_ACQUIRE) - e->records) < 0 ? 600 : 0;
+}
+EXPORT int cuEventSynchronize(void* ev) {
+  while (cuEventQuery(ev)) sched_yield();
+  return 0;
+}
 EXPORT int cuEventDestroy_v2(void* ev) { return ev ? 0 : E_INVALID_HANDLE; }
 EXPORT int cuMemHostAlloc(void** p, size_t n, unsigned flags) {
   (void)flags;

@@ -4,6 +4,9 @@ CUDA tensors against closed-form values and a few DDP steps against the same run
 
     LD_PRELOAD=$PWD/build/lib/libnccl.so.2 python3 tests/torch/gpu_nccl_smoke.py 2
 
+With CHORUS_SMOKE_BACKEND=chorus (and build/python on PYTHONPATH) the same runs on torch_chorus's own
+backend, which takes the CUDA tensors itself (issue 29 item 6): no preload, no ProcessGroupNCCL.
+
 Needs torch with CUDA and a GPU; exits 77 (skipped) otherwise. Not registered in ctest: the GPU
 session script (tools/device-session.sh gpu) runs it.
 """
@@ -60,6 +63,19 @@ def p2p_us(rank, n, dev, numel, reps=200):
             t0 = time.perf_counter()
         for r in dist.batch_isend_irecv(ops):
             r.wait()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def allreduce_us(dev, numel, reps=500):
+    """A synchronous all_reduce of numel floats on the current stream, issue to completion, in us."""
+    t = torch.ones(numel, device=dev)
+    for i in range(reps + 50):
+        if i == 50:
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+        dist.all_reduce(t)
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / reps * 1e6
 
@@ -126,8 +142,14 @@ def graph_replays(rank, n, dev, reps=100):
 def run(rank, n, path):
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", init_method=f"file://{path}.nccl", rank=rank, world_size=n)
+    backend = os.environ.get("CHORUS_SMOKE_BACKEND", "nccl")
+    if backend == "chorus":
+        import torch_chorus  # noqa: F401  registers "chorus" for CPU and CUDA tensors
+    dist.init_process_group(backend, init_method=f"file://{path}.nccl", rank=rank, world_size=n)
     collectives(rank, n, dev)
+    small = [allreduce_us(dev, numel) for numel in (2, 1 << 20)]
+    if rank == 0:
+        print(f"{n} ranks, {backend}: all_reduce {small[0]:.1f} us at 8 B, {small[1]:.1f} us at 4 MiB")
     p2p = [p2p_us(rank, n, dev, numel) for numel in (2, 1 << 20)] if n > 1 else None
     if rank == 0 and p2p:
         print(f"{n} ranks: batch_isend_irecv ring step {p2p[0]:.1f} us at 8 B, {p2p[1]:.1f} us at 4 MiB")
@@ -149,7 +171,7 @@ def run(rank, n, path):
     dist.destroy_process_group()
     diff = (p_nccl - p_gloo).abs().max().item()
     if rank == 0:
-        print(f"{n} ranks on one GPU: collectives ok; DDP step {step_ms:.2f} ms over nccl-on-Chorus; "
+        print(f"{n} ranks on one GPU: collectives ok; DDP step {step_ms:.2f} ms over {backend}; "
               f"parameters vs Gloo on CPU: max |diff| {diff:.2e}")
     assert diff < 1e-3, diff  # GPU and CPU matmuls round differently
 
@@ -159,6 +181,6 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("SKIP: torch sees no CUDA device")
         sys.exit(SKIP)
-    if "libnccl.so.2" not in os.environ.get("LD_PRELOAD", ""):
+    if "libnccl.so.2" not in os.environ.get("LD_PRELOAD", "") and os.environ.get("CHORUS_SMOKE_BACKEND") != "chorus":
         print("note: Chorus is not preloaded (LD_PRELOAD=.../build/lib/libnccl.so.2): this runs torch's NCCL")
     mp.start_processes(run, args=(n, tempfile.mktemp()), nprocs=n, start_method="spawn")
