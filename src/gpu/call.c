@@ -66,9 +66,8 @@ ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* 
   CHECK(cudrv_capturing(t->stream, g->ctx, &capturing));
   /* Captured: the buffers are exchanged once, at capture, and every replay reuses the table (gpu.h:
    * graph words). Only where one kernel (rank 0's) does the call; sends and receives not yet. */
-  const char* no = !capturing            ? NULL
-                   : g->relay            ? "calls relayed through host memory (ranks on different GPUs)"
-                   : gpu_is_p2p(t->func) ? "sends and receives on device buffers of ranks sharing one GPU"
+  const char* no = !capturing || g->relay ? NULL /* the relay: collectives only (gpu_takes) */
+                   : gpu_is_p2p(t->func)   ? "sends and receives on device buffers of ranks sharing one GPU"
                    : g->n > 1 && !gpu_one_kernel(g, t->func)
                        ? "this call with CHORUS_CUDA_ONE_KERNEL=0 (or AlltoAll on more than 7 ranks)"
                        : NULL;
@@ -433,7 +432,7 @@ static ch_status graph_new(struct gpu_comm* g, struct gpu_graph_call** out) {
   struct gpu_graph_call* gc = calloc(1, sizeof(*gc));
   if (!gc) return CH_SYSTEM;
   gc->index = g->next_graph++, gc->id = 0x80000000u | gc->index;
-  if (g->rank == 0) { /* only rank 0's kernel reads a table (one kernel for all, or one rank) */
+  if (g->rank == 0 || g->relay) { /* only rank 0's kernel reads a table (one kernel for all), or each rank's (relay) */
     int mode = cudrv_capture_relaxed(); /* allocations inside a capture in global mode */
     gc->tab = cudrv_host_alloc(sizeof(struct dev_table), g->ctx, 1, &gc->tab_dev);
     ch_status s = gc->tab ? cudev_dev_alloc(g->ctx, sizeof(struct dev_staged), &gc->staged_dev) : CH_SYSTEM;
@@ -460,31 +459,45 @@ void gpu_graphs_free(struct gpu_comm* g) {
   }
 }
 
+/* The star of captured call k's flags (gpu.h), in two halves around what rank 0 does for all: the
+ * gather (a rank other than 0 arrives and waits for its release, clearing it; rank 0 waits for every
+ * arrival and clears them), then the release (rank 0 sets every other rank's `done`). Queued on o. */
+void gpu_graph_gather(struct gpu_comm* g, uint32_t k, struct gpu_memops* o) {
+  if (!g->seg) return;
+  if (g->rank != 0) {
+    gpu_memop(o, graph_word(g, k, g->rank, 0), 1, 0);
+    gpu_memop(o, graph_word(g, k, g->rank, 1), 1, 1);
+    gpu_memop(o, graph_word(g, k, g->rank, 1), 0, 0);
+    return;
+  }
+  for (int r = 1; r < g->n; r++) gpu_memop(o, graph_word(g, k, r, 0), 1, 1);
+  for (int r = 1; r < g->n; r++) gpu_memop(o, graph_word(g, k, r, 0), 0, 0);
+}
+
+void gpu_graph_release(struct gpu_comm* g, uint32_t k, struct gpu_memops* o) {
+  for (int r = 1; g->seg && g->rank == 0 && r < g->n; r++) gpu_memop(o, graph_word(g, k, r, 1), 1, 0);
+}
+
 /* A captured call's stream part, once its table is filled: the star of flags around rank 0's kernel
  * (gpu.h), which every replay repeats as it is. Not ordered after the comm's eager calls on other
- * streams (an event recorded outside a capture cannot be waited for inside it). */
+ * streams (an event recorded outside a capture cannot be waited for inside it). A relayed call has
+ * its own (gpu/relay.c). */
 static ch_status queue_graph(struct gpu_comm* g, const struct gpu_call* c) {
   if (c->copy_only)
     return cudrv_copy_dtod((void*)c->ptr[DEV_RECV], c->ptr[DEV_SEND], c->count * red_type_size(c->type), c->stream,
                            g->ctx);
+  if (g->relay) return gpu_relay_queue_graph(g, c);
   struct gpu_memops o = {.g = g, .s = c->stream};
-  uint32_t k = c->gc->index;
-  if (g->seg && g->rank != 0) {
-    gpu_memop(&o, graph_word(g, k, g->rank, 0), 1, 0);
-    gpu_memop(&o, graph_word(g, k, g->rank, 1), 1, 1);
-    gpu_memop(&o, graph_word(g, k, g->rank, 1), 0, 0);
-    return gpu_flush(&o);
-  }
-  for (int r = 1; g->seg && r < g->n; r++) gpu_memop(&o, graph_word(g, k, r, 0), 1, 1);
-  for (int r = 1; g->seg && r < g->n; r++) gpu_memop(&o, graph_word(g, k, r, 0), 0, 0);
+  gpu_graph_gather(g, c->gc->index, &o);
   CHECK(gpu_flush(&o));
+  if (g->seg && g->rank != 0) return CH_OK; /* rank 0's kernel does the call */
   struct dev_args a;
   gpu_fill_args(g, c, &a);
   if (a.njobs) {
     a.table = (uint64_t)(uintptr_t)c->gc->tab_dev, a.seq = c->gc->id;
     CHECK(gpu_launch_jobs(g, &a, c->gc->staged_dev, 0, c->stream));
   }
-  for (int r = 1; g->seg && r < g->n; r++) gpu_memop(&o, graph_word(g, k, r, 1), 1, 0);
+  gpu_graph_release(g, c->gc->index, &o);
   return gpu_flush(&o);
 }
 

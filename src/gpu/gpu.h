@@ -196,7 +196,8 @@ static inline size_t gpu_board_off(int n, int r, uint32_t k) {
  * every rank maps for its device; piece G sits in entry G mod depth. */
 struct gpu_relay_words {
   _Atomic uint32_t in, used;
-  uint32_t pad[14];
+  _Atomic uint32_t gin, gused; /* the same for a call captured into a graph: counted from 0 (gpu/relay.c) */
+  uint32_t pad[12];
 };
 static inline size_t gpu_relay_off(int n, int r) {
   return UT_ALIGN_UP(gpu_board_off(n, n, 0), 64) + (size_t)r * sizeof(struct gpu_relay_words);
@@ -311,6 +312,9 @@ int gpu_takes(const struct ch_task* t);
 ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
 /* The tables of calls captured into CUDA graphs (with the communicator). */
 void gpu_graphs_free(struct gpu_comm* g);
+/* The star of captured call k's flags, around what rank 0 does for all (gpu/call.c): gather, release. */
+void gpu_graph_gather(struct gpu_comm* g, uint32_t k, struct gpu_memops* o);
+void gpu_graph_release(struct gpu_comm* g, uint32_t k, struct gpu_memops* o);
 /* Free the call of a task that never launched. */
 void gpu_drop(struct ch_task* t);
 /* A group with such calls: queue the exchange on the bridge and the stream's part. 1: handled. */
@@ -343,6 +347,7 @@ void gpu_copier_free(struct gpu_comm* g); /* with the comm, once not busy */
  * part); relay_free: with the comm. */
 ch_status gpu_relay_setup(struct gpu_comm* g);
 ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c);
+ch_status gpu_relay_queue_graph(struct gpu_comm* g, const struct gpu_call* c); /* a captured call's */
 void gpu_relay_describe(struct gpu_comm* g, const void* p, size_t esize, struct gpu_buf_desc* d); /* at enqueue */
 void gpu_relay_table(struct gpu_comm* g, const struct gpu_call* c, struct dev_table* tab);         /* the bridge's */
 void gpu_relay_unblock(struct gpu_comm* g);

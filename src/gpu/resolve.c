@@ -186,9 +186,10 @@ static ch_status resolve_relay(struct gpu_comm* g, struct gpu_call* c, struct de
                       : "not aligned to its elements");
       return CH_INVALID_ARG;
     }
-  CHECK(wait_slot(g, c->seq));
+  if (!c->gc) CHECK(wait_slot(g, c->seq)); /* a captured call has a table of its own */
   gpu_relay_table(g, c, tab);
-  __atomic_store_n(&tab->seq, c->seq, __ATOMIC_RELEASE); /* the addresses first */
+  if (c->gc) c->gc->resolved = 1; /* read by the launching thread once the bridge is idle */
+  __atomic_store_n(&tab->seq, c->gc ? c->gc->id : c->seq, __ATOMIC_RELEASE); /* the addresses first */
   return CH_OK;
 }
 
