@@ -49,7 +49,8 @@ def _devices():
     """The device types the backend serves: CHORUS_TORCH_DEVICES ("cpu" or "cpu,cuda"), else cuda too
     where this torch is a CUDA build and the machine has a GPU. Asked through NVML (or the driver's
     device node), not the CUDA runtime: initialising CUDA here would break the ranks a launcher forks
-    after `import torch_chorus`. torch then makes one communicator per device type of a group."""
+    after `import torch_chorus`. One backend object serves both; its device calls run on a communicator
+    of their own (device_ops.py)."""
     given = os.environ.get("CHORUS_TORCH_DEVICES")
     if given:
         return [d.strip() for d in given.split(",") if d.strip()]

@@ -56,6 +56,26 @@ int nccl_op(c10d::ReduceOp::RedOpType op) {
   }
 }
 
+// Whether Python objects may still be released (the GIL taken): not once the interpreter finalises,
+// when taking it from another thread would end that thread inside a destructor.
+bool python_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// The tensors a future's value holds (a list of tensors, or the Python object the engine set).
+std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
+  if (v.isTensorList()) return v.toTensorVector();
+  if (v.isPyObject()) {
+    py::gil_scoped_acquire g;
+    return v.toPyObjectHolder()->extractTensors();
+  }
+  return {};
+}
+
 // Completes (Work::finish) when the engine's future does: wait() raises its error and honours a timeout,
 // is_completed() polls. The future's callback holds the Work weakly: a dropped Work is no cycle.
 class ChorusWork : public Work {
@@ -105,8 +125,7 @@ class ChorusWork : public Work {
   // The tensors the operation wrote, as the Work it replaced gave them (deprecated, still called).
   std::vector<at::Tensor> result() override {
     wait(kNoTimeout);
-    const c10::IValue& v = fut_->value();
-    return v.isTensorList() ? v.toTensorVector() : std::vector<at::Tensor>{};
+    return tensors_of(fut_->value());
   }
 
  private:
@@ -120,7 +139,7 @@ class HeldWork : public Work {
  public:
   explicit HeldWork(py::object obj) : obj_(std::move(obj)) {}
   ~HeldWork() override {
-    if (Py_IsInitialized()) {
+    if (python_alive()) {
       py::gil_scoped_acquire g;
       obj_ = py::object();
     } else {
@@ -143,15 +162,22 @@ class HeldWork : public Work {
     py::gil_scoped_acquire g;
     obj_.attr("synchronize")();
   }
+  void blockCurrentStream() override { synchronize(); }  // the current stream waits; the host does not
+  std::exception_ptr exception() const override {
+    py::gil_scoped_acquire g;
+    py::object e = obj_.attr("exception")();
+    if (e.is_none()) return nullptr;
+    try {
+      C10_THROW_ERROR(DistBackendError, py::str(e).cast<std::string>());
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     py::gil_scoped_acquire g;
     return obj_.attr("get_future")().cast<std::shared_ptr<torch::jit::PythonFutureWrapper>>()->fut;
   }
-  std::vector<at::Tensor> result() override {
-    auto fut = getFuture();
-    const c10::IValue& v = fut->value();
-    return v.isTensorList() ? v.toTensorVector() : std::vector<at::Tensor>{};
-  }
+  std::vector<at::Tensor> result() override { return tensors_of(getFuture()->value()); }
 
  private:
   py::object obj_;
@@ -180,11 +206,13 @@ class ChorusCBackend : public c10d::Backend {
   ChorusCBackend(py::object engine, int rank, int size) : Backend(rank, size), engine_(std::move(engine)) {}
 
   ~ChorusCBackend() override {
-    if (Py_IsInitialized()) {
+    if (python_alive()) {
       py::gil_scoped_acquire g;
       engine_ = py::object();
+      held_type_ = py::object();
     } else {
       engine_.release();  // the interpreter is gone: nothing left to release it to
+      held_type_.release();
     }
   }
 
@@ -196,6 +224,8 @@ class ChorusCBackend : public c10d::Backend {
   }
   void set_allowed(bool on) { fast_.store(on && fn_ && comm_, std::memory_order_release); }
   void set_done_work(WorkPtr w) { done_ = std::move(w); }
+  // The engine's Python Work class for device calls (device_ops._DeviceWork): held, not cast (HeldWork).
+  void set_held_type(py::object type) { held_type_ = std::move(type); }
 
   const std::string getBackendName() const override { return "chorus"; }
   bool supportsCoalescing() const override { return true; }
@@ -316,11 +346,12 @@ class ChorusCBackend : public c10d::Backend {
   WorkPtr invoke(const char* name, A&... args) {
     py::gil_scoped_acquire g;
     py::object w = engine_.attr(name)(args...);
-    if (py::hasattr(w, "_held_by_front")) return c10::make_intrusive<HeldWork>(std::move(w));
+    if (held_type_ && py::isinstance(w, held_type_)) return c10::make_intrusive<HeldWork>(std::move(w));
     return w.template cast<WorkPtr>();
   }
 
   py::object engine_;
+  py::object held_type_;
   std::atomic<bool> fast_{false};
   AllReduceFn fn_ = nullptr;
   void* comm_ = nullptr;
@@ -336,6 +367,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_fast", &ChorusCBackend::set_fast)
       .def("set_allowed", &ChorusCBackend::set_allowed)
       .def("set_done_work", &ChorusCBackend::set_done_work)
+      .def("set_held_type", &ChorusCBackend::set_held_type)
       .def_property_readonly("engine", &ChorusCBackend::engine)
       // What torch's Python asks of a backend that supports splitting (new_group's ranks outside a new
       // group, group descriptions): the engine's answers.

@@ -292,9 +292,10 @@ class ChorusEngine(_BASE):
         if secs > 0:
             self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
 
-    def _nccl_split(self, color, key):
+    def _nccl_split(self, color, key, counted=True):
         """ncclCommSplit of this group's communicator: every rank of the group calls it, in the same
-        order as its other calls (queued calls finish first); NOCOLOR gives a rank no communicator."""
+        order as its other calls (queued calls finish first); NOCOLOR gives a rank no communicator.
+        counted: a split torch sees (comm_split_count), not the group's own device communicator."""
         self._sync()
         self._healthy()
         comm = ctypes.c_void_p()
@@ -302,7 +303,7 @@ class ChorusEngine(_BASE):
         if rc != _lib.ncclSuccess:
             raise RuntimeError(f"chorus: ncclCommSplit failed on rank {self._rank}: {_lib.error_string(rc)}: "
                                f"{_lib.last_error(self._comm)}")
-        self._nsplits += 1
+        self._nsplits += counted
         return comm
 
     def _split_comm(self, parent, color, key, size):
@@ -362,6 +363,8 @@ class ChorusEngine(_BASE):
         done.set_result([])
         self._done_work = make_work(done)
         front.set_done_work(self._done_work)
+        from .device_ops import _DeviceWork
+        front.set_held_type(_DeviceWork)
         front.set_fast(ctypes.cast(lib.ncclAllReduce, ctypes.c_void_p).value, self._comm.value, False)
         self._fast_update()
 

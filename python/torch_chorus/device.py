@@ -32,6 +32,30 @@ class CudaDevice:
         return torch.empty(n, dtype=dtype, device=like.device)
 
     @staticmethod
+    def guard(t):
+        """While the group's device communicator is made (device_ops.py): t's device current, with its
+        CUDA context created and current on this thread, which the communicator then keeps."""
+        class _Guard:
+            def __enter__(self):
+                self.g = torch.cuda.device(t.device)
+                self.g.__enter__()
+                torch.cuda.synchronize(t.device)  # makes the primary context current on this thread
+
+            def __exit__(self, *exc):
+                return self.g.__exit__(*exc)
+
+        return _Guard()
+
+    @staticmethod
+    def hold(tensors, t):
+        """An asynchronous call's tensors: the caching allocator reuses their memory only once the
+        current stream gets past the call, whichever stream they were made on (as ProcessGroupNCCL
+        records them)."""
+        s = torch.cuda.current_stream(t.device)
+        for x in tensors:
+            x.record_stream(s)
+
+    @staticmethod
     def host_order(t):
         """Before torch itself reads or writes t's memory around a call: nothing, since torch's own
         operations on t go on the same current stream, in order."""

@@ -12,6 +12,7 @@ Who touches what: like the CPU path, one Python thread per process group issues;
 thread's queue while coalescing."""
 import ctypes
 import datetime
+import threading
 import time
 
 import torch
@@ -36,8 +37,6 @@ def _scalar(factor, dtype):
 class _DeviceWork(dist.Work):
     """An asynchronous call on device tensors: wait() orders the caller's current stream after it (and
     raises a failure the communicator has recorded); with a timeout the host waits, up to it."""
-
-    _held_by_front = True  # the C++ front keeps this object alive behind a Work of its own (HeldWork)
 
     def __init__(self, engine, d, t, result, keep, what):
         super().__init__()
@@ -86,47 +85,98 @@ class DeviceOps:
     """Mixed into ChorusBackend: `_dev_<operation>(d, ...)` is that c10d operation on d's tensors."""
 
     _dev_calls = None  # (issue, post) queued while coalescing; a list once the first is queued
+    # The group's device communicator and its device, made at the first device call (_dev_comm) by
+    # the issuing thread; _dev_lock makes reading it (Works' failure checks, any thread) safe against
+    # _destroy.
+    _dcomm = None
+    _ddevice = None
+    _dev_lock = threading.Lock()
 
     # ---- shared steps ----
 
     def _dev_failure(self):
-        """The communicator's recorded failure (a dead peer, a mismatch the bridge found), or None."""
-        st = ctypes.c_int(0)
-        rc = lib.ncclCommGetAsyncError(self._comm, ctypes.byref(st)) if self._comm else 3
-        rc = rc or (st.value if st.value != _lib.ncclInProgress else 0)
-        if rc == _lib.ncclSuccess:
-            return None
-        return f"{_lib.error_string(rc)}: {_lib.last_error(self._comm)}"
+        """The device communicator's recorded failure (a dead peer, a mismatch the bridge found), or
+        None; None too once the group is destroyed (its calls were let through then)."""
+        with self._dev_lock:
+            comm = self._dcomm
+            if comm is None:
+                return None
+            st = ctypes.c_int(0)
+            rc = lib.ncclCommGetAsyncError(comm, ctypes.byref(st))
+            rc = rc or (st.value if st.value != _lib.ncclInProgress else 0)
+            return None if rc == _lib.ncclSuccess else f"{_lib.error_string(rc)}: {_lib.last_error(comm)}"
 
     def _dev_error(self, what):
         msg = self._dev_failure()
         if msg is not None:
             raise RuntimeError(f"chorus: {what} failed on rank {self._rank}: {msg}")
 
-    def _dev_check(self, d, t, tensors, what):
+    def _dev_check(self, d, t, tensors, what, any_dense=False):
+        """Every tensor on t's device, dense, contiguous (any_dense: in any memory format, for the
+        calls that treat a tensor as its elements in memory order, as ProcessGroupNCCL allows), of a
+        supported dtype; returns the group's device communicator (made at the first device call)."""
         for x in tensors:
             if not d.claims(x) or x.device != t.device:
                 raise RuntimeError(f"chorus: {what}: every tensor of a call must be on {t.device}, got one on {x.device}")
-            if x.layout != torch.strided or not x.is_contiguous():
+            if x.layout != torch.strided or not (x.is_contiguous() or any_dense and _dense(x)):
                 raise RuntimeError(f"chorus: {what}: device tensors must be dense and contiguous (as with NCCL)")
             _dtype(x)
+        return self._dev_comm(d, t)
+
+    def _dev_comm(self, d, t):
+        """The group's device communicator, split from its communicator by every rank at its first call
+        on device tensors (as ProcessGroupNCCL makes its own lazily): under t's device, whose CUDA
+        context it keeps, so a program that picks its device after init_process_group gets it, and
+        device calls never queue behind the CPU calls' host stream. One device per group and process."""
+        if self._dcomm is not None:
+            if t.device != self._ddevice:
+                raise RuntimeError(f"chorus: this process group runs its device calls on {self._ddevice}; a call on "
+                                   f"{t.device} needs a process group of its own (one device per process, as with NCCL)")
+            return self._dcomm
+        with d.guard(t):
+            comm = self._nccl_split(0, self._rank, counted=False)
+        secs = self._timeout.total_seconds() if self._timeout is not None else 0
+        if secs > 0:
+            lib.chorusCommSetTimeout(comm, secs)
+        with self._dev_lock:
+            self._dcomm, self._ddevice = comm, t.device
+        self._drow, self._dbarrier = d, d.empty(1, torch.uint8, t)  # the barrier's byte
+        return comm
 
     def _dev_issue(self, d, t, what, opts, issue, post=None, result=(), keep=None):
         """issue(stream) makes the C calls (one NCCL group) on t's current stream; post() then runs
         torch's copies out of scratch buffers, on the same stream. Returns the Work."""
-        self._healthy()
-        if self._batch:  # end_coalescing issues the queue as one group
-            if self._dev_calls is None:
-                self._dev_calls = []
-            self._dev_calls.append((d, t, issue, post, keep))
-            return self._done_work
-        self._check(issue(d.stream(t)), what)
-        if post is not None:
-            d.host_order(t)
-            post()
-        if not getattr(opts, "asyncOp", True):
+        asynchronous = getattr(opts, "asyncOp", True)
+        try:
+            self._healthy()
+            if self._batch:  # end_coalescing issues the queue as one group
+                if self._dev_calls is None:
+                    self._dev_calls = []
+                self._dev_calls.append((d, t, issue, post, keep))
+                return self._done_work
+            self._check(issue(d.stream(t)), what, comm=self._dcomm)
+            if post is not None:
+                d.host_order(t)
+                post()
+        except RuntimeError as e:
+            if asynchronous:  # reported through the Work: DDP's reducer would go on with a null future
+                return self._failed_work(str(e))
+            raise
+        if not asynchronous:
             return self._done_work  # on the caller's stream already: nothing to wait for
+        d.hold([x for x in _tensors(keep)], t)
         return _DeviceWork(self, d, t, result, keep, what)
+
+    def _dev_barrier(self, opts):
+        """dist.barrier once the group has made device calls (ProcessGroupNCCL's): a one-element
+        all-reduce on the device communicator, on the current stream, which the host then waits for."""
+        d, one = self._drow, self._dbarrier
+        t, comm = one, self._dcomm
+        self._check(lib.ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, _lib.ncclUint8, _lib.ncclMax, comm,
+                                      d.stream(t)), "barrier", comm=comm)
+        d.synchronize(d.record(t))
+        self._dev_error("barrier")
+        return self._done_work
 
     def _dev_group(self, calls):
         """issue(stream) for a list of (nccl call maker) closures: one NCCL group."""
@@ -147,17 +197,18 @@ class DeviceOps:
     def _dev_reduce_call(self, red, b, make):
         """make(op) with red's op; PREMUL_SUM's op made first and destroyed once the call is made."""
         op, factor = red
+        comm = self._dcomm
         if factor is None:
             return lambda s: make(op, s)
 
         def call(s):
             made = ctypes.c_int()
             rc = lib.ncclRedOpCreatePreMulSum(ctypes.byref(made), ctypes.byref(_scalar(factor, b.dtype)), _dtype(b),
-                                              _lib.ncclScalarHostImmediate, self._comm)
+                                              _lib.ncclScalarHostImmediate, comm)
             if rc:
                 return rc
             rc = make(made.value, s)
-            lib.ncclRedOpDestroy(made.value, self._comm)
+            lib.ncclRedOpDestroy(made.value, comm)
             return rc
 
         return call
@@ -166,8 +217,8 @@ class DeviceOps:
 
     def _dev_allreduce(self, d, tensors, opts=None, what="allreduce"):
         t = tensors[0]
-        self._dev_check(d, t, tensors, what)
-        reds, comm = self._dev_reductions(opts, tensors), self._comm
+        comm = self._dev_check(d, t, tensors, what, any_dense=True)
+        reds = self._dev_reductions(opts, tensors)
         calls = []
         for x, red in zip(tensors, reds):
             b = _real(x)
@@ -179,16 +230,16 @@ class DeviceOps:
         return self._dev_allreduce(d, tensors, opts, "allreduce_coalesced")
 
     def _dev_broadcast(self, d, tensors, opts):
-        t, root, comm = tensors[0], opts.rootRank, self._comm
-        self._dev_check(d, t, tensors, "broadcast")
+        t, root = tensors[0], opts.rootRank
+        comm = self._dev_check(d, t, tensors, "broadcast", any_dense=True)
         bufs = [_real(x) for x in tensors]
         calls = [lambda s, b=b: lib.ncclBroadcast(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), root, comm, s)
                  for b in bufs]
         return self._dev_issue(d, t, "broadcast", opts, self._dev_group(calls), result=tensors, keep=tensors)
 
     def _dev_reduce(self, d, tensors, opts):
-        t, root, comm = tensors[0], opts.rootRank, self._comm
-        self._dev_check(d, t, tensors, "reduce")
+        t, root = tensors[0], opts.rootRank
+        comm = self._dev_check(d, t, tensors, "reduce", any_dense=True)
         calls = []
         for x, red in zip(tensors, self._dev_reductions(opts, tensors)):
             b = _real(x)
@@ -224,8 +275,8 @@ class DeviceOps:
         t, outputs = input_tensors[0], output_tensors[0]
         if len(outputs) != self._size:
             raise RuntimeError(f"chorus: allgather needs {self._size} output tensors, got {len(outputs)}")
-        self._dev_check(d, t, [t] + list(outputs), "allgather")
-        inp, comm = _real(t), self._comm
+        comm = self._dev_check(d, t, [t] + list(outputs), "allgather")
+        inp = _real(t)
         if any(_real(o).numel() != inp.numel() for o in outputs):  # uneven: a broadcast per rank, grouped
             outs = [_real(o) for o in outputs]
             if outs[self._rank].numel() != inp.numel() or any(o.dtype != inp.dtype for o in outs):
@@ -247,8 +298,8 @@ class DeviceOps:
 
     def _dev_allgather_into(self, d, outputs, inputs, opts, what):
         t = inputs[0]
-        self._dev_check(d, t, list(inputs) + list(outputs), what)
-        srcs, outs, comm = [_real(i) for i in inputs], [_real(o) for o in outputs], self._comm
+        comm = self._dev_check(d, t, list(inputs) + list(outputs), what)
+        srcs, outs = [_real(i) for i in inputs], [_real(o) for o in outputs]
         for i, o in zip(srcs, outs):
             if o.numel() != i.numel() * self._size or o.dtype != i.dtype:
                 raise RuntimeError(f"chorus: {what}: the output must hold world_size ({self._size}) "
@@ -264,11 +315,11 @@ class DeviceOps:
         return self._dev_allgather_into(d, outputs, inputs, opts, "allgather_into_tensor_coalesced")
 
     def _dev_gather(self, d, output_tensors, input_tensors, opts):
-        root, comm, t = opts.rootRank, self._comm, input_tensors[0]
+        root, t = opts.rootRank, input_tensors[0]
         outputs = output_tensors[0] if self._rank == root else []
         if self._rank == root and len(outputs) != self._size:
             raise RuntimeError(f"chorus: gather needs {self._size} output tensors at the root")
-        self._dev_check(d, t, [t] + list(outputs), "gather")
+        comm = self._dev_check(d, t, [t] + list(outputs), "gather")
         inp = _real(t)
         flat, post = self._dev_flat_out(d, inp, outputs, "gather") if outputs else (None, None)
         fp = flat.data_ptr() if flat is not None else None
@@ -277,11 +328,11 @@ class DeviceOps:
                                post, output_tensors, (inp, flat))
 
     def _dev_scatter(self, d, output_tensors, input_tensors, opts):
-        root, comm, t = opts.rootRank, self._comm, output_tensors[0]
+        root, t = opts.rootRank, output_tensors[0]
         inputs = input_tensors[0] if self._rank == root else []
         if self._rank == root and len(inputs) != self._size:
             raise RuntimeError(f"chorus: scatter needs {self._size} input tensors at the root")
-        self._dev_check(d, t, [t] + list(inputs), "scatter")
+        comm = self._dev_check(d, t, [t] + list(inputs), "scatter")
         out = _real(t)
         if any(_real(i).numel() != out.numel() for i in inputs):
             raise RuntimeError("chorus: scatter inputs must have the output's size")
@@ -295,8 +346,8 @@ class DeviceOps:
         t, inputs = output_tensors[0], input_tensors[0]
         if len(inputs) != self._size:
             raise RuntimeError(f"chorus: reduce_scatter needs {self._size} input tensors")
-        self._dev_check(d, t, [t] + list(inputs), "reduce_scatter")
-        out, comm = _real(t), self._comm
+        comm = self._dev_check(d, t, [t] + list(inputs), "reduce_scatter")
+        out = _real(t)
         red = self._dev_reductions(opts, [t])[0]
         if any(_real(i).numel() != out.numel() for i in inputs):  # uneven: a reduce per rank, grouped
             srcs = [_real(i) for i in inputs]
@@ -315,8 +366,8 @@ class DeviceOps:
 
     def _dev_reduce_scatter_into(self, d, outputs, inputs, opts, what):
         t = outputs[0]
-        self._dev_check(d, t, list(inputs) + list(outputs), what)
-        srcs, outs, comm = [_real(i) for i in inputs], [_real(o) for o in outputs], self._comm
+        comm = self._dev_check(d, t, list(inputs) + list(outputs), what)
+        srcs, outs = [_real(i) for i in inputs], [_real(o) for o in outputs]
         for i, o in zip(srcs, outs):
             if i.numel() != o.numel() * self._size or o.dtype != i.dtype:
                 raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
@@ -333,8 +384,8 @@ class DeviceOps:
         return self._dev_reduce_scatter_into(d, outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
 
     def _dev_alltoall_base(self, d, output, input, output_split_sizes, input_split_sizes, opts=None):
-        self._dev_check(d, output, [input, output], "all_to_all_single")
-        src, out, size, comm = _real(input), _real(output), self._size, self._comm
+        comm = self._dev_check(d, output, [input, output], "all_to_all_single")
+        src, out, size = _real(input), _real(output), self._size
         dt = _dtype(src)
         if not output_split_sizes and not input_split_sizes:
             if src.numel() % size or out.numel() != src.numel():
@@ -356,11 +407,11 @@ class DeviceOps:
         return self._dev_issue(d, output, "all_to_all_single", opts, self._dev_group(calls), None, [output], (src, out))
 
     def _dev_alltoall(self, d, output_tensors, input_tensors, opts=None):
-        size, comm = self._size, self._comm
+        size = self._size
         if len(output_tensors) != size or len(input_tensors) != size:
             raise RuntimeError(f"chorus: all_to_all needs {size} input and {size} output tensors")
         t = output_tensors[0]
-        self._dev_check(d, t, list(input_tensors) + list(output_tensors), "all_to_all")
+        comm = self._dev_check(d, t, list(input_tensors) + list(output_tensors), "all_to_all")
         srcs, outs = [_real(x) for x in input_tensors], [_real(x) for x in output_tensors]
         calls = []
         for p in range(size):
@@ -371,15 +422,15 @@ class DeviceOps:
     # ---- point to point: Works of their own, as ProcessGroupNCCL's isend/irecv ----
 
     def _dev_send(self, d, tensors, dst, tag):
-        t, comm = tensors[0], self._comm
-        self._dev_check(d, t, [t], "send")
+        t = tensors[0]
+        comm = self._dev_check(d, t, [t], "send", any_dense=True)
         b = _real(t)
         return self._dev_issue(d, t, "send", None, lambda s: lib.ncclSend(b.data_ptr(), b.numel(), _dtype(b), dst, comm, s),
                                None, tensors, b)
 
     def _dev_recv(self, d, tensors, src_rank, tag):
-        t, comm = tensors[0], self._comm
-        self._dev_check(d, t, [t], "recv")
+        t = tensors[0]
+        comm = self._dev_check(d, t, [t], "recv", any_dense=True)
         b = _real(t)
         return self._dev_issue(d, t, "recv", None,
                                lambda s: lib.ncclRecv(b.data_ptr(), b.numel(), _dtype(b), src_rank, comm, s),
@@ -391,6 +442,11 @@ class DeviceOps:
         calls = self._dev_calls if self._batch == 1 else None
         if calls:
             self._dev_calls = None
+            if self._p2p:  # two communicators: no one group
+                msg = (f"chorus: a coalescing block (batch_isend_irecv, _coalescing_manager) on rank {self._rank} "
+                       "mixes CPU and device tensors: use one kind per block")
+                super()._abandon_coalescing(msg)
+                return self._failed_work(msg)
         work = super().end_coalescing()
         if not calls:
             return work
@@ -403,6 +459,13 @@ class DeviceOps:
         except RuntimeError as e:
             return self._failed_work(str(e))
 
+    def _destroy(self, abort):
+        with self._dev_lock:
+            comm, self._dcomm = self._dcomm, None
+        if comm is not None:
+            (lib.ncclCommAbort if abort else lib.ncclCommDestroy)(comm)
+        super()._destroy(abort)
+
     def _abandon_coalescing(self, why):
         if self._batch == 1:
             self._dev_calls = None
@@ -411,3 +474,17 @@ class DeviceOps:
 
 def _reduce_op(opts):
     return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+
+def _dense(x):
+    return any(x.is_contiguous(memory_format=f) for f in (torch.channels_last, torch.channels_last_3d)
+               if x.dim() == (4 if f is torch.channels_last else 5))
+
+
+def _tensors(keep):
+    """The tensors in a nest of tuples and lists."""
+    if isinstance(keep, torch.Tensor):
+        yield keep
+    elif isinstance(keep, (list, tuple)):
+        for k in keep:
+            yield from _tensors(k)

@@ -411,6 +411,8 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         return self._run("all_to_all", opts, issue, output_tensors, self._finishers(outs), (srcs, outs))
 
     def barrier(self, opts=None):
+        if self._dcomm is not None:  # the group's device calls are in order before it too
+            return self._dev_barrier(opts)
         one, comm = torch.zeros(1, dtype=torch.uint8), self._comm
         return self._run("barrier", opts,
                          lambda s: lib.ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, _lib.ncclUint8,

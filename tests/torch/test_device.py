@@ -25,6 +25,7 @@ if not FAKE or not os.path.exists(FAKE):
     sys.exit(SKIP)
 os.environ["CHORUS_CUDA_LIBRARY"] = FAKE
 torch, dist = require_torch()
+import torch_chorus  # noqa: E402
 from torch_chorus import device, ops  # noqa: E402
 
 
@@ -70,6 +71,13 @@ class StandIn:
         t = self.empty(src.numel(), dtype).view(src.shape)
         t.copy_(src)
         return t
+
+    def guard(self, t):
+        import contextlib
+        return contextlib.nullcontext()  # the stand-in's one context is current on this thread already
+
+    def hold(self, tensors, t):
+        pass  # scratch buffers are kept until the test ends
 
     def host_order(self, t=None):
         assert self.cu.cuStreamSynchronize(self.current) == 0
@@ -189,6 +197,22 @@ def collectives(rank, size, path):
     for w in reqs:
         w.wait()
     check_equal(torch, done(got), torch.full((4,), 2.0 * (prv + 1)), "batch_isend_irecv ring")
+
+    # A channels_last tensor: dense in another memory format, taken by the element-wise calls.
+    m = d.empty(16, torch.float32).view(1, 2, 2, 4).permute(0, 3, 1, 2)
+    m.copy_(torch.full((1, 4, 2, 2), float(r1)))
+    dist.all_reduce(m)
+    check_equal(torch, done(m).contiguous(), torch.full((1, 4, 2, 2), float(tri)), "all_reduce, channels_last")
+    # The device calls run on a communicator of their own, split at the first one; CPU calls on the
+    # same group keep theirs.
+    eng = torch_chorus._chorus_engine(dist.group.WORLD, None)
+    if eng._dcomm is None or eng._dcomm.value == eng._comm.value:
+        raise AssertionError("device calls did not get a communicator of their own")
+    c = torch.full((3,), float(r1))
+    dist.all_reduce(c)
+    check_equal(torch, c, torch.full((3,), float(tri)), "a CPU all_reduce beside device calls")
+    if eng.comm_split_count() != 0:
+        raise AssertionError("the device communicator counted as a split torch made")
 
     if d.cu.fake_cuda_kernels() == kernels0 and d.cu.fake_cuda_copies() == 0:
         raise AssertionError("no call reached the library's GPU path (no kernel, no device copy)")
