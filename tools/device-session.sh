@@ -198,7 +198,8 @@ print("DtoD %.1f GB/s copied (bytes read + written: x2)" % rate(lambda: e.copy_(
 
 # Issue 29 item 6: torch_chorus's own backend on CUDA tensors (no preload): every collective checked,
 # a CUDA graph of an all_reduce replayed 100 times, the 8 B and 4 MiB all_reduce, DDP against Gloo;
-# then torch's nccl backend with Chorus preloaded, same script, for the side-by-side (~2 min).
+# then torch's nccl backend with Chorus preloaded, same script, for the side-by-side; then the relay
+# forced (CHORUS_CUDA_RELAY=1) with its graph replays (~3 min).
 torchgpu() {
   [[ -x $B/bin/all_reduce_perf ]] || build || return 1
   local np
@@ -207,6 +208,9 @@ torchgpu() {
       "$py" tests/torch/gpu_nccl_smoke.py "$np"
     bounded torchgpu 90 env LD_PRELOAD="$B/lib/libnccl.so.2" PYTHONUNBUFFERED=1 "$py" tests/torch/gpu_nccl_smoke.py "$np"
   done
+  # the relay forced on the one GPU: its collectives, and an all_reduce captured into a graph, replayed
+  bounded torchgpu 90 env PYTHONPATH="$B/python" CHORUS_SMOKE_BACKEND=chorus CHORUS_SMOKE_GRAPH=1 CHORUS_CUDA_RELAY=1 \
+    PYTHONUNBUFFERED=1 "$py" tests/torch/gpu_nccl_smoke.py 2
 }
 
 # Issue 29 item 4: the relay (ranks on different GPUs; CHORUS_CUDA_RELAY=1 forces it on one GPU, which
