@@ -290,47 +290,82 @@ TEST_T(cuda_relay, alltoall_gather_scatter_procs, 60) {
 }
 
 /* CUDA graphs on the relay: an AllReduce, a ReduceScatter and an AllGather (five pieces each through a
- * ring of two entries: entries refilled within the call) captured on each rank's stream, nothing run
- * by the capture; replayed with new inputs, an eager call between some replays (it numbers its
- * pieces on, the graph counts its own from 0); results in closed form every time. */
+ * ring of two entries: entries refilled within the call) captured in one graph, a Broadcast and a
+ * Reduce (ranks that produce or consume nothing) in a second, nothing run by the capture; both
+ * replayed back to back with new inputs, an eager call queued right before or right after them
+ * without a synchronisation between (it numbers its pieces on, the graphs count theirs from 0);
+ * results in closed form every time. */
 static void graph_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   cudaStream_t s;
   ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
   int n = nranks;
   size_t all = (size_t)M * n;
-  float *a = dev_alloc(all), *ar = dev_alloc(M), *rs = dev_alloc(M), *ag = dev_alloc(all), *e = dev_alloc(M);
-  for (int i = 0; i < M; i++) ar[i] = rs[i] = -1;
+  float *a = dev_alloc(all), *ar = dev_alloc(M), *rs = dev_alloc(M), *ag = dev_alloc(all), *e = dev_alloc(M),
+        *bc = dev_alloc(M), *rd = dev_alloc(M);
+  for (int i = 0; i < M; i++) ar[i] = rs[i] = rd[i] = -1;
+  void* graph[2];
   fk.begin_capture(s);
   NCCL_OK(ncclAllReduce(a, ar, M, ncclFloat32, ncclSum, comm, s));
   NCCL_OK(ncclReduceScatter(a, rs, M, ncclFloat32, ncclSum, comm, s));
   NCCL_OK(ncclAllGather(a, ag, M, ncclFloat32, comm, s));
-  void* graph = fk.end_capture(s);
-  ASSERT(graph != NULL);
-  EXPECT(fk.graph_ops(graph) > 0);
+  graph[0] = fk.end_capture(s);
+  fk.begin_capture(s);
+  NCCL_OK(ncclBroadcast(a, bc, M, ncclFloat32, n - 1, comm, s));
+  NCCL_OK(ncclReduce(a, rd, M, ncclFloat32, ncclMax, 0, comm, s));
+  graph[1] = fk.end_capture(s);
+  ASSERT(graph[0] != NULL && graph[1] != NULL);
+  EXPECT(fk.graph_ops(graph[0]) > 0 && fk.graph_ops(graph[1]) > 0);
   ASSERT_EQ(fk.sync(s), 0);
-  for (int i = 0; i < M; i++) EXPECT(ar[i] == -1 && rs[i] == -1); /* captured, not run */
+  for (int i = 0; i < M; i++) EXPECT(ar[i] == -1 && rs[i] == -1 && rd[i] == -1); /* captured, not run */
   for (int rep = 0; rep < 12; rep++) {
     for (size_t i = 0; i < all; i++) a[i] = (float)(rank + rep + (int)(i % 1000));
-    ASSERT_EQ(fk.graph_launch(graph, s), 0);
-    if (rep % 3 == 1) NCCL_OK(ncclAllReduce(a, e, M, ncclFloat32, ncclMax, comm, s)); /* eager, right after */
+    int eager = rep % 3; /* 1: right after the replays, 2: right before them */
+    if (eager == 2) NCCL_OK(ncclAllReduce(a, e, M, ncclFloat32, ncclMax, comm, s));
+    ASSERT_EQ(fk.graph_launch(graph[0], s), 0);
+    ASSERT_EQ(fk.graph_launch(graph[1], s), 0);
+    if (eager == 1) NCCL_OK(ncclAllReduce(a, e, M, ncclFloat32, ncclMax, comm, s));
     ASSERT_EQ(fk.sync(s), 0);
     int bad = 0;
     for (int i = 0; i < M && !bad; i++) {
-      float base = (float)(n * (n - 1) / 2 + n * rep);
+      float base = (float)(n * (n - 1) / 2 + n * rep), top = (float)(n - 1 + rep + i % 1000);
       bad = ar[i] != base + (float)(n * (i % 1000)) ||
-            rs[i] != base + (float)(n * (int)(((size_t)rank * M + i) % 1000)) ||
-            (rep % 3 == 1 && e[i] != (float)(n - 1 + rep + i % 1000));
+            rs[i] != base + (float)(n * (int)(((size_t)rank * M + i) % 1000)) || bc[i] != top ||
+            rd[i] != (rank == 0 ? top : -1.0f) || (eager && e[i] != top);
       for (int r = 0; r < n && !bad; r++) bad = ag[(size_t)r * M + i] != (float)(r + rep + i % 1000);
-      if (bad) rt_fail(__FILE__, __LINE__, "rank %d replay %d [%d]: %g %g", rank, rep, i, ar[i], rs[i]);
+      if (bad) rt_fail(__FILE__, __LINE__, "rank %d replay %d [%d]: %g %g %g %g", rank, rep, i, ar[i], rs[i], bc[i], rd[i]);
     }
   }
-  fk.graph_destroy(graph);
+  fk.graph_destroy(graph[0]), fk.graph_destroy(graph[1]);
   NCCL_OK(ncclCommDestroy(comm));
   fk.free((uintptr_t)a), fk.free((uintptr_t)ar), fk.free((uintptr_t)rs), fk.free((uintptr_t)ag), fk.free((uintptr_t)e);
+  fk.free((uintptr_t)bc), fk.free((uintptr_t)rd);
 }
 
 TEST_T(cuda_relay, graph_capture_and_replay_procs, 120) {
   procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, graph_body, 2, 3);
+}
+
+/* A replay after the communicator failed (a count mismatch on an eager call) is let through once, on
+ * every rank: its two barriers have a flag pair each, which the failure sets. */
+static void graph_after_failure_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  cudaStream_t s;
+  ncclComm_t comm = relay_rank(rank, nranks, id, arg, &s);
+  float *a = dev_alloc((size_t)M + 20000), *b = dev_alloc((size_t)M + 20000);
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(a, b, M, ncclFloat32, ncclSum, comm, s));
+  void* graph = fk.end_capture(s);
+  ASSERT(graph != NULL);
+  NCCL_OK(ncclAllReduce(a, b, rank == 1 ? M + 20000 : M, ncclFloat32, ncclSum, comm, s));
+  expect_failed(comm, ncclInvalidUsage, "differs");
+  ASSERT_EQ(fk.graph_launch(graph, s), 0);
+  EXPECT_EQ(fk.sync(s), 0); /* the replay was let through */
+  fk.graph_destroy(graph);
+  NCCL_OK(ncclCommDestroy(comm));
+  fk.free((uintptr_t)a), fk.free((uintptr_t)b);
+}
+
+TEST_T(cuda_relay, graph_replay_after_a_failure_ends, 60) {
+  procs(NULL, (struct relay_arg){.apart = 1, .relay = 1}, graph_after_failure_body, 2, 3);
 }
 
 TEST_T(cuda_relay, graph_capture_and_replay_threads, 60) {

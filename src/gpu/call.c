@@ -424,14 +424,18 @@ static void* graph_word(struct gpu_comm* g, uint32_t index, int r, int done_word
 }
 
 static ch_status graph_new(struct gpu_comm* g, struct gpu_graph_call** out) {
-  if (g->next_graph >= GPU_GRAPH_CALLS) {
-    WARN("rank %d: more than %d calls on device buffers captured into CUDA graphs on this communicator", g->rank,
-         GPU_GRAPH_CALLS);
+  /* A relayed call takes two flag pairs: one per barrier (gpu/relay.c), so that gpu_unblock's one
+   * setting lets a replay through both. */
+  uint32_t pairs = g->relay ? 2 : 1;
+  if (g->next_graph + pairs > GPU_GRAPH_CALLS) {
+    WARN("rank %d: more than %u calls on device buffers captured into CUDA graphs on this communicator", g->rank,
+         GPU_GRAPH_CALLS / pairs);
     return CH_INVALID_USAGE;
   }
   struct gpu_graph_call* gc = calloc(1, sizeof(*gc));
   if (!gc) return CH_SYSTEM;
-  gc->index = g->next_graph++, gc->id = 0x80000000u | gc->index;
+  gc->index = g->next_graph, gc->id = 0x80000000u | gc->index;
+  g->next_graph += pairs;
   if (g->rank == 0 || g->relay) { /* only rank 0's kernel reads a table (one kernel for all), or each rank's (relay) */
     int mode = cudrv_capture_relaxed(); /* allocations inside a capture in global mode */
     gc->tab = cudrv_host_alloc(sizeof(struct dev_table), g->ctx, 1, &gc->tab_dev);

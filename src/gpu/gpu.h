@@ -210,7 +210,7 @@ static inline size_t gpu_ring_off(int n, int r, uint32_t entry, size_t chunk, ui
  * at any time until it goes, as NCCL requires). */
 struct gpu_graph_call {
   struct gpu_graph_call* next;
-  uint32_t index;       /* its words (gpu_graph_off) */
+  uint32_t index;       /* its words (gpu_graph_off); a relayed call's also index + 1 */
   uint32_t id;          /* its table's seq */
   int resolved;         /* the bridge filled the table (gpu/resolve.c) */
   struct dev_table* tab; /* mapped pinned memory */

@@ -224,11 +224,13 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
 /* A call captured into a CUDA graph (its table filled at capture: gpu/call.c). A replay repeats the
  * numbers it was captured with, so its pieces cannot be numbered on from the eager calls': they count
  * from 0 in the graph counters (gin, gused), which each rank zeroes before a barrier through the
- * call's graph words (gpu.h) that no rank passes while another still uses the rings for what came
- * before (an eager call, or another replay); a second barrier at the end keeps what comes after off
- * the rings until every rank is done. All on the application's stream: a capture holds only what is
- * queued on its stream (and streams joined to it), and on one stream each wait is for a piece queued
- * before it, here or at a peer. */
+ * call's first pair of graph words (gpu.h) that no rank passes while another still uses the rings for
+ * what came before on its stream (an eager call, or another replay); a second barrier, on the second
+ * pair (one setting of gpu_unblock then lets a replay through both), keeps what comes after off the
+ * rings until every rank is done. The rings are shared with eager calls, so a replay must be in stream
+ * order with the communicator's other calls (as the direct path's must). All on the application's
+ * stream: a capture holds only what is queued on its stream (and streams joined to it), and on one
+ * stream each wait is for a piece queued before it, here or at a peer. */
 ch_status gpu_relay_queue_graph(struct gpu_comm* g, const struct gpu_call* c) {
   struct relay_plan p;
   CHECK(plan(g, c, &p));
@@ -236,8 +238,8 @@ ch_status gpu_relay_queue_graph(struct gpu_comm* g, const struct gpu_call* c) {
   gpu_memop(&o, word_dev_of(g, g->rank, 0, 1), 0, 0);
   gpu_memop(&o, word_dev_of(g, g->rank, 1, 1), 0, 0);
   for (int half = 0; half < 2; half++) { /* a barrier: the start's, then (after the pieces) the end's */
-    gpu_graph_gather(g, c->gc->index, &o);
-    gpu_graph_release(g, c->gc->index, &o);
+    gpu_graph_gather(g, c->gc->index + (uint32_t)half, &o);
+    gpu_graph_release(g, c->gc->index + (uint32_t)half, &o);
     CHECK(gpu_flush(&o));
     for (uint64_t k = 0; half == 0 && k < p.K; k++) CHECK(piece_queue(g, c, &p, k, (uint32_t)k, 1, &o, &o));
   }
