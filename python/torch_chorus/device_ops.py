@@ -120,7 +120,7 @@ class DeviceOps:
                 raise RuntimeError(f"chorus: {what}: every tensor of a call must be on {t.device}, got one on {x.device}")
             if x.layout != torch.strided or not (x.is_contiguous() or any_dense and _dense(x)):
                 raise RuntimeError(f"chorus: {what}: device tensors must be dense and contiguous (as with NCCL)")
-            _dtype(x)
+            _dtype(_real(x))  # complex tensors travel as their real pairs
         return self._dev_comm(d, t)
 
     def _dev_comm(self, d, t):

@@ -126,6 +126,10 @@ def collectives(rank, size, path):
     t = d.tensor([r1] * 4, torch.float64)
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
     check_equal(torch, done(t), torch.full((4,), 2.0 * tri, dtype=torch.float64), "all_reduce premul_sum")
+    t = d.empty(6, torch.float32).view(torch.complex64)  # complex: as its real pairs (SUM)
+    t.copy_(torch.full((3,), complex(r1, -r1)))
+    dist.all_reduce(t)
+    check_equal(torch, done(t), torch.full((3,), complex(tri, -tri), dtype=torch.complex64), "all_reduce complex")
     t = d.tensor([rank == 1] * 3, torch.bool)
     dist.all_reduce(t)  # SUM of bools is a logical or
     check_equal(torch, done(t), torch.ones(3, dtype=torch.bool), "all_reduce of bools")
