@@ -60,12 +60,11 @@ void gpu_relay_unblock(struct gpu_comm* g) {
 }
 
 /* Rank r's counter: `in` or `used`, or (graph) `gin` or `gused`. */
-static void* word_dev_of(struct gpu_comm* g, int r, int used, int graph) {
+static void* word_dev(struct gpu_comm* g, int r, int used, int graph) {
   size_t field = graph ? (used ? offsetof(struct gpu_relay_words, gused) : offsetof(struct gpu_relay_words, gin))
                        : (used ? offsetof(struct gpu_relay_words, used) : offsetof(struct gpu_relay_words, in));
   return (char*)g->seg_dev + gpu_relay_off(g->n, r) + field;
 }
-static void* word_dev(struct gpu_comm* g, int r, int used) { return word_dev_of(g, r, used, 0); }
 static size_t ring(const struct gpu_comm* g, int r, uint32_t piece) {
   return gpu_ring_off(g->n, r, piece % g->relay_depth, g->relay_chunk, g->relay_depth);
 }
@@ -170,17 +169,17 @@ static ch_status piece_queue(struct gpu_comm* g, const struct gpu_call* c, const
   if (p->produce) {
     char* entry = (char*)g->seg + ring(g, me, piece);
     /* a graph's count starts at 0: its first R pieces find their entries free */
-    for (int r = 0; r < n && (!graph || piece >= R); r++) gpu_memop(in, word_dev_of(g, r, 1, graph), piece - R + 1, 1);
+    for (int r = 0; r < n && (!graph || piece >= R); r++) gpu_memop(in, word_dev(g, r, 1, graph), piece - R + 1, 1);
     CHECK(gpu_flush(in));
     for (int b = 0; p->ok && b < p->blocks; b++)
       CHECK(cudrv_copy_async(1, entry + (size_t)b * len * E, (void*)(send + ((size_t)b * C + off) * E), len * E,
                              in->s, g->ctx));
-    gpu_memop(in, word_dev_of(g, me, 0, graph), piece + 1, 0);
+    gpu_memop(in, word_dev(g, me, 0, graph), piece + 1, 0);
     CHECK(gpu_flush(in));
   }
   if (p->reduce || p->copy_out) {
     for (int r = 0; r < n; r++)
-      if (!p->rooted || r == c->root) gpu_memop(out, word_dev_of(g, r, 0, graph), piece + 1, 1);
+      if (!p->rooted || r == c->root) gpu_memop(out, word_dev(g, r, 0, graph), piece + 1, 1);
     CHECK(gpu_flush(out));
   }
   if (p->reduce && p->ok)
@@ -191,7 +190,7 @@ static ch_status piece_queue(struct gpu_comm* g, const struct gpu_call* c, const
     size_t to = p->rooted ? off : (size_t)r * C + off; /* AllGather, AlltoAll, Gather: block r of mine */
     CHECK(cudrv_copy_async(0, (char*)g->seg + ring(g, r, piece) + from, recv + to * E, len * E, out->s, g->ctx));
   }
-  gpu_memop(out, word_dev_of(g, me, 1, graph), piece + 1, 0);
+  gpu_memop(out, word_dev(g, me, 1, graph), piece + 1, 0);
   return gpu_flush(out);
 }
 
@@ -215,7 +214,7 @@ ch_status gpu_relay_queue(struct gpu_comm* g, const struct gpu_call* c) {
   /* What the application queues next on its stream comes after the consuming stream's part. */
   CHECK(cudrv_event_record(g->relay_ev[1], s, g->ctx));
   CHECK(cudrv_event_wait(u, g->relay_ev[1], g->ctx));
-  if (!p.produce) gpu_memop(&in, word_dev(g, g->rank, 0), base + (uint32_t)p.K, 0); /* numbered on alike */
+  if (!p.produce) gpu_memop(&in, word_dev(g, g->rank, 0, 0), base + (uint32_t)p.K, 0); /* numbered on alike */
   gpu_memop(&in, gpu_slot_done_dev(g, c->seq), c->seq, 0);
   CHECK(gpu_flush(&in));
   return gpu_done(g, u);
@@ -235,8 +234,8 @@ ch_status gpu_relay_queue_graph(struct gpu_comm* g, const struct gpu_call* c) {
   struct relay_plan p;
   CHECK(plan(g, c, &p));
   struct gpu_memops o = {.g = g, .s = c->stream};
-  gpu_memop(&o, word_dev_of(g, g->rank, 0, 1), 0, 0);
-  gpu_memop(&o, word_dev_of(g, g->rank, 1, 1), 0, 0);
+  gpu_memop(&o, word_dev(g, g->rank, 0, 1), 0, 0);
+  gpu_memop(&o, word_dev(g, g->rank, 1, 1), 0, 0);
   for (int half = 0; half < 2; half++) { /* a barrier: the start's, then (after the pieces) the end's */
     gpu_graph_gather(g, c->gc->index + (uint32_t)half, &o);
     gpu_graph_release(g, c->gc->index + (uint32_t)half, &o);
