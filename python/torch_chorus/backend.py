@@ -92,6 +92,16 @@ def split_counts(t, given, size, what):
     return [g * row for g in given]
 
 
+def check_blocks(what, parts, wholes, size, whole_name):
+    """Each whole tensor holds world_size parts of its pair's elements and dtype (all_gather_into_tensor:
+    the output; reduce_scatter_tensor: the input); whole_name says which, in the message."""
+    part_name = "input" if whole_name == "output" else "output"
+    for p, w in zip(parts, wholes):
+        if w.numel() != p.numel() * size or w.dtype != p.dtype:
+            raise RuntimeError(f"chorus: {what}: the {whole_name} must hold world_size ({size}) times the "
+                               f"{part_name}'s {p.numel()} elements of {p.dtype}")
+
+
 class _Out:
     """Where an operation writes: the tensor itself, or a contiguous stand-in copied back at the end."""
 

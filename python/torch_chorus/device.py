@@ -11,6 +11,8 @@ A device row answers: does it own this tensor, which stream is current, how to m
 how to record and wait for an event, and how to make the future. `register` puts a row before CUDA's:
 the tests use one over the stand-in driver, whose "device memory" is host memory the library sees as
 device memory (tests/torch/test_device.py)."""
+import contextlib
+
 import torch
 
 
@@ -32,19 +34,13 @@ class CudaDevice:
         return torch.empty(n, dtype=dtype, device=like.device)
 
     @staticmethod
+    @contextlib.contextmanager
     def guard(t):
         """While the group's device communicator is made (device_ops.py): t's device current, with its
         CUDA context created and current on this thread, which the communicator then keeps."""
-        class _Guard:
-            def __enter__(self):
-                self.g = torch.cuda.device(t.device)
-                self.g.__enter__()
-                torch.cuda.synchronize(t.device)  # makes the primary context current on this thread
-
-            def __exit__(self, *exc):
-                return self.g.__exit__(*exc)
-
-        return _Guard()
+        with torch.cuda.device(t.device):
+            torch.cuda.synchronize(t.device)  # makes the primary context current on this thread
+            yield
 
     @staticmethod
     def hold(tensors, t):

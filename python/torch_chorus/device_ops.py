@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .backend import _dtype, _real, split_counts
+from .backend import _dtype, _real, check_blocks, split_counts
 
 _RED_SCALAR = {torch.float16: ctypes.c_uint16, torch.bfloat16: ctypes.c_uint16,
                torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
@@ -164,7 +164,7 @@ class DeviceOps:
             raise
         if not asynchronous:
             return self._done_work  # on the caller's stream already: nothing to wait for
-        d.hold([x for x in _tensors(keep)], t)
+        d.hold(list(_tensors(keep)), t)
         return _DeviceWork(self, d, t, result, keep, what)
 
     def _dev_barrier(self, opts):
@@ -300,10 +300,7 @@ class DeviceOps:
         t = inputs[0]
         comm = self._dev_check(d, t, list(inputs) + list(outputs), what)
         srcs, outs = [_real(i) for i in inputs], [_real(o) for o in outputs]
-        for i, o in zip(srcs, outs):
-            if o.numel() != i.numel() * self._size or o.dtype != i.dtype:
-                raise RuntimeError(f"chorus: {what}: the output must hold world_size ({self._size}) "
-                                   f"times the input's {i.numel()} elements of {i.dtype}")
+        check_blocks(what, srcs, outs, self._size, "output")
         calls = [lambda s, i=i, o=o: lib.ncclAllGather(i.data_ptr(), o.data_ptr(), i.numel(), _dtype(i), comm, s)
                  for i, o in zip(srcs, outs)]
         return self._dev_issue(d, t, what, opts, self._dev_group(calls), result=outputs, keep=(srcs, outs))
@@ -368,10 +365,7 @@ class DeviceOps:
         t = outputs[0]
         comm = self._dev_check(d, t, list(inputs) + list(outputs), what)
         srcs, outs = [_real(i) for i in inputs], [_real(o) for o in outputs]
-        for i, o in zip(srcs, outs):
-            if i.numel() != o.numel() * self._size or o.dtype != i.dtype:
-                raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
-                                   f"times the output's {o.numel()} elements of {o.dtype}")
+        check_blocks(what, outs, srcs, self._size, "input")
         calls = [self._dev_reduce_call(red, o, lambda op, s, i=i, o=o: lib.ncclReduceScatter(
             i.data_ptr(), o.data_ptr(), o.numel(), _dtype(o), op, comm, s))
             for i, o, red in zip(srcs, outs, self._dev_reductions(opts, outputs))]

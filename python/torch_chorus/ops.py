@@ -19,7 +19,7 @@ from . import _lib
 from ._lib import lib
 from . import device
 from .backend import (_ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _CBackend, _check_cpu, _dtype, _Out, _real,
-                      split_counts)
+                      check_blocks, split_counts)
 from .device_ops import DeviceOps
 
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default for a group without one
@@ -248,10 +248,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
     def _allgather_into(self, outputs, inputs, opts, what):
         srcs = [self._src(i) for i in inputs]
         outs = [self._out(o, need_values=False) for o in outputs]
-        for s_, o in zip(srcs, outs):
-            if o.buf.numel() != s_.numel() * self._size or o.buf.dtype != s_.dtype:
-                raise RuntimeError(f"chorus: {what}: the output must hold world_size ({self._size}) "
-                                   f"times the input's {s_.numel()} elements of {s_.dtype}")
+        check_blocks(what, srcs, [o.buf for o in outs], self._size, "output")
         comm = self._comm
 
         def issue(s):
@@ -343,10 +340,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
     def _reduce_scatter_into(self, outputs, inputs, opts, what):
         srcs = [self._src(i) for i in inputs]
         outs = [self._out(o, need_values=False) for o in outputs]
-        for s_, o in zip(srcs, outs):
-            if s_.numel() != o.buf.numel() * self._size or o.buf.dtype != s_.dtype:
-                raise RuntimeError(f"chorus: {what}: the input must hold world_size ({self._size}) "
-                                   f"times the output's {o.buf.numel()} elements of {o.buf.dtype}")
+        check_blocks(what, [o.buf for o in outs], srcs, self._size, "input")
         ops = [self._redop(_reduce_op(opts), o) for o in outputs]
         srcs = [self._scaled(i, scale) for i, (_, scale) in zip(srcs, ops)]
         comm = self._comm
