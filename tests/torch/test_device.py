@@ -263,6 +263,10 @@ def async_order(rank, size, path):
     expect_error(lambda: dist.all_reduce(m.t()), ["contiguous"], "a non-contiguous device tensor")
     outs = [d.empty(2, torch.float32) for _ in range(size - 1)] + [torch.zeros(2)]
     expect_error(lambda: dist.all_gather(outs, d.tensor([1.0, 2.0])), ["every tensor"], "a CPU output beside device ones")
+    expect_error(lambda: dist.all_gather_into_tensor(d.empty(size + 1, torch.float32), d.tensor([1.0])),
+                 ["output must hold world_size"], "an all_gather_into_tensor output of the wrong size")
+    expect_error(lambda: dist.all_gather_into_tensor(torch.zeros(size + 1), torch.ones(1)),
+                 ["output must hold world_size"], "the same on CPU tensors")
     dist.barrier()
     print(f"test_device: rank {rank}/{size}: async call on the current stream, wait() orders another stream, refusals")
     dist.destroy_process_group()
