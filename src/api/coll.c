@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../misc/log.h"
+#include "../misc/utils.h"
 #include "../cuda/cudrv.h"
 #include "../comm/work.h"
 #include "../tune/tune.h"
@@ -72,7 +73,48 @@ static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, i
   return CH_OK;
 }
 
-static ch_status check_task(struct ch_task* t) {
+/* Checked: place t (place_call) and queue it, or record it done when it has nothing to do. */
+static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+  struct ncclComm* comm = t->comm;
+  ch_status s = place_call(t, fn, needs_send, needs_recv);
+  if (s == CH_OK && t->stream && t->exec == EXEC_HOST)
+    INFO(LOG_COLL, "%s: stream %p is not a Chorus host stream; the call completes before returning", fn,
+         (void*)t->stream);
+  if (s == CH_OK && t->noop) {
+    fr_enqueue(comm, t, 1); /* recorded as done */
+    obs_add(&comm->ctr_noop, 1);
+    INFO(LOG_COLL, "%s: one rank, in place: nothing to do (comm %p)", fn, (void*)comm);
+  } else if (s == CH_OK) {
+    INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]%s",
+         fn, (unsigned long long)comm->seq, t->sendbuff, t->recvbuff, t->count, t->type, t->op, t->root, (void*)comm,
+         comm->nranks, t->piece ? " (a piece)" : "");
+    s = enq_task(t);
+  }
+  if (s != CH_OK) group_set_error(s); /* not queued: the group must not run without it */
+  return s;
+}
+
+/* A large AllReduce, Reduce or Broadcast on a communicator that stages device buffers runs as pieces
+ * (gpu/staging.c's stage_pieces: decided from the communicator and the call, alike on every rank):
+ * each a call of its own, so that the copies of one overlap the transfer of another. */
+static ch_status queue_pieces(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+  size_t per = stage_pieces(t);
+  if (!per) return queue_task(t, fn, needs_send, needs_recv);
+  size_t esize = red_type_size(t->type);
+  ch_status s = CH_OK;
+  for (size_t off = 0, k = 0; off < t->count && s == CH_OK; off += per, k++) {
+    struct ch_task p = *t;
+    p.count = UT_MIN(per, t->count - off);
+    p.piece = (int)k + 1;
+    if (p.sendbuff) p.sendbuff = (const char*)t->sendbuff + off * esize;
+    if (p.recvbuff) p.recvbuff = (char*)t->recvbuff + off * esize;
+    s = queue_task(&p, fn, needs_send, needs_recv);
+  }
+  return s;
+}
+
+/* The call's arguments, and which of its buffers this rank touches (*needs_send, *needs_recv). */
+static ch_status check_task(struct ch_task* t, int* needs_send_out, int* needs_recv_out) {
   const char* fn = algo_fname(t->func);
   struct ncclComm* comm = t->comm; /* checked and entered by the caller */
   if (group_init_pending(comm)) {
@@ -100,7 +142,8 @@ static ch_status check_task(struct ch_task* t) {
     WARN("%s: invalid peer %d (nranks is %d)", fn, t->root, comm->nranks);
     return CH_INVALID_ARG;
   }
-  if (t->count == 0) return place_call(t, fn, 0, 0); /* touches no buffer */
+  *needs_send_out = *needs_recv_out = 0;
+  if (t->count == 0) return CH_OK; /* touches no buffer */
   /* The largest buffer the call spans (a block per rank for the gathering kinds) must be addressable. */
   int per_rank = t->func == FUNC_ALLGATHER || t->func == FUNC_REDUCESCATTER || t->func == FUNC_ALLTOALL ||
                  t->func == FUNC_GATHER || t->func == FUNC_SCATTER;
@@ -124,10 +167,7 @@ static ch_status check_task(struct ch_task* t) {
     WARN("%s: recvbuff is NULL (count %zu, rank %d)", fn, t->count, rank);
     return CH_INVALID_ARG;
   }
-  CHECK(place_call(t, fn, needs_send, needs_recv));
-  if (t->stream && t->exec == EXEC_HOST)
-    INFO(LOG_COLL, "%s: stream %p is not a Chorus host stream; the call completes before returning", fn,
-         (void*)t->stream);
+  *needs_send_out = needs_send, *needs_recv_out = needs_recv;
   return CH_OK;
 }
 
@@ -139,20 +179,10 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
   struct comm_guard g;
   ch_status s = comm_check(comm, algo_fname(func));
   if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
-    s = check_task(&t);
-    if (s == CH_OK && t.noop) {
-      fr_enqueue(comm, &t, 1); /* recorded as done */
-      obs_add(&comm->ctr_noop, 1);
-      INFO(LOG_COLL, "%s: one rank, in place: nothing to do (comm %p)", algo_fname(func), (void*)comm);
-    } else if (s == CH_OK) {
-      INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]",
-           algo_fname(func), (unsigned long long)comm->seq, sendbuff, recvbuff, count, (int)type, (int)op, root,
-           (void*)comm, comm->nranks);
-      s = enq_task(&t);
-      if (s != CH_OK) group_set_error(s); /* not queued (out of memory): the group must not run without it */
-    } else {
-      group_set_error(s);
-    }
+    int needs_send, needs_recv;
+    s = check_task(&t, &needs_send, &needs_recv);
+    if (s == CH_OK) s = queue_pieces(&t, algo_fname(func), needs_send, needs_recv); /* sets the group's error */
+    else group_set_error(s);
     comm_leave(&g);
     return ch_to_nccl(s);
   }

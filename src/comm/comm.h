@@ -48,6 +48,8 @@ struct gpu_hello {
   int32_t relay;     /* CHORUS_CUDA_RELAY (rank 0's holds, with its chunk and depth) */
   uint32_t relay_chunk, relay_depth;
   uint32_t shares;   /* probe below is set: this process can export device memory */
+  uint32_t has_ctx;  /* a current context at init (pieces of staged calls need one on every rank) */
+  uint32_t piece;    /* CHORUS_CUDA_STAGE_PIECE (rank 0's holds) */
   uint64_t ctx_id;   /* the context's address: compared only between ranks of one process */
   unsigned char uuid[16];
   uint64_t probe_id; /* cudev_probe: a peer process opens it at setup (only a handle for the driver) */
@@ -199,6 +201,9 @@ struct ncclComm {
   /* Device buffers in CUDA stream order (gpu/staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */
   struct stage_comm* stage;
+  /* Bytes per piece of a large AllReduce, Reduce or Broadcast (gpu/staging.c's stage_pieces), or 0:
+   * set by gpu_setup alike on every rank, read-only afterwards. */
+  size_t stage_piece;
   /* Ranks sharing one GPU (gpu.h): the context current when the application made the comm (its
    * creating thread), the peers' hellos from comm_agree (until gpu_setup), and the GPU path, made at
    * init and read-only afterwards but for its own documented fields. */

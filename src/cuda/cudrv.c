@@ -54,6 +54,8 @@ static struct {
   cu_result (*ctx_current)(void**);
   cu_result (*mem_alloc)(uintptr_t*, size_t);
   cu_result (*mem_free)(uintptr_t);
+  cu_result (*stream_create)(void**, unsigned);
+  cu_result (*stream_destroy)(void*);
   int async_ok;
 } cu;
 
@@ -109,6 +111,8 @@ static int resolve(int flags) {
   SYM(ctx_current, "cuCtxGetCurrent");
   SYM(mem_alloc, "cuMemAlloc_v2");
   SYM(mem_free, "cuMemFree_v2");
+  SYM(stream_create, "cuStreamCreate");
+  SYM(stream_destroy, "cuStreamDestroy_v2");
 #undef SYM
   drv_handle = h;
   cu.async_ok = cu.dtoh_async && cu.htod_async && cu.host_fn && cu.wait_value32 && cu.host_alloc && cu.free_host &&
@@ -351,6 +355,19 @@ ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx) {
   /* Destroying a recorded event that a stream still waits on is allowed: the driver frees it after. */
   IN_CTX(from_ctx, "cuEventDestroy", cu.event_destroy(ev));
   return s;
+}
+
+ch_status cudrv_stream_new(void** stream, void* ctx) {
+  *stream = NULL;
+  if (!cu.stream_create || !cu.stream_destroy) return CH_INTERNAL;
+  IN_CTX(ctx, "cuStreamCreate", cu.stream_create(stream, 1 /* CU_STREAM_NON_BLOCKING */));
+  return CH_OK;
+}
+
+void cudrv_stream_free(void* stream, void* ctx) {
+  if (!stream || cudrv_push(ctx) != 0) return;
+  cu.stream_destroy(stream); /* work queued on it still completes */
+  cudrv_pop(ctx);
 }
 
 ch_status cudrv_event_new(void** ev, void* ctx) {

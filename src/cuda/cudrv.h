@@ -62,6 +62,9 @@ ch_status cudrv_wait_geq(void* stream, void* dev, uint32_t value, void* ctx);
 /* Work queued on `to` from now on waits for the work queued on `from` so far (an event), each stream
  * in its own context. */
 ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx);
+/* A stream of ctx of Chorus's own (non-blocking); CH_INTERNAL where the driver lacks cuStreamCreate. */
+ch_status cudrv_stream_new(void** stream, void* ctx);
+void cudrv_stream_free(void* stream, void* ctx);
 /* An event of ctx (*ev), recorded on a stream, waited for by another; freed with cudrv_event_free. */
 ch_status cudrv_event_new(void** ev, void* ctx);
 ch_status cudrv_event_record(void* ev, void* stream, void* ctx);

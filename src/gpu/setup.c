@@ -23,6 +23,8 @@ void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   /* a chunk of whole 4 KiB pages, at least 64 KiB (16-byte shares of 2 to 32 ranks' blocks), at most 256 MiB */
   h->relay_chunk = (uint32_t)UT_ALIGN_UP(UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY_CHUNK), 1 << 28), 1 << 16), 4096);
   h->relay_depth = (uint32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY_DEPTH), 64), 2);
+  h->has_ctx = ctx && cudrv_async_ok();
+  h->piece = (uint32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_STAGE_PIECE), 1 << 30), 0);
   if (!ctx || (!h->direct && h->relay == 0) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
     return;
   if (cudev_device(ctx, h->uuid, &sms, &ordinal) != CH_OK) return; /* WARNed */
@@ -332,6 +334,18 @@ static void local_remove(uint64_t hash, int rank) {
   pthread_mutex_unlock(&local_mu);
 }
 
+/* Where calls on device buffers are staged through host memory (no GPU path: ranks on different
+ * hosts), large ones run in pieces so that copies overlap transfers (gpu/staging.c). Every rank
+ * pieces its calls alike, whatever its buffers, so only where every rank has a context (it then
+ * could stage) and at rank 0's size. */
+static void pieces_setup(struct ncclComm* comm, const struct gpu_hello* all) {
+  int ok = all && comm->nranks > 1 && all[0].piece > 0;
+  for (int r = 0; ok && r < comm->nranks; r++) ok = all[r].has_ctx != 0;
+  comm->stage_piece = ok ? all[0].piece : 0;
+  if (ok) INFO(LOG_INIT, "rank %d: AllReduce, Reduce and Broadcast over %zu bytes run in pieces of that size (CHORUS_CUDA_STAGE_PIECE)",
+               comm->rank, comm->stage_piece);
+}
+
 ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   int n = comm->nranks, me = comm->rank;
   struct gpu_hello one;
@@ -340,7 +354,10 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     all = &one;
   }
   int path = all ? choose(comm, all) : GPU_NONE;
-  if (path == GPU_NONE) return CH_OK;
+  if (path == GPU_NONE) {
+    pieces_setup(comm, all);
+    return CH_OK;
+  }
   /* From here every rank takes part in every allgather below (agreed above), whatever fails here: a
    * rank that failed alone says so, and every rank falls back together. */
   struct gpu_comm* g = calloc(1, sizeof(*g));
@@ -413,6 +430,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     free(g);
     if (s == CH_OK) INFO(LOG_INIT, "rank %d: the GPU path could not be set up on every rank: calls on device "
                          "buffers go through host memory", me);
+    if (s == CH_OK) pieces_setup(comm, all); /* alike: every rank fell back together */
     return s;
   }
   comm->gpu = g;

@@ -10,6 +10,10 @@
  *  - synchronous (CHORUS_CUDA_ASYNC=0, an older driver, a group that also has host buffers, or the
  *    pinned budget spent): the stream is synchronised, the input copied, the call runs like any host
  *    call and the result is copied back before the group returns.
+ * A large AllReduce, Reduce or Broadcast runs as pieces, each a call of its own (stage_pieces): a
+ * piece copies its input on the pool's input stream, forked from the call's stream at the first
+ * piece, so that while the bridge moves piece k the input stream copies piece k+1 in and the call's
+ * stream copies piece k-1 back.
  * Graph capture of such a call is refused (the host part would not be replayed).
  * Ownership: a task's stage is made and finished by the thread in the call (the comm's owner);
  * stage_launch hands its pinned blocks to a gate, which the last of its host functions releases. */
@@ -55,6 +59,10 @@ struct stage_comm {
    * block of the pool a gate holds (a group over several comms holds blocks of each). Any thread. */
   _Atomic int outstanding;
   struct stage_comm* next_orphan; /* under orphans_mu */
+  void* in_stream; /* pieces' input copies (made at the first piece; NULL: none could be) */
+  int in_tried;
+  int in_forked;   /* the current call's first piece forked in_stream from its stream (cleared by
+                    * every call's first stage_in: a later piece never uses an older call's fork) */
 };
 
 struct stage {
@@ -202,7 +210,9 @@ static struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc,
            "and hand pinned memory back (CHORUS_CUDA_STAGING_MAX_BYTES=%lld in use)", comm->rank,
            (long long)sc->pinned_bytes);
     }
-    ut_backoff(i);
+    /* The streams hand blocks back a copy later (milliseconds): sleep, do not spin, as the ranks'
+     * host threads need the cores meanwhile (5 us doubling to 200 us). */
+    nanosleep(&(struct timespec){0, 5000L << (i < 6 ? i : 6)}, NULL);
   }
 }
 
@@ -219,6 +229,7 @@ static void sc_free(struct stage_comm* sc) {
     free(b);
   }
   cudrv_host_free((void*)sc->flag, sc->ctx);
+  cudrv_stream_free(sc->in_stream, sc->ctx);
   free(sc);
 }
 
@@ -307,6 +318,7 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   if (!needs_recv) rb = 0;
   uintptr_t s = (uintptr_t)t->sendbuff, r = (uintptr_t)t->recvbuff;
   void* ctx = cudrv_ptr_ctx(sb ? t->sendbuff : t->recvbuff);
+  if (t->piece <= 1 && t->comm->stage) t->comm->stage->in_forked = 0; /* a new call: piece_in forks anew */
   if (cudrv_async_ok()) {
     int capturing = 0;
     CHECK(cudrv_capturing(t->stream, ctx, &capturing));
@@ -368,6 +380,20 @@ ch_status stage_out(struct ch_task* t, int ok) {
   }
   stage_free(st);
   return s;
+}
+
+/* At most this many pieces: past 16 x CHORUS_CUDA_STAGE_PIECE the pieces grow, so that a call's
+ * launches stay few. */
+#define STAGE_MAX_PIECES 16
+
+size_t stage_pieces(const struct ch_task* t) {
+  size_t piece = t->comm->stage_piece, esize = red_type_size(t->type);
+  int f = t->func;
+  if (!piece || (f != FUNC_ALLREDUCE && f != FUNC_REDUCE && f != FUNC_BROADCAST) || t->count * esize <= piece)
+    return 0;
+  size_t per = UT_MAX(piece / esize, (t->count + STAGE_MAX_PIECES - 1) / STAGE_MAX_PIECES);
+  per = UT_ALIGN_UP(per, 4096 / esize); /* pieces start on whole pages */
+  return per < t->count ? per : 0;
 }
 
 /* ---- asynchronous launch ---- */
@@ -462,6 +488,20 @@ static void stage_degrade(struct ch_task** lists, int n) {
     }
 }
 
+/* The stream a piece alone in its group copies its input on: the pool's input stream, forked from the
+ * call's stream at the first piece (the input is written by then; later pieces' inputs too). NULL:
+ * the call's own stream copies it (not a piece, no input stream, or the fork failed for this call). */
+static cudaStream_t piece_in(struct stage_comm* sc, struct ch_task** lists, int n) {
+  struct ch_task* t = n == 1 ? lists[0] : NULL;
+  if (!t || t->next || !t->piece || !t->stage || t->stage->ctx != sc->ctx) return NULL;
+  if (!sc->in_tried) {
+    sc->in_tried = 1;
+    if (cudrv_stream_new(&sc->in_stream, sc->ctx) != CH_OK) sc->in_stream = NULL; /* pieces then stay in order */
+  }
+  if (t->piece == 1) sc->in_forked = sc->in_stream && cudrv_join(t->stream, sc->ctx, sc->in_stream, sc->ctx) == CH_OK;
+  return sc->in_forked ? sc->in_stream : NULL;
+}
+
 /* Queue the streams' side of a group whose calls are all staged asynchronously, and its plans on the
  * bridge. 1: done (plans taken, *res its status), 0: not such a group (run it as before). */
 int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
@@ -500,16 +540,18 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   atomic_store(&g->refs, 2 + ns); /* the bridge, each stream's arrival, the first stream's release */
   atomic_fetch_add(&sc->outstanding, 1);
   ch_status e = CH_OK;
+  cudaStream_t in = piece_in(sc, lists, n);
   /* Inputs: each stream copies its calls' inputs, then says so. A stream that cannot be told counts
    * as there (the call fails through the comm's async error instead of waiting for ever) but keeps
    * its reference: copies of it already queued may still write the blocks. */
   for (int k = 0; k < ns; k++) {
     ch_status ek = CH_OK;
+    cudaStream_t is = in ? in : streams[k];
     for (int i = 0; i < n; i++)
       for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
         if (t->stage && t->stream == streams[k])
-          ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, t->stream, t->stage->ctx);
-    if (ek == CH_OK) ek = cudrv_host_fn(streams[k], gate_arrive, g, sctx[k]);
+          ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, is, t->stage->ctx);
+    if (ek == CH_OK) ek = cudrv_host_fn(is, gate_arrive, g, sctx[k]);
     if (ek != CH_OK) gate_count(g), e = ek;
   }
   for (int i = 0; i < n; i++) plans_comm[i] = plans[i]->comm;

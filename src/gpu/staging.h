@@ -9,6 +9,10 @@
  * result back if ok, and frees. */
 ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
 ch_status stage_out(struct ch_task* t, int ok);
+/* Elements per piece where t (checked) runs as pieces, each a call of its own, else 0: an AllReduce,
+ * Reduce or Broadcast larger than the communicator's stage_piece (set at init where device buffers
+ * are staged), whatever its buffers, so that every rank makes the same calls. */
+size_t stage_pieces(const struct ch_task* t);
 /* A group whose calls were all staged asynchronously: queue copies, host functions and waits on the
  * CUDA streams and the plans on comm's bridge stream. 1: done (plans taken), 0: run it as before. */
 struct ch_plan;

@@ -115,6 +115,13 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
+/* A stream waiting on a word or an event: a GPU's wait costs no CPU, so after a short spin this one
+ * sleeps between looks (benchmarks on this stand-in share few cores with the ranks' host threads). */
+static void wait_pause(unsigned* i) {
+  if (++*i < 256) sched_yield();
+  else nanosleep(&(struct timespec){0, 20000}, NULL);
+}
+
 static int stage_runs; /* stage kernels run (fake_cuda_stage_runs) */
 EXPORT int fake_cuda_stage_runs(void) { return __atomic_load_n(&stage_runs, __ATOMIC_RELAXED); }
 
@@ -193,9 +200,11 @@ static void run_op(struct op* o) {
       __atomic_fetch_add(&copies, 1, __ATOMIC_RELAXED);
       break;
     case OP_HOST_FN: o->fn(o->arg); break;
-    case OP_WAIT32: /* CU_STREAM_WAIT_VALUE_GEQ: cyclic comparison */
-      while ((int32_t)(__atomic_load_n((uint32_t*)o->dst, __ATOMIC_ACQUIRE) - o->value) < 0) sched_yield();
+    case OP_WAIT32: { /* CU_STREAM_WAIT_VALUE_GEQ: cyclic comparison */
+      unsigned i = 0;
+      while ((int32_t)(__atomic_load_n((uint32_t*)o->dst, __ATOMIC_ACQUIRE) - o->value) < 0) wait_pause(&i);
       break;
+    }
     case OP_FILL: /* a kernel that takes delay_ms, then writes its output */
       sleep_ms(o->delay_ms);
       for (size_t i = 0; i < o->n; i++) ((float*)o->dst)[i] = o->fill;
@@ -204,9 +213,11 @@ static void run_op(struct op* o) {
       while (!__atomic_load_n((int*)o->dst, __ATOMIC_ACQUIRE)) sleep_ms(1);
       break;
     case OP_RECORD: __atomic_store_n(&((struct event*)o->dst)->done, o->value, __ATOMIC_RELEASE); break;
-    case OP_WAIT_EVENT:
-      while ((int32_t)(__atomic_load_n(&((struct event*)o->dst)->done, __ATOMIC_ACQUIRE) - o->value) < 0) sched_yield();
+    case OP_WAIT_EVENT: {
+      unsigned i = 0;
+      while ((int32_t)(__atomic_load_n(&((struct event*)o->dst)->done, __ATOMIC_ACQUIRE) - o->value) < 0) wait_pause(&i);
       break;
+    }
     case OP_WRITE32: __atomic_store_n((uint32_t*)o->dst, o->value, __ATOMIC_RELEASE); break;
     case OP_KERNEL: DEVICE_ACCESS(run_kernel(&o->args)); break;
     case OP_STAGE: DEVICE_ACCESS(stage_kernel(o)); break; /* a kernel too */
