@@ -243,11 +243,15 @@ def rate(f, reps=20):
     torch.cuda.synchronize(); return n * reps / (time.perf_counter() - t) / 1e9
 print("pinned DtoH %.1f GB/s, HtoD %.1f GB/s (128 MiB)" % (rate(lambda: h.copy_(d, non_blocking=True)),
       rate(lambda: d.copy_(h, non_blocking=True))))'
-  # Issue 29 item 4's third clause: device buffers of two netns "hosts" (staged whole) against host buffers
+  # Issue 29 item 4's third clause: device buffers of two netns "hosts" (staged in pieces, and whole
+  # with CHORUS_CUDA_STAGE_PIECE=0) against host buffers, interleaved
   if bounded relay 20 tools/netns-cluster.sh up 2; then
-    local dev
-    for dev in "" --device; do
-      bounded relay 40 tools/netns-cluster.sh run 2 --timeout 35 $B/bin/all_reduce_perf $dev -b 64M -e 256M -f 4 -n 20 -w 10
+    local how rep
+    for rep in 1 2; do
+      for how in host:4194304 --device:4194304 --device:0; do
+        bounded relay 40 tools/netns-cluster.sh run 2 --timeout 35 env CHORUS_CUDA_STAGE_PIECE=${how#*:} \
+          $B/bin/all_reduce_perf $([[ ${how%:*} == host ]] || echo --device) -b 16M -e 256M -f 4 -n 20 -w 10
+      done
     done
     bounded relay 10 tools/netns-cluster.sh down
   fi
