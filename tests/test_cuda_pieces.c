@@ -189,3 +189,13 @@ TEST_T(cuda_pieces, whole_calls_when_a_rank_has_no_context, 60) {
   rt_run_threads(2, whole_body, (void*)1);
   EXPECT(copies() - c0 <= 2 * 4); /* rank 0's calls only, whole */
 }
+
+TEST_T(cuda_pieces, whole_calls_when_synchronous, 60) {
+  pieces_env(PIECE_STR);
+  setenv("CHORUS_CUDA_ASYNC", "0", 1); /* pieces would each wait for the stream */
+  param_reset();
+  int c0 = copies();
+  rt_run_threads(2, whole_body, NULL);
+  EXPECT(copies() - c0 <= 2 * 4 * 2);
+  unsetenv("CHORUS_CUDA_ASYNC");
+}

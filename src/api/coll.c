@@ -76,6 +76,8 @@ static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, i
 /* Checked: place t (place_call) and queue it, or record it done when it has nothing to do. */
 static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   struct ncclComm* comm = t->comm;
+  const void* sendbuff = t->sendbuff; /* the application's: staging points t at host copies */
+  void* recvbuff = t->recvbuff;
   ch_status s = place_call(t, fn, needs_send, needs_recv);
   if (s == CH_OK && t->stream && t->exec == EXEC_HOST)
     INFO(LOG_COLL, "%s: stream %p is not a Chorus host stream; the call completes before returning", fn,
@@ -86,7 +88,7 @@ static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, i
     INFO(LOG_COLL, "%s: one rank, in place: nothing to do (comm %p)", fn, (void*)comm);
   } else if (s == CH_OK) {
     INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]%s",
-         fn, (unsigned long long)comm->seq, t->sendbuff, t->recvbuff, t->count, t->type, t->op, t->root, (void*)comm,
+         fn, (unsigned long long)comm->seq, sendbuff, recvbuff, t->count, t->type, t->op, t->root, (void*)comm,
          comm->nranks, t->piece ? " (a piece)" : "");
     s = enq_task(t);
   }
@@ -100,12 +102,17 @@ static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, i
 static ch_status queue_pieces(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   size_t per = stage_pieces(t);
   if (!per) return queue_task(t, fn, needs_send, needs_recv);
-  size_t esize = red_type_size(t->type);
+  size_t esize = red_type_size(t->type), bytes = t->count * esize;
+  /* Buffers that overlap without being one: a piece's input may be another's result, so every input
+   * copy keeps the call's stream order (still in pieces: the peers make the same calls). */
+  uintptr_t sb = (uintptr_t)t->sendbuff, rb = (uintptr_t)t->recvbuff;
+  int ordered = needs_send && needs_recv && sb != rb && sb < rb + bytes && rb < sb + bytes;
   ch_status s = CH_OK;
   for (size_t off = 0, k = 0; off < t->count && s == CH_OK; off += per, k++) {
     struct ch_task p = *t;
     p.count = UT_MIN(per, t->count - off);
     p.piece = (int)k + 1;
+    p.piece_ordered = ordered;
     if (p.sendbuff) p.sendbuff = (const char*)t->sendbuff + off * esize;
     if (p.recvbuff) p.recvbuff = (char*)t->recvbuff + off * esize;
     s = queue_task(&p, fn, needs_send, needs_recv);

@@ -34,6 +34,7 @@ struct ch_task {
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu/call.c): t is their exchange, or NULL */
   uint64_t fr_id;       /* its flight recorder entry (observe/recorder.c), 0 when the recorder is off */
   int piece;            /* 1 + its index among the pieces of one large call (gpu/staging.c's stage_pieces), else 0 */
+  int piece_ordered;    /* its call's buffers overlap without being one: pieces copy in on the call's stream */
   int noop;             /* nothing to do (one rank, in place): checked, never queued */
   int hostless;         /* its executor exchanges what it needs itself (gpu/call.c): no host operation */
   int held;             /* queued in an open group: holds a reference on comm (group.c) */

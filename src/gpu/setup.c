@@ -23,7 +23,7 @@ void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   /* a chunk of whole 4 KiB pages, at least 64 KiB (16-byte shares of 2 to 32 ranks' blocks), at most 256 MiB */
   h->relay_chunk = (uint32_t)UT_ALIGN_UP(UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY_CHUNK), 1 << 28), 1 << 16), 4096);
   h->relay_depth = (uint32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY_DEPTH), 64), 2);
-  h->has_ctx = ctx && cudrv_async_ok();
+  h->has_ctx = ctx && cudrv_async_ok() && param_int(PARAM_CUDA_ASYNC); /* synchronous pieces would only cost */
   h->piece = (uint32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_STAGE_PIECE), 1 << 30), 0);
   if (!ctx || (!h->direct && h->relay == 0) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
     return;

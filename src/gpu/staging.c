@@ -212,7 +212,7 @@ static struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc,
     }
     /* The streams hand blocks back a copy later (milliseconds): sleep, do not spin, as the ranks'
      * host threads need the cores meanwhile (5 us doubling to 200 us). */
-    nanosleep(&(struct timespec){0, 5000L << (i < 6 ? i : 6)}, NULL);
+    nanosleep(&(struct timespec){0, UT_MIN(5000L << (i < 6 ? i : 6), 200000L)}, NULL);
   }
 }
 
@@ -493,7 +493,7 @@ static void stage_degrade(struct ch_task** lists, int n) {
  * the call's own stream copies it (not a piece, no input stream, or the fork failed for this call). */
 static cudaStream_t piece_in(struct stage_comm* sc, struct ch_task** lists, int n) {
   struct ch_task* t = n == 1 ? lists[0] : NULL;
-  if (!t || t->next || !t->piece || !t->stage || t->stage->ctx != sc->ctx) return NULL;
+  if (!t || t->next || !t->piece || t->piece_ordered || !t->stage || t->stage->ctx != sc->ctx) return NULL;
   if (!sc->in_tried) {
     sc->in_tried = 1;
     if (cudrv_stream_new(&sc->in_stream, sc->ctx) != CH_OK) sc->in_stream = NULL; /* pieces then stay in order */
@@ -569,7 +569,12 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   /* Results: the first stream waits for the flag, copies every result back and hands the gate back;
    * the group's other streams wait for those copies (an event), as NCCL makes every stream of a group
    * wait for its kernel. */
-  ch_status ek = cudrv_wait_geq(streams[0], sc->flag_dev, g->seq, sctx[0]);
+  ch_status ek = CH_OK;
+  /* A piece's results wait for its input copy too, not only for the flag: a call failed by a timeout
+   * or an abort opens its gate without the input (its block, and the application's next writes to
+   * sendbuff, would race with that copy). One event; the input stream holds no later piece yet. */
+  if (in) ek = cudrv_join(in, sc->ctx, streams[0], sctx[0]);
+  if (ek == CH_OK) ek = cudrv_wait_geq(streams[0], sc->flag_dev, g->seq, sctx[0]);
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
       if (t->stage)
