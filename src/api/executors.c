@@ -14,7 +14,8 @@ static ch_status kernel_finish(struct ch_task* t, int ok) {
 
 static const struct ch_executor exec_host = {.name = "host"};
 static const struct ch_executor exec_host_stream = {.name = "host stream", .launch = stream_launch};
-static const struct ch_executor exec_stage = {.name = "CUDA staging", .launch = stage_launch, .finish = stage_out};
+static const struct ch_executor exec_stage = {.name = "CUDA staging", .launch = stage_launch, .finish = stage_out,
+                                            .own_tickets = 1};
 static const struct ch_executor exec_kernel = {.name = "CUDA kernel", .launch = gpu_launch, .finish = kernel_finish};
 
 const struct ch_executor* const ch_executors[EXEC_COUNT] = {

@@ -26,6 +26,9 @@ struct ch_executor {
   int (*launch)(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res);
   /* A task of this executor leaves its group: it ran (ok) or was dropped (!ok). NULL: nothing to do. */
   ch_status (*finish)(struct ch_task* t, int ok);
+  /* 1: launch draws the plans' tickets itself (in CUDA stream order, for calls captured into graphs);
+   * the group draws them only for plans it leaves to the host engine. */
+  int own_tickets;
 };
 extern const struct ch_executor* const ch_executors[EXEC_COUNT];
 

@@ -175,10 +175,11 @@ static enum ch_exec group_exec(struct ch_task** lists, int n) {
  * and released. Every plans[i] is NULL afterwards. */
 static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, int n) {
   /* Tickets keep each communicator's plans in call order across threads and streams. */
-  for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
   ch_status res = CH_OK;
   const struct ch_executor* x = ch_executors[group_exec(lists, n)];
+  if (!x->own_tickets) plan_tickets(plans, n);
   if (x->launch && x->launch(plans, lists, n, &res)) return res;
+  if (x->own_tickets) plan_tickets(plans, n);
   return plan_exec(plans, n); /* takes the plans: each is kept for reuse or freed, and NULLed */
 }
 

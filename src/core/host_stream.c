@@ -111,8 +111,8 @@ ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n) {
   return stream_enqueue_hook(s, plans, n, NULL, NULL, NULL);
 }
 
-ch_status stream_enqueue_hook(cudaStream_t s, struct ch_plan** plans, int n, void (*before)(void*, struct ch_plan**, int),
-                              void (*after)(void*, ch_status), void* arg) {
+static ch_status enqueue(cudaStream_t s, struct ch_plan** plans, int n, void (*before)(void*, struct ch_plan**, int),
+                         void (*after)(void*, ch_status), void* arg, int tickets) {
   struct ch_stream* st = (struct ch_stream*)s;
   struct ch_batch* b = malloc(sizeof(*b) + (size_t)n * sizeof(b->plans[0]));
   if (!b) return CH_SYSTEM; /* the caller runs the plans itself */
@@ -121,12 +121,23 @@ ch_status stream_enqueue_hook(cudaStream_t s, struct ch_plan** plans, int n, voi
   b->n = n;
   memcpy(b->plans, plans, (size_t)n * sizeof(b->plans[0]));
   pthread_mutex_lock(&st->mu);
+  if (tickets) /* under the stream's lock: two threads queueing here keep ticket order in the queue */
+    for (int i = 0; i < n; i++) b->plans[i]->ticket = atomic_fetch_add(&b->plans[i]->comm->next_ticket, 1);
   if (st->tail) st->tail->next = b; else st->head = b;
   st->tail = b;
   st->pending++;
   pthread_cond_broadcast(&st->cv);
   pthread_mutex_unlock(&st->mu);
   return CH_OK;
+}
+
+ch_status stream_enqueue_hook(cudaStream_t s, struct ch_plan** plans, int n, void (*before)(void*, struct ch_plan**, int),
+                              void (*after)(void*, ch_status), void* arg) {
+  return enqueue(s, plans, n, before, after, arg, 0);
+}
+ch_status stream_enqueue_tickets(cudaStream_t s, struct ch_plan** plans, int n,
+                                 void (*before)(void*, struct ch_plan**, int), void (*after)(void*, ch_status), void* arg) {
+  return enqueue(s, plans, n, before, after, arg, 1);
 }
 
 ch_status comm_wait_idle(struct ncclComm* comm) {

@@ -13,6 +13,10 @@ ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n);
  * plans, after(arg, status of the plans) behind them (either may be NULL). */
 ch_status stream_enqueue_hook(cudaStream_t s, struct ch_plan** plans, int n, void (*before)(void*, struct ch_plan**, int),
                               void (*after)(void*, ch_status), void* arg);
+/* The same, drawing the plans' tickets once the batch is made (never when it cannot be: nothing then
+ * waits for a ticket that never runs): for plans handed on from a CUDA host function. */
+ch_status stream_enqueue_tickets(cudaStream_t s, struct ch_plan** plans, int n,
+                                 void (*before)(void*, struct ch_plan**, int), void (*after)(void*, ch_status), void* arg);
 /* Host streams for the library's own use (chorusStreamCreate/Destroy without the API checks). */
 ch_status stream_create(cudaStream_t* s);
 void stream_destroy(cudaStream_t s);

@@ -326,10 +326,16 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     if (!atomic_compare_exchange_strong(&comm->reuse_plan, &none, pl)) plan_free(pl); /* a newer one came */
     return NULL;
   }
+  plan_rearm(pl, t);
+  return pl;
+}
+
+void plan_rearm(struct ch_plan* pl, const struct ch_task* t) {
   pl->reds[0] = t->red;
   pl->fr_lo = pl->fr_hi = t->fr_id;
   pl->user_bytes = (uint64_t)t->count * red_type_size(t->type), pl->ncalls = 1;
-  fr_choice(comm, t->fr_id, &(struct tune_choice){.algo = pl->first_algo, .proto = pl->ops[0].proto, .nch = pl->nops});
+  if (t->fr_id)
+    fr_choice(pl->comm, t->fr_id, &(struct tune_choice){.algo = pl->first_algo, .proto = pl->ops[0].proto, .nch = pl->nops});
   atomic_store(&pl->outcome[0], DIRECT_OUTCOME_OPEN);
   pl->started = pl->done = 0;
   pl->status = CH_OK;
@@ -347,13 +353,12 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     op->ctx.wait_word = NULL;
     op->ctx.wait_sleeping = NULL;
   }
-  return pl;
 }
 
 /* Only a plan that ran to completion is known to be connected and correct: one that was built but
  * never launched (its connection setup failed, or another call of its group failed) is freed. */
 void plan_release(struct ch_plan* plan) {
-  if (!plan) return;
+  if (!plan || plan->persistent) return; /* a captured call's: its owner frees it */
   if (plan->reusable && plan->done && plan->status == CH_OK) /* the newest plan is the likeliest to repeat */
     plan = atomic_exchange(&plan->comm->reuse_plan, plan);
   plan_free(plan);

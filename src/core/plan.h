@@ -10,9 +10,16 @@ void plan_free(struct ch_plan* plan);
 /* The plan of the previous call on comm, re-armed for task t, if it was the same collective with the
  * same count, type and root; NULL otherwise (then build one). */
 struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t);
+/* Re-arm a reusable plan (one collective) that has finished, for task t (the same call: its buffers,
+ * reduction and recorder entry may differ). Whoever owns the plan. */
+void plan_rearm(struct ch_plan* pl, const struct ch_task* t);
 /* Done with a plan: keep it on its comm for a repeat if it ran to completion, else free it. NULL is
  * a no-op. Not for a plan whose completion was published (plan_exec releases those itself). */
 void plan_release(struct ch_plan* plan);
+/* Draw the plans' tickets (their places in their communicators' order), in array order. Any thread. */
+static inline void plan_tickets(struct ch_plan** plans, int n) {
+  for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
+}
 /* Run plans to completion (plans of several communicators progress together). Takes ownership:
  * each plan is released before its completion is published, and plans[i] is set to NULL. */
 ch_status plan_exec(struct ch_plan** plans, int n);

@@ -54,6 +54,7 @@ static struct {
   cu_result (*ctx_current)(void**);
   cu_result (*mem_alloc)(uintptr_t*, size_t);
   cu_result (*mem_free)(uintptr_t);
+  cu_result (*write_value32)(void*, uintptr_t, uint32_t, unsigned); /* optional: graphs of staged calls */
   cu_result (*stream_create)(void**, unsigned);
   cu_result (*stream_destroy)(void*);
   int async_ok;
@@ -111,6 +112,7 @@ static int resolve(int flags) {
   SYM(ctx_current, "cuCtxGetCurrent");
   SYM(mem_alloc, "cuMemAlloc_v2");
   SYM(mem_free, "cuMemFree_v2");
+  SYM(write_value32, "cuStreamWriteValue32_v2");
   SYM(stream_create, "cuStreamCreate");
   SYM(stream_destroy, "cuStreamDestroy_v2");
 #undef SYM
@@ -356,6 +358,13 @@ ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx) {
   IN_CTX(from_ctx, "cuEventDestroy", cu.event_destroy(ev));
   return s;
 }
+
+ch_status cudrv_write_u32(void* stream, void* dev, uint32_t value, void* ctx) {
+  if (!cu.write_value32) return CH_INTERNAL;
+  IN_CTX(ctx, "cuStreamWriteValue32", cu.write_value32(stream, (uintptr_t)dev, value, 0));
+  return CH_OK;
+}
+int cudrv_has_write_u32(void) { return cu.write_value32 != NULL; }
 
 ch_status cudrv_stream_new(void** stream, void* ctx) {
   *stream = NULL;

@@ -62,6 +62,10 @@ ch_status cudrv_wait_geq(void* stream, void* dev, uint32_t value, void* ctx);
 /* Work queued on `to` from now on waits for the work queued on `from` so far (an event), each stream
  * in its own context. */
 ch_status cudrv_join(void* from, void* from_ctx, void* to, void* to_ctx);
+/* Queue a write of value to the 32-bit word at device address dev (where the driver has it:
+ * cudrv_has_write_u32). */
+ch_status cudrv_write_u32(void* stream, void* dev, uint32_t value, void* ctx);
+int cudrv_has_write_u32(void);
 /* A stream of ctx of Chorus's own (non-blocking); CH_INTERNAL where the driver lacks cuStreamCreate. */
 ch_status cudrv_stream_new(void** stream, void* ctx);
 void cudrv_stream_free(void* stream, void* ctx);

@@ -14,7 +14,12 @@
  * piece copies its input on the pool's input stream, forked from the call's stream at the first
  * piece, so that while the bridge moves piece k the input stream copies piece k+1 in and the call's
  * stream copies piece k-1 back.
- * Graph capture of such a call is refused (the host part would not be replayed).
+ * Graph capture (stage_capture): a collective captured on a stream gets a pinned block, a flag word
+ * and a plan of its own, kept until the communicator goes. The graph holds its copies, a host node
+ * that hands the plan to the bridge at each replay, a wait for the flag and a write that resets it.
+ * From the first capture on, the communicator's eager calls hand their plans to the bridge from a
+ * host function too, on the pool's order stream (launch order, each after its streams' inputs), so
+ * that replays and eager calls reach the bridge in the order their streams run them.
  * Ownership: a task's stage is made and finished by the thread in the call (the comm's owner);
  * stage_launch hands its pinned blocks to a gate, which the last of its host functions releases. */
 #include <pthread.h>
@@ -31,6 +36,7 @@
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "../core/plan.h"
+#include "../observe/observe.h"
 #include "staging.h"
 
 /* Pinned host memory of one communicator, reused across calls. `busy` is set by the comm's owner
@@ -59,8 +65,13 @@ struct stage_comm {
    * block of the pool a gate holds (a group over several comms holds blocks of each). Any thread. */
   _Atomic int outstanding;
   struct stage_comm* next_orphan; /* under orphans_mu */
+  /* Graph mode (the first capture sets it, the owner): eager plans reach the bridge from host
+   * functions on order_stream, their tickets drawn there (stage_launch). */
+  int graph_mode;
+  void* order_stream;
+  struct stage_graph* graphs; /* captured calls: the owner links them, freed with sc */
   void* in_stream; /* pieces' input copies (made at the first piece; NULL: none could be) */
-  int in_tried;
+  int in_tried, order_tried;
   int in_forked;   /* the current call's first piece forked in_stream from its stream (cleared by
                     * every call's first stage_in: a later piece never uses an older call's fork) */
 };
@@ -76,6 +87,21 @@ struct stage {
   size_t recv_bytes;
   void* ctx;     /* the buffers' context */
   int async;     /* copies go on the stream at launch */
+  char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */
+};
+
+/* A call captured into a CUDA graph: replayed at will until its communicator goes (NCCL's rule). Set
+ * at capture by the owner, then: the plan re-armed by the replay's host node and run by the bridge
+ * (one replay at a time: the replay's stream waits for `flag` before the graph ends); `flag` written
+ * by the bridge (1: results in the block) and by the stream (0, after the copies back). */
+struct stage_graph {
+  struct stage_graph* next;
+  struct stage_comm* sc;
+  struct ch_plan* plan; /* persistent */
+  struct ch_task task;  /* the call, on the block: what every replay re-arms the plan with */
+  char* block;
+  _Atomic uint32_t* flag;
+  void* flag_dev;
 };
 
 /* One group's staged calls: opened by the bridge, released by the streams' last host functions. */
@@ -90,6 +116,8 @@ struct stage_gate {
    * blocks go back only once every stream is past every copy that uses them. */
   _Atomic int refs;
   int nblocks;
+  struct ch_plan** plans; /* graph mode: the plans its order-stream host function hands the bridge */
+  int nplans;
   struct pin_block* blocks[];
 };
 
@@ -228,8 +256,16 @@ static void sc_free(struct stage_comm* sc) {
     cudrv_host_free(b->host, b->ctx);
     free(b);
   }
+  for (struct stage_graph* gc = sc->graphs, *next; gc; gc = next) {
+    next = gc->next;
+    plan_free(gc->plan);
+    cudrv_host_free(gc->block, sc->ctx);
+    cudrv_host_free((void*)gc->flag, sc->ctx);
+    free(gc);
+  }
   cudrv_host_free((void*)sc->flag, sc->ctx);
   cudrv_stream_free(sc->in_stream, sc->ctx);
+  cudrv_stream_free(sc->order_stream, sc->ctx);
   free(sc);
 }
 
@@ -275,6 +311,7 @@ void stage_comm_free(struct ncclComm* comm) {
 
 static void stage_free(struct stage* st) {
   if (st->pin) block_put(st->pin);
+  if (st->cap_block) cudrv_host_free_later(st->cap_block, st->ctx);
   free(st->block[0]);
   free(st->block[1]);
   free(st);
@@ -286,8 +323,13 @@ static int stage_alloc(struct ncclComm* comm, struct stage* st, struct stage_com
   int overlap = sb && rb && s < r + rb && r < s + sb;
   uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
   *why = CH_OK;
-  if (st->async) {
+  if (st->cap_block || st->async) {
     size_t total = overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb;
+    if (st->cap_block) { /* captured: the block was made for it (stage_in) */
+      st->host_send = st->cap_block + (overlap ? s - lo : 0);
+      st->host_recv = st->cap_block + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
+      return 1;
+    }
     if (!(st->pin = block_get(comm, sc, total, st->ctx, why))) return 0;
     st->host_send = st->pin->host + (overlap ? s - lo : 0);
     st->host_recv = st->pin->host + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
@@ -311,6 +353,23 @@ static ch_status stage_copy_in_now(struct ch_task* t, struct stage* st) {
   return CH_OK;
 }
 
+/* What a captured call needs: one collective that is one plan (not Send/Recv, nor AlltoAll, Gather
+ * or Scatter, which are sends and receives), a driver that writes stream words, asynchronous calls. */
+static ch_status capture_check(const struct ch_task* t, const char* fn) {
+  const char* no = NULL;
+  if (t->func == FUNC_SEND || t->func == FUNC_RECV || t->func == FUNC_ALLTOALL || t->func == FUNC_GATHER ||
+      t->func == FUNC_SCATTER)
+    no = "Send/Recv, AlltoAll, Gather and Scatter through host memory";
+  else if (!cudrv_has_write_u32())
+    no = "a call through host memory with this driver (no cuStreamWriteValue32)";
+  else if (!param_int(PARAM_CUDA_ASYNC))
+    no = "a call through host memory with CHORUS_CUDA_ASYNC=0";
+  if (!no) return CH_OK;
+  WARN("%s: stream %p is being captured into a CUDA graph, and Chorus cannot capture %s yet; make this call "
+       "outside the capture (rank %d)", fn, (void*)t->stream, no, t->comm->rank);
+  return CH_INVALID_USAGE;
+}
+
 ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn) {
   size_t sb, rb;
   extents(t, t->comm->nranks, &sb, &rb);
@@ -319,23 +378,26 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   uintptr_t s = (uintptr_t)t->sendbuff, r = (uintptr_t)t->recvbuff;
   void* ctx = cudrv_ptr_ctx(sb ? t->sendbuff : t->recvbuff);
   if (t->piece <= 1 && t->comm->stage) t->comm->stage->in_forked = 0; /* a new call: piece_in forks anew */
-  if (cudrv_async_ok()) {
-    int capturing = 0;
-    CHECK(cudrv_capturing(t->stream, ctx, &capturing));
-    if (capturing) {
-      WARN("%s: stream %p is being captured into a CUDA graph: Chorus runs calls on device buffers through host "
-           "memory, which a graph cannot replay; make this call outside the capture (rank %d)",
-           fn, (void*)t->stream, t->comm->rank);
-      return CH_INVALID_USAGE;
-    }
-  }
+  int capturing = 0;
+  if (cudrv_async_ok()) CHECK(cudrv_capturing(t->stream, ctx, &capturing));
+  if (capturing) CHECK(capture_check(t, fn));
   struct stage* st = calloc(1, sizeof(*st));
   if (!st) goto oom;
+  if (capturing) { /* a block of its own, kept with the graph (stage_capture) */
+    int mode = cudrv_capture_relaxed(); /* allocations inside a capture in global mode */
+    int overlap = sb && rb && s < r + rb && r < s + sb;
+    uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
+    st->cap_block = cudrv_host_alloc(UT_MAX(overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb, (size_t)1), ctx, 0, NULL);
+    int made = st->cap_block && stage_comm_get(t->comm, ctx) != NULL;
+    cudrv_capture_restore(mode);
+    st->ctx = ctx;
+    if (!made) goto oom;
+  }
   st->ctx = ctx;
   st->dev_send = (void*)s, st->send_bytes = sb;
   st->dev_recv = (void*)r, st->recv_bytes = rb;
   struct stage_comm* sc = NULL;
-  st->async = param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() && (sc = stage_comm_get(t->comm, ctx)) != NULL;
+  st->async = capturing || (param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() && (sc = stage_comm_get(t->comm, ctx)) != NULL);
   ch_status why;
   if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) {
     if (why != CH_OK) { /* aborted, or the communicator failed, while waiting for a block */
@@ -359,7 +421,7 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   if (rb) t->recvbuff = st->host_recv;
   t->stage = st;
   INFO(LOG_COLL, "%s: device buffers staged through %zu + %zu bytes of host memory (%s)", fn, sb, rb,
-       st->async ? "in stream order" : "completes before returning");
+       capturing ? "captured into a CUDA graph" : st->async ? "in stream order" : "completes before returning");
   return CH_OK;
 oom:
   WARN("%s: out of memory for host copies of device buffers (%zu + %zu bytes, rank %d)", fn, sb, rb, t->comm->rank);
@@ -408,6 +470,7 @@ static void gate_unref(struct stage_gate* g) {
   }
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
+  free(g->plans);
   free(g);
   atomic_fetch_sub_explicit(&sc->outstanding, 1, memory_order_release); /* the last touch of sc */
 }
@@ -502,27 +565,131 @@ static cudaStream_t piece_in(struct stage_comm* sc, struct ch_task** lists, int 
   return sc->in_forked ? sc->in_stream : NULL;
 }
 
+/* ---- calls captured into CUDA graphs ---- */
+
+/* After a replay's plan ran (or failed: the comm's async error says so): the results are in the block;
+ * the replay's stream may copy them back. The bridge's thread. */
+static void graph_done(void* arg, ch_status st) {
+  (void)st;
+  struct stage_graph* gc = arg;
+  atomic_store_explicit(gc->flag, 1, memory_order_release);
+}
+
+/* A replay's host node (a driver thread: no CUDA, no waiting): the inputs are in the block; hand the
+ * re-armed plan to the bridge, its ticket drawn there. The previous replay's plan is done (its stream
+ * waited for it before this graph could run again). */
+static void graph_replay(void* arg) {
+  struct stage_graph* gc = arg;
+  struct ch_plan* pl = gc->plan;
+  plan_rearm(pl, &gc->task);
+  if (stream_enqueue_tickets(gc->sc->bridge, &pl, 1, NULL, graph_done, gc) != CH_OK) {
+    WARN("rank %d: out of memory replaying a call captured into a CUDA graph", pl->comm->rank);
+    comm_set_async_error(pl->comm, CH_SYSTEM);
+    graph_done(gc, CH_SYSTEM); /* its stream goes on; no ticket was drawn */
+  }
+}
+
+/* A group holding a call on a stream being captured: that call alone (one plan of one collective)
+ * becomes a stage_graph; its stream gets the graph's part. 1: handled (*res its status). */
+static int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int ntasks, ch_status* res) {
+  struct ch_task* t = lists[0];
+  struct stage* st = t->stage;
+  struct ncclComm* comm = plans[0]->comm;
+  if (n != 1 || ntasks != 1 || t->next || !st || !st->cap_block || !plans[0]->reusable) {
+    WARN("rank %d: a group of calls on device buffers staged through host memory is being captured into a CUDA "
+         "graph: Chorus captures such calls one at a time; issue each outside a group", comm->rank);
+    for (int i = 0; i < n; i++) plan_release(plans[i]), plans[i] = NULL; /* never ticketed nor run */
+    *res = CH_INVALID_USAGE;
+    return 1;
+  }
+  struct stage_comm* sc = comm->stage; /* made by stage_in */
+  int mode = cudrv_capture_relaxed();
+  struct stage_graph* gc = calloc(1, sizeof(*gc));
+  if (gc && !(gc->flag = cudrv_host_alloc(64, sc->ctx, 1, &gc->flag_dev))) free(gc), gc = NULL;
+  cudrv_capture_restore(mode);
+  if (!gc) {
+    WARN("rank %d: out of memory capturing a call on device buffers into a CUDA graph", comm->rank);
+    plan_release(plans[0]), plans[0] = NULL;
+    *res = CH_SYSTEM;
+    return 1;
+  }
+  atomic_store(gc->flag, 0);
+  gc->sc = sc, gc->plan = plans[0], gc->block = st->cap_block;
+  gc->plan->persistent = 1, gc->plan->fr_lo = gc->plan->fr_hi = 0;
+  plans[0] = NULL, st->cap_block = NULL;
+  gc->task = *t;
+  gc->task.next = NULL, gc->task.stage = NULL, gc->task.fr_id = 0;
+  gc->next = sc->graphs, sc->graphs = gc; /* kept even if a part below fails: the graph may hold the others */
+  sc->graph_mode = 1; /* from now on eager calls reach the bridge in stream order too (stage_launch) */
+  void* ctx = st->ctx;
+  ch_status e = cudrv_copy_async(1, st->host_send, st->dev_send, st->send_bytes, t->stream, ctx);
+  if (e == CH_OK) e = cudrv_host_fn(t->stream, graph_replay, gc, ctx);
+  if (e == CH_OK) e = cudrv_wait_geq(t->stream, gc->flag_dev, 1, ctx);
+  if (e == CH_OK) e = cudrv_copy_async(0, st->host_recv, st->dev_recv, st->recv_bytes, t->stream, ctx);
+  if (e == CH_OK) e = cudrv_write_u32(t->stream, gc->flag_dev, 0, ctx);
+  if (t->fr_id) { /* the capture itself is done; replays are not recorded */
+    fr_start(comm, t->fr_id, t->fr_id, atomic_load_explicit(&comm->seq, memory_order_relaxed));
+    fr_end(comm, t->fr_id, t->fr_id, e);
+  }
+  INFO(LOG_COLL, "rank %d: a call on device buffers (%zu + %zu bytes through host memory) captured into a CUDA graph",
+       comm->rank, st->send_bytes, st->recv_bytes);
+  stage_free(st);
+  t->stage = NULL;
+  *res = e;
+  return 1;
+}
+
+/* Graph mode: the group's inputs are in (the order stream joined its streams); hand its plans to the
+ * bridge, their tickets drawn there. A driver thread: no CUDA, no waiting. */
+static void gate_enqueue(void* arg) {
+  struct stage_gate* g = arg;
+  if (stream_enqueue_tickets(g->sc->bridge, g->plans, g->nplans, gate_wait, gate_open, g) == CH_OK) return;
+  WARN("rank %d: out of memory handing a call on device buffers to its bridge", g->plans[0]->comm->rank);
+  for (int i = 0; i < g->nplans; i++) {
+    comm_set_async_error(g->plans[i]->comm, CH_SYSTEM);
+    plan_release(g->plans[i]); /* never ticketed nor run */
+  }
+  gate_open(g, CH_SYSTEM); /* the streams go on */
+}
+
 /* Queue the streams' side of a group whose calls are all staged asynchronously, and its plans on the
  * bridge. 1: done (plans taken, *res its status), 0: not such a group (run it as before). */
 int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res) {
-  int ntasks = 0, nasync = 0;
+  int ntasks = 0, nasync = 0, ncap = 0;
   for (int i = 0; i < n; i++) /* calls of count 0 touch no buffer: they need no stage */
-    for (struct ch_task* t = lists[i]; t; t = t->next) ntasks += t->count > 0, nasync += t->stage && t->stage->async;
+    for (struct ch_task* t = lists[i]; t; t = t->next) {
+      ntasks += t->count > 0, nasync += t->stage && t->stage->async;
+      ncap += t->stage && t->stage->cap_block;
+    }
+  if (ncap) return stage_capture(plans, lists, n, ntasks, res);
   if (!nasync) return 0;
   if (nasync < ntasks) { /* host buffers too: everything completes here */
     stage_degrade(lists, n);
     return 0;
   }
   struct stage_comm* sc = plans[0]->comm->stage;
+  /* Graph mode, where a comm of the group has captured calls: the plans reach the bridge from a host
+   * function on the order stream, behind the streams' inputs, so that replays (whose host nodes
+   * hand theirs on as their streams get there) and eager calls keep their streams' order. */
+  int gm = 0;
+  for (int i = 0; i < n; i++) gm |= plans[i]->comm->stage && plans[i]->comm->stage->graph_mode;
+  if (gm && !sc->order_tried) {
+    sc->order_tried = 1;
+    if (cudrv_stream_new(&sc->order_stream, sc->ctx) != CH_OK) sc->order_stream = NULL; /* then the first stream's */
+  }
   struct stage_gate* g = calloc(1, sizeof(*g) + (size_t)ntasks * sizeof(g->blocks[0]));
   cudaStream_t* streams = calloc((size_t)ntasks, sizeof(*streams));
   void** sctx = calloc((size_t)ntasks, sizeof(*sctx));
   struct ncclComm** plans_comm = calloc((size_t)n, sizeof(*plans_comm)); /* plans are taken below */
-  if (!g || !streams || !sctx || !plans_comm) {
+  if (g && gm) g->plans = malloc((size_t)n * sizeof(*g->plans));
+  if (!g || !streams || !sctx || !plans_comm || (gm && !g->plans)) {
+    if (g) free(g->plans);
     free(g), free(streams), free(sctx), free(plans_comm);
     stage_degrade(lists, n);
     return 0;
   }
+  for (int i = 0; gm && i < n; i++) /* every comm of the group keeps stream order from now on */
+    if (plans[i]->comm->stage) plans[i]->comm->stage->graph_mode = 1;
   int ns = 0;
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t; t = t->next) {
@@ -534,10 +701,12 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
       t->stage->pin->queued = 1; /* the comm's owner: frees once this gate's streams are done */
       atomic_fetch_add(&t->stage->pin->owner->outstanding, 1);
     }
-  g->sc = sc, g->expected = ns, g->seq = ++sc->next_seq;
+  g->sc = sc, g->expected = gm ? 0 : ns, g->seq = ++sc->next_seq;
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
-  atomic_store(&g->refs, 2 + ns); /* the bridge, each stream's arrival, the first stream's release */
+  /* The bridge, each stream's arrival, the first stream's release; graph mode: no arrivals (the order
+   * stream's host function runs behind every stream's inputs). */
+  atomic_store(&g->refs, 2 + (gm ? 0 : ns));
   atomic_fetch_add(&sc->outstanding, 1);
   ch_status e = CH_OK;
   cudaStream_t in = piece_in(sc, lists, n);
@@ -551,16 +720,33 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
       for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
         if (t->stage && t->stream == streams[k])
           ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, is, t->stage->ctx);
+    if (gm) {
+      void* os = sc->order_stream ? sc->order_stream : streams[0];
+      if (ek == CH_OK && is != os) ek = cudrv_join(is, sctx[k], os, sc->order_stream ? sc->ctx : sctx[0]);
+      if (ek != CH_OK) e = ek;
+      continue;
+    }
     if (ek == CH_OK) ek = cudrv_host_fn(is, gate_arrive, g, sctx[k]);
     if (ek != CH_OK) gate_count(g), e = ek;
   }
   for (int i = 0; i < n; i++) plans_comm[i] = plans[i]->comm;
   if (e != CH_OK)
     for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], e);
-  if (stream_enqueue_hook(sc->bridge, plans, n, gate_wait, gate_open, g) != CH_OK) {
+  if (gm) {
+    memcpy(g->plans, plans, (size_t)n * sizeof(*plans));
+    g->nplans = n;
+    void* os = sc->order_stream ? sc->order_stream : streams[0];
+    ch_status eh = cudrv_host_fn(os, gate_enqueue, g, sc->order_stream ? sc->ctx : sctx[0]);
+    if (eh != CH_OK) { /* handed on here (the comm failed above, or fails now: plans fail at their start) */
+      if (e == CH_OK) e = eh;
+      for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], eh);
+      gate_enqueue(g);
+    }
+  } else if (stream_enqueue_tickets(sc->bridge, plans, n, gate_wait, gate_open, g) != CH_OK) {
     /* Out of memory: run it here, once the bridge has opened every earlier gate of this pool (the
      * flag must not move backwards). */
     stream_wait_idle(sc->bridge);
+    plan_tickets(plans, n);
     gate_wait(g, plans, n);
     e = plan_exec(plans, n);
     gate_open(g, e);

@@ -1,0 +1,161 @@
+/* Calls through host memory captured into CUDA graphs (gpu/staging.c's stage_capture): ranks with no
+ * GPU path between them (CHORUS_CUDA_DIRECT=0, CHORUS_CUDA_RELAY=0 stand in for ranks on different
+ * hosts) capture collectives on their streams and replay them many times, new inputs each time, with
+ * eager calls on the same stream in between and no synchronisation: the stand-in driver records what
+ * a capturing stream is given and queues it again at each launch. Expected values in closed form. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_gpu_util.h"
+#include "misc/param.h"
+#include "runner.h"
+
+#define GN 5000
+
+static void graph_env(const char* piece) {
+  setenv("CHORUS_CUDA_DIRECT", "0", 1);
+  setenv("CHORUS_CUDA_RELAY", "0", 1);
+  setenv("CHORUS_CUDA_STAGE_PIECE", piece, 1);
+  load();
+}
+
+/* Rank r's input for replay k, element i. */
+static float in_val(int r, int k, size_t i) { return (float)(r * 7 + k * 3 + (int)(i % 101)); }
+
+/* AllReduce captured out of place, Broadcast in place from rank 1; replayed 5 times with new inputs
+ * copied in on the stream, an eager AllReduce on the same stream after each replay. */
+static void replay_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  size_t n = arg ? (size_t)(uintptr_t)arg : GN;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xa000, &s);
+  float *x = dev_alloc(n), *y = dev_alloc(n), *z = dev_alloc(n), *bc = dev_alloc(n);
+  float* src = malloc(5 * n * sizeof(float));
+  float* bsrc = malloc(5 * n * sizeof(float));
+  float (*zs)[8] = calloc(5, sizeof(*zs));
+  ASSERT(src && bsrc && zs);
+  for (int k = 0; k < 5; k++)
+    for (size_t i = 0; i < n; i++) src[k * n + i] = in_val(rank, k, i), bsrc[k * n + i] = rank == 1 ? (float)(k * 1000 + i % 977) : -1.0f;
+  /* an eager call first: the pool and connections exist before the capture, as in training loops */
+  for (size_t i = 0; i < n; i++) z[i] = 1.0f;
+  NCCL_OK(ncclAllReduce(z, z, n, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(x, y, n, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclBroadcast(bc, bc, n, ncclFloat32, 1, comm, s));
+  void* graph = fk.end_capture(s);
+  ASSERT(graph != NULL);
+  EXPECT(fk.graph_ops(graph) >= 8); /* per call: copies in and back (none of 0 bytes), host node, wait, reset */
+  float* zk = malloc(5 * n * sizeof(float));
+  ASSERT(zk);
+  for (int k = 0; k < 5; k++) {
+    EXPECT_EQ(fk.copy(s, x, src + k * n, n * sizeof(float)), 0);
+    EXPECT_EQ(fk.copy(s, bc, bsrc + k * n, n * sizeof(float)), 0);
+    EXPECT_EQ(fk.graph_launch(graph, s), 0);
+    /* eager, right behind the replay on the same stream: z doubles (times nranks) each time */
+    NCCL_OK(ncclAllReduce(z, z, n, ncclFloat32, ncclSum, comm, s));
+    EXPECT_EQ(fk.copy(s, zk + k * n, y, n * sizeof(float)), 0); /* this replay's result, in stream order */
+    EXPECT_EQ(fk.copy(s, src + k * n, bc, n * sizeof(float)), 0); /* reuse src[k] for the broadcast's */
+  }
+  EXPECT_EQ(fk.sync(s), 0);
+  for (int k = 0; k < 5; k++)
+    for (size_t i = 0; i < n; i++) {
+      float want = 0;
+      for (int r = 0; r < nranks; r++) want += in_val(r, k, i);
+      EXPECT(zk[k * n + i] == want);
+      EXPECT(src[k * n + i] == (float)(k * 1000 + i % 977));
+    }
+  float zw = 1.0f;
+  for (int k = 0; k < 6; k++) zw *= (float)nranks;
+  for (size_t i = 0; i < n; i++) EXPECT(z[i] == zw);
+  fk.graph_destroy(graph);
+  free(src), free(bsrc), free(zs), free(zk);
+  fk.free((uintptr_t)x), fk.free((uintptr_t)y), fk.free((uintptr_t)z), fk.free((uintptr_t)bc);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_graph, capture_and_replay_2_procs, 60) {
+  graph_env("4194304");
+  rt_run_procs(2, replay_body, NULL);
+}
+
+TEST_T(cuda_stage_graph, capture_and_replay_3_threads, 60) {
+  graph_env("4194304");
+  rt_run_threads(3, replay_body, NULL);
+}
+
+/* A call large enough for pieces: each piece is captured as a call of its own. */
+TEST_T(cuda_stage_graph, captured_in_pieces_2_threads, 60) {
+  graph_env("65536");
+  rt_run_threads(2, replay_body, (void*)(uintptr_t)100003);
+}
+
+/* Two calls captured in one group: refused by name (captured one at a time); the stream works on. */
+static void group_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xa100, &s);
+  float *x = dev_alloc(GN), *y = dev_alloc(GN);
+  for (size_t i = 0; i < GN; i++) x[i] = 1.0f, y[i] = 2.0f;
+  fk.begin_capture(s);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclAllReduce(y, y, GN, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(comm), "one at a time") != NULL);
+  void* graph = fk.end_capture(s);
+  fk.graph_destroy(graph);
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < GN; i++) EXPECT(x[i] == (float)nranks);
+  fk.free((uintptr_t)x), fk.free((uintptr_t)y);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_graph, group_capture_refused_2_threads, 60) {
+  graph_env("4194304");
+  rt_run_threads(2, group_body, NULL);
+}
+
+/* Rank 0 replays, rank 1 never does: rank 0's replay fails after CHORUS_TIMEOUT, its stream goes on
+ * past the graph, and both abort; then every pinned block of the pools and graphs is freed. */
+static int g_replayed;
+static void lonely_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xa200, &s);
+  float* x = dev_alloc(GN);
+  for (size_t i = 0; i < GN; i++) x[i] = 1.0f;
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s)); /* eager first: connected */
+  EXPECT_EQ(fk.sync(s), 0);
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
+  void* graph = fk.end_capture(s);
+  if (rank == 0) {
+    EXPECT_EQ(fk.graph_launch(graph, s), 0);
+    EXPECT_EQ(fk.sync(s), 0); /* returns: the failed replay let its stream go */
+    EXPECT_EQ(async_error(comm), ncclTimeout);
+    __atomic_store_n(&g_replayed, 1, __ATOMIC_RELEASE);
+  } else {
+    while (!__atomic_load_n(&g_replayed, __ATOMIC_ACQUIRE)) usleep(1000);
+  }
+  NCCL_OK(ncclCommAbort(comm));
+  fk.graph_destroy(graph);
+  fk.free((uintptr_t)x);
+}
+
+TEST_T(cuda_stage_graph, replay_without_its_peer_times_out, 60) {
+  graph_env("4194304");
+  setenv("CHORUS_TIMEOUT", "1", 1);
+  param_reset();
+  g_replayed = 0;
+  rt_run_threads(2, lonely_body, NULL);
+  int (*allocs)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_cuda_host_allocs");
+  ASSERT(allocs != NULL);
+  for (int i = 0; i < 500 && allocs() != 0; i++) usleep(10 * 1000); /* frees handed to the reaper */
+  EXPECT_EQ(allocs(), 0);
+  unsetenv("CHORUS_TIMEOUT");
+}
