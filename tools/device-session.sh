@@ -211,6 +211,9 @@ torchgpu() {
   # the relay forced on the one GPU: its collectives, and an all_reduce captured into a graph, replayed
   bounded torchgpu 90 env PYTHONPATH="$B/python" CHORUS_SMOKE_BACKEND=chorus CHORUS_SMOKE_GRAPH=1 CHORUS_CUDA_RELAY=1 \
     PYTHONUNBUFFERED=1 "$py" tests/torch/gpu_nccl_smoke.py 2
+  # staged through host memory (the path of ranks on different hosts), captured into a graph, replayed
+  bounded torchgpu 90 env PYTHONPATH="$B/python" CHORUS_SMOKE_BACKEND=chorus CHORUS_SMOKE_GRAPH=1 CHORUS_CUDA_RELAY=0 \
+    CHORUS_CUDA_DIRECT=0 PYTHONUNBUFFERED=1 "$py" tests/torch/gpu_nccl_smoke.py 2
 }
 
 # Issue 29 item 4: the relay (ranks on different GPUs; CHORUS_CUDA_RELAY=1 forces it on one GPU, which
@@ -223,7 +226,10 @@ relay() {
   for np in 2 4; do
     bounded relay 45 env CHORUS_CUDA_RELAY=1 $B/bin/all_reduce_perf --device -np "$np" "${p[@]}"
   done
+  # staged through the host: in pieces (the default) and whole
   bounded relay 40 env CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
+  bounded relay 40 env CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0 CHORUS_CUDA_STAGE_PIECE=0 $B/bin/all_reduce_perf \
+    --device -np 2 "${p[@]}"
   for t in reduce_scatter all_gather broadcast reduce alltoall gather scatter; do
     bounded relay 20 env CHORUS_CUDA_RELAY=1 $B/bin/${t}_perf --device -np 2 -b 8 -e 128M -f 32 -n 10 -w 3 -T 15
   done
