@@ -20,6 +20,7 @@
  * From the first capture on, the communicator's eager calls hand their plans to the bridge from a
  * host function too, on the pool's order stream (launch order, each after its streams' inputs), so
  * that replays and eager calls reach the bridge in the order their streams run them.
+ * The pool of pinned blocks is gpu/stage_pool.c's, captured calls gpu/stage_graph.c's.
  * Ownership: a task's stage is made and finished by the thread in the call (the comm's owner);
  * stage_launch hands its pinned blocks to a gate, which the last of its host functions releases. */
 #include <pthread.h>
@@ -36,73 +37,8 @@
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "../core/plan.h"
-#include "../observe/observe.h"
+#include "stage_int.h"
 #include "staging.h"
-
-/* Pinned host memory of one communicator, reused across calls. `busy` is set by the comm's owner
- * when it hands the block to a call and cleared (release) by whoever finishes that call: the owner
- * (synchronous path) or a gate's last host function. */
-struct pin_block {
-  struct pin_block* next;
-  struct stage_comm* owner; /* whose pool: counted in its `outstanding` while a gate holds the block */
-  char* host;
-  size_t bytes;
-  void* ctx; /* allocated in */
-  _Atomic int busy;
-  int queued; /* the owner's: handed to a launched gate, so it frees once the streams get there */
-};
-
-/* comm->stage: made by the first asynchronous call; fields are the comm owner's unless said. */
-struct stage_comm {
-  cudaStream_t bridge; /* Chorus host stream that runs the staged plans (its thread writes *flag) */
-  void* ctx;
-  _Atomic uint32_t* flag; /* mapped pinned word: the last gate the bridge opened */
-  void* flag_dev;
-  uint32_t next_seq;
-  struct pin_block* blocks;
-  size_t pinned_bytes;
-  /* Gates whose streams may still touch this pool: one for the flag (the gate's own pool) and one per
-   * block of the pool a gate holds (a group over several comms holds blocks of each). Any thread. */
-  _Atomic int outstanding;
-  struct stage_comm* next_orphan; /* under orphans_mu */
-  /* Graph mode (the first capture sets it, the owner): eager plans reach the bridge from host
-   * functions on order_stream, their tickets drawn there (stage_launch). */
-  int graph_mode;
-  void* order_stream;
-  struct stage_graph* graphs; /* captured calls: the owner links them, freed with sc */
-  void* in_stream; /* pieces' input copies (made at the first piece; NULL: none could be) */
-  int in_tried, order_tried;
-  int in_forked;   /* the current call's first piece forked in_stream from its stream (cleared by
-                    * every call's first stage_in: a later piece never uses an older call's fork) */
-};
-
-struct stage {
-  struct pin_block* pin; /* asynchronous: one pinned block for both copies */
-  char* block[2];        /* synchronous: host copies, one when the buffers overlap, else one each */
-  void* dev_send;
-  char* host_send;
-  size_t send_bytes;
-  void* dev_recv; /* where the result goes back to */
-  char* host_recv;
-  size_t recv_bytes;
-  void* ctx;     /* the buffers' context */
-  int async;     /* copies go on the stream at launch */
-  char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */
-};
-
-/* A call captured into a CUDA graph: replayed at will until its communicator goes (NCCL's rule). Set
- * at capture by the owner, then: the plan re-armed by the replay's host node and run by the bridge
- * (one replay at a time: the replay's stream waits for `flag` before the graph ends); `flag` written
- * by the bridge (1: results in the block) and by the stream (0, after the copies back). */
-struct stage_graph {
-  struct stage_graph* next;
-  struct stage_comm* sc;
-  struct ch_plan* plan; /* persistent */
-  struct ch_task task;  /* the call, on the block: what every replay re-arms the plan with */
-  char* block;
-  _Atomic uint32_t* flag;
-  void* flag_dev;
-};
 
 /* One group's staged calls: opened by the bridge, released by the streams' last host functions. */
 struct stage_gate {
@@ -132,184 +68,9 @@ static void extents(const struct ch_task* t, int nranks, size_t* sb, size_t* rb)
   }
 }
 
-/* ---- pinned blocks ---- */
-
-static void block_put(struct pin_block* b) { atomic_store_explicit(&b->busy, 0, memory_order_release); }
-
-static struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx) {
-  if (comm->stage) return comm->stage;
-  struct stage_comm* sc = calloc(1, sizeof(*sc));
-  if (!sc) return NULL;
-  sc->ctx = ctx;
-  sc->flag = cudrv_host_alloc(64, ctx, 1, &sc->flag_dev);
-  if (!sc->flag || stream_create(&sc->bridge) != CH_OK) {
-    cudrv_host_free((void*)sc->flag, ctx);
-    free(sc);
-    return NULL;
-  }
-  atomic_store(sc->flag, 0);
-  comm->stage = sc;
-  return sc;
-}
-
-/* The smallest free block of at least `bytes` (taken), or NULL. */
-static struct pin_block* block_free_fit(struct stage_comm* sc, size_t bytes, void* ctx) {
-  struct pin_block* best = NULL;
-  for (struct pin_block* b = sc->blocks; b; b = b->next)
-    if (!atomic_load_explicit(&b->busy, memory_order_acquire) && b->bytes >= bytes && b->ctx == ctx &&
-        (!best || b->bytes < best->bytes))
-      best = b;
-  if (best) atomic_store_explicit(&best->busy, 1, memory_order_relaxed), best->queued = 0;
-  return best;
-}
-
-/* Give idle blocks back until `want` more bytes fit under cap (not all of them: the next calls may
- * reuse the rest). */
-static void block_drop_idle(struct stage_comm* sc, size_t want, size_t cap) {
-  for (struct pin_block** pp = &sc->blocks; *pp && sc->pinned_bytes + want > cap;) {
-    struct pin_block* b = *pp;
-    if (atomic_load_explicit(&b->busy, memory_order_acquire)) { pp = &b->next; continue; }
-    *pp = b->next;
-    sc->pinned_bytes -= b->bytes;
-    cudrv_host_free_later(b->host, b->ctx); /* a peer's stream may wait for this caller's next call */
-    free(b);
-  }
-}
-
-/* A new block, within CHORUS_CUDA_STAGING_MAX_BYTES once idle blocks are given back; NULL: none. */
-static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ctx) {
-  size_t want = UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10), cap = (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES);
-  if (sc->pinned_bytes + want > cap) {
-    struct pin_block* fit = block_free_fit(sc, bytes, ctx); /* one may have come back since the caller looked */
-    if (fit) return fit;
-    block_drop_idle(sc, want, cap);
-  }
-  if (sc->pinned_bytes + want > cap) return NULL;
-  struct pin_block* b = calloc(1, sizeof(*b));
-  if (!b) return NULL;
-  if (!(b->host = cudrv_host_alloc(want, ctx, 0, NULL))) {
-    free(b);
-    return NULL;
-  }
-  b->bytes = want, b->ctx = ctx, b->next = sc->blocks, b->owner = sc;
-  atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
-  sc->blocks = b;
-  sc->pinned_bytes += want;
-  return b;
-}
-
-/* A block for a call of `bytes`: a free one, else a new one within CHORUS_CUDA_STAGING_MAX_BYTES, else
- * the next one the streams hand back. A caller that runs that far ahead of its streams waits here,
- * as NCCL's does when its queue is full: before, it completed the call before returning, through
- * freshly malloc'd copies (page faults on every page), once per pool's worth of calls: the likely
- * cause of the first GPU sitting's slow host staging (not measured on a GPU). The wait starts where
- * the synchronous way did (the pool's bytes spent), for one earlier call where that waited for every
- * call queued on the stream, and only for blocks of launched gates (this group's own free only after it launches).
- * It ends at an abort or when the communicator fails (*why): a block that never comes back belongs
- * to a call that fails after CHORUS_TIMEOUT (its stream never reached it, or a peer never came).
- * NULL with *why CH_OK: nothing to wait for, or the call alone passes the cap. */
-static struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t bytes, void* ctx, ch_status* why) {
-  int noted = 0;
-  uint64_t t0 = 0;
-  *why = CH_OK;
-  if (UT_ALIGN_UP(UT_MAX(bytes, (size_t)1), (size_t)64 << 10) > (size_t)param_int(PARAM_CUDA_STAGING_MAX_BYTES))
-    return NULL;
-  for (uint64_t i = 0;; i++) {
-    struct pin_block* b = block_free_fit(sc, bytes, ctx);
-    if (b || (b = block_new(sc, bytes, ctx))) return b;
-    int queued = 0;
-    for (struct pin_block* p = sc->blocks; p; p = p->next)
-      queued += p->queued && atomic_load_explicit(&p->busy, memory_order_acquire);
-    if (!queued) return NULL;
-    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED)) {
-      *why = CH_ABORTED;
-      return NULL;
-    }
-    int failed = atomic_load_explicit(&comm->async_result, memory_order_relaxed); /* logged where it happened */
-    if (failed) {
-      *why = (ch_status)failed;
-      return NULL;
-    }
-    uint64_t now = ut_now_ns();
-    if (!t0) t0 = now;
-    if (!noted && now - t0 > 10000000000ull) {
-      noted = 1;
-      INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for the CUDA streams to finish earlier calls "
-           "and hand pinned memory back (CHORUS_CUDA_STAGING_MAX_BYTES=%lld in use)", comm->rank,
-           (long long)sc->pinned_bytes);
-    }
-    /* The streams hand blocks back a copy later (milliseconds): sleep, do not spin, as the ranks'
-     * host threads need the cores meanwhile (5 us doubling to 200 us). */
-    nanosleep(&(struct timespec){0, UT_MIN(5000L << (i < 6 ? i : 6), 200000L)}, NULL);
-  }
-}
-
-/* Pinned memory of freed communicators that CUDA streams still use (an abort while a stream was
- * stuck before the call): freed by a later stage_comm_free once the streams are done with it (a
- * host function may not call CUDA to free it). Under orphans_mu. */
-static pthread_mutex_t orphans_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct stage_comm* orphans;
-
-static void sc_free(struct stage_comm* sc) {
-  for (struct pin_block* b = sc->blocks, *next; b; b = next) {
-    next = b->next;
-    cudrv_host_free(b->host, b->ctx);
-    free(b);
-  }
-  for (struct stage_graph* gc = sc->graphs, *next; gc; gc = next) {
-    next = gc->next;
-    plan_free(gc->plan);
-    cudrv_host_free(gc->block, sc->ctx);
-    cudrv_host_free((void*)gc->flag, sc->ctx);
-    free(gc);
-  }
-  cudrv_host_free((void*)sc->flag, sc->ctx);
-  cudrv_stream_free(sc->in_stream, sc->ctx);
-  cudrv_stream_free(sc->order_stream, sc->ctx);
-  free(sc);
-}
-
-static void sc_free_job(void* sc, void* unused) {
-  (void)unused;
-  sc_free(sc);
-}
-/* cuMemFreeHost waits for the whole device: an abort hands the frees to the reaper (cudrv_defer), as
- * it never waits for a stream, not even one stuck in another communicator's call. */
-static void sc_free_on(struct stage_comm* sc, int here) {
-  if (here) sc_free(sc);
-  else cudrv_defer(sc_free_job, sc, NULL);
-}
-
-void stage_comm_free(struct ncclComm* comm) {
-  struct stage_comm* sc = comm->stage;
-  int here = !__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
-  pthread_mutex_lock(&orphans_mu);
-  for (struct stage_comm** pp = &orphans; *pp;) {
-    struct stage_comm* o = *pp;
-    if (atomic_load_explicit(&o->outstanding, memory_order_acquire)) { pp = &o->next_orphan; continue; }
-    *pp = o->next_orphan;
-    sc_free_on(o, here);
-  }
-  pthread_mutex_unlock(&orphans_mu);
-  if (!sc) return;
-  comm->stage = NULL;
-  stream_destroy(sc->bridge); /* nothing of comm is queued any more: its thread just ends */
-  int left = atomic_load_explicit(&sc->outstanding, memory_order_acquire);
-  if (!left) {
-    sc_free_on(sc, here);
-    return;
-  }
-  INFO(LOG_COLL, "rank %d: %d staged calls are still queued on CUDA streams: their pinned memory is freed later",
-       comm->rank, left);
-  pthread_mutex_lock(&orphans_mu);
-  sc->next_orphan = orphans;
-  orphans = sc;
-  pthread_mutex_unlock(&orphans_mu);
-}
-
 /* ---- per call ---- */
 
-static void stage_free(struct stage* st) {
+void stage_free(struct stage* st) {
   if (st->pin) block_put(st->pin);
   if (st->cap_block) cudrv_host_free_later(st->cap_block, st->ctx);
   free(st->block[0]);
@@ -351,23 +112,6 @@ static ch_status stage_copy_in_now(struct ch_task* t, struct stage* st) {
   CHECK(cudrv_stream_sync(t->stream)); /* the inputs are written */
   if (st->send_bytes) CHECK(cudrv_copy_dtoh(st->host_send, st->dev_send, st->send_bytes));
   return CH_OK;
-}
-
-/* What a captured call needs: one collective that is one plan (not Send/Recv, nor AlltoAll, Gather
- * or Scatter, which are sends and receives), a driver that writes stream words, asynchronous calls. */
-static ch_status capture_check(const struct ch_task* t, const char* fn) {
-  const char* no = NULL;
-  if (t->func == FUNC_SEND || t->func == FUNC_RECV || t->func == FUNC_ALLTOALL || t->func == FUNC_GATHER ||
-      t->func == FUNC_SCATTER)
-    no = "Send/Recv, AlltoAll, Gather and Scatter through host memory";
-  else if (!cudrv_has_write_u32())
-    no = "a call through host memory with this driver (no cuStreamWriteValue32)";
-  else if (!param_int(PARAM_CUDA_ASYNC))
-    no = "a call through host memory with CHORUS_CUDA_ASYNC=0";
-  if (!no) return CH_OK;
-  WARN("%s: stream %p is being captured into a CUDA graph, and Chorus cannot capture %s yet; make this call "
-       "outside the capture (rank %d)", fn, (void*)t->stream, no, t->comm->rank);
-  return CH_INVALID_USAGE;
 }
 
 ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn) {
@@ -563,80 +307,6 @@ static cudaStream_t piece_in(struct stage_comm* sc, struct ch_task** lists, int 
   }
   if (t->piece == 1) sc->in_forked = sc->in_stream && cudrv_join(t->stream, sc->ctx, sc->in_stream, sc->ctx) == CH_OK;
   return sc->in_forked ? sc->in_stream : NULL;
-}
-
-/* ---- calls captured into CUDA graphs ---- */
-
-/* After a replay's plan ran (or failed: the comm's async error says so): the results are in the block;
- * the replay's stream may copy them back. The bridge's thread. */
-static void graph_done(void* arg, ch_status st) {
-  (void)st;
-  struct stage_graph* gc = arg;
-  atomic_store_explicit(gc->flag, 1, memory_order_release);
-}
-
-/* A replay's host node (a driver thread: no CUDA, no waiting): the inputs are in the block; hand the
- * re-armed plan to the bridge, its ticket drawn there. The previous replay's plan is done (its stream
- * waited for it before this graph could run again). */
-static void graph_replay(void* arg) {
-  struct stage_graph* gc = arg;
-  struct ch_plan* pl = gc->plan;
-  plan_rearm(pl, &gc->task);
-  if (stream_enqueue_tickets(gc->sc->bridge, &pl, 1, NULL, graph_done, gc) != CH_OK) {
-    WARN("rank %d: out of memory replaying a call captured into a CUDA graph", pl->comm->rank);
-    comm_set_async_error(pl->comm, CH_SYSTEM);
-    graph_done(gc, CH_SYSTEM); /* its stream goes on; no ticket was drawn */
-  }
-}
-
-/* A group holding a call on a stream being captured: that call alone (one plan of one collective)
- * becomes a stage_graph; its stream gets the graph's part. 1: handled (*res its status). */
-static int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int ntasks, ch_status* res) {
-  struct ch_task* t = lists[0];
-  struct stage* st = t->stage;
-  struct ncclComm* comm = plans[0]->comm;
-  if (n != 1 || ntasks != 1 || t->next || !st || !st->cap_block || !plans[0]->reusable) {
-    WARN("rank %d: a group of calls on device buffers staged through host memory is being captured into a CUDA "
-         "graph: Chorus captures such calls one at a time; issue each outside a group", comm->rank);
-    for (int i = 0; i < n; i++) plan_release(plans[i]), plans[i] = NULL; /* never ticketed nor run */
-    *res = CH_INVALID_USAGE;
-    return 1;
-  }
-  struct stage_comm* sc = comm->stage; /* made by stage_in */
-  int mode = cudrv_capture_relaxed();
-  struct stage_graph* gc = calloc(1, sizeof(*gc));
-  if (gc && !(gc->flag = cudrv_host_alloc(64, sc->ctx, 1, &gc->flag_dev))) free(gc), gc = NULL;
-  cudrv_capture_restore(mode);
-  if (!gc) {
-    WARN("rank %d: out of memory capturing a call on device buffers into a CUDA graph", comm->rank);
-    plan_release(plans[0]), plans[0] = NULL;
-    *res = CH_SYSTEM;
-    return 1;
-  }
-  atomic_store(gc->flag, 0);
-  gc->sc = sc, gc->plan = plans[0], gc->block = st->cap_block;
-  gc->plan->persistent = 1, gc->plan->fr_lo = gc->plan->fr_hi = 0;
-  plans[0] = NULL, st->cap_block = NULL;
-  gc->task = *t;
-  gc->task.next = NULL, gc->task.stage = NULL, gc->task.fr_id = 0;
-  gc->next = sc->graphs, sc->graphs = gc; /* kept even if a part below fails: the graph may hold the others */
-  sc->graph_mode = 1; /* from now on eager calls reach the bridge in stream order too (stage_launch) */
-  void* ctx = st->ctx;
-  ch_status e = cudrv_copy_async(1, st->host_send, st->dev_send, st->send_bytes, t->stream, ctx);
-  if (e == CH_OK) e = cudrv_host_fn(t->stream, graph_replay, gc, ctx);
-  if (e == CH_OK) e = cudrv_wait_geq(t->stream, gc->flag_dev, 1, ctx);
-  if (e == CH_OK) e = cudrv_copy_async(0, st->host_recv, st->dev_recv, st->recv_bytes, t->stream, ctx);
-  if (e == CH_OK) e = cudrv_write_u32(t->stream, gc->flag_dev, 0, ctx);
-  if (t->fr_id) { /* the capture itself is done; replays are not recorded */
-    fr_start(comm, t->fr_id, t->fr_id, atomic_load_explicit(&comm->seq, memory_order_relaxed));
-    fr_end(comm, t->fr_id, t->fr_id, e);
-  }
-  INFO(LOG_COLL, "rank %d: a call on device buffers (%zu + %zu bytes through host memory) captured into a CUDA graph",
-       comm->rank, st->send_bytes, st->recv_bytes);
-  stage_free(st);
-  t->stage = NULL;
-  *res = e;
-  return 1;
 }
 
 /* Graph mode: the group's inputs are in (the order stream joined its streams); hand its plans to the

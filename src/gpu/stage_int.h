@@ -1,0 +1,90 @@
+/* The staging path's shared parts (gpu/staging.c: calls and their launch; gpu/stage_pool.c: the
+ * pinned memory of a communicator; gpu/stage_graph.c: calls captured into CUDA graphs). */
+#ifndef CH_GPU_STAGE_INT_H
+#define CH_GPU_STAGE_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "../cuda/cudrv.h"
+#include "../comm/work.h"
+
+/* Pinned host memory of one communicator, reused across calls. `busy` is set by the comm's owner
+ * when it hands the block to a call and cleared (release) by whoever finishes that call: the owner
+ * (synchronous path) or a gate's last host function. */
+struct pin_block {
+  struct pin_block* next;
+  struct stage_comm* owner; /* whose pool: counted in its `outstanding` while a gate holds the block */
+  char* host;
+  size_t bytes;
+  void* ctx; /* allocated in */
+  _Atomic int busy;
+  int queued; /* the owner's: handed to a launched gate, so it frees once the streams get there */
+};
+
+/* comm->stage: made by the first asynchronous call; fields are the comm owner's unless said. */
+struct stage_comm {
+  cudaStream_t bridge; /* Chorus host stream that runs the staged plans (its thread writes *flag) */
+  void* ctx;
+  _Atomic uint32_t* flag; /* mapped pinned word: the last gate the bridge opened */
+  void* flag_dev;
+  uint32_t next_seq;
+  struct pin_block* blocks;
+  size_t pinned_bytes;
+  /* Gates whose streams may still touch this pool: one for the flag (the gate's own pool) and one per
+   * block of the pool a gate holds (a group over several comms holds blocks of each). Any thread. */
+  _Atomic int outstanding;
+  struct stage_comm* next_orphan; /* under orphans_mu */
+  /* Graph mode (the first capture sets it, the owner): eager plans reach the bridge from host
+   * functions on order_stream, their tickets drawn there (stage_launch). */
+  int graph_mode;
+  void* order_stream;
+  struct stage_graph* graphs; /* captured calls: the owner links them, freed with sc */
+  void* in_stream; /* pieces' input copies (made at the first piece; NULL: none could be) */
+  int in_tried, order_tried;
+  int in_forked;   /* the current call's first piece forked in_stream from its stream (cleared by
+                    * every call's first stage_in: a later piece never uses an older call's fork) */
+};
+
+struct stage {
+  struct pin_block* pin; /* asynchronous: one pinned block for both copies */
+  char* block[2];        /* synchronous: host copies, one when the buffers overlap, else one each */
+  void* dev_send;
+  char* host_send;
+  size_t send_bytes;
+  void* dev_recv; /* where the result goes back to */
+  char* host_recv;
+  size_t recv_bytes;
+  void* ctx;     /* the buffers' context */
+  int async;     /* copies go on the stream at launch */
+  char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */
+};
+
+/* A call captured into a CUDA graph: replayed at will until its communicator goes (NCCL's rule). Set
+ * at capture by the owner, then: the plan re-armed by the replay's host node and run by the bridge
+ * (one replay at a time: the replay's stream waits for `flag` before the graph ends); `flag` written
+ * by the bridge (1: results in the block) and by the stream (0, after the copies back). */
+struct stage_graph {
+  struct stage_graph* next;
+  struct stage_comm* sc;
+  struct ch_plan* plan; /* persistent */
+  struct ch_task task;  /* the call, on the block: what every replay re-arms the plan with */
+  char* block;
+  _Atomic uint32_t* flag;
+  void* flag_dev;
+};
+
+/* gpu/stage_pool.c */
+struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx); /* comm->stage, made on first use */
+/* A pinned block of at least `bytes` for a call (waits for one the streams hand back; NULL with *why
+ * CH_OK: none, the call completes before returning), and handing one back. */
+struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t bytes, void* ctx, ch_status* why);
+static inline void block_put(struct pin_block* b) { atomic_store_explicit(&b->busy, 0, memory_order_release); }
+/* gpu/staging.c */
+void stage_free(struct stage* st);
+/* gpu/stage_graph.c: whether t, on a capturing stream, can be captured (else a WARN saying why), and
+ * the launch of a group holding such a call (1: handled, *res its status). */
+ch_status capture_check(const struct ch_task* t, const char* fn);
+int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int ntasks, ch_status* res);
+
+#endif
