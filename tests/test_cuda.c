@@ -490,19 +490,19 @@ TEST_T(cuda, group_with_host_buffers_completes_at_once, 30) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-/* Captured calls through host memory are one plan of one collective (test_cuda_stage_graph.c): an
- * AlltoAll (sends and receives) is refused by name, and the stream works on after. */
-TEST_T(cuda, graph_capture_of_alltoall_refused, 30) {
+/* Calls through host memory are captured asynchronously (test_cuda_stage_graph.c): with
+ * CHORUS_CUDA_ASYNC=0 the capture is refused by name, and the stream works on after. */
+TEST_T(cuda, graph_capture_refused_when_synchronous, 30) {
+  setenv("CHORUS_CUDA_ASYNC", "0", 1);
   load_fake(1);
   ncclComm_t comm = one_rank();
-  static float a[64], b[64];
+  static float a[64];
   mark(a, sizeof(a), 1);
-  mark(b, sizeof(b), 1);
   cudaStream_t s = (cudaStream_t)(uintptr_t)0x7400;
   set_capturing(s, 1);
-  EXPECT_EQ(ncclAlltoAll(a, b, 64, ncclFloat32, comm, s), ncclInvalidUsage);
+  EXPECT_EQ(ncclAllReduce(a, a, 64, ncclFloat32, ncclSum, comm, s), ncclInvalidUsage);
   EXPECT(strstr(ncclGetLastError(comm), "captured into a CUDA graph") != NULL);
-  EXPECT(strstr(ncclGetLastError(comm), "AlltoAll") != NULL);
+  EXPECT(strstr(ncclGetLastError(comm), "CHORUS_CUDA_ASYNC=0") != NULL);
   set_capturing(s, 0);
   NCCL_OK(ncclAllReduce(a, a, 64, ncclFloat32, ncclSum, comm, s));
   EXPECT_EQ(cu_sync(s), 0);

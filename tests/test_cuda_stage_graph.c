@@ -93,21 +93,92 @@ TEST_T(cuda_stage_graph, captured_in_pieces_2_threads, 60) {
   rt_run_threads(2, replay_body, (void*)(uintptr_t)100003);
 }
 
-/* Two calls captured in one group: refused by name (captured one at a time); the stream works on. */
+/* Groups captured: two AllReduces in one group, an AlltoAll, and a ring of Send/Recv (pipeline
+ * parallelism's step) in one group; replayed 3 times with new inputs. */
+#define GB 1000 /* elements a block */
 static void group_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0xa100, &s);
+  size_t an = (size_t)GB * nranks;
+  float *x = dev_alloc(GB), *y = dev_alloc(GB), *a = dev_alloc(an), *b = dev_alloc(an), *snd = dev_alloc(GB),
+        *rcv = dev_alloc(GB);
+  float *in = malloc(3 * (2 * GB + an + GB) * sizeof(float)), *out = malloc(3 * (2 * GB + an + GB) * sizeof(float));
+  ASSERT(in && out);
+  size_t per = 2 * GB + an + GB; /* one replay's inputs: x, y, a, snd (and outputs: x, y, b, rcv) */
+  for (int k = 0; k < 3; k++) {
+    float* p = in + k * per;
+    for (size_t i = 0; i < GB; i++) p[i] = (float)(rank + k), p[GB + i] = (float)(rank * 10 + k + 1);
+    for (size_t i = 0; i < an; i++) p[2 * GB + i] = (float)(rank * 100000 + k * 10000 + i); /* block j to rank j */
+    for (size_t i = 0; i < GB; i++) p[2 * GB + an + i] = (float)(rank * 1000 + k * 100 + i % 100);
+  }
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  fk.begin_capture(s);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(x, x, GB, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclAllReduce(y, y, GB, ncclFloat32, ncclMax, comm, s));
+  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(ncclAlltoAll(a, b, GB, ncclFloat32, comm, s));
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(snd, GB, ncclFloat32, next, comm, s));
+  NCCL_OK(ncclRecv(rcv, GB, ncclFloat32, prev, comm, s));
+  NCCL_OK(ncclGroupEnd());
+  void* graph = fk.end_capture(s);
+  ASSERT(graph != NULL);
+  for (int k = 0; k < 3; k++) {
+    float* p = in + k * per;
+    EXPECT_EQ(fk.copy(s, x, p, GB * sizeof(float)), 0);
+    EXPECT_EQ(fk.copy(s, y, p + GB, GB * sizeof(float)), 0);
+    EXPECT_EQ(fk.copy(s, a, p + 2 * GB, an * sizeof(float)), 0);
+    EXPECT_EQ(fk.copy(s, snd, p + 2 * GB + an, GB * sizeof(float)), 0);
+    EXPECT_EQ(fk.graph_launch(graph, s), 0);
+    float* q = out + k * per;
+    EXPECT_EQ(fk.copy(s, q, x, GB * sizeof(float)), 0);
+    EXPECT_EQ(fk.copy(s, q + GB, y, GB * sizeof(float)), 0);
+    EXPECT_EQ(fk.copy(s, q + 2 * GB, b, an * sizeof(float)), 0);
+    EXPECT_EQ(fk.copy(s, q + 2 * GB + an, rcv, GB * sizeof(float)), 0);
+  }
+  EXPECT_EQ(fk.sync(s), 0);
+  for (int k = 0; k < 3; k++) {
+    float* q = out + k * per;
+    float sum = 0;
+    for (int r = 0; r < nranks; r++) sum += (float)(r + k);
+    for (size_t i = 0; i < GB; i++) {
+      EXPECT(q[i] == sum);
+      EXPECT(q[GB + i] == (float)((nranks - 1) * 10 + k + 1));
+      EXPECT(q[2 * GB + an + i] == (float)(prev * 1000 + k * 100 + i % 100));
+    }
+    for (int r = 0; r < nranks; r++) /* block r of b: rank r's block `rank` */
+      for (size_t i = 0; i < GB; i++)
+        EXPECT(q[2 * GB + (size_t)r * GB + i] == (float)(r * 100000 + k * 10000 + (size_t)rank * GB + i));
+  }
+  fk.graph_destroy(graph);
+  free(in), free(out);
+  fk.free((uintptr_t)x), fk.free((uintptr_t)y), fk.free((uintptr_t)a), fk.free((uintptr_t)b);
+  fk.free((uintptr_t)snd), fk.free((uintptr_t)rcv);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_graph, groups_alltoall_and_sendrecv_3_procs, 60) {
+  graph_env("4194304");
+  rt_run_procs(3, group_body, NULL);
+}
+
+/* A group of a capturing stream's call and another stream's: refused by name; the streams work on. */
+static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xa300, &s);
+  cudaStream_t s2 = (cudaStream_t)((uintptr_t)s + 0x1000);
   float *x = dev_alloc(GN), *y = dev_alloc(GN);
   for (size_t i = 0; i < GN; i++) x[i] = 1.0f, y[i] = 2.0f;
   fk.begin_capture(s);
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
-  NCCL_OK(ncclAllReduce(y, y, GN, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclAllReduce(y, y, GN, ncclFloat32, ncclSum, comm, s2));
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
-  EXPECT(strstr(ncclGetLastError(comm), "one at a time") != NULL);
-  void* graph = fk.end_capture(s);
-  fk.graph_destroy(graph);
+  EXPECT(strstr(ncclGetLastError(comm), "other streams") != NULL);
+  fk.graph_destroy(fk.end_capture(s));
   NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
   EXPECT_EQ(fk.sync(s), 0);
   for (size_t i = 0; i < GN; i++) EXPECT(x[i] == (float)nranks);
@@ -115,9 +186,9 @@ static void group_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(cuda_stage_graph, group_capture_refused_2_threads, 60) {
+TEST_T(cuda_stage_graph, group_with_another_stream_refused_2_threads, 60) {
   graph_env("4194304");
-  rt_run_threads(2, group_body, NULL);
+  rt_run_threads(2, mixed_body, NULL);
 }
 
 /* Rank 0 replays, rank 1 never does: rank 0's replay fails after CHORUS_TIMEOUT, its stream goes on

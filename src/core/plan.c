@@ -326,16 +326,10 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     if (!atomic_compare_exchange_strong(&comm->reuse_plan, &none, pl)) plan_free(pl); /* a newer one came */
     return NULL;
   }
-  plan_rearm(pl, t);
-  return pl;
-}
-
-void plan_rearm(struct ch_plan* pl, const struct ch_task* t) {
   pl->reds[0] = t->red;
   pl->fr_lo = pl->fr_hi = t->fr_id;
   pl->user_bytes = (uint64_t)t->count * red_type_size(t->type), pl->ncalls = 1;
-  if (t->fr_id)
-    fr_choice(pl->comm, t->fr_id, &(struct tune_choice){.algo = pl->first_algo, .proto = pl->ops[0].proto, .nch = pl->nops});
+  fr_choice(comm, t->fr_id, &(struct tune_choice){.algo = pl->first_algo, .proto = pl->ops[0].proto, .nch = pl->nops});
   atomic_store(&pl->outcome[0], DIRECT_OUTCOME_OPEN);
   pl->started = pl->done = 0;
   pl->status = CH_OK;
@@ -353,6 +347,19 @@ void plan_rearm(struct ch_plan* pl, const struct ch_task* t) {
     op->ctx.wait_word = NULL;
     op->ctx.wait_sleeping = NULL;
   }
+  return pl;
+}
+
+/* A plan is one allocation whose pointers are into itself or the comm's: a copy written back over it
+ * at the same address gives the plan as it was, ready to run again. */
+void* plan_snapshot(const struct ch_plan* pl) {
+  void* s = malloc(pl->alloc_bytes);
+  if (s) memcpy(s, pl, pl->alloc_bytes);
+  return s;
+}
+
+void plan_restore(struct ch_plan* pl, const void* snapshot) {
+  memcpy(pl, snapshot, ((const struct ch_plan*)snapshot)->alloc_bytes);
 }
 
 /* Only a plan that ran to completion is known to be connected and correct: one that was built but

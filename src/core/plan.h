@@ -10,9 +10,11 @@ void plan_free(struct ch_plan* plan);
 /* The plan of the previous call on comm, re-armed for task t, if it was the same collective with the
  * same count, type and root; NULL otherwise (then build one). */
 struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t);
-/* Re-arm a reusable plan (one collective) that has finished, for task t (the same call: its buffers,
- * reduction and recorder entry may differ). Whoever owns the plan. */
-void plan_rearm(struct ch_plan* pl, const struct ch_task* t);
+/* A plan captured into a CUDA graph runs at every replay as it was built: a copy of it before it
+ * first runs (malloc'd, NULL: out of memory; the caller frees it), written back before each run by
+ * whoever owns the plan then. */
+void* plan_snapshot(const struct ch_plan* pl);
+void plan_restore(struct ch_plan* pl, const void* snapshot);
 /* Done with a plan: keep it on its comm for a repeat if it ran to completion, else free it. NULL is
  * a no-op. Not for a plan whose completion was published (plan_exec releases those itself). */
 void plan_release(struct ch_plan* plan);

@@ -60,20 +60,21 @@ struct stage {
   char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */
 };
 
-/* A call captured into a CUDA graph: replayed at will until its communicator goes (NCCL's rule). Set
- * at capture by the owner, then: the plan re-armed by the replay's host node and run by the bridge
- * (one replay at a time: the replay's stream waits for `flag` before the graph ends); `flag` written
- * by the bridge (1: results in the block) and by the stream (0, after the copies back). */
+/* A group captured into a CUDA graph: replayed at will until its communicator goes (NCCL's rule). Set
+ * at capture by the owner, then: the plan restored from its snapshot by the replay's host node and
+ * run by the bridge (one replay at a time: the replay's stream waits for `flag` before the graph
+ * ends); `flag` written by the bridge (1: results in the blocks) and by the stream (0, after the
+ * copies back). */
 struct stage_graph {
   struct stage_graph* next;
   struct stage_comm* sc;
   struct ch_plan* plan; /* persistent */
-  struct ch_task task;  /* the call, on the block: what every replay re-arms the plan with */
-  char* block;
+  void* snapshot;       /* the plan as built (plan_snapshot) */
   _Atomic uint32_t* flag;
   void* flag_dev;
+  int nblocks;
+  char* blocks[]; /* its calls' pinned blocks */
 };
-
 /* gpu/stage_pool.c */
 struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx); /* comm->stage, made on first use */
 /* A pinned block of at least `bytes` for a call (waits for one the streams hand back; NULL with *why

@@ -140,7 +140,8 @@ static void sc_free(struct stage_comm* sc) {
   for (struct stage_graph* gc = sc->graphs, *next; gc; gc = next) {
     next = gc->next;
     plan_free(gc->plan);
-    cudrv_host_free(gc->block, sc->ctx);
+    free(gc->snapshot);
+    for (int i = 0; i < gc->nblocks; i++) cudrv_host_free(gc->blocks[i], sc->ctx);
     cudrv_host_free((void*)gc->flag, sc->ctx);
     free(gc);
   }

@@ -14,7 +14,7 @@
  * piece copies its input on the pool's input stream, forked from the call's stream at the first
  * piece, so that while the bridge moves piece k the input stream copies piece k+1 in and the call's
  * stream copies piece k-1 back.
- * Graph capture (stage_capture): a collective captured on a stream gets a pinned block, a flag word
+ * Graph capture (gpu/stage_graph.c): a group captured on a stream gets pinned blocks, a flag word
  * and a plan of its own, kept until the communicator goes. The graph holds its copies, a host node
  * that hands the plan to the bridge at each replay, a wait for the flag and a write that resets it.
  * From the first capture on, the communicator's eager calls hand their plans to the bridge from a
