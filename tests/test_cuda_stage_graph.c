@@ -5,6 +5,7 @@
  * a capturing stream is given and queues it again at each launch. Expected values in closed form. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,4 +230,57 @@ TEST_T(cuda_stage_graph, replay_without_its_peer_times_out, 60) {
   for (int i = 0; i < 500 && allocs() != 0; i++) usleep(10 * 1000); /* frees handed to the reaper */
   EXPECT_EQ(allocs(), 0);
   unsetenv("CHORUS_TIMEOUT");
+}
+
+/* After a capture (graph mode), an eager call's ticket is drawn when its stream gets there. With the
+ * stream held: a host-buffer call on the comm waits for it (order kept on both ranks), and
+ * ncclCommDestroy waits for it; ncclCommAbort does not (the stream, let go later, drops the call). */
+static int g_release[2];
+static void* release_later(void* arg) {
+  usleep(200 * 1000);
+  __atomic_store_n((int*)arg, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+static void held_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int abort = arg != NULL;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xa400, &s);
+  float* x = dev_alloc(GN);
+  float h[64];
+  for (size_t i = 0; i < GN; i++) x[i] = 1.0f;
+  for (int i = 0; i < 64; i++) h[i] = (float)rank;
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
+  fk.graph_destroy(fk.end_capture(s)); /* never replayed: graph mode stays */
+  EXPECT_EQ(fk.hold(s, &g_release[rank]), 0);
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s)); /* its ticket waits for the stream */
+  pthread_t th;
+  pthread_create(&th, NULL, release_later, &g_release[rank]);
+  if (abort) {
+    NCCL_OK(ncclCommAbort(comm)); /* returns without the stream */
+    EXPECT_EQ(__atomic_load_n(&g_release[rank], __ATOMIC_ACQUIRE), 0);
+    pthread_join(th, NULL);
+    EXPECT_EQ(fk.sync(s), 0); /* the stream went on: the call was dropped */
+  } else {
+    NCCL_OK(ncclAllReduce(h, h, 64, ncclFloat32, ncclSum, comm, NULL)); /* after the device call, on both ranks */
+    for (int i = 0; i < 64; i++) EXPECT(h[i] == (float)(nranks * (nranks - 1) / 2));
+    NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
+    NCCL_OK(ncclCommDestroy(comm)); /* waits for the calls its stream is still to reach */
+    pthread_join(th, NULL);
+    EXPECT_EQ(fk.sync(s), 0);
+    for (size_t i = 0; i < GN; i++) EXPECT(x[i] == (float)(nranks * nranks));
+  }
+  fk.free((uintptr_t)x);
+}
+
+TEST_T(cuda_stage_graph, eager_calls_wait_for_their_stream_after_a_capture, 60) {
+  graph_env("4194304");
+  g_release[0] = g_release[1] = 0;
+  rt_run_threads(2, held_body, NULL);
+}
+
+TEST_T(cuda_stage_graph, abort_drops_calls_its_stream_has_not_reached, 60) {
+  graph_env("4194304");
+  g_release[0] = g_release[1] = 0;
+  rt_run_threads(2, held_body, (void*)1);
 }

@@ -10,6 +10,7 @@
 #include "../misc/utils.h"
 #include "../cuda/cudrv.h"
 #include "../comm/work.h"
+#include "../core/exec.h"
 #include "../core/group.h"
 #include "../core/host_stream.h"
 #include "../core/init.h"
@@ -288,6 +289,7 @@ CH_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) {
   comm_join_init(comm);
   while (atomic_load(&comm->init_state) == ncclInProgress) ut_backoff(1000000);
   while (atomic_load(&comm->init_caller)) ut_backoff(1000000);
+  if (ch_comm_hooks.abort) ch_comm_hooks.abort(comm); /* no ticket is drawn in stream order from here */
   comm_wait_idle_aborting(comm); /* its calls queued behind another comm's (perhaps stuck) need not wait */
   if (busy && atomic_load(&comm->init_state) == ncclSuccess) fr_dump_first(comm, "abort");
   comm_free(comm);

@@ -34,5 +34,6 @@ const struct ch_comm_hooks ch_comm_hooks = {
     .setup = gpu_setup,
     .failed = gpu_failed,
     .teardown = gpu_free,
+    .abort = stage_close,
     .release = stage_comm_free,
 };

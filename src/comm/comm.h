@@ -204,6 +204,10 @@ struct ncclComm {
   /* Bytes per piece of a large AllReduce, Reduce or Broadcast (gpu/staging.c's stage_pieces), or 0:
    * set by gpu_setup alike on every rank, read-only afterwards. */
   size_t stage_piece;
+  /* Plans handed to a CUDA stream that draws their tickets when it gets there (gpu/staging.c's graph
+   * mode): added by the comm's owner at launch, taken back once drawn (or dropped at an abort). A
+   * thread that draws tickets itself waits for 0 first (core/group.c), as does comm_wait_idle. */
+  _Atomic int unticketed;
   /* Ranks sharing one GPU (gpu.h): the context current when the application made the comm (its
    * creating thread), the peers' hellos from comm_agree (until gpu_setup), and the GPU path, made at
    * init and read-only afterwards but for its own documented fields. */

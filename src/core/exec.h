@@ -48,6 +48,8 @@ struct ch_comm_hooks {
   void (*failed)(struct ncclComm* comm);
   /* comm_free begins (no call is inside the comm). */
   void (*teardown)(struct ncclComm* comm);
+  /* ncclCommAbort, before it waits for the comm's tickets: nothing may draw one from now on. */
+  void (*abort)(struct ncclComm* comm);
   /* The last reference is dropped (comm_unref): every ticket is done. */
   void (*release)(struct ncclComm* comm);
 };

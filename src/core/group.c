@@ -171,15 +171,24 @@ static enum ch_exec group_exec(struct ch_task** lists, int n) {
   return (enum ch_exec)e;
 }
 
+/* Tickets keep each communicator's plans in call order across threads and streams. Calls of a comm
+ * whose tickets a CUDA stream draws when it gets there (comm->unticketed) come first: wait for
+ * them (until an abort, after which the plans fail at their start anyway). */
+static void draw_tickets(struct ch_plan** plans, int n) {
+  for (int i = 0; i < n; i++)
+    for (uint64_t k = 0; atomic_load(&plans[i]->comm->unticketed) && !__atomic_load_n(&plans[i]->comm->abort_flag, __ATOMIC_RELAXED); k++)
+      ut_backoff(k);
+  plan_tickets(plans, n);
+}
+
 /* Connected plans, one per communicator (lists[i]: its tasks): handed to their executor, or run here
  * and released. Every plans[i] is NULL afterwards. */
 static ch_status launch_plans(struct ch_plan** plans, struct ch_task** lists, int n) {
-  /* Tickets keep each communicator's plans in call order across threads and streams. */
   ch_status res = CH_OK;
   const struct ch_executor* x = ch_executors[group_exec(lists, n)];
-  if (!x->own_tickets) plan_tickets(plans, n);
+  if (!x->own_tickets) draw_tickets(plans, n);
   if (x->launch && x->launch(plans, lists, n, &res)) return res;
-  if (x->own_tickets) plan_tickets(plans, n);
+  if (x->own_tickets) draw_tickets(plans, n);
   return plan_exec(plans, n); /* takes the plans: each is kept for reuse or freed, and NULLed */
 }
 

@@ -21,7 +21,8 @@ struct ch_batch {
   void (*before)(void*, struct ch_plan**, int);
   void (*after)(void*, ch_status);
   void* hook_arg;
-  int n;
+  int keep; /* its maker's (stream_batch_new): not freed after it ran */
+  int n, cap;
   struct ch_plan* plans[];
 };
 
@@ -79,11 +80,12 @@ static void* stream_main(void* arg) {
     for (int i = 1; i < b->n; i++)
       if (b->plans[i]->comm != one) one = NULL;
     struct log_err_sink* prev = log_set_error_sink(one ? &one->last_error : NULL);
+    int keep = b->keep; /* read first: a kept batch may be queued again once `after` ran */
     if (b->before) b->before(b->hook_arg, b->plans, b->n);
     ch_status s = plan_exec(b->plans, b->n); /* takes the plans */
     if (b->after) b->after(b->hook_arg, s);
     log_set_error_sink(prev);
-    free(b);
+    if (!keep) free(b);
     pthread_mutex_lock(&st->mu);
     if (s != CH_OK && st->err == CH_OK) st->err = s;
     st->pending--;
@@ -111,15 +113,22 @@ ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n) {
   return stream_enqueue_hook(s, plans, n, NULL, NULL, NULL);
 }
 
-static ch_status enqueue(cudaStream_t s, struct ch_plan** plans, int n, void (*before)(void*, struct ch_plan**, int),
-                         void (*after)(void*, ch_status), void* arg, int tickets) {
-  struct ch_stream* st = (struct ch_stream*)s;
+struct ch_batch* stream_batch_new(int n, int keep) {
   struct ch_batch* b = malloc(sizeof(*b) + (size_t)n * sizeof(b->plans[0]));
-  if (!b) return CH_SYSTEM; /* the caller runs the plans itself */
+  if (b) b->keep = keep, b->cap = n;
+  return b;
+}
+
+void stream_batch_free(struct ch_batch* b) { free(b); }
+
+void stream_enqueue_batch(cudaStream_t s, struct ch_batch* b, struct ch_plan** plans, int n,
+                          void (*before)(void*, struct ch_plan**, int), void (*after)(void*, ch_status), void* arg,
+                          int tickets) {
+  struct ch_stream* st = (struct ch_stream*)s;
   b->next = NULL;
   b->before = before, b->after = after, b->hook_arg = arg;
-  b->n = n;
-  memcpy(b->plans, plans, (size_t)n * sizeof(b->plans[0]));
+  b->n = n < b->cap ? n : b->cap;
+  memcpy(b->plans, plans, (size_t)b->n * sizeof(b->plans[0]));
   pthread_mutex_lock(&st->mu);
   if (tickets) /* under the stream's lock: two threads queueing here keep ticket order in the queue */
     for (int i = 0; i < n; i++) b->plans[i]->ticket = atomic_fetch_add(&b->plans[i]->comm->next_ticket, 1);
@@ -128,6 +137,13 @@ static ch_status enqueue(cudaStream_t s, struct ch_plan** plans, int n, void (*b
   st->pending++;
   pthread_cond_broadcast(&st->cv);
   pthread_mutex_unlock(&st->mu);
+}
+
+static ch_status enqueue(cudaStream_t s, struct ch_plan** plans, int n, void (*before)(void*, struct ch_plan**, int),
+                         void (*after)(void*, ch_status), void* arg, int tickets) {
+  struct ch_batch* b = stream_batch_new(n, 0);
+  if (!b) return CH_SYSTEM; /* the caller runs the plans itself */
+  stream_enqueue_batch(s, b, plans, n, before, after, arg, tickets);
   return CH_OK;
 }
 
@@ -141,7 +157,9 @@ ch_status stream_enqueue_tickets(cudaStream_t s, struct ch_plan** plans, int n,
 }
 
 ch_status comm_wait_idle(struct ncclComm* comm) {
-  for (uint64_t i = 0; atomic_load(&comm->done_ticket) != atomic_load(&comm->next_ticket); i++) ut_backoff(i);
+  for (uint64_t i = 0; atomic_load(&comm->unticketed) || atomic_load(&comm->done_ticket) != atomic_load(&comm->next_ticket);
+       i++)
+    ut_backoff(i);
   return CH_OK;
 }
 

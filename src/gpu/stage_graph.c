@@ -40,13 +40,17 @@ static void graph_done(void* arg, ch_status st) {
  * stream waited for graph_done before this graph could run again. */
 static void graph_replay(void* arg) {
   struct stage_graph* gc = arg;
+  struct stage_comm* sc = gc->sc;
+  pthread_mutex_lock(&sc->enq_mu);
+  if (sc->closed) { /* aborted: nothing runs, the stream goes on */
+    pthread_mutex_unlock(&sc->enq_mu);
+    graph_done(gc, CH_ABORTED);
+    return;
+  }
   struct ch_plan* pl = gc->plan;
   plan_restore(pl, gc->snapshot);
-  if (stream_enqueue_tickets(gc->sc->bridge, &pl, 1, NULL, graph_done, gc) != CH_OK) {
-    WARN("rank %d: out of memory replaying calls captured into a CUDA graph", pl->comm->rank);
-    comm_set_async_error(pl->comm, CH_SYSTEM);
-    graph_done(gc, CH_SYSTEM); /* its stream goes on; no ticket was drawn */
-  }
+  stream_enqueue_batch(sc->bridge, gc->batch, &pl, 1, NULL, graph_done, gc, 1); /* made at capture: cannot fail */
+  pthread_mutex_unlock(&sc->enq_mu);
 }
 
 /* Why the group cannot be captured, or NULL: one communicator, every call with a stage on one
@@ -80,9 +84,11 @@ int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int nta
   plans[0]->fr_lo = plans[0]->fr_hi = 0; /* replays are not recorded (the capture is, below) */
   plans[0]->persistent = 1;
   void* snapshot = gc ? plan_snapshot(plans[0]) : NULL;
-  if (!snapshot) {
+  struct ch_batch* batch = snapshot ? stream_batch_new(1, 1) : NULL;
+  if (!batch) {
     WARN("rank %d: out of memory capturing calls on device buffers into a CUDA graph", comm->rank);
     if (gc) cudrv_host_free((void*)gc->flag, sc->ctx);
+    free(snapshot);
     free(gc);
     plans[0]->persistent = 0;
     plan_release(plans[0]), plans[0] = NULL;
@@ -90,10 +96,10 @@ int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int nta
     return 1;
   }
   atomic_store(gc->flag, 0);
-  gc->sc = sc, gc->plan = plans[0], gc->snapshot = snapshot;
+  gc->sc = sc, gc->plan = plans[0], gc->snapshot = snapshot, gc->batch = batch;
   plans[0] = NULL;
   for (struct ch_task* t = lists[0]; t; t = t->next)
-    if (t->stage) gc->blocks[gc->nblocks++] = t->stage->cap_block, t->stage->cap_block = NULL;
+    if (t->stage) gc->blocks[gc->nblocks++] = t->stage->cap_block, t->stage->cap_block = NULL, gc->ctx = t->stage->ctx;
   gc->next = sc->graphs, sc->graphs = gc; /* kept even if a part below fails: the graph may hold the others */
   sc->graph_mode = 1; /* from now on eager calls reach the bridge in stream order too (stage_launch) */
   ch_status e = CH_OK;

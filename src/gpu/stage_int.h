@@ -39,6 +39,10 @@ struct stage_comm {
    * functions on order_stream, their tickets drawn there (stage_launch). */
   int graph_mode;
   void* order_stream;
+  /* Host functions that hand plans to the bridge (gate_enqueue, graph_replay) do it under enq_mu,
+   * unless `closed` (stage_close: an abort, or the pool going): then they drop them. */
+  pthread_mutex_t enq_mu;
+  int closed;
   struct stage_graph* graphs; /* captured calls: the owner links them, freed with sc */
   void* in_stream; /* pieces' input copies (made at the first piece; NULL: none could be) */
   int in_tried, order_tried;
@@ -70,6 +74,8 @@ struct stage_graph {
   struct stage_comm* sc;
   struct ch_plan* plan; /* persistent */
   void* snapshot;       /* the plan as built (plan_snapshot) */
+  struct ch_batch* batch; /* kept: queued on the bridge at every replay */
+  void* ctx;            /* of its blocks */
   _Atomic uint32_t* flag;
   void* flag_dev;
   int nblocks;

@@ -29,6 +29,7 @@ struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx) {
     return NULL;
   }
   atomic_store(sc->flag, 0);
+  pthread_mutex_init(&sc->enq_mu, NULL);
   comm->stage = sc;
   return sc;
 }
@@ -141,13 +142,15 @@ static void sc_free(struct stage_comm* sc) {
     next = gc->next;
     plan_free(gc->plan);
     free(gc->snapshot);
-    for (int i = 0; i < gc->nblocks; i++) cudrv_host_free(gc->blocks[i], sc->ctx);
+    stream_batch_free(gc->batch);
+    for (int i = 0; i < gc->nblocks; i++) cudrv_host_free(gc->blocks[i], gc->ctx);
     cudrv_host_free((void*)gc->flag, sc->ctx);
     free(gc);
   }
   cudrv_host_free((void*)sc->flag, sc->ctx);
   cudrv_stream_free(sc->in_stream, sc->ctx);
   cudrv_stream_free(sc->order_stream, sc->ctx);
+  pthread_mutex_destroy(&sc->enq_mu);
   free(sc);
 }
 
@@ -162,6 +165,14 @@ static void sc_free_on(struct stage_comm* sc, int here) {
   else cudrv_defer(sc_free_job, sc, NULL);
 }
 
+void stage_close(struct ncclComm* comm) {
+  struct stage_comm* sc = comm->stage; /* set by the owner, which an abort has waited for */
+  if (!sc) return;
+  pthread_mutex_lock(&sc->enq_mu);
+  sc->closed = 1;
+  pthread_mutex_unlock(&sc->enq_mu);
+}
+
 void stage_comm_free(struct ncclComm* comm) {
   struct stage_comm* sc = comm->stage;
   int here = !__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
@@ -174,6 +185,7 @@ void stage_comm_free(struct ncclComm* comm) {
   }
   pthread_mutex_unlock(&orphans_mu);
   if (!sc) return;
+  stage_close(comm); /* what a stream still hands on is dropped (an abort's: comm_wait_idle waited for the rest) */
   comm->stage = NULL;
   stream_destroy(sc->bridge); /* nothing of comm is queued any more: its thread just ends */
   int left = atomic_load_explicit(&sc->outstanding, memory_order_acquire);

@@ -52,8 +52,9 @@ struct stage_gate {
    * blocks go back only once every stream is past every copy that uses them. */
   _Atomic int refs;
   int nblocks;
-  struct ch_plan** plans; /* graph mode: the plans its order-stream host function hands the bridge */
+  struct ch_plan** plans; /* graph mode: the plans its order-stream host function hands the bridge, */
   int nplans;
+  struct ch_batch* batch; /* in a batch made at launch (queueing it there cannot fail) */
   struct pin_block* blocks[];
 };
 
@@ -313,13 +314,19 @@ static cudaStream_t piece_in(struct stage_comm* sc, struct ch_task** lists, int 
  * bridge, their tickets drawn there. A driver thread: no CUDA, no waiting. */
 static void gate_enqueue(void* arg) {
   struct stage_gate* g = arg;
-  if (stream_enqueue_tickets(g->sc->bridge, g->plans, g->nplans, gate_wait, gate_open, g) == CH_OK) return;
-  WARN("rank %d: out of memory handing a call on device buffers to its bridge", g->plans[0]->comm->rank);
-  for (int i = 0; i < g->nplans; i++) {
-    comm_set_async_error(g->plans[i]->comm, CH_SYSTEM);
-    plan_release(g->plans[i]); /* never ticketed nor run */
+  struct stage_comm* sc = g->sc;
+  pthread_mutex_lock(&sc->enq_mu);
+  if (sc->closed) { /* an abort: its comm may be gone (nothing of it is touched); the streams go on */
+    pthread_mutex_unlock(&sc->enq_mu);
+    for (int i = 0; i < g->nplans; i++) plan_release(g->plans[i]); /* never ticketed nor run */
+    stream_batch_free(g->batch);
+    gate_open(g, CH_ABORTED);
+    return;
   }
-  gate_open(g, CH_SYSTEM); /* the streams go on */
+  struct ncclComm* comm = g->plans[0]->comm; /* read first: the bridge may run and free the plan at once */
+  stream_enqueue_batch(sc->bridge, g->batch, g->plans, g->nplans, gate_wait, gate_open, g, 1);
+  atomic_fetch_sub(&comm->unticketed, g->nplans); /* drawn; an abort waits for them from here */
+  pthread_mutex_unlock(&sc->enq_mu);
 }
 
 /* Queue the streams' side of a group whose calls are all staged asynchronously, and its plans on the
@@ -338,28 +345,32 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
     return 0;
   }
   struct stage_comm* sc = plans[0]->comm->stage;
-  /* Graph mode, where a comm of the group has captured calls: the plans reach the bridge from a host
-   * function on the order stream, behind the streams' inputs, so that replays (whose host nodes
-   * hand theirs on as their streams get there) and eager calls keep their streams' order. */
+  /* Graph mode, where the comm has captured calls: the plans reach the bridge from a host function
+   * on the order stream, behind the streams' inputs, so that replays (whose host nodes hand theirs
+   * on as their streams get there) and eager calls keep their streams' order. A group over several
+   * comms, one of them in graph mode, or no order stream: the calls complete before returning, their
+   * tickets drawn here once the comms' calls before them have drawn theirs (core/group.c). */
   int gm = 0;
   for (int i = 0; i < n; i++) gm |= plans[i]->comm->stage && plans[i]->comm->stage->graph_mode;
   if (gm && !sc->order_tried) {
     sc->order_tried = 1;
-    if (cudrv_stream_new(&sc->order_stream, sc->ctx) != CH_OK) sc->order_stream = NULL; /* then the first stream's */
+    if (cudrv_stream_new(&sc->order_stream, sc->ctx) != CH_OK) sc->order_stream = NULL;
+  }
+  if (gm && (n > 1 || !sc->order_stream)) {
+    stage_degrade(lists, n);
+    return 0;
   }
   struct stage_gate* g = calloc(1, sizeof(*g) + (size_t)ntasks * sizeof(g->blocks[0]));
   cudaStream_t* streams = calloc((size_t)ntasks, sizeof(*streams));
   void** sctx = calloc((size_t)ntasks, sizeof(*sctx));
   struct ncclComm** plans_comm = calloc((size_t)n, sizeof(*plans_comm)); /* plans are taken below */
-  if (g && gm) g->plans = malloc((size_t)n * sizeof(*g->plans));
-  if (!g || !streams || !sctx || !plans_comm || (gm && !g->plans)) {
-    if (g) free(g->plans);
+  if (g && gm) g->plans = malloc((size_t)n * sizeof(*g->plans)), g->batch = stream_batch_new(n, 0);
+  if (!g || !streams || !sctx || !plans_comm || (gm && (!g->plans || !g->batch))) {
+    if (g) free(g->plans), stream_batch_free(g->batch);
     free(g), free(streams), free(sctx), free(plans_comm);
     stage_degrade(lists, n);
     return 0;
   }
-  for (int i = 0; gm && i < n; i++) /* every comm of the group keeps stream order from now on */
-    if (plans[i]->comm->stage) plans[i]->comm->stage->graph_mode = 1;
   int ns = 0;
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t; t = t->next) {
@@ -391,8 +402,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
         if (t->stage && t->stream == streams[k])
           ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, is, t->stage->ctx);
     if (gm) {
-      void* os = sc->order_stream ? sc->order_stream : streams[0];
-      if (ek == CH_OK && is != os) ek = cudrv_join(is, sctx[k], os, sc->order_stream ? sc->ctx : sctx[0]);
+      if (ek == CH_OK) ek = cudrv_join(is, sctx[k], sc->order_stream, sc->ctx);
       if (ek != CH_OK) e = ek;
       continue;
     }
@@ -405,8 +415,8 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   if (gm) {
     memcpy(g->plans, plans, (size_t)n * sizeof(*plans));
     g->nplans = n;
-    void* os = sc->order_stream ? sc->order_stream : streams[0];
-    ch_status eh = cudrv_host_fn(os, gate_enqueue, g, sc->order_stream ? sc->ctx : sctx[0]);
+    atomic_fetch_add(&plans_comm[0]->unticketed, n); /* before the host function may take them back */
+    ch_status eh = cudrv_host_fn(sc->order_stream, gate_enqueue, g, sc->ctx);
     if (eh != CH_OK) { /* handed on here (the comm failed above, or fails now: plans fail at their start) */
       if (e == CH_OK) e = eh;
       for (int i = 0; i < n; i++) comm_set_async_error(plans_comm[i], eh);

@@ -17,6 +17,9 @@ size_t stage_pieces(const struct ch_task* t);
  * CUDA streams and the plans on comm's bridge stream. 1: done (plans taken), 0: run it as before. */
 struct ch_plan;
 int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_status* res);
+/* ncclCommAbort: calls whose tickets their streams were to draw are dropped when the streams get there
+ * (their streams go on), so that the abort waits for no stream. */
+void stage_close(struct ncclComm* comm);
 /* comm_free: the bridge stream and the pinned memory. */
 void stage_comm_free(struct ncclComm* comm);
 
