@@ -323,9 +323,11 @@ static void gate_enqueue(void* arg) {
     gate_open(g, CH_ABORTED);
     return;
   }
-  struct ncclComm* comm = g->plans[0]->comm; /* read first: the bridge may run and free the plan at once */
-  stream_enqueue_batch(sc->bridge, g->batch, g->plans, g->nplans, gate_wait, gate_open, g, 1);
-  atomic_fetch_sub(&comm->unticketed, g->nplans); /* drawn; an abort waits for them from here */
+  /* read first: once queued, the bridge may run the plans and the streams hand the gate back at once */
+  struct ncclComm* comm = g->plans[0]->comm;
+  int n = g->nplans;
+  stream_enqueue_batch(sc->bridge, g->batch, g->plans, n, gate_wait, gate_open, g, 1);
+  atomic_fetch_sub(&comm->unticketed, n); /* drawn; an abort waits for them from here */
   pthread_mutex_unlock(&sc->enq_mu);
 }
 
