@@ -242,7 +242,7 @@ static void* release_later(void* arg) {
   return NULL;
 }
 static void held_body(int rank, int nranks, ncclUniqueId id, void* arg) {
-  int abort = arg != NULL;
+  int abort = (uintptr_t)arg == 1, revoke = (uintptr_t)arg == 2;
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0xa400, &s);
   float* x = dev_alloc(GN);
@@ -256,11 +256,16 @@ static void held_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s)); /* its ticket waits for the stream */
   pthread_t th;
   pthread_create(&th, NULL, release_later, &g_release[rank]);
-  if (abort) {
-    NCCL_OK(ncclCommAbort(comm)); /* returns without the stream */
+  if (abort || revoke) {
+    if (abort) NCCL_OK(ncclCommAbort(comm)); /* returns without the stream */
+    else NCCL_OK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT));
     EXPECT_EQ(__atomic_load_n(&g_release[rank], __ATOMIC_ACQUIRE), 0);
     pthread_join(th, NULL);
     EXPECT_EQ(fk.sync(s), 0); /* the stream went on: the call was dropped */
+    if (revoke) {
+      EXPECT_EQ(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s), ncclInvalidUsage); /* revoked */
+      NCCL_OK(ncclCommDestroy(comm));
+    }
   } else {
     NCCL_OK(ncclAllReduce(h, h, 64, ncclFloat32, ncclSum, comm, NULL)); /* after the device call, on both ranks */
     for (int i = 0; i < 64; i++) EXPECT(h[i] == (float)(nranks * (nranks - 1) / 2));
@@ -283,4 +288,10 @@ TEST_T(cuda_stage_graph, abort_drops_calls_its_stream_has_not_reached, 60) {
   graph_env("4194304");
   g_release[0] = g_release[1] = 0;
   rt_run_threads(2, held_body, (void*)1);
+}
+
+TEST_T(cuda_stage_graph, revoke_drops_calls_its_stream_has_not_reached, 60) {
+  graph_env("4194304");
+  g_release[0] = g_release[1] = 0;
+  rt_run_threads(2, held_body, (void*)2);
 }

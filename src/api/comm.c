@@ -313,6 +313,7 @@ static ch_status comm_quiesce(struct ncclComm* comm, const char* fn) {
     return CH_INVALID_USAGE;
   }
   for (uint64_t i = 0; atomic_load(&comm->users) > 1 || atomic_load(&comm->owner); i++) ut_backoff(i);
+  if (ch_comm_hooks.quiesce) ch_comm_hooks.quiesce(comm); /* calls a stream is still to reach end here */
   comm_wait_idle(comm);
   __atomic_store_n(&comm->abort_flag, 0, __ATOMIC_SEQ_CST);
   if (atomic_load(&comm->aborting)) __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_SEQ_CST); /* its flag stays */

@@ -35,5 +35,6 @@ const struct ch_comm_hooks ch_comm_hooks = {
     .failed = gpu_failed,
     .teardown = gpu_free,
     .abort = stage_close,
+    .quiesce = stage_drop,
     .release = stage_comm_free,
 };

@@ -50,6 +50,9 @@ struct ch_comm_hooks {
   void (*teardown)(struct ncclComm* comm);
   /* ncclCommAbort, before it waits for the comm's tickets: nothing may draw one from now on. */
   void (*abort)(struct ncclComm* comm);
+  /* A revoke or shrink stops the calls in flight (the abort flag raised, no thread in a call): calls
+   * whose tickets are not drawn yet are dropped. */
+  void (*quiesce)(struct ncclComm* comm);
   /* The last reference is dropped (comm_unref): every ticket is done. */
   void (*release)(struct ncclComm* comm);
 };

@@ -131,7 +131,7 @@ void stream_enqueue_batch(cudaStream_t s, struct ch_batch* b, struct ch_plan** p
   memcpy(b->plans, plans, (size_t)b->n * sizeof(b->plans[0]));
   pthread_mutex_lock(&st->mu);
   if (tickets) /* under the stream's lock: two threads queueing here keep ticket order in the queue */
-    for (int i = 0; i < n; i++) b->plans[i]->ticket = atomic_fetch_add(&b->plans[i]->comm->next_ticket, 1);
+    for (int i = 0; i < b->n; i++) b->plans[i]->ticket = atomic_fetch_add(&b->plans[i]->comm->next_ticket, 1);
   if (st->tail) st->tail->next = b; else st->head = b;
   st->tail = b;
   st->pending++;
@@ -157,7 +157,9 @@ ch_status stream_enqueue_tickets(cudaStream_t s, struct ch_plan** plans, int n,
 }
 
 ch_status comm_wait_idle(struct ncclComm* comm) {
-  for (uint64_t i = 0; atomic_load(&comm->unticketed) || atomic_load(&comm->done_ticket) != atomic_load(&comm->next_ticket);
+  /* Calls a stream is still to ticket: not once an abort began (it drops them, and waits for us) */
+  for (uint64_t i = 0; (atomic_load(&comm->unticketed) && !atomic_load(&comm->aborting)) ||
+                       atomic_load(&comm->done_ticket) != atomic_load(&comm->next_ticket);
        i++)
     ut_backoff(i);
   return CH_OK;

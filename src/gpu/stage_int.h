@@ -43,6 +43,7 @@ struct stage_comm {
    * unless `closed` (stage_close: an abort, or the pool going): then they drop them. */
   pthread_mutex_t enq_mu;
   int closed;
+  struct stage_gate* pending; /* under enq_mu: gates whose host function has not run yet */
   struct stage_graph* graphs; /* captured calls: the owner links them, freed with sc */
   void* in_stream; /* pieces' input copies (made at the first piece; NULL: none could be) */
   int in_tried, order_tried;
@@ -89,6 +90,10 @@ struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t
 static inline void block_put(struct pin_block* b) { atomic_store_explicit(&b->busy, 0, memory_order_release); }
 /* gpu/staging.c */
 void stage_free(struct stage* st);
+/* Pending gates (sc->pending, under sc->enq_mu): the next, and marking one dropped (returns its plans). */
+struct stage_gate;
+struct stage_gate* stage_gate_next(struct stage_gate* g);
+int stage_gate_drop(struct stage_gate* g);
 /* gpu/stage_graph.c: whether t, on a capturing stream, can be captured (else a WARN saying why), and
  * the launch of a group holding such a call (1: handled, *res its status). */
 ch_status capture_check(const struct ch_task* t, const char* fn);

@@ -165,13 +165,26 @@ static void sc_free_on(struct stage_comm* sc, int here) {
   else cudrv_defer(sc_free_job, sc, NULL);
 }
 
-void stage_close(struct ncclComm* comm) {
-  struct stage_comm* sc = comm->stage; /* set by the owner, which an abort has waited for */
+/* Take back the calls whose tickets their streams are still to draw (their host functions drop them
+ * when the streams get there), and with `close` every later one too. The comm is alive: its owner is
+ * not in a call (an abort or a quiesce waited for that). */
+static void stage_stop(struct ncclComm* comm, int close) {
+  struct stage_comm* sc = comm->stage;
   if (!sc) return;
+  int dropped = 0;
   pthread_mutex_lock(&sc->enq_mu);
-  sc->closed = 1;
+  for (struct stage_gate* g = sc->pending; g; g = stage_gate_next(g)) dropped += stage_gate_drop(g);
+  sc->pending = NULL;
+  if (close) sc->closed = 1;
   pthread_mutex_unlock(&sc->enq_mu);
+  if (!dropped) return;
+  atomic_fetch_sub(&comm->unticketed, dropped);
+  INFO(LOG_COLL, "rank %d: %d call(s) on device buffers their CUDA streams had not reached yet are dropped", comm->rank,
+       dropped); /* stopped by the caller's own abort or revoke: no asynchronous error, as for other calls */
 }
+
+void stage_close(struct ncclComm* comm) { stage_stop(comm, 1); }
+void stage_drop(struct ncclComm* comm) { stage_stop(comm, 0); }
 
 void stage_comm_free(struct ncclComm* comm) {
   struct stage_comm* sc = comm->stage;

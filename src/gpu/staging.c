@@ -55,6 +55,8 @@ struct stage_gate {
   struct ch_plan** plans; /* graph mode: the plans its order-stream host function hands the bridge, */
   int nplans;
   struct ch_batch* batch; /* in a batch made at launch (queueing it there cannot fail) */
+  struct stage_gate* next_pending; /* sc->pending, under sc->enq_mu, until its host function runs */
+  int dropped; /* under sc->enq_mu: an abort or a revoke took it back (stage_drop) */
   struct pin_block* blocks[];
 };
 
@@ -278,7 +280,13 @@ static void gate_wait(void* arg, struct ch_plan** plans, int n) {
 static void gate_open(void* arg, ch_status plans_status) {
   (void)plans_status; /* it opens whatever the plans did: the CUDA streams wait for it */
   struct stage_gate* g = arg;
-  atomic_store_explicit(g->sc->flag, g->seq, memory_order_release); /* after every result byte */
+  /* Forward only: the bridge opens gates in order, but a gate dropped by an abort or a revoke opens
+   * where its stream gets to it, perhaps before earlier ones (their streams then go on early: the
+   * calls failed, and the gates still hold their blocks). */
+  uint32_t cur = atomic_load_explicit(g->sc->flag, memory_order_relaxed);
+  while ((int32_t)(g->seq - cur) > 0 &&
+         !atomic_compare_exchange_weak_explicit(g->sc->flag, &cur, g->seq, memory_order_release, memory_order_relaxed)) {
+  }
   gate_unref(g);
 }
 
@@ -310,13 +318,24 @@ static cudaStream_t piece_in(struct stage_comm* sc, struct ch_task** lists, int 
   return sc->in_forked ? sc->in_stream : NULL;
 }
 
+struct stage_gate* stage_gate_next(struct stage_gate* g) { return g->next_pending; }
+int stage_gate_drop(struct stage_gate* g) {
+  g->dropped = 1;
+  return g->nplans;
+}
+
 /* Graph mode: the group's inputs are in (the order stream joined its streams); hand its plans to the
  * bridge, their tickets drawn there. A driver thread: no CUDA, no waiting. */
 static void gate_enqueue(void* arg) {
   struct stage_gate* g = arg;
   struct stage_comm* sc = g->sc;
   pthread_mutex_lock(&sc->enq_mu);
-  if (sc->closed) { /* an abort: its comm may be gone (nothing of it is touched); the streams go on */
+  for (struct stage_gate** pp = &sc->pending; *pp; pp = &(*pp)->next_pending)
+    if (*pp == g) {
+      *pp = g->next_pending;
+      break;
+    }
+  if (sc->closed || g->dropped) { /* its comm may be gone (nothing of it is touched); the streams go on */
     pthread_mutex_unlock(&sc->enq_mu);
     for (int i = 0; i < g->nplans; i++) plan_release(g->plans[i]); /* never ticketed nor run */
     stream_batch_free(g->batch);
@@ -417,7 +436,10 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   if (gm) {
     memcpy(g->plans, plans, (size_t)n * sizeof(*plans));
     g->nplans = n;
+    pthread_mutex_lock(&sc->enq_mu); /* an abort or revoke may take it back from here on (stage_drop) */
+    g->next_pending = sc->pending, sc->pending = g;
     atomic_fetch_add(&plans_comm[0]->unticketed, n); /* before the host function may take them back */
+    pthread_mutex_unlock(&sc->enq_mu);
     ch_status eh = cudrv_host_fn(sc->order_stream, gate_enqueue, g, sc->ctx);
     if (eh != CH_OK) { /* handed on here (the comm failed above, or fails now: plans fail at their start) */
       if (e == CH_OK) e = eh;

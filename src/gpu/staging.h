@@ -20,6 +20,8 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
 /* ncclCommAbort: calls whose tickets their streams were to draw are dropped when the streams get there
  * (their streams go on), so that the abort waits for no stream. */
 void stage_close(struct ncclComm* comm);
+/* A revoke or shrink (ncclCommRevoke, NCCL_SHRINK_ABORT): the same for the calls queued so far only. */
+void stage_drop(struct ncclComm* comm);
 /* comm_free: the bridge stream and the pinned memory. */
 void stage_comm_free(struct ncclComm* comm);
 
