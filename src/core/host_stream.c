@@ -72,17 +72,18 @@ static void* stream_main(void* arg) {
     st->head = b->next;
     if (!st->head) st->tail = NULL;
     pthread_mutex_unlock(&st->mu);
-    log_set_thread_rank(b->plans[0]->comm->rank);
     /* WARNs of a batch of one communicator go to its ncclGetLastError record, as on the calling
      * thread. The comm outlives the batch: it is freed only after its last plan's done_ticket, which
-     * plan_exec publishes as its last touch, and nothing logs after that. */
-    struct ncclComm* one = b->plans[0]->comm;
+     * plan_exec publishes as its last touch, and nothing logs after that. A batch of no plans runs
+     * its hooks only, in queue order (gpu/staging.c's dropped gates). */
+    struct ncclComm* one = b->n ? b->plans[0]->comm : NULL;
+    if (one) log_set_thread_rank(one->rank);
     for (int i = 1; i < b->n; i++)
       if (b->plans[i]->comm != one) one = NULL;
     struct log_err_sink* prev = log_set_error_sink(one ? &one->last_error : NULL);
     int keep = b->keep; /* read first: a kept batch may be queued again once `after` ran */
     if (b->before) b->before(b->hook_arg, b->plans, b->n);
-    ch_status s = plan_exec(b->plans, b->n); /* takes the plans */
+    ch_status s = b->n ? plan_exec(b->plans, b->n) : CH_OK; /* takes the plans */
     if (b->after) b->after(b->hook_arg, s);
     log_set_error_sink(prev);
     if (!keep) free(b);

@@ -336,10 +336,15 @@ static void gate_enqueue(void* arg) {
       break;
     }
   if (sc->closed || g->dropped) { /* its comm may be gone (nothing of it is touched); the streams go on */
-    pthread_mutex_unlock(&sc->enq_mu);
     for (int i = 0; i < g->nplans; i++) plan_release(g->plans[i]); /* never ticketed nor run */
+    if (!sc->closed) { /* a revoke or shrink: open it in the bridge's order, after the gates before it */
+      stream_enqueue_batch(sc->bridge, g->batch, g->plans, 0, NULL, gate_open, g, 0);
+      pthread_mutex_unlock(&sc->enq_mu);
+      return;
+    }
+    pthread_mutex_unlock(&sc->enq_mu);
     stream_batch_free(g->batch);
-    gate_open(g, CH_ABORTED);
+    gate_open(g, CH_ABORTED); /* an abort: every call of the pool fails, the order no longer matters */
     return;
   }
   /* read first: once queued, the bridge may run the plans and the streams hand the gate back at once */
