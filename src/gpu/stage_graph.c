@@ -59,7 +59,7 @@ static const char* capture_refusal(struct ch_task** lists, int n) {
   if (n != 1) return "a group over several communicators";
   for (struct ch_task* t = lists[0]; t; t = t->next) {
     if (!t->stage && t->count == 0) continue;
-    if (!t->stage || !t->stage->cap_block) return "a group of captured calls and calls on other streams";
+    if (!t->stage || !t->stage->captured) return "a group of captured calls and calls on other streams";
     if (t->stream != lists[0]->stream) return "a group over several capturing streams";
   }
   return NULL;
@@ -103,12 +103,7 @@ int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int nta
   gc->next = sc->graphs, sc->graphs = gc; /* kept even if a part below fails: the graph may hold the others */
   sc->graph_mode = 1; /* from now on eager calls reach the bridge in stream order too (stage_launch) */
   ch_status e = CH_OK;
-  void* ctx = sc->ctx; /* the stream's: its calls' buffers' (one context per communicator) */
-  for (struct ch_task* t = lists[0]; t; t = t->next)
-    if (t->stage) {
-      ctx = t->stage->ctx;
-      break;
-    }
+  void* ctx = gc->ctx; /* the stream's: its calls' buffers' (one context per communicator) */
   for (struct ch_task* t = lists[0]; t && e == CH_OK; t = t->next)
     if (t->stage) e = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, s, t->stage->ctx);
   if (e == CH_OK) e = cudrv_host_fn(s, graph_replay, gc, ctx);

@@ -62,6 +62,7 @@ struct stage {
   size_t recv_bytes;
   void* ctx;     /* the buffers' context */
   int async;     /* copies go on the stream at launch */
+  int captured;    /* its stream is being captured into a CUDA graph */
   char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */
 };
 

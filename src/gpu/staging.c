@@ -87,16 +87,19 @@ static int stage_alloc(struct ncclComm* comm, struct stage* st, struct stage_com
   int overlap = sb && rb && s < r + rb && r < s + sb;
   uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
   *why = CH_OK;
-  if (st->cap_block || st->async) {
+  if (st->captured || st->async) { /* pinned: a block of the pool, or a captured call's own */
     size_t total = overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb;
-    if (st->cap_block) { /* captured: the block was made for it (stage_in) */
-      st->host_send = st->cap_block + (overlap ? s - lo : 0);
-      st->host_recv = st->cap_block + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
-      return 1;
+    char* base;
+    if (st->captured) { /* kept with the graph (stage_capture) */
+      int mode = cudrv_capture_relaxed(); /* allocations inside a capture in global mode */
+      base = st->cap_block = cudrv_host_alloc(UT_MAX(total, (size_t)1), st->ctx, 0, NULL);
+      cudrv_capture_restore(mode);
+    } else {
+      base = (st->pin = block_get(comm, sc, total, st->ctx, why)) ? st->pin->host : NULL;
     }
-    if (!(st->pin = block_get(comm, sc, total, st->ctx, why))) return 0;
-    st->host_send = st->pin->host + (overlap ? s - lo : 0);
-    st->host_recv = st->pin->host + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
+    if (!base) return 0;
+    st->host_send = base + (overlap ? s - lo : 0);
+    st->host_recv = base + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
     return 1;
   }
   if (overlap) { /* in place, or overlapping: one block keeps the layout */
@@ -130,17 +133,14 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   if (capturing) CHECK(capture_check(t, fn));
   struct stage* st = calloc(1, sizeof(*st));
   if (!st) goto oom;
-  if (capturing) { /* a block of its own, kept with the graph (stage_capture) */
-    int mode = cudrv_capture_relaxed(); /* allocations inside a capture in global mode */
-    int overlap = sb && rb && s < r + rb && r < s + sb;
-    uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
-    st->cap_block = cudrv_host_alloc(UT_MAX(overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb, (size_t)1), ctx, 0, NULL);
-    int made = st->cap_block && stage_comm_get(t->comm, ctx) != NULL;
-    cudrv_capture_restore(mode);
-    st->ctx = ctx;
-    if (!made) goto oom;
-  }
   st->ctx = ctx;
+  if (capturing) { /* its pool's bridge runs the replays */
+    int mode = cudrv_capture_relaxed();
+    int made = stage_comm_get(t->comm, ctx) != NULL;
+    cudrv_capture_restore(mode);
+    if (!made) goto oom;
+    st->captured = 1;
+  }
   st->dev_send = (void*)s, st->send_bytes = sb;
   st->dev_recv = (void*)r, st->recv_bytes = rb;
   struct stage_comm* sc = NULL;
@@ -151,7 +151,7 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
       stage_free(st);
       return why;
     }
-    if (!st->async) goto oom;
+    if (!st->async || st->captured) goto oom;
     INFO(LOG_COLL, "%s: no pinned host memory for %zu + %zu bytes within CHORUS_CUDA_STAGING_MAX_BYTES: the call "
          "completes before returning", fn, sb, rb);
     st->async = 0;
@@ -362,7 +362,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   for (int i = 0; i < n; i++) /* calls of count 0 touch no buffer: they need no stage */
     for (struct ch_task* t = lists[i]; t; t = t->next) {
       ntasks += t->count > 0, nasync += t->stage && t->stage->async;
-      ncap += t->stage && t->stage->cap_block;
+      ncap += t->stage && t->stage->captured;
     }
   if (ncap) return stage_capture(plans, lists, n, ntasks, res);
   if (!nasync) return 0;
