@@ -68,7 +68,7 @@ struct ch_plan {
   /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
   int reusable, key_func, key_type, key_root;
   int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
-  int persistent; /* a captured call's (gpu/staging.c): re-armed at each replay, never released, freed with its comm */
+  int persistent; /* a captured group's (gpu/stage_graph.c): restored at each replay, never released, freed with its comm */
   size_t key_count;
   struct ch_plan* next; /* comm_wait_idle_aborting's list of plans taken off their streams */
   /* Observation: the flight recorder entries of its calls (ids fr_lo..fr_hi, this comm's calls of the

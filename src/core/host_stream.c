@@ -22,7 +22,7 @@ struct ch_batch {
   void (*after)(void*, ch_status);
   void* hook_arg;
   int keep; /* its maker's (stream_batch_new): not freed after it ran */
-  int n, cap;
+  int n;
   struct ch_plan* plans[];
 };
 
@@ -116,7 +116,7 @@ ch_status stream_enqueue(cudaStream_t s, struct ch_plan** plans, int n) {
 
 struct ch_batch* stream_batch_new(int n, int keep) {
   struct ch_batch* b = malloc(sizeof(*b) + (size_t)n * sizeof(b->plans[0]));
-  if (b) b->keep = keep, b->cap = n;
+  if (b) b->keep = keep;
   return b;
 }
 
@@ -128,11 +128,10 @@ void stream_enqueue_batch(cudaStream_t s, struct ch_batch* b, struct ch_plan** p
   struct ch_stream* st = (struct ch_stream*)s;
   b->next = NULL;
   b->before = before, b->after = after, b->hook_arg = arg;
-  b->n = n < b->cap ? n : b->cap;
-  memcpy(b->plans, plans, (size_t)b->n * sizeof(b->plans[0]));
+  b->n = n; /* at most the n it was made for */
+  memcpy(b->plans, plans, (size_t)n * sizeof(b->plans[0]));
   pthread_mutex_lock(&st->mu);
-  if (tickets) /* under the stream's lock: two threads queueing here keep ticket order in the queue */
-    for (int i = 0; i < b->n; i++) b->plans[i]->ticket = atomic_fetch_add(&b->plans[i]->comm->next_ticket, 1);
+  if (tickets) plan_tickets(b->plans, b->n); /* under the stream's lock: the queue stays in ticket order */
   if (st->tail) st->tail->next = b; else st->head = b;
   st->tail = b;
   st->pending++;
