@@ -45,11 +45,21 @@ void load(void) {
   *(void**)&fk.graph_launch = dlsym(h, "fake_cuda_graph_launch");
   *(void**)&fk.graph_ops = dlsym(h, "fake_cuda_graph_ops");
   *(void**)&fk.graph_destroy = dlsym(h, "fake_cuda_graph_destroy");
+  *(void**)&fk.copies = dlsym(h, "fake_cuda_copies");
+  *(void**)&fk.host_allocs = dlsym(h, "fake_cuda_host_allocs");
   ASSERT(fk.init && fk.retain && fk.set && fk.alloc && fk.free && fk.sync && fk.kernels && fk.hold && fk.copy && fk.mark &&
-         fk.registered && fk.stage_runs && fk.begin_capture && fk.end_capture && fk.graph_launch && fk.graph_ops && fk.graph_destroy);
+         fk.registered && fk.stage_runs && fk.begin_capture && fk.end_capture && fk.graph_launch && fk.graph_ops && fk.graph_destroy &&
+         fk.copies && fk.host_allocs);
   EXPECT_EQ(fk.init(0), 0);
   setenv("CHORUS_CUDA_LIBRARY", CHORUS_FAKE_CUDA, 1);
   param_reset();
+}
+
+void load_staged(const char* piece) {
+  setenv("CHORUS_CUDA_DIRECT", "0", 1);
+  setenv("CHORUS_CUDA_RELAY", "0", 1);
+  setenv("CHORUS_CUDA_STAGE_PIECE", piece, 1);
+  load();
 }
 
 /* As a CUDA application's rank: the device's primary context current on this thread. */

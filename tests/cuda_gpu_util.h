@@ -29,6 +29,8 @@ struct cg_driver {
   int (*graph_launch)(void*, void*);
   int (*graph_ops)(void*);
   void (*graph_destroy)(void*);
+  int (*copies)(void);      /* asynchronous and synchronous copies so far (this process) */
+  int (*host_allocs)(void); /* pinned blocks allocated and not freed */
 };
 extern struct cg_driver fk; /* filled by load() */
 
@@ -36,6 +38,9 @@ extern struct cg_driver fk; /* filled by load() */
 int no_kernels(void);
 /* Loads the stand-in driver (CHORUS_FAKE_CUDA) and points CHORUS_CUDA_LIBRARY at it. */
 void load(void);
+/* load(), with device buffers staged through host memory, as between ranks on different hosts
+ * (CHORUS_CUDA_DIRECT=0, CHORUS_CUDA_RELAY=0), in pieces of `piece` bytes (CHORUS_CUDA_STAGE_PIECE). */
+void load_staged(const char* piece);
 /* As a CUDA application's rank: the device's primary context current on this thread. */
 void set_device(void);
 /* A rank of a CUDA application: its device current, its communicator made, and (base != 0) a stream

@@ -5,7 +5,6 @@
  * the pool's input stream, forked from the call's stream. The stand-in driver counts copies: two per
  * staged piece. Expected values in closed form. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,19 +18,6 @@
 #define PN 100003                   /* floats: 7 pieces, the last one short */
 #define PIECES ((PN + 16383) / 16384)
 
-static int (*copies)(void);
-
-static void pieces_env(const char* piece) {
-  setenv("CHORUS_CUDA_DIRECT", "0", 1);
-  setenv("CHORUS_CUDA_RELAY", "0", 1);
-  setenv("CHORUS_CUDA_STAGE_PIECE", piece, 1);
-  load();
-  void* h = dlopen(CHORUS_FAKE_CUDA, RTLD_NOW | RTLD_GLOBAL);
-  ASSERT(h != NULL);
-  *(void**)&copies = dlsym(h, "fake_cuda_copies");
-  ASSERT(copies != NULL);
-}
-
 static float value(int rank, size_t i) { return (float)((rank + 1) * 3 + (int)(i % 1021)); }
 
 /* AllReduce out of place and in place, Broadcast from rank 1, Reduce to rank 0 (whose peers pass no
@@ -41,10 +27,10 @@ static void steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, int hos
   float* b = host ? calloc(PN, sizeof(float)) : dev_alloc(PN);
   ASSERT(a && b);
   for (size_t i = 0; i < PN; i++) a[i] = value(rank, i);
-  int c0 = copies();
+  int c0 = fk.copies();
   NCCL_OK(ncclAllReduce(a, b, PN, ncclFloat32, ncclSum, comm, s));
   EXPECT_EQ(fk.sync(s), 0);
-  if (!host) EXPECT(copies() - c0 >= 2 * (pieced ? PIECES : 1)); /* other thread ranks copy too */
+  if (!host) EXPECT(fk.copies() - c0 >= 2 * (pieced ? PIECES : 1)); /* other thread ranks copy too */
   float sum = 0;
   for (int r = 0; r < nranks; r++) sum += (float)((r + 1) * 3);
   for (size_t i = 0; i < PN; i++) EXPECT(b[i] == sum + (float)nranks * (float)(i % 1021));
@@ -65,7 +51,7 @@ static void steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, int hos
 
 static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
-  pieces_env(PIECE_STR);
+  load_staged(PIECE_STR);
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0x9000, &s);
   steps(comm, s, rank, nranks, 0, 1);
@@ -85,7 +71,7 @@ static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_pieces, host_and_device_buffers_3_threads, 60) {
-  pieces_env(PIECE_STR);
+  load_staged(PIECE_STR);
   rt_run_threads(3, mixed_body, NULL);
 }
 
@@ -107,7 +93,7 @@ static void pool_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_pieces, through_a_pool_of_two_blocks, 60) {
-  pieces_env(PIECE_STR);
+  load_staged(PIECE_STR);
   setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "131072", 1);
   param_reset();
   rt_run_threads(2, pool_body, NULL);
@@ -139,7 +125,7 @@ static void held_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_pieces, inputs_wait_for_the_calls_stream, 60) {
-  pieces_env(PIECE_STR);
+  load_staged(PIECE_STR);
   g_release = 0;
   rt_run_threads(2, held_body, NULL);
 }
@@ -161,7 +147,7 @@ static void group_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_pieces, in_a_group_2_threads, 60) {
-  pieces_env(PIECE_STR);
+  load_staged(PIECE_STR);
   rt_run_threads(2, group_body, NULL);
 }
 
@@ -177,25 +163,25 @@ static void whole_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_pieces, whole_calls_when_off, 60) {
-  pieces_env("0");
-  int c0 = copies();
+  load_staged("0");
+  int c0 = fk.copies();
   rt_run_threads(2, whole_body, NULL);
-  EXPECT(copies() - c0 <= 2 * 4 * 2); /* 4 calls a rank, at most 2 copies each (in pieces: 2 a piece) */
+  EXPECT(fk.copies() - c0 <= 2 * 4 * 2); /* 4 calls a rank, at most 2 copies each (in pieces: 2 a piece) */
 }
 
 TEST_T(cuda_pieces, whole_calls_when_a_rank_has_no_context, 60) {
-  pieces_env(PIECE_STR);
-  int c0 = copies();
+  load_staged(PIECE_STR);
+  int c0 = fk.copies();
   rt_run_threads(2, whole_body, (void*)1);
-  EXPECT(copies() - c0 <= 2 * 4); /* rank 0's calls only, whole */
+  EXPECT(fk.copies() - c0 <= 2 * 4); /* rank 0's calls only, whole */
 }
 
 TEST_T(cuda_pieces, whole_calls_when_synchronous, 60) {
-  pieces_env(PIECE_STR);
+  load_staged(PIECE_STR);
   setenv("CHORUS_CUDA_ASYNC", "0", 1); /* pieces would each wait for the stream */
   param_reset();
-  int c0 = copies();
+  int c0 = fk.copies();
   rt_run_threads(2, whole_body, NULL);
-  EXPECT(copies() - c0 <= 2 * 4 * 2);
+  EXPECT(fk.copies() - c0 <= 2 * 4 * 2);
   unsetenv("CHORUS_CUDA_ASYNC");
 }

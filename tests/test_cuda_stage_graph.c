@@ -4,7 +4,6 @@
  * eager calls on the same stream in between and no synchronisation: the stand-in driver records what
  * a capturing stream is given and queues it again at each launch. Expected values in closed form. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,13 +15,6 @@
 #include "runner.h"
 
 #define GN 5000
-
-static void graph_env(const char* piece) {
-  setenv("CHORUS_CUDA_DIRECT", "0", 1);
-  setenv("CHORUS_CUDA_RELAY", "0", 1);
-  setenv("CHORUS_CUDA_STAGE_PIECE", piece, 1);
-  load();
-}
 
 /* Rank r's input for replay k, element i. */
 static float in_val(int r, int k, size_t i) { return (float)(r * 7 + k * 3 + (int)(i % 101)); }
@@ -79,18 +71,18 @@ static void replay_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_stage_graph, capture_and_replay_2_procs, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   rt_run_procs(2, replay_body, NULL);
 }
 
 TEST_T(cuda_stage_graph, capture_and_replay_3_threads, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   rt_run_threads(3, replay_body, NULL);
 }
 
 /* A call large enough for pieces: each piece is captured as a call of its own. */
 TEST_T(cuda_stage_graph, captured_in_pieces_2_threads, 60) {
-  graph_env("65536");
+  load_staged("65536");
   rt_run_threads(2, replay_body, (void*)(uintptr_t)100003);
 }
 
@@ -161,7 +153,7 @@ static void group_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_stage_graph, groups_alltoall_and_sendrecv_3_procs, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   rt_run_procs(3, group_body, NULL);
 }
 
@@ -188,7 +180,7 @@ static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_stage_graph, group_with_another_stream_refused_2_threads, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   rt_run_threads(2, mixed_body, NULL);
 }
 
@@ -220,15 +212,13 @@ static void lonely_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_stage_graph, replay_without_its_peer_times_out, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   setenv("CHORUS_TIMEOUT", "1", 1);
   param_reset();
   g_replayed = 0;
   rt_run_threads(2, lonely_body, NULL);
-  int (*allocs)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_cuda_host_allocs");
-  ASSERT(allocs != NULL);
-  for (int i = 0; i < 500 && allocs() != 0; i++) usleep(10 * 1000); /* frees handed to the reaper */
-  EXPECT_EQ(allocs(), 0);
+  for (int i = 0; i < 500 && fk.host_allocs() != 0; i++) usleep(10 * 1000); /* frees handed to the reaper */
+  EXPECT_EQ(fk.host_allocs(), 0);
   unsetenv("CHORUS_TIMEOUT");
 }
 
@@ -279,19 +269,19 @@ static void held_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_stage_graph, eager_calls_wait_for_their_stream_after_a_capture, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   g_release[0] = g_release[1] = 0;
   rt_run_threads(2, held_body, NULL);
 }
 
 TEST_T(cuda_stage_graph, abort_drops_calls_its_stream_has_not_reached, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   g_release[0] = g_release[1] = 0;
   rt_run_threads(2, held_body, (void*)1);
 }
 
 TEST_T(cuda_stage_graph, revoke_drops_calls_its_stream_has_not_reached, 60) {
-  graph_env("4194304");
+  load_staged("4194304");
   g_release[0] = g_release[1] = 0;
   rt_run_threads(2, held_body, (void*)2);
 }
