@@ -222,6 +222,42 @@ TEST_T(cuda_stage_graph, replay_without_its_peer_times_out, 60) {
   unsetenv("CHORUS_TIMEOUT");
 }
 
+/* Rank 0 launches its capture on two streams at once while rank 1 never replays (the first replay's
+ * plan stays under way): the second replay runs nothing and fails the communicator with
+ * ncclInvalidUsage (it would restore a plan the bridge runs); after the abort both streams go on. */
+static int g_overlapped;
+static void overlap_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  cudaStream_t s, s2 = (cudaStream_t)(uintptr_t)(0xa380 + 0x10 * rank);
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xa300, &s);
+  float* x = dev_alloc(GN);
+  for (size_t i = 0; i < GN; i++) x[i] = 1.0f;
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s)); /* eager first: connected */
+  EXPECT_EQ(fk.sync(s), 0);
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
+  void* graph = fk.end_capture(s);
+  if (rank == 0) {
+    EXPECT_EQ(fk.graph_launch(graph, s), 0);
+    EXPECT_EQ(fk.graph_launch(graph, s2), 0); /* no order between the two */
+    EXPECT_EQ(async_error(comm), ncclInvalidUsage);
+    __atomic_store_n(&g_overlapped, 1, __ATOMIC_RELEASE);
+  } else {
+    while (!__atomic_load_n(&g_overlapped, __ATOMIC_ACQUIRE)) usleep(1000);
+  }
+  NCCL_OK(ncclCommAbort(comm));
+  EXPECT_EQ(fk.sync(s), 0); /* both replays' streams were let go */
+  EXPECT_EQ(fk.sync(s2), 0);
+  fk.graph_destroy(graph);
+  fk.free((uintptr_t)x);
+}
+
+TEST_T(cuda_stage_graph, replays_at_once_fail_the_communicator_2_threads, 60) {
+  load_staged("4194304");
+  g_overlapped = 0;
+  rt_run_threads(2, overlap_body, NULL);
+}
+
 /* After a capture (graph mode), an eager call's ticket is drawn when its stream gets there. With the
  * stream held: a host-buffer call on the comm waits for it (order kept on both ranks), and
  * ncclCommDestroy waits for it; ncclCommAbort does not (the stream, let go later, drops the call). */

@@ -26,28 +26,59 @@ ch_status capture_check(const struct ch_task* t, const char* fn) {
   return CH_INVALID_USAGE;
 }
 
+/* Lets the replay's stream copy the blocks back (1) and reset the flag (0, the stream's own write). */
+static void graph_open(struct stage_graph* gc) { atomic_store_explicit(gc->flag, 1, memory_order_release); }
+
 /* After a replay's plan ran (or failed: the comm's async error says so): the results are in the
  * blocks; the replay's stream may copy them back. The bridge's thread, after plan_exec let go of the
  * plan. */
 static void graph_done(void* arg, ch_status st) {
   (void)st;
   struct stage_graph* gc = arg;
-  atomic_store_explicit(gc->flag, 1, memory_order_release);
+  atomic_fetch_add_explicit(&gc->finished, 1, memory_order_release);
+  graph_open(gc);
+}
+
+/* Whether another replay of this capture is still under way: its plan not done yet (restoring the
+ * plan would write over one the bridge runs), or its results not copied back yet (the flag it resets
+ * after its copies is still 1). A replay in stream order after the previous one sees neither: the
+ * previous replay's stream reset the flag before this host node could run. */
+static int replay_overlaps(struct stage_graph* gc) {
+  return atomic_load_explicit(&gc->broken, memory_order_relaxed) ||
+         atomic_load_explicit(&gc->started, memory_order_relaxed) !=
+             atomic_load_explicit(&gc->finished, memory_order_acquire) ||
+         atomic_load_explicit(gc->flag, memory_order_acquire) != 0;
 }
 
 /* A replay's host node (a driver thread: no CUDA, no waiting): the inputs are in the blocks; restore
  * the plan and hand it to the bridge, its ticket drawn there. The previous replay's plan is done: its
- * stream waited for graph_done before this graph could run again. */
+ * stream waited for graph_done before this graph could run again, unless the application launched
+ * the graph twice at once (two instances, or two streams with no order between them), which Chorus
+ * refuses: the second replay runs nothing, fails the communicator naming the cause and lets its
+ * stream go (the results of both are undefined). */
 static void graph_replay(void* arg) {
   struct stage_graph* gc = arg;
   struct stage_comm* sc = gc->sc;
   pthread_mutex_lock(&sc->enq_mu);
   if (sc->closed) { /* aborted: nothing runs, the stream goes on */
     pthread_mutex_unlock(&sc->enq_mu);
-    graph_done(gc, CH_ABORTED);
+    graph_open(gc);
     return;
   }
   struct ch_plan* pl = gc->plan;
+  if (replay_overlaps(gc)) {
+    if (!atomic_exchange(&gc->broken, 1)) {
+      WARN("rank %d: a CUDA graph holding calls on device buffers through host memory was replayed while "
+           "another replay of it was still running (two instances of the graph, or launches on streams with "
+           "no order between them): Chorus runs one replay of a capture at a time; the communicator fails",
+           pl->comm->rank);
+      comm_set_async_error(pl->comm, CH_INVALID_USAGE);
+    }
+    pthread_mutex_unlock(&sc->enq_mu);
+    graph_open(gc); /* every later replay too: a stream never waits for a plan that will not run */
+    return;
+  }
+  atomic_fetch_add_explicit(&gc->started, 1, memory_order_relaxed);
   plan_restore(pl, gc->snapshot);
   stream_enqueue_batch(sc->bridge, gc->batch, &pl, 1, NULL, graph_done, gc, 1); /* made at capture: cannot fail */
   pthread_mutex_unlock(&sc->enq_mu);

@@ -80,6 +80,11 @@ struct stage_graph {
   void* ctx;            /* of its blocks */
   _Atomic uint32_t* flag;
   void* flag_dev;
+  /* Replays whose plan was handed to the bridge (graph_replay, under sc->enq_mu) and whose plan ended
+   * (graph_done, the bridge): they differ while a replay's plan runs. `broken`: two replays ran at
+   * once (graph_replay); from then on replays run nothing and their streams pass. */
+  _Atomic uint32_t started, finished;
+  _Atomic int broken;
   int nblocks;
   char* blocks[]; /* its calls' pinned blocks */
 };

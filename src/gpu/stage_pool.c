@@ -177,6 +177,10 @@ static void stage_stop(struct ncclComm* comm, int close) {
   sc->pending = NULL;
   if (close) sc->closed = 1;
   pthread_mutex_unlock(&sc->enq_mu);
+  /* A replay's stream waiting for its flag is let go too: its plan may be one that will not run (a
+   * replay refused as overlapping another: graph_replay), and an abort ends the others' anyway. */
+  for (struct stage_graph* gc = close ? sc->graphs : NULL; gc; gc = gc->next)
+    atomic_store_explicit(gc->flag, 1, memory_order_release);
   if (!dropped) return;
   atomic_fetch_sub(&comm->unticketed, dropped);
   INFO(LOG_COLL, "rank %d: %d call(s) on device buffers their CUDA streams had not reached yet are dropped", comm->rank,
