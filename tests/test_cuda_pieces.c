@@ -60,6 +60,60 @@ static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(cuda_pieces, allreduce_reduce_broadcast_2_procs, 60) { rt_run_procs(2, procs_body, NULL); }
 
+/* AllGather and ReduceScatter in pieces (a slice of every rank's block each, BN floats a block),
+ * out of place and in place; host: this rank's buffers are host memory. */
+#define BN 40009
+static void block_steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, int host) {
+  size_t all = (size_t)nranks * BN;
+  float* a = host ? calloc(all, sizeof(float)) : dev_alloc(all);
+  float* b = host ? calloc(all, sizeof(float)) : dev_alloc(all);
+  ASSERT(a && b);
+  for (size_t i = 0; i < BN; i++) a[i] = value(rank, i);
+  size_t unit = (size_t)nranks * sizeof(float), per = 65536 / unit; /* stage_pieces, for 2 and 3 ranks */
+  per = (per + 1023) / 1024 * 1024;
+  int pieces = (int)((BN + per - 1) / per), c0 = fk.copies();
+  NCCL_OK(ncclAllGather(a, b, BN, ncclFloat32, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  if (!host) EXPECT(fk.copies() - c0 >= pieces * (1 + nranks)); /* in, then a copy back per block */
+  for (int r = 0; r < nranks; r++)
+    for (size_t i = 0; i < BN; i++) EXPECT(b[(size_t)r * BN + i] == value(r, i));
+  for (size_t i = 0; i < all; i++) b[i] = i / BN == (size_t)rank ? value(rank, i % BN + 7) : -1.0f;
+  NCCL_OK(ncclAllGather(b + (size_t)rank * BN, b, BN, ncclFloat32, comm, s)); /* in place */
+  EXPECT_EQ(fk.sync(s), 0);
+  for (int r = 0; r < nranks; r++)
+    for (size_t i = 0; i < BN; i++) EXPECT(b[(size_t)r * BN + i] == value(r, i + 7));
+  /* ReduceScatter: rank r gets the sum over ranks q of q's block r, value(q, r*BN + i) */
+  for (size_t i = 0; i < all; i++) a[i] = value(rank, i);
+  float base = 0;
+  for (int q = 0; q < nranks; q++) base += (float)((q + 1) * 3);
+  NCCL_OK(ncclReduceScatter(a, b, BN, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < BN; i++)
+    EXPECT(b[i] == base + (float)nranks * (float)(((size_t)rank * BN + i) % 1021));
+  NCCL_OK(ncclReduceScatter(a, a + (size_t)rank * BN, BN, ncclFloat32, ncclSum, comm, s)); /* in place */
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < BN; i++)
+    EXPECT(a[(size_t)rank * BN + i] == base + (float)nranks * (float)(((size_t)rank * BN + i) % 1021));
+  if (host) free(a), free(b);
+  else fk.free((uintptr_t)a), fk.free((uintptr_t)b);
+}
+
+static void blocks_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int mixed = arg != NULL && rank == 1;
+  if (!arg) load_staged(PIECE_STR); /* processes */
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0x9600, &s);
+  block_steps(comm, mixed ? NULL : s, rank, nranks, mixed);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_pieces, allgather_reducescatter_2_procs, 60) { rt_run_procs(2, blocks_body, NULL); }
+
+TEST_T(cuda_pieces, allgather_reducescatter_host_and_device_buffers_3_threads, 60) {
+  load_staged(PIECE_STR);
+  rt_run_threads(3, blocks_body, (void*)1);
+}
+
 /* Rank 1 passes host buffers: it pieces its calls too (the choice is the communicator's), so the
  * ranks still meet call for call. */
 static void mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {

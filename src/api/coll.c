@@ -22,6 +22,14 @@ static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f =
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
 static int is_collective(int f) { return f != FUNC_SEND && f != FUNC_RECV && f != FUNC_SENDRECV; }
 
+/* A piece of an AllGather or ReduceScatter on host buffers (its peers' buffers are device memory, so
+ * every rank makes the same pieces): its strided side is copied to and from host memory laid out as
+ * the plan expects, and the call completes before returning. */
+static ch_status stage_host(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+  t->exec = EXEC_STAGE;
+  return stage_in(t, needs_send, needs_recv, 1, fn);
+}
+
 /* Where the call runs (core/exec.h), decided here once and recorded in t->exec. CUDA buffers
  * (cuda/cudrv.h) are looked at only in a process that has the CUDA driver loaded. Device memory of
  * ranks sharing one GPU runs there (gpu/call.c); other device memory cannot be read by the host, so
@@ -32,7 +40,7 @@ static int is_collective(int f) { return f != FUNC_SEND && f != FUNC_RECV && f !
 static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   int ours = t->stream && stream_is_ours(t->stream);
   t->exec = ours ? EXEC_HOST_STREAM : EXEC_HOST;
-  if (!cudrv_present()) return CH_OK;
+  if (!cudrv_present()) return t->stride ? stage_host(t, fn, needs_send, needs_recv) : CH_OK;
   const void* bufs[2] = {needs_send ? t->sendbuff : NULL, needs_recv ? t->recvbuff : NULL};
   static const char* names[2] = {"sendbuff", "recvbuff"};
   static const char* kinds[3] = {"host memory", "CUDA device memory", "CUDA managed memory"};
@@ -67,10 +75,10 @@ static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, i
   }
   if (ndev) {
     t->exec = EXEC_STAGE;
-    return stage_in(t, needs_send, needs_recv, fn);
+    return stage_in(t, needs_send, needs_recv, 0, fn);
   }
   if (managed && !ours) CHECK(cudrv_stream_sync(t->stream));
-  return CH_OK;
+  return t->stride ? stage_host(t, fn, needs_send, needs_recv) : CH_OK;
 }
 
 /* Checked: place t (place_call) and queue it, or record it done when it has nothing to do. */
@@ -96,23 +104,30 @@ static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, i
   return s;
 }
 
-/* A large AllReduce, Reduce or Broadcast on a communicator that stages device buffers runs as pieces
- * (gpu/staging.c's stage_pieces: decided from the communicator and the call, alike on every rank):
- * each a call of its own, so that the copies of one overlap the transfer of another. */
+/* A large AllReduce, Reduce, Broadcast, AllGather or ReduceScatter on a communicator that stages
+ * device buffers runs as pieces (gpu/staging.c's stage_pieces: decided from the communicator and the
+ * call, alike on every rank): each a call of its own, so that the copies of one overlap the transfer
+ * of another. An AllGather's or ReduceScatter's piece takes the same slice of every rank's block. */
 static ch_status queue_pieces(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   size_t per = stage_pieces(t);
   if (!per) return queue_task(t, fn, needs_send, needs_recv);
-  size_t esize = red_type_size(t->type), bytes = t->count * esize;
-  /* Buffers that overlap without being one: a piece's input may be another's result, so every input
-   * copy keeps the call's stream order (still in pieces: the peers make the same calls). */
-  uintptr_t sb = (uintptr_t)t->sendbuff, rb = (uintptr_t)t->recvbuff;
-  int ordered = needs_send && needs_recv && sb != rb && sb < rb + bytes && rb < sb + bytes;
+  size_t esize = red_type_size(t->type), one = t->count * esize, all = one * (size_t)t->comm->nranks;
+  int ag = t->func == FUNC_ALLGATHER, rs = t->func == FUNC_REDUCESCATTER;
+  size_t sbytes = rs ? all : one, rbytes = ag ? all : one;
+  /* Buffers that overlap other than in place (one buffer; AllGather's input its own block of the
+   * result, ReduceScatter's result its own block of the input): a piece's input may be another's
+   * result, so every input copy keeps the call's stream order (still in pieces: the peers make the
+   * same calls). In place, a piece writes no part of a later piece's input. */
+  uintptr_t sb = (uintptr_t)t->sendbuff, rb = (uintptr_t)t->recvbuff, mine = (uintptr_t)t->comm->rank * one;
+  int in_place = ag ? sb == rb + mine : rs ? rb == sb + mine : sb == rb;
+  int ordered = needs_send && needs_recv && !in_place && sb < rb + rbytes && rb < sb + sbytes;
   ch_status s = CH_OK;
   for (size_t off = 0, k = 0; off < t->count && s == CH_OK; off += per, k++) {
     struct ch_task p = *t;
     p.count = UT_MIN(per, t->count - off);
     p.piece = (int)k + 1;
     p.piece_ordered = ordered;
+    p.stride = ag || rs ? t->count : 0;
     if (p.sendbuff) p.sendbuff = (const char*)t->sendbuff + off * esize;
     if (p.recvbuff) p.recvbuff = (char*)t->recvbuff + off * esize;
     s = queue_task(&p, fn, needs_send, needs_recv);

@@ -201,7 +201,7 @@ struct ncclComm {
   /* Device buffers in CUDA stream order (gpu/staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */
   struct stage_comm* stage;
-  /* Bytes per piece of a large AllReduce, Reduce or Broadcast (gpu/staging.c's stage_pieces), or 0:
+  /* Bytes per piece of a large AllReduce, Reduce, Broadcast, AllGather or ReduceScatter (gpu/staging.c's stage_pieces), or 0:
    * set by gpu_setup alike on every rank, read-only afterwards. */
   size_t stage_piece;
   /* Plans handed to a CUDA stream that draws their tickets when it gets there (gpu/staging.c's graph

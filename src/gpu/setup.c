@@ -342,7 +342,7 @@ static void pieces_setup(struct ncclComm* comm, const struct gpu_hello* all) {
   int ok = all && comm->nranks > 1 && all[0].piece > 0;
   for (int r = 0; ok && r < comm->nranks; r++) ok = all[r].has_ctx != 0;
   comm->stage_piece = ok ? all[0].piece : 0;
-  if (ok) INFO(LOG_INIT, "rank %d: AllReduce, Reduce and Broadcast over %zu bytes run in pieces of that size (CHORUS_CUDA_STAGE_PIECE)",
+  if (ok) INFO(LOG_INIT, "rank %d: AllReduce, Reduce, Broadcast, AllGather and ReduceScatter over %zu bytes run in pieces of that size (CHORUS_CUDA_STAGE_PIECE)",
                comm->rank, comm->stage_piece);
 }
 

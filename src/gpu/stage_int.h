@@ -61,6 +61,12 @@ struct stage {
   char* host_recv;
   size_t recv_bytes;
   void* ctx;     /* the buffers' context */
+  /* A piece of an AllGather (its result) or a ReduceScatter (its input): that side of the
+   * application's buffer is nseg segments of seg bytes, `stride` bytes apart (one per rank's block),
+   * and its host copy is them side by side. strided: STAGE_STRIDED_SEND or _RECV, else 0. */
+  int strided;
+  size_t seg, stride, nseg;
+  int hostmem;   /* the application's buffers are host memory (a strided piece): copies are memcpy */
   int async;     /* copies go on the stream at launch */
   int captured;    /* its stream is being captured into a CUDA graph */
   char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */
@@ -88,6 +94,8 @@ struct stage_graph {
   int nblocks;
   char* blocks[]; /* its calls' pinned blocks */
 };
+enum { STAGE_STRIDED_SEND = 1, STAGE_STRIDED_RECV = 2 };
+
 /* gpu/stage_pool.c */
 struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx); /* comm->stage, made on first use */
 /* A pinned block of at least `bytes` for a call (waits for one the streams hand back; NULL with *why
@@ -96,6 +104,9 @@ struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t
 static inline void block_put(struct pin_block* b) { atomic_store_explicit(&b->busy, 0, memory_order_release); }
 /* gpu/staging.c */
 void stage_free(struct stage* st);
+/* Copy a call's input to its host copy (in) or its result back (!in): on stream s (asynchronous) or
+ * now (s NULL), one copy per segment where that side is strided. */
+ch_status stage_copy(const struct stage* st, int in, cudaStream_t s);
 /* Pending gates (sc->pending, under sc->enq_mu): the next, and marking one dropped (returns its plans). */
 struct stage_gate;
 struct stage_gate* stage_gate_next(struct stage_gate* g);

@@ -10,7 +10,8 @@
  *  - synchronous (CHORUS_CUDA_ASYNC=0, an older driver, a group that also has host buffers, or the
  *    pinned budget spent): the stream is synchronised, the input copied, the call runs like any host
  *    call and the result is copied back before the group returns.
- * A large AllReduce, Reduce or Broadcast runs as pieces, each a call of its own (stage_pieces): a
+ * A large AllReduce, Reduce, Broadcast, AllGather or ReduceScatter runs as pieces, each a call of its
+ * own (stage_pieces; an AllGather's or ReduceScatter's piece: a slice of every block, stage_copy): a
  * piece copies its input on the pool's input stream, forked from the call's stream at the first
  * piece, so that while the bridge moves piece k the input stream copies piece k+1 in and the call's
  * stream copies piece k-1 back.
@@ -81,10 +82,26 @@ void stage_free(struct stage* st) {
   free(st);
 }
 
-/* Host memory for the copies: pinned (asynchronous) or malloc'd; one region when the buffers overlap. */
+ch_status stage_copy(const struct stage* st, int in, cudaStream_t s) {
+  char* host = in ? st->host_send : st->host_recv;
+  char* app = in ? st->dev_send : st->dev_recv;
+  size_t bytes = in ? st->send_bytes : st->recv_bytes;
+  int strided = st->strided == (in ? STAGE_STRIDED_SEND : STAGE_STRIDED_RECV);
+  size_t nseg = strided ? st->nseg : 1, seg = strided ? st->seg : bytes;
+  for (size_t i = 0; bytes && i < nseg; i++) {
+    char *h = host + i * seg, *a = app + i * (strided ? st->stride : 0);
+    if (st->hostmem) memcpy(in ? h : a, in ? a : h, seg);
+    else if (s) CHECK(cudrv_copy_async(in, h, a, seg, s, st->ctx));
+    else CHECK(in ? cudrv_copy_dtoh(h, a, seg) : cudrv_copy_htod(a, h, seg));
+  }
+  return CH_OK;
+}
+
+/* Host memory for the copies: pinned (asynchronous) or malloc'd; one region when the buffers overlap
+ * (a strided piece's host copies are laid out side by side, never as its buffers are). */
 static int stage_alloc(struct ncclComm* comm, struct stage* st, struct stage_comm* sc, uintptr_t s, size_t sb,
                        uintptr_t r, size_t rb, ch_status* why) {
-  int overlap = sb && rb && s < r + rb && r < s + sb;
+  int overlap = !st->strided && sb && rb && s < r + rb && r < s + sb;
   uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
   *why = CH_OK;
   if (st->captured || st->async) { /* pinned: a block of the pool, or a captured call's own */
@@ -113,27 +130,33 @@ static int stage_alloc(struct ncclComm* comm, struct stage* st, struct stage_com
   return 1;
 }
 
-/* The synchronous way in: wait for the stream, copy the input. */
+/* The synchronous way in: wait for the stream, copy the input. Host buffers (a strided piece): what
+ * a Chorus host stream still runs may write them; a CUDA stream does not touch them. */
 static ch_status stage_copy_in_now(struct ch_task* t, struct stage* st) {
-  CHECK(cudrv_stream_sync(t->stream)); /* the inputs are written */
-  if (st->send_bytes) CHECK(cudrv_copy_dtoh(st->host_send, st->dev_send, st->send_bytes));
-  return CH_OK;
+  if (!st->hostmem) CHECK(cudrv_stream_sync(t->stream)); /* the inputs are written */
+  else if (t->stream && stream_is_ours(t->stream)) stream_wait_idle(t->stream);
+  return stage_copy(st, 1, NULL);
 }
 
-ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn) {
+ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostmem, const char* fn) {
   size_t sb, rb;
   extents(t, t->comm->nranks, &sb, &rb);
   if (!needs_send) sb = 0;
   if (!needs_recv) rb = 0;
   uintptr_t s = (uintptr_t)t->sendbuff, r = (uintptr_t)t->recvbuff;
-  void* ctx = cudrv_ptr_ctx(sb ? t->sendbuff : t->recvbuff);
+  void* ctx = hostmem ? NULL : cudrv_ptr_ctx(sb ? t->sendbuff : t->recvbuff);
   if (t->piece <= 1 && t->comm->stage) t->comm->stage->in_forked = 0; /* a new call: piece_in forks anew */
   int capturing = 0;
-  if (cudrv_async_ok()) CHECK(cudrv_capturing(t->stream, ctx, &capturing));
+  if (!hostmem && cudrv_async_ok()) CHECK(cudrv_capturing(t->stream, ctx, &capturing));
   if (capturing) CHECK(capture_check(t, fn));
   struct stage* st = calloc(1, sizeof(*st));
   if (!st) goto oom;
-  st->ctx = ctx;
+  st->ctx = ctx, st->hostmem = hostmem;
+  if (t->stride) { /* AllGather's result or ReduceScatter's input: a segment per rank's block */
+    st->strided = t->func == FUNC_REDUCESCATTER ? STAGE_STRIDED_SEND : STAGE_STRIDED_RECV;
+    st->nseg = (size_t)t->comm->nranks;
+    st->seg = t->count * red_type_size(t->type), st->stride = t->stride * red_type_size(t->type);
+  }
   if (capturing) { /* its pool's bridge runs the replays */
     int mode = cudrv_capture_relaxed();
     int made = stage_comm_get(t->comm, ctx) != NULL;
@@ -144,7 +167,8 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   st->dev_send = (void*)s, st->send_bytes = sb;
   st->dev_recv = (void*)r, st->recv_bytes = rb;
   struct stage_comm* sc = NULL;
-  st->async = capturing || (param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() && (sc = stage_comm_get(t->comm, ctx)) != NULL);
+  st->async = capturing || (!hostmem && param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() &&
+                            (sc = stage_comm_get(t->comm, ctx)) != NULL);
   ch_status why;
   if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) {
     if (why != CH_OK) { /* aborted, or the communicator failed, while waiting for a block */
@@ -167,8 +191,8 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char
   if (sb) t->sendbuff = st->host_send;
   if (rb) t->recvbuff = st->host_recv;
   t->stage = st;
-  INFO(LOG_COLL, "%s: device buffers staged through %zu + %zu bytes of host memory (%s)", fn, sb, rb,
-       capturing ? "captured into a CUDA graph" : st->async ? "in stream order" : "completes before returning");
+  INFO(LOG_COLL, "%s: %s buffers staged through %zu + %zu bytes of host memory (%s)", fn, hostmem ? "host" : "device",
+       sb, rb, capturing ? "captured into a CUDA graph" : st->async ? "in stream order" : "completes before returning");
   return CH_OK;
 oom:
   WARN("%s: out of memory for host copies of device buffers (%zu + %zu bytes, rank %d)", fn, sb, rb, t->comm->rank);
@@ -184,8 +208,8 @@ ch_status stage_out(struct ch_task* t, int ok) {
   if (st->async && ok) { /* never reached the stream (a group that ran here): synchronously after all */
     WARN("internal: a staged call was not launched on its stream");
     s = CH_INTERNAL;
-  } else if (ok && st->recv_bytes) {
-    s = cudrv_copy_htod(st->dev_recv, st->host_recv, st->recv_bytes);
+  } else if (ok) {
+    s = stage_copy(st, 0, NULL);
   }
   stage_free(st);
   return s;
@@ -195,12 +219,20 @@ ch_status stage_out(struct ch_task* t, int ok) {
  * launches stay few. */
 #define STAGE_MAX_PIECES 16
 
+/* An AllGather's or ReduceScatter's piece copies one segment per rank: past this many ranks their
+ * copies would be too small to pay for themselves, and those calls stay whole. */
+#define STAGE_MAX_SEGMENTS 64
+
 size_t stage_pieces(const struct ch_task* t) {
   size_t piece = t->comm->stage_piece, esize = red_type_size(t->type);
-  int f = t->func;
-  if (!piece || (f != FUNC_ALLREDUCE && f != FUNC_REDUCE && f != FUNC_BROADCAST) || t->count * esize <= piece)
+  int f = t->func, n = t->comm->nranks;
+  int blocks = f == FUNC_ALLGATHER || f == FUNC_REDUCESCATTER; /* a slice of each rank's block per piece */
+  if (!piece || (f != FUNC_ALLREDUCE && f != FUNC_REDUCE && f != FUNC_BROADCAST && !blocks) ||
+      (blocks && n > STAGE_MAX_SEGMENTS))
     return 0;
-  size_t per = UT_MAX(piece / esize, (t->count + STAGE_MAX_PIECES - 1) / STAGE_MAX_PIECES);
+  size_t unit = esize * (blocks ? (size_t)n : 1); /* bytes a piece moves per element of count */
+  if (t->count * unit <= piece) return 0;
+  size_t per = UT_MAX(piece / unit, (t->count + STAGE_MAX_PIECES - 1) / STAGE_MAX_PIECES);
   per = UT_ALIGN_UP(per, 4096 / esize); /* pieces start on whole pages */
   return per < t->count ? per : 0;
 }
@@ -426,7 +458,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
     for (int i = 0; i < n; i++)
       for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
         if (t->stage && t->stream == streams[k])
-          ek = cudrv_copy_async(1, t->stage->host_send, t->stage->dev_send, t->stage->send_bytes, is, t->stage->ctx);
+          ek = stage_copy(t->stage, 1, is);
     if (gm) {
       if (ek == CH_OK) ek = cudrv_join(is, sctx[k], sc->order_stream, sc->ctx);
       if (ek != CH_OK) e = ek;
@@ -473,7 +505,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
       if (t->stage)
-        ek = cudrv_copy_async(0, t->stage->host_recv, t->stage->dev_recv, t->stage->recv_bytes, streams[0], t->stage->ctx);
+        ek = stage_copy(t->stage, 0, streams[0]);
   for (int k = 1; k < ns && ek == CH_OK; k++) ek = cudrv_join(streams[0], sctx[0], streams[k], sctx[k]);
   if (ek == CH_OK) ek = cudrv_host_fn(streams[0], gate_release, g, sctx[0]);
   if (ek != CH_OK) { /* the reference stays: its blocks stay busy, since queued copies may use them */

@@ -4,14 +4,16 @@
 
 #include "../comm/work.h"
 
-/* gpu/staging.c: t's touched buffers are CUDA device memory. stage_in waits for t's CUDA stream, copies
- * the input to host memory and points t at host copies; stage_out (when t's group has run) copies the
- * result back if ok, and frees. */
-ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
+/* gpu/staging.c: t's touched buffers are CUDA device memory (or, hostmem, host memory of a piece
+ * whose one side is strided: t->stride). stage_in points t at host copies and copies the input there
+ * (at launch, in stream order, or now); stage_out (when t's group has run) copies the result back if
+ * ok, and frees. */
+ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostmem, const char* fn);
 ch_status stage_out(struct ch_task* t, int ok);
 /* Elements per piece where t (checked) runs as pieces, each a call of its own, else 0: an AllReduce,
- * Reduce or Broadcast larger than the communicator's stage_piece (set at init where device buffers
- * are staged), whatever its buffers, so that every rank makes the same calls. */
+ * Reduce, Broadcast, AllGather or ReduceScatter larger than the communicator's stage_piece (set at
+ * init where device buffers are staged), whatever its buffers, so that every rank makes the same
+ * calls. An AllGather's or ReduceScatter's piece takes a slice of every rank's block (t->stride). */
 size_t stage_pieces(const struct ch_task* t);
 /* A group whose calls were all staged asynchronously: queue copies, host functions and waits on the
  * CUDA streams and the plans on comm's bridge stream. 1: done (plans taken), 0: run it as before. */
