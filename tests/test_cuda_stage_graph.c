@@ -253,6 +253,11 @@ static void overlap_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(cuda_stage_graph, replays_at_once_fail_the_communicator_2_threads, 60) {
+#if defined(__SANITIZE_THREAD__)
+  /* The two replays' input copies write one pinned block at once: the misuse this test makes. */
+  printf("    skipped under ThreadSanitizer (the race is the point)\n");
+  return;
+#endif
   load_staged("4194304");
   g_overlapped = 0;
   rt_run_threads(2, overlap_body, NULL);
