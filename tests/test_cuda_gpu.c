@@ -367,6 +367,7 @@ static void one_mute_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(cuda_gpu, one_process_without_ipc_decides_alike, 60) {
   if (no_kernels()) return;
+  setenv("CHORUS_CUDA_STAGE_REDUCE", "0", 1); /* the CPU reduces staged copies: no kernel at all */
   load();
   rt_run_procs(3, one_mute_body, NULL);
 }
@@ -374,6 +375,7 @@ TEST_T(cuda_gpu, one_process_without_ipc_decides_alike, 60) {
 TEST_T(cuda_gpu, ipc_refused_goes_through_host_memory, 60) {
   if (no_kernels()) return;
   setenv("FAKE_CUDA_IPC_REFUSED", "1", 1);
+  setenv("CHORUS_CUDA_STAGE_REDUCE", "0", 1); /* the CPU reduces staged copies: no kernel at all */
   load();
   rt_run_procs(2, refused_body, NULL);
 }
@@ -401,6 +403,7 @@ TEST_T(cuda_gpu, kernels_reloaded_into_a_new_context, 60) {
 /* CHORUS_CUDA_DIRECT=0: the same calls go through host memory (no kernel runs). */
 TEST_T(cuda_gpu, direct_off_goes_through_host_memory, 60) {
   setenv("CHORUS_CUDA_DIRECT", "0", 1);
+  setenv("CHORUS_CUDA_STAGE_REDUCE", "0", 1); /* the CPU reduces staged copies: no kernel at all */
   load();
   rt_run_threads(2, five_body, NULL);
   EXPECT_EQ(fk.kernels(), 0);

@@ -58,7 +58,10 @@ static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(cuda_pieces, allreduce_reduce_broadcast_2_procs, 60) { rt_run_procs(2, procs_body, NULL); }
+TEST_T(cuda_pieces, allreduce_reduce_broadcast_2_procs, 60) {
+  setenv("CHORUS_CUDA_STAGE_REDUCE", "0", 1); /* the CPU reduces: a copy back per piece, counted */
+  rt_run_procs(2, procs_body, NULL);
+}
 
 /* AllGather and ReduceScatter in pieces (a slice of every rank's block each, BN floats a block),
  * out of place and in place; host: this rank's buffers are host memory. */

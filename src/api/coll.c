@@ -22,9 +22,10 @@ static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f =
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
 static int is_collective(int f) { return f != FUNC_SEND && f != FUNC_RECV && f != FUNC_SENDRECV; }
 
-/* A piece of an AllGather or ReduceScatter on host buffers (its peers' buffers are device memory, so
- * every rank makes the same pieces): its strided side is copied to and from host memory laid out as
- * the plan expects, and the call completes before returning. */
+/* A piece of an AllGather or ReduceScatter, or a reduction's data movement (t->gpu_reduce), on host
+ * buffers (its peers' are device memory, so every rank makes the same calls): its buffers are copied
+ * to and from host memory laid out as the plan expects (the reduction combined there), and the call
+ * completes before returning. */
 static ch_status stage_host(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   t->exec = EXEC_STAGE;
   return stage_in(t, needs_send, needs_recv, 1, fn);
@@ -40,7 +41,7 @@ static ch_status stage_host(struct ch_task* t, const char* fn, int needs_send, i
 static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   int ours = t->stream && stream_is_ours(t->stream);
   t->exec = ours ? EXEC_HOST_STREAM : EXEC_HOST;
-  if (!cudrv_present()) return t->stride ? stage_host(t, fn, needs_send, needs_recv) : CH_OK;
+  if (!cudrv_present()) return t->stride || t->gpu_reduce ? stage_host(t, fn, needs_send, needs_recv) : CH_OK;
   const void* bufs[2] = {needs_send ? t->sendbuff : NULL, needs_recv ? t->recvbuff : NULL};
   static const char* names[2] = {"sendbuff", "recvbuff"};
   static const char* kinds[3] = {"host memory", "CUDA device memory", "CUDA managed memory"};
@@ -78,7 +79,7 @@ static ch_status place_call(struct ch_task* t, const char* fn, int needs_send, i
     return stage_in(t, needs_send, needs_recv, 0, fn);
   }
   if (managed && !ours) CHECK(cudrv_stream_sync(t->stream));
-  return t->stride ? stage_host(t, fn, needs_send, needs_recv) : CH_OK;
+  return t->stride || t->gpu_reduce ? stage_host(t, fn, needs_send, needs_recv) : CH_OK;
 }
 
 /* Checked: place t (place_call) and queue it, or record it done when it has nothing to do. */
@@ -95,12 +96,50 @@ static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, i
     obs_add(&comm->ctr_noop, 1);
     INFO(LOG_COLL, "%s: one rank, in place: nothing to do (comm %p)", fn, (void*)comm);
   } else if (s == CH_OK) {
-    INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]%s",
+    const char* as = algo_fname(t->func); /* a staged reduction's data movement runs as another function */
+    INFO(LOG_COLL, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p [nranks=%d]%s%s%s%s",
          fn, (unsigned long long)comm->seq, sendbuff, recvbuff, t->count, t->type, t->op, t->root, (void*)comm,
-         comm->nranks, t->piece ? " (a piece)" : "");
+         comm->nranks, t->piece ? " (a piece)" : "", strcmp(as, fn) ? " as " : "", strcmp(as, fn) ? as : "",
+         t->gpu_reduce ? ", reduced on the GPU" : "");
     s = enq_task(t);
   }
   if (s != CH_OK) group_set_error(s); /* not queued: the group must not run without it */
+  return s;
+}
+
+/* A staged reduction whose GPUs reduce (gpu/staging.c's stage_reduce_way): host memory moves the
+ * inputs, as calls of their own whose results the GPU combines (t->gpu_reduce). SPLIT, for an
+ * AllReduce: the last count % nranks elements gathered and reduced by every GPU; the rest an
+ * AlltoAll of each rank's block, which its GPU reduces in place in recvbuff, then an AllGather of
+ * the reduced blocks in place. The tail goes first: it reads the input past the blocks, which the
+ * other two never write. The AllGather's input is the kernel's output: it is copied on the call's
+ * stream (piece_ordered), never on the input stream pieces use. */
+static ch_status queue_reduction(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+  int way = stage_reduce_way(t);
+  if (way == STAGE_RED_CPU) return queue_task(t, fn, needs_send, needs_recv);
+  struct ch_task p = *t;
+  p.gpu_reduce = 1;
+  if (way == STAGE_RED_GATHER) {
+    p.func = t->func == FUNC_REDUCE ? FUNC_GATHER : FUNC_ALLGATHER;
+    return queue_task(&p, fn, needs_send, needs_recv);
+  }
+  p.func = FUNC_ALLTOALL;
+  if (t->func == FUNC_REDUCESCATTER) return queue_task(&p, fn, needs_send, needs_recv);
+  size_t n = (size_t)t->comm->nranks, esize = red_type_size(t->type), C = t->count / n, tail = t->count - C * n;
+  char* recv = t->recvbuff;
+  ch_status s = CH_OK;
+  if (tail) {
+    struct ch_task q = p;
+    q.func = FUNC_ALLGATHER, q.count = tail;
+    q.sendbuff = (const char*)t->sendbuff + C * n * esize, q.recvbuff = recv + C * n * esize;
+    s = queue_task(&q, fn, needs_send, needs_recv);
+  }
+  char* mine = recv + (size_t)t->comm->rank * C * esize; /* (queue_task points p at its host copies) */
+  p.count = C, p.recvbuff = mine;
+  if (s == CH_OK) s = queue_task(&p, fn, needs_send, needs_recv);
+  struct ch_task g = *t;
+  g.func = FUNC_ALLGATHER, g.count = C, g.sendbuff = mine, g.piece_ordered = 1;
+  if (s == CH_OK) s = queue_task(&g, fn, needs_send, needs_recv);
   return s;
 }
 
@@ -110,7 +149,7 @@ static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, i
  * of another. An AllGather's or ReduceScatter's piece takes the same slice of every rank's block. */
 static ch_status queue_pieces(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   size_t per = stage_pieces(t);
-  if (!per) return queue_task(t, fn, needs_send, needs_recv);
+  if (!per) return queue_reduction(t, fn, needs_send, needs_recv);
   size_t esize = red_type_size(t->type), one = t->count * esize, all = one * (size_t)t->comm->nranks;
   int ag = t->func == FUNC_ALLGATHER, rs = t->func == FUNC_REDUCESCATTER;
   size_t sbytes = rs ? all : one, rbytes = ag ? all : one;
@@ -130,7 +169,7 @@ static ch_status queue_pieces(struct ch_task* t, const char* fn, int needs_send,
     p.stride = ag || rs ? t->count : 0;
     if (p.sendbuff) p.sendbuff = (const char*)t->sendbuff + off * esize;
     if (p.recvbuff) p.recvbuff = (char*)t->recvbuff + off * esize;
-    s = queue_task(&p, fn, needs_send, needs_recv);
+    s = queue_reduction(&p, fn, needs_send, needs_recv);
   }
   return s;
 }

@@ -50,6 +50,9 @@ struct gpu_hello {
   uint32_t shares;   /* probe below is set: this process can export device memory */
   uint32_t has_ctx;  /* a current context at init (pieces of staged calls need one on every rank) */
   uint32_t piece;    /* CHORUS_CUDA_STAGE_PIECE (rank 0's holds) */
+  uint32_t kernels;  /* has_ctx, CHORUS_CUDA_STAGE_REDUCE on, and Chorus's kernels load: this rank's GPU
+                      * can reduce what staging brings (every rank must) */
+  uint32_t pad;
   uint64_t ctx_id;   /* the context's address: compared only between ranks of one process */
   unsigned char uuid[16];
   uint64_t probe_id; /* cudev_probe: a peer process opens it at setup (only a handle for the driver) */
@@ -204,6 +207,9 @@ struct ncclComm {
   /* Bytes per piece of a large AllReduce, Reduce, Broadcast, AllGather or ReduceScatter (gpu/staging.c's stage_pieces), or 0:
    * set by gpu_setup alike on every rank, read-only afterwards. */
   size_t stage_piece;
+  /* Staged AllReduce, Reduce and ReduceScatter reduce on the GPU (gpu/staging.c's stage_reduce_way):
+   * set by gpu_setup alike on every rank, read-only afterwards. */
+  int stage_gpu_reduce;
   /* Plans handed to a CUDA stream that draws their tickets when it gets there (gpu/staging.c's graph
    * mode): added by the comm's owner at launch, taken back once drawn (or dropped at an abort). A
    * thread that draws tickets itself waits for 0 first (core/group.c), as does comm_wait_idle. */

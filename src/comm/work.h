@@ -35,6 +35,9 @@ struct ch_task {
   uint64_t fr_id;       /* its flight recorder entry (observe/recorder.c), 0 when the recorder is off */
   int piece;            /* 1 + its index among the pieces of one large call (gpu/staging.c's stage_pieces), else 0 */
   int piece_ordered;    /* its call's buffers overlap without being one: pieces copy in on the call's stream */
+  int gpu_reduce;       /* the data movement of a staged reduction (an AlltoAll, AllGather or Gather that
+                         * stage_reduce_way made of it): the GPU combines the nranks blocks its host result
+                         * holds into recvbuff's count elements, with red (gpu/staging.c) */
   size_t stride;        /* a piece of an AllGather (result) or ReduceScatter (input): elements between the
                          * rank blocks of that buffer, whose slices the piece takes (else 0) */
   int noop;             /* nothing to do (one rank, in place): checked, never queued */

@@ -25,12 +25,17 @@ void gpu_hello_fill(struct ncclComm* comm, struct gpu_hello* h) {
   h->relay_depth = (uint32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_RELAY_DEPTH), 64), 2);
   h->has_ctx = ctx && cudrv_async_ok() && param_int(PARAM_CUDA_ASYNC); /* synchronous pieces would only cost */
   h->piece = (uint32_t)UT_MAX(UT_MIN(param_int(PARAM_CUDA_STAGE_PIECE), 1 << 30), 0);
-  if (!ctx || (!h->direct && h->relay == 0) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
+  /* staged reductions on the GPU (pieces_setup): kernels loaded for this context */
+  int stage_reduce = h->has_ctx && param_int(PARAM_CUDA_STAGE_REDUCE) != 0;
+  int paths = h->direct || h->relay != 0;
+  if (!ctx || (!paths && !stage_reduce) || comm->nranks > DEV_MAX_RANKS || !cudrv_async_ok() || !cudev_ok())
     return;
   if (cudev_device(ctx, h->uuid, &sms, &ordinal) != CH_OK) return; /* WARNed */
   if (h->direct) /* only the direct path shares device memory (the relay maps host memory only) */
     h->shares = (uint32_t)cudev_probe(ctx, &h->probe_id, &h->probe); /* first: it checks the context is the same */
   if (!cudev_kernel(ctx, 0)) return;
+  h->kernels = (uint32_t)stage_reduce;
+  if (!paths) return;
   h->capable = 1;
   h->ctx_id = (uint64_t)(uintptr_t)ctx;
 }
@@ -335,15 +340,21 @@ static void local_remove(uint64_t hash, int rank) {
 }
 
 /* Where calls on device buffers are staged through host memory (no GPU path: ranks on different
- * hosts), large ones run in pieces so that copies overlap transfers (gpu/staging.c). Every rank
- * pieces its calls alike, whatever its buffers, so only where every rank has a context (it then
- * could stage) and at rank 0's size. */
+ * hosts), large ones run in pieces so that copies overlap transfers, and reductions run on the GPU
+ * (gpu/staging.c). Every rank makes its calls alike, whatever its buffers, so pieces only where every
+ * rank has a context (it then could stage) and at rank 0's size, GPU reductions only where every
+ * rank's GPU can run them. */
 static void pieces_setup(struct ncclComm* comm, const struct gpu_hello* all) {
-  int ok = all && comm->nranks > 1 && all[0].piece > 0;
-  for (int r = 0; ok && r < comm->nranks; r++) ok = all[r].has_ctx != 0;
-  comm->stage_piece = ok ? all[0].piece : 0;
-  if (ok) INFO(LOG_INIT, "rank %d: AllReduce, Reduce, Broadcast, AllGather and ReduceScatter over %zu bytes run in pieces of that size (CHORUS_CUDA_STAGE_PIECE)",
-               comm->rank, comm->stage_piece);
+  int ok = all && comm->nranks > 1, kernels = ok;
+  for (int r = 0; ok && r < comm->nranks; r++) ok = all[r].has_ctx != 0, kernels &= all[r].kernels != 0;
+  comm->stage_piece = ok && all[0].piece > 0 ? all[0].piece : 0;
+  comm->stage_gpu_reduce = ok && kernels;
+  if (comm->stage_piece)
+    INFO(LOG_INIT, "rank %d: AllReduce, Reduce, Broadcast, AllGather and ReduceScatter over %zu bytes run in pieces of that size (CHORUS_CUDA_STAGE_PIECE)",
+         comm->rank, comm->stage_piece);
+  if (ok)
+    INFO(LOG_INIT, "rank %d: staged AllReduce, Reduce and ReduceScatter reduce on %s (CHORUS_CUDA_STAGE_REDUCE%s)",
+         comm->rank, kernels ? "the GPU" : "the CPU", kernels ? "" : " off, or kernels missing, on some rank");
 }
 
 ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {

@@ -140,7 +140,7 @@ int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int nta
   if (e == CH_OK) e = cudrv_host_fn(s, graph_replay, gc, ctx);
   if (e == CH_OK) e = cudrv_wait_geq(s, gc->flag_dev, 1, ctx);
   for (struct ch_task* t = lists[0]; t && e == CH_OK; t = t->next)
-    if (t->stage) e = stage_copy(t->stage, 0, s);
+    if (t->stage) e = stage_result(t->stage, s);
   if (e == CH_OK) e = cudrv_write_u32(s, gc->flag_dev, 0, ctx);
   uint64_t lo = 0, hi = 0; /* the capture itself is done */
   for (struct ch_task* t = lists[0]; t; t = t->next)

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "../cuda/cudrv.h"
+#include "../cuda/devjob.h"
 #include "../comm/work.h"
 
 /* Pinned host memory of one communicator, reused across calls. `busy` is set by the comm's owner
@@ -16,6 +17,7 @@ struct pin_block {
   struct pin_block* next;
   struct stage_comm* owner; /* whose pool: counted in its `outstanding` while a gate holds the block */
   char* host;
+  void* dev; /* host's address for the device (mapped) */
   size_t bytes;
   void* ctx; /* allocated in */
   _Atomic int busy;
@@ -66,10 +68,22 @@ struct stage {
    * and its host copy is them side by side. strided: STAGE_STRIDED_SEND or _RECV, else 0. */
   int strided;
   size_t seg, stride, nseg;
-  int hostmem;   /* the application's buffers are host memory (a strided piece): copies are memcpy */
+  int hostmem;   /* the application's buffers are host memory (a strided piece, or a reduction's data
+                  * movement): copies are memcpy */
+  /* A reduction's data movement (t->gpu_reduce) with a result here: host_recv holds nblk blocks of
+   * `count` elements, which the GPU (stage_result: Chorus's kernel reading mapped host memory through
+   * the table `tab`, in the same pinned block) or, where the call completes before returning, the CPU
+   * (host_combine) reduces into dev_recv (recv_bytes: one block). */
+  int reduce;
+  struct red_op red;
+  size_t count, nblk;
+  char* recv_mapped;   /* host_recv's address for the device (pinned blocks are mapped) */
+  struct dev_table* tab;
+  void* tab_dev;
   int async;     /* copies go on the stream at launch */
   int captured;    /* its stream is being captured into a CUDA graph */
   char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */
+  void* cap_dev;   /* cap_block's address for the device */
 };
 
 /* A group captured into a CUDA graph: replayed at will until its communicator goes (NCCL's rule). Set
@@ -107,6 +121,8 @@ void stage_free(struct stage* st);
 /* Copy a call's input to its host copy (in) or its result back (!in): on stream s (asynchronous) or
  * now (s NULL), one copy per segment where that side is strided. */
 ch_status stage_copy(const struct stage* st, int in, cudaStream_t s);
+/* The result on stream s: copied back, or (a reduction's data movement) reduced by the GPU. */
+ch_status stage_result(struct stage* st, cudaStream_t s);
 /* Pending gates (sc->pending, under sc->enq_mu): the next, and marking one dropped (returns its plans). */
 struct stage_gate;
 struct stage_gate* stage_gate_next(struct stage_gate* g);

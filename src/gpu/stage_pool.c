@@ -69,7 +69,7 @@ static struct pin_block* block_new(struct stage_comm* sc, size_t bytes, void* ct
   if (sc->pinned_bytes + want > cap) return NULL;
   struct pin_block* b = calloc(1, sizeof(*b));
   if (!b) return NULL;
-  if (!(b->host = cudrv_host_alloc(want, ctx, 0, NULL))) {
+  if (!(b->host = cudrv_host_alloc(want, ctx, 1, &b->dev))) { /* mapped: GPU reductions read it (stage_result) */
     free(b);
     return NULL;
   }

@@ -38,6 +38,7 @@
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "../core/plan.h"
+#include "../tune/tune.h"
 #include "stage_int.h"
 #include "staging.h"
 
@@ -101,22 +102,30 @@ ch_status stage_copy(const struct stage* st, int in, cudaStream_t s) {
  * (a strided piece's host copies are laid out side by side, never as its buffers are). */
 static int stage_alloc(struct ncclComm* comm, struct stage* st, struct stage_comm* sc, uintptr_t s, size_t sb,
                        uintptr_t r, size_t rb, ch_status* why) {
-  int overlap = !st->strided && sb && rb && s < r + rb && r < s + sb;
+  int overlap = !st->strided && !st->reduce && sb && rb && s < r + rb && r < s + sb;
   uintptr_t lo = s < r ? s : r, hi = s + sb > r + rb ? s + sb : r + rb;
   *why = CH_OK;
   if (st->captured || st->async) { /* pinned: a block of the pool, or a captured call's own */
-    size_t total = overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb;
+    size_t total = overlap ? hi - lo : UT_ALIGN_UP(sb, 64) + rb, tab = UT_ALIGN_UP(total, 64);
+    if (st->reduce) total = tab + sizeof(struct dev_table); /* the kernel's table, after the copies */
     char* base;
+    void* dev = NULL;
     if (st->captured) { /* kept with the graph (stage_capture) */
       int mode = cudrv_capture_relaxed(); /* allocations inside a capture in global mode */
-      base = st->cap_block = cudrv_host_alloc(UT_MAX(total, (size_t)1), st->ctx, 0, NULL);
+      base = st->cap_block = cudrv_host_alloc(UT_MAX(total, (size_t)1), st->ctx, 1, &st->cap_dev);
       cudrv_capture_restore(mode);
+      dev = st->cap_dev;
     } else {
       base = (st->pin = block_get(comm, sc, total, st->ctx, why)) ? st->pin->host : NULL;
+      if (base) dev = st->pin->dev;
     }
     if (!base) return 0;
     st->host_send = base + (overlap ? s - lo : 0);
     st->host_recv = base + (overlap ? r - lo : UT_ALIGN_UP(sb, 64));
+    if (st->reduce) {
+      st->recv_mapped = (char*)dev + (st->host_recv - base);
+      st->tab = (struct dev_table*)(base + tab), st->tab_dev = (char*)dev + tab;
+    }
     return 1;
   }
   if (overlap) { /* in place, or overlapping: one block keeps the layout */
@@ -152,8 +161,11 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostme
   struct stage* st = calloc(1, sizeof(*st));
   if (!st) goto oom;
   st->ctx = ctx, st->hostmem = hostmem;
-  if (t->stride) { /* AllGather's result or ReduceScatter's input: a segment per rank's block */
-    st->strided = t->func == FUNC_REDUCESCATTER ? STAGE_STRIDED_SEND : STAGE_STRIDED_RECV;
+  if (t->gpu_reduce && rb) { /* the host result is nranks blocks, reduced into one: the device's */
+    st->reduce = 1, st->red = t->red, st->count = t->count, st->nblk = (size_t)t->comm->nranks;
+  }
+  if (t->stride) { /* AllGather's result or ReduceScatter's input (an AlltoAll's, for the GPU to reduce) */
+    st->strided = t->func == FUNC_REDUCESCATTER || t->func == FUNC_ALLTOALL ? STAGE_STRIDED_SEND : STAGE_STRIDED_RECV;
     st->nseg = (size_t)t->comm->nranks;
     st->seg = t->count * red_type_size(t->type), st->stride = t->stride * red_type_size(t->type);
   }
@@ -166,6 +178,7 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostme
   }
   st->dev_send = (void*)s, st->send_bytes = sb;
   st->dev_recv = (void*)r, st->recv_bytes = rb;
+  size_t rb_app = st->reduce ? t->count * red_type_size(t->type) : rb; /* the application's side of it */
   struct stage_comm* sc = NULL;
   st->async = capturing || (!hostmem && param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() &&
                             (sc = stage_comm_get(t->comm, ctx)) != NULL);
@@ -188,6 +201,7 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostme
       return e;
     }
   }
+  st->recv_bytes = rb_app;
   if (sb) t->sendbuff = st->host_send;
   if (rb) t->recvbuff = st->host_recv;
   t->stage = st;
@@ -200,6 +214,42 @@ oom:
   return CH_SYSTEM;
 }
 
+/* Where the call completes before returning (or the buffers are host memory): the CPU reduces the
+ * blocks into the first, in rank order as the kernel does. */
+static void host_combine(struct stage* st) {
+  size_t bytes = st->count * red_type_size(st->red.type);
+  for (size_t q = 1; q < st->nblk; q++)
+    red_reduce(&st->red, st->host_recv, st->host_recv, st->host_recv + q * bytes, st->count);
+  if (red_has_postop(&st->red)) red_postop(&st->red, st->host_recv, st->host_recv, st->count);
+}
+
+/* Blocks of a GPU reduction's kernel: each reads the table from mapped host memory once, and a few
+ * keep enough loads in flight to fill PCIe (many blocks each reading it were slow: devjob.h). */
+#define STAGE_RED_BLOCKS 8
+
+ch_status stage_result(struct stage* st, cudaStream_t s) {
+  if (!st->reduce) return stage_copy(st, 0, s);
+  void* fn = cudev_kernel(st->ctx, st->red.type);
+  if (!fn) return CH_SYSTEM; /* WARNed */
+  size_t bytes = st->count * red_type_size(st->red.type);
+  /* The block is this call's until its gate is handed back, after this kernel; a captured call's
+   * table is written once, at capture, and read by every replay. */
+  memset(st->tab, 0, sizeof(*st->tab));
+  for (size_t q = 0; q < st->nblk; q++) st->tab->buf[DEV_SEND][q] = (uintptr_t)st->recv_mapped + q * bytes;
+  st->tab->buf[DEV_RECV][0] = (uintptr_t)st->dev_recv;
+  st->tab->seq = 1;
+  struct dev_args a;
+  memset(&a, 0, sizeof(a));
+  a.table = (uintptr_t)st->tab_dev, a.seq = 1, a.type = st->red.type, a.op_kind = st->red.kind;
+  a.divisor = st->red.divisor, a.unroll = (int)UT_MAX(UT_MIN(param_int(PARAM_CUDA_UNROLL), 4), 1);
+  uint32_t all = st->nblk >= 32 ? 0xffffffffu : (1u << st->nblk) - 1;
+  a.njobs = 1;
+  a.job[0] = (struct dev_job){.src_mask = all, .dst_mask = 1, .src_buf = DEV_SEND, .dst_buf = DEV_RECV,
+                              .reduce = DEV_REDUCE, .count = st->count};
+  uint64_t gx = UT_MAX(UT_MIN(UT_DIV_UP((uint64_t)st->count, (uint64_t)512 * 4), (uint64_t)STAGE_RED_BLOCKS), 1);
+  return cudev_launch(fn, (unsigned)gx, 1, s, st->ctx, &a);
+}
+
 ch_status stage_out(struct ch_task* t, int ok) {
   struct stage* st = t->stage;
   if (!st) return CH_OK;
@@ -209,10 +259,37 @@ ch_status stage_out(struct ch_task* t, int ok) {
     WARN("internal: a staged call was not launched on its stream");
     s = CH_INTERNAL;
   } else if (ok) {
+    if (st->reduce) host_combine(st);
     s = stage_copy(st, 0, NULL);
   }
   stage_free(st);
   return s;
+}
+
+/* Reductions through host memory where every GPU can combine (comm->stage_gpu_reduce): host memory only
+ * moves the data and Chorus's kernel combines it. From the communicator and the call only, so alike
+ * on every rank whatever its buffers.
+ *  - GATHER: every rank gathers every input (an AllGather; a Gather to a Reduce's root) and its GPU
+ *    reduces them: one round trip; on 2 ranks as few bytes on the network as a ring, beyond that
+ *    about (n - 2) x the input more, so only where that stays small.
+ *  - SPLIT: each rank's block of every input reaches it (an AlltoAll: a ring's bytes), its GPU reduces
+ *    them, and an AllGather brings the reduced blocks back (AllReduce; ReduceScatter needs no
+ *    AllGather).
+ *  - CPU: the host reduces the staged copies: PreMulSum (each rank's scalar is its own), the
+ *    reproducible levels (the host's combination defines their bits), a large Reduce on 3 ranks or
+ *    more (its root would receive n - 1 inputs), and more than 32 ranks (the kernel's masks). */
+#define STAGE_GATHER_MAX_BYTES (64u << 10)
+
+int stage_reduce_way(const struct ch_task* t) {
+  struct ncclComm* comm = t->comm;
+  int f = t->func, n = comm->nranks;
+  if (!comm->stage_gpu_reduce || t->gpu_reduce || !t->count || n > DEV_MAX_RANKS) return STAGE_RED_CPU;
+  if (f != FUNC_ALLREDUCE && f != FUNC_REDUCE && f != FUNC_REDUCESCATTER) return STAGE_RED_CPU;
+  if (t->red.kind == RED_PREMULSUM || tune_repro_level(comm, f, t->type)) return STAGE_RED_CPU; /* the kind: alike */
+  if (f == FUNC_REDUCESCATTER) return STAGE_RED_SPLIT;
+  size_t bytes = t->count * red_type_size(t->type);
+  if (n == 2 || t->count < (size_t)n || (size_t)(n - 2) * bytes <= STAGE_GATHER_MAX_BYTES) return STAGE_RED_GATHER;
+  return f == FUNC_ALLREDUCE ? STAGE_RED_SPLIT : STAGE_RED_CPU;
 }
 
 /* At most this many pieces: past 16 x CHORUS_CUDA_STAGE_PIECE the pieces grow, so that a call's
@@ -505,7 +582,7 @@ int stage_launch(struct ch_plan** plans, struct ch_task** lists, int n, ch_statu
   for (int i = 0; i < n; i++)
     for (struct ch_task* t = lists[i]; t && ek == CH_OK; t = t->next)
       if (t->stage)
-        ek = stage_copy(t->stage, 0, streams[0]);
+        ek = stage_result(t->stage, streams[0]);
   for (int k = 1; k < ns && ek == CH_OK; k++) ek = cudrv_join(streams[0], sctx[0], streams[k], sctx[k]);
   if (ek == CH_OK) ek = cudrv_host_fn(streams[0], gate_release, g, sctx[0]);
   if (ek != CH_OK) { /* the reference stays: its blocks stay busy, since queued copies may use them */

@@ -15,6 +15,12 @@ ch_status stage_out(struct ch_task* t, int ok);
  * init where device buffers are staged), whatever its buffers, so that every rank makes the same
  * calls. An AllGather's or ReduceScatter's piece takes a slice of every rank's block (t->stride). */
 size_t stage_pieces(const struct ch_task* t);
+/* How t (a checked AllReduce, Reduce or ReduceScatter, or a piece of one) reduces where device buffers
+ * are staged, alike on every rank: on the CPU, on every GPU after gathering the inputs, or on each
+ * rank's GPU for its block after an AlltoAll (then gathered back). api/coll.c queues the data
+ * movement (t->gpu_reduce). */
+enum { STAGE_RED_CPU = 0, STAGE_RED_GATHER, STAGE_RED_SPLIT };
+int stage_reduce_way(const struct ch_task* t);
 /* A group whose calls were all staged asynchronously: queue copies, host functions and waits on the
  * CUDA streams and the plans on comm's bridge stream. 1: done (plans taken), 0: run it as before. */
 struct ch_plan;

@@ -33,6 +33,8 @@
     "pinned host memory per communicator for device buffers in flight; a call that would pass it waits for the streams to hand some back (one larger than it completes before returning)") \
   X(CUDA_STAGE_PIECE, "CHORUS_CUDA_STAGE_PIECE", P_INT, 4 << 20, "",                               \
     "ranks that stage device buffers through host memory (on different hosts): an AllReduce, Reduce, Broadcast, AllGather or ReduceScatter larger than this many bytes (all ranks' blocks counted) runs as pieces of it (at most 16, larger pieces past that), so that copies of one piece overlap the transfer of the next; every call of the communicator alike, whatever its buffers; rank 0's value holds; 0 = whole calls") \
+  X(CUDA_STAGE_REDUCE, "CHORUS_CUDA_STAGE_REDUCE", P_INT, 1, "",                                   \
+    "ranks that stage device buffers through host memory (on different hosts): 1 = the GPU reduces an AllReduce, Reduce or ReduceScatter (host memory only moves the inputs: an AlltoAll or AllGather, then Chorus's kernel combines the blocks), 0 = the CPU reduces the staged copies; on only where every rank allows it") \
   X(CUDA_DIRECT, "CHORUS_CUDA_DIRECT", P_INT, 1, "",                                               \
     "1 = calls on device buffers of ranks that share one GPU run there (kernels reading peers' buffers through CUDA IPC); 0 = through host memory") \
   X(CUDA_STAGE_BLOCKS, "CHORUS_CUDA_STAGE_BLOCKS", P_INT, 4, "",                                   \

@@ -1,0 +1,215 @@
+/* Reductions of ranks that stage device buffers through host memory run on the GPU (gpu/staging.c's
+ * stage_reduce_way): host memory only moves the inputs (an AllGather, a Gather to the root, or an
+ * AlltoAll then an AllGather of the reduced blocks) and Chorus's kernel combines them, which the
+ * stand-in driver runs on the CPU and counts. CHORUS_CUDA_DIRECT=0 and CHORUS_CUDA_RELAY=0 stand in
+ * for ranks on different hosts. Expected values in closed form. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_gpu_util.h"
+#include "misc/param.h"
+#include "runner.h"
+
+#define SMALL 1001  /* 3 ranks: (n - 2) x 4004 bytes, gathered */
+#define LARGE 40001 /* 3 ranks: split (an AlltoAll of 13333-element blocks, a tail of 2 gathered) */
+
+static float value(int rank, size_t i) { return (float)((rank + 1) * 3 + (int)(i % 1021)); }
+static float sum_of(int nranks, size_t i) {
+  float s = 0;
+  for (int r = 0; r < nranks; r++) s += value(r, i);
+  return s;
+}
+
+/* AllReduce out of place and in place (sum, max, avg of int32), ReduceScatter out of place and in
+ * place, Reduce to the last rank; kernels counted where this rank is a process of its own (procs).
+ * host: this rank's buffers are host memory (its CPU combines). */
+static void steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, size_t count, int host, int procs) {
+  size_t all = count * (size_t)nranks;
+  float* a = host ? calloc(all, sizeof(float)) : dev_alloc(all);
+  float* b = host ? calloc(all, sizeof(float)) : dev_alloc(all);
+  ASSERT(a && b);
+  for (size_t i = 0; i < count; i++) a[i] = value(rank, i);
+  int k0 = fk.kernels();
+  NCCL_OK(ncclAllReduce(a, b, count, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  if (procs) EXPECT(fk.kernels() > k0 || host);
+  for (size_t i = 0; i < count; i++) EXPECT(b[i] == sum_of(nranks, i));
+  NCCL_OK(ncclAllReduce(a, a, count, ncclFloat32, ncclMax, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < count; i++) EXPECT(a[i] == value(nranks - 1, i));
+  int32_t* ia = (int32_t*)a;
+  for (size_t i = 0; i < count; i++) ia[i] = rank * 4 + (int32_t)(i % 100);
+  NCCL_OK(ncclAllReduce(ia, ia, count, ncclInt32, ncclAvg, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < count; i++) EXPECT(ia[i] == 2 * (nranks - 1) + (int32_t)(i % 100));
+  /* ReduceScatter: rank r gets the sum over ranks q of q's block r */
+  for (size_t i = 0; i < all; i++) a[i] = value(rank, i);
+  NCCL_OK(ncclReduceScatter(a, b, count, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < count; i++) EXPECT(b[i] == sum_of(nranks, (size_t)rank * count + i));
+  NCCL_OK(ncclReduceScatter(a, a + (size_t)rank * count, count, ncclFloat32, ncclSum, comm, s)); /* in place */
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < count; i++) EXPECT(a[(size_t)rank * count + i] == sum_of(nranks, (size_t)rank * count + i));
+  /* Reduce to the last rank; the others' receive buffers are not touched */
+  int root = nranks - 1;
+  for (size_t i = 0; i < count; i++) a[i] = value(rank, i), b[i] = -5.0f;
+  k0 = fk.kernels();
+  NCCL_OK(ncclReduce(a, b, count, ncclFloat32, ncclSum, root, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < count; i++) EXPECT(b[i] == (rank == root ? sum_of(nranks, i) : -5.0f));
+  if (procs && rank != root) EXPECT_EQ(fk.kernels(), k0); /* gathered at the root, or on the CPU (large) */
+  if (host) free(a), free(b);
+  else fk.free((uintptr_t)a), fk.free((uintptr_t)b);
+}
+
+struct arg {
+  size_t count;
+  int host_rank; /* this rank passes host buffers (-1: none) */
+};
+
+static void body(int rank, int nranks, ncclUniqueId id, void* p) {
+  const struct arg* a = p;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb000, &s);
+  steps(comm, rank == a->host_rank ? NULL : s, rank, nranks, a->count, rank == a->host_rank, 0);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+static void procs_body(int rank, int nranks, ncclUniqueId id, void* p) {
+  const struct arg* a = p;
+  load_staged("0");
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb100, &s);
+  steps(comm, s, rank, nranks, a->count, 0, 1);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_reduce, gathered_and_split_3_procs, 60) {
+  if (no_kernels()) return;
+  rt_run_procs(3, procs_body, &(struct arg){.count = SMALL, .host_rank = -1});
+  rt_run_procs(3, procs_body, &(struct arg){.count = LARGE, .host_rank = -1});
+}
+
+TEST_T(cuda_stage_reduce, two_procs, 60) {
+  if (no_kernels()) return;
+  rt_run_procs(2, procs_body, &(struct arg){.count = LARGE, .host_rank = -1});
+}
+
+/* Rank 1 passes host buffers: it makes the same calls, its CPU combining what they bring. */
+TEST_T(cuda_stage_reduce, host_buffers_on_one_rank_3_threads, 60) {
+  if (no_kernels()) return;
+  load_staged("0");
+  rt_run_threads(3, body, &(struct arg){.count = SMALL, .host_rank = 1});
+  rt_run_threads(3, body, &(struct arg){.count = LARGE, .host_rank = 1});
+}
+
+/* Large calls in pieces, each piece split (3 ranks) or gathered (2). */
+TEST_T(cuda_stage_reduce, in_pieces_3_threads, 60) {
+  if (no_kernels()) return;
+  load_staged("65536");
+  rt_run_threads(3, body, &(struct arg){.count = 100003, .host_rank = -1});
+  rt_run_threads(2, body, &(struct arg){.count = 100003, .host_rank = -1});
+}
+
+/* The pinned budget is smaller than a call: it completes before returning, its CPU combining. */
+TEST_T(cuda_stage_reduce, synchronous_calls_combine_on_the_cpu_2_threads, 60) {
+  if (no_kernels()) return;
+  load_staged("0");
+  setenv("CHORUS_CUDA_STAGING_MAX_BYTES", "4096", 1);
+  param_reset();
+  int k0 = fk.kernels();
+  rt_run_threads(2, body, &(struct arg){.count = LARGE, .host_rank = -1});
+  EXPECT_EQ(fk.kernels(), k0);
+}
+
+/* One rank turns it off (CHORUS_CUDA_STAGE_REDUCE=0): off on every rank, the CPUs reduce. */
+static void off_body(int rank, int nranks, ncclUniqueId id, void* p) {
+  if (rank == 1) setenv("CHORUS_CUDA_STAGE_REDUCE", "0", 1);
+  load_staged("0");
+  int k0 = fk.kernels();
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb200, &s);
+  steps(comm, s, rank, nranks, ((const struct arg*)p)->count, 0, 0);
+  EXPECT_EQ(fk.kernels(), k0);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_reduce, off_on_one_rank_is_off_on_all_2_procs, 60) {
+  if (no_kernels()) return;
+  rt_run_procs(2, off_body, &(struct arg){.count = LARGE, .host_rank = -1});
+}
+
+/* PreMulSum (each rank's scalar is its own) and a reproducible level reduce on the CPU. */
+static void cpu_body(int rank, int nranks, ncclUniqueId id, void* p) {
+  (void)p;
+  load_staged("0");
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb300, &s);
+  double* d = (double*)dev_alloc(2 * 500);
+  for (int i = 0; i < 500; i++) d[i] = (double)i;
+  double scalar = (double)(rank + 1);
+  ncclRedOp_t op;
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat64, ncclScalarHostImmediate, comm));
+  int k0 = fk.kernels();
+  NCCL_OK(ncclAllReduce(d, d, 500, ncclFloat64, op, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < 500; i++) EXPECT(d[i] == (double)(nranks * (nranks + 1) / 2) * i);
+  NCCL_OK(ncclRedOpDestroy(op, comm));
+  ncclComm_t rc; /* a reproducible level is set before a communicator's first call */
+  NCCL_OK(ncclCommSplit(comm, 0, rank, &rc, NULL));
+  NCCL_OK(chorusCommSetReproducible(rc, 1));
+  float* x = (float*)d;
+  for (int i = 0; i < 1000; i++) x[i] = value(rank, (size_t)i);
+  NCCL_OK(ncclAllReduce(x, x, 1000, ncclFloat32, ncclSum, rc, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  for (int i = 0; i < 1000; i++) EXPECT(x[i] == sum_of(nranks, (size_t)i));
+  EXPECT_EQ(fk.kernels(), k0);
+  fk.free((uintptr_t)d);
+  NCCL_OK(ncclCommDestroy(rc));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_reduce, premulsum_and_reproducible_on_the_cpu_2_procs, 60) {
+  if (no_kernels()) return;
+  rt_run_procs(2, cpu_body, NULL);
+}
+
+/* A split AllReduce captured into a CUDA graph and replayed with new inputs. */
+static void graph_body(int rank, int nranks, ncclUniqueId id, void* p) {
+  (void)p;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb400, &s);
+  float *x = dev_alloc(LARGE), *y = dev_alloc(LARGE);
+  float* src = malloc(LARGE * sizeof(float));
+  ASSERT(src);
+  NCCL_OK(ncclAllReduce(x, y, LARGE, ncclFloat32, ncclSum, comm, s)); /* eager first: connected */
+  EXPECT_EQ(fk.sync(s), 0);
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(x, y, LARGE, ncclFloat32, ncclSum, comm, s));
+  void* graph = fk.end_capture(s);
+  ASSERT(graph != NULL);
+  for (int k = 0; k < 3; k++) {
+    for (size_t i = 0; i < LARGE; i++) src[i] = value(rank + k, i);
+    EXPECT_EQ(fk.copy(s, x, src, LARGE * sizeof(float)), 0);
+    EXPECT_EQ(fk.graph_launch(graph, s), 0);
+    EXPECT_EQ(fk.sync(s), 0);
+    for (size_t i = 0; i < LARGE; i++) {
+      float want = 0;
+      for (int r = 0; r < nranks; r++) want += value(r + k, i);
+      EXPECT(y[i] == want);
+    }
+  }
+  fk.graph_destroy(graph);
+  free(src);
+  fk.free((uintptr_t)x), fk.free((uintptr_t)y);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_reduce, split_captured_and_replayed_3_threads, 60) {
+  if (no_kernels()) return;
+  load_staged("0");
+  rt_run_threads(3, graph_body, NULL);
+}
