@@ -9,7 +9,7 @@
 #                                           # protocol forced, the automatic choice, Open MPI  (~4 min
 #                                           # a rank count at 16 cores)
 #          tools/device-session.sh ab       # after a GPU-path change: its choices A/B  (~2 min)
-#          tools/device-session.sh relay    # issue 29 item 4: the relay through pinned host memory (~4 min)
+#          tools/device-session.sh relay    # issue 29 item 4: the relay through pinned host memory (~5 min)
 #          tools/device-session.sh torchgpu # issue 29 item 6: the chorus backend on CUDA tensors (~2 min)
 #   device run: command "tools/device-session.sh gpu", carry [".devcarry"], timeout_s 540
 #   (2026-11-26 on an H200: machine start + transfers ~30 s; build 12 s; gpu 250 s; the scaling of
@@ -230,6 +230,9 @@ relay() {
   bounded relay 40 env CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0 $B/bin/all_reduce_perf --device -np 2 "${p[@]}"
   bounded relay 40 env CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0 CHORUS_CUDA_STAGE_PIECE=0 $B/bin/all_reduce_perf \
     --device -np 2 "${p[@]}"
+  # ... and with the CPU reducing the staged copies instead of the GPU (the default above)
+  bounded relay 40 env CHORUS_CUDA_RELAY=0 CHORUS_CUDA_DIRECT=0 CHORUS_CUDA_STAGE_REDUCE=0 $B/bin/all_reduce_perf \
+    --device -np 2 "${p[@]}"
   for t in reduce_scatter all_gather broadcast reduce alltoall gather scatter; do
     bounded relay 20 env CHORUS_CUDA_RELAY=1 $B/bin/${t}_perf --device -np 2 -b 8 -e 128M -f 32 -n 10 -w 3 -T 15
   done
@@ -249,14 +252,17 @@ def rate(f, reps=20):
     torch.cuda.synchronize(); return n * reps / (time.perf_counter() - t) / 1e9
 print("pinned DtoH %.1f GB/s, HtoD %.1f GB/s (128 MiB)" % (rate(lambda: h.copy_(d, non_blocking=True)),
       rate(lambda: d.copy_(h, non_blocking=True))))'
-  # Issue 29 item 4's third clause: device buffers of two netns "hosts" (staged in pieces, and whole
-  # with CHORUS_CUDA_STAGE_PIECE=0) against host buffers, interleaved
+  # Issue 29 item 4's third clause: device buffers of two netns "hosts" (staged in pieces, whole with
+  # CHORUS_CUDA_STAGE_PIECE=0, and in pieces with the CPU reducing: CHORUS_CUDA_STAGE_REDUCE=0) against
+  # host buffers, interleaved (mode:piece:reduce)
   if bounded relay 20 tools/netns-cluster.sh up 2; then
-    local how rep
+    local how rep mode piece red
     for rep in 1 2; do
-      for how in host:4194304 --device:4194304 --device:0; do
-        bounded relay 40 tools/netns-cluster.sh run 2 --timeout 35 env CHORUS_CUDA_STAGE_PIECE=${how#*:} \
-          $B/bin/all_reduce_perf $([[ ${how%:*} == host ]] || echo --device) -b 16M -e 256M -f 4 -n 20 -w 10
+      for how in host:4194304:1 dev:4194304:1 dev:0:1 dev:4194304:0; do
+        IFS=: read -r mode piece red <<< "$how"
+        bounded relay 40 tools/netns-cluster.sh run 2 --timeout 35 env CHORUS_CUDA_STAGE_PIECE=$piece \
+          CHORUS_CUDA_STAGE_REDUCE=$red $B/bin/all_reduce_perf $([[ $mode == host ]] || echo --device) \
+          -b 16M -e 256M -f 4 -n 20 -w 10
       done
     done
     bounded relay 10 tools/netns-cluster.sh down

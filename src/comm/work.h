@@ -34,7 +34,8 @@ struct ch_task {
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu/call.c): t is their exchange, or NULL */
   uint64_t fr_id;       /* its flight recorder entry (observe/recorder.c), 0 when the recorder is off */
   int piece;            /* 1 + its index among the pieces of one large call (gpu/staging.c's stage_pieces), else 0 */
-  int piece_ordered;    /* its call's buffers overlap without being one: pieces copy in on the call's stream */
+  int piece_ordered;    /* pieces copy in on the call's stream: its call's buffers overlap without being one,
+                         * or its input is the call before's result (a split reduction's AllGather) */
   int gpu_reduce;       /* the data movement of a staged reduction (an AlltoAll, AllGather or Gather that
                          * stage_reduce_way made of it): the GPU combines the nranks blocks its host result
                          * holds into recvbuff's count elements, with red (gpu/staging.c) */
