@@ -126,7 +126,10 @@ struct conn {
   uint64_t head_seen; /* sender: last head read; the peer's line is only re-read when this looks full */
   int peer;
   int transport; /* enum tp_kind */
-  int connected;
+  /* Set last (release) by the comm's owner when it connects, after every field above; read by the
+   * mismatch poll of a plan running on a host stream meanwhile (a later call connecting new peers while
+   * an earlier one runs): only once it reads 1 does it touch ctrl. */
+  _Atomic int connected;
   /* owner bookkeeping (receiver side owns the memory) */
   void* map_base;
   size_t map_bytes;
