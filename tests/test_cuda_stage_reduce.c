@@ -177,6 +177,32 @@ TEST_T(cuda_stage_reduce, premulsum_and_reproducible_on_the_cpu_2_procs, 60) {
   rt_run_procs(2, cpu_body, NULL);
 }
 
+/* Inside a group: a large AllReduce on 3 ranks stays one call (on the CPU: a split's AllGather would
+ * copy its input before its AlltoAll's kernel ran), a ReduceScatter is still the GPU's. */
+static void group_body(int rank, int nranks, ncclUniqueId id, void* p) {
+  (void)p;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb500, &s);
+  size_t all = (size_t)nranks * LARGE;
+  float *a = dev_alloc(all), *b = dev_alloc(all), *c = dev_alloc(LARGE);
+  for (size_t i = 0; i < all; i++) a[i] = value(rank, i);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, b, LARGE, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclReduceScatter(a, c, LARGE, ncclFloat32, ncclSum, comm, s));
+  NCCL_OK(ncclGroupEnd());
+  EXPECT_EQ(fk.sync(s), 0);
+  for (size_t i = 0; i < LARGE; i++) EXPECT(b[i] == sum_of(nranks, i));
+  for (size_t i = 0; i < LARGE; i++) EXPECT(c[i] == sum_of(nranks, (size_t)rank * LARGE + i));
+  fk.free((uintptr_t)a), fk.free((uintptr_t)b), fk.free((uintptr_t)c);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_reduce, in_a_group_3_threads, 60) {
+  if (no_kernels()) return;
+  load_staged("0");
+  rt_run_threads(3, group_body, NULL);
+}
+
 /* A split AllReduce captured into a CUDA graph and replayed with new inputs. */
 static void graph_body(int rank, int nranks, ncclUniqueId id, void* p) {
   (void)p;

@@ -36,6 +36,7 @@
 #include "../cuda/cudrv.h"
 #include "../comm/work.h"
 #include "../core/host_stream.h"
+#include "../core/group.h"
 #include "../core/init.h"
 #include "../core/plan.h"
 #include "../tune/tune.h"
@@ -277,7 +278,8 @@ ch_status stage_out(struct ch_task* t, int ok) {
  *    AllGather).
  *  - CPU: the host reduces the staged copies: PreMulSum (each rank's scalar is its own), the
  *    reproducible levels (the host's combination defines their bits), a large Reduce on 3 ranks or
- *    more (its root would receive n - 1 inputs), and more than 32 ranks (the kernel's masks). */
+ *    more (its root would receive n - 1 inputs), a large AllReduce on 3 ranks or more inside
+ *    ncclGroupStart/End (below), and more than 32 ranks (the kernel's masks). */
 #define STAGE_GATHER_MAX_BYTES (64u << 10)
 
 int stage_reduce_way(const struct ch_task* t) {
@@ -289,7 +291,10 @@ int stage_reduce_way(const struct ch_task* t) {
   if (f == FUNC_REDUCESCATTER) return STAGE_RED_SPLIT;
   size_t bytes = t->count * red_type_size(t->type);
   if (n == 2 || t->count < (size_t)n || (size_t)(n - 2) * bytes <= STAGE_GATHER_MAX_BYTES) return STAGE_RED_GATHER;
-  return f == FUNC_ALLREDUCE ? STAGE_RED_SPLIT : STAGE_RED_CPU;
+  /* A split AllReduce's AllGather copies in what its AlltoAll's kernel wrote: inside a group every
+   * input is copied before any of the group's plans runs, so there it stays one call, on the CPU. The
+   * ranks' groups must then match for such calls (a mismatch is caught and named). */
+  return f == FUNC_ALLREDUCE && !group_depth() ? STAGE_RED_SPLIT : STAGE_RED_CPU;
 }
 
 /* At most this many pieces: past 16 x CHORUS_CUDA_STAGE_PIECE the pieces grow, so that a call's
