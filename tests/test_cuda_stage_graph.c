@@ -186,18 +186,24 @@ TEST_T(cuda_stage_graph, group_with_another_stream_refused_2_threads, 60) {
 
 /* Rank 0 replays, rank 1 never does: rank 0's replay fails after CHORUS_TIMEOUT, its stream goes on
  * past the graph, and both abort; then every pinned block of the pools and graphs is freed. */
+/* An in-place AllReduce of x (GN ones) on s, eager first (connected), then captured: the graph. */
+static void* capture_ones(ncclComm_t comm, cudaStream_t s, float** x) {
+  *x = dev_alloc(GN);
+  for (size_t i = 0; i < GN; i++) (*x)[i] = 1.0f;
+  NCCL_OK(ncclAllReduce(*x, *x, GN, ncclFloat32, ncclSum, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  fk.begin_capture(s);
+  NCCL_OK(ncclAllReduce(*x, *x, GN, ncclFloat32, ncclSum, comm, s));
+  return fk.end_capture(s);
+}
+
 static int g_replayed;
 static void lonely_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0xa200, &s);
-  float* x = dev_alloc(GN);
-  for (size_t i = 0; i < GN; i++) x[i] = 1.0f;
-  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s)); /* eager first: connected */
-  EXPECT_EQ(fk.sync(s), 0);
-  fk.begin_capture(s);
-  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
-  void* graph = fk.end_capture(s);
+  float* x;
+  void* graph = capture_ones(comm, s, &x);
   if (rank == 0) {
     EXPECT_EQ(fk.graph_launch(graph, s), 0);
     EXPECT_EQ(fk.sync(s), 0); /* returns: the failed replay let its stream go */
@@ -230,13 +236,8 @@ static void overlap_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   (void)arg;
   cudaStream_t s, s2 = (cudaStream_t)(uintptr_t)(0xa380 + 0x10 * rank);
   ncclComm_t comm = open_rank(rank, nranks, id, 0xa300, &s);
-  float* x = dev_alloc(GN);
-  for (size_t i = 0; i < GN; i++) x[i] = 1.0f;
-  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s)); /* eager first: connected */
-  EXPECT_EQ(fk.sync(s), 0);
-  fk.begin_capture(s);
-  NCCL_OK(ncclAllReduce(x, x, GN, ncclFloat32, ncclSum, comm, s));
-  void* graph = fk.end_capture(s);
+  float* x;
+  void* graph = capture_ones(comm, s, &x);
   if (rank == 0) {
     EXPECT_EQ(fk.graph_launch(graph, s), 0);
     EXPECT_EQ(fk.graph_launch(graph, s2), 0); /* no order between the two */
