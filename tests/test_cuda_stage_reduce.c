@@ -177,8 +177,8 @@ TEST_T(cuda_stage_reduce, premulsum_and_reproducible_on_the_cpu_2_procs, 60) {
   rt_run_procs(2, cpu_body, NULL);
 }
 
-/* Inside a group: a large AllReduce on 3 ranks stays one call (on the CPU: a split's AllGather would
- * copy its input before its AlltoAll's kernel ran), a ReduceScatter is still the GPU's. */
+/* Inside a group: a split AllReduce's AllGather is queued once the group has launched (it copies in
+ * what the AlltoAll's kernel wrote), so the GPU reduces there too. */
 static void group_body(int rank, int nranks, ncclUniqueId id, void* p) {
   (void)p;
   cudaStream_t s;
@@ -186,11 +186,13 @@ static void group_body(int rank, int nranks, ncclUniqueId id, void* p) {
   size_t all = (size_t)nranks * LARGE;
   float *a = dev_alloc(all), *b = dev_alloc(all), *c = dev_alloc(LARGE);
   for (size_t i = 0; i < all; i++) a[i] = value(rank, i);
+  int k0 = fk.kernels();
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(a, b, LARGE, ncclFloat32, ncclSum, comm, s));
   NCCL_OK(ncclReduceScatter(a, c, LARGE, ncclFloat32, ncclSum, comm, s));
   NCCL_OK(ncclGroupEnd());
   EXPECT_EQ(fk.sync(s), 0);
+  EXPECT(fk.kernels() > k0);
   for (size_t i = 0; i < LARGE; i++) EXPECT(b[i] == sum_of(nranks, i));
   for (size_t i = 0; i < LARGE; i++) EXPECT(c[i] == sum_of(nranks, (size_t)rank * LARGE + i));
   fk.free((uintptr_t)a), fk.free((uintptr_t)b), fk.free((uintptr_t)c);
@@ -201,6 +203,61 @@ TEST_T(cuda_stage_reduce, in_a_group_3_threads, 60) {
   if (no_kernels()) return;
   load_staged("0");
   rt_run_threads(3, group_body, NULL);
+}
+
+/* Rank 0 wraps its one AllReduce in a group (as ProcessGroupNCCL does), the others do not: the same
+ * calls either way. */
+static void one_grouped_body(int rank, int nranks, ncclUniqueId id, void* p) {
+  (void)p;
+  load_staged("0");
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb600, &s);
+  float *a = dev_alloc(LARGE), *b = dev_alloc(LARGE);
+  for (size_t i = 0; i < LARGE; i++) a[i] = value(rank, i);
+  int k0 = fk.kernels();
+  for (int it = 0; it < 2; it++) {
+    if (rank == 0) NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(a, b, LARGE, ncclFloat32, ncclSum, comm, s));
+    if (rank == 0) NCCL_OK(ncclGroupEnd());
+  }
+  EXPECT_EQ(fk.sync(s), 0);
+  EXPECT(fk.kernels() > k0);
+  for (size_t i = 0; i < LARGE; i++) EXPECT(b[i] == sum_of(nranks, i));
+  /* ncclAvg on floats (a PreMulSum by 1/n every rank knows): on the GPU too */
+  k0 = fk.kernels();
+  NCCL_OK(ncclAllReduce(a, b, LARGE, ncclFloat32, ncclAvg, comm, s));
+  EXPECT_EQ(fk.sync(s), 0);
+  EXPECT(fk.kernels() > k0);
+  if (nranks == 2)
+    for (size_t i = 0; i < LARGE; i++) EXPECT(b[i] == sum_of(nranks, i) / 2);
+  fk.free((uintptr_t)a), fk.free((uintptr_t)b);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_reduce, one_rank_grouped_3_procs_and_avg_2_procs, 60) {
+  if (no_kernels()) return;
+  rt_run_procs(3, one_grouped_body, NULL);
+  rt_run_procs(2, one_grouped_body, NULL);
+}
+
+/* Where the CPU combines (here every rank passes host buffers), 16-bit floats are carried in float
+ * across all blocks and rounded once, as the kernel does: 1 + 2^-8 + 2^-8 is 1 + 2^-7 in bfloat16,
+ * where rounding after each addition would give 1. */
+static void bf16_body(int rank, int nranks, ncclUniqueId id, void* p) {
+  (void)p;
+  cudaStream_t s;
+  ncclComm_t comm = open_rank(rank, nranks, id, 0xb700, &s);
+  uint16_t x[64];
+  for (int i = 0; i < 64; i++) x[i] = rank == 0 ? 0x3f80 : 0x3b80; /* 1.0, 2^-8 */
+  NCCL_OK(ncclAllReduce(x, x, 64, ncclBfloat16, ncclSum, comm, NULL));
+  for (int i = 0; i < 64; i++) EXPECT_EQ(x[i], 0x3f81); /* 1 + 2^-7 */
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(cuda_stage_reduce, cpu_combine_rounds_16_bit_floats_once_3_threads, 60) {
+  if (no_kernels()) return;
+  load_staged("0");
+  rt_run_threads(3, bf16_body, NULL);
 }
 
 /* A split AllReduce captured into a CUDA graph and replayed with new inputs. */

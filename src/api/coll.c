@@ -1,6 +1,7 @@
 /* NCCL API: collectives, send/recv and groups. Every call is checked here, once, with a WARN that
  * names the function and the bad value; then it becomes a task for the group layer. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../misc/log.h"
@@ -107,13 +108,54 @@ static ch_status queue_task(struct ch_task* t, const char* fn, int needs_send, i
   return s;
 }
 
+/* A split reduction's AllGather inside a group: queued once the group has launched (core/group.c's
+ * group_after), holding a reference on its comm until then. */
+struct later_task {
+  struct ch_task t;
+  const char* fn;
+  int needs_send, needs_recv;
+};
+
+static ch_status queue_later(void* arg, int run) {
+  struct later_task* l = arg;
+  struct ncclComm* comm = l->t.comm;
+  ch_status s = CH_OK;
+  if (run) {
+    struct comm_guard g;
+    if ((s = comm_check(comm, l->fn)) == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
+      s = queue_task(&l->t, l->fn, l->needs_send, l->needs_recv);
+      comm_leave(&g);
+    }
+  }
+  comm_unref(comm);
+  free(l);
+  return s;
+}
+
+static ch_status defer_task(const struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
+  struct later_task* l = malloc(sizeof(*l));
+  if (!l) {
+    WARN("%s: out of memory (rank %d)", fn, t->comm->rank);
+    return CH_SYSTEM;
+  }
+  *l = (struct later_task){.t = *t, .fn = fn, .needs_send = needs_send, .needs_recv = needs_recv};
+  atomic_fetch_add(&t->comm->refs, 1); /* an abort and destroy meanwhile leave comm to queue_later */
+  ch_status s = group_after(queue_later, l);
+  if (s != CH_OK) queue_later(l, 0);
+  return s;
+}
+
 /* A staged reduction whose GPUs reduce (gpu/staging.c's stage_reduce_way): host memory moves the
  * inputs, as calls of their own whose results the GPU combines (t->gpu_reduce). SPLIT, for an
  * AllReduce: the last count % nranks elements gathered and reduced by every GPU; the rest an
  * AlltoAll of each rank's block, which its GPU reduces in place in recvbuff, then an AllGather of
  * the reduced blocks in place. The tail goes first: it reads the input past the blocks, which the
- * other two never write. The AllGather's input is the kernel's output: it is copied on the call's
- * stream (piece_ordered), never on the input stream pieces use. */
+ * other two never write (buffers that overlap without being one give undefined results, as in NCCL).
+ * The AllGather's input is the kernel's output: it is copied on the call's stream (piece_ordered),
+ * never on the input stream pieces use, and inside a group it is queued once the group has launched
+ * (a group copies every input before any of its plans runs). A group of this one call so makes the
+ * same calls as no group. The blocks are whole multiples of 64 bytes (aligned loads for the kernel
+ * over PCIe); the tail takes the rest. */
 static ch_status queue_reduction(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   int way = stage_reduce_way(t);
   if (way == STAGE_RED_CPU) return queue_task(t, fn, needs_send, needs_recv);
@@ -125,7 +167,12 @@ static ch_status queue_reduction(struct ch_task* t, const char* fn, int needs_se
   }
   p.func = FUNC_ALLTOALL;
   if (t->func == FUNC_REDUCESCATTER) return queue_task(&p, fn, needs_send, needs_recv);
-  size_t n = (size_t)t->comm->nranks, esize = red_type_size(t->type), C = t->count / n, tail = t->count - C * n;
+  size_t n = (size_t)t->comm->nranks, esize = red_type_size(t->type), unit = 64 / esize;
+  size_t C = t->count / n / unit * unit, tail = t->count - C * n;
+  if (!C) { /* too small to split on whole lines: gathered (alike: from count and n) */
+    p.func = FUNC_ALLGATHER;
+    return queue_task(&p, fn, needs_send, needs_recv);
+  }
   char* recv = t->recvbuff;
   ch_status s = CH_OK;
   if (tail) {
@@ -139,7 +186,7 @@ static ch_status queue_reduction(struct ch_task* t, const char* fn, int needs_se
   if (s == CH_OK) s = queue_task(&p, fn, needs_send, needs_recv);
   struct ch_task g = *t;
   g.func = FUNC_ALLGATHER, g.count = C, g.sendbuff = mine, g.piece_ordered = 1;
-  if (s == CH_OK) s = queue_task(&g, fn, needs_send, needs_recv);
+  if (s == CH_OK) s = group_depth() ? defer_task(&g, fn, needs_send, needs_recv) : queue_task(&g, fn, needs_send, needs_recv);
   return s;
 }
 

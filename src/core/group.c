@@ -24,6 +24,46 @@ static _Thread_local int ninits;
 
 int group_depth(void) { return depth; }
 
+/* Calls to queue once the outermost group has launched (group_after): in the order given. */
+#define MAX_GROUP_AFTER 1024
+static _Thread_local struct group_later {
+  ch_status (*fn)(void* arg, int run);
+  void* arg;
+} afters[MAX_GROUP_AFTER];
+static _Thread_local int nafters;
+
+ch_status group_after(ch_status (*fn)(void* arg, int run), void* arg) {
+  if (depth == 0 || nafters == MAX_GROUP_AFTER) {
+    if (depth) WARN("too many calls in one group that queue work after it (max %d)", MAX_GROUP_AFTER);
+    return depth ? CH_INVALID_USAGE : CH_INTERNAL;
+  }
+  afters[nafters++] = (struct group_later){fn, arg};
+  return CH_OK;
+}
+
+/* The outermost group ended: its deferred calls are queued now (run: it launched), each a group of
+ * its own, or let go. Taken off the list first: a call queued here ends a group of its own. */
+static ch_status run_afters(int run) {
+  int n = nafters;
+  if (!n) return CH_OK;
+  struct group_later* list = malloc((size_t)n * sizeof(*list));
+  ch_status res = CH_OK;
+  if (!list) { /* let go of them here, in place (nothing else touches the list meanwhile) */
+    for (int i = 0; i < n; i++) afters[i].fn(afters[i].arg, 0);
+    nafters = 0;
+    WARN("out of memory queueing %d call(s) after a group", n);
+    return CH_SYSTEM;
+  }
+  memcpy(list, afters, (size_t)n * sizeof(*list));
+  nafters = 0;
+  for (int i = 0; i < n; i++) {
+    ch_status s = list[i].fn(list[i].arg, run && res == CH_OK);
+    if (res == CH_OK) res = s;
+  }
+  free(list);
+  return res;
+}
+
 ch_status group_start(void) {
   depth++;
   return CH_OK;
@@ -379,9 +419,12 @@ static ch_status group_close(float* simulate) {
   int n = ntasks_;
   ch_status lost = CH_OK, res = group_run(simulate, &lost);
   /* A simulated group ran nothing: no result to copy back (nor do dropped calls). */
-  res = finish_tasks(n, !simulate && (res == CH_OK || res == CH_IN_PROGRESS), res);
+  int ran = !simulate && (res == CH_OK || res == CH_IN_PROGRESS);
+  res = finish_tasks(n, ran, res);
   for (int k = 0; k < n; k++) /* the last touch of each comm */
     if (tasks[k].held) comm_unref(tasks[k].comm);
+  ch_status later = run_afters(ran && lost == CH_OK);
+  if (res == CH_OK && lost == CH_OK) res = later;
   return res == CH_OK ? lost : res;
 }
 

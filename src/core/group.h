@@ -11,6 +11,11 @@ ch_status group_start(void);
 ch_status group_end(void);
 /* Close the group without launching anything; estimate its time in microseconds. */
 ch_status group_simulate_end(float* estimated_us);
+/* Inside a group: queue a call once the outermost group has launched, as a group of its own
+ * (fn(arg, 1)), or let it go (fn(arg, 0): the group failed or was simulated); fn frees arg. For a call
+ * whose input a kernel of the group writes (a split reduction's AllGather, gpu/staging.c): a group
+ * copies every input before any of its plans runs. */
+ch_status group_after(ch_status (*fn)(void* arg, int run), void* arg);
 /* Remember that a call inside the current group failed its checks (the group then fails). */
 void group_set_error(ch_status s);
 /* Defer a communicator init to the end of the current group. */

@@ -36,7 +36,6 @@
 #include "../cuda/cudrv.h"
 #include "../comm/work.h"
 #include "../core/host_stream.h"
-#include "../core/group.h"
 #include "../core/init.h"
 #include "../core/plan.h"
 #include "../tune/tune.h"
@@ -155,7 +154,8 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostme
   if (!needs_recv) rb = 0;
   uintptr_t s = (uintptr_t)t->sendbuff, r = (uintptr_t)t->recvbuff;
   void* ctx = hostmem ? NULL : cudrv_ptr_ctx(sb ? t->sendbuff : t->recvbuff);
-  if (t->piece <= 1 && t->comm->stage) t->comm->stage->in_forked = 0; /* a new call: piece_in forks anew */
+  /* a new call: piece_in forks anew (not at a split's AllGather, a part of the call that keeps order) */
+  if (t->piece <= 1 && !t->piece_ordered && t->comm->stage) t->comm->stage->in_forked = 0;
   int capturing = 0;
   if (!hostmem && cudrv_async_ok()) CHECK(cudrv_capturing(t->stream, ctx, &capturing));
   if (capturing) CHECK(capture_check(t, fn));
@@ -180,8 +180,21 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostme
   st->dev_send = (void*)s, st->send_bytes = sb;
   st->dev_recv = (void*)r, st->recv_bytes = rb;
   size_t rb_app = st->reduce ? t->count * red_type_size(t->type) : rb; /* the application's side of it */
+  /* The comm checked its init context's kernels (gpu_hello.kernels); buffers of another context whose
+   * kernels do not load are combined by the CPU, the call then completing before returning. */
+  int no_kernel = st->reduce && !hostmem && !cudev_kernel(ctx, t->type);
+  if (no_kernel && capturing) {
+    WARN("%s: stream %p is being captured into a CUDA graph, and Chorus's kernels do not load in its buffers' "
+         "context to reduce there (rank %d); make this call outside the capture", fn, (void*)t->stream,
+         t->comm->rank);
+    stage_free(st);
+    return CH_INVALID_USAGE;
+  }
+  if (no_kernel)
+    INFO(LOG_COLL, "%s: Chorus's kernels do not load in the buffers' context: the CPU reduces, and the call "
+         "completes before returning (rank %d)", fn, t->comm->rank);
   struct stage_comm* sc = NULL;
-  st->async = capturing || (!hostmem && param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() &&
+  st->async = capturing || (!hostmem && !no_kernel && param_int(PARAM_CUDA_ASYNC) && cudrv_async_ok() &&
                             (sc = stage_comm_get(t->comm, ctx)) != NULL);
   ch_status why;
   if (!stage_alloc(t->comm, st, sc, s, sb, r, rb, &why)) {
@@ -216,12 +229,32 @@ oom:
 }
 
 /* Where the call completes before returning (or the buffers are host memory): the CPU reduces the
- * blocks into the first, in rank order as the kernel does. */
+ * blocks into the first, in rank order as the kernel does, and to its bits: the kernel carries 8- and
+ * 16-bit floats in float across all blocks and rounds once, so here too (else one rank's result could
+ * differ from its peers' in the last bit). */
+#define COMBINE_CHUNK 2048
 static void host_combine(struct stage* st) {
-  size_t bytes = st->count * red_type_size(st->red.type);
-  for (size_t q = 1; q < st->nblk; q++)
-    red_reduce(&st->red, st->host_recv, st->host_recv, st->host_recv + q * bytes, st->count);
-  if (red_has_postop(&st->red)) red_postop(&st->red, st->host_recv, st->host_recv, st->count);
+  size_t es = red_type_size(st->red.type), bytes = st->count * es;
+  char* b = st->host_recv;
+  if (!red_type_is_float(st->red.type) || es >= 4) {
+    red_premul(&st->red, b, b, st->count); /* ncclAvg on floats: 1/n (a copy for every other op) */
+    for (size_t q = 1; q < st->nblk; q++) red_reduce(&st->red, b, b, b + q * bytes, st->count);
+    if (red_has_postop(&st->red)) red_postop(&st->red, b, b, st->count);
+    return;
+  }
+  struct red_op f = st->red;
+  f.type = ncclFloat32;
+  float acc[COMBINE_CHUNK], in[COMBINE_CHUNK];
+  for (size_t off = 0; off < st->count; off += COMBINE_CHUNK) {
+    size_t n = st->count - off < COMBINE_CHUNK ? st->count - off : COMBINE_CHUNK;
+    red_to_float(st->red.type, in, b + off * es, n);
+    red_premul(&f, acc, in, n);
+    for (size_t q = 1; q < st->nblk; q++) {
+      red_to_float(st->red.type, in, b + q * bytes + off * es, n);
+      red_reduce(&f, acc, acc, in, n);
+    }
+    red_from_float(st->red.type, b + off * es, acc, n);
+  }
 }
 
 /* Blocks of a GPU reduction's kernel: each reads the table from mapped host memory once, and a few
@@ -236,7 +269,11 @@ ch_status stage_result(struct stage* st, cudaStream_t s) {
   /* The block is this call's until its gate is handed back, after this kernel; a captured call's
    * table is written once, at capture, and read by every replay. */
   memset(st->tab, 0, sizeof(*st->tab));
-  for (size_t q = 0; q < st->nblk; q++) st->tab->buf[DEV_SEND][q] = (uintptr_t)st->recv_mapped + q * bytes;
+  uint64_t scalar = 0; /* ncclAvg on floats: every rank's 1/n (as bits: a double, or an int64_t) */
+  if (st->red.kind == RED_PREMULSUM && red_type_is_float(st->red.type)) memcpy(&scalar, &st->red.scalar_f, 8);
+  else if (st->red.kind == RED_PREMULSUM) memcpy(&scalar, &st->red.scalar_i, 8);
+  for (size_t q = 0; q < st->nblk; q++)
+    st->tab->buf[DEV_SEND][q] = (uintptr_t)st->recv_mapped + q * bytes, st->tab->scalar[q] = scalar;
   st->tab->buf[DEV_RECV][0] = (uintptr_t)st->dev_recv;
   st->tab->seq = 1;
   struct dev_args a;
@@ -276,10 +313,10 @@ ch_status stage_out(struct ch_task* t, int ok) {
  *  - SPLIT: each rank's block of every input reaches it (an AlltoAll: a ring's bytes), its GPU reduces
  *    them, and an AllGather brings the reduced blocks back (AllReduce; ReduceScatter needs no
  *    AllGather).
- *  - CPU: the host reduces the staged copies: PreMulSum (each rank's scalar is its own), the
+ *  - CPU: the host reduces the staged copies: PreMulSum (each rank's scalar is its own; ncclAvg's is
+ *    everyone's and stays on the GPU), the
  *    reproducible levels (the host's combination defines their bits), a large Reduce on 3 ranks or
- *    more (its root would receive n - 1 inputs), a large AllReduce on 3 ranks or more inside
- *    ncclGroupStart/End (below), and more than 32 ranks (the kernel's masks). */
+ *    more (its root would receive n - 1 inputs), and more than 32 ranks (the kernel's masks). */
 #define STAGE_GATHER_MAX_BYTES (64u << 10)
 
 int stage_reduce_way(const struct ch_task* t) {
@@ -287,14 +324,12 @@ int stage_reduce_way(const struct ch_task* t) {
   int f = t->func, n = comm->nranks;
   if (!comm->stage_gpu_reduce || t->gpu_reduce || !t->count || n > DEV_MAX_RANKS) return STAGE_RED_CPU;
   if (f != FUNC_ALLREDUCE && f != FUNC_REDUCE && f != FUNC_REDUCESCATTER) return STAGE_RED_CPU;
-  if (t->red.kind == RED_PREMULSUM || tune_repro_level(comm, f, t->type)) return STAGE_RED_CPU; /* the kind: alike */
+  /* PreMulSum: each rank knows only its own scalar, but ncclAvg's (1/n on floats) is everyone's */
+  if ((t->red.kind == RED_PREMULSUM && t->op != ncclAvg) || tune_repro_level(comm, f, t->type)) return STAGE_RED_CPU;
   if (f == FUNC_REDUCESCATTER) return STAGE_RED_SPLIT;
   size_t bytes = t->count * red_type_size(t->type);
   if (n == 2 || t->count < (size_t)n || (size_t)(n - 2) * bytes <= STAGE_GATHER_MAX_BYTES) return STAGE_RED_GATHER;
-  /* A split AllReduce's AllGather copies in what its AlltoAll's kernel wrote: inside a group every
-   * input is copied before any of the group's plans runs, so there it stays one call, on the CPU. The
-   * ranks' groups must then match for such calls (a mismatch is caught and named). */
-  return f == FUNC_ALLREDUCE && !group_depth() ? STAGE_RED_SPLIT : STAGE_RED_CPU;
+  return f == FUNC_ALLREDUCE ? STAGE_RED_SPLIT : STAGE_RED_CPU;
 }
 
 /* At most this many pieces: past 16 x CHORUS_CUDA_STAGE_PIECE the pieces grow, so that a call's
