@@ -147,15 +147,14 @@ static ch_status defer_task(const struct ch_task* t, const char* fn, int needs_s
 
 /* A staged reduction whose GPUs reduce (gpu/staging.c's stage_reduce_way): host memory moves the
  * inputs, as calls of their own whose results the GPU combines (t->gpu_reduce). SPLIT, for an
- * AllReduce: the last count % nranks elements gathered and reduced by every GPU; the rest an
- * AlltoAll of each rank's block, which its GPU reduces in place in recvbuff, then an AllGather of
- * the reduced blocks in place. The tail goes first: it reads the input past the blocks, which the
+ * AllReduce: nranks blocks of whole 64-byte lines, an AlltoAll of each rank's block, which its GPU
+ * reduces in place in recvbuff, then an AllGather of the reduced blocks in place; the elements past
+ * the blocks (the tail) gathered and reduced by every GPU. The tail goes first: it reads the input past the blocks, which the
  * other two never write (buffers that overlap without being one give undefined results, as in NCCL).
  * The AllGather's input is the kernel's output: it is copied on the call's stream (piece_ordered),
  * never on the input stream pieces use, and inside a group it is queued once the group has launched
  * (a group copies every input before any of its plans runs). A group of this one call so makes the
- * same calls as no group. The blocks are whole multiples of 64 bytes (aligned loads for the kernel
- * over PCIe); the tail takes the rest. */
+ * same calls as no group. Whole lines keep the kernel's loads over PCIe aligned. */
 static ch_status queue_reduction(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {
   int way = stage_reduce_way(t);
   if (way == STAGE_RED_CPU) return queue_task(t, fn, needs_send, needs_recv);
