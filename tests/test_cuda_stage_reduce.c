@@ -240,24 +240,28 @@ TEST_T(cuda_stage_reduce, one_rank_grouped_3_procs_and_avg_2_procs, 60) {
   rt_run_procs(2, one_grouped_body, NULL);
 }
 
-/* Where the CPU combines (here every rank passes host buffers), 16-bit floats are carried in float
- * across all blocks and rounded once, as the kernel does: 1 + 2^-8 + 2^-8 is 1 + 2^-7 in bfloat16,
- * where rounding after each addition would give 1. */
+/* Where the CPU combines (a rank passing host buffers), 16-bit floats are carried in float across all
+ * blocks and rounded once, as the kernel does, so every rank gets the same bits: 1 + 2^-8 + 2^-8 is
+ * 1 + 2^-7 in bfloat16, where rounding after each addition would give 1. mixed: ranks 0 and 2 pass
+ * device buffers (the kernel reduces there), else every rank host buffers. */
 static void bf16_body(int rank, int nranks, ncclUniqueId id, void* p) {
-  (void)p;
+  int dev = p != NULL && rank != 1;
   cudaStream_t s;
   ncclComm_t comm = open_rank(rank, nranks, id, 0xb700, &s);
-  uint16_t x[64];
+  uint16_t h[64], *x = dev ? (uint16_t*)dev_alloc(32) : h;
   for (int i = 0; i < 64; i++) x[i] = rank == 0 ? 0x3f80 : 0x3b80; /* 1.0, 2^-8 */
-  NCCL_OK(ncclAllReduce(x, x, 64, ncclBfloat16, ncclSum, comm, NULL));
+  NCCL_OK(ncclAllReduce(x, x, 64, ncclBfloat16, ncclSum, comm, dev ? s : NULL));
+  if (dev) EXPECT_EQ(fk.sync(s), 0);
   for (int i = 0; i < 64; i++) EXPECT_EQ(x[i], 0x3f81); /* 1 + 2^-7 */
+  if (dev) fk.free((uintptr_t)x);
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(cuda_stage_reduce, cpu_combine_rounds_16_bit_floats_once_3_threads, 60) {
+TEST_T(cuda_stage_reduce, bits_alike_on_cpu_and_gpu_for_16_bit_floats_3_threads, 60) {
   if (no_kernels()) return;
   load_staged("0");
   rt_run_threads(3, bf16_body, NULL);
+  rt_run_threads(3, bf16_body, (void*)1);
 }
 
 /* A split AllReduce captured into a CUDA graph and replayed with new inputs. */

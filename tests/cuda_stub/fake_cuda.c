@@ -150,18 +150,32 @@ static void run_kernel(const struct dev_args* a) {
       continue;
     }
     char* tmp = malloc(bytes ? bytes : 1);
+    /* 8- and 16-bit floats: carried in float across every source and rounded once, as the kernel's
+     * accumulator (kernels.cu's ty<T>::acc) does */
+    int wide = jb->reduce && red_type_is_float(a->type) && es < 4;
+    float* acc = wide ? malloc(jb->count * sizeof(float) + 1) : NULL;
+    float* in = wide ? malloc(jb->count * sizeof(float) + 1) : NULL;
+    struct red_op fop = op;
+    fop.type = 7; /* ncclFloat32 */
     int first = 1;
     for (int r = 0; r < DEV_MAX_RANKS; r++) {
       if (!(jb->src_mask >> r & 1)) continue;
       const char* src = (const char*)(uintptr_t)(tab->buf[jb->src_buf][r] + jb->src_off);
       memcpy(&op.scalar_f, &tab->scalar[r], sizeof(op.scalar_f)); /* the source rank's own scalar */
       memcpy(&op.scalar_i, &tab->scalar[r], sizeof(op.scalar_i));
+      fop.scalar_f = op.scalar_f;
       if (!jb->reduce) memcpy(tmp, src, bytes);
-      else if (first) red_premul(&op, tmp, src, jb->count);
+      else if (wide) {
+        red_to_float(a->type, in, src, jb->count);
+        if (first) red_premul(&fop, acc, in, jb->count);
+        else red_reduce(&fop, acc, acc, in, jb->count);
+      } else if (first) red_premul(&op, tmp, src, jb->count);
       else red_reduce(&op, tmp, tmp, src, jb->count);
       first = 0;
     }
-    if (jb->reduce) red_postop(&op, tmp, tmp, jb->count);
+    if (wide) red_from_float(a->type, tmp, acc, jb->count);
+    free(acc), free(in);
+    if (jb->reduce && !wide) red_postop(&op, tmp, tmp, jb->count);
     for (int r = 0; r < DEV_MAX_RANKS; r++)
       if (jb->dst_mask >> r & 1) memcpy((char*)(uintptr_t)(tab->buf[jb->dst_buf][r] + jb->dst_off), tmp, bytes);
     free(tmp);
