@@ -409,7 +409,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     for (int t = 0; ok && t <= DEV_STAGE; t++) ok = (g->fn[t] = cudev_kernel(g->ctx, t)) != NULL;
     g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
     g->one_kernel = !g->relay && param_int(PARAM_CUDA_ONE_KERNEL) != 0; /* the relay: each rank its own */
-    g->unroll = (int)UT_MAX(UT_MIN(param_int(PARAM_CUDA_UNROLL), 4), 1);
+    g->unroll = gpu_unroll();
     if (ok) ok = gpu_copier_start(g) == CH_OK; /* rank 0 of 3+ ranks (its one_kernel is everyone's) */
     if (ok && g->relay) ok = gpu_relay_setup(g) == CH_OK;
   }

@@ -80,6 +80,7 @@ struct stage {
   char* recv_mapped;   /* host_recv's address for the device (pinned blocks are mapped) */
   struct dev_table* tab;
   void* tab_dev;
+  void* kernel; /* Chorus's kernel for its type in ctx, looked up once (stage_in) */
   int async;     /* copies go on the stream at launch */
   int captured;    /* its stream is being captured into a CUDA graph */
   char* cap_block; /* captured: a block of its own (not the pool's), handed to its stage_graph */

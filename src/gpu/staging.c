@@ -39,6 +39,7 @@
 #include "../core/init.h"
 #include "../core/plan.h"
 #include "../tune/tune.h"
+#include "gpu.h"
 #include "stage_int.h"
 #include "staging.h"
 
@@ -182,7 +183,8 @@ ch_status stage_in(struct ch_task* t, int needs_send, int needs_recv, int hostme
   size_t rb_app = st->reduce ? t->count * red_type_size(t->type) : rb; /* the application's side of it */
   /* The comm checked its init context's kernels (gpu_hello.kernels); buffers of another context whose
    * kernels do not load are combined by the CPU, the call then completing before returning. */
-  int no_kernel = st->reduce && !hostmem && !cudev_kernel(ctx, t->type);
+  if (st->reduce && !hostmem) st->kernel = cudev_kernel(ctx, t->type); /* once per call: stage_result's */
+  int no_kernel = st->reduce && !hostmem && !st->kernel;
   if (no_kernel && capturing) {
     WARN("%s: stream %p is being captured into a CUDA graph, and Chorus's kernels do not load in its buffers' "
          "context to reduce there (rank %d); make this call outside the capture", fn, (void*)t->stream,
@@ -262,9 +264,7 @@ static void host_combine(struct stage* st) {
 #define STAGE_RED_BLOCKS 8
 
 ch_status stage_result(struct stage* st, cudaStream_t s) {
-  if (!st->reduce) return stage_copy(st, 0, s);
-  void* fn = cudev_kernel(st->ctx, st->red.type);
-  if (!fn) return CH_SYSTEM; /* WARNed */
+  if (!st->reduce) return stage_copy(st, 0, s); /* a reduction here has its kernel (stage_in) */
   size_t bytes = st->count * red_type_size(st->red.type);
   /* The block is this call's until its gate is handed back, after this kernel; a captured call's
    * table is written once, at capture, and read by every replay. */
@@ -279,13 +279,11 @@ ch_status stage_result(struct stage* st, cudaStream_t s) {
   struct dev_args a;
   memset(&a, 0, sizeof(a));
   a.table = (uintptr_t)st->tab_dev, a.seq = 1, a.type = st->red.type, a.op_kind = st->red.kind;
-  a.divisor = st->red.divisor, a.unroll = (int)UT_MAX(UT_MIN(param_int(PARAM_CUDA_UNROLL), 4), 1);
+  a.divisor = st->red.divisor, a.unroll = gpu_unroll();
   uint32_t all = st->nblk >= 32 ? 0xffffffffu : (1u << st->nblk) - 1;
-  a.njobs = 1;
-  a.job[0] = (struct dev_job){.src_mask = all, .dst_mask = 1, .src_buf = DEV_SEND, .dst_buf = DEV_RECV,
-                              .reduce = DEV_REDUCE, .count = st->count};
+  gpu_job(&a, DEV_REDUCE, all, DEV_SEND, 0, 1, DEV_RECV, 0, st->count);
   uint64_t gx = UT_MAX(UT_MIN(UT_DIV_UP((uint64_t)st->count, (uint64_t)512 * 4), (uint64_t)STAGE_RED_BLOCKS), 1);
-  return cudev_launch(fn, (unsigned)gx, 1, s, st->ctx, &a);
+  return cudev_launch(st->kernel, (unsigned)gx, 1, s, st->ctx, &a);
 }
 
 ch_status stage_out(struct ch_task* t, int ok) {
@@ -322,7 +320,8 @@ ch_status stage_out(struct ch_task* t, int ok) {
 int stage_reduce_way(const struct ch_task* t) {
   struct ncclComm* comm = t->comm;
   int f = t->func, n = comm->nranks;
-  if (!comm->stage_gpu_reduce || t->gpu_reduce || !t->count || n > DEV_MAX_RANKS) return STAGE_RED_CPU;
+  /* stage_gpu_reduce: every rank's kernels load, and at most DEV_MAX_RANKS ranks (gpu_hello_fill) */
+  if (!comm->stage_gpu_reduce || t->gpu_reduce || !t->count) return STAGE_RED_CPU;
   if (f != FUNC_ALLREDUCE && f != FUNC_REDUCE && f != FUNC_REDUCESCATTER) return STAGE_RED_CPU;
   /* PreMulSum: each rank knows only its own scalar, but ncclAvg's (1/n on floats) is everyone's */
   if ((t->red.kind == RED_PREMULSUM && t->op != ncclAvg) || tune_repro_level(comm, f, t->type)) return STAGE_RED_CPU;
