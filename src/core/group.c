@@ -42,25 +42,16 @@ ch_status group_after(ch_status (*fn)(void* arg, int run), void* arg) {
 }
 
 /* The outermost group ended: its deferred calls are queued now (run: it launched), each a group of
- * its own, or let go. Taken off the list first: a call queued here ends a group of its own. */
+ * its own, or let go. The count is taken first: a call queued here ends a group of its own, and none
+ * can add to the list meanwhile (group_after needs an open group). */
 static ch_status run_afters(int run) {
   int n = nafters;
-  if (!n) return CH_OK;
-  struct group_later* list = malloc((size_t)n * sizeof(*list));
-  ch_status res = CH_OK;
-  if (!list) { /* let go of them here, in place (nothing else touches the list meanwhile) */
-    for (int i = 0; i < n; i++) afters[i].fn(afters[i].arg, 0);
-    nafters = 0;
-    WARN("out of memory queueing %d call(s) after a group", n);
-    return CH_SYSTEM;
-  }
-  memcpy(list, afters, (size_t)n * sizeof(*list));
   nafters = 0;
+  ch_status res = CH_OK;
   for (int i = 0; i < n; i++) {
-    ch_status s = list[i].fn(list[i].arg, run && res == CH_OK);
+    ch_status s = afters[i].fn(afters[i].arg, run && res == CH_OK);
     if (res == CH_OK) res = s;
   }
-  free(list);
   return res;
 }
 
