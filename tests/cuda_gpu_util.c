@@ -79,6 +79,17 @@ ncclComm_t open_rank(int rank, int nranks, ncclUniqueId id, uintptr_t base, cuda
   return comm;
 }
 
+float* any_alloc(size_t n, int host) {
+  float* p = host ? calloc(n, sizeof(float)) : dev_alloc(n);
+  ASSERT(p);
+  return p;
+}
+
+void any_free(float* p, int host) {
+  if (host) free(p);
+  else fk.free((uintptr_t)p);
+}
+
 float* dev_alloc(size_t n) {
   uintptr_t d = 0;
   ASSERT(fk.alloc(&d, n * sizeof(float)) == 0);

@@ -47,6 +47,9 @@ void set_device(void);
  * of its own, base + 0x10 * rank. */
 ncclComm_t open_rank(int rank, int nranks, ncclUniqueId id, uintptr_t base, cudaStream_t* s);
 float* dev_alloc(size_t n);
+/* n floats of device memory, or (host) of zeroed host memory; and giving them back. */
+float* any_alloc(size_t n, int host);
+void any_free(float* p, int host);
 /* The communicator's asynchronous error, once one is set (up to 5 s). */
 ncclResult_t async_error(ncclComm_t comm);
 /* Every rank finds the failure itself (want, saying `why`), unless a peer's report reaches it first

@@ -23,9 +23,7 @@ static float value(int rank, size_t i) { return (float)((rank + 1) * 3 + (int)(i
 /* AllReduce out of place and in place, Broadcast from rank 1, Reduce to rank 0 (whose peers pass no
  * recvbuff): each in pieces, each checked. host: this rank's buffers are host memory. */
 static void steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, int host, int pieced) {
-  float* a = host ? calloc(PN, sizeof(float)) : dev_alloc(PN);
-  float* b = host ? calloc(PN, sizeof(float)) : dev_alloc(PN);
-  ASSERT(a && b);
+  float *a = any_alloc(PN, host), *b = any_alloc(PN, host);
   for (size_t i = 0; i < PN; i++) a[i] = value(rank, i);
   int c0 = fk.copies();
   NCCL_OK(ncclAllReduce(a, b, PN, ncclFloat32, ncclSum, comm, s));
@@ -45,8 +43,7 @@ static void steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, int hos
   EXPECT_EQ(fk.sync(s), 0);
   if (rank == 0)
     for (size_t i = 0; i < PN; i++) EXPECT(a[i] == (float)nranks * (float)i);
-  if (host) free(a), free(b);
-  else fk.free((uintptr_t)a), fk.free((uintptr_t)b);
+  any_free(a, host), any_free(b, host);
 }
 
 static void procs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
@@ -68,9 +65,7 @@ TEST_T(cuda_pieces, allreduce_reduce_broadcast_2_procs, 60) {
 #define BN 40009
 static void block_steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, int host) {
   size_t all = (size_t)nranks * BN;
-  float* a = host ? calloc(all, sizeof(float)) : dev_alloc(all);
-  float* b = host ? calloc(all, sizeof(float)) : dev_alloc(all);
-  ASSERT(a && b);
+  float *a = any_alloc(all, host), *b = any_alloc(all, host);
   for (size_t i = 0; i < BN; i++) a[i] = value(rank, i);
   size_t unit = (size_t)nranks * sizeof(float), per = 65536 / unit; /* stage_pieces, for 2 and 3 ranks */
   per = (per + 1023) / 1024 * 1024;
@@ -97,8 +92,7 @@ static void block_steps(ncclComm_t comm, cudaStream_t s, int rank, int nranks, i
   EXPECT_EQ(fk.sync(s), 0);
   for (size_t i = 0; i < BN; i++)
     EXPECT(a[(size_t)rank * BN + i] == base + (float)nranks * (float)(((size_t)rank * BN + i) % 1021));
-  if (host) free(a), free(b);
-  else fk.free((uintptr_t)a), fk.free((uintptr_t)b);
+  any_free(a, host), any_free(b, host);
 }
 
 static void blocks_body(int rank, int nranks, ncclUniqueId id, void* arg) {

@@ -156,7 +156,7 @@ static void run_kernel(const struct dev_args* a) {
     float* acc = wide ? malloc(jb->count * sizeof(float) + 1) : NULL;
     float* in = wide ? malloc(jb->count * sizeof(float) + 1) : NULL;
     struct red_op fop = op;
-    fop.type = 7; /* ncclFloat32 */
+    fop.type = 7; /* ncclFloat32 (nccl.h is not included here) */
     int first = 1;
     for (int r = 0; r < DEV_MAX_RANKS; r++) {
       if (!(jb->src_mask >> r & 1)) continue;
