@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Check the layer rule of src/ (docs/ARCHITECTURE.md, "Layers"): a folder includes only folders below
-it in the order written there, so there is no cycle between folders. Also refuses include cycles
-between files. Prints each violation as FILE:LINE and exits 1; exit 0 when the tree keeps the rule.
+it in the order written there, so there is no cycle between folders. Every source file at any depth is
+checked, and a folder at any depth (src/gpu/staging/ is the folder "gpu/staging", a layer of its own)
+must be listed; a source file directly in src/ belongs to no layer and is refused. Also refuses include
+cycles between files. Prints each violation as FILE:LINE and exits 1; exit 0 when the tree keeps the
+rule.
 
 Usage: tools/check-layers.py [--graph]   (from anywhere; --graph prints the folder graph too)"""
 import os
@@ -29,7 +32,7 @@ def layer_order():
                     break
                 in_block = True
                 continue
-            m = re.match(r"^\s*([a-z_]+)/\s", line)
+            m = re.match(r"^\s*([a-z_]+(?:/[a-z_]+)*)/\s", line)
             if in_block and m:
                 order.append(m.group(1))
     if not order:
@@ -48,16 +51,17 @@ def main():
     order = layer_order()
     rank = {d: i for i, d in enumerate(order)}
     errors, edges, graph = [], {}, {}
-    folders = sorted({os.path.relpath(p, SRC).split(os.sep)[0] for p in sources() if os.sep in os.path.relpath(p, SRC)})
-    for d in folders:
-        if d not in rank:
+    def folder(path):  # "gpu/staging" for src/gpu/staging/x.c; "" for a file directly in src/
+        return os.path.dirname(os.path.relpath(path, SRC)).replace(os.sep, "/")
+
+    for d in sorted({folder(p) for p in sources()}):
+        if d == "":
+            errors.append("src/: source files directly in src/ belong to no layer: move them into a folder")
+        elif d not in rank:
             errors.append(f"src/{d}/: folder not placed in the layer order of docs/ARCHITECTURE.md")
     for path in sources():
         rel = os.path.relpath(path, ROOT)
-        parts = os.path.relpath(path, SRC).split(os.sep)
-        if len(parts) != 2:
-            continue  # src/chorus.map and the like
-        here = parts[0]
+        here = folder(path)
         graph.setdefault(rel, [])
         with open(path, errors="replace") as f:
             for lineno, line in enumerate(f, 1):
@@ -67,13 +71,12 @@ def main():
                 target = os.path.normpath(os.path.join(os.path.dirname(path), m.group(1)))
                 if not os.path.exists(target):
                     continue  # public headers (include/), found through -I
-                trel = os.path.relpath(target, SRC).split(os.sep)
-                if trel[0] == "..":
+                if os.path.relpath(target, SRC).split(os.sep)[0] == "..":
                     errors.append(f"{rel}:{lineno}: includes {m.group(1)}, outside src/")
                     continue
                 graph[rel].append(os.path.relpath(target, ROOT))
-                there = trel[0] if len(trel) == 2 else None
-                if there is None or there == here:
+                there = folder(target)
+                if there == here:
                     continue
                 edges.setdefault((here, there), f"{rel}:{lineno}")
                 if here in rank and there in rank and rank[there] > rank[here]:

@@ -20,4 +20,9 @@ static inline ncclResult_t ch_to_nccl(ch_status s) { return s == CH_ABORTED ? nc
 /* Build the reduction for (op, type) on comm (api/mem.c); CH_INVALID_ARG with a WARN if op is not valid. */
 ch_status api_red_op(struct ncclComm* comm, int op, int type, struct red_op* out);
 
+/* Route a checked call (api/route.c): place it on its executor and queue it, whole or in pieces; a
+ * failure is also the group's error. */
+struct ch_task;
+ch_status route_call(struct ch_task* t, const char* fn, int needs_send, int needs_recv);
+
 #endif

@@ -1,4 +1,4 @@
-/* Plans and the engine that runs them (core/plan.c). */
+/* Plans (core/plan.c) and the engine that runs them (core/engine.c). */
 #ifndef CH_CORE_PLAN_H
 #define CH_CORE_PLAN_H
 
@@ -22,8 +22,10 @@ void plan_release(struct ch_plan* plan);
 static inline void plan_tickets(struct ch_plan** plans, int n) {
   for (int i = 0; i < n; i++) plans[i]->ticket = atomic_fetch_add(&plans[i]->comm->next_ticket, 1);
 }
-/* Run plans to completion (plans of several communicators progress together). Takes ownership:
+/* The engine (engine.c). Run plans to completion (plans of several communicators progress together). Takes ownership:
  * each plan is released before its completion is published, and plans[i] is set to NULL. */
 ch_status plan_exec(struct ch_plan** plans, int n);
+/* Elements per FIFO step of op's connections (plan.c; the engine sets it when an op first runs). */
+void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_t esize);
 
 #endif

@@ -152,16 +152,6 @@ void ut_cpu_mask(uint64_t* words, int nwords) {
     if (CPU_ISSET(c, &set)) words[c / 64] |= 1ull << (c % 64);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield" ::: "memory");
-#else
-  __asm__ __volatile__("" ::: "memory");
-#endif
-}
-
 /* Phases: spin (cheap wake-up when the partner is running on another core), then sched_yield (lets
  * a partner on the same core run), then sleeps growing to 64 us so dozens of waiting ranks on two
  * cores do not starve the ones doing work. */
@@ -172,7 +162,7 @@ void ut_backoff(uint64_t iter) {
   int64_t spin = param_int(PARAM_SPIN_COUNT);
   if (spin < 0) spin = 0;
   if (iter < (uint64_t)spin) {
-    cpu_relax();
+    ut_cpu_relax();
     return;
   }
   iter -= (uint64_t)spin;

@@ -35,6 +35,17 @@ void ut_backoff(uint64_t iter);
 #define UT_DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define UT_ALIGN_UP(a, b) (UT_DIV_UP(a, b) * (b))
 
+/* One pause in a spin-wait: tells the core (and a hyperthread sibling) that this is a wait loop. */
+static inline void ut_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield" ::: "memory");
+#else
+  __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
 /* Appends "; " (unless buf is empty) and the formatted text to the string in buf of cap bytes, cut at
  * its size: a list of reasons built up as they are found. */
 void ut_appendf(char* buf, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));

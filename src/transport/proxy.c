@@ -42,12 +42,6 @@
 #include "../misc/utils.h"
 #include "net.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#define PX_RELAX() __builtin_ia32_pause()
-#else
-#define PX_RELAX() __asm__ volatile("" ::: "memory")
-#endif
-
 #define MAX_ACCEPTS 256 /* sockets accepted and still authenticating (a large job's burst fits) */
 #define ACCEPT_TIMEOUT_NS (5ull * 1000000000ull) /* an accepted socket must authenticate by then */
 #define EVICT_AFTER_NS (1000000000ull) /* when all are taken, one silent this long makes room */
@@ -398,7 +392,7 @@ static int let_go(struct net_conn* n, uint64_t now) {
     }
     /* A waiting rank may be in tp_net_poll on this socket (an abort from another thread): close it
      * under busy, so the rank never reads or re-arms a descriptor number that is reused. */
-    while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) PX_RELAX();
+    while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) ut_cpu_relax();
     ep_del(n->fd);
     close(n->fd);
     n->fd = -1;
@@ -485,7 +479,7 @@ static void* proxy_main(void* arg) {
     }
     if (!idle_since) idle_since = now;
     if ((int64_t)(now - idle_since) < spin_ns) {
-      PX_RELAX();
+      ut_cpu_relax();
       continue;
     }
     set_sleeping(TP_SLEEP_PROXY);

@@ -48,7 +48,9 @@ def body(rank, size, path, out):
     dist.all_reduce(half)  # a bf16 sum of inexact values, as a compression hook would do
     if rank == 0:
         with open(out, "wb") as f:
-            f.write(flat.numpy().tobytes() + half.view(torch.int16).numpy().tobytes())
+            # Raw bytes without numpy (torch may be installed without it): each tensor's bytes as uint8.
+            f.write(bytes(flat.contiguous().view(torch.uint8).tolist()) +
+                    bytes(half.contiguous().view(torch.uint8).tolist()))
     dist.destroy_process_group()
 
 
