@@ -229,7 +229,7 @@ static void fab_logs_show(const char* ere, int max) {
 
 /* Every one of the n ranks' logs says the OFI network served and its communicator used exactly the
  * transports `want` ("fabric", or "shm fabric" where ranks share a host), never the socket transport
- * ("net"). Clears the logs. */
+ * ("tcp"). Clears the logs. */
 static void fab_check_logs(int n, const char* want) {
   char ere[128];
   snprintf(ere, sizeof(ere), "transports: %s$", want);
@@ -238,7 +238,7 @@ static void fab_check_logs(int n, const char* want) {
     rt_fail(__FILE__, __LINE__, "%d of %d rank logs say \"transports: %s\"", got, n, want);
     fab_logs_show("transports:|WARN", 20);
   }
-  EXPECT_EQ(fab_logs("transports:.* net( |$)"), 0);
+  EXPECT_EQ(fab_logs("transports:.* tcp( |$)"), 0);
   char using[64];
   snprintf(using, sizeof(using), "NET: using %s", fab_net);
   EXPECT_EQ(fab_logs(using), n);

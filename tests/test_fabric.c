@@ -216,7 +216,7 @@ TEST_T(fabric, socket_by_name_keeps_the_socket_transport, 60) {
   EXPECT(net == NULL);
   struct tp_peer remote = {0};
   const char* why = NULL;
-  EXPECT_EQ(tp_choose(&remote, &why), TP_NET);
+  EXPECT_EQ(tp_choose(&remote, &why), TP_TCP);
 }
 
 TEST_T(fabric, ofi_by_name_takes_remote_peers, 60) {

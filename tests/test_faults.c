@@ -428,7 +428,7 @@ static void fx_run(const struct fx_case* c) {
   int false_mismatch = 0;
   for (int r = 0; r < c->nranks; r++)
     false_mismatch |= r != c->victim && c->stream && (strstr(sh->r[r].err, "must match") || strstr(sh->r[r].proc_err, "must match"));
-  if (false_mismatch) /* was: queued stream calls ran on after a death (fixed in core/plan.c) */
+  if (false_mismatch) /* was: queued stream calls ran on after a death (fixed in core/engine.c) */
     rt_fail(__FILE__, __LINE__, "victim %d: a survivor reported a mismatch after the death", c->victim);
   for (int r = 0; r < c->nranks; r++) {
     if (r == c->victim) continue;

@@ -122,7 +122,7 @@ struct ncclComm {
   unsigned proto_ok; /* protocols the transports can carry (network: Simple only) */
   int tune_net;      /* some ranks talk over the network: the cost model uses its hop costs */
   const struct tune_model* model; /* the cost model's constants (tune/model.c): set by tune_init, immutable */
-  /* NCCL_TUNER_PLUGIN (tune/plugin.c): set at init, released by comm_free; called by the thread in a
+  /* NCCL_TUNER_PLUGIN (tune/tuner_plugin.c): set at init, released by comm_free; called by the thread in a
    * call on this comm. tuner_failed: a getCollInfo error was reported (once). */
   struct tune_plugin* tuner;
   void* tuner_ctx;

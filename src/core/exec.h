@@ -11,7 +11,7 @@
 /* In precedence order: a group runs on the highest executor any of its calls needs (the kernel and
  * staging rows refuse, or fall back for, groups that mix them with host buffers). */
 enum ch_exec {
-  EXEC_HOST = 0,        /* the calling thread runs the plans before returning (core/plan.c) */
+  EXEC_HOST = 0,        /* the calling thread runs the plans before returning (core/engine.c) */
   EXEC_HOST_STREAM = 1, /* a Chorus host stream's thread runs them (core/host_stream.c) */
   EXEC_STAGE = 2,       /* device buffers through host memory, in CUDA stream order (gpu/staging.c) */
   EXEC_KERNEL = 3,      /* device buffers of ranks sharing one GPU, run by a kernel (gpu/call.c) */

@@ -75,7 +75,7 @@ extern const char* const stall_dump_names[STALL_DUMP_COUNT];
 void stall_job_report(const struct ncclComm* comm, const char* why, int dump);
 /* Every communicator of this process writes its flight recorder (the CHORUS_DUMP_SIGNAL thread). */
 void stall_dump_all(int why);
-/* A call on comm failed with st (core/plan.c): its flight recorder is written, the first time. */
+/* A call on comm failed with st (core/engine.c): its flight recorder is written, the first time. */
 void stall_dump_failure(struct ncclComm* comm, ch_status st);
 
 #endif

@@ -1,7 +1,7 @@
 /* The network interface under the fabric transport (transport/fabric.c): NCCL's ncclNet_t (version
  * 12, net_abi.h), served either by Chorus's own libfabric implementation (ofi.c, name "OFI") or by an
- * external NCCL net plugin (plugin.c: NCCL_NET_PLUGIN, versions 12, 11 and 10 adapted to 12). The
- * socket transport (transport/net.c) is the "Socket" row: it needs no table, so choosing it means
+ * external NCCL net plugin (net_plugin.c: NCCL_NET_PLUGIN, versions 12, 11 and 10 adapted to 12). The
+ * socket transport (transport/tcp.c) is the "Socket" row: it needs no table, so choosing it means
  * "no ch_net".
  *
  * Which network serves this process is decided once (select.c), from NCCL_NET and NCCL_NET_PLUGIN as
@@ -43,7 +43,7 @@ int ch_ofi_is_rdma(void);
 /* The libfabric provider chosen, for messages ("tcp;ofi_rxm"), or "" before ch_ofi_available. */
 const char* ch_ofi_provider(void);
 
-/* External plugins (plugin.c). Opens the first library of NCCL_NET_PLUGIN's list (or libnccl-net.so
+/* External plugins (net_plugin.c). Opens the first library of NCCL_NET_PLUGIN's list (or libnccl-net.so
  * when unset; none: no plugin) that exports a version Chorus supports, newest first. 0 and *out when
  * one loaded; -1 with *why when none did (not found, no symbol, or none asked for: *why NULL). */
 int ch_net_plugin_open(const char* spec, const ncclNet_t** out, int* version, char* origin, size_t origin_len,

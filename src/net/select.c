@@ -1,5 +1,5 @@
 /* Which network serves this process (net.h), decided once as NCCL decides (src/plugin/net.cc):
- * candidates in order are the external plugin (NCCL_NET_PLUGIN, plugin.c), the built-in OFI network
+ * candidates in order are the external plugin (NCCL_NET_PLUGIN, net_plugin.c), the built-in OFI network
  * (ofi.c) and Socket (the socket transport: no table). Each must init, report at least one device and
  * pass the property checks NCCL's proxy makes (maxP2pBytes in (0, 1 TiB], a host device).
  *

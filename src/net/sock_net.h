@@ -1,7 +1,7 @@
 /* Chorus's socket network as an ncclNet_v12_t ("Socket", sock_net.c): TCP sockets behind NCCL's
  * net interface, so that the fabric transport (transport/fabric.c) can drive them as it drives OFI
  * or a plugin, and so that libnccl-net-chorus-socket.so can offer them to NCCL. The tuned socket
- * transport (transport/net.c) stays the default row: CHORUS_SOCKET_NET=1 makes NCCL_NET's "Socket"
+ * transport (transport/tcp.c) stays the default row: CHORUS_SOCKET_NET=1 makes NCCL_NET's "Socket"
  * this table instead (docs/CLUSTER.md; the speed of the two is compared in docs/PERFORMANCE.md).
  *
  * Wire formats, all little-endian, decoded here by pure functions (sock_wire.c, fuzzed by

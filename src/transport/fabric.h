@@ -4,10 +4,10 @@
  * The transport drives any ncclNet_t (net/net.h: Chorus's libfabric network or an external NCCL net
  * plugin) as NCCL's proxy does: the receiver listens and ships the plugin's opaque handle through
  * the authenticated bootstrap; the sender connects; each side registers its own FIFO once and every
- * Simple step is one message: the payload followed by a trailer (struct net_step: byte count and
+ * Simple step is one message: the payload followed by a trailer (struct tcp_step: byte count and
  * the call's header), so that the receiver checks every step against its own call, as on sockets.
- * A trailer with NET_POISON carries the sender's failed call (struct xfer_poison) instead of a
- * payload; NET_BYE says the sender closed in order. Both end the stream.
+ * A trailer with TCP_POISON carries the sender's failed call (struct xfer_poison) instead of a
+ * payload; TCP_BYE says the sender closed in order. Both end the stream.
  *
  * A network's links are one-way, so each connection has a way back: the sender also listens, its
  * handle rides in the connection's answer (back_handle), and the receiver connects to it. It carries
@@ -20,10 +20,10 @@
 #include <stdint.h>
 
 #include "../net/net.h"
-#include "net.h"
+#include "tcp.h"
 
 enum { FAB_PENDING = 0, FAB_BOUND = 1, FAB_CLOSED = 2, FAB_FAILED = 3 };
-#define FAB_TRAILER sizeof(struct net_step)
+#define FAB_TRAILER sizeof(struct tcp_step)
 
 struct fab_conn {
   /* Written by the creating rank thread before registration, read-only afterwards. */
@@ -112,7 +112,7 @@ void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r);
  * goodbye, or FAB_MSG_BAD with *why (cap 0: the way back, where steps never come). *tr holds the
  * trailer, *payload the bytes before it. */
 enum { FAB_MSG_BAD = 0, FAB_MSG_STEP, FAB_MSG_POISON, FAB_MSG_BYE };
-int fab_msg_decode(const void* msg, int size, size_t limit, size_t cap, struct net_step* tr, uint64_t* payload,
+int fab_msg_decode(const void* msg, int size, size_t limit, size_t cap, struct tcp_step* tr, uint64_t* payload,
                    char* why, size_t why_len);
 
 #endif

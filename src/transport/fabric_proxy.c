@@ -180,7 +180,7 @@ static int send_progress(struct fab_conn* n) {
     struct xfer_poison rec;
     xfer_poison_copy(&rec, &n->ctrl->down);
     atomic_store_explicit(&rec.set, 1, memory_order_relaxed);
-    struct net_step tr = {.bytes = NET_POISON};
+    struct tcp_step tr = {.bytes = TCP_POISON};
     memcpy(n->ctl, &rec, sizeof(rec));
     memcpy(n->ctl + sizeof(rec), &tr, sizeof(tr));
     ncclResult_t r = net->isend(n->comm, n->ctl, sizeof(rec) + sizeof(tr), n->rank, n->mh, NULL, &n->preq);
@@ -198,7 +198,7 @@ static int send_progress(struct fab_conn* n) {
       return fab_fail(n, "send", ncclInternalError), 1;
     }
     char* p = n->buf + (size_t)slot * n->stride;
-    struct net_step tr = {.bytes = bytes, .hdr = n->ctrl->hdr[slot]};
+    struct tcp_step tr = {.bytes = bytes, .hdr = n->ctrl->hdr[slot]};
     memcpy(p + bytes, &tr, sizeof(tr));
     ncclResult_t r = net->isend(n->comm, p, bytes + sizeof(tr), n->rank, n->mh, NULL, &n->req[slot]);
     if (r != ncclSuccess) return fab_fail(n, "send", r), 1;
@@ -212,7 +212,7 @@ static int send_progress(struct fab_conn* n) {
  * before anything is believed: it comes from the peer. 0 to go on, 1 when the stream ended. */
 static int take_message(struct fab_conn* n, int slot, int size) {
   char* p = n->buf + (size_t)slot * n->stride;
-  struct net_step tr;
+  struct tcp_step tr;
   uint64_t payload;
   char why[160];
   switch (fab_msg_decode(p, size, n->stride, n->cap, &tr, &payload, why, sizeof(why))) {
@@ -315,7 +315,7 @@ static int back_progress(struct fab_conn* n) {
       return n->breq != NULL;
     }
     if ((t = test_req(n, &n->breq, &size, "receive on the way back")) <= 0) return t < 0;
-    struct net_step tr;
+    struct tcp_step tr;
     uint64_t payload;
     char why[160];
     int kind = fab_msg_decode(at, size, 4096 - FAB_BACK_OFF, 0, &tr, &payload, why, sizeof(why));
@@ -342,7 +342,7 @@ static int back_progress(struct fab_conn* n) {
   struct xfer_poison rec;
   xfer_poison_copy(&rec, &n->ctrl->up);
   atomic_store_explicit(&rec.set, 1, memory_order_relaxed);
-  struct net_step tr = {.bytes = NET_POISON};
+  struct tcp_step tr = {.bytes = TCP_POISON};
   memcpy(n->ctl, &rec, sizeof(rec));
   memcpy(n->ctl + sizeof(rec), &tr, sizeof(tr));
   ncclResult_t r = net->isend(n->bcomm, n->ctl, sizeof(rec) + sizeof(tr), n->rank, n->bmh, NULL, &n->breq);
@@ -490,7 +490,7 @@ static int let_go(struct fab_conn* n, uint64_t now) {
     if (unsent && now < n->drain_deadline) {
       keep = 1;
     } else if (!n->bye_state && !n->preq && !unsent) {
-      struct net_step tr = {.bytes = NET_BYE};
+      struct tcp_step tr = {.bytes = TCP_BYE};
       memcpy(n->ctl, &tr, sizeof(tr));
       if (n->net->net->isend(n->comm, n->ctl, sizeof(tr), n->rank, n->mh, NULL, &n->preq) == ncclSuccess) {
         if (n->preq) {
@@ -525,7 +525,7 @@ static int let_go(struct fab_conn* n, uint64_t now) {
       if (n->net->net->test(n->breq, &done, &size) != ncclSuccess || done) n->breq = NULL;
       keep = n->breq && now < n->back_deadline;
     } else if (!n->bye_state && n->up_sent == 0) {
-      struct net_step tr = {.bytes = NET_BYE};
+      struct tcp_step tr = {.bytes = TCP_BYE};
       memcpy(n->ctl, &tr, sizeof(tr));
       if (!n->back_deadline) n->back_deadline = now + BYE_TIMEOUT_NS;
       if (n->net->net->isend(n->bcomm, n->ctl, sizeof(tr), n->rank, n->bmh, NULL, &n->breq) == ncclSuccess) {

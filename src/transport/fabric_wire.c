@@ -6,7 +6,7 @@
 
 #include "fabric.h"
 
-int fab_msg_decode(const void* msg, int size, size_t limit, size_t cap, struct net_step* tr, uint64_t* payload,
+int fab_msg_decode(const void* msg, int size, size_t limit, size_t cap, struct tcp_step* tr, uint64_t* payload,
                    char* why, size_t why_len) {
   memset(tr, 0, sizeof(*tr));
   *payload = 0;
@@ -18,8 +18,8 @@ int fab_msg_decode(const void* msg, int size, size_t limit, size_t cap, struct n
   uint64_t p = (uint64_t)size - sizeof(*tr);
   memcpy(tr, (const char*)msg + p, sizeof(*tr)); /* the trailer ends the message; no alignment assumed */
   *payload = p;
-  if (tr->bytes == NET_POISON && p == sizeof(struct xfer_poison)) return FAB_MSG_POISON;
-  if (tr->bytes == NET_BYE && p == 0) return FAB_MSG_BYE;
+  if (tr->bytes == TCP_POISON && p == sizeof(struct xfer_poison)) return FAB_MSG_POISON;
+  if (tr->bytes == TCP_BYE && p == 0) return FAB_MSG_BYE;
   if (cap && tr->bytes == p && p <= cap) return FAB_MSG_STEP;
   if (!cap)
     snprintf(why, why_len, "a %d-byte message, neither a poison record nor a goodbye", size);

@@ -195,4 +195,4 @@ const struct tp_ops tp_shm_ops = {
 };
 
 const struct tp_ops* const tp_table[TP_COUNT] = {[TP_LOCAL] = &tp_local_ops, [TP_SHM] = &tp_shm_ops, [TP_FAB] = &tp_fab_ops,
-                                            [TP_NET] = &tp_net_ops};
+                                            [TP_TCP] = &tp_tcp_ops};

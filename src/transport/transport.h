@@ -7,9 +7,9 @@
  *           handed to the peer by descriptor passing (fdpass.c), so nothing is left behind by a crash.
  * Nothing pointer-like crosses the bootstrap: handles carry random tokens that only the process that
  * made them can resolve (registry.c, fdpass.c).
- *   net   : each side has its own FIFO in its own heap; the process's proxy thread (proxy.c) sends the
+ *   tcp   : each side has its own FIFO in its own heap; the process's proxy thread (tcp_proxy.c) sends the
  *           sender's posted slots over a TCP socket and receives them into the receiver's FIFO,
- *           mirroring tail/head on each side (net.c). Only Simple steps cross the network. */
+ *           mirroring tail/head on each side (tcp.c). Only Simple steps cross the network. */
 #ifndef CH_TRANSPORT_H
 #define CH_TRANSPORT_H
 
@@ -115,7 +115,7 @@ struct tp_sizes {
   size_t buff[CH_NPROTO]; /* bytes of each protocol's FIFO (CH_STEPS slots) */
 };
 
-struct net_conn; /* net.h */
+struct tcp_conn; /* net.h */
 
 /* One direction of one connection with one peer. */
 struct conn {
@@ -135,14 +135,14 @@ struct conn {
   size_t map_bytes;
   int fd;
   uint64_t token; /* receiver: registry token of the FIFO until the sender has it (0: none) */
-  struct net_conn* net; /* TP_NET: the proxy's record of this connection (net.h) */
+  struct tcp_conn* tcp; /* TP_TCP: the proxy's record of this connection (tcp.h) */
   struct fab_conn* fab; /* TP_FAB: the fabric proxy's record of this connection (fabric.h) */
   /* Payload bytes this end moved (chorusCommGetPeerCounters): added to by the thread running the
    * plan that uses the connection (one at a time), read by any thread. */
   _Atomic uint64_t bytes;
 };
 
-enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_FAB = 2, TP_NET = 3, TP_COUNT };
+enum tp_kind { TP_LOCAL = 0, TP_SHM = 1, TP_FAB = 2, TP_TCP = 3, TP_COUNT };
 
 /* The network proxy was busy moving data from t0 to t1 (CLOCK_MONOTONIC ns): set by observe/trace.c while
  * a trace is open (NULL otherwise), called by the proxy thread. */
@@ -165,7 +165,7 @@ struct tp_handle {
 /* Sleeping on a counter (futex on its low 32 bits, valid between processes) and waking sleepers.
  * Wakers pay one fence and one load per post; a syscall only when someone sleeps. */
 void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, int timeout_us);
-/* Sleeping words above 1 belong to the net proxy (proxy.c): TP_SLEEP_PROXY, it sleeps in epoll_wait:
+/* Sleeping words above 1 belong to the TCP proxy (tcp_proxy.c): TP_SLEEP_PROXY, it sleeps in epoll_wait:
  * poke its eventfd; TP_SLEEP_DIRECT (kept for good on net send FIFOs' recv_sleeping): `word` is the
  * tail just posted: the poster may send the step itself, or poke the proxy if it sleeps. */
 #define TP_SLEEP_PROXY 2u
@@ -242,7 +242,7 @@ struct tp_ops {
    * one-way: the receiver's poison records and goodbye). NULL: the answer carries none. */
   void (*back_handle)(struct conn* c, struct tp_handle* out);
   /* 0: fine; 1: the peer closed in order (destroyed its communicator); 2: the link failed (logged).
-   * NULL: the transport cannot fail on its own (a dead peer process is found by pid, core/plan.c). */
+   * NULL: the transport cannot fail on its own (a dead peer process is found by pid, core/engine.c). */
   int (*health)(const struct conn* c);
   /* A rank waiting for data on c may move it itself; 1 if something arrived. NULL: nothing to do. */
   int (*poll)(struct conn* c);
@@ -257,7 +257,7 @@ struct tp_ops {
    * nothing to flush. */
   void (*closing)(struct conn* c);
 };
-extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_fab_ops, tp_net_ops;
+extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_fab_ops, tp_tcp_ops;
 /* The network this process was configured for (NCCL_NET, NCCL_NET_PLUGIN) can start: CH_OK, or the
  * error (logged) of a named network that cannot. Called at communicator setup, before transports are
  * chosen. */
@@ -290,24 +290,24 @@ static inline void tp_conn_closing(struct conn* c) {
   if (c->connected && o->closing) o->closing(c);
 }
 
-/* The implementations (fifo.c, shm.c, net.c), also called by tests. */
+/* The implementations (fifo.c, shm.c, tcp.c), also called by tests. */
 ch_status tp_local_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
 ch_status tp_local_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
                                 const struct tp_ctx* x);
 ch_status tp_shm_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
 ch_status tp_shm_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
                               const struct tp_ctx* x);
-ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
-ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+ch_status tp_tcp_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h, const struct tp_ctx* x);
+ch_status tp_tcp_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
                               const struct tp_ctx* x);
 /* Receiver: wait (bounded, abortable) until the sender's socket has authenticated and been bound. */
-ch_status tp_net_wait_bound(struct conn* c, const struct tp_ctx* x);
-int tp_net_state(const struct conn* c);
+ch_status tp_tcp_wait_bound(struct conn* c, const struct tp_ctx* x);
+int tp_tcp_state(const struct conn* c);
 const char* tp_name(int kind);
 /* Poison a connection (fifo.c): write rec into its `down` (we send on c) or `up` (we receive on c)
  * record, once, and wake whoever waits at the other end (the proxy, for the network). */
 void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec);
-void tp_proxy_kick(void); /* proxy.c: wake the network proxy */
+void tp_proxy_kick(void); /* tcp_proxy.c: wake the network proxy */
 /* fabric_proxy.c: a fabric FIFO's counter was posted (how: TP_SLEEP_FAB_*). */
 void tp_fab_post(_Atomic uint64_t* word, uint32_t how);
 /* Has the other end poisoned c? Copies the record (set = 1) and returns 1. */

@@ -2,7 +2,7 @@
  * NCCL_DEBUG_SUBSYS=TUNING). The choice is the cheapest prediction of a cost model in NCCL's form
  * (latency per step + bytes / bandwidth, per collective x algorithm x protocol x channels), among
  * what NCCL_ALGO/NCCL_PROTO allow and this communicator can run; a tuner plugin may edit the
- * predictions first (tune/plugin.c). docs/TUNING.md describes the model and where each constant
+ * predictions first (tune/tuner_plugin.c). docs/TUNING.md describes the model and where each constant
  * comes from. */
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* Algorithm/protocol choice: NCCL_ALGO/NCCL_PROTO parsing (tune/parse.c), the cost model and the
- * choice (tune/choose.c), tuner plugins (tune/plugin.c). */
+ * choice (tune/choose.c), tuner plugins (tune/tuner_plugin.c). */
 #ifndef CH_TUNE_H
 #define CH_TUNE_H
 
@@ -93,7 +93,7 @@ void tune_model_write(FILE* f, const struct tune_model* m);
 /* The built-in defaults. */
 const struct tune_model* tune_model_defaults(void);
 
-/* Tuner plugins (tune/plugin.c). A loaded plugin: one per process, shared by reference. */
+/* Tuner plugins (tune/tuner_plugin.c). A loaded plugin: one per process, shared by reference. */
 struct tune_plugin;
 /* Load NCCL_TUNER_PLUGIN (or libnccl-tuner.so if unset; "none" disables) and init it for comm.
  * Failure is reported (WARN with path and dlerror) and leaves comm->tuner NULL. */

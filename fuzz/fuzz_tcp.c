@@ -7,8 +7,8 @@
  * direction (goodbye bytes, 'P' + a poison record, garbage), which the sending proxy must parse.
  *   first byte % 3 == 0: raw bytes;  1: authenticated, then the rest;  2: back to a sender
  * In modes 0 and 1, bit 3 of the first byte makes the rank read the socket itself while it waits
- * (tp_net_poll: the carry buffer, the hand-backs to the proxy) and bit 4 makes it also give the socket
- * back now and then (tp_net_idle), as a rank that sleeps does. */
+ * (tp_tcp_poll: the carry buffer, the hand-backs to the proxy) and bit 4 makes it also give the socket
+ * back now and then (tp_tcp_idle), as a rank that sleeps does. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "misc/utils.h"
-#include "transport/net.h"
+#include "transport/tcp.h"
 
 static unsigned char key[32];
 static union sock_addr lo;
@@ -40,10 +40,10 @@ static void back_to_sender(const unsigned char* data, size_t size) {
   struct sock l = {.fd = -1};
   if (sock_listen(&lo, &l) != CH_OK) abort();
   struct tp_ctx x = {1, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL, NULL};
-  struct tp_handle h = {.kind = TP_NET, .bytes = tp_fifo_bytes(&sz), .token = 1, .addr = l.addr};
+  struct tp_handle h = {.kind = TP_TCP, .bytes = tp_fifo_bytes(&sz), .token = 1, .addr = l.addr};
   struct conn sc = {0};
   sc.peer = 0;
-  if (tp_net_send_connect(&sc, &sz, &h, &x) != CH_OK) abort();
+  if (tp_tcp_send_connect(&sc, &sz, &h, &x) != CH_OK) abort();
   int fd = accept(l.fd, NULL, NULL);
   if (fd < 0) abort();
   (void)!send(fd, data, size, MSG_NOSIGNAL);
@@ -68,18 +68,18 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
   struct conn rc = {0};
   struct tp_handle h;
   rc.peer = 1;
-  if (tp_net_recv_setup(&rc, &sz, &h, &x) != CH_OK) abort();
+  if (tp_tcp_recv_setup(&rc, &sz, &h, &x) != CH_OK) abort();
   struct sock s = {.fd = -1};
   struct sock_wait w = {NULL, ut_now_ns() + 2000000000ull};
   if (sock_connect(&h.addr, &s, &w) != CH_OK) abort(); /* the proxy always accepts (backlog, then authenticates) */
   if (data[0] % 3 == 1) {
-    struct net_hello hello;
+    struct tcp_hello hello;
     memset(&hello, 0, sizeof(hello));
-    hello.magic = NET_MAGIC;
+    hello.magic = TCP_MAGIC;
     hello.token = h.token;
     hello.from_rank = 1;
     hello.to_rank = 0;
-    net_hello_mac(key, &hello, h.nonce, &h.addr, hello.mac);
+    tcp_hello_mac(key, &hello, h.nonce, &h.addr, hello.mac);
     (void)!send(s.fd, &hello, sizeof(hello), MSG_NOSIGNAL);
   }
   if (size > 1) (void)!send(s.fd, data + 1, size - 1, MSG_NOSIGNAL);
@@ -87,8 +87,8 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
   uint64_t seen = 0, quiet_since = ut_now_ns();
   int rank_reads = data[0] & 8, rank_sleeps = data[0] & 16;
   for (int pass = 0; ut_now_ns() - quiet_since < 3000000ull; pass++) {
-    if (rank_reads) tp_net_poll(&rc);
-    if (rank_sleeps && pass % 4 == 3) tp_net_idle(&rc);
+    if (rank_reads) tp_tcp_poll(&rc);
+    if (rank_sleeps && pass % 4 == 3) tp_tcp_idle(&rc);
     uint64_t tail = atomic_load(&rc.ctrl->tail);
     if (tail != seen) {
       if (tail - seen > CH_STEPS) abort(); /* the proxy filled slots it had no credit for */

@@ -2,7 +2,7 @@
  * TCP sockets, for every communicator of the process.
  *
  *   sender side  : a rank posts `tail` on its local FIFO; the proxy sends each posted slot (a
- *                  net_step header, then the payload) and advances `head` (credit back to the rank).
+ *                  tcp_step header, then the payload) and advances `head` (credit back to the rank).
  *   receiver side: the proxy reads a step into a free slot of the receiver's FIFO (only when
  *                  tail - head < CH_STEPS), fills size[]/hdr[] and publishes `tail` (release) after all
  *                  bytes are in, then wakes the rank. Counters never cross the wire.
@@ -14,9 +14,9 @@
  * wr_ready stay set until a call returns EAGAIN, so no pass wastes a syscall on an idle socket.
  *
  * This file runs the thread: its epoll set, accepting and authenticating sockets, sleeping and
- * waking, and the records' lifetime; net_link.c moves each connection's bytes.
+ * waking, and the records' lifetime; tcp_link.c moves each connection's bytes.
  *
- * Ownership: a record (struct net_conn) is built by a rank thread and handed over through
+ * Ownership: a record (struct tcp_conn) is built by a rank thread and handed over through
  * px.incoming; from then on only this thread touches its progress fields. Teardown (destroy or abort)
  * sets `closing` under px.lock and waits on px.cond until the proxy sets `released`, after which the
  * proxy never touches the record or its FIFO again and the rank frees both. The thread starts with the
@@ -40,7 +40,7 @@
 #include "../misc/param.h"
 #include "../misc/sha256.h"
 #include "../misc/utils.h"
-#include "net.h"
+#include "tcp.h"
 
 #define MAX_ACCEPTS 256 /* sockets accepted and still authenticating (a large job's burst fits) */
 #define ACCEPT_TIMEOUT_NS (5ull * 1000000000ull) /* an accepted socket must authenticate by then */
@@ -57,7 +57,7 @@ struct pending { /* an accepted socket that has not authenticated yet (proxy thr
   union sock_addr remote;
   uint64_t deadline;
   size_t got;
-  struct net_hello h;
+  struct tcp_hello h;
 };
 
 enum { PX_NONE, PX_RUNNING, PX_EXITED };
@@ -68,10 +68,10 @@ static struct {
   pthread_cond_t cond; /* a record was released, or the thread exited */
   int state;           /* PX_* */
   pthread_t thread;
-  struct net_conn* incoming; /* registered, not yet taken by the proxy */
+  struct tcp_conn* incoming; /* registered, not yet taken by the proxy */
   struct sock listener;      /* made by the registering thread; closed by the proxy when it exits */
   int epfd;                  /* process lifetime (recreated in a forked child) */
-  struct net_conn* conns;    /* proxy */
+  struct tcp_conn* conns;    /* proxy */
   struct pending acc[MAX_ACCEPTS]; /* proxy; fd -1: free */
   int nacc;                        /* proxy */
 } px = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .listener = {.fd = -1}, .epfd = -1};
@@ -118,9 +118,9 @@ static void ep_del(int fd) { epoll_ctl(px.epfd, EPOLL_CTL_DEL, fd, NULL); }
  * crossed one of its links (a peer's report coming in, or our rank's going out). A link that closes
  * then is the failure's aftermath: a peer that reported a mismatch on one channel's socket may close
  * another channel's socket, mid-step, before our rank has taken the report in. Proxy thread only. */
-int proxy_comm_told(const struct net_conn* n) {
+int proxy_comm_told(const struct tcp_conn* n) {
   if (atomic_load(n->async_err) != 0) return 1;
-  for (const struct net_conn* o = px.conns; o; o = o->next)
+  for (const struct tcp_conn* o = px.conns; o; o = o->next)
     if (o->async_err == n->async_err && (xfer_poison_is_set(&o->ctrl->down) || xfer_poison_is_set(&o->ctrl->up)))
       return 1;
   return 0;
@@ -131,11 +131,11 @@ int proxy_comm_told(const struct net_conn* n) {
  * poison record, relayed like a mismatch's), so that every rank of it fails within one hop per rank,
  * naming the culprit, instead of waiting for ever on a rank that is itself stuck (ring neighbours of
  * a dead rank are not its only waiters). Links that cannot carry it (not bound) are left alone. */
-void proxy_fail_comm(struct net_conn* failed) {
+void proxy_fail_comm(struct tcp_conn* failed) {
   struct xfer_poison rec = {.finder = failed->rank, .other = failed->peer, .kind = XFER_PEER_LOST};
-  for (struct net_conn* n = px.conns; n; n = n->next) {
+  for (struct tcp_conn* n = px.conns; n; n = n->next) {
     if (n == failed || n->async_err != failed->async_err || n->fd < 0) continue;
-    if (atomic_load_explicit(&n->state, memory_order_relaxed) != NET_BOUND) continue;
+    if (atomic_load_explicit(&n->state, memory_order_relaxed) != TCP_BOUND) continue;
     INFO(LOG_NET, "rank %d: telling rank %d that the communicator failed (rank %d's link)", n->rank, n->peer,
          failed->peer);
     xfer_poison_put(n->is_send ? &n->ctrl->down : &n->ctrl->up, &rec);
@@ -145,17 +145,17 @@ void proxy_fail_comm(struct net_conn* failed) {
 
 static int progress_all(void) {
   int did = 0;
-  for (struct net_conn* n = px.conns; n; n = n->next) {
-    if (atomic_load_explicit(&n->state, memory_order_relaxed) != NET_BOUND) continue;
-    did |= n->is_send ? net_progress_send(n) : net_progress_recv(n);
+  for (struct tcp_conn* n = px.conns; n; n = n->next) {
+    if (atomic_load_explicit(&n->state, memory_order_relaxed) != TCP_BOUND) continue;
+    did |= n->is_send ? tcp_progress_send(n) : tcp_progress_recv(n);
   }
   return did;
 }
 
 /* After a pass without progress, with the sleeping words set: would a pass now do something? */
 static int can_progress(void) {
-  for (struct net_conn* n = px.conns; n; n = n->next) {
-    if (atomic_load_explicit(&n->state, memory_order_relaxed) != NET_BOUND) continue;
+  for (struct tcp_conn* n = px.conns; n; n = n->next) {
+    if (atomic_load_explicit(&n->state, memory_order_relaxed) != TCP_BOUND) continue;
     if (n->is_send) {
       /* head, not step: the rank may be moving step (direct send); head == step between steps */
       if (n->rd_ready || (n->wr_ready && atomic_load(&n->ctrl->tail) > atomic_load(&n->ctrl->head))) return 1;
@@ -174,7 +174,7 @@ static int can_progress(void) {
  * kicks only while px_sleeping); receive FIFOs get TP_SLEEP_PROXY in send_sleeping while we sleep. */
 static void set_sleeping(uint32_t v) {
   atomic_store_explicit(&px_sleeping, v != 0, memory_order_relaxed);
-  for (struct net_conn* n = px.conns; n; n = n->next) /* a socket the rank reads needs no head wake-ups */
+  for (struct tcp_conn* n = px.conns; n; n = n->next) /* a socket the rank reads needs no head wake-ups */
     if (!n->is_send)
       atomic_store_explicit(&n->ctrl->send_sleeping,
                             atomic_load_explicit(&n->rank_reads, memory_order_relaxed) ? 0 : v, memory_order_relaxed);
@@ -190,8 +190,8 @@ void tp_proxy_post(_Atomic uint64_t* word, uint32_t how) {
   }
   if (how == TP_SLEEP_DIRECT) {
     struct fifo_ctrl* ctrl = (struct fifo_ctrl*)((char*)word - offsetof(struct fifo_ctrl, tail));
-    struct net_conn* n = (struct net_conn*)(uintptr_t)ctrl->token;
-    if (!net_send_direct(n)) return;
+    struct tcp_conn* n = (struct tcp_conn*)(uintptr_t)ctrl->token;
+    if (!tcp_send_direct(n)) return;
     atomic_thread_fence(memory_order_seq_cst); /* our posts, then px_sleeping: pairs with the proxy */
     if (!atomic_load_explicit(&px_sleeping, memory_order_relaxed)) return;
   }
@@ -211,9 +211,9 @@ static void reject(struct pending* p, const char* why) {
 }
 
 static void authenticate(struct pending* p) {
-  struct net_hello* h = &p->h;
-  if (h->magic != NET_MAGIC) return reject(p, "not a Chorus network connection (bad magic)");
-  struct net_conn* n = NULL;
+  struct tcp_hello* h = &p->h;
+  if (h->magic != TCP_MAGIC) return reject(p, "not a Chorus network connection (bad magic)");
+  struct tcp_conn* n = NULL;
   for (int pass = 0; pass < 2 && !n; pass++) {
     if (pass) { /* the hello may beat the proxy to the record its receiver just registered */
       pthread_mutex_lock(&px.lock);
@@ -221,13 +221,13 @@ static void authenticate(struct pending* p) {
       pthread_mutex_unlock(&px.lock);
     }
     for (n = px.conns; n; n = n->next)
-      if (!n->is_send && n->token == h->token && atomic_load(&n->state) == NET_PENDING) break;
+      if (!n->is_send && n->token == h->token && atomic_load(&n->state) == TCP_PENDING) break;
   }
   if (!n) return reject(p, "unknown or already used connection token");
   if (h->from_rank != n->peer || h->to_rank != n->rank) return reject(p, "ranks do not match the offer");
-  unsigned char mac[NET_MAC];
-  net_hello_mac(n->key, h, n->challenge, &n->listener, mac);
-  if (ct_memcmp(mac, h->mac, NET_MAC) != 0) return reject(p, "authentication failed (not this job's key)");
+  unsigned char mac[TCP_MAC];
+  tcp_hello_mac(n->key, h, n->challenge, &n->listener, mac);
+  if (ct_memcmp(mac, h->mac, TCP_MAC) != 0) return reject(p, "authentication failed (not this job's key)");
   if (n->uid_mode && sock_addr_is_local(&p->remote)) {
     uid_t uid;
     if (sock_peer_uid(p->fd, &uid) != 0 || uid != geteuid())
@@ -242,7 +242,7 @@ static void authenticate(struct pending* p) {
   n->rd_ready = n->wr_ready = 1;
   p->fd = -1;
   px.nacc--;
-  atomic_store_explicit(&n->state, NET_BOUND, memory_order_release);
+  atomic_store_explicit(&n->state, TCP_BOUND, memory_order_release);
 }
 
 static void read_hello(struct pending* p) {
@@ -336,7 +336,7 @@ static void handle_events(const struct epoll_event* ev, int ne) {
       struct pending* p = tag;
       if (p->fd >= 0) read_hello(p);
     } else {
-      struct net_conn* n = tag;
+      struct tcp_conn* n = tag;
       if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) n->rd_ready = 1;
       if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) n->wr_ready = 1;
       if (!n->is_send && (e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) n->hup_event = 1;
@@ -349,7 +349,7 @@ static void handle_events(const struct epoll_event* ev, int ne) {
 /* Let a closing record go: a sender first flushes what its rank posted (the rank may have returned
  * from its last collective before the proxy sent it), unless aborted or the link is gone. Returns 0
  * while it must stay. Under px.lock. */
-static int let_go(struct net_conn* n, uint64_t now) {
+static int let_go(struct tcp_conn* n, uint64_t now) {
   int st = atomic_load(&n->state);
   /* After a failed call's poison only the poison is flushed: its steps will never be taken. */
   int unsent = n->poison_state == 2 ? 0
@@ -359,7 +359,7 @@ static int let_go(struct net_conn* n, uint64_t now) {
    * this link learn who failed instead of seeing this close and blaming us. */
   int aborted = __atomic_load_n(n->abort, __ATOMIC_RELAXED);
   int poison_due = n->poison_state != 2 && xfer_poison_is_set(n->is_send ? &n->ctrl->down : &n->ctrl->up);
-  if (st == NET_BOUND && (aborted ? poison_due : unsent)) {
+  if (st == TCP_BOUND && (aborted ? poison_due : unsent)) {
     if (!n->drain_deadline) n->drain_deadline = now + (aborted ? ABORT_FLUSH_NS : DRAIN_TIMEOUT_NS);
     if (now < n->drain_deadline) return 0;
     if (!aborted && !n->bye_deadline) /* once: a goodbye waiting for room brings us back here */
@@ -369,11 +369,11 @@ static int let_go(struct net_conn* n, uint64_t now) {
   if (n->fd >= 0) {
     /* Goodbye, so the peer knows this close is orderly; none after an abort, so that ranks still
      * waiting on this one see a failure (and spread it) instead of waiting for ever. */
-    if (st == NET_BOUND && n->off == 0 && n->poison_state != 1 && !__atomic_load_n(n->abort, __ATOMIC_RELAXED)) {
+    if (st == TCP_BOUND && n->off == 0 && n->poison_state != 1 && !__atomic_load_n(n->abort, __ATOMIC_RELAXED)) {
       /* Whole, or not at all: a goodbye lost to a full socket buffer (the last steps still in it) made
        * the peer see EOF without it, and fail a communicator that closed in order. So a full buffer
        * keeps the record for the next pass, BYE_TIMEOUT_NS at most. */
-      struct net_step bye = {.bytes = NET_BYE};
+      struct tcp_step bye = {.bytes = TCP_BYE};
       const char* msg = n->is_send ? (const char*)&bye : "B";
       size_t len = n->is_send ? sizeof(bye) : 1;
       while (n->bye_off < len) {
@@ -390,7 +390,7 @@ static int let_go(struct net_conn* n, uint64_t now) {
         break; /* the link is gone, or the peer reads no more: nothing more to say */
       }
     }
-    /* A waiting rank may be in tp_net_poll on this socket (an abort from another thread): close it
+    /* A waiting rank may be in tp_tcp_poll on this socket (an abort from another thread): close it
      * under busy, so the rank never reads or re-arms a descriptor number that is reused. */
     while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) ut_cpu_relax();
     ep_del(n->fd);
@@ -404,7 +404,7 @@ static int let_go(struct net_conn* n, uint64_t now) {
 /* Move registered records into the proxy's list. Under px.lock. */
 static void take_incoming_locked(void) {
   while (px.incoming) {
-    struct net_conn* n = px.incoming;
+    struct tcp_conn* n = px.incoming;
     px.incoming = n->next;
     n->next = px.conns;
     px.conns = n;
@@ -423,8 +423,8 @@ static int sync_lists(void) {
   take_incoming_locked();
   int draining = 0, released = 0;
   uint64_t now = ut_now_ns();
-  for (struct net_conn** pp = &px.conns; *pp;) {
-    struct net_conn* n = *pp;
+  for (struct tcp_conn** pp = &px.conns; *pp;) {
+    struct tcp_conn* n = *pp;
     if (n->closing && let_go(n, now)) {
       *pp = n->next;
       n->released = 1;
@@ -513,7 +513,7 @@ static ch_status ensure_epoll(void) {
   return CH_OK;
 }
 
-ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener) {
+ch_status proxy_register(struct tcp_conn* n, const union sock_addr* hint, union sock_addr* listener) {
   pthread_once(&px_once, px_init_once);
   pthread_mutex_lock(&px.lock);
   ch_status s = CH_OK;
@@ -554,7 +554,7 @@ ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union 
   return s;
 }
 
-void proxy_closing(struct net_conn* n) {
+void proxy_closing(struct tcp_conn* n) {
   pthread_mutex_lock(&px.lock);
   n->closing = 1;
   atomic_store(&px_changes, 1);
@@ -562,7 +562,7 @@ void proxy_closing(struct net_conn* n) {
   tp_proxy_kick();
 }
 
-void proxy_unregister(struct net_conn* n) {
+void proxy_unregister(struct tcp_conn* n) {
   proxy_closing(n);
   pthread_mutex_lock(&px.lock);
   while (!n->released) pthread_cond_wait(&px.cond, &px.lock);

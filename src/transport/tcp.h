@@ -1,7 +1,7 @@
-/* Network transport internals shared by net.c (setup, teardown, run by rank threads) and proxy.c
+/* TCP transport internals shared by tcp.c (setup, teardown, run by rank threads) and tcp_proxy.c
  * (the one progress thread of the process). */
-#ifndef CH_NET_H
-#define CH_NET_H
+#ifndef CH_TCP_H
+#define CH_TCP_H
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -9,38 +9,38 @@
 #include "../misc/socket.h"
 #include "transport.h"
 
-enum { NET_PENDING = 0, NET_BOUND = 1, NET_CLOSED = 2, NET_FAILED = 3 };
+enum { TCP_PENDING = 0, TCP_BOUND = 1, TCP_CLOSED = 2, TCP_FAILED = 3 };
 
-#define NET_MAGIC 0x31307674656e6863ull /* "chnetv01" */
-#define NET_NONCE 16
-#define NET_MAC 32
-#define NET_BYE UINT64_MAX /* net_step.bytes of a sender that closes gracefully */
-#define NET_BYE_BYTE 'B'   /* what a receiver that closes gracefully writes back */
-#define NET_POISON (UINT64_MAX - 1) /* net_step.bytes: a struct xfer_poison follows (the call failed) */
-#define NET_POISON_BYTE 'P' /* what a receiver whose call failed writes back (fifo_ctrl.up) */
+#define TCP_MAGIC 0x31307674656e6863ull /* "chnetv01" */
+#define TCP_NONCE 16
+#define TCP_MAC 32
+#define TCP_BYE UINT64_MAX /* tcp_step.bytes of a sender that closes gracefully */
+#define TCP_BYE_BYTE 'B'   /* what a receiver that closes gracefully writes back */
+#define TCP_POISON (UINT64_MAX - 1) /* tcp_step.bytes: a struct xfer_poison follows (the call failed) */
+#define TCP_POISON_BYTE 'P' /* what a receiver whose call failed writes back (fifo_ctrl.up) */
 
 /* The sender's first and only flight of setup: it proves the job key without waiting for the
  * receiver (one thread may drive both ends). mac = HMAC(key, "chorus-net-v1" || hello up to mac ||
  * the offer's challenge || the receiver's listener address). The token is single-use (taken when
  * bound), so a recorded flight cannot be replayed. */
-struct net_hello {
+struct tcp_hello {
   uint64_t magic;
   uint64_t token; /* names the receiver's FIFO (from its offer) */
   int32_t from_rank, to_rank;
-  unsigned char nonce[NET_NONCE];
-  unsigned char mac[NET_MAC];
+  unsigned char nonce[TCP_NONCE];
+  unsigned char mac[TCP_MAC];
 };
-void net_hello_mac(const unsigned char* key, const struct net_hello* h, uint64_t challenge,
-                   const union sock_addr* listener, unsigned char mac[NET_MAC]);
+void tcp_hello_mac(const unsigned char* key, const struct tcp_hello* h, uint64_t challenge,
+                   const union sock_addr* listener, unsigned char mac[TCP_MAC]);
 
 /* Before every step's payload on the wire. */
-struct net_step {
-  uint64_t bytes; /* payload bytes (<= slot size), or NET_BYE */
+struct tcp_step {
+  uint64_t bytes; /* payload bytes (<= slot size), or TCP_BYE */
   struct xfer_hdr hdr;
 };
 
 /* One direction of one connection, as the proxy sees it. */
-struct net_conn {
+struct tcp_conn {
   /* Written by the creating rank thread before registration, read-only afterwards. */
   int is_send;
   int rank, peer;
@@ -68,7 +68,7 @@ struct net_conn {
    * receives from its socket itself (0: only the proxy moves data). */
   uint64_t direct_max;
   /* Receive side, direct_max > 0: who reads the socket. 0: the proxy (EPOLLIN in its set). 1: the
-   * rank that waits on this FIFO (tp_net_poll); the proxy's set then holds EPOLLRDHUP only, so each
+   * rank that waits on this FIFO (tp_tcp_poll); the proxy's set then holds EPOLLRDHUP only, so each
    * arriving step costs the proxy no wake-up and the proxy never competes with the polling rank for
    * the socket (or for its core). Changed only under busy: by the rank (takes it when it waits on
    * this FIFO, gives it back before it sleeps or waits on another one, and on a step larger than
@@ -85,22 +85,22 @@ struct net_conn {
   char carry[4096];
   int pending; /* proxy: carried bytes or a step in hand were left at its last pass (progress_recv) */
   /* step, off and cur belong to whoever holds busy: the proxy, or the rank (tp_proxy_post sending,
-   * tp_net_poll receiving). */
+   * tp_tcp_poll receiving). */
   _Atomic int busy;
 
   /* Proxy thread only (the sender thread sets fd before registration), but see busy. */
   int fd;
-  struct net_conn* next;
+  struct tcp_conn* next;
   uint64_t step;       /* next step to send / to fill */
   size_t off;          /* bytes of the current step moved (header + payload) */
-  struct net_step cur; /* header of the current step */
+  struct tcp_step cur; /* header of the current step */
   int rd_ready, wr_ready; /* no EAGAIN seen since the last epoll edge */
   int bye_seen;
   uint64_t drain_deadline; /* closing sender: give up flushing then */
   size_t bye_off;          /* closing (proxy): goodbye bytes written; a full socket buffer makes it wait */
   uint64_t bye_deadline;   /* closing (proxy): give up on the goodbye then */
   /* Poison (struct xfer_poison) of a failed call: 0 none, 1 sending our rank's record (sender side:
-   * `down` as a NET_POISON step; receiver side: `up` as NET_POISON_BYTE + the record), 2 sent (a
+   * `down` as a TCP_POISON step; receiver side: `up` as TCP_POISON_BYTE + the record), 2 sent (a
    * sender sends no more steps). */
   int poison_state;
   struct xfer_poison pbuf; /* down record on its way out (sender) or in (receiver) */
@@ -110,28 +110,28 @@ struct net_conn {
 };
 
 /* A rank waiting for data on c receives from the socket itself (CHORUS_NET_DIRECT_MAX_BYTES > 0)
- * instead of waiting for the proxy; 1 if a step (or part of one) arrived (proxy.c). */
-int tp_net_poll(struct conn* c);
+ * instead of waiting for the proxy; 1 if a step (or part of one) arrived (tcp_proxy.c). */
+int tp_tcp_poll(struct conn* c);
 /* The rank stops waiting on c (it sleeps, or waits on another connection): the proxy reads it again. */
-void tp_net_idle(struct conn* c);
+void tp_tcp_idle(struct conn* c);
 
-/* net_link.c: one connection's stream, for the proxy thread (1 if anything moved) and for a rank
+/* tcp_link.c: one connection's stream, for the proxy thread (1 if anything moved) and for a rank
  * that just posted on send FIFO n (1 if steps are left for the proxy). */
-int net_progress_send(struct net_conn* n);
-int net_progress_recv(struct net_conn* n);
-int net_send_direct(struct net_conn* n);
+int tcp_progress_send(struct tcp_conn* n);
+int tcp_progress_recv(struct tcp_conn* n);
+int tcp_send_direct(struct tcp_conn* n);
 
-/* proxy.c */
+/* tcp_proxy.c */
 /* A link of n's communicator failed: tell the ranks behind its other links (proxy thread). */
-void proxy_fail_comm(struct net_conn* failed);
-int proxy_comm_told(const struct net_conn* n);
+void proxy_fail_comm(struct tcp_conn* failed);
+int proxy_comm_told(const struct tcp_conn* n);
 /* Make sure the proxy runs and its listener exists (bound on hint's IP, port 0), then hand n over.
  * *listener receives the listener's address. */
-ch_status proxy_register(struct net_conn* n, const union sock_addr* hint, union sock_addr* listener);
+ch_status proxy_register(struct tcp_conn* n, const union sock_addr* hint, union sock_addr* listener);
 /* Ask the proxy to drop n (graceful bye, close) and wait until it no longer touches n or its FIFO. */
-void proxy_unregister(struct net_conn* n);
+void proxy_unregister(struct tcp_conn* n);
 /* The first half of that, without the wait (the transport's closing op). */
-void proxy_closing(struct net_conn* n);
+void proxy_closing(struct tcp_conn* n);
 /* The process's net listener address, if a proxy runs (tests). */
 int proxy_listener_addr(union sock_addr* out);
 

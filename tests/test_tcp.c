@@ -19,7 +19,7 @@
 #include "comm/comm.h"
 #include "misc/param.h"
 #include "runner.h"
-#include "transport/net.h"
+#include "transport/tcp.h"
 
 static void force_net(void) {
   setenv("NCCL_P2P_DISABLE", "1", 1);
@@ -94,7 +94,7 @@ static void split_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(net, split, 120) {
+TEST_T(tcp, split, 120) {
   force_net();
   rt_run_both(4, split_body, NULL);
 }
@@ -104,7 +104,7 @@ TEST_T(net, split, 120) {
 static _Atomic int dummy_err;
 static volatile int no_abort;
 
-TEST_T(net, impostor_rejected, 60) {
+TEST_T(tcp, impostor_rejected, 60) {
   union sock_addr lo;
   ASSERT(sock_parse_addr("127.0.0.1:0", &lo) == CH_OK);
   unsigned char key[32], bad[32];
@@ -120,23 +120,23 @@ TEST_T(net, impostor_rejected, 60) {
   struct conn rc = {0}, sc = {0}, ic = {0};
   struct tp_handle h;
   rc.peer = 1, sc.peer = 0, ic.peer = 0;
-  ASSERT(tp_net_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
+  ASSERT(tp_tcp_recv_setup(&rc, &sz, &h, &rx) == CH_OK);
   /* Wrong key, right token: the sender side cannot tell (one flight), the receiver refuses it. */
-  ASSERT(tp_net_send_connect(&ic, &sz, &h, &evil) == CH_OK);
+  ASSERT(tp_tcp_send_connect(&ic, &sz, &h, &evil) == CH_OK);
   /* An offer on another IP than the peer joined from is refused before connecting. */
   struct conn oc = {0};
   oc.peer = 0;
-  EXPECT(tp_net_send_connect(&oc, &sz, &h, &elsewhere) != CH_OK);
+  EXPECT(tp_tcp_send_connect(&oc, &sz, &h, &elsewhere) != CH_OK);
   usleep(200000);
-  EXPECT_EQ(tp_net_state(&rc), 0);
-  EXPECT_EQ(atomic_load(&rc.net->state), NET_PENDING);
+  EXPECT_EQ(tp_tcp_state(&rc), 0);
+  EXPECT_EQ(atomic_load(&rc.tcp->state), TCP_PENDING);
   /* The impostor's socket was closed on it: its side fails. */
-  for (int i = 0; i < 100 && tp_net_state(&ic) != 2; i++) usleep(10000);
-  EXPECT_EQ(tp_net_state(&ic), 2);
+  for (int i = 0; i < 100 && tp_tcp_state(&ic) != 2; i++) usleep(10000);
+  EXPECT_EQ(tp_tcp_state(&ic), 2);
   atomic_store(&dummy_err, 0);
   /* The real sender. */
-  ASSERT(tp_net_send_connect(&sc, &sz, &h, &tx) == CH_OK);
-  ASSERT(tp_net_wait_bound(&rc, &rx) == CH_OK);
+  ASSERT(tp_tcp_send_connect(&sc, &sz, &h, &tx) == CH_OK);
+  ASSERT(tp_tcp_wait_bound(&rc, &rx) == CH_OK);
   /* One step across: payload, size and header arrive, tail published after them. */
   char* slot = sc.buff[PROTO_SIMPLE];
   for (int i = 0; i < 1000; i++) slot[i] = (char)(i * 7);
@@ -154,8 +154,8 @@ TEST_T(net, impostor_rejected, 60) {
   EXPECT_EQ(atomic_load(&sc.ctrl->head), 1);
   EXPECT_EQ(atomic_load(&dummy_err), 0);
   tp_conn_free(&sc);
-  for (int i = 0; i < 100 && tp_net_state(&rc) != 1; i++) usleep(10000);
-  EXPECT_EQ(tp_net_state(&rc), 1); /* an orderly goodbye, not a failure */
+  for (int i = 0; i < 100 && tp_tcp_state(&rc) != 1; i++) usleep(10000);
+  EXPECT_EQ(tp_tcp_state(&rc), 1); /* an orderly goodbye, not a failure */
   EXPECT_EQ(atomic_load(&dummy_err), 0);
   tp_conn_free(&rc);
   tp_conn_free(&ic);
@@ -179,9 +179,9 @@ static void pair_listen(struct net_pair* p) {
   p->tx = (struct tp_ctx){1, &p->lo, &p->lo, 0, p->key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL};
   p->sz = (struct tp_sizes){{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
   p->rc.peer = 1, p->sc.peer = 0;
-  ASSERT(tp_net_recv_setup(&p->rc, &p->sz, &p->h, &p->rx) == CH_OK);
+  ASSERT(tp_tcp_recv_setup(&p->rc, &p->sz, &p->h, &p->rx) == CH_OK);
 }
-static ch_status pair_connect(struct net_pair* p) { return tp_net_send_connect(&p->sc, &p->sz, &p->h, &p->tx); }
+static ch_status pair_connect(struct net_pair* p) { return tp_tcp_send_connect(&p->sc, &p->sz, &p->h, &p->tx); }
 static void pair_free(struct net_pair* p) {
   tp_conn_free(&p->sc);
   tp_conn_free(&p->rc);
@@ -191,18 +191,18 @@ static void pair_free(struct net_pair* p) {
 /* A step header that announces more than the slot, read by the waiting rank (direct reads), goes back
  * to the proxy, which fails the link: only the proxy walks its records (conn_fail), so the rank thread
  * must not (it did, racing the proxy's list). */
-TEST_T(net, oversized_step_is_failed_by_the_proxy, 60) {
+TEST_T(tcp, oversized_step_is_failed_by_the_proxy, 60) {
   static struct net_pair p;
   pair_listen(&p);
   ASSERT(pair_connect(&p) == CH_OK);
-  ASSERT(tp_net_wait_bound(&p.rc, &p.rx) == CH_OK);
-  ASSERT(p.rc.net->slot_bytes < 8192 && p.rc.net->direct_max >= 8192);
-  tp_net_poll(&p.rc); /* the rank takes the socket, as a waiting engine does */
-  struct net_step bad = {.bytes = 8192};
-  ASSERT(send(p.sc.net->fd, &bad, sizeof(bad), MSG_NOSIGNAL) == (ssize_t)sizeof(bad)); /* as a broken sender */
-  for (int i = 0; i < 500 && tp_net_state(&p.rc) == 0; i++) tp_net_poll(&p.rc), usleep(2000);
-  EXPECT_EQ(tp_net_state(&p.rc), 2);
-  EXPECT_EQ(atomic_load(&p.rc.net->rank_reads), 0); /* handed back: the proxy failed it */
+  ASSERT(tp_tcp_wait_bound(&p.rc, &p.rx) == CH_OK);
+  ASSERT(p.rc.tcp->slot_bytes < 8192 && p.rc.tcp->direct_max >= 8192);
+  tp_tcp_poll(&p.rc); /* the rank takes the socket, as a waiting engine does */
+  struct tcp_step bad = {.bytes = 8192};
+  ASSERT(send(p.sc.tcp->fd, &bad, sizeof(bad), MSG_NOSIGNAL) == (ssize_t)sizeof(bad)); /* as a broken sender */
+  for (int i = 0; i < 500 && tp_tcp_state(&p.rc) == 0; i++) tp_tcp_poll(&p.rc), usleep(2000);
+  EXPECT_EQ(tp_tcp_state(&p.rc), 2);
+  EXPECT_EQ(atomic_load(&p.rc.tcp->rank_reads), 0); /* handed back: the proxy failed it */
   EXPECT_EQ(atomic_load(&dummy_err), (int)CH_REMOTE);
   pair_free(&p);
 }
@@ -210,7 +210,7 @@ TEST_T(net, oversized_step_is_failed_by_the_proxy, 60) {
 /* A fork child that inherits communicators over the network: using one is refused (its threads and
  * sockets are the parent's), destroying or aborting one only lets go (it waited for ever for a proxy
  * thread the child does not have); the parent's comms go on. Not in a TSan suite: a fork after threads. */
-TEST_T(net, fork_child_lets_inherited_comms_go, 60) {
+TEST_T(tcp, fork_child_lets_inherited_comms_go, 60) {
   force_net();
   ncclComm_t comms[2];
   NCCL_OK(ncclCommInitAll(comms, 2, NULL));
@@ -242,7 +242,7 @@ TEST_T(net, fork_child_lets_inherited_comms_go, 60) {
 /* The proxy runs out of descriptors as a sender's connection arrives (accept4: EMFILE): it tries again
  * shortly and says why. The listener is edge-triggered, so the connection used to wait in the backlog
  * until another one arrived, and its receiver timed out blaming the sender. */
-TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
+TEST_T(tcp, accept_retried_after_running_out_of_descriptors, 60) {
   static struct net_pair p;
   pair_listen(&p);
   usleep(100000); /* the proxy sleeps in epoll_wait */
@@ -257,8 +257,8 @@ TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
   usleep(200000);
   while (nf) close(fill[--nf]);
   uint64_t t0 = now_ns();
-  while (atomic_load(&p.rc.net->state) != NET_BOUND && now_ns() - t0 < 3000000000ull) usleep(10000);
-  EXPECT_EQ(atomic_load(&p.rc.net->state), NET_BOUND);
+  while (atomic_load(&p.rc.tcp->state) != TCP_BOUND && now_ns() - t0 < 3000000000ull) usleep(10000);
+  EXPECT_EQ(atomic_load(&p.rc.tcp->state), TCP_BOUND);
   pair_free(&p);
   setrlimit(RLIMIT_NOFILE, &was); /* for a run without fork (--no-fork) */
 }
@@ -266,7 +266,7 @@ TEST_T(net, accept_retried_after_running_out_of_descriptors, 60) {
 /* 300 connections that never authenticate (a flood, or a scanner) do not keep a real sender out: once
  * all 256 places are taken, the oldest that has been silent for 1 s makes room for a newer one (it used
  * to wait in the backlog until the flood's sockets expired, 10 s). */
-TEST_T(net, listener_flood_drops_the_oldest, 60) {
+TEST_T(tcp, listener_flood_drops_the_oldest, 60) {
   static struct net_pair p;
   pair_listen(&p);
   enum { FLOOD = 300 };
@@ -280,8 +280,8 @@ TEST_T(net, listener_flood_drops_the_oldest, 60) {
   usleep(200000); /* the proxy has taken them in */
   ASSERT(pair_connect(&p) == CH_OK);
   uint64_t t0 = now_ns();
-  while (atomic_load(&p.rc.net->state) != NET_BOUND && now_ns() - t0 < 4000000000ull) usleep(10000);
-  EXPECT_EQ(atomic_load(&p.rc.net->state), NET_BOUND);
+  while (atomic_load(&p.rc.tcp->state) != TCP_BOUND && now_ns() - t0 < 4000000000ull) usleep(10000);
+  EXPECT_EQ(atomic_load(&p.rc.tcp->state), TCP_BOUND);
   for (int k = 0; k < n; k++) sock_close(&junk[k]);
   pair_free(&p);
 }
@@ -300,10 +300,10 @@ static void garbage_body(int rank, int nranks, ncclUniqueId id, void* arg) {
       struct sock s;
       struct sock_wait w = {NULL, 0};
       if (sock_connect(&a, &s, &w) != CH_OK) continue;
-      char junk[sizeof(struct net_hello)];
+      char junk[sizeof(struct tcp_hello)];
       memset(junk, k == 0 ? 0 : 0x41, sizeof(junk));
       if (k == 1) { /* right magic, made-up token */
-        uint64_t m = NET_MAGIC;
+        uint64_t m = TCP_MAGIC;
         memcpy(junk, &m, sizeof(m));
       }
       if (k < 2) sock_send_all(&s, junk, sizeof(junk), &w);
@@ -321,7 +321,7 @@ static void garbage_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(net, garbage_to_listener, 60) {
+TEST_T(tcp, garbage_to_listener, 60) {
   force_net();
   rt_run_threads(2, garbage_body, NULL);
 }
@@ -349,7 +349,7 @@ static void idle_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(net, idle_cpu, 60) {
+TEST_T(tcp, idle_cpu, 60) {
   force_net();
   rt_run_threads(2, idle_body, NULL);
   rt_run_procs(2, idle_body, NULL);
@@ -384,7 +384,7 @@ static void* survivor(void* arg) {
   return NULL;
 }
 
-TEST_T(net, peer_killed, 90) {
+TEST_T(tcp, peer_killed, 90) {
 #if defined(__SANITIZE_THREAD__)
   printf("    skipped under ThreadSanitizer (fork after threads)\n");
   return;
@@ -459,7 +459,7 @@ TEST_T(net_threads, direct_3, 240) { direct_sweep(3, 0); }
 TEST_T(net_procs, direct_2, 240) { direct_sweep(2, 1); }
 
 /* With the rank reading its sockets: small and large calls alternate (the socket moves between the
- * rank and the proxy, tp_net_poll / the `big` rule), the proxy of an idle process still sleeps, and
+ * rank and the proxy, tp_tcp_poll / the `big` rule), the proxy of an idle process still sleeps, and
  * a peer that exits while the survivor is in no call is still reported (the proxy takes the socket
  * back on the hang-up: ncclCommGetAsyncError turns to ncclRemoteError without a call). */
 static void direct_mixed_body(int rank, int nranks, ncclUniqueId id, void* arg) {
@@ -499,7 +499,7 @@ TEST_T(net_procs, direct_mixed_then_peer_exits, 120) {
   rt_run_procs(2, direct_mixed_body, NULL);
 }
 
-TEST_T(net, direct_idle_cpu, 60) {
+TEST_T(tcp, direct_idle_cpu, 60) {
   force_net();
   setenv("CHORUS_NET_DIRECT_MAX_BYTES", "4096", 1);
   param_reset();
@@ -529,7 +529,7 @@ TEST_T(net_procs, striped_sockets_3, 240) {
 
 /* Transports are one priority list (tp_table): a peer gets the first whose probe accepts it, with
  * NCCL's rules for NCCL_P2P_DISABLE / NCCL_SHM_DISABLE, and the layers above read only flags. */
-TEST(net, transport_priority_list) {
+TEST(tcp, transport_priority_list) {
   for (int k = 0; k < TP_COUNT; k++) {
     ASSERT(tp_table[k] != NULL && tp_table[k]->name && tp_table[k]->recv_setup && tp_table[k]->send_connect);
     EXPECT(!strcmp(tp_name(k), tp_table[k]->name));
@@ -541,7 +541,7 @@ TEST(net, transport_priority_list) {
   EXPECT_EQ(tp_choose(&self, &why), TP_LOCAL);
   EXPECT_EQ(tp_choose(&thread, &why), TP_LOCAL);
   EXPECT_EQ(tp_choose(&proc, &why), TP_SHM);
-  EXPECT_EQ(tp_choose(&remote, &why), TP_NET);
+  EXPECT_EQ(tp_choose(&remote, &why), TP_TCP);
   EXPECT(why && strstr(why, "host"));
   setenv("NCCL_P2P_DISABLE", "1", 1);
   param_reset();
@@ -549,12 +549,12 @@ TEST(net, transport_priority_list) {
   EXPECT_EQ(tp_choose(&thread, &why), TP_SHM);
   setenv("NCCL_SHM_DISABLE", "1", 1);
   param_reset();
-  EXPECT_EQ(tp_choose(&thread, &why), TP_NET);
-  EXPECT_EQ(tp_choose(&proc, &why), TP_NET);
+  EXPECT_EQ(tp_choose(&thread, &why), TP_TCP);
+  EXPECT_EQ(tp_choose(&proc, &why), TP_TCP);
   unsetenv("NCCL_P2P_DISABLE");
   unsetenv("NCCL_SHM_DISABLE");
   param_reset();
   EXPECT(tp_flags(TP_LOCAL) & TP_F_SAME_PROC);
   EXPECT((tp_flags(TP_SHM) & (TP_F_SAME_HOST | TP_F_PID_WATCH)) == (TP_F_SAME_HOST | TP_F_PID_WATCH));
-  EXPECT((tp_flags(TP_NET) & (TP_F_NETWORK | TP_F_SAME_HOST)) == TP_F_NETWORK);
+  EXPECT((tp_flags(TP_TCP) & (TP_F_NETWORK | TP_F_SAME_HOST)) == TP_F_NETWORK);
 }

@@ -1,4 +1,4 @@
-/* Network transport: connection setup and teardown, run by rank threads (the data moves in proxy.c).
+/* Network transport: connection setup and teardown, run by rank threads (the data moves in tcp_proxy.c).
  *
  * Each side of a connection has its own FIFO (struct fifo_ctrl + slots, as shm/local) in its own
  * heap. The receiver registers its FIFO with the process's proxy under a random token and offers
@@ -21,16 +21,16 @@
 #include "../misc/param.h"
 #include "../misc/sha256.h"
 #include "../misc/utils.h"
-#include "net.h"
+#include "tcp.h"
 
-#define NET_CONNECT_TIMEOUT_NS (60ull * 1000000000ull) /* connect + hello, on top of the retry policy */
-#define NET_BIND_TIMEOUT_NS (60ull * 1000000000ull)    /* receiver: the sender's hello must arrive by then */
+#define TCP_CONNECT_TIMEOUT_NS (60ull * 1000000000ull) /* connect + hello, on top of the retry policy */
+#define TCP_BIND_TIMEOUT_NS (60ull * 1000000000ull)    /* receiver: the sender's hello must arrive by then */
 
-void net_hello_mac(const unsigned char* key, const struct net_hello* h, uint64_t challenge,
-                   const union sock_addr* listener, unsigned char mac[NET_MAC]) {
+void tcp_hello_mac(const unsigned char* key, const struct tcp_hello* h, uint64_t challenge,
+                   const union sock_addr* listener, unsigned char mac[TCP_MAC]) {
   static const char label[] = "chorus-net-v1";
   const void* parts[4] = {label, h, &challenge, listener};
-  size_t lens[4] = {sizeof(label), offsetof(struct net_hello, mac), sizeof(challenge), sizeof(*listener)};
+  size_t lens[4] = {sizeof(label), offsetof(struct tcp_hello, mac), sizeof(challenge), sizeof(*listener)};
   hmac_sha256(key, 32, 4, parts, lens, mac);
 }
 
@@ -50,8 +50,8 @@ static ch_status fifo_alloc(struct conn* c, const struct tp_sizes* sz) {
   return CH_OK;
 }
 
-static struct net_conn* record_new(struct conn* c, const struct tp_ctx* x, int is_send) {
-  struct net_conn* n = calloc(1, sizeof(*n));
+static struct tcp_conn* record_new(struct conn* c, const struct tp_ctx* x, int is_send) {
+  struct tcp_conn* n = calloc(1, sizeof(*n));
   if (!n) {
     WARN("out of memory for a network connection with rank %d", c->peer);
     return NULL;
@@ -70,11 +70,11 @@ static struct net_conn* record_new(struct conn* c, const struct tp_ctx* x, int i
   n->peer_pid = x->peer_pid;
   snprintf(n->peer_host, sizeof(n->peer_host), "%s", x->peer_host ? x->peer_host : "?");
   n->fd = -1;
-  atomic_store(&n->state, NET_PENDING);
+  atomic_store(&n->state, TCP_PENDING);
   return n;
 }
 
-static void fail_free(struct conn* c, struct net_conn* n) {
+static void fail_free(struct conn* c, struct tcp_conn* n) {
   free(n);
   free(c->map_base);
   int peer = c->peer;
@@ -83,10 +83,10 @@ static void fail_free(struct conn* c, struct net_conn* n) {
   c->peer = peer;
 }
 
-ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h,
+ch_status tp_tcp_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp_handle* h,
                             const struct tp_ctx* x) {
   CHECK(fifo_alloc(c, sz));
-  struct net_conn* n = record_new(c, x, 0);
+  struct tcp_conn* n = record_new(c, x, 0);
   if (!n) return fail_free(c, NULL), CH_SYSTEM;
   n->token = tp_fresh_token();
   int64_t dmax = param_int(PARAM_NET_DIRECT_MAX_BYTES);
@@ -98,11 +98,11 @@ ch_status tp_net_recv_setup(struct conn* c, const struct tp_sizes* sz, struct tp
     WARN("rank %d: cannot listen for the network connection from rank %d", x->rank, c->peer);
     return fail_free(c, n), s;
   }
-  c->net = n;
-  c->transport = TP_NET;
+  c->tcp = n;
+  c->transport = TP_TCP;
   c->connected = 1;
   memset(h, 0, sizeof(*h));
-  h->kind = TP_NET;
+  h->kind = TP_TCP;
   h->bytes = tp_fifo_bytes(sz);
   h->token = n->token;
   h->nonce = n->challenge;
@@ -117,7 +117,7 @@ static int same_ip(const union sock_addr* a, const union sock_addr* b) {
   return 0;
 }
 
-ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
+ch_status tp_tcp_send_connect(struct conn* c, const struct tp_sizes* sz, const struct tp_handle* h,
                               const struct tp_ctx* x) {
   const union sock_addr* expect_ip = x->peer_addr;
   char a[64], b[64];
@@ -128,7 +128,7 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
     return CH_REMOTE;
   }
   struct sock s = {.fd = -1};
-  struct sock_wait w = {x->abort, ut_now_ns() + NET_CONNECT_TIMEOUT_NS};
+  struct sock_wait w = {x->abort, ut_now_ns() + TCP_CONNECT_TIMEOUT_NS};
   ch_status st = sock_connect(&h->addr, &s, &w);
   if (st != CH_OK) {
     if (st != CH_ABORTED)
@@ -147,14 +147,14 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
     return CH_REMOTE;
   }
   sock_tune_link(s.fd);
-  struct net_hello hello;
+  struct tcp_hello hello;
   memset(&hello, 0, sizeof(hello));
-  hello.magic = NET_MAGIC;
+  hello.magic = TCP_MAGIC;
   hello.token = h->token;
   hello.from_rank = x->rank;
   hello.to_rank = c->peer;
   st = ut_random(hello.nonce, sizeof(hello.nonce));
-  net_hello_mac(x->key, &hello, h->nonce, &h->addr, hello.mac);
+  tcp_hello_mac(x->key, &hello, h->nonce, &h->addr, hello.mac);
   if (st == CH_OK) st = sock_send_all(&s, &hello, sizeof(hello), &w);
   if (st != CH_OK) {
     if (st != CH_ABORTED)
@@ -164,36 +164,36 @@ ch_status tp_net_send_connect(struct conn* c, const struct tp_sizes* sz, const s
     return st == CH_ABORTED ? st : CH_REMOTE;
   }
   if ((st = fifo_alloc(c, sz)) != CH_OK) return sock_close(&s), st;
-  struct net_conn* n = record_new(c, x, 1);
+  struct tcp_conn* n = record_new(c, x, 1);
   if (!n) return sock_close(&s), fail_free(c, NULL), CH_SYSTEM;
   n->fd = s.fd;
   n->remote = h->addr;
   int64_t dmax = param_int(PARAM_NET_DIRECT_MAX_BYTES);
   n->direct_max = dmax > 0 ? (uint64_t)dmax : 0;
-  atomic_store(&n->state, NET_BOUND);
+  atomic_store(&n->state, TCP_BOUND);
   /* tp_wake of every post finds the record through the FIFO (token is unused by net FIFOs). */
   c->ctrl->token = (uint64_t)(uintptr_t)n;
   atomic_store(&c->ctrl->recv_sleeping, TP_SLEEP_DIRECT);
   if ((st = proxy_register(n, x->listen_hint, NULL)) != CH_OK) return sock_close(&s), fail_free(c, n), st;
-  c->net = n;
-  c->transport = TP_NET;
+  c->tcp = n;
+  c->transport = TP_TCP;
   c->connected = 1;
   return CH_OK;
 }
 
-ch_status tp_net_wait_bound(struct conn* c, const struct tp_ctx* x) {
-  uint64_t end = ut_now_ns() + NET_BIND_TIMEOUT_NS;
+ch_status tp_tcp_wait_bound(struct conn* c, const struct tp_ctx* x) {
+  uint64_t end = ut_now_ns() + TCP_BIND_TIMEOUT_NS;
   long ns = 20000;
   for (;;) {
-    int st = atomic_load_explicit(&c->net->state, memory_order_acquire);
+    int st = atomic_load_explicit(&c->tcp->state, memory_order_acquire);
     /* Closed in order: it was bound, and the peer may have sent everything and left before we looked
      * (its steps, or the poison of a failed call, are in our FIFO). */
-    if (st == NET_BOUND || st == NET_CLOSED) return CH_OK;
-    if (st != NET_PENDING) return CH_REMOTE; /* logged by the proxy */
+    if (st == TCP_BOUND || st == TCP_CLOSED) return CH_OK;
+    if (st != TCP_PENDING) return CH_REMOTE; /* logged by the proxy */
     if (__atomic_load_n(x->abort, __ATOMIC_RELAXED)) return CH_ABORTED;
     if (ut_now_ns() > end) {
       WARN("rank %d: rank %d said it connected to our network listener, but no authenticated connection "
-           "arrived within %llu s", x->rank, c->peer, NET_BIND_TIMEOUT_NS / 1000000000ull);
+           "arrived within %llu s", x->rank, c->peer, TCP_BIND_TIMEOUT_NS / 1000000000ull);
       return CH_REMOTE;
     }
     struct timespec ts = {0, ns};
@@ -204,7 +204,7 @@ ch_status tp_net_wait_bound(struct conn* c, const struct tp_ctx* x) {
 
 static ch_status net_recv_done(struct conn* c, int attached, const struct tp_handle* back, const struct tp_ctx* x) {
   (void)back;
-  return attached ? tp_net_wait_bound(c, x) : CH_OK;
+  return attached ? tp_tcp_wait_bound(c, x) : CH_OK;
 }
 
 static void net_wake(struct conn* c, int we_send) {
@@ -212,34 +212,34 @@ static void net_wake(struct conn* c, int we_send) {
   tp_proxy_kick(); /* the proxy relays to the other host */
 }
 
-int tp_net_state(const struct conn* c) {
-  if (c->transport != TP_NET || !c->net) return 0;
-  int st = atomic_load_explicit(&c->net->state, memory_order_acquire);
-  return st == NET_FAILED ? 2 : st == NET_CLOSED ? 1 : 0;
+int tp_tcp_state(const struct conn* c) {
+  if (c->transport != TP_TCP || !c->tcp) return 0;
+  int st = atomic_load_explicit(&c->tcp->state, memory_order_acquire);
+  return st == TCP_FAILED ? 2 : st == TCP_CLOSED ? 1 : 0;
 }
 
 static void net_closing(struct conn* c) {
-  if (c->net) proxy_closing(c->net);
+  if (c->tcp) proxy_closing(c->tcp);
 }
 
 static void net_free(struct conn* c) {
-  if (c->net) proxy_unregister(c->net); /* the proxy no longer touches the record or the FIFO */
-  free(c->net);
+  if (c->tcp) proxy_unregister(c->tcp); /* the proxy no longer touches the record or the FIFO */
+  free(c->tcp);
   free(c->map_base);
   memset(c, 0, sizeof(*c));
   c->fd = -1;
 }
 
-const struct tp_ops tp_net_ops = {
-    .name = "net",
+const struct tp_ops tp_tcp_ops = {
+    .name = "tcp",
     .can_connect = NULL, /* the last resort: any peer */
     .flags = TP_F_NETWORK,
-    .recv_setup = tp_net_recv_setup,
-    .send_connect = tp_net_send_connect,
+    .recv_setup = tp_tcp_recv_setup,
+    .send_connect = tp_tcp_send_connect,
     .recv_done = net_recv_done,
-    .health = tp_net_state,
-    .poll = tp_net_poll,
-    .idle = tp_net_idle,
+    .health = tp_tcp_state,
+    .poll = tp_tcp_poll,
+    .idle = tp_tcp_idle,
     .wake = net_wake,
     .free = net_free,
     .closing = net_closing,
