@@ -1,5 +1,5 @@
 /* CUDA buffers without a GPU: the library classifies buffers only in a process that has the CUDA
- * driver loaded; device memory then runs on host copies (gpu/staging.c), in the order of the call's CUDA
+ * driver loaded; device memory then runs on host copies (staging/staging.c), in the order of the call's CUDA
  * stream (or, with CHORUS_CUDA_ASYNC=0, before the call returns), mixed kinds are refused by name,
  * and managed memory is ordered after the call's CUDA stream. A stand-in driver
  * (cuda_stub/fake_cuda.c) plays libcuda.so.1: tests mark host ranges as device or managed memory,

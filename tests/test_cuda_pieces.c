@@ -1,4 +1,4 @@
-/* Large calls on staged device buffers run in pieces (gpu/staging.c's stage_pieces): ranks with a CUDA
+/* Large calls on staged device buffers run in pieces (staging/staging.c's stage_pieces): ranks with a CUDA
  * context but no GPU path between them (here CHORUS_CUDA_DIRECT=0 and CHORUS_CUDA_RELAY=0 stand in
  * for ranks on different hosts) split an AllReduce, Reduce, Broadcast, AllGather or ReduceScatter
  * past CHORUS_CUDA_STAGE_PIECE into calls of that size, alike on every rank whatever its buffers. Each piece copies its input on

@@ -1,4 +1,4 @@
-/* Calls through host memory captured into CUDA graphs (gpu/staging.c's stage_capture): ranks with no
+/* Calls through host memory captured into CUDA graphs (staging/staging.c's stage_capture): ranks with no
  * GPU path between them (CHORUS_CUDA_DIRECT=0, CHORUS_CUDA_RELAY=0 stand in for ranks on different
  * hosts) capture collectives on their streams and replay them many times, new inputs each time, with
  * eager calls on the same stream in between and no synchronisation: the stand-in driver records what

@@ -1,4 +1,4 @@
-/* Reductions of ranks that stage device buffers through host memory run on the GPU (gpu/staging.c's
+/* Reductions of ranks that stage device buffers through host memory run on the GPU (staging/staging.c's
  * stage_reduce_way): host memory only moves the inputs (an AllGather, a Gather to the root, or an
  * AlltoAll then an AllGather of the reduced blocks) and Chorus's kernel combines them, which the
  * stand-in driver runs on the CPU and counts. CHORUS_CUDA_DIRECT=0 and CHORUS_CUDA_RELAY=0 stand in

@@ -14,7 +14,7 @@
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "../gpu/gpu.h"
-#include "../gpu/staging.h"
+#include "../staging/staging.h"
 #include "../observe/observe.h"
 #include "api.h"
 #include "nvtx.h"

@@ -4,7 +4,7 @@
 #include "../core/exec.h"
 #include "../core/host_stream.h"
 #include "../gpu/gpu.h"
-#include "../gpu/staging.h"
+#include "../staging/staging.h"
 
 static ch_status kernel_finish(struct ch_task* t, int ok) {
   (void)ok;

@@ -17,7 +17,7 @@
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "../gpu/gpu.h"
-#include "../gpu/staging.h"
+#include "../staging/staging.h"
 #include "../observe/observe.h"
 #include "api.h"
 
@@ -35,7 +35,7 @@ static ch_status stage_host(struct ch_task* t, const char* fn, int needs_send, i
 /* Where the call runs (core/exec.h), decided here once and recorded in t->exec. CUDA buffers
  * (cuda/cudrv.h) are looked at only in a process that has the CUDA driver loaded. Device memory of
  * ranks sharing one GPU runs there (gpu/call.c); other device memory cannot be read by the host, so
- * such a call runs on host copies (gpu/staging.c). Managed memory is host memory to us, once the work
+ * such a call runs on host copies (staging/staging.c). Managed memory is host memory to us, once the work
  * queued on the call's CUDA stream (NULL: the legacy stream) is done, as NCCL orders a call after it.
  * One call takes buffers of one kind. Host buffers run on a Chorus host stream's thread when the call
  * names one, else on the calling thread. */
@@ -145,7 +145,7 @@ static ch_status defer_task(const struct ch_task* t, const char* fn, int needs_s
   return s;
 }
 
-/* A staged reduction whose GPUs reduce (gpu/staging.c's stage_reduce_way): host memory moves the
+/* A staged reduction whose GPUs reduce (staging/staging.c's stage_reduce_way): host memory moves the
  * inputs, as calls of their own whose results the GPU combines (t->gpu_reduce). SPLIT, for an
  * AllReduce: nranks blocks of whole 64-byte lines, an AlltoAll of each rank's block, which its GPU
  * reduces in place in recvbuff, then an AllGather of the reduced blocks in place; the elements past
@@ -190,7 +190,7 @@ static ch_status queue_reduction(struct ch_task* t, const char* fn, int needs_se
 }
 
 /* A large AllReduce, Reduce, Broadcast, AllGather or ReduceScatter on a communicator that stages
- * device buffers runs as pieces (gpu/staging.c's stage_pieces: decided from the communicator and the
+ * device buffers runs as pieces (staging/staging.c's stage_pieces: decided from the communicator and the
  * call, alike on every rank): each a call of its own, so that the copies of one overlap the transfer
  * of another. An AllGather's or ReduceScatter's piece takes the same slice of every rank's block. */
 ch_status route_call(struct ch_task* t, const char* fn, int needs_send, int needs_recv) {

@@ -201,16 +201,16 @@ struct ncclComm {
   /* NCCL_PROFILER_PLUGIN's context (observe/profiler.c), or NULL: set at the end of init, freed by
    * comm_free; its plan events only by the thread running the comm's current plan (tickets). */
   struct prof_comm* prof;
-  /* Device buffers in CUDA stream order (gpu/staging.c): made by the first such call and used by the
+  /* Device buffers in CUDA stream order (staging/staging.c): made by the first such call and used by the
    * thread in a call on this comm (owner); freed by comm_free. */
   struct stage_comm* stage;
-  /* Bytes per piece of a large AllReduce, Reduce, Broadcast, AllGather or ReduceScatter (gpu/staging.c's stage_pieces), or 0:
+  /* Bytes per piece of a large AllReduce, Reduce, Broadcast, AllGather or ReduceScatter (staging/staging.c's stage_pieces), or 0:
    * set by gpu_setup alike on every rank, read-only afterwards. */
   size_t stage_piece;
-  /* Staged AllReduce, Reduce and ReduceScatter reduce on the GPU (gpu/staging.c's stage_reduce_way):
+  /* Staged AllReduce, Reduce and ReduceScatter reduce on the GPU (staging/staging.c's stage_reduce_way):
    * set by gpu_setup alike on every rank, read-only afterwards. */
   int stage_gpu_reduce;
-  /* Plans handed to a CUDA stream that draws their tickets when it gets there (gpu/staging.c's graph
+  /* Plans handed to a CUDA stream that draws their tickets when it gets there (staging/staging.c's graph
    * mode): added by the comm's owner at launch, taken back once drawn (or dropped at an abort). A
    * thread that draws tickets itself waits for 0 first (core/group.c), as does comm_wait_idle. */
   _Atomic int unticketed;

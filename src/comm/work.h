@@ -30,15 +30,15 @@ struct ch_task {
   struct ncclComm* comm;
   cudaStream_t stream;
   int exec; /* enum ch_exec (core/exec.h): where it runs, decided once when it is checked (api/coll.c) */
-  struct stage* stage; /* device buffers staged through host memory (gpu/staging.c), or NULL */
+  struct stage* stage; /* device buffers staged through host memory (staging/staging.c), or NULL */
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu/call.c): t is their exchange, or NULL */
   uint64_t fr_id;       /* its flight recorder entry (observe/recorder.c), 0 when the recorder is off */
-  int piece;            /* 1 + its index among the pieces of one large call (gpu/staging.c's stage_pieces), else 0 */
+  int piece;            /* 1 + its index among the pieces of one large call (staging/staging.c's stage_pieces), else 0 */
   int piece_ordered;    /* pieces copy in on the call's stream: its call's buffers overlap without being one,
                          * or its input is the call before's result (a split reduction's AllGather) */
   int gpu_reduce;       /* the data movement of a staged reduction (an AlltoAll, AllGather or Gather that
                          * stage_reduce_way made of it): the GPU combines the nranks blocks its host result
-                         * holds into recvbuff's count elements, with red (gpu/staging.c) */
+                         * holds into recvbuff's count elements, with red (staging/staging.c) */
   size_t stride;        /* a piece of an AllGather (result) or ReduceScatter (input): elements between the
                          * rank blocks of that buffer, whose slices the piece takes (else 0) */
   int noop;             /* nothing to do (one rank, in place): checked, never queued */
@@ -74,7 +74,7 @@ struct ch_plan {
   /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
   int reusable, key_func, key_type, key_root;
   int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
-  int persistent; /* a captured group's (gpu/stage_graph.c): restored at each replay, never released, freed with its comm */
+  int persistent; /* a captured group's (staging/stage_graph.c): restored at each replay, never released, freed with its comm */
   size_t key_count;
   struct ch_plan* next; /* comm_wait_idle_aborting's list of plans taken off their streams */
   /* Observation: the flight recorder entries of its calls (ids fr_lo..fr_hi, this comm's calls of the

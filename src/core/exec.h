@@ -13,7 +13,7 @@
 enum ch_exec {
   EXEC_HOST = 0,        /* the calling thread runs the plans before returning (core/engine.c) */
   EXEC_HOST_STREAM = 1, /* a Chorus host stream's thread runs them (core/host_stream.c) */
-  EXEC_STAGE = 2,       /* device buffers through host memory, in CUDA stream order (gpu/staging.c) */
+  EXEC_STAGE = 2,       /* device buffers through host memory, in CUDA stream order (staging/staging.c) */
   EXEC_KERNEL = 3,      /* device buffers of ranks sharing one GPU, run by a kernel (gpu/call.c) */
   EXEC_COUNT
 };

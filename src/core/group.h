@@ -13,7 +13,7 @@ ch_status group_end(void);
 ch_status group_simulate_end(float* estimated_us);
 /* Inside a group: queue a call once the outermost group has launched, as a group of its own
  * (fn(arg, 1)), or let it go (fn(arg, 0): the group failed or was simulated); fn frees arg. For a call
- * whose input a kernel of the group writes (a split reduction's AllGather, gpu/staging.c): a group
+ * whose input a kernel of the group writes (a split reduction's AllGather, staging/staging.c): a group
  * copies every input before any of its plans runs. */
 ch_status group_after(ch_status (*fn)(void* arg, int run), void* arg);
 /* Remember that a call inside the current group failed its checks (the group then fails). */

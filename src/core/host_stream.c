@@ -16,7 +16,7 @@
 /* What one group queued: plans run together by one plan_exec (they may wait on each other). */
 struct ch_batch {
   struct ch_batch* next;
-  /* An executor's hooks (gpu/staging.c waits for device inputs before and lets the CUDA streams go
+  /* An executor's hooks (staging/staging.c waits for device inputs before and lets the CUDA streams go
    * after; gpu/call.c settles the kernel's part after), or NULL. */
   void (*before)(void*, struct ch_plan**, int);
   void (*after)(void*, ch_status);
@@ -75,7 +75,7 @@ static void* stream_main(void* arg) {
     /* WARNs of a batch of one communicator go to its ncclGetLastError record, as on the calling
      * thread. The comm outlives the batch: it is freed only after its last plan's done_ticket, which
      * plan_exec publishes as its last touch, and nothing logs after that. A batch of no plans runs
-     * its hooks only, in queue order (gpu/staging.c's dropped gates). */
+     * its hooks only, in queue order (staging/staging.c's dropped gates). */
     struct ncclComm* one = b->n ? b->plans[0]->comm : NULL;
     if (one) log_set_thread_rank(one->rank);
     for (int i = 1; i < b->n; i++)

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
 #include "cudrv.h"
 #include "devjob.h"
 
@@ -327,3 +329,5 @@ ch_status cudev_device(void* ctx, unsigned char uuid[16], int* sms, int* ordinal
   IN_CTX(ctx, "cuDeviceGetAttribute", dv.attr(sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
   return CH_OK;
 }
+
+int cudev_unroll(void) { return (int)UT_MAX(UT_MIN(param_int(PARAM_CUDA_UNROLL), 4), 1); }

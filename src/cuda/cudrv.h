@@ -1,6 +1,6 @@
 /* The CUDA driver, found at run time and never linked: a process that does not use CUDA never loads
  * it, and a machine without it works as before. This layer classifies buffers, copies between host
- * and device memory (gpu/staging.c moves device buffers through host memory), synchronises a CUDA
+ * and device memory (staging/staging.c moves device buffers through host memory), synchronises a CUDA
  * stream, and describes the driver for chorus-info. */
 #ifndef CHORUS_CUDA_CUDRV_H
 #define CHORUS_CUDA_CUDRV_H
@@ -25,7 +25,7 @@ ch_status cudrv_copy_dtoh(void* dst, const void* dev, size_t bytes);
 ch_status cudrv_copy_htod(void* dev, const void* src, size_t bytes);
 /* Wait for the work queued on a CUDA stream (CH_OK when the driver is absent). */
 ch_status cudrv_stream_sync(void* stream);
-/* The asynchronous path (gpu/staging.c): a call on device buffers is queued on its CUDA stream as
+/* The asynchronous path (staging/staging.c): a call on device buffers is queued on its CUDA stream as
  * copies to pinned host memory, a host function that tells Chorus the input is there, a wait for a
  * flag Chorus writes when the call is done, and copies back. Every function below runs in context ctx
  * (the buffers' own, from cudrv_ptr_ctx; pushed around the call and popped again), queues work on
@@ -112,6 +112,8 @@ int cudev_ok(void);
 /* The device kernel for ncclDataType_t `type` (or DEV_STAGE: the stage kernel), loaded into ctx on
  * first use; NULL (WARNed) if not. */
 void* cudev_kernel(void* ctx, int type);
+/* CHORUS_CUDA_UNROLL, clamped to what the kernel takes (1..4): the direct path's and staging's. */
+int cudev_unroll(void);
 /* Device memory in ctx for the device path's own use (cuMemAlloc / cuMemFree; NULL is nothing). */
 ch_status cudev_dev_alloc(void* ctx, size_t bytes, void** dev);
 ch_status cudev_dev_free(void* ctx, void* dev);

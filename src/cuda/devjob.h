@@ -74,4 +74,18 @@ struct dev_stage_args {
   uint64_t dst;            /* device address of a struct dev_staged */
 };
 
+#ifndef __CUDACC__ /* host side only (C: kernels.cu, C++, does not need it) */
+/* Append a job to a's list (the caller keeps a->njobs below DEV_MAX_JOBS): the direct path's, the
+ * relay's and staging's kernels are all built from these. */
+static inline struct dev_job* dev_job_add(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf,
+                                          uint64_t src_off, uint32_t dst_mask, int dst_buf, uint64_t dst_off,
+                                          uint64_t count) {
+  struct dev_job* j = &a->job[a->njobs++];
+  *j = (struct dev_job){.reduce = (uint8_t)reduce, .src_mask = src_mask, .src_buf = (uint8_t)src_buf,
+                        .src_off = src_off, .dst_mask = dst_mask, .dst_buf = (uint8_t)dst_buf,
+                        .dst_off = dst_off, .count = count};
+  return j;
+}
+#endif
+
 #endif

@@ -1,6 +1,6 @@
 /* The device kernels (kernels.cu) as nvcc built them: a fatbin embedded in the library when the build
  * found nvcc (CHORUS_FATBIN_PATH), loaded into a context at run time by cudev.c. Without it the blob
- * is empty and device buffers go through host memory (gpu/staging.c). */
+ * is empty and device buffers go through host memory (staging/staging.c). */
 #include <stddef.h>
 
 #ifndef CHORUS_FATBIN_ARCHS

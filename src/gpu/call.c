@@ -17,7 +17,7 @@ int gpu_is_p2p(int f) { return f == FUNC_SEND || f == FUNC_RECV; }
 
 /* Decided from what every rank knows alike (the comm and the call), never from one rank's buffers:
  * a buffer that cannot take part (another device's) fails the call on every rank instead. */
-/* Reproducible reductions run on host copies (gpu/staging.c): the host's combination (reduce/repro.c)
+/* Reproducible reductions run on host copies (staging/staging.c): the host's combination (reduce/repro.c)
  * is the one definition of their bits, so device buffers give what host buffers give. */
 int gpu_takes(const struct ch_task* t) {
   const struct gpu_comm* g = t->comm->gpu;
@@ -181,15 +181,6 @@ void* gpu_slot_done_dev(struct gpu_comm* g, uint32_t seq) {
   return priv_dev(g, offsetof(struct gpu_priv, slot_done) + (seq % GPU_SLOTS) * sizeof(uint32_t));
 }
 
-struct dev_job* gpu_job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
-                           uint32_t dst_mask, int dst_buf, uint64_t dst_off, uint64_t count) {
-  struct dev_job* j = &a->job[a->njobs++];
-  memset(j, 0, sizeof(*j));
-  j->reduce = (uint8_t)reduce, j->src_mask = src_mask, j->src_buf = (uint8_t)src_buf, j->src_off = src_off;
-  j->dst_mask = dst_mask, j->dst_buf = (uint8_t)dst_buf, j->dst_off = dst_off, j->count = count;
-  return j;
-}
-
 /* AlltoAll: rank me exchanges the blocks of the pairs {me, me + k mod n}, k = 1..(n-1)/2, and for an
  * even n the pair at distance n/2 falls to its lower rank: every pair once, each rank n/2 pairs at most. */
 int gpu_a2a_pair(int n, int me, int r) {
@@ -233,32 +224,32 @@ static void rank_jobs(struct gpu_comm* g, const struct gpu_call* c, struct dev_a
     case FUNC_ALLREDUCE: { /* shares aligned to 16 bytes */
       size_t align = E >= 16 ? 1 : 16 / E, share = UT_ALIGN_UP(UT_DIV_UP(C, (size_t)n), align);
       size_t off = UT_MIN(C, share * (size_t)me), len = UT_MIN(share, C - off);
-      if (len) gpu_job(a, DEV_REDUCE, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
+      if (len) dev_job_add(a, DEV_REDUCE, all, DEV_SEND, off * E, all, DEV_RECV, off * E, len);
       break;
     }
-    case FUNC_ALLGATHER: gpu_job(a, DEV_COPY, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
-    case FUNC_REDUCESCATTER: gpu_job(a, DEV_REDUCE, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
+    case FUNC_ALLGATHER: dev_job_add(a, DEV_COPY, self, DEV_SEND, 0, all, DEV_RECV, (uint64_t)me * B, C); break;
+    case FUNC_REDUCESCATTER: dev_job_add(a, DEV_REDUCE, all, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C); break;
     case FUNC_BROADCAST: /* a root in place has nothing to do */
-      if (me != c->root || !own || send != recv) gpu_job(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      if (me != c->root || !own || send != recv) dev_job_add(a, DEV_COPY, 1u << c->root, DEV_SEND, 0, self, DEV_RECV, 0, C);
       break;
     case FUNC_REDUCE:
-      if (me == c->root) gpu_job(a, DEV_REDUCE, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
+      if (me == c->root) dev_job_add(a, DEV_REDUCE, all, DEV_SEND, 0, self, DEV_RECV, 0, C);
       break;
     case FUNC_ALLTOALL: /* its own block (unless in place), then its pairs */
-      if (!own || send != recv) gpu_job(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
+      if (!own || send != recv) dev_job_add(a, DEV_COPY, self, DEV_SEND, me * B, self, DEV_RECV, me * B, C);
       for (int r = 0; r < n; r++)
-        if (gpu_a2a_pair(n, me, r)) gpu_job(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
+        if (gpu_a2a_pair(n, me, r)) dev_job_add(a, DEV_PAIR, self | 1u << r, DEV_SEND, B, self | 1u << r, DEV_RECV, 0, C);
       break;
     case FUNC_GATHER: /* the root pulls every block; its own is already in place when sendbuff is there */
       for (int r = 0; me == c->root && r < n; r++)
         if (r != me || !own || send != recv + (size_t)me * B)
-          gpu_job(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
+          dev_job_add(a, DEV_COPY, 1u << r, DEV_SEND, 0, self, DEV_RECV, (uint64_t)r * B, C);
       break;
-    case FUNC_RECV: gpu_job(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
-    case FUNC_SEND: gpu_job(a, DEV_COPY, self, DEV_SEND, 0, 1u << c->peer, DEV_RECV, 0, C); break;
+    case FUNC_RECV: dev_job_add(a, DEV_COPY, 1u << c->peer, DEV_SEND, 0, self, DEV_RECV, 0, C); break;
+    case FUNC_SEND: dev_job_add(a, DEV_COPY, self, DEV_SEND, 0, 1u << c->peer, DEV_RECV, 0, C); break;
     case FUNC_SCATTER: /* every rank pulls its block from the root (nothing to do for a root in place) */
       if (me != c->root || !own || recv != send + (size_t)me * B)
-        gpu_job(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
+        dev_job_add(a, DEV_COPY, 1u << c->root, DEV_SEND, (uint64_t)me * B, self, DEV_RECV, 0, C);
       break;
   }
 }

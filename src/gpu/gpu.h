@@ -301,10 +301,6 @@ struct dev_args;
 ch_status gpu_launch_jobs(struct gpu_comm* g, struct dev_args* a, void* stage_dev, uint32_t slot, cudaStream_t s);
 /* A kernel's arguments for call c without jobs: its table slot, failure words, type and operation. */
 void gpu_args_init(struct gpu_comm* g, const struct gpu_call* c, struct dev_args* a);
-/* CHORUS_CUDA_UNROLL, clamped to what the kernel takes (1..4): the direct path's and staging's. */
-static inline int gpu_unroll(void) { return (int)UT_MAX(UT_MIN(param_int(PARAM_CUDA_UNROLL), 4), 1); }
-struct dev_job* gpu_job(struct dev_args* a, int reduce, uint32_t src_mask, int src_buf, uint64_t src_off,
-                        uint32_t dst_mask, int dst_buf, uint64_t dst_off, uint64_t count); /* appended to a */
 void* gpu_table_dev(struct gpu_comm* g, uint32_t seq);     /* call seq's table (its ring slot) */
 void* gpu_slot_done_dev(struct gpu_comm* g, uint32_t seq); /* the word its stream writes when done */
 /* The jobs of this rank's kernel for call c (none: it launches nothing); also what resolve checks. */

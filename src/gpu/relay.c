@@ -121,7 +121,7 @@ static ch_status reduce_piece(struct gpu_comm* g, struct gpu_memops* o, const st
   if (c->gc) a.table = (uint64_t)(uintptr_t)tab, a.seq = c->gc->id;
   uint32_t all = g->n == 32 ? 0xffffffffu : (1u << g->n) - 1;
   /* the ring entry's offset is alike in every rank's ring */
-  gpu_job(&a, DEV_REDUCE, all, DEV_SEND, entry + in_entry, 1u << g->rank, DEV_RECV, off * E, len);
+  dev_job_add(&a, DEV_REDUCE, all, DEV_SEND, entry + in_entry, 1u << g->rank, DEV_RECV, off * E, len);
   return c->gc ? gpu_launch_jobs(g, &a, c->gc->staged_dev, 0, o->s) : gpu_launch_jobs(g, &a, g->stage_dev, c->seq, o->s);
 }
 

@@ -341,7 +341,7 @@ static void local_remove(uint64_t hash, int rank) {
 
 /* Where calls on device buffers are staged through host memory (no GPU path: ranks on different
  * hosts), large ones run in pieces so that copies overlap transfers, and reductions run on the GPU
- * (gpu/staging.c). Every rank makes its calls alike, whatever its buffers, so pieces only where every
+ * (staging/staging.c). Every rank makes its calls alike, whatever its buffers, so pieces only where every
  * rank has a context (it then could stage) and at rank 0's size, GPU reductions only where every
  * rank's GPU can run them. */
 static void pieces_setup(struct ncclComm* comm, const struct gpu_hello* all) {
@@ -409,7 +409,7 @@ ch_status gpu_setup(struct ncclComm* comm, const struct gpu_hello* all) {
     for (int t = 0; ok && t <= DEV_STAGE; t++) ok = (g->fn[t] = cudev_kernel(g->ctx, t)) != NULL;
     g->stage_blocks = (int)UT_MAX(param_int(PARAM_CUDA_STAGE_BLOCKS), 0);
     g->one_kernel = !g->relay && param_int(PARAM_CUDA_ONE_KERNEL) != 0; /* the relay: each rank its own */
-    g->unroll = gpu_unroll();
+    g->unroll = cudev_unroll();
     if (ok) ok = gpu_copier_start(g) == CH_OK; /* rank 0 of 3+ ranks (its one_kernel is everyone's) */
     if (ok && g->relay) ok = gpu_relay_setup(g) == CH_OK;
   }

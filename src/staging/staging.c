@@ -15,13 +15,13 @@
  * piece copies its input on the pool's input stream, forked from the call's stream at the first
  * piece, so that while the bridge moves piece k the input stream copies piece k+1 in and the call's
  * stream copies piece k-1 back.
- * Graph capture (gpu/stage_graph.c): a group captured on a stream gets pinned blocks, a flag word
+ * Graph capture (staging/stage_graph.c): a group captured on a stream gets pinned blocks, a flag word
  * and a plan of its own, kept until the communicator goes. The graph holds its copies, a host node
  * that hands the plan to the bridge at each replay, a wait for the flag and a write that resets it.
  * From the first capture on, the communicator's eager calls hand their plans to the bridge from a
  * host function too, on the pool's order stream (launch order, each after its streams' inputs), so
  * that replays and eager calls reach the bridge in the order their streams run them.
- * The pool of pinned blocks is gpu/stage_pool.c's, captured calls gpu/stage_graph.c's.
+ * The pool of pinned blocks is staging/stage_pool.c's, captured calls staging/stage_graph.c's.
  * Ownership: a task's stage is made and finished by the thread in the call (the comm's owner);
  * stage_launch hands its pinned blocks to a gate, which the last of its host functions releases. */
 #include <pthread.h>
@@ -39,7 +39,6 @@
 #include "../core/init.h"
 #include "../core/plan.h"
 #include "../tune/tune.h"
-#include "gpu.h"
 #include "stage_int.h"
 #include "staging.h"
 
@@ -279,9 +278,9 @@ ch_status stage_result(struct stage* st, cudaStream_t s) {
   struct dev_args a;
   memset(&a, 0, sizeof(a));
   a.table = (uintptr_t)st->tab_dev, a.seq = 1, a.type = st->red.type, a.op_kind = st->red.kind;
-  a.divisor = st->red.divisor, a.unroll = gpu_unroll();
+  a.divisor = st->red.divisor, a.unroll = cudev_unroll();
   uint32_t all = st->nblk >= 32 ? 0xffffffffu : (1u << st->nblk) - 1;
-  gpu_job(&a, DEV_REDUCE, all, DEV_SEND, 0, 1, DEV_RECV, 0, st->count);
+  dev_job_add(&a, DEV_REDUCE, all, DEV_SEND, 0, 1, DEV_RECV, 0, st->count);
   uint64_t gx = UT_MAX(UT_MIN(UT_DIV_UP((uint64_t)st->count, (uint64_t)512 * 4), (uint64_t)STAGE_RED_BLOCKS), 1);
   return cudev_launch(st->kernel, (unsigned)gx, 1, s, st->ctx, &a);
 }

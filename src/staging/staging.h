@@ -1,10 +1,10 @@
-/* Device buffers in CUDA stream order, staged through host memory (gpu/staging.c). */
+/* Device buffers in CUDA stream order, staged through host memory (staging/staging.c). */
 #ifndef CH_GPU_STAGING_H
 #define CH_GPU_STAGING_H
 
 #include "../comm/work.h"
 
-/* gpu/staging.c: t's touched buffers are CUDA device memory (or, hostmem, host memory of a piece
+/* staging/staging.c: t's touched buffers are CUDA device memory (or, hostmem, host memory of a piece
  * whose one side is strided: t->stride). stage_in points t at host copies and copies the input there
  * (at launch, in stream order, or now); stage_out (when t's group has run) copies the result back if
  * ok, and frees. */

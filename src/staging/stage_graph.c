@@ -1,4 +1,4 @@
-/* Calls through host memory captured into CUDA graphs (gpu/staging.c's header says how): a group of
+/* Calls through host memory captured into CUDA graphs (staging/staging.c's header says how): a group of
  * one communicator, every call of it on one capturing stream. Its plan runs at every replay as it was
  * built (plan_snapshot), on pinned blocks of its own. */
 #include <stdint.h>

@@ -1,5 +1,5 @@
-/* The pinned host memory of a communicator's staged calls (gpu/stage_int.h), its bridge, and its
- * release when the communicator goes (gpu/staging.c says how calls use them). */
+/* The pinned host memory of a communicator's staged calls (staging/stage_int.h), its bridge, and its
+ * release when the communicator goes (staging/staging.c says how calls use them). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
-/* The staging path's shared parts (gpu/staging.c: calls and their launch; gpu/stage_pool.c: the
- * pinned memory of a communicator; gpu/stage_graph.c: calls captured into CUDA graphs). */
+/* The staging path's shared parts (staging/staging.c: calls and their launch; staging/stage_pool.c: the
+ * pinned memory of a communicator; staging/stage_graph.c: calls captured into CUDA graphs). */
 #ifndef CH_GPU_STAGE_INT_H
 #define CH_GPU_STAGE_INT_H
 
@@ -111,13 +111,13 @@ struct stage_graph {
 };
 enum { STAGE_STRIDED_SEND = 1, STAGE_STRIDED_RECV = 2 };
 
-/* gpu/stage_pool.c */
+/* staging/stage_pool.c */
 struct stage_comm* stage_comm_get(struct ncclComm* comm, void* ctx); /* comm->stage, made on first use */
 /* A pinned block of at least `bytes` for a call (waits for one the streams hand back; NULL with *why
  * CH_OK: none, the call completes before returning), and handing one back. */
 struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t bytes, void* ctx, ch_status* why);
 static inline void block_put(struct pin_block* b) { atomic_store_explicit(&b->busy, 0, memory_order_release); }
-/* gpu/staging.c */
+/* staging/staging.c */
 void stage_free(struct stage* st);
 /* Copy a call's input to its host copy (in) or its result back (!in): on stream s (asynchronous) or
  * now (s NULL), one copy per segment where that side is strided. */
@@ -128,7 +128,7 @@ ch_status stage_result(struct stage* st, cudaStream_t s);
 struct stage_gate;
 struct stage_gate* stage_gate_next(struct stage_gate* g);
 int stage_gate_drop(struct stage_gate* g);
-/* gpu/stage_graph.c: whether t, on a capturing stream, can be captured (else a WARN saying why), and
+/* staging/stage_graph.c: whether t, on a capturing stream, can be captured (else a WARN saying why), and
  * the launch of a group holding such a call (1: handled, *res its status). */
 ch_status capture_check(const struct ch_task* t, const char* fn);
 int stage_capture(struct ch_plan** plans, struct ch_task** lists, int n, int ntasks, ch_status* res);
