@@ -1,6 +1,7 @@
 /* A complete NCCL program: each process sums a vector with every other rank.
- * Build:  cc allreduce.c -I build/include -L build/lib -lchorus -Wl,-rpath,$PWD/build/lib -o allreduce
- * Run:    build/bin/chorusrun -n 4 ./allreduce */
+ * Build (from the repository root, after `make`):
+ *   cc examples/allreduce.c -I build/include -L build/lib -lchorus -Wl,-rpath,$PWD/build/lib -o allreduce
+ * Run:  build/bin/chorusrun -n 4 ./allreduce */
 #include <stdio.h>
 #include <stdlib.h>
 

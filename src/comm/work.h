@@ -29,7 +29,7 @@ struct ch_task {
   struct red_op red;    /* built once, when the call is checked */
   struct ncclComm* comm;
   cudaStream_t stream;
-  int exec; /* enum ch_exec (core/exec.h): where it runs, decided once when it is checked (api/coll.c) */
+  int exec; /* enum ch_exec (core/exec.h): where it runs, decided once when it is checked (api/route.c) */
   struct stage* stage; /* device buffers staged through host memory (staging/staging.c), or NULL */
   struct gpu_call* gpu; /* device buffers of ranks on one GPU (gpu/call.c): t is their exchange, or NULL */
   uint64_t fr_id;       /* its flight recorder entry (observe/recorder.c), 0 when the recorder is off */

@@ -1,4 +1,4 @@
-/* Where a call runs. The API checks (api/coll.c) record each call's executor in its task once; the
+/* Where a call runs. The API (api/route.c, after coll.c's checks) records each call's executor in its task once; the
  * group's end (core/group.c) hands the group's plans to the executor of its most demanding call
  * through this table, and the host engine (plan_exec) runs whatever an executor leaves it. Adding an
  * executor is adding a value here and a row in the table (api/executors.c, the one file that sees

@@ -1,5 +1,5 @@
 /* Chorus's built-in libfabric network: NCCL's ncclNet_v12_t over tagged messages on one RDM endpoint
- * per device, following aws-ofi-nccl's SENDRECV protocol (docs: /work/shared/reference/rdma.md, 3).
+ * per device, following aws-ofi-nccl's SENDRECV protocol, as NCCL's net plugins do.
  *
  * Protocol. listen() takes a 32-bit id from the device's counter and posts a receive for the
  * connection tag (ctrl_bit | id); its handle carries the endpoint name, the id and a random nonce.

@@ -17,7 +17,7 @@ ch_status stage_out(struct ch_task* t, int ok);
 size_t stage_pieces(const struct ch_task* t);
 /* How t (a checked AllReduce, Reduce or ReduceScatter, or a piece of one) reduces where device buffers
  * are staged, alike on every rank: on the CPU, on every GPU after gathering the inputs, or on each
- * rank's GPU for its block after an AlltoAll (then gathered back). api/coll.c queues the data
+ * rank's GPU for its block after an AlltoAll (then gathered back). api/route.c queues the data
  * movement (t->gpu_reduce). */
 enum { STAGE_RED_CPU = 0, STAGE_RED_GATHER, STAGE_RED_SPLIT };
 int stage_reduce_way(const struct ch_task* t);

@@ -188,7 +188,7 @@ static int load_baseline(char* text, const char* path, const char* label) {
 static void usage(FILE* f) {
   fprintf(f,
           "usage: %s -o OUT.svg [-t TITLE] [--in-place | --both] [LABEL=]FILE...\n"
-          "  FILE: JSON from a *_perf tool's -J, a *_perf tool's stdout, or shared/baselines/run.sh output.\n"
+          "  FILE: JSON from a *_perf tool's -J, a *_perf tool's stdout, or the peers' baseline run.sh output.\n"
           "  LABEL=FILE names that file's lines in the legend.\n"
           "  --in-place: plot in-place results instead of out-of-place; --both: both.\n",
           prog);
