@@ -168,7 +168,7 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   comm->blocking = config->blocking;
   log_sink_init(&comm->last_error);
   int64_t timeout_s = param_int(PARAM_TIMEOUT);
-  atomic_store(&comm->timeout_ns, timeout_s > 0 ? (uint64_t)timeout_s * 1000000000ull : 0);
+  atomic_store(&comm->timeout_ns, timeout_s > 0 ? (uint64_t)timeout_s * UT_NS_PER_S : 0);
   atomic_store(&comm->init_state, ncclInProgress);
   *out = comm;
   return CH_OK;
@@ -438,7 +438,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
   struct log_err_sink* prev_sink = log_set_error_sink(&comm->last_error);
   stall_install_signal();
   int64_t init_s = param_int(PARAM_INIT_TIMEOUT); /* 0 or less: no deadline, as the root reads it */
-  uint64_t deadline = init_s > 0 ? ut_now_ns() + (uint64_t)init_s * 1000000000ull : 0;
+  uint64_t deadline = init_s > 0 ? ut_now_ns() + (uint64_t)init_s * UT_NS_PER_S : 0;
   uint64_t t0 = ut_now_ns();
   ch_status res = CH_OK;
   if (!comm->boot) { /* split comms arrive with their bootstrap and peers already made */

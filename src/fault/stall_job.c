@@ -27,8 +27,8 @@
 
 #define STALL_NOTE_AFTER_NS 10000000ull   /* a plan idle this long publishes what it waits for */
 #define STALL_NOTE_EVERY_NS 100000000ull  /* and refreshes it this often */
-#define STALL_GATHER_NS (2ull * 1000000000ull) /* a report asks other processes for at most this long */
-#define STALL_ASK_NS 1000000000ull        /* and one process for at most this long */
+#define STALL_GATHER_NS (2ull * UT_NS_PER_S) /* a report asks other processes for at most this long */
+#define STALL_ASK_NS UT_NS_PER_S        /* and one process for at most this long */
 
 struct stall_rec {
   _Atomic uint64_t ver; /* odd while the writer is changing the fields */
@@ -54,7 +54,7 @@ static struct stall_ent* reg;
  * ranks that time out a little later then learn that this rank timed out too (or had finished),
  * rather than that it has no such communicator. */
 #define STALL_GONE_MAX 16
-#define STALL_GONE_NS (300ull * 1000000000ull)
+#define STALL_GONE_NS (300ull * UT_NS_PER_S)
 struct stall_gone {
   struct stall_wire w;
   struct boot_key key;
@@ -263,7 +263,7 @@ static void read_state(struct stall_ent* e, struct stall_wire* w) {
     w->peer = copy.peer, w->wait = copy.wait, w->seq = copy.seq, w->last_done = copy.last_done;
     w->bytes_total = copy.bytes_total, w->bytes_done = copy.bytes_done;
     uint64_t now = ut_now_ns();
-    w->idle_ms = now > idle_since ? (now - idle_since) / 1000000 : 0;
+    w->idle_ms = now > idle_since ? (now - idle_since) / UT_NS_PER_MS : 0;
     w->state = current ? STALL_ST_WAIT : STALL_ST_GAVE_UP;
   } else {
     w->state = done == next ? STALL_ST_IDLE : STALL_ST_BUSY;
@@ -418,7 +418,7 @@ static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int*
     if (abort && __atomic_load_n(abort, __ATOMIC_RELAXED)) {
       snprintf(why, sizeof(why), "not asked: the communicator is being aborted");
     } else if (now >= end) {
-      snprintf(why, sizeof(why), "not asked: the report's %llu s were spent", STALL_GATHER_NS / 1000000000ull);
+      snprintf(why, sizeof(why), "not asked: the report's %llu s were spent", STALL_GATHER_NS / UT_NS_PER_S);
     } else if (qa[r].sa.sa_family != AF_UNSPEC) {
       struct stall_query_req q = {hash, r, n, dump, 0};
       struct stall_wire got;

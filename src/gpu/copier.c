@@ -352,7 +352,7 @@ void gpu_copier_stop(struct gpu_comm* g) {
   atomic_store_explicit(&g->priv->failed, 1, memory_order_release); /* rank 0's comm is going: kernels off */
   let_through(g);
   uint64_t t0 = ut_now_ns();
-  for (uint64_t i = 0; gpu_copier_busy(g) && ut_now_ns() - t0 < 1000000000ull; i++) {
+  for (uint64_t i = 0; gpu_copier_busy(g) && ut_now_ns() - t0 < UT_NS_PER_S; i++) {
     if (i % 64 == 0) let_through(g); /* a peer's stream may write its own, lower, number meanwhile */
     ut_backoff(i);
   }

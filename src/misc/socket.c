@@ -126,7 +126,7 @@ int sock_wait_slice_ms(const struct sock_wait* w) {
   if (!w || !w->deadline_ns) return SOCK_SLICE_MS;
   uint64_t now = ut_now_ns();
   if (now >= w->deadline_ns) return 0;
-  uint64_t ms = (w->deadline_ns - now + 999999) / 1000000;
+  uint64_t ms = UT_DIV_UP(w->deadline_ns - now, UT_NS_PER_MS);
   return ms < SOCK_SLICE_MS ? (int)ms : SOCK_SLICE_MS;
 }
 
@@ -146,14 +146,14 @@ static ch_status wait_fd(int fd, short events, const struct sock_wait* w) {
 
 /* Sleep ms milliseconds, in slices, unless the deadline or abort comes first. */
 static ch_status sleep_ms(uint64_t ms, const struct sock_wait* w) {
-  uint64_t end = ut_now_ns() + ms * 1000000ull;
+  uint64_t end = ut_now_ns() + ms * UT_NS_PER_MS;
   for (;;) {
     CHECK(sock_wait_check(w));
     uint64_t now = ut_now_ns();
     if (now >= end) return CH_OK;
     uint64_t left = end - now;
-    if (left > SOCK_SLICE_MS * 1000000ull) left = SOCK_SLICE_MS * 1000000ull;
-    struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
+    if (left > SOCK_SLICE_MS * UT_NS_PER_MS) left = SOCK_SLICE_MS * UT_NS_PER_MS;
+    struct timespec ts = {(time_t)(left / UT_NS_PER_S), (long)(left % UT_NS_PER_S)};
     nanosleep(&ts, NULL);
   }
 }
@@ -280,7 +280,7 @@ ch_status sock_connect(const union sock_addr* addr, struct sock* out, const stru
     }
     /* The peer is usually about to listen: probe quickly (1, 2, 4 ... ms) during the first retry
      * step, then back off linearly like NCCL (k * NCCL_SOCKET_RETRY_SLEEP_MSEC). */
-    uint64_t elapsed_ms = (ut_now_ns() - start) / 1000000;
+    uint64_t elapsed_ms = (ut_now_ns() - start) / UT_NS_PER_MS;
     uint64_t sleep;
     if (elapsed_ms < (uint64_t)step_ms) {
       sleep = probe_ms;
@@ -303,7 +303,7 @@ ch_status sock_connect(const union sock_addr* addr, struct sock* out, const stru
 
 ch_status sock_connect_brief(const union sock_addr* addr, struct sock* out, const struct sock_wait* w,
                              uint64_t give_up_ms, int* err) {
-  uint64_t end = ut_now_ns() + give_up_ms * 1000000ull, sleep = 1;
+  uint64_t end = ut_now_ns() + give_up_ms * UT_NS_PER_MS, sleep = 1;
   out->fd = -1;
   *err = 0;
   for (;;) {
@@ -443,7 +443,7 @@ void sock_close(struct sock* s) {
 
 /* Rejections are remembered per host address (not port: scanners vary it). */
 #define REJECT_SLOTS 32
-#define REJECT_QUIET_NS (60ull * 1000000000ull)
+#define REJECT_QUIET_NS (60ull * UT_NS_PER_S)
 static pthread_mutex_t reject_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   unsigned char addr[16];

@@ -23,7 +23,7 @@
 uint64_t ut_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  return (uint64_t)ts.tv_sec * UT_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
 static ch_status random_from_urandom(unsigned char* p, size_t n) {

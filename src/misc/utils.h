@@ -35,6 +35,12 @@ void ut_backoff(uint64_t iter);
 #define UT_DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define UT_ALIGN_UP(a, b) (UT_DIV_UP(a, b) * (b))
 
+/* Time units: clocks here count nanoseconds (ut_now_ns); settings count seconds, ms or us. */
+#define UT_NS_PER_S 1000000000ull
+#define UT_NS_PER_MS 1000000ull
+#define UT_NS_PER_US 1000ull
+#define UT_US_PER_S 1000000ull
+
 /* One pause in a spin-wait: tells the core (and a hyperthread sibling) that this is a wait loop. */
 static inline void ut_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -64,7 +64,7 @@ struct sn_req {
   size_t off;                      /* send: bytes of header + payload written */
 };
 
-#define SN_HELLO_WAIT_NS (10ull * 1000000000ull) /* an accepted connection's hello must come by then */
+#define SN_HELLO_WAIT_NS (10ull * UT_NS_PER_S) /* an accepted connection's hello must come by then */
 
 struct sn_accepting {
   int fd;

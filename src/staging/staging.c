@@ -409,7 +409,7 @@ static void gate_wait(void* arg, struct ch_plan** plans, int n) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 100000000;
-    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    if (ts.tv_nsec >= (long)UT_NS_PER_S) ts.tv_sec++, ts.tv_nsec -= (long)UT_NS_PER_S;
     pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     if (!said && ut_now_ns() - t0 > 10000000000ull) {
       said = 1;

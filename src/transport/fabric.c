@@ -19,7 +19,7 @@
 #include "../misc/utils.h"
 #include "fabric.h"
 
-#define FAB_SETUP_TIMEOUT_NS (60ull * 1000000000ull) /* connect/accept must complete within this */
+#define FAB_SETUP_TIMEOUT_NS (60ull * UT_NS_PER_S) /* connect/accept must complete within this */
 
 /* Only a network named by NCCL_NET is started at init (to fail there, saying why); otherwise the
  * choice waits for the first peer that no host-local transport takes, so that a job on one host never
@@ -193,7 +193,7 @@ static ch_status fab_recv_done(struct conn* c, int attached, const struct tp_han
     if (__atomic_load_n(x->abort, __ATOMIC_RELAXED)) return CH_ABORTED;
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
-    if (ns < 1000000) ns *= 2;
+    if (ns < (long)UT_NS_PER_MS) ns *= 2;
   }
 }
 

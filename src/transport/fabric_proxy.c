@@ -28,15 +28,15 @@
 #include "../misc/utils.h"
 #include "fabric.h"
 
-#define DRAIN_TIMEOUT_NS (30ull * 1000000000ull) /* a closing sender flushes posted steps this long */
-#define BYE_TIMEOUT_NS (1000ull * 1000000ull)    /* and waits this long for its goodbye to leave */
-#define ABORT_FLUSH_NS (200ull * 1000000ull)     /* an aborted one, only a poison record, this long */
+#define DRAIN_TIMEOUT_NS (30ull * UT_NS_PER_S) /* a closing sender flushes posted steps this long */
+#define BYE_TIMEOUT_NS (1000ull * UT_NS_PER_MS)    /* and waits this long for its goodbye to leave */
+#define ABORT_FLUSH_NS (200ull * UT_NS_PER_MS)     /* an aborted one, only a poison record, this long */
 #define ACTIVE_SLEEP_US 50       /* between passes while a rank waits on one of our connections or a send is
                                   * in flight: a network under manual progress moves data only in our calls */
 #define IDLE_SLEEP_US 20000      /* while none does: an idle communicator costs ~50 passes a second */
-#define PROBE_QUIET_NS (1000ull * 1000000ull)    /* nothing moved for this long while our rank waits */
-#define PROBE_EVERY_NS (3000ull * 1000000ull)    /* then check the peer's process this often */
-#define PROBE_PASS_NS (100ull * 1000000ull)      /* liveness bookkeeping runs this often */
+#define PROBE_QUIET_NS (1000ull * UT_NS_PER_MS)    /* nothing moved for this long while our rank waits */
+#define PROBE_EVERY_NS (3000ull * UT_NS_PER_MS)    /* then check the peer's process this often */
+#define PROBE_PASS_NS (100ull * UT_NS_PER_MS)      /* liveness bookkeeping runs this often */
 
 static struct {
   pthread_mutex_t lock;
@@ -388,7 +388,7 @@ static void probe_fail(struct fab_conn* n, const char* what) {
 static void unreachable(struct fab_conn* n, uint64_t now, int err) {
   int64_t ms = param_int(PARAM_NET_LINK_TIMEOUT_MS);
   if (!n->unreach_since) n->unreach_since = now;
-  if (now - n->unreach_since >= (uint64_t)(ms > 0 ? ms : 20000) * 1000000ull) probe_fail(n, strerror(err));
+  if (now - n->unreach_since >= (uint64_t)(ms > 0 ? ms : 20000) * UT_NS_PER_MS) probe_fail(n, strerror(err));
   else n->next_probe = now + PROBE_PASS_NS * 5; /* look again soon */
 }
 
@@ -420,7 +420,7 @@ static void probe(struct fab_conn* n, uint64_t now) {
   if (connect(fd, &n->probe_addr.sa, len) == 0 || errno == EINPROGRESS) {
     int64_t ms = param_int(PARAM_NET_LINK_TIMEOUT_MS);
     n->probe_fd = fd;
-    n->probe_deadline = now + (uint64_t)(ms > 0 ? ms : 20000) * 1000000ull;
+    n->probe_deadline = now + (uint64_t)(ms > 0 ? ms : 20000) * UT_NS_PER_MS;
     return;
   }
   int e = errno;

@@ -134,7 +134,7 @@ void tp_wait(_Atomic uint64_t* word, _Atomic uint32_t* sleeping, uint64_t seen, 
   atomic_store_explicit(sleeping, 1, memory_order_relaxed);
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(word, memory_order_relaxed) == seen) {
-    struct timespec ts = {timeout_us / 1000000, (long)(timeout_us % 1000000) * 1000};
+    struct timespec ts = {(time_t)(timeout_us / UT_US_PER_S), (long)(timeout_us % UT_US_PER_S * UT_NS_PER_US)};
     syscall(SYS_futex, futex_word(word), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
   }
   atomic_store_explicit(sleeping, 0, memory_order_relaxed);

@@ -23,8 +23,8 @@
 #include "../misc/utils.h"
 #include "tcp.h"
 
-#define TCP_CONNECT_TIMEOUT_NS (60ull * 1000000000ull) /* connect + hello, on top of the retry policy */
-#define TCP_BIND_TIMEOUT_NS (60ull * 1000000000ull)    /* receiver: the sender's hello must arrive by then */
+#define TCP_CONNECT_TIMEOUT_NS (60ull * UT_NS_PER_S) /* connect + hello, on top of the retry policy */
+#define TCP_BIND_TIMEOUT_NS (60ull * UT_NS_PER_S)    /* receiver: the sender's hello must arrive by then */
 
 void tcp_hello_mac(const unsigned char* key, const struct tcp_hello* h, uint64_t challenge,
                    const union sock_addr* listener, unsigned char mac[TCP_MAC]) {
@@ -193,12 +193,12 @@ ch_status tp_tcp_wait_bound(struct conn* c, const struct tp_ctx* x) {
     if (__atomic_load_n(x->abort, __ATOMIC_RELAXED)) return CH_ABORTED;
     if (ut_now_ns() > end) {
       WARN("rank %d: rank %d said it connected to our network listener, but no authenticated connection "
-           "arrived within %llu s", x->rank, c->peer, TCP_BIND_TIMEOUT_NS / 1000000000ull);
+           "arrived within %llu s", x->rank, c->peer, TCP_BIND_TIMEOUT_NS / UT_NS_PER_S);
       return CH_REMOTE;
     }
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
-    if (ns < 1000000) ns *= 2;
+    if (ns < (long)UT_NS_PER_MS) ns *= 2;
   }
 }
 

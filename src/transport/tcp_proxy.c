@@ -43,12 +43,12 @@
 #include "tcp.h"
 
 #define MAX_ACCEPTS 256 /* sockets accepted and still authenticating (a large job's burst fits) */
-#define ACCEPT_TIMEOUT_NS (5ull * 1000000000ull) /* an accepted socket must authenticate by then */
-#define EVICT_AFTER_NS (1000000000ull) /* when all are taken, one silent this long makes room */
+#define ACCEPT_TIMEOUT_NS (5ull * UT_NS_PER_S) /* an accepted socket must authenticate by then */
+#define EVICT_AFTER_NS (UT_NS_PER_S) /* when all are taken, one silent this long makes room */
 #define ACCEPTS_PER_PASS 32 /* then the proxy moves data again before accepting more */
-#define DRAIN_TIMEOUT_NS (30ull * 1000000000ull)  /* a closing sender flushes posted steps this long */
-#define ABORT_FLUSH_NS (200ull * 1000000ull)       /* an aborted one, only a poison record, this long */
-#define BYE_TIMEOUT_NS (2000ull * 1000000ull)      /* and a goodbye that finds the socket buffer full */
+#define DRAIN_TIMEOUT_NS (30ull * UT_NS_PER_S)  /* a closing sender flushes posted steps this long */
+#define ABORT_FLUSH_NS (200ull * UT_NS_PER_MS)       /* an aborted one, only a poison record, this long */
+#define BYE_TIMEOUT_NS (2000ull * UT_NS_PER_MS)      /* and a goodbye that finds the socket buffer full */
 #define TAG_LISTENER ((void*)1)
 #define TAG_EVENTFD ((void*)2)
 
