@@ -142,7 +142,7 @@ static void planted_dump_dir(enum plant kind) {
   if (kind == P_TMP_FIFO) {
     pthread_t t;
     ASSERT(pthread_create(&t, NULL, dump_by_signal, NULL) == 0);
-    usleep(200000); /* the dump thread reaches its open() */
+    usleep(200000);                 /* the dump thread reaches its open() */
     NCCL_OK(ncclCommDestroy(comm)); /* hung here for ever before */
     pthread_join(t, NULL);
     EXPECT_EQ(files_in(a.dir), 1); /* the FIFO alone */

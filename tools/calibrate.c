@@ -158,7 +158,8 @@ int calibrate_main(const char* path) {
   /* Checked like the library's own files (misc/safefile.h): the name may be in a shared /tmp. */
   struct sf_file out;
   char why[256];
-  if (sf_open_path(&out, path, why, sizeof(why)) != 0) return fprintf(stderr, "chorus-info: cannot write %s: %s\n", path, why), 1;
+  if (sf_open_path(&out, path, why, sizeof(why)) != 0)
+    return fprintf(stderr, "chorus-info: cannot write %s: %s\n", path, why), 1;
   FILE* f = out.f;
   time_t now = time(NULL);
   char when[64];

@@ -89,8 +89,7 @@ struct obs_trace* trace_open(struct ncclComm* comm) {
   if (dfd >= 0) close(dfd);
   t->f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!t->f) {
-    WARN("CHORUS_TRACE: not writing to %s: %s; no trace for rank %d", dir, fd >= 0 ? strerror(errno) : why,
-         comm->rank);
+    WARN("CHORUS_TRACE: not writing to %s: %s; no trace for rank %d", dir, fd >= 0 ? strerror(errno) : why, comm->rank);
     if (fd >= 0) close(fd);
     free(t->peer_named);
     free(t);
