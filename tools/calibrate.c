@@ -15,6 +15,7 @@
 #include "nccl.h"
 #include "../src/tune/tune.h"
 #include "../src/misc/param.h"
+#include "../src/misc/safefile.h"
 #include "../src/misc/utils.h"
 #include "calibrate.h"
 
@@ -154,15 +155,19 @@ int calibrate_main(const char* path) {
   } else {
     printf("  network transport not measured (no usable interface?): defaults kept\n");
   }
-  FILE* f = fopen(path, "w");
-  if (!f) return perror(path), 1;
+  /* Checked like the library's own files (misc/safefile.h): the name may be in a shared /tmp. */
+  struct sf_file out;
+  char why[256];
+  if (sf_open_path(&out, path, why, sizeof(why)) != 0)
+    return fprintf(stderr, "chorus-info: cannot write %s: %s\n", path, why), 1;
+  FILE* f = out.f;
   time_t now = time(NULL);
   char when[64];
   strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
   fprintf(f, "# Chorus cost model constants, measured by chorus-info --calibrate on %s\n", when);
   fprintf(f, "# Use: export CHORUS_TUNE_FILE=%s (every rank of a job must use the same values)\n", path);
   tune_model_write(f, &m);
-  if (fclose(f) != 0) return perror(path), 1;
+  if (sf_commit(&out) != 0) return perror(path), 1;
   printf("wrote %s; export CHORUS_TUNE_FILE=%s to use it\n", path, path);
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/misc/safefile.h"
 #include "flight.h"
 
 struct span {
@@ -262,21 +263,28 @@ int trace_main(int argc, char** argv) {
   }
   uint64_t base = bases[0];
   for (int i = 1; i < nf; i++) base = bases[i] < base ? bases[i] : base;
-  FILE* out = fopen(out_json, "w");
-  if (!out) {
-    fprintf(stderr, "chorus-info: cannot write %s\n", out_json);
+  /* Output names often point into a shared /tmp: created as the library's files are (misc/safefile.h). */
+  struct sf_file oj, os;
+  char why[256];
+  if (sf_open_path(&oj, out_json, why, sizeof(why)) != 0) {
+    fprintf(stderr, "chorus-info: cannot write %s: %s\n", out_json, why);
+    for (int i = 0; i < nf; i++) free(files[i]);
+    free(files), free(bases);
     return 2;
   }
+  FILE* out = oj.f;
   struct merge m = {0};
   int first = 1;
   fprintf(out, "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"chorus_base_ns\":%" PRIu64 "},\"traceEvents\":[\n", base);
   for (int i = 0; i < nf; i++) merge_file(files[i], (double)(bases[i] - base) / 1e3, out, &first, &m);
   fprintf(out, "\n]}\n");
-  int bad = fclose(out) != 0;
-  FILE* svg = fopen(out_svg, "w");
+  int bad = sf_commit(&oj) != 0;
+  FILE* svg = sf_open_path(&os, out_svg, why, sizeof(why)) == 0 ? os.f : NULL;
   if (svg) {
     draw(&m, svg);
-    bad |= fclose(svg) != 0;
+    bad |= sf_commit(&os) != 0;
+  } else {
+    fprintf(stderr, "chorus-info: cannot write %s: %s\n", out_svg, why);
   }
   printf("merged %d trace file(s) into %s (open it in https://ui.perfetto.dev or chrome://tracing); picture: %s\n",
          nf, out_json, svg ? out_svg : "(not written)");

@@ -295,12 +295,30 @@ struct stall_query_req {
 
 const char* const stall_dump_names[STALL_DUMP_COUNT] = {"", "timeout", "signal", "request"};
 
-/* Write comm's flight recorder for `why`: a timeout's once per comm (every rank that times out asks
+/* Flight recorder dumps rendered under reg_lock and written once it is released (write_dumps): a slow
+ * or blocked file system must not hold the lock that ncclCommDestroy needs. */
+struct dumps {
+  struct fr_text* v;
+  int n, cap;
+};
+
+/* Render comm's flight recorder for `why`: a timeout's once per comm (every rank that times out asks
  * every other), a signal's or a request's every time. */
-static void dump_for(struct ncclComm* comm, int why) {
+static void dump_for(struct ncclComm* comm, int why, struct dumps* d) {
   if (why <= STALL_DUMP_NONE || why >= STALL_DUMP_COUNT) return;
-  if (why == STALL_DUMP_TIMEOUT) fr_dump_first(comm, stall_dump_names[why]);
-  else fr_dump(comm, stall_dump_names[why], NULL, 0);
+  if (d->n == d->cap) {
+    struct fr_text* v = realloc(d->v, (size_t)(d->cap ? 2 * d->cap : 4) * sizeof(*v));
+    if (!v) return;
+    d->v = v, d->cap = d->cap ? 2 * d->cap : 4;
+  }
+  const char* reason = stall_dump_names[why];
+  struct fr_text* t = &d->v[d->n];
+  if ((why == STALL_DUMP_TIMEOUT ? fr_render_first(comm, reason, t) : fr_render(comm, reason, t)) == 0) d->n++;
+}
+
+static void write_dumps(struct dumps* d) {
+  for (int i = 0; i < d->n; i++) (void)fr_write(&d->v[i], NULL, 0);
+  free(d->v);
 }
 
 static size_t on_query(const struct boot_key* key, uint32_t kind, const void* req, size_t len, char* out, size_t cap) {
@@ -309,18 +327,20 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
     if (len != sizeof(q) || cap < sizeof(struct stall_wire)) return 0;
     memcpy(&q, req, sizeof(q));
     size_t n = 0;
+    struct dumps dumps = {0};
     pthread_mutex_lock(&reg_lock);
     struct stall_ent* e = find_rank(q.hash, q.rank, key);
     const struct stall_wire* g = find_gone(q.hash, q.rank, q.nranks, key);
     if (e && e->nranks == q.nranks) {
       read_state(e, (struct stall_wire*)(void*)out);
       n = sizeof(struct stall_wire);
-      dump_for(e->comm, q.dump); /* under reg_lock: the comm stays */
+      dump_for(e->comm, q.dump, &dumps); /* under reg_lock: the comm stays */
     } else if (g) {
       memcpy(out, g, sizeof(*g));
       n = sizeof(struct stall_wire);
     }
     pthread_mutex_unlock(&reg_lock);
+    write_dumps(&dumps);
     return n; /* 0: no such communicator here (destroyed, or never made) */
   }
   if ((kind != STALL_Q_SUMMARY && kind != STALL_Q_DUMP && kind != STALL_Q_METRICS) ||
@@ -378,6 +398,7 @@ static size_t on_query(const struct boot_key* key, uint32_t kind, const void* re
  * it in this process. NULL if this process has no such communicator. */
 static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int* nranks_out, union sock_addr* self,
                                  const volatile int* abort, int dump) {
+  struct dumps dumps = {0};
   pthread_mutex_lock(&reg_lock);
   struct stall_ent* e = NULL;
   for (struct stall_ent* x = reg; x && !e; x = x->next)
@@ -403,10 +424,11 @@ static struct stall_wire* gather(uint64_t hash, const struct boot_key* key, int*
     snprintf(w[r].host, sizeof(w[r].host), "%s", e->comm->peers[r].hostname);
     struct stall_ent* x = find_rank(hash, r, &k);
     const struct stall_wire* g = find_gone(hash, r, n, &k);
-    if (x && x->nranks == n) read_state(x, &w[r]), have[r] = 1, dump_for(x->comm, dump);
+    if (x && x->nranks == n) read_state(x, &w[r]), have[r] = 1, dump_for(x->comm, dump, &dumps);
     else if (g) w[r] = *g, have[r] = 1;
   }
   pthread_mutex_unlock(&reg_lock);
+  write_dumps(&dumps);
   uint64_t end = ut_now_ns() + STALL_GATHER_NS;
   for (int r = 0; r < n; r++) {
     if (have[r]) continue;
@@ -632,7 +654,9 @@ void stall_job_report(const struct ncclComm* comm, const char* why, int dump) {
 }
 
 void stall_dump_all(int why) {
+  struct dumps dumps = {0};
   pthread_mutex_lock(&reg_lock);
-  for (struct stall_ent* e = reg; e; e = e->next) dump_for(e->comm, why);
+  for (struct stall_ent* e = reg; e; e = e->next) dump_for(e->comm, why, &dumps);
   pthread_mutex_unlock(&reg_lock);
+  write_dumps(&dumps);
 }

@@ -15,6 +15,7 @@
 #include "chorus.h"
 #include "log.h"
 #include "param.h"
+#include "safefile.h"
 
 int log_level_cached = -1;
 unsigned log_mask = LOG_INIT | LOG_BOOTSTRAP | LOG_ENV;
@@ -120,8 +121,10 @@ void log_init(void) {
     if (file[0] && level > LOG_NONE) {
       char path[4096];
       expand_path(file, path, sizeof(path));
-      /* Append rather than truncate: processes sharing one file name must not wipe each other. */
-      int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      /* Append rather than truncate: processes sharing one file name must not wipe each other. Often
+       * in /tmp: a link or a file another user planted there is refused (misc/safefile.h), and the log
+       * stays on stdout. */
+      int fd = sf_append(path, 0644);
       if (fd >= 0) log_fd = fd;
     }
     __atomic_store_n(&log_mask, mask, __ATOMIC_RELAXED);

@@ -1,6 +1,7 @@
 /* Flight recorder dumps: one text file per rank and communicator, replaced by each new dump, that
  * chorus-info --flight reads with the other ranks' files (docs/OBSERVE.md has the format). Written to
- * a temporary name and renamed, so a reader never sees half a file. */
+ * a temporary name and renamed, so a reader never sees half a file. Rendered in memory first, so that a
+ * caller holding a lock (fault/stall_job.c) does the file I/O after letting go of it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include "../misc/log.h"
 #include "../misc/names.h"
 #include "../misc/param.h"
+#include "../misc/safefile.h"
 #include "../misc/utils.h"
 #include "observe.h"
 
@@ -53,19 +55,6 @@ const char* obs_dump_dir(void) {
   return default_dir;
 }
 
-/* mkdir -p, the folders we make private (0700): dumps name hosts, pids and call shapes. */
-static int make_dir(const char* path) {
-  char p[512];
-  if (snprintf(p, sizeof(p), "%s", path) >= (int)sizeof(p)) return -1;
-  for (char* s = p + 1; *s; s++) {
-    if (*s != '/') continue;
-    *s = 0;
-    if (mkdir(p, 0700) != 0 && errno != EEXIST) return -1;
-    *s = '/';
-  }
-  return mkdir(p, 0700) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 static void put_entry(FILE* f, const struct fr_entry* e, const struct obs_timebase* tb) {
   const char* algo = e->algo >= 0 ? ch_algo_name(e->algo) : NULL;
   const char* proto = e->proto >= 0 ? ch_proto_name(e->proto) : NULL;
@@ -82,31 +71,15 @@ static void put_entry(FILE* f, const struct fr_entry* e, const struct obs_timeba
           (unsigned long long)obs_job_ns(tb, e->t_end));
 }
 
-ch_status fr_dump(struct ncclComm* comm, const char* reason, char* path, size_t len) {
-  if (!comm->fr) {
-    if (path && len) path[0] = 0;
-    return CH_OK; /* CHORUS_FLIGHT_RECORDER=0 */
-  }
-  const char* dir = obs_dump_dir();
-  char file[600], tmp[640];
-  snprintf(file, sizeof(file), "%s/chorus-fr-%016llx-r%d.txt", dir, (unsigned long long)comm->comm_hash, comm->rank);
-  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", file, (int)getpid());
-  if (make_dir(dir) != 0) {
-    WARN("flight recorder: cannot create %s: %s (CHORUS_DUMP_DIR names where dumps go)", dir, strerror(errno));
-    return CH_SYSTEM;
-  }
+int fr_render(struct ncclComm* comm, const char* reason, struct fr_text* out) {
+  memset(out, 0, sizeof(*out));
+  if (!comm->fr) return -1;
+  FILE* f = open_memstream(&out->buf, &out->len);
+  if (!f) return -1;
   struct fr_entry* e;
   uint64_t recorded;
   uint64_t skipped;
   int n = fr_snapshot(comm, &e, &recorded, &skipped);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  FILE* f = fd >= 0 ? fdopen(fd, "w") : NULL;
-  if (!f) {
-    WARN("flight recorder: cannot write %s: %s", tmp, strerror(errno));
-    if (fd >= 0) close(fd);
-    free(e);
-    return CH_SYSTEM;
-  }
   struct obs_timebase tb;
   obs_timebase(comm, &tb);
   const struct boot_rank_info* me = comm->peers ? &comm->peers[comm->rank] : NULL;
@@ -121,16 +94,70 @@ ch_status fr_dump(struct ncclComm* comm, const char* reason, char* path, size_t 
   free(e);
   int bad = ferror(f);
   bad |= fclose(f) != 0;
-  if (bad || rename(tmp, file) != 0) {
-    WARN("flight recorder: writing %s failed: %s", file, strerror(errno));
-    unlink(tmp);
-    return CH_SYSTEM;
+  if (bad) {
+    free(out->buf);
+    memset(out, 0, sizeof(*out));
+    return -1;
   }
-  INFO(LOG_INIT, "rank %d: flight recorder (%d calls) written to %s (%s)", comm->rank, n, file, reason);
-  if (path && len) snprintf(path, len, "%s", file);
-  return CH_OK;
+  snprintf(out->name, sizeof(out->name), "chorus-fr-%016llx-r%d.txt", (unsigned long long)comm->comm_hash, comm->rank);
+  snprintf(out->reason, sizeof(out->reason), "%s", reason);
+  out->rank = comm->rank, out->calls = n;
+  return 0;
+}
+
+int fr_render_first(struct ncclComm* comm, const char* reason, struct fr_text* out) {
+  memset(out, 0, sizeof(*out));
+  if (!comm->fr || atomic_exchange(&comm->fr_dumped, 1)) return -1;
+  return fr_render(comm, reason, out);
+}
+
+/* An unusable folder is a setting (or another user's doing) that every later dump would hit too. */
+static atomic_int dir_warned;
+
+ch_status fr_write(struct fr_text* t, char* path, size_t len) {
+  if (path && len) path[0] = 0;
+  if (!t->buf) return CH_SYSTEM;
+  const char* dir = obs_dump_dir();
+  char why[256];
+  ch_status st = CH_SYSTEM;
+  struct sf_file out;
+  int dfd = sf_dir(dir, 1, NULL, why, sizeof(why));
+  if (dfd < 0) {
+    if (!atomic_exchange(&dir_warned, 1))
+      WARN("flight recorder: not writing dumps to %s: %s (CHORUS_DUMP_DIR names where dumps go)", dir, why);
+    else INFO(LOG_INIT, "flight recorder: not writing dumps to %s: %s", dir, why);
+    goto out;
+  }
+  if (sf_open_in(&out, dfd, t->name) != 0) {
+    WARN("flight recorder: cannot create a file in %s: %s", dir, strerror(errno));
+    goto out;
+  }
+  fwrite(t->buf, 1, t->len, out.f);
+  if (sf_commit(&out) != 0) {
+    WARN("flight recorder: writing %s/%s failed: %s", dir, t->name, strerror(errno));
+    goto out;
+  }
+  INFO(LOG_INIT, "rank %d: flight recorder (%d calls) written to %s/%s (%s)", t->rank, t->calls, dir, t->name,
+       t->reason);
+  if (path && len) snprintf(path, len, "%s/%s", dir, t->name);
+  st = CH_OK;
+out:
+  if (dfd >= 0) close(dfd);
+  free(t->buf);
+  t->buf = NULL;
+  return st;
+}
+
+ch_status fr_dump(struct ncclComm* comm, const char* reason, char* path, size_t len) {
+  struct fr_text t;
+  if (fr_render(comm, reason, &t) != 0) {
+    if (path && len) path[0] = 0;
+    return comm->fr ? CH_SYSTEM : CH_OK; /* CHORUS_FLIGHT_RECORDER=0: nothing to write */
+  }
+  return fr_write(&t, path, len);
 }
 
 void fr_dump_first(struct ncclComm* comm, const char* reason) {
-  if (comm->fr && !atomic_exchange(&comm->fr_dumped, 1)) (void)fr_dump(comm, reason, NULL, 0);
+  struct fr_text t;
+  if (fr_render_first(comm, reason, &t) == 0) (void)fr_write(&t, NULL, 0);
 }

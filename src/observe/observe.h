@@ -153,6 +153,18 @@ const char* obs_dump_dir(void);
 ch_status fr_dump(struct ncclComm* comm, const char* reason, char* path, size_t len);
 /* The same, unless comm's recorder was written for a failure before (comm->fr_dumped). */
 void fr_dump_first(struct ncclComm* comm, const char* reason);
+/* The same in two steps, for a caller that must hold a lock while it reads comm but not while it
+ * writes a file: fr_render formats the dump in memory (-1: recorder off, already dumped for a failure,
+ * or no memory), fr_write writes it (no lock needed) and frees the text. */
+struct fr_text {
+  char* buf;
+  size_t len;
+  char name[64], reason[16];
+  int rank, calls;
+};
+int fr_render(struct ncclComm* comm, const char* reason, struct fr_text* out);
+int fr_render_first(struct ncclComm* comm, const char* reason, struct fr_text* out);
+ch_status fr_write(struct fr_text* t, char* path, size_t len);
 /* A short word for a status in dumps and traces ("ok", "timeout", "remote"...). */
 const char* fr_status_word(int status);
 

@@ -22,6 +22,7 @@
 #include "../misc/log.h"
 #include "../misc/names.h"
 #include "../misc/param.h"
+#include "../misc/safefile.h"
 #include "../transport/transport.h"
 #include "observe.h"
 
@@ -76,13 +77,19 @@ struct obs_trace* trace_open(struct ncclComm* comm) {
     WARN("CHORUS_TRACE: out of memory; no trace for rank %d", comm->rank);
     return NULL;
   }
-  mkdir(dir, 0700); /* the one folder named; its parents must exist */
-  snprintf(t->path, sizeof(t->path), "%s/chorus-trace-%016llx-r%d.json", dir, (unsigned long long)comm->comm_hash,
-           comm->rank);
-  int fd = open(t->path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  char fname[64], why[256];
+  snprintf(fname, sizeof(fname), "chorus-trace-%016llx-r%d.json", (unsigned long long)comm->comm_hash, comm->rank);
+  snprintf(t->path, sizeof(t->path), "%s/%s", dir, fname);
+  /* Missing folders made 0700, an existing one used only if nobody else can touch our files in it
+   * (misc/safefile.h); an older trace of this name is replaced, unless the folder is shared. */
+  int shared = 1;
+  int dfd = sf_dir(dir, 1, &shared, why, sizeof(why));
+  int fd = dfd >= 0 ? sf_create(dfd, fname, 0, !shared) : -1;
+  if (dfd >= 0 && fd < 0) snprintf(why, sizeof(why), "cannot create %s: %s", fname, strerror(errno));
+  if (dfd >= 0) close(dfd);
   t->f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!t->f) {
-    WARN("CHORUS_TRACE: cannot write %s: %s; no trace for rank %d", t->path, strerror(errno), comm->rank);
+    WARN("CHORUS_TRACE: not writing to %s: %s; no trace for rank %d", dir, fd >= 0 ? strerror(errno) : why, comm->rank);
     if (fd >= 0) close(fd);
     free(t->peer_named);
     free(t);

@@ -74,13 +74,39 @@ static void set_timeouts(int s, int ms) {
   setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+/* Refused askers, one WARN per uid a minute (like sock_warn_reject): another user can connect as
+ * often as it likes, and must not be able to flood the log. Server thread only. */
+#define REFUSED_SLOTS 8
+#define REFUSED_QUIET_NS 60000000000ull
+static struct {
+  uid_t uid;
+  uint64_t last;
+} refused[REFUSED_SLOTS];
+
+static void warn_refused(const struct ucred* cr) {
+  uint64_t now = ut_now_ns();
+  int slot = -1, oldest = 0;
+  for (int i = 0; i < REFUSED_SLOTS; i++) {
+    if (refused[i].last && refused[i].uid == cr->uid) slot = i;
+    if (refused[i].last < refused[oldest].last) oldest = i;
+  }
+  if (slot >= 0 && now - refused[slot].last < REFUSED_QUIET_NS) {
+    INFO(LOG_INIT | LOG_NET, "shared-memory descriptor request from pid %d uid %d refused", (int)cr->pid, (int)cr->uid);
+    return;
+  }
+  slot = slot >= 0 ? slot : oldest;
+  refused[slot].uid = cr->uid, refused[slot].last = now;
+  WARN("shared-memory descriptor request from pid %d uid %d refused: only processes of user %d are served (further "
+       "refusals of uid %d for 60 s are logged at INFO)",
+       (int)cr->pid, (int)cr->uid, (int)geteuid(), (int)cr->uid);
+}
+
 static void serve_one(int c) {
   set_timeouts(c, 1000); /* a client that sends nothing cannot hold the server */
   struct ucred cr = {0, (uid_t)-1, (gid_t)-1};
   socklen_t cl = sizeof(cr);
   if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid()) {
-    WARN("shared-memory descriptor request from pid %d uid %d refused: only processes of user %d are served",
-         (int)cr.pid, (int)cr.uid, (int)geteuid());
+    warn_refused(&cr);
     return;
   }
   struct fd_req rq;
