@@ -9,7 +9,7 @@
 
 #include "bootstrap.h"
 
-#define BOOT_ID_MAGIC 0x4348524253310002ull /* "CHRBS1" + unique id format 2 (key + handshake) */
+#define BOOT_ID_MAGIC 0x4348524253310003ull /* "CHRBS1" + format 3 (key + handshake + the root's ACCEPTED) */
 #define BOOT_KIND_JOIN 1u                   /* a rank joining at the root */
 #define BOOT_KIND_PEER 2u                   /* a rank connecting to another rank */
 #define BOOT_KIND_QUERY 3u                  /* a stall query (query.c) */
@@ -44,7 +44,10 @@ struct boot_id {
  * checked out.
  * Rank to root (the root is a thread of its own, so a round trip is cheap): the client sends a
  * hello with its nonce; the root answers {nonce_s, HMAC(key, "server" || hello || nonce_s)}; the
- * client checks it and answers HMAC(key, "client" || hello || nonce_s), then its join.
+ * client checks it and answers HMAC(key, "client" || hello || nonce_s), then its join. The root
+ * answers a good proof with a BOOT_REPLY_ACCEPTED header at once: a connection lost before that
+ * was cut off by the root making room (root.c), and the rank connects again; one lost after it
+ * means the root failed.
  * Rank to rank: a sender must not wait for the receiver (one thread may drive several ranks of a
  * group, and small sends always completed at once), so the client proves itself in its first
  * flight: hello (fresh nonce, from/to ranks) + HMAC(key, "client" || hello || server address), and
@@ -79,7 +82,7 @@ struct boot_join {
 };
 
 /* Root → rank answer. */
-enum { BOOT_REPLY_TABLE = 1, BOOT_REPLY_ERROR = 2 };
+enum { BOOT_REPLY_TABLE = 1, BOOT_REPLY_ERROR = 2, BOOT_REPLY_ACCEPTED = 3 /* len 0 */ };
 struct boot_reply {
   uint32_t type;
   uint32_t status; /* ch_status for ERROR */

@@ -5,6 +5,8 @@
  * process computes the id on its own, so the key comes from CHORUS_SECRET_FILE / CHORUS_SECRET
  * (the same on every rank), or, without them, from the address: then the key is public and only
  * the same-uid rule protects the job on this host (docs/SECURITY.md). */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,26 +119,93 @@ static ch_status check_table(struct boot_rank_info* t, int nranks, int rank, con
   return CH_OK;
 }
 
-/* Client half of the handshake on a blocking-style socket (rank to root). */
-static ch_status handshake_root(struct sock* s, const struct boot_key* key, const struct boot_hello* h,
-                                const struct sock_wait* w, int rank, const char* root_name) {
+/* Exactly n bytes to or from the root, quietly: CH_REMOTE if it closed or reset the connection,
+ * which before its ACCEPTED means it made room (root.c) and we connect again. */
+static ch_status root_io(struct sock* s, void* buf, size_t n, int out, const struct sock_wait* w) {
+  char* p = buf;
+  while (n > 0) {
+    ssize_t r = out ? send(s->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(s->fd, p, n, MSG_DONTWAIT);
+    if (r > 0) {
+      p += r;
+      n -= (size_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return CH_REMOTE;
+    ch_status st = sock_wait_check(w);
+    if (st != CH_OK) return st;
+    struct pollfd pf = {s->fd, (short)(out ? POLLOUT : POLLIN), 0};
+    poll(&pf, 1, 10);
+  }
+  return CH_OK;
+}
+
+/* Client half of the handshake, then the join, up to the root's ACCEPTED (or its error report,
+ * left unread in the socket for the caller: *rep holds its header). CH_REMOTE: cut off before the
+ * root accepted us. */
+static ch_status handshake_root(struct sock* s, const struct boot_key* key, const struct boot_join* j,
+                                const struct sock_wait* w, const char* root_name, struct boot_reply* rep) {
   char why[160];
+  int rank = j->info.rank;
   if (boot_uid_check(key, s->fd, &s->addr, why, sizeof(why)) != 0) {
     WARN("Bootstrap rank %d: the bootstrap root at %s is not ours: it is %s", rank, root_name, why);
     return CH_INVALID_USAGE;
   }
-  CHECK(sock_send_all(s, h, sizeof(*h), w));
+  struct boot_hello h;
+  CHECK(boot_hello_init(&h, BOOT_KIND_JOIN, (uint32_t)sizeof(struct boot_rank_info), 0, (uint32_t)j->info.nranks));
+  ch_status st = root_io(s, &h, sizeof(h), 1, w);
   struct boot_srv_proof sp;
-  CHECK(sock_recv_all(s, &sp, sizeof(sp), w));
-  if (!boot_mac_ok(key, 1, h, sp.nonce, sp.mac)) {
+  if (st == CH_OK) st = root_io(s, &sp, sizeof(sp), 0, w);
+  if (st != CH_OK) return st;
+  if (!boot_mac_ok(key, 1, &h, sp.nonce, sp.mac)) {
     WARN("Bootstrap rank %d: the bootstrap root at %s does not know this job's secret: the ranks were started with "
          "different secrets (CHORUS_SECRET / CHORUS_SECRET_FILE set on some ranks only, or to different values), "
          "or another program listens there", rank, root_name);
     return CH_INVALID_USAGE;
   }
   struct boot_cli_proof cp;
-  boot_mac(key, 0, h, sp.nonce, cp.mac);
-  return sock_send_all(s, &cp, sizeof(cp), w);
+  boot_mac(key, 0, &h, sp.nonce, cp.mac);
+  st = root_io(s, &cp, sizeof(cp), 1, w);
+  if (st == CH_OK) st = root_io(s, (void*)j, sizeof(*j), 1, w);
+  if (st == CH_OK) st = root_io(s, rep, sizeof(*rep), 0, w);
+  return st;
+}
+
+/* Connect to the root and get past its ACCEPTED. A connection the root cuts off before that (it
+ * makes room when a flood fills it: root.c) is made again, with backoff, until the deadline. */
+static ch_status connect_root(const struct boot_id* id, const struct boot_key* key, struct boot_join* j,
+                              const struct sock_wait* w, uint64_t deadline_ns, const char* root_name, struct sock* root,
+                              struct boot_reply* rep) {
+  int rank = j->info.rank;
+  uint64_t t0 = ut_now_ns(), backoff_ms = 10;
+  for (int attempt = 1;; attempt++) {
+    ch_status st = sock_connect(&id->root, root, w);
+    if (st != CH_OK) {
+      if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while connecting to the root", rank);
+      else WARN("Bootstrap rank %d could not reach bootstrap root at %s%s", rank, root_name,
+                st == CH_TIMEOUT ? " before its deadline" : st == CH_REMOTE ? " (connection refused)" : "");
+      return st;
+    }
+    uint64_t now = ut_now_ns();
+    j->timeout_ms = deadline_ns ? (deadline_ns > now ? (deadline_ns - now) / 1000000 : 0) + 1 : 0;
+    st = handshake_root(root, key, j, w, root_name, rep);
+    if (st != CH_REMOTE) return st;
+    sock_close(root);
+    if (attempt == 1 || attempt % 10 == 0)
+      INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: root %s closed our connection before accepting it (attempt %d; a "
+           "flood of connections at the root?): connecting again", rank, root_name, attempt);
+    /* Backoff with jitter, so ranks cut off together do not come back together. */
+    unsigned char rnd = 0;
+    (void)ut_random(&rnd, 1);
+    uint64_t until = ut_now_ns() + (backoff_ms + backoff_ms * rnd / 256) * 1000000ull;
+    if (backoff_ms < 500) backoff_ms *= 2;
+    while (ut_now_ns() < until && (st = sock_wait_check(w)) == CH_OK) usleep(5000);
+    if (st == CH_TIMEOUT)
+      WARN("Bootstrap rank %d: bootstrap root %s closed our connection before accepting it %d times in %.1f s, "
+           "until the init deadline (CHORUS_INIT_TIMEOUT): a flood of connections at the root? see its log",
+           rank, root_name, attempt, (double)(ut_now_ns() - t0) / 1e9);
+    if (st != CH_OK) return st;
+  }
 }
 
 /* Join at the root and receive the table (or the root's error report). */
@@ -150,30 +219,17 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
   char* text = NULL;
   struct boot_key key;
   id_key(id, &key);
-  ch_status st = sock_connect(&id->root, &root, &w);
-  if (st != CH_OK) {
-    if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while connecting to the root", rank);
-    else WARN("Bootstrap rank %d could not reach bootstrap root at %s%s", rank, root_name,
-              st == CH_TIMEOUT ? " before its deadline" : st == CH_REMOTE ? " (connection refused)" : "");
-    return st;
-  }
-  uint64_t now = ut_now_ns();
-  struct boot_hello h;
-  CHECK_GOTO(boot_hello_init(&h, BOOT_KIND_JOIN, (uint32_t)sizeof(struct boot_rank_info), 0, (uint32_t)nranks), st,
-             fail);
-  st = handshake_root(&root, &key, &h, &w, rank, root_name);
-  if (st == CH_INVALID_USAGE) goto out;
-  if (st != CH_OK) goto fail;
   struct boot_join j;
   memset(&j, 0, sizeof(j));
-  j.timeout_ms = deadline_ns ? (deadline_ns > now ? (deadline_ns - now) / 1000000 : 0) + 1 : 0;
   j.info = *me;
-  CHECK_GOTO(sock_send_all(&root, &j, sizeof(j), &w), st, fail);
+  struct boot_reply rep;
+  ch_status st = connect_root(id, &key, &j, &w, deadline_ns, root_name, &root, &rep);
+  if (st == CH_INVALID_USAGE || (st != CH_OK && root.fd < 0)) goto out;
+  if (st != CH_OK) goto fail;
 
   /* The root reports a timeout by our deadline: give its report a moment to arrive. */
   struct sock_wait wr = {abort, deadline_ns ? deadline_ns + BOOT_REPORT_GRACE_NS : 0};
-  struct boot_reply rep;
-  CHECK_GOTO(sock_recv_all(&root, &rep, sizeof(rep), &wr), st, fail);
+  if (rep.type == BOOT_REPLY_ACCEPTED) CHECK_GOTO(sock_recv_all(&root, &rep, sizeof(rep), &wr), st, fail);
   if (rep.type == BOOT_REPLY_ERROR && rep.len < 65536) {
     text = calloc(1, rep.len + 1);
     if (!text) {

@@ -1,8 +1,13 @@
 /* Stall queries: a small per-process service that answers "what is this rank doing" while the rank's
  * own thread is blocked inside a collective (the bootstrap's peer connections are only read by the
  * rank's own thread, so they cannot serve this). One listener per bootstrap interface, each with a
- * thread that accepts and hands every connection to a short-lived worker thread (at most
- * QUERY_MAX_WORKERS at once; more are closed at once), so a slow or silent client delays nobody.
+ * thread that accepts and hands every connection to a short-lived worker thread, so a slow or silent
+ * client delays nobody. Workers are bounded, and the owner comes first: a connection from another
+ * uid of this host (or one whose owner is unknown) gets QUERY_HELLO_OTHER_NS to prove itself, and
+ * at most QUERY_MAX_PER_UID of them per uid and QUERY_MAX_OTHERS in all wait at once; when every
+ * worker is taken, a connection from our own uid cuts off one that has not proven itself yet
+ * (another uid's first, then one of ours silent for QUERY_SILENT_NS). docs/SECURITY.md, "Floods
+ * from another local user".
  *
  * Handshake (the key never travels; nothing from the client is used before its proof checked out):
  *   client -> hello {magic, BOOT_KIND_QUERY, arg = request kind, to_rank = 1 if it proves a key,
@@ -33,7 +38,11 @@
 #include "boot_internal.h"
 
 #define QUERY_MAX_LISTENERS 4
-#define QUERY_MAX_WORKERS 8
+#define QUERY_MAX_WORKERS 8 /* live workers; as many more may be draining after a cut */
+#define QUERY_MAX_OTHERS 4  /* workers for other uids of this host, all together */
+#define QUERY_MAX_PER_UID 2 /* ... and for one of them */
+#define QUERY_HELLO_OTHER_NS 500000000ull /* their handshake must be done by then */
+#define QUERY_SILENT_NS 200000000ull      /* one of ours not authenticated by then may be cut for another */
 #define QUERY_MAX_KEYS 64
 #define QUERY_HELLO_NS (2ull * 1000000000ull) /* handshake and request must arrive by then */
 #define QUERY_REPLY_NS (5ull * 1000000000ull) /* the handler and the reply, past the request */
@@ -64,6 +73,17 @@ static struct {
 } q_keys[QUERY_MAX_KEYS];
 static boot_query_handler q_handler;
 static _Atomic int q_workers;
+/* Under q_lock: one per worker thread. The listener fills a free slot and may cut a busy one
+ * (cut = 1, atomic, read by the worker's waits; and shutdown(fd), under q_lock, so the worker wakes
+ * at once); the worker sets authed when its client proved itself, and frees the slot and closes fd
+ * under q_lock, so a cut never reaches a reused descriptor. */
+enum { Q_OWNER, Q_OTHER, Q_REMOTE };
+static struct q_slot {
+  int busy, fd, cls; /* Q_* */
+  uid_t uid;         /* Q_OTHER: its uid, or (uid_t)-1 when unknown */
+  int authed, cut;
+  uint64_t t0;
+} q_slots[2 * QUERY_MAX_WORKERS];
 static pthread_once_t q_once = PTHREAD_ONCE_INIT;
 
 static void at_prepare(void) {
@@ -81,6 +101,7 @@ static void at_child(void) {
   q_nlisten = 0;
   q_users = 0;
   atomic_store(&q_workers, 0);
+  memset(q_slots, 0, sizeof(q_slots));
   /* The eventfd is shared with the parent (and its other children): a stop written there would
    * wake, or be consumed by, the wrong process's threads. */
   if (q_stop_fd >= 0) close(q_stop_fd);
@@ -115,7 +136,7 @@ static int io_all(int fd, void* buf, size_t n, uint64_t deadline, int out, const
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
     uint64_t now = ut_now_ns();
-    if (now >= deadline || (abort && __atomic_load_n(abort, __ATOMIC_RELAXED))) return -1;
+    if (now >= deadline || (abort && __atomic_load_n(abort, __ATOMIC_RELAXED))) return -1; /* or cut (q_admit) */
     uint64_t left_ms = (deadline - now) / 1000000 + 1;
     struct pollfd pf = {fd, (short)(out ? POLLOUT : POLLIN), 0};
     if (poll(&pf, 1, (int)(left_ms > 100 ? 100 : left_ms)) < 0 && errno != EINTR) return -1;
@@ -126,26 +147,72 @@ static int io_all(int fd, void* buf, size_t n, uint64_t deadline, int out, const
 struct worker_arg {
   int fd;
   union sock_addr remote;
+  struct q_slot* slot;
 };
+
+/* Decide whether a new connection gets a worker (a slot under q_lock), cutting off a waiting one if
+ * our own uid needs the room. NULL: refused, with *why filled. */
+static struct q_slot* q_admit(int fd, int cls, uid_t uid, char* why, size_t len) {
+  uint64_t now = ut_now_ns();
+  int live = 0, others = 0, same = 0;
+  struct q_slot *free_slot = NULL, *victim = NULL;
+  pthread_mutex_lock(&q_lock);
+  for (int i = 0; i < 2 * QUERY_MAX_WORKERS; i++) {
+    struct q_slot* q = &q_slots[i];
+    if (!q->busy) {
+      if (!free_slot) free_slot = q;
+      continue;
+    }
+    if (q->cut) continue;
+    live++;
+    others += q->cls == Q_OTHER;
+    same += q->cls == Q_OTHER && q->uid == uid;
+    if (cls != Q_OWNER || q->authed) continue;
+    /* Our own uid may cut another uid's waiting connection, else one of ours that stays silent. */
+    int rank_q = q->cls == Q_OTHER ? 2 : q->cls == Q_OWNER && now - q->t0 > QUERY_SILENT_NS ? 1 : 0;
+    int rank_v = !victim ? 0 : victim->cls == Q_OTHER ? 2 : 1;
+    if (rank_q > rank_v || (rank_q && rank_q == rank_v && q->t0 < victim->t0)) victim = q;
+  }
+  struct q_slot* got = NULL;
+  if (cls == Q_OTHER && (others >= QUERY_MAX_OTHERS || same >= QUERY_MAX_PER_UID)) {
+    if (uid == (uid_t)-1) snprintf(why, len, "refused: %d stall queries of unknown owners are already waiting", same);
+    else snprintf(why, len, "refused: uid %u already has %d stall queries waiting (another user's flood?)", (unsigned)uid, same);
+  } else if (live >= QUERY_MAX_WORKERS && !victim) {
+    snprintf(why, len, "refused: all %d workers are busy", QUERY_MAX_WORKERS);
+  } else if (free_slot) {
+    if (live >= QUERY_MAX_WORKERS) {
+      __atomic_store_n(&victim->cut, 1, __ATOMIC_RELAXED);
+      shutdown(victim->fd, SHUT_RDWR);
+    }
+    got = free_slot;
+    *got = (struct q_slot){.busy = 1, .fd = fd, .cls = cls, .uid = uid, .t0 = now};
+  } else {
+    snprintf(why, len, "refused: workers cut off are still finishing");
+  }
+  pthread_mutex_unlock(&q_lock);
+  return got;
+}
 
 static void* worker(void* argp) {
   struct worker_arg a = *(struct worker_arg*)argp;
   free(argp);
   char why[200] = "";
-  uint64_t deadline = ut_now_ns() + QUERY_HELLO_NS;
+  struct q_slot* slot = a.slot;
+  const volatile int* cut = &slot->cut;
+  uint64_t deadline = slot->t0 + (slot->cls == Q_OTHER ? QUERY_HELLO_OTHER_NS : QUERY_HELLO_NS);
   struct boot_hello h;
   unsigned char nonce_s[BOOT_NONCE], mac[BOOT_MAC];
   char req[BOOT_QUERY_MAX_REQ];
   char* reply = NULL;
   struct boot_key key;
   int keyed = 0;
-  if (io_all(a.fd, &h, sizeof(h), deadline, 0, NULL) != 0) goto quiet; /* closed or silent: nothing to say */
+  if (io_all(a.fd, &h, sizeof(h), deadline, 0, cut) != 0) goto quiet; /* closed or silent: nothing to say */
   if (h.magic != BOOT_ID_MAGIC || h.kind != BOOT_KIND_QUERY || h.to_rank > 1 || h.nranks > BOOT_QUERY_MAX_REQ) {
     snprintf(why, sizeof(why), "not a Chorus stall query of this version");
     goto reject;
   }
-  if (ut_random(nonce_s, sizeof(nonce_s)) != CH_OK || io_all(a.fd, nonce_s, sizeof(nonce_s), deadline, 1, NULL) != 0 ||
-      io_all(a.fd, mac, sizeof(mac), deadline, 0, NULL) != 0 || io_all(a.fd, req, h.nranks, deadline, 0, NULL) != 0)
+  if (ut_random(nonce_s, sizeof(nonce_s)) != CH_OK || io_all(a.fd, nonce_s, sizeof(nonce_s), deadline, 1, cut) != 0 ||
+      io_all(a.fd, mac, sizeof(mac), deadline, 0, cut) != 0 || io_all(a.fd, req, h.nranks, deadline, 0, cut) != 0)
     goto quiet;
   if (h.to_rank == 1) { /* the client proves a key: one we serve, or it is out */
     pthread_mutex_lock(&q_lock);
@@ -162,14 +229,23 @@ static void* worker(void* argp) {
     }
   }
   /* Without a key, or with a public one: only our uid on this host (other hosts: the key decides). */
-  if (!keyed || key.mode == BOOT_AUTH_UID) {
-    struct boot_key uidk = {.mode = BOOT_AUTH_UID};
-    if (!keyed && !sock_addr_is_local(&a.remote)) {
-      snprintf(why, sizeof(why), "a stall query from another host without a job secret (set CHORUS_SECRET)");
-      goto reject;
-    }
-    if (boot_uid_check(&uidk, a.fd, &a.remote, why, sizeof(why)) != 0) goto reject;
+  if (!keyed && slot->cls == Q_REMOTE) {
+    snprintf(why, sizeof(why), "a stall query from another host without a job secret (set CHORUS_SECRET)");
+    goto reject;
   }
+  if ((!keyed || key.mode == BOOT_AUTH_UID) && slot->cls == Q_OTHER) {
+    if (slot->uid == (uid_t)-1)
+      snprintf(why, sizeof(why), "a connection from this host whose owner cannot be found in /proc/net/tcp "
+               "(ask with the job's secret)");
+    else if (keyed) /* a public key: the job really has no secret */
+      snprintf(why, sizeof(why), "a process of uid %u (this job runs as uid %u and has no CHORUS_SECRET)",
+               (unsigned)slot->uid, (unsigned)geteuid());
+    else
+      snprintf(why, sizeof(why), "a stall query without the job's secret from uid %u (without it only uid %u may ask)",
+               (unsigned)slot->uid, (unsigned)geteuid());
+    goto reject;
+  }
+  __atomic_store_n(&slot->authed, 1, __ATOMIC_RELAXED); /* under q_lock's readers: a stale 0 only cuts it */
   reply = malloc(BOOT_QUERY_MAX_REPLY);
   if (!reply) goto quiet;
   boot_query_handler fn;
@@ -191,7 +267,10 @@ reject:
 quiet:
   memset(&key, 0, sizeof(key));
   free(reply);
+  pthread_mutex_lock(&q_lock);
   close(a.fd);
+  slot->busy = 0;
+  pthread_mutex_unlock(&q_lock);
   atomic_fetch_sub(&q_workers, 1);
   return NULL;
 }
@@ -215,17 +294,26 @@ static void* listener_main(void* arg) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(100000);
       continue;
     }
-    if (atomic_fetch_add(&q_workers, 1) >= QUERY_MAX_WORKERS) { /* busy: the client retries or reports it */
-      atomic_fetch_sub(&q_workers, 1);
+    int cls = sock_addr_is_local(&remote) ? Q_OTHER : Q_REMOTE;
+    uid_t uid = (uid_t)-1;
+    if (cls == Q_OTHER && sock_peer_uid(c, &uid) == 0 && uid == geteuid()) cls = Q_OWNER;
+    char why[160];
+    struct q_slot* slot = q_admit(c, cls, cls == Q_OTHER ? uid : 0, why, sizeof(why));
+    if (!slot) { /* the client retries or reports it */
+      if (cls == Q_OTHER) sock_warn_reject("Stall query service", &remote, why);
       close(c);
       continue;
     }
+    atomic_fetch_add(&q_workers, 1);
     struct worker_arg* w = malloc(sizeof(*w));
     pthread_t t;
-    if (w) *w = (struct worker_arg){c, remote};
+    if (w) *w = (struct worker_arg){c, remote, slot};
     if (!w || pthread_create(&t, &attr, worker, w) != 0) {
       free(w);
+      pthread_mutex_lock(&q_lock);
       close(c);
+      slot->busy = 0;
+      pthread_mutex_unlock(&q_lock);
       atomic_fetch_sub(&q_workers, 1);
     }
   }
@@ -390,6 +478,12 @@ ch_status boot_query(const union sock_addr* addr, const struct boot_key* key, ui
     char w2[160];
     if (rh.status == QST_LOCAL && !sock_addr_is_local(addr)) {
       snprintf(why, whylen, "answered without a secret from another host");
+      goto out;
+    }
+    uid_t owner;
+    if (rh.status == QST_LOCAL && sock_addr_is_local(addr) && sock_peer_uid(s.fd, &owner) == 0 && owner != geteuid()) {
+      snprintf(why, whylen, "is not ours: it is a process of uid %u, and we run as uid %u (an answer without the job's "
+               "secret is trusted from our own uid only)", (unsigned)owner, (unsigned)geteuid());
       goto out;
     }
     if (boot_uid_check(&uidk, s.fd, addr, w2, sizeof(w2)) != 0) {

@@ -3,8 +3,12 @@
  * record that every rank prints. It serves one job and exits. A connection must pass the handshake
  * (boot_internal.h) within BOOT_HELLO_TIMEOUT_NS before anything else it sends is read; one that
  * fails is closed with a rate-limited WARN, so scanners and stale jobs cannot disturb the job.
- * Everything is bounded: pending connections (the oldest is evicted), descriptors (EMFILE pauses
- * accepting instead of spinning), field values and text. */
+ * Everything is bounded: connections that have not proven the secret (ROOT_MAX_UNAUTH), descriptors
+ * (EMFILE pauses accepting instead of spinning), field values and text. A connection that proved the
+ * secret is never dropped to make room: when the bound is reached, connections of other uids on this
+ * host and connections that stalled (ROOT_STALL_NS without a byte) go first, and if there are none the
+ * newcomer is refused. A rank cut off before it proved itself connects again (bootstrap.c), so a
+ * flood costs members time, never their place (docs/SECURITY.md, "Floods from another local user"). */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
 #include <poll.h>
@@ -24,7 +28,9 @@
 #define ROOT_SEND_TIMEOUT_NS (5ull * 1000000000ull)
 #define ROOT_FAILED_LINGER_NS (30ull * 1000000000ull) /* keep telling late joiners about a failure */
 #define ROOT_MSG_LEN 1536
-#define ROOT_MAX_PENDING 64                   /* connections not yet joined; beyond, the oldest goes */
+#define ROOT_MAX_UNAUTH 512 /* connections still in the handshake; under the usual 1024 descriptors */
+#define ROOT_STALL_NS 250000000ull /* no byte for this long in the handshake: may be dropped to make room */
+#define ROOT_UID_SCAN_NS 50000000ull /* owners of waiting connections are looked up at most this often */
 #define ROOT_ACCEPT_PAUSE_NS 100000000ull     /* out of descriptors: stop accepting this long */
 #define ROOT_MAX_TIMEOUT_MS (30ull * 86400000ull) /* a join's timeout is clamped to 30 days */
 
@@ -35,6 +41,8 @@ struct root_conn {
   int rank; /* -1 until its join is accepted */
   int state; /* RC_*: what is being read */
   uint64_t t0;
+  uint64_t last; /* when its last handshake byte came (t0 before any) */
+  int other_uid; /* 1: its owner is another uid on this host (from root_learn_uids) */
   union sock_addr peer;
   size_t got; /* bytes of the current state's record */
   struct boot_hello hello;
@@ -49,6 +57,7 @@ struct root {
   struct boot_key key;
   uint64_t accept_paused_until;
   int warned_emfile;
+  uint64_t uid_scan; /* when root_learn_uids last ran */
   int64_t timeout_s;
   uint64_t start, deadline; /* deadline: 0 until the first join */
   struct root_conn** conns;
@@ -345,6 +354,7 @@ static int root_read(struct root* r, struct root_conn* c) {
       return -1;
     }
     c->got += (size_t)n;
+    c->last = ut_now_ns();
     if (c->got < need) continue;
     c->got = 0;
     char who[96];
@@ -372,6 +382,8 @@ static int root_read(struct root* r, struct root_conn* c) {
         root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
         return -1;
       }
+      struct boot_reply ack = {BOOT_REPLY_ACCEPTED, CH_OK, 0}; /* from here on it is never dropped for room */
+      if (root_send(c->fd, &ack, sizeof(ack)) != 0) return -1;
       c->state = RC_JOIN;
     } else {
       root_join(r, c); /* may drop c itself */
@@ -380,22 +392,56 @@ static int root_read(struct root* r, struct root_conn* c) {
   }
 }
 
-/* Make room for one more pending connection: drop the oldest one that has not joined. */
-static void root_evict_pending(struct root* r, const char* why) {
-  int oldest = -1;
-  for (int i = 0; i < r->nconns; i++)
-    if (r->conns[i]->rank < 0 && (oldest < 0 || r->conns[i]->t0 < r->conns[oldest]->t0)) oldest = i;
-  if (oldest < 0) return;
-  char a[64];
-  INFO(LOG_BOOTSTRAP, "Bootstrap root %s: dropping pending connection from %s (%s)", r->name,
-       sock_addr_str(&r->conns[oldest]->peer, a, sizeof(a)), why);
-  root_drop(r, oldest);
+/* Connections that have not proven the job's secret: the ones a flood can make. */
+static int root_unauth(const struct root* r) {
+  int n = 0;
+  for (int i = 0; i < r->nconns; i++) n += r->conns[i]->rank < 0 && r->conns[i]->state != RC_JOIN;
+  return n;
 }
 
-static int root_pending(struct root* r) {
+/* Mark the waiting connections whose other end belongs to another uid of this host (one pass over
+ * /proc/net/tcp{,6} for all of them, at most every ROOT_UID_SCAN_NS). */
+static void root_learn_uids(struct root* r, uint64_t now) {
+  if (r->uid_scan && now - r->uid_scan < ROOT_UID_SCAN_NS) return;
+  r->uid_scan = now;
+  int* fds = malloc((size_t)r->nconns * sizeof(*fds));
+  uid_t* uids = malloc((size_t)r->nconns * sizeof(*uids));
+  unsigned char* found = malloc((size_t)r->nconns);
+  struct root_conn** who = malloc((size_t)r->nconns * sizeof(*who));
   int n = 0;
-  for (int i = 0; i < r->nconns; i++) n += r->conns[i]->rank < 0;
-  return n;
+  if (fds && uids && found && who) {
+    for (int i = 0; i < r->nconns; i++)
+      if (r->conns[i]->rank < 0 && r->conns[i]->state != RC_JOIN && !r->conns[i]->other_uid)
+        who[n] = r->conns[i], fds[n++] = r->conns[i]->fd;
+    if (n) sock_peer_uids(fds, n, uids, found);
+    for (int i = 0; i < n; i++) who[i]->other_uid = found[i] && uids[i] != geteuid();
+  }
+  free(fds);
+  free(uids);
+  free(found);
+  free(who);
+}
+
+/* Make room among the unauthenticated connections: drop every one of another uid and every one
+ * that stalled. Joined and authenticated connections are never candidates. Returns how many went. */
+static int root_make_room(struct root* r, const char* why) {
+  uint64_t now = ut_now_ns();
+  root_learn_uids(r, now);
+  int dropped = 0;
+  char who[96], text[200];
+  snprintf(who, sizeof(who), "Bootstrap root %s", r->name);
+  for (int i = r->nconns - 1; i >= 0; i--) {
+    struct root_conn* c = r->conns[i];
+    if (c->rank >= 0 || c->state == RC_JOIN) continue;
+    int stalled = now - c->last > ROOT_STALL_NS;
+    if (!c->other_uid && !stalled) continue;
+    snprintf(text, sizeof(text), "dropped to make room (%s): %s", why,
+             c->other_uid ? "it belongs to another user" : "it sent nothing for 250 ms during the handshake");
+    sock_warn_reject(who, &c->peer, text);
+    root_drop(r, i);
+    dropped++;
+  }
+  return dropped;
 }
 
 static void root_accept(struct root* r) {
@@ -414,7 +460,8 @@ static void root_accept(struct root* r) {
           WARN("Bootstrap root %s: cannot accept connections: %s; pausing and dropping idle connections", r->name,
                strerror(errno));
         r->accept_paused_until = ut_now_ns() + ROOT_ACCEPT_PAUSE_NS;
-        root_evict_pending(r, "out of descriptors");
+        r->uid_scan = 0;
+        root_make_room(r, "out of descriptors");
       }
       return;
     }
@@ -424,7 +471,15 @@ static void root_accept(struct root* r) {
       close(fd);
       continue;
     }
-    if (root_pending(r) >= ROOT_MAX_PENDING) root_evict_pending(r, "too many pending connections");
+    if (root_unauth(r) >= ROOT_MAX_UNAUTH && root_make_room(r, "too many connections waiting to authenticate") == 0) {
+      /* Every waiting connection is making progress: refuse the newcomer, which, if it is a rank,
+       * connects again (bootstrap.c). */
+      char text[96];
+      snprintf(text, sizeof(text), "refused: %d connections are already authenticating", ROOT_MAX_UNAUTH);
+      sock_warn_reject(who, &peer, text);
+      close(fd);
+      continue;
+    }
     struct root_conn* c = calloc(1, sizeof(*c));
     if (r->nconns == r->cap) {
       int cap = r->cap ? r->cap * 2 : 16;
@@ -442,7 +497,7 @@ static void root_accept(struct root* r) {
     c->fd = fd;
     c->rank = -1;
     c->state = RC_HELLO;
-    c->t0 = ut_now_ns();
+    c->t0 = c->last = ut_now_ns();
     c->peer = peer;
     r->conns[r->nconns++] = c;
   }

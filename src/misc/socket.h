@@ -87,6 +87,9 @@ int sock_addr_is_local(const union sock_addr* a);
 /* The owner uid of the socket at the other end of the connected TCP socket fd, found in
  * /proc/net/tcp{,6} (only meaningful when that end is on this host). 0 on success, -1 if not found. */
 int sock_peer_uid(int fd, uid_t* uid);
+/* sock_peer_uid for n sockets in one pass over the tables (a flood's sockets make them long):
+ * found[i] = 1 and uids[i] set for each whose other end is on this host. Returns how many were found. */
+int sock_peer_uids(const int* fds, int n, uid_t* uids, unsigned char* found);
 
 /* For callers that run their own poll loops (bootstrap): CH_ABORTED if the abort flag is set,
  * CH_TIMEOUT if the deadline passed, else CH_OK. Neither is logged here (the caller knows what it
