@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The one implementation of safe output files (misc/safefile.h), compiled in here: the benchmarks and
- * chorus-plot link only the public library, which does not export it. */
-#include "../../src/misc/safefile.c"
+/* The one implementation of safe output files (misc/safefile.c, built into these tools by
+ * tools/CMakeLists.txt: they link only the public library, which does not export it). */
+#include "../../src/misc/safefile.h"
 
 #define W 1140
 #define PW 460 /* panel plot area */
