@@ -8,6 +8,10 @@ SUITES ?=
 
 .PHONY: all test run install clean test-asan test-tsan fuzz
 
+# No "Entering/Leaving directory" lines from this make's children (CMake's generated makefiles and the
+# sanitizer targets' $(MAKE)): exported to them through MAKEFLAGS.
+MAKEFLAGS += --no-print-directory
+
 all:
 	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
@@ -18,7 +22,8 @@ test: all
 	  bash $(CURDIR)/tools/test-summary.sh .; exit $$rc
 
 run: all
-	$(BUILD)/bin/chorusrun -n 4 $(BUILD)/bin/all_reduce_perf -b 8 -e 128M -f 2
+	@echo "chorusrun -n 4 all_reduce_perf -b 8 -e 128M -f 2"
+	@$(BUILD)/bin/chorusrun -n 4 $(BUILD)/bin/all_reduce_perf -b 8 -e 128M -f 2
 
 install: all
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -29,7 +29,11 @@ import subprocess
 import sys
 import sysconfig
 
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_chorus", "_cbackend.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# In python/ the source is in the package; in an installed package (torch_chorus/_build_cext.py, which
+# `python -m torch_chorus.build_front` runs) beside this script.
+SRC = (os.path.join(_HERE, "_cbackend.cpp") if os.path.isfile(os.path.join(_HERE, "_cbackend.cpp"))
+       else os.path.join(_HERE, "torch_chorus", "_cbackend.cpp"))
 FINGERPRINT = "_cbackend.fingerprint"
 
 

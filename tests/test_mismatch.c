@@ -7,6 +7,7 @@
 
 #include "chorus.h"
 #include "coll_util.h"
+#include "misc/log.h"
 #include "misc/param.h"
 #include "runner.h"
 
@@ -84,6 +85,9 @@ static void body(int rank, int nranks, ncclUniqueId id, void* arg) {
     for (int k = 0; k < 2 && m->want[k]; k++)
       if (!strstr(msg, m->want[k]))
         rt_fail(__FILE__, __LINE__, "rank %d: last error '%s' does not name '%s'", rank, msg, m->want[k]);
+    /* One wording on every rank, whichever path found it (Direct's check, a receive, a poisoned link). */
+    if (!strstr(msg, " called ") || !strstr(msg, ": calls on a communicator must match on every rank"))
+      rt_fail(__FILE__, __LINE__, "rank %d: last error '%s' is not worded as every rank's", rank, msg);
     ncclResult_t as = ncclSuccess;
     NCCL_OK(ncclCommGetAsyncError(comm, &as));
     EXPECT_EQ((int)as, (int)ncclInvalidUsage);
@@ -148,4 +152,28 @@ TEST_T(mismatch_net, broadcast_vs_allreduce_3ranks, 90) {
 TEST_T(mismatch_net, reduce_roots, 90) { run_net(3, (struct mm){K_ROOT_REDUCE, 100, {"Reduce(100 x float", "root 0"}, 1}); }
 TEST_T(mismatch_net, sendrecv_count, 90) {
   run_net(2, (struct mm){K_SENDRECV, 100, {"Send/Recv(99 x float", "Send/Recv(100 x float"}, 0});
+}
+
+/* ncclGetErrorString suggests NCCL_DEBUG=WARN (INFO for system errors) only where it is not set so. */
+static void set_debug(const char* v) {
+  if (v) setenv("NCCL_DEBUG", v, 1);
+  else unsetenv("NCCL_DEBUG");
+  param_reset();
+  log_reset();
+}
+
+TEST_T(mismatch, error_string_hint, 10) {
+  set_debug(NULL);
+  EXPECT(strstr(ncclGetErrorString(ncclInvalidUsage), "run with NCCL_DEBUG=WARN for details") != NULL);
+  EXPECT(strstr(ncclGetErrorString(ncclSystemError), "run with NCCL_DEBUG=INFO for details") != NULL);
+  set_debug("VERSION");
+  EXPECT(strstr(ncclGetErrorString(ncclInvalidArgument), "NCCL_DEBUG=WARN") != NULL);
+  set_debug("WARN");
+  EXPECT(strcmp(ncclGetErrorString(ncclInvalidUsage), "invalid usage") == 0);
+  EXPECT(strcmp(ncclGetErrorString(ncclInvalidArgument), "invalid argument") == 0);
+  EXPECT(strstr(ncclGetErrorString(ncclSystemError), "NCCL_DEBUG=INFO") != NULL);
+  set_debug("INFO");
+  EXPECT(strcmp(ncclGetErrorString(ncclSystemError), "unhandled system error") == 0);
+  EXPECT(strcmp(ncclGetErrorString(ncclInvalidUsage), "invalid usage") == 0);
+  set_debug(NULL);
 }

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chorus.h"
 #include "tune/tune.h"
 #include "misc/param.h"
 #include "runner.h"
@@ -627,6 +628,25 @@ TEST(chorusrun, killed_rank_signal) {
   cmd_free(&r);
 }
 
+/* A rank that exits cleanly while the others run is named once, as it happens (before the others'
+ * later output), and the job goes on; ranks that finish together are not named. */
+TEST(chorusrun, early_clean_exit_is_reported) {
+  cmd_result r = run(30, NULL, bin("chorusrun"), "-n", "4", "sh", "-c",
+                     "if [ $RANK = 2 ]; then exit 0; fi; sleep 2.5; echo late$RANK >&2", (char*)NULL);
+  EXPECT_EQ(r.status, 0);
+  const char* said = strstr(r.err, "chorusrun: rank 2 (pid ");
+  EXPECT(said != NULL);
+  EXPECT_HAS(r.err, ") exited with status 0 while 3 other ranks still run\n");
+  EXPECT(said && !strstr(said + 1, "chorusrun: rank 2 (pid ")); /* once */
+  const char* late = strstr(r.err, "late");
+  EXPECT(said && late && said < late);
+  cmd_free(&r);
+  r = run(30, NULL, bin("chorusrun"), "-n", "3", "sh", "-c", "sleep 0.2", (char*)NULL);
+  EXPECT_EQ(r.status, 0);
+  EXPECT(!strstr(r.err, "exited with status 0"));
+  cmd_free(&r);
+}
+
 /* A crash after the first failure is reported too (it may be the cause: a peer seeing the crashed
  * rank's sockets close can be reaped first); ranks ended by our SIGTERM are not. */
 TEST(chorusrun, later_crash_is_reported) {
@@ -665,7 +685,9 @@ TEST(chorusrun, timeout_names_hung_rank) {
   EXPECT_EQ(r.status, 124);
   EXPECT_HAS(r.err, "chorusrun: rank 2 (pid ");
   EXPECT_HAS(r.err, ") did not finish within 1 s\n");
-  EXPECT(!strstr(r.err, "rank 0 (") && !strstr(r.err, "rank 1 ("));
+  /* Ranks 0 and 1 finished: named at most as having exited early (early_clean_exit_is_reported). */
+  const char* once = strstr(r.err, "did not finish");
+  EXPECT(once && !strstr(once + 1, "did not finish"));
   EXPECT(r.secs < 10);
   cmd_free(&r);
 }
@@ -774,4 +796,38 @@ TEST_T(chorus_info, calibrate_writes_a_usable_file, 120) {
   unlink(path);
   rmdir(dir);
   free(dir);
+}
+
+/* chorus-info's options: --version prints the version, --help names --brief, an unknown option is
+ * named before the usage (exit 2); the default output leads with the summary, whose settings are the
+ * ones set. */
+TEST_T(chorus_info, options_and_summary, 60) {
+  cmd_result r = run(20, NULL, bin("chorus-info"), "--version", (char*)NULL);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_HAS(r.out, CHORUS_VERSION_STRING);
+  EXPECT(!strstr(r.out, "usage:"));
+  cmd_free(&r);
+  r = run(20, NULL, bin("chorus-info"), "--help", (char*)NULL);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_HAS(r.out, "--brief stops");
+  cmd_free(&r);
+  r = run(20, NULL, bin("chorus-info"), "--frobnicate", (char*)NULL);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_HAS(r.err, "chorus-info: unknown option '--frobnicate'\nusage: chorus-info");
+  cmd_free(&r);
+  static const char* const env[] = {"NCCL_NET_PLUGIN=none", "CHORUS_TIMEOUT=77", NULL};
+  r = run(30, env, bin("chorus-info"), (char*)NULL);
+  EXPECT_EQ(r.status, 0);
+  const char* summary[] = {"Chorus " CHORUS_VERSION_STRING, "\nBuilt in\n  CUDA driver loader: ", "\n  device kernels: ",
+                           "\n  libfabric (OFI network): ", "\n  plugins: net off (none), tuner ", "\nTransports\n",
+                           "\nSettings that differ from the defaults\n", "\n  CHORUS_TIMEOUT=77 [environment]\n",
+                           "\nHost\n", "\nConfiguration ("};
+  const char* at = r.out;
+  for (size_t i = 0; i < sizeof(summary) / sizeof(summary[0]); i++) { /* in this order */
+    const char* p = strstr(at, summary[i]);
+    if (!p) rt_fail(__FILE__, __LINE__, "chorus-info: no '%s' after offset %d in:\n%s", summary[i], (int)(at - r.out), r.out);
+    else at = p;
+  }
+  EXPECT(strncmp(r.out, "Chorus ", 7) == 0); /* the summary comes first */
+  cmd_free(&r);
 }

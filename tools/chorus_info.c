@@ -3,6 +3,7 @@
  * parameter table. `chorus-info --stall HOST:PORT` asks a running job's process for the stall report
  * of its communicators (the address each rank logs at NCCL_DEBUG=INFO, and every stall report names). */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "../src/misc/param.h"
 #include "../src/misc/socket.h"
 #include "../src/misc/utils.h"
+#include "../src/net/net.h"
 #include "../src/tune/tune.h"
 #include "calibrate.h"
 
@@ -74,6 +76,63 @@ static int query(const char* hostport, uint32_t kind) {
   return 0;
 }
 
+/* A plugin's library as the library looks for it (NCCL's rule: unset, the default name if present;
+ * "none", off; else the value, then libnccl-KIND-VALUE.so): what it found, into out. */
+static const char* plugin_found(const char* kind, const char* spec, char* out, size_t cap) {
+  char names[2][256];
+  if (!strcmp(spec, "none")) return "off (none)";
+  if (spec[0]) snprintf(names[0], sizeof(names[0]), "%s", spec);
+  else snprintf(names[0], sizeof(names[0]), "libnccl-%s.so", kind);
+  snprintf(names[1], sizeof(names[1]), "libnccl-%s-%s.so", kind, spec);
+  for (int i = 0; i < (spec[0] ? 2 : 1); i++) {
+    void* h = dlopen(names[i], RTLD_LAZY | RTLD_LOCAL);
+    if (h) {
+      dlclose(h);
+      snprintf(out, cap, "%s", names[i]);
+      return out;
+    }
+  }
+  if (spec[0]) snprintf(out, cap, "%s not found", spec);
+  else snprintf(out, cap, "none found");
+  return out;
+}
+
+/* The first screen: what this build and host offer and what is set, before the long tables. */
+static void print_summary(void) {
+  int v = 0;
+  chorusGetVersion(&v);
+  printf("Chorus %s (code %d), NCCL API %d.%d.%d\n", CHORUS_VERSION_STRING, v, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  char cuda[1024];
+  int has_cuda = cudrv_describe(cuda, sizeof(cuda)) == 0;
+  char* nl = strchr(cuda, '\n');
+  if (nl) *nl = 0; /* its first line; Host below has the rest */
+  size_t fb = 0;
+  cudev_fatbin(&fb);
+  const char* why = NULL;
+  int ofi = ch_ofi_available(&why) == 0;
+  printf("Built in\n  CUDA driver loader: %s\n  device kernels: %s\n", cuda,
+         fb ? cudev_fatbin_archs() : "none (device buffers go through host memory)");
+  if (ofi) printf("  libfabric (OFI network): usable, provider %s\n", ch_ofi_provider());
+  else printf("  libfabric (OFI network): no (%s)\n", why ? why : "unknown");
+  char b[3][300];
+  printf("  plugins: net %s, tuner %s, profiler %s\n", plugin_found("net", param_str(PARAM_NET_PLUGIN), b[0], sizeof(b[0])),
+         plugin_found("tuner", param_str(PARAM_TUNER_PLUGIN), b[1], sizeof(b[1])),
+         plugin_found("profiler", param_str(PARAM_PROFILER_PLUGIN), b[2], sizeof(b[2])));
+  printf("Transports\n  threads of one process: shared buffers; processes of one host: shared memory;\n"
+         "  hosts: sockets%s%s\n", ofi ? ", OFI" : "", has_cuda ? "; device buffers: CUDA" : "");
+  printf("Settings that differ from the defaults\n");
+  int n = 0;
+  for (int id = 0; id < PARAM_COUNT; id++) {
+    struct param_info pi;
+    param_describe((enum param_id)id, &pi);
+    if (!strcmp(pi.source, "default")) continue;
+    if (pi.kind == P_INT) printf("  %s=%lld [%s]\n", pi.env, (long long)param_int((enum param_id)id), pi.source);
+    else printf("  %s=%s [%s]\n", pi.env, param_str((enum param_id)id), pi.source);
+    n++;
+  }
+  if (!n) printf("  none\n");
+}
+
 int main(int argc, char** argv) {
   int brief = argc > 1 && strcmp(argv[1], "--brief") == 0;
   if (argc == 3 && strcmp(argv[1], "--stall") == 0) return query(argv[2], STALL_Q_SUMMARY);
@@ -83,8 +142,24 @@ int main(int argc, char** argv) {
   if (argc >= 3 && argc <= 5 && strcmp(argv[1], "--trace") == 0) return trace_main(argc - 2, argv + 2);
   if (argc <= 3 && argc > 1 && strcmp(argv[1], "--calibrate") == 0)
     return calibrate_main(argc == 3 ? argv[2] : "chorus-tune.conf");
+  if (argc == 2 && !strcmp(argv[1], "--version")) {
+    printf("chorus-info (Chorus) %s\n", CHORUS_VERSION_STRING);
+    return 0;
+  }
+  int help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
   if (argc > 1 && !brief) {
-    printf("usage: chorus-info [--brief]\n  Prints Chorus's version, configuration and host topology.\n"
+    FILE* o = help ? stdout : stderr;
+    if (!help) {
+      static const char* const known[] = {"--stall", "--dump", "--metrics", "--flight", "--trace", "--calibrate",
+                                          "--brief", "--version"};
+      int k = 0;
+      for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) k |= !strcmp(argv[1], known[i]);
+      fprintf(o, k ? "chorus-info: wrong arguments for '%s'\n" : "chorus-info: unknown option '%s'\n", argv[1]);
+    }
+    fprintf(o, "usage: chorus-info [--brief]\n  Prints a summary (version; what was built in: CUDA loader, kernels, "
+           "libfabric,\n  plugins found; transports; settings that differ from the defaults), then the host's\n"
+           "  topology, the names settings accept, and every setting. --brief stops after the host.\n"
+           "       chorus-info --version\n  Prints the version.\n"
            "       chorus-info --stall HOST:PORT\n  Prints the stall report of a running job: HOST:PORT is a "
            "process's stall query address\n  (logged by each rank at NCCL_DEBUG=INFO, named in every stall "
            "report). The job's secret\n  comes from CHORUS_SECRET / CHORUS_SECRET_FILE; without one only the "
@@ -99,13 +174,9 @@ int main(int argc, char** argv) {
            "into one trace (default DIR/job.json)\n  and draws it (default DIR/job.svg).\n"
            "       chorus-info --calibrate [FILE]\n  Measures the cost model's constants on this machine (a few "
            "seconds) and writes them\n  to FILE (default chorus-tune.conf) for CHORUS_TUNE_FILE.\n");
-    return strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ? 0 : 2;
+    return help ? 0 : 2;
   }
-  int v = 0, nv = 0;
-  chorusGetVersion(&v);
-  ncclGetVersion(&nv);
-  printf("Chorus %s (code %d), NCCL API %d.%d.%d (ncclGetVersion %d)\n", CHORUS_VERSION_STRING, v, NCCL_MAJOR,
-         NCCL_MINOR, NCCL_PATCH, nv);
+  print_summary();
   printf("\nHost\n");
   printf("  hostname %s, host id %s\n", ut_hostname(), ut_host_id());
   printf("  cpus online: %d\n", ut_ncpus());

@@ -37,6 +37,9 @@
 
 #define GRACE_NS 2000000000ull /* SIGTERM to SIGKILL */
 #define DRAIN_NS 500000000ull  /* --tag-output: how long to wait for pipes after the last rank exited */
+/* A rank that exits cleanly while others still run this long after it is reported: at the end of a
+ * normal job the ranks leave within milliseconds of each other, so this says nothing there. */
+#define EARLY_EXIT_NS 1000000000ull
 
 enum { BIND_NONE, BIND_CORE, BIND_NUMA };
 
@@ -50,6 +53,7 @@ struct linebuf {
 struct rank {
   pid_t pid;
   int rank, running, status;
+  uint64_t exited_at; /* exited with status 0 at (ns), until said or the job is over */
   struct linebuf lb[2];
 };
 
@@ -579,6 +583,8 @@ int main(int argc, char** argv) {
     if (timeout_at && !timed_out && failed < 0) next = timeout_at;
     if (kill_at && kill_at < next) next = kill_at;
     if (drain_until && drain_until < next) next = drain_until;
+    for (int i = 0; i < opt.n; i++)
+      if (ranks[i].exited_at && ranks[i].exited_at + EARLY_EXIT_NS < next) next = ranks[i].exited_at + EARLY_EXIT_NS;
     uint64_t wait_ns = next == UINT64_MAX ? 0 : next <= now ? 0 : next - now;
     int wait_ms = next == UINT64_MAX ? -1 : wait_ns > 3600000000000ull ? 3600000 : (int)(wait_ns / 1000000 + 1);
     int pr_n = poll(pfd, (nfds_t)np, wait_ms);
@@ -626,6 +632,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "chorusrun: rank %d (pid %d) also died: killed by signal %s\n", r->rank, (int)pid,
                 sig_name(WTERMSIG(st), nb, sizeof nb));
       }
+      if (code == 0 && failed < 0 && !timed_out && !interrupted && running_count(ranks)) r->exited_at = now;
       if (code == 0 || failed >= 0 || timed_out || interrupted) continue;
       failed = r->rank, fail_code = code;
       char nb[32];
@@ -642,6 +649,15 @@ int main(int argc, char** argv) {
       }
     }
 
+    for (int i = 0; i < opt.n; i++) {
+      struct rank* r = &ranks[i];
+      if (!r->exited_at || now < r->exited_at + EARLY_EXIT_NS) continue;
+      int n = running_count(ranks);
+      if (n && failed < 0 && !timed_out && !interrupted) /* the others wait for it in their next collective */
+        fprintf(stderr, "chorusrun: rank %d (pid %d) exited with status 0 while %d other rank%s still run%s\n", r->rank,
+                (int)r->pid, n, n == 1 ? "" : "s", n == 1 ? "s" : "");
+      r->exited_at = 0; /* once */
+    }
     if (timeout_at && !timed_out && failed < 0 && !interrupted && now >= timeout_at && running_count(ranks)) {
       timed_out = 1;
       for (int i = 0; i < opt.n; i++)

@@ -5,6 +5,13 @@ The wheel holds the torch_chorus package and, when one is found, a copy of libch
 torch_chorus/lib/ (then the wheel is tagged for this platform): $CHORUS_LIBRARY, else the library
 `make` built in this checkout (build/lib). Without one, torch_chorus loads the installed libchorus
 (`make install`) through the dynamic loader at import time.
+
+It also bundles the C++ front (the faster engine) that `make` built for the torch python3 sees
+(build/python/torch_chorus/_cbackend*.so), or $CHORUS_TORCH_FRONT ("none": leave it out); it loads only
+under the torch it was built for. Without it the installed package warns on import and says how to
+build it in place: `python -m torch_chorus.build_front`, which uses the _build_cext.py and
+_cbackend.cpp shipped for that. The "torch.backends" entry point (torch_autoload_chorus.py) makes torch
+import torch_chorus, so that init_process_group("chorus") needs no `import torch_chorus`.
 """
 import base64
 import hashlib
@@ -16,6 +23,8 @@ import zipfile
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/
 PKG = "torch_chorus"
 DIST = "torch_chorus"
+# torch (2.5+) calls each "torch.backends" entry point at the end of `import torch`.
+ENTRY_POINTS = "[torch.backends]\nchorus = torch_autoload_chorus:autoload\n"
 
 
 def _version():
@@ -31,6 +40,23 @@ def _library():
         return os.path.realpath(env)
     built = os.path.join(HERE, os.pardir, "build", "lib", "libchorus.so.0")
     return os.path.realpath(built) if os.path.isfile(built) else None
+
+
+def _front():
+    """(name in the package, path) of the C++ front to bundle, or None."""
+    env = os.environ.get("CHORUS_TORCH_FRONT")
+    if env == "none":
+        return None
+    if env:
+        if not os.path.isfile(env):
+            raise RuntimeError(f"CHORUS_TORCH_FRONT={env} is not a file")
+        name = os.path.basename(env)
+        return (name if name.startswith("_cbackend") else "_cbackend" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"),
+                env)
+    built = os.path.join(HERE, os.pardir, "build", "python", PKG)
+    found = sorted(f for f in os.listdir(built) if f.startswith("_cbackend") and f.endswith(".so")) \
+        if os.path.isdir(built) else []
+    return (found[0], os.path.join(built, found[0])) if found else None
 
 
 def _metadata(version):
@@ -52,8 +78,9 @@ def get_requires_for_build_wheel(config_settings=None):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     version = _version()
-    lib = _library()
-    tag = "py3-none-" + (sysconfig.get_platform().replace("-", "_").replace(".", "_") if lib else "any")
+    lib, front = _library(), _front()
+    binary = bool(lib or front)
+    tag = "py3-none-" + (sysconfig.get_platform().replace("-", "_").replace(".", "_") if binary else "any")
     name = f"{DIST}-{version}-{tag}.whl"
     distinfo = f"{DIST}-{version}.dist-info"
     files = []
@@ -64,18 +91,27 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     if lib:
         with open(lib, "rb") as f:
             files.append((f"{PKG}/lib/libchorus.so.0", f.read()))
-    wheel = (f"Wheel-Version: 1.0\nGenerator: chorus_wheel\nRoot-Is-Purelib: {'false' if lib else 'true'}\n"
+    if front:
+        with open(front[1], "rb") as f:
+            files.append((f"{PKG}/{front[0]}", f.read()))
+    # what `python -m torch_chorus.build_front` builds the front with
+    for src, dst in (("build_cext.py", f"{PKG}/_build_cext.py"), (f"{PKG}/_cbackend.cpp", f"{PKG}/_cbackend.cpp"),
+                     ("torch_autoload_chorus.py", "torch_autoload_chorus.py")):
+        with open(os.path.join(HERE, src), "rb") as f:
+            files.append((dst, f.read()))
+    wheel = (f"Wheel-Version: 1.0\nGenerator: chorus_wheel\nRoot-Is-Purelib: {'false' if binary else 'true'}\n"
              f"Tag: {tag}\n")
     files.append((f"{distinfo}/METADATA", _metadata(version).encode()))
     files.append((f"{distinfo}/WHEEL", wheel.encode()))
-    files.append((f"{distinfo}/top_level.txt", f"{PKG}\n".encode()))
+    files.append((f"{distinfo}/top_level.txt", f"{PKG}\ntorch_autoload_chorus\n".encode()))
+    files.append((f"{distinfo}/entry_points.txt", ENTRY_POINTS.encode()))
     record = [_record_line(n, d) for n, d in files] + [f"{distinfo}/RECORD,,"]
     files.append((f"{distinfo}/RECORD", ("\n".join(record) + "\n").encode()))
     os.makedirs(wheel_directory, exist_ok=True)
     with zipfile.ZipFile(os.path.join(wheel_directory, name), "w", zipfile.ZIP_DEFLATED) as z:
         for n, d in files:
             info = zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0))
-            info.external_attr = (0o755 if n.endswith(".so.0") else 0o644) << 16
+            info.external_attr = (0o755 if n.endswith((".so.0", ".so")) else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, d)
     return name

@@ -44,6 +44,36 @@ library_path = _lib.library_path
 chorus_version = _lib.version()
 
 
+def engine():
+    """Which engine serves this process's chorus groups: "c++" (the C++ front, _cbackend.cpp, with the
+    Python engine behind it: a small all_reduce takes about half the time) or "python" (the Python
+    engine alone: CHORUS_TORCH_CPP=0, an older torch, or a front that is missing or for another torch)."""
+    from . import ops
+
+    return "c++" if ops._cext is not None else "python"
+
+
+def _say_engine():
+    """Once per process, where the faster engine could run but is missing: what is missing and how to
+    get it. Not where the Python engine was chosen (CHORUS_TORCH_CPP=0) or is the only one this torch
+    can take (older torch: the backend is a whole ProcessGroup)."""
+    from . import ops
+
+    why = ops.cext_missing
+    if why is None or backend.AS_PROCESS_GROUP or os.environ.get("LOCAL_RANK", "0") != "0":
+        return  # the same on every rank of a host: said by its first
+    import warnings
+
+    warnings.warn(f"torch_chorus: the C++ front is not loaded ({why}): the slower Python engine is used (a "
+                  "small all_reduce takes about twice as long). To get it: `python -m torch_chorus.build_front` "
+                  "(a C++ compiler and Python's headers), or `make` in the Chorus checkout where this python3 "
+                  "sees this torch, then `pip install ./python` again. CHORUS_TORCH_CPP=0 chooses the Python "
+                  "engine and silences this.", RuntimeWarning, stacklevel=3)
+
+
+_say_engine()
+
+
 
 def _devices():
     """The device types the backend serves: CHORUS_TORCH_DEVICES ("cpu" or "cpu,cuda"), else cuda too

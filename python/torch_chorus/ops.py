@@ -639,14 +639,28 @@ def create_backend_ext(opts, backend_options=None):
 
 def _load_cext():
     """The C++ Backend (_cbackend.cpp, built by python/build_cext.py for one torch version), if it was
-    built for this torch and CHORUS_TORCH_CPP is not 0; else None (the Python engine is registered)."""
+    built for this torch and CHORUS_TORCH_CPP is not 0; else None (the Python engine is registered).
+    Also returns why not, for torch_chorus's warning: None where nothing is missed (chosen, or a torch
+    whose c10d cannot take a C++ front from Python)."""
     if os.environ.get("CHORUS_TORCH_CPP", "1") == "0":
-        return None
+        return None, None
     try:
         from . import _cbackend
-    except ImportError:  # not built, or built for another torch (undefined symbols)
-        return None
-    return _cbackend if _cbackend.TORCH_VERSION == torch.__version__ else None
+    except ImportError as e:  # not built, or built for another interpreter or torch (undefined symbols)
+        here = os.path.dirname(os.path.abspath(__file__))
+        found = [f for f in os.listdir(here) if f.startswith("_cbackend") and f.endswith(".so")]
+        if found:
+            return None, f"its module {found[0]} does not load ({e})"
+        try:  # the build tree's copy: why `make` did not build it (python/build_cext.py records it)
+            import json
+
+            with open(os.path.join(here, "_cbackend.fingerprint")) as f:
+                return None, "make did not build it: " + json.load(f)["note"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, "it is not in this installation"
+    if _cbackend.TORCH_VERSION != torch.__version__:
+        return None, f"it was built for torch {_cbackend.TORCH_VERSION}, this is torch {torch.__version__}"
+    return _cbackend, None
 
 
-_cext = _load_cext()
+_cext, cext_missing = _load_cext()

@@ -225,6 +225,9 @@ void algo_peer_set(int rank, int n, const struct algo_tree* trees, int ntrees, c
 
 /* A call as messages name it, e.g. "AllReduce(1048576 x float32, sum) #17" (algo.c). */
 void algo_call_text(char* buf, size_t len, const struct xfer_hdr* h);
+/* The one wording of a mismatch, whichever rank and path found it (Direct here, fault/mismatch.c):
+ * (other rank's text, its call, the reporting rank, its call, " (found by rank F)" or "", a hint or ""). */
+#define ALGO_MISMATCH_FMT "%s called %s but rank %d called %s%s: calls on a communicator must match on every rank%s"
 
 /* Helpers shared by the ring algorithms. */
 static inline size_t algo_min(size_t a, size_t b) { return a < b ? a : b; }

@@ -70,8 +70,9 @@ static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
     char a[160], b[160];
     algo_call_text(a, sizeof(a), &rec.mine);
     algo_call_text(b, sizeof(b), &rec.theirs);
-    WARN("rank %d called %s but rank %d called %s: the call does not match across ranks; no rank touched "
-         "another's buffers, every rank returns ncclInvalidUsage", op->rank, a, k, b);
+    char other[24];
+    snprintf(other, sizeof(other), "rank %d", k);
+    WARN(ALGO_MISMATCH_FMT, other, b, op->rank, a, "", "; no rank touched another's buffers");
     /* Logged: local ranks that are not in Direct learn it from my slot (fault/mismatch.c). */
     direct_slot_poison(&c->slot[op->rank], &rec);
     return 0;

@@ -38,18 +38,8 @@ CH_API(ncclResult_t, chorusGetVersion, int* version) {
 }
 
 CH_API(const char*, ncclGetErrorString, ncclResult_t code) {
-  switch (code) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the Chorus developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    case ncclTimeout: return "timeout";
-    default: return "unknown result code";
-  }
+  /* ch_status equals ncclResult_t; its texts drop "run with NCCL_DEBUG=..." where that is set already */
+  return (int)code >= 0 && (int)code < ncclNumResults ? ch_status_str((ch_status)code) : "unknown result code";
 }
 
 /* Per communicator, as PyTorch reports it per process group: the last WARN of a call on comm (or of

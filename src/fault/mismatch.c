@@ -45,8 +45,7 @@ static void say(const struct ncclComm* comm, const struct xfer_poison* r) {
                           ? "; the calls differ at that sequence number or earlier (an earlier call may have "
                             "exchanged no data and returned)"
                           : "";
-  WARN("%s called %s but rank %d called %s%s: calls on a communicator must match on every rank%s",
-       other, theirs, r->finder >= 0 ? r->finder : comm->rank, mine, finder, later);
+  WARN(ALGO_MISMATCH_FMT, other, theirs, r->finder >= 0 ? r->finder : comm->rank, mine, finder, later);
 }
 
 /* Tell every connection of the communicator (each direction the way the other end reads it), and the

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make install works: headers, libraries, pkg-config and find_package(Chorus) are usable.
+# make install works: headers, libraries, pkg-config and find_package(Chorus) are usable, and the programs
+# built with either RUN from the installed tree with no LD_LIBRARY_PATH (the .pc file's rpath, CMake's).
 set -euo pipefail
 build=$1; src=$2
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -8,12 +9,19 @@ for f in include/nccl.h include/chorus.h lib/libchorus.a lib/pkgconfig/chorus.pc
   [ -e "$tmp/prefix/$f" ] || { echo "missing $f"; exit 1; }
 done
 ls "$tmp/prefix/lib/"libchorus.so.0* >/dev/null
-# pkg-config consumer
+unset LD_LIBRARY_PATH
+runs_installed() { # program: runs as one rank, and loads the installed libchorus
+  RANK=0 WORLD_SIZE=1 "$1" || { echo "FAIL: $1 does not run"; exit 1; }
+  loaded=$(ldd "$1" | awk '/libchorus.so.0 =>/ {print $3}')
+  [ "$(readlink -f "$loaded")" = "$(readlink -f "$tmp/prefix/lib/libchorus.so.0")" ] ||
+    { echo "FAIL: $1 loads libchorus.so.0 from '$loaded', not the installed tree"; exit 1; }
+}
+# pkg-config consumer: its flags alone, as a user types them
 cc "$src/examples/allreduce.c" $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs chorus) \
-  -Wl,-rpath,"$tmp/prefix/lib" -o "$tmp/pc_consumer"
-RANK=0 WORLD_SIZE=1 "$tmp/pc_consumer"
+  -o "$tmp/pc_consumer"
+runs_installed "$tmp/pc_consumer"
 # CMake consumer
 cmake -S "$src/tests/install" -B "$tmp/cm" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/cm" >/dev/null
-RANK=0 WORLD_SIZE=1 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/cm/consumer"
+runs_installed "$tmp/cm/consumer"
 echo "install test passed"
