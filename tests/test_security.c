@@ -200,7 +200,7 @@ static size_t read_within(int fd, void* buf, size_t n, int ms) {
 
 /* Join the root at `root` with `key` as far as it lets us. Returns: 0 closed before the root's
  * proof, 1 the root's proof did not check out with our key, 2 closed after our proof and join
- * (rejected), 3 got an error reply, 4 got a table (admitted). */
+ * (rejected), 3 got an error reply, 4 got its next rank (admitted). */
 static int try_join(const union sock_addr* root, const struct boot_key* key, const struct boot_join* j) {
   int fd = raw_connect(root);
   if (fd < 0) return 0;
@@ -220,7 +220,7 @@ static int try_join(const union sock_addr* root, const struct boot_key* key, con
   struct boot_reply rep;
   int got = read_within(fd, &rep, sizeof(rep), 3000) == sizeof(rep);
   if (got && rep.type == BOOT_REPLY_ACCEPTED) got = read_within(fd, &rep, sizeof(rep), 3000) == sizeof(rep);
-  if (got) res = rep.type == BOOT_REPLY_TABLE ? 4 : 3;
+  if (got) res = rep.type == BOOT_REPLY_NEXT ? 4 : 3;
 out:
   close(fd);
   return res;
