@@ -112,6 +112,47 @@ static void free_local_port(char* buf, size_t n) {
 
 TEST(bootstrap, init_64_ranks) { rt_run_both(64, many_rank, NULL); }
 
+/* The ranks gather the table by doubling, whose last step fetches only what is missing and whose
+ * first needs only the next rank's address (the root sends nothing else): every count must work,
+ * not only powers of two (before, the root sent every rank the whole table). */
+TEST(bootstrap, gather_any_count) {
+  for (int n = 2; n <= 13; n++) rt_run_threads(n, basic_rank, NULL);
+  rt_run_procs(7, basic_rank, NULL);
+}
+
+/* What a peer forwards of the table is checked entry by entry (boot_check_info; fuzz_table.c). */
+TEST(bootstrap, table_entry_checks) {
+  struct boot_rank_info t, good;
+  char why[96];
+  memset(&good, 0, sizeof(good));
+  good.rank = 3;
+  good.nranks = 8;
+  ASSERT_EQ(sock_parse_addr("127.0.0.1:4000", &good.listen_addr), CH_OK);
+  snprintf(good.hostname, sizeof(good.hostname), "h");
+  t = good;
+  EXPECT_EQ(boot_check_info(&t, 3, 8, why, sizeof(why)), 0);
+  t = good;
+  EXPECT_EQ(boot_check_info(&t, 4, 8, why, sizeof(why)), -1); /* another rank's slot */
+  EXPECT(strstr(why, "rank") != NULL);
+  t = good;
+  EXPECT_EQ(boot_check_info(&t, 3, 9, why, sizeof(why)), -1);
+  t = good;
+  memset(&t.listen_addr, 0, sizeof(t.listen_addr));
+  EXPECT_EQ(boot_check_info(&t, 3, 8, why, sizeof(why)), -1);
+  EXPECT(strstr(why, "listen address") != NULL);
+  t = good;
+  t.query_addr.sa.sa_family = AF_UNIX;
+  EXPECT_EQ(boot_check_info(&t, 3, 8, why, sizeof(why)), -1);
+  t = good;
+  memset(t.hostname, 'x', sizeof(t.hostname)); /* not terminated: cut, still printable */
+  EXPECT_EQ(boot_check_info(&t, 3, 8, why, sizeof(why)), 0);
+  EXPECT(strlen(t.hostname) < sizeof(t.hostname));
+  t = good;
+  t.host_id[0] = 7;
+  EXPECT_EQ(boot_check_info(&t, 3, 8, why, sizeof(why)), -1);
+  EXPECT(strstr(why, "host name") != NULL);
+}
+
 /* NCCL_COMM_ID: rank 0 hosts the root on a fixed port; twice in a row reuses the port. */
 TEST(bootstrap, comm_id_fixed_root) {
   char env[64];

@@ -200,7 +200,7 @@ static size_t read_within(int fd, void* buf, size_t n, int ms) {
 
 /* Join the root at `root` with `key` as far as it lets us. Returns: 0 closed before the root's
  * proof, 1 the root's proof did not check out with our key, 2 closed after our proof and join
- * (rejected), 3 got an error reply, 4 got a table (admitted). */
+ * (rejected), 3 got an error reply, 4 got its next rank (admitted). */
 static int try_join(const union sock_addr* root, const struct boot_key* key, const struct boot_join* j) {
   int fd = raw_connect(root);
   if (fd < 0) return 0;
@@ -220,7 +220,7 @@ static int try_join(const union sock_addr* root, const struct boot_key* key, con
   struct boot_reply rep;
   int got = read_within(fd, &rep, sizeof(rep), 3000) == sizeof(rep);
   if (got && rep.type == BOOT_REPLY_ACCEPTED) got = read_within(fd, &rep, sizeof(rep), 3000) == sizeof(rep);
-  if (got) res = rep.type == BOOT_REPLY_TABLE ? 4 : 3;
+  if (got) res = rep.type == BOOT_REPLY_NEXT ? 4 : 3;
 out:
   close(fd);
   return res;
@@ -583,10 +583,29 @@ TEST_T(security, root_out_of_descriptors, 60) {
 
 /* ---- hostile bytes at a rank ---- */
 
+/* boot_init connects each rank to its gather partners (peer.c). The tests below need ranks that have
+ * not talked yet (a raw connection claiming one, a first contact with one that left): they work on a
+ * second bootstrap made from a table (as ncclCommSplit makes one), with no connection yet; its
+ * listen addresses replace those in peers. The parent stays open until the test ends. */
+static struct boot_state* unconnected(struct boot_state* parent, struct boot_rank_info* peers, int rank, int nranks) {
+  struct sock l;
+  if (boot_new_listener(parent, &l) != CH_OK) return NULL;
+  union sock_addr* all = calloc((size_t)nranks, sizeof(*all));
+  if (!all) return NULL;
+  all[rank] = l.addr;
+  struct boot_state* c = NULL;
+  if (boot_allgather(parent, all, sizeof(*all)) == CH_OK &&
+      boot_init_from_table(rank, nranks, boot_secret(parent), all, &l, NULL, &c) == CH_OK)
+    for (int r = 0; r < nranks; r++) peers[r].listen_addr = all[r];
+  free(all);
+  return c;
+}
+
 static void peer_hostile_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
-  struct boot_state* b = NULL;
+  struct boot_state *parent = NULL, *b;
   struct boot_rank_info* peers = NULL;
-  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, &peers), CH_OK);
+  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &parent, &peers), CH_OK);
+  ASSERT((b = unconnected(parent, peers, rank, nranks)) != NULL);
   boot_set_deadline(b, ut_now_ns() + 20 * SEC);
   const struct boot_key* key = boot_secret(b);
   if (rank == 0) {
@@ -650,6 +669,7 @@ static void peer_hostile_rank(int rank, int nranks, ncclUniqueId id, void* arg) 
     EXPECT_EQ(boot_send(b, 1, 10, &x, sizeof(x)), CH_OK);
   }
   boot_close(b);
+  boot_close(parent);
   free(peers);
 }
 
@@ -657,9 +677,10 @@ TEST_T(security, hostile_peer_clients, 60) { rt_run_both(3, peer_hostile_rank, N
 
 /* A peer that floods unexpected messages is cut off at BOOT_MAX_QUEUED_MSGS, not queued forever. */
 static void flood_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
-  struct boot_state* b = NULL;
+  struct boot_state *parent = NULL, *b;
   struct boot_rank_info* peers = NULL;
-  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, &peers), CH_OK);
+  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &parent, &peers), CH_OK);
+  ASSERT((b = unconnected(parent, peers, rank, nranks)) != NULL);
   boot_set_deadline(b, ut_now_ns() + 20 * SEC);
   if (rank == 0) {
     int fd = raw_connect(&peers[1].listen_addr);
@@ -694,6 +715,7 @@ static void flood_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
       rt_fail(__FILE__, __LINE__, "rank 1 said: %s", log_last_error());
   }
   boot_close(b);
+  boot_close(parent);
   free(peers);
 }
 
@@ -702,11 +724,13 @@ TEST_T(security, unexpected_message_flood, 60) { rt_run_both(2, flood_rank, NULL
 /* ---- first contact with a rank that has exited (issue item 9) ---- */
 
 static void dead_peer_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
-  struct boot_state* b = NULL;
+  struct boot_state *parent = NULL, *b;
   struct boot_rank_info* peers = NULL;
-  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, &peers), CH_OK);
+  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &parent, &peers), CH_OK);
+  ASSERT((b = unconnected(parent, peers, rank, nranks)) != NULL);
   if (rank == 2) { /* leaves right after init, having talked to no one */
     boot_close(b);
+    boot_close(parent);
     free(peers);
     return;
   }
@@ -728,6 +752,7 @@ static void dead_peer_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
   const char* e = log_last_error();
   if (!strstr(e, "rank 2 at ") || !strstr(e, "Connection refused")) rt_fail(__FILE__, __LINE__, "rank %d said: %s", rank, e);
   boot_close(b);
+  boot_close(parent);
   free(peers);
 }
 

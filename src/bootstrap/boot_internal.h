@@ -30,6 +30,7 @@
 /* Internal tags; user tags (BOOT_TAG_*, transport tags) are non-negative. */
 #define BOOT_TAG_ALLGATHER (-1)
 #define BOOT_TAG_BARRIER (-2)
+#define BOOT_TAG_ALLGATHER_UP (-3) /* allgather slots sent to the lower partner */
 
 /* Layout of the 128-byte unique id. */
 struct boot_id {
@@ -82,11 +83,12 @@ struct boot_join {
 };
 
 /* Root → rank answer. */
-enum { BOOT_REPLY_TABLE = 1, BOOT_REPLY_ERROR = 2, BOOT_REPLY_ACCEPTED = 3 /* len 0 */ };
+/* 1 was the whole rank table (N x N bytes from the root); the ranks now gather it themselves. */
+enum { BOOT_REPLY_ERROR = 2, BOOT_REPLY_ACCEPTED = 3 /* len 0 */, BOOT_REPLY_NEXT = 4 /* struct boot_next */ };
 struct boot_reply {
   uint32_t type;
   uint32_t status; /* ch_status for ERROR */
-  uint64_t len;    /* payload bytes: the rank table, or the error text (no NUL) */
+  uint64_t len;    /* payload bytes: struct boot_next, or the error text (no NUL) */
 };
 
 /* Message header between ranks. */
@@ -127,5 +129,21 @@ void boot_root_wait_reports(uint64_t max_ns);
 ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint64_t magic, const struct boot_key* key,
                             const union sock_addr* addrs, struct sock* listener, const volatile int* abort,
                             uint64_t deadline_ns);
+
+/* boot_allgather with a hook: learn(arg, b, lo, count, from) runs on the `count` slots starting at
+ * `lo` (modulo nranks) just received from rank `from`, before any of them is forwarded; a failure
+ * ends the allgather. Used by boot_init to check the rank table and learn addresses as it arrives. */
+typedef ch_status (*boot_ag_learn_fn)(void* arg, struct boot_state* b, int lo, int count, int from);
+ch_status boot_allgather_learn(struct boot_state* b, void* data, size_t size, boot_ag_learn_fn learn, void* arg);
+/* Record rank's listen address (AF_UNSPEC until known); CH_INTERNAL with a WARN if it was known and differs. */
+ch_status boot_learn_addr(struct boot_state* b, int rank, const union sock_addr* addr);
+/* Check one rank-table entry received from a peer (rank index, counts, addresses, text fields);
+ * 0 if usable, else -1 with *why filled. Text fields are NUL-terminated in place. */
+int boot_check_info(struct boot_rank_info* info, int slot, int nranks, char* why, size_t len);
+/* The root's answer to a join, after every rank of the job joined: where our next rank listens. */
+struct boot_next {
+  int32_t rank, nranks; /* the joiner's, echoed */
+  union sock_addr next; /* listen address of rank (rank + 1) % nranks */
+};
 
 #endif

@@ -87,34 +87,37 @@ static void id_key(const struct boot_id* id, struct boot_key* key) {
   key->mode = id->mode;
 }
 
-/* Check the table the root sent: every field later code relies on, every string terminated. */
-static ch_status check_table(struct boot_rank_info* t, int nranks, int rank, const char* root_name) {
-  for (int i = 0; i < nranks; i++) {
-    int fam = t[i].listen_addr.sa.sa_family;
-    int bad = t[i].rank != i || t[i].nranks != nranks || (fam != AF_INET && fam != AF_INET6) ||
-              sock_addr_port(&t[i].listen_addr) == 0;
-    int qfam = t[i].query_addr.sa.sa_family; /* AF_UNSPEC: that process serves no stall queries */
-    bad |= qfam != AF_UNSPEC && ((qfam != AF_INET && qfam != AF_INET6) || sock_addr_port(&t[i].query_addr) == 0);
-    bad |= boot_text_field(t[i].hostname, sizeof(t[i].hostname)) != 0;
-    bad |= boot_text_field(t[i].host_id, sizeof(t[i].host_id)) != 0;
-    if (bad) {
-      WARN("Bootstrap rank %d: the rank table from root %s has an invalid entry for rank %d", rank, root_name, i);
-      return CH_INTERNAL;
-    }
-  }
-  /* A loopback address only reaches ranks of its own host: with ranks elsewhere the job cannot
-   * connect. Every rank sees the same table, so every rank fails here, at once, with one message. */
+int boot_check_info(struct boot_rank_info* t, int slot, int nranks, char* why, size_t len) {
+  int fam = t->listen_addr.sa.sa_family, qfam = t->query_addr.sa.sa_family;
+  const char* bad = NULL;
+  if (t->rank != slot || t->nranks != nranks) bad = "its rank or number of ranks";
+  else if ((fam != AF_INET && fam != AF_INET6) || sock_addr_port(&t->listen_addr) == 0) bad = "its listen address";
+  /* AF_UNSPEC: that process serves no stall queries */
+  else if (qfam != AF_UNSPEC && ((qfam != AF_INET && qfam != AF_INET6) || sock_addr_port(&t->query_addr) == 0))
+    bad = "its stall query address";
+  else if (boot_text_field(t->hostname, sizeof(t->hostname)) != 0 || boot_text_field(t->host_id, sizeof(t->host_id)) != 0)
+    bad = "a non-printable host name";
+  if (bad) snprintf(why, len, "%s", bad);
+  return bad ? -1 : 0;
+}
+
+/* After the gather: a loopback address only reaches ranks of its own host, so with ranks elsewhere
+ * the job cannot connect. Every rank sees the same table, so every rank fails here, at once, with
+ * one message. */
+static ch_status check_loopback(const struct boot_rank_info* t, int nranks, int rank) {
+  int other = -1; /* a rank on another host than rank 0, if any */
+  for (int j = 1; j < nranks && other < 0; j++)
+    if (t[j].host_hash != t[0].host_hash) other = j;
+  if (other < 0) return CH_OK;
   for (int i = 0; i < nranks; i++) {
     if (!sock_addr_is_loopback(&t[i].listen_addr)) continue;
-    for (int j = 0; j < nranks; j++) {
-      if (t[j].host_hash == t[i].host_hash) continue;
-      char a[64];
-      WARN("Bootstrap rank %d: rank %d (host %s, id %.48s) advertises the loopback address %s, which rank %d on "
-           "another host (%s, id %.48s) cannot reach: set NCCL_SOCKET_IFNAME for rank %d to an interface the other "
-           "hosts can reach", rank, i, t[i].hostname, t[i].host_id, sock_addr_str(&t[i].listen_addr, a, sizeof(a)), j,
-           t[j].hostname, t[j].host_id, i);
-      return CH_INVALID_USAGE;
-    }
+    int j = t[i].host_hash == t[0].host_hash ? other : 0;
+    char a[64];
+    WARN("Bootstrap rank %d: rank %d (host %s, id %.48s) advertises the loopback address %s, which rank %d on "
+         "another host (%s, id %.48s) cannot reach: set NCCL_SOCKET_IFNAME for rank %d to an interface the other "
+         "hosts can reach", rank, i, t[i].hostname, t[i].host_id, sock_addr_str(&t[i].listen_addr, a, sizeof(a)), j,
+         t[j].hostname, t[j].host_id, i);
+    return CH_INVALID_USAGE;
   }
   return CH_OK;
 }
@@ -208,9 +211,9 @@ static ch_status connect_root(const struct boot_id* id, const struct boot_key* k
   }
 }
 
-/* Join at the root and receive the table (or the root's error report). */
+/* Join at the root and receive where our next rank listens (or the root's error report). */
 static ch_status join_root(const struct boot_id* id, const struct boot_rank_info* me, const volatile int* abort,
-                           uint64_t deadline_ns, struct boot_rank_info** table) {
+                           uint64_t deadline_ns, union sock_addr* next) {
   char root_name[64];
   sock_addr_str(&id->root, root_name, sizeof(root_name));
   int rank = me->rank, nranks = me->nranks;
@@ -248,20 +251,22 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
                                                                                                 : CH_INTERNAL;
     goto out;
   }
-  if (rep.type != BOOT_REPLY_TABLE || rep.len != (uint64_t)nranks * sizeof(struct boot_rank_info)) {
-    WARN("Bootstrap rank %d: unexpected answer from root %s (type %u, %llu bytes)", rank, root_name, rep.type,
-         (unsigned long long)rep.len);
+  struct boot_next nx;
+  if (rep.type != BOOT_REPLY_NEXT || rep.len != sizeof(nx)) {
+    WARN("Bootstrap rank %d: unexpected answer from root %s (type %u, %llu bytes; a root of another Chorus "
+         "version?)", rank, root_name, rep.type, (unsigned long long)rep.len);
     st = CH_INTERNAL;
     goto out;
   }
-  *table = malloc(rep.len);
-  if (!*table) {
-    WARN("Bootstrap rank %d: out of memory for the rank table", rank);
-    st = CH_SYSTEM;
+  CHECK_GOTO(sock_recv_all(&root, &nx, sizeof(nx), &wr), st, fail);
+  int fam = nx.next.sa.sa_family;
+  if (nx.rank != rank || nx.nranks != nranks || (fam != AF_INET && fam != AF_INET6) || sock_addr_port(&nx.next) == 0) {
+    WARN("Bootstrap rank %d: root %s sent an invalid answer (rank %d of %d, next rank's address family %d)", rank,
+         root_name, nx.rank, nx.nranks, fam);
+    st = CH_INTERNAL;
     goto out;
   }
-  CHECK_GOTO(sock_recv_all(&root, *table, rep.len, &wr), st, fail);
-  st = check_table(*table, nranks, rank, root_name);
+  *next = nx.next;
   goto out;
 fail:
   if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while waiting at the root", rank);
@@ -272,14 +277,41 @@ fail:
     WARN("Bootstrap rank %d: lost the connection to bootstrap root %s before all ranks joined (a rejected "
          "connection: see the root's log)", rank, root_name);
 out:
-  if (st != CH_OK && table && *table) {
-    free(*table);
-    *table = NULL;
-  }
   memset(&key, 0, sizeof(key));
   free(text);
   sock_close(&root);
   return st;
+}
+
+/* boot_allgather_learn hook for the rank table: each entry is checked as it arrives, before it is
+ * forwarded or its address used. */
+struct table_learn {
+  struct boot_rank_info* t;
+  const struct boot_rank_info* me;
+};
+
+static ch_status learn_infos(void* arg, struct boot_state* b, int lo, int count, int from) {
+  struct table_learn* l = arg;
+  int nranks = l->me->nranks;
+  for (int k = 0; k < count; k++) {
+    int i = ((lo + k) % nranks + nranks) % nranks;
+    struct boot_rank_info* t = &l->t[i];
+    char why[96];
+    if (boot_check_info(t, i, nranks, why, sizeof(why)) != 0) {
+      WARN("Bootstrap rank %d: the rank table entry for rank %d, received from rank %d, is invalid (%s)", l->me->rank,
+           i, from, why);
+      return CH_INTERNAL;
+    }
+    /* The root compared every rank it served; this catches what reached us some other way. */
+    if (t->lib_version != l->me->lib_version || t->wire_version != l->me->wire_version) {
+      WARN("Bootstrap: ranks are incompatible: rank %d (host %s pid %d) has library version %d and wire version %d, "
+           "rank %d (host %s pid %d) has %d and %d", i, t->hostname, t->pid, t->lib_version, t->wire_version,
+           l->me->rank, l->me->hostname, l->me->pid, l->me->lib_version, l->me->wire_version);
+      return CH_INVALID_USAGE;
+    }
+    CHECK(boot_learn_addr(b, i, &t->listen_addr));
+  }
+  return CH_OK;
 }
 
 ch_status boot_init(const void* id128, int rank, int nranks, const volatile int* abort, uint64_t deadline_ns,
@@ -313,23 +345,37 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
     CHECK_GOTO(boot_root_start(&id.root, id.magic, &key, &bound), st, out);
   }
   fill_info(&me, rank, nranks, &listener.addr);
-  CHECK_GOTO(join_root(&id, &me, abort, deadline_ns, &table), st, out);
+  union sock_addr next;
+  CHECK_GOTO(join_root(&id, &me, abort, deadline_ns, &next), st, out);
+  uint64_t t_join = ut_now_ns();
 
-  addrs = malloc((size_t)nranks * sizeof(*addrs));
-  if (!addrs) {
-    WARN("Bootstrap rank %d: out of memory", rank);
+  /* We know our own address and our next rank's; the others arrive with the table. */
+  addrs = calloc((size_t)nranks, sizeof(*addrs));
+  table = calloc((size_t)nranks, sizeof(*table));
+  if (!addrs || !table) {
+    WARN("Bootstrap rank %d: out of memory for %d ranks", rank, nranks);
     st = CH_SYSTEM;
     goto out;
   }
-  for (int i = 0; i < nranks; i++) addrs[i] = table[i].listen_addr;
-  /* The init deadline covers boot_init only; later calls get one through boot_set_deadline. */
-  CHECK_GOTO(boot_peers_create(out, rank, nranks, id.magic, &key, addrs, &listener, abort, 0), st, out);
-  INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms", rank, nranks, (double)(ut_now_ns() - t0) / 1e6);
+  addrs[rank] = me.listen_addr;
+  if (nranks > 1) addrs[(rank + 1) % nranks] = next;
+  table[rank] = me;
+  CHECK_GOTO(boot_peers_create(out, rank, nranks, id.magic, &key, addrs, &listener, abort, deadline_ns), st, out);
+  struct table_learn l = {table, &me};
+  CHECK_GOTO(boot_allgather_learn(*out, table, sizeof(*table), learn_infos, &l), st, out);
+  CHECK_GOTO(check_loopback(table, nranks, rank), st, out);
+  boot_set_deadline(*out, 0); /* the init deadline covers boot_init only; later calls get one through boot_set_deadline */
+  INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms (root %.2f ms, table gathered in %.2f ms)", rank, nranks,
+       (double)(ut_now_ns() - t0) / 1e6, (double)(t_join - t0) / 1e6, (double)(ut_now_ns() - t_join) / 1e6);
   if (peers) {
     *peers = table;
     table = NULL;
   }
 out:
+  if (st != CH_OK && *out) {
+    boot_close(*out);
+    *out = NULL;
+  }
   if (st != CH_OK) boot_root_wait_reports(BOOT_REPORT_GRACE_NS);
   memset(&key, 0, sizeof(key));
   free(addrs);

@@ -60,8 +60,9 @@ ch_status boot_get_unique_id(void* id128);
  * (torchrun's MASTER_ADDR, a job-derived local port): no root is started here; rank 0 starts it. */
 ch_status boot_id_from_addr(const char* hostport, void* id128);
 
-/* Join the job: send our info to the root and receive everyone's (returned in *peers, nranks entries,
- * caller frees). Fails with CH_TIMEOUT after deadline_ns (absolute, 0 = none): the root then tells
+/* Join the job: send our info to the root, which answers with our next rank's address only; the
+ * ranks then gather everyone's info among themselves (returned in *peers, nranks entries, caller
+ * frees; every entry checked as it arrives). Fails with CH_TIMEOUT after deadline_ns (absolute, 0 = none): the root then tells
  * every connected rank which ranks joined and which never arrived, and each rank logs that. On a
  * version/nranks mismatch every rank gets CH_INVALID_USAGE with a WARN naming ranks and values.
  * `abort` (may be NULL) is polled; when set, the call returns CH_ABORTED within ~100 ms. The returned

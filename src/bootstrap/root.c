@@ -1,6 +1,7 @@
 /* The bootstrap root: a detached thread that collects one boot_rank_info per rank, checks that the
- * ranks agree (nranks, library and wire versions) and sends everyone the full table, or one error
- * record that every rank prints. It serves one job and exits. A connection must pass the handshake
+ * ranks agree (nranks, library and wire versions) and sends each rank the address of its next rank
+ * (struct boot_next: O(1) bytes per rank; the ranks gather the full table among themselves over
+ * their authenticated connections, peer.c), or one error record that every rank prints. It serves one job and exits. A connection must pass the handshake
  * (boot_internal.h) within BOOT_HELLO_TIMEOUT_NS before anything else it sends is read; one that
  * fails is closed with a rate-limited WARN, so scanners and stale jobs cannot disturb the job.
  * Everything is bounded: connections that have not proven the secret (ROOT_MAX_UNAUTH), descriptors
@@ -120,7 +121,7 @@ static void root_reply(struct root* r, struct root_conn* c, uint32_t type, ch_st
   if (root_send(c->fd, &rep, sizeof(rep)) != 0 || root_send(c->fd, data, len) != 0) {
     char a[64];
     INFO(LOG_BOOTSTRAP, "Bootstrap root %s: could not send the %s to rank %d at %s", r->name,
-         type == BOOT_REPLY_TABLE ? "rank table" : "error report", c->rank, sock_addr_str(&c->peer, a, sizeof(a)));
+         type == BOOT_REPLY_NEXT ? "next rank's address" : "error report", c->rank, sock_addr_str(&c->peer, a, sizeof(a)));
   }
 }
 
@@ -225,8 +226,14 @@ static void root_complete(struct root* r) {
   } else {
     INFO(LOG_BOOTSTRAP, "Bootstrap root %s: all %d ranks joined in %.1f ms", r->name, r->nranks,
          (double)(ut_now_ns() - r->start) / 1e6);
-    size_t len = (size_t)r->nranks * sizeof(struct boot_rank_info);
-    for (int i = 0; i < r->nranks; i++) root_reply(r, r->by_rank[i], BOOT_REPLY_TABLE, CH_OK, r->infos, len);
+    for (int i = 0; i < r->nranks; i++) {
+      struct boot_next nx;
+      memset(&nx, 0, sizeof(nx));
+      nx.rank = i;
+      nx.nranks = r->nranks;
+      nx.next = r->infos[(i + 1) % r->nranks].listen_addr;
+      root_reply(r, r->by_rank[i], BOOT_REPLY_NEXT, CH_OK, &nx, sizeof(nx));
+    }
   }
   r->done = 1;
 }

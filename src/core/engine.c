@@ -140,6 +140,10 @@ static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx*
   }
   for (int r = 0; r < comm->nranks; r++) {
     if (!(tp_flags(comm->peer_tp[r]) & TP_F_PID_WATCH)) continue;
+    /* Only a rank we are waiting on: one that did its part of the call and exited is no failure
+     * (the perf tools' last gather at 256 ranks failed so); one that left early is found by whoever
+     * waits on it, which poisons every connection (above). Unknown waits check every rank. */
+    if (blocked && !(blocked->in && blocked->in->peer == r) && !(blocked->out && blocked->out->peer == r)) continue;
     /* A pid from another PID namespace (a container) means nothing here. */
     uint64_t ns = comm->peers[comm->rank].pid_ns;
     if (ns == 0 || comm->peers[r].pid_ns != ns) continue;

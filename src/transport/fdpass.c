@@ -102,13 +102,17 @@ static void warn_refused(const struct ucred* cr) {
 }
 
 static void serve_one(int c) {
-  set_timeouts(c, 1000); /* a client that sends nothing cannot hold the server */
+  set_timeouts(c, 1000);
   struct ucred cr = {0, (uid_t)-1, (gid_t)-1};
   socklen_t cl = sizeof(cr);
   if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid()) {
-    warn_refused(&cr);
+    warn_refused(&cr); /* refused before anything is read: another uid cannot hold the server */
     return;
   }
+  /* A rank of ours sends its request right after connect, but with hundreds of ranks on a few
+   * CPUs it may not run again for over a second: wait as long as it waits for our answer
+   * (fetch_fd), as a 1 s wait here cut such ranks off (EPIPE) at 256 ranks on 2 CPUs. */
+  set_timeouts(c, 10000);
   struct fd_req rq;
   if (recv(c, &rq, sizeof(rq), MSG_WAITALL) != (ssize_t)sizeof(rq) || rq.magic != REQ_MAGIC) return;
   struct fd_rep rp = {ENOENT, 0, 0};
