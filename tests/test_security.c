@@ -977,3 +977,51 @@ TEST_T(security, query_service_idle_flood, 60) {
   boot_query_run(-1);
   boot_query_key(&key, -1);
 }
+
+/* sock_peer_uid names the owner of a loopback connection's other end (the kernel's sock_diag, or the
+ * /proc/net/tcp scan where netlink is missing): ours, and as root another uid's (65534). */
+static int peer_uid_of(uid_t as, uid_t* got) {
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof(a);
+  if (l < 0 || bind(l, (struct sockaddr*)&a, sizeof(a)) != 0 || listen(l, 4) != 0 ||
+      getsockname(l, (struct sockaddr*)&a, &al) != 0)
+    return -1;
+  int hold[2];
+  if (pipe(hold) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) { /* the client: connects as `as`, then waits for the parent's verdict */
+    if (as != geteuid() && (setgid(as) != 0 || setuid(as) != 0)) _exit(2);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (struct sockaddr*)&a, sizeof(a)) != 0) _exit(3);
+    char b;
+    close(hold[1]);
+    (void)!read(hold[0], &b, 1);
+    _exit(0);
+  }
+  close(hold[0]);
+  int s = accept(l, NULL, NULL);
+  int rc = s >= 0 ? sock_peer_uid(s, got) : -1;
+  unsigned char found = 0;
+  uid_t batch = (uid_t)-2;
+  if (rc == 0 && (sock_peer_uids(&s, 1, &batch, &found) != 1 || batch != *got)) rc = -2;
+  close(hold[1]);
+  if (s >= 0) close(s);
+  close(l);
+  int st;
+  waitpid(pid, &st, 0);
+  return rc;
+}
+
+TEST(security, peer_uid_of_loopback_connections) {
+  uid_t got = (uid_t)-1;
+  EXPECT_EQ(peer_uid_of(geteuid(), &got), 0);
+  EXPECT_EQ((long)got, (long)geteuid());
+  if (geteuid() != 0) {
+    printf("    skipped: the other-uid half needs root (to connect as uid 65534)\n");
+    return;
+  }
+  got = (uid_t)-1;
+  EXPECT_EQ(peer_uid_of(65534, &got), 0);
+  EXPECT_EQ((long)got, 65534L);
+}

@@ -199,7 +199,9 @@ static void* worker(void* argp) {
   char why[200] = "";
   struct q_slot* slot = a.slot;
   const volatile int* cut = &slot->cut;
-  uint64_t deadline = slot->t0 + (slot->cls == Q_OTHER ? QUERY_HELLO_OTHER_NS : QUERY_HELLO_NS);
+  /* Only another uid, known as such, is hurried: an owner not found is given the usual time. */
+  uint64_t deadline =
+      slot->t0 + (slot->cls == Q_OTHER && slot->uid != (uid_t)-1 ? QUERY_HELLO_OTHER_NS : QUERY_HELLO_NS);
   struct boot_hello h;
   unsigned char nonce_s[BOOT_NONCE], mac[BOOT_MAC];
   char req[BOOT_QUERY_MAX_REQ];

@@ -7,6 +7,9 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -358,6 +361,57 @@ static int proc_addr_eq(const char* hex, unsigned port, const union sock_addr* a
   return 1;
 }
 
+/* The owner of the TCP socket whose local end is `src` and remote end `dst`, asked of the kernel by
+ * its 4-tuple (sock_diag, one hash lookup): a scan of /proc/net/tcp costs time in proportion to every
+ * socket of the host, which a flood of connections makes long. -1 where netlink is not available (the
+ * caller scans instead) or no such socket exists. */
+static int diag_uid(const union sock_addr* src, const union sock_addr* dst, uid_t* uid) {
+  int fam = src->sa.sa_family;
+  if ((fam != AF_INET && fam != AF_INET6) || dst->sa.sa_family != fam) return -1;
+  int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (nl < 0) return -1;
+  struct {
+    struct nlmsghdr h;
+    struct inet_diag_req_v2 r;
+  } q;
+  memset(&q, 0, sizeof(q));
+  q.h.nlmsg_len = sizeof(q);
+  q.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  q.h.nlmsg_flags = NLM_F_REQUEST; /* no NLM_F_DUMP: one socket, found by its 4-tuple */
+  q.r.sdiag_family = (uint8_t)fam;
+  q.r.sdiag_protocol = IPPROTO_TCP;
+  q.r.idiag_states = ~0u;
+  q.r.id.idiag_cookie[0] = q.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  if (fam == AF_INET) {
+    q.r.id.idiag_sport = src->sin.sin_port, q.r.id.idiag_dport = dst->sin.sin_port;
+    memcpy(q.r.id.idiag_src, &src->sin.sin_addr, 4), memcpy(q.r.id.idiag_dst, &dst->sin.sin_addr, 4);
+  } else {
+    q.r.id.idiag_sport = src->sin6.sin6_port, q.r.id.idiag_dport = dst->sin6.sin6_port;
+    memcpy(q.r.id.idiag_src, &src->sin6.sin6_addr, 16), memcpy(q.r.id.idiag_dst, &dst->sin6.sin6_addr, 16);
+  }
+  struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+  struct timeval tv = {1, 0}; /* the kernel answers at once; never wait longer than this */
+  setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  int found = -1;
+  union {
+    struct nlmsghdr h;
+    char buf[1024];
+  } a;
+  if (sendto(nl, &q, sizeof(q), 0, (struct sockaddr*)&kernel, sizeof(kernel)) == (ssize_t)sizeof(q)) {
+    ssize_t n = recv(nl, &a, sizeof(a), 0);
+    /* The answer is the kernel's (a netlink socket takes nothing from other processes unasked), but
+     * its lengths are still checked before the record is read. */
+    if (n >= (ssize_t)NLMSG_LENGTH(sizeof(struct inet_diag_msg)) && a.h.nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+        a.h.nlmsg_len <= (size_t)n && a.h.nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
+      const struct inet_diag_msg* m = NLMSG_DATA(&a.h);
+      *uid = (uid_t)m->idiag_uid;
+      found = 0;
+    }
+  }
+  close(nl);
+  return found;
+}
+
 int sock_peer_uid(int fd, uid_t* uid) {
   union sock_addr me, peer;
   socklen_t l1 = sizeof(me), l2 = sizeof(peer);
@@ -365,6 +419,8 @@ int sock_peer_uid(int fd, uid_t* uid) {
   memset(&peer, 0, sizeof(peer));
   if (getsockname(fd, &me.sa, &l1) != 0 || getpeername(fd, &peer.sa, &l2) != 0) return -1;
   if (me.sa.sa_family != peer.sa.sa_family) return -1;
+  /* The other end's socket: its local address is our peer and its remote address is us. */
+  if (diag_uid(&peer, &me, uid) == 0) return 0;
   FILE* f = fopen(me.sa.sa_family == AF_INET ? "/proc/net/tcp" : "/proc/net/tcp6", "r");
   if (!f) return -1;
   char line[512];
@@ -396,8 +452,12 @@ int sock_peer_uids(const int* fds, int n, uid_t* uids, unsigned char* found) {
     if (getsockname(fds[i], &ends[2 * i].sa, &l1) != 0 || getpeername(fds[i], &ends[2 * i + 1].sa, &l2) != 0)
       ends[2 * i].sa.sa_family = AF_UNSPEC;
   }
-  /* One pass over each table, whatever n is: a flood's sockets make it long. */
-  for (int t = 0; t < 2; t++) {
+  /* Asked of the kernel one by one (sock_diag, a hash lookup each); what it cannot answer is looked
+   * for in one pass over each table, whatever n is: a flood's sockets make it long. */
+  for (int i = 0; i < n; i++)
+    if (ends[2 * i].sa.sa_family != AF_UNSPEC && diag_uid(&ends[2 * i + 1], &ends[2 * i], &uids[i]) == 0)
+      found[i] = 1, nfound++;
+  for (int t = 0; t < 2 && nfound < n; t++) {
     FILE* f = fopen(t == 0 ? "/proc/net/tcp" : "/proc/net/tcp6", "r");
     if (!f) continue;
     char line[512];
