@@ -2,6 +2,7 @@
  * and rank-count mismatches, timeouts, abort, leaks; parameters, logging, sockets. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -550,8 +551,14 @@ TEST(bootstrap, parse_addresses) {
   EXPECT(!strcmp(sock_addr_str(&a, s, sizeof(s)), "10.1.2.3:29500"));
   ASSERT_EQ(sock_parse_addr("[::1]:7", &a), CH_OK);
   EXPECT(!strcmp(sock_addr_str(&a, s, sizeof(s)), "[::1]:7"));
-  ASSERT_EQ(sock_parse_addr("localhost:9", &a), CH_OK);
-  EXPECT_EQ(sock_addr_port(&a), 9);
+  struct addrinfo* ai = NULL;
+  if (getaddrinfo("localhost", NULL, NULL, &ai) == 0) { /* a host name (a chroot may lack /etc/hosts) */
+    freeaddrinfo(ai);
+    ASSERT_EQ(sock_parse_addr("localhost:9", &a), CH_OK);
+    EXPECT_EQ(sock_addr_port(&a), 9);
+  } else {
+    printf("    skipped: the host name half: 'localhost' does not resolve here (no /etc/hosts?)\n");
+  }
   EXPECT_EQ(sock_parse_addr("::1:7", &a), CH_INVALID_ARG);
   EXPECT_EQ(sock_parse_addr("1.2.3.4", &a), CH_INVALID_ARG);
   EXPECT_EQ(sock_parse_addr("1.2.3.4:70000", &a), CH_INVALID_ARG);
