@@ -765,3 +765,27 @@ TEST_T(faults_rank, kill, 120) {
   free(v);
   if (!rt_failures()) nn_file("ok", rank, NULL);
 }
+
+/* A rank that exits cleanly right after init (issue 49: "rank 2 calling exit(0) before its first
+ * collective"): the others' first AllReduce fails naming rank 2, its pid and the call, in the user's
+ * terms, with no internal message tag. */
+static void early_exit_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  setenv("CHORUS_TIMEOUT", "20", 1);
+  param_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  if (rank == nranks - 1) _exit(0); /* leaves before its first collective */
+  int32_t v[64] = {0};
+  ncclResult_t r = ncclAllReduce(v, v, 64, ncclInt32, ncclSum, comm, NULL);
+  EXPECT(r != ncclSuccess);
+  const char* e = ncclGetLastError(comm);
+  char who[32];
+  snprintf(who, sizeof(who), "rank %d (pid ", nranks - 1);
+  if (!strstr(e, who) || !strstr(e, "ncclAllReduce #1 cannot complete") || strstr(e, "tag"))
+    rt_fail(__FILE__, __LINE__, "rank %d: the error does not name rank %d and the call in the user's terms: %s", rank,
+            nranks - 1, e);
+  ncclCommAbort(comm);
+}
+
+TEST_T(faults, early_exit_named_with_the_call_3, 60) { rt_run_procs(3, early_exit_body, NULL); }

@@ -96,6 +96,9 @@ ch_status boot_barrier(struct boot_state* b);
 void boot_set_abort(struct boot_state* b, const volatile int* abort);
 /* Set a deadline (absolute ns, 0 = none) for subsequent blocking bootstrap calls. */
 void boot_set_deadline(struct boot_state* b, uint64_t deadline_ns);
+/* Name what the next blocking bootstrap calls are for ("ncclAllReduce #1"; NULL clears): a peer lost
+ * meanwhile is reported as that call failing. The owner's thread only. */
+void boot_set_context(struct boot_state* b, const char* what);
 void boot_close(struct boot_state* b);
 
 #define BOOT_TAG_CONNECT (1 << 30)

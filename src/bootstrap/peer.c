@@ -19,6 +19,7 @@
  * ends every wait for that peer with CH_REMOTE. */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
+#include <signal.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,9 @@ struct boot_state {
   int warned_emfile;
   const volatile int* abort;
   uint64_t deadline;
+  /* What the owner's current bootstrap calls are for ("ncclAllReduce #1"), for a lost peer's message:
+   * set and cleared by the thread that owns b around them (boot_set_context), read by that thread. */
+  char context[96];
 };
 
 static struct sock_wait boot_wait(struct boot_state* b) {
@@ -491,13 +495,37 @@ static ch_status conn_open(struct boot_state* b, int peer, int tag) {
   return CH_OK;
 }
 
+/* A peer process on this host (same host name) that no longer exists: it exited. Its pid is only
+ * compared where the host names match; a pid of another PID namespace could name another process,
+ * which only makes us say less (that it closed its connection), never more. */
+static int peer_exited(const struct boot_state* b, const struct boot_peer* p) {
+  const struct boot_peer* me = &b->peers[b->rank];
+  return p->pid > 0 && me->host[0] && !strcmp(p->host, me->host) && kill(p->pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Said once, in the user's terms: which rank, its pid and host, what it did and which call cannot
+ * complete. The message tag is internal: INFO only. */
 static ch_status report_lost(struct boot_state* b, int peer, int tag, const char* what) {
   char a[64], who[96] = "";
   const struct boot_peer* p = &b->peers[peer];
   if (p->pid) snprintf(who, sizeof(who), " (pid %d on %s)", p->pid, p->host);
-  WARN("Bootstrap rank %d: %s rank %d%s at %s (tag %d) failed: it %s", b->rank, what, peer, who,
-       peer_addr(b, peer, a, sizeof(a)), tag, p->why);
+  INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: %s rank %d (tag %d) failed", b->rank, what, peer, tag);
+  if (b->context[0] && peer_exited(b, p))
+    WARN("rank %d%s has exited while rank %d was setting up %s with it: %s cannot complete", peer, who, b->rank,
+         b->context, b->context);
+  else if (b->context[0])
+    WARN("rank %d%s at %s %s while rank %d was setting up %s with it: %s cannot complete", peer, who,
+         peer_addr(b, peer, a, sizeof(a)), p->why, b->rank, b->context, b->context);
+  else if (peer_exited(b, p))
+    WARN("Bootstrap rank %d: rank %d%s has exited while rank %d was %s it", b->rank, peer, who, b->rank, what);
+  else
+    WARN("Bootstrap rank %d: %s rank %d%s at %s failed: it %s", b->rank, what, peer, who,
+         peer_addr(b, peer, a, sizeof(a)), p->why);
   return CH_REMOTE;
+}
+
+void boot_set_context(struct boot_state* b, const char* what) {
+  snprintf(b->context, sizeof(b->context), "%s", what ? what : "");
 }
 
 void boot_name_peers(struct boot_state* b, const struct boot_rank_info* table) {

@@ -130,6 +130,21 @@ static ch_status run_inits_held(int n) {
 }
 
 /* The calls of the current group, in call order. A thread-local array: no allocation per call. */
+/* What the connections about to be set up are for, named as the user called it ("ncclAllReduce #3",
+ * the next collective's number; "ncclSend to rank 2"), for a peer lost meanwhile (boot_set_context). */
+static void connect_context(struct ncclComm* comm, const struct ch_task* t) {
+  char what[96];
+  if (!t) return;
+  const char* more = t->next ? " (and the rest of its group)" : "";
+  if (t->func == FUNC_SEND || t->func == FUNC_RECV)
+    snprintf(what, sizeof(what), "%s %s rank %d%s", algo_fname(t->func), t->func == FUNC_SEND ? "to" : "from",
+             t->root, more);
+  else
+    snprintf(what, sizeof(what), "%s #%llu%s", algo_fname(t->func),
+             (unsigned long long)atomic_load_explicit(&comm->seq, memory_order_relaxed) + 1, more);
+  boot_set_context(comm->boot, what);
+}
+
 static _Thread_local struct ch_task* tasks;
 static _Thread_local int ntasks_, tasks_cap;
 static _Thread_local char* need_buf;
@@ -335,9 +350,10 @@ static ch_status launch_tasks(void) {
     for (int i = 0; i < ncomms; i++) {
       uint64_t to = atomic_load(&comms[i]->timeout_ns);
       boot_set_deadline(comms[i]->boot, to ? now + to : 0);
+      connect_context(comms[i], lists[i]);
     }
     res = comm_connect(comms, ncomms, need_send, need_recv);
-    for (int i = 0; i < ncomms; i++) boot_set_deadline(comms[i]->boot, 0);
+    for (int i = 0; i < ncomms; i++) boot_set_deadline(comms[i]->boot, 0), boot_set_context(comms[i]->boot, NULL);
     if (res != CH_OK) goto out;
   }
 
