@@ -20,7 +20,7 @@ struct cg_driver fk;
 int no_kernels(void) {
   size_t bytes = 0;
   if (cudev_fatbin(&bytes) && bytes) return 0;
-  printf("    SKIP: this build has no device kernels (no nvcc found)\n");
+  printf("    SKIP: this build has no device kernels (no nvcc found; install the CUDA toolkit and rebuild)\n");
   return 1;
 }
 

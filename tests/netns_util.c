@@ -73,7 +73,7 @@ int nn_up_opts(const char* tag, int hosts, const char* opts) {
   int st = nn_sh("%s up %d %s", script, hosts, opts ? opts : "");
   if (st == 77) {
     nn_down();
-    printf("    SKIP: the cluster script cannot make network namespaces here (see above)\n");
+    printf("    (the cluster script cannot make network namespaces here: its SKIP line above says why)\n");
     return 0;
   }
   ASSERT_EQ(st, 0);

@@ -51,7 +51,7 @@ SW="$PREFIX-sw"
 host_ns() { echo "$PREFIX-h$1"; }
 
 need_ip() {
-  command -v ip >/dev/null 2>&1 || skip "the 'ip' command (iproute2) is not installed"
+  command -v ip >/dev/null 2>&1 || skip "the 'ip' command (iproute2) is not installed; to run the cluster tests: apt-get install iproute2"
   [ "$(id -u)" -eq 0 ] || skip "network namespaces need root (running as uid $(id -u))"
 }
 

@@ -11,7 +11,8 @@ awk '
   /^\[ RUN  \] / { test = $4; next }
   {
     why = ""
-    if (match($0, /SKIP: .*/)) why = substr($0, RSTART + 6)
+    # "SKIP: <why>" opening a line (after indentation or a "tool: " prefix), not quoted inside one
+    if (match($0, /^ *([a-z-]+: )?SKIP: .*/)) { why = $0; sub(/^ *([a-z-]+: )?SKIP: /, "", why) }
     else if (match($0, /^ +skipped[:]? .*/)) { why = $0; sub(/^ +skipped[:]? */, "", why) }
     if (why == "") next
     if ((why, test) in seen) next
