@@ -172,7 +172,7 @@ void ut_backoff(uint64_t iter) {
   }
   iter -= UT_YIELD_ITERS;
   /* Double every 8 sleeps: 1, 2, 4 ... 64 us. */
-  uint64_t ns = 1000ull << (iter / 8 < 6 ? iter / 8 : 6);
+  uint64_t ns = UT_NS_PER_US << (iter / 8 < 6 ? iter / 8 : 6);
   if (ns > UT_MAX_SLEEP_NS) ns = UT_MAX_SLEEP_NS;
   struct timespec ts = {0, (long)ns};
   nanosleep(&ts, NULL);

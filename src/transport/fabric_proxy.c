@@ -591,7 +591,7 @@ static int sync_lists(void) {
 
 static void* fab_main(void* arg) {
   (void)arg;
-  uint64_t spin_ns = (uint64_t)param_int(PARAM_FABRIC_SPIN_US) * 1000, idle_since = 0;
+  uint64_t spin_ns = (uint64_t)param_int(PARAM_FABRIC_SPIN_US) * UT_NS_PER_US, idle_since = 0;
   long sleep_us = 1;
   for (;;) {
     /* Before the pass: a kick that lands during it (a post the pass may have missed) must cut the
@@ -619,7 +619,7 @@ static void* fab_main(void* arg) {
     atomic_store(&fx_sleeping, 1);
     atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load(&fx_changes) && atomic_load(&fx_word) == seen) {
-      struct timespec ts = {0, sleep_us * 1000};
+      struct timespec ts = {0, sleep_us * (long)UT_NS_PER_US};
       syscall(SYS_futex, (uint32_t*)&fx_word, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
     }
     atomic_store(&fx_sleeping, 0);

@@ -69,7 +69,8 @@ static void sock_name(uint64_t nonce, struct sockaddr_un* a, socklen_t* len) {
 }
 
 static void set_timeouts(int s, int ms) {
-  struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+  uint64_t ns = (uint64_t)ms * UT_NS_PER_MS;
+  struct timeval tv = {(time_t)(ns / UT_NS_PER_S), (suseconds_t)(ns % UT_NS_PER_S / UT_NS_PER_US)};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }

@@ -455,7 +455,7 @@ void (*_Atomic tp_busy_hook)(uint64_t t0, uint64_t t1);
 static void* proxy_main(void* arg) {
   (void)arg;
   struct epoll_event ev[64];
-  int64_t spin_ns = param_int(PARAM_NET_SPIN_US) * 1000;
+  int64_t spin_ns = param_int(PARAM_NET_SPIN_US) * (int64_t)UT_NS_PER_US;
   uint64_t idle_since = 0, busy_since = 0; /* busy_since: only while a trace wants the busy periods */
   for (;;) {
     if (atomic_load_explicit(&px_changes, memory_order_acquire) && sync_lists()) break;
