@@ -111,7 +111,7 @@ static void at_child(void) {
 }
 static void q_init(void) {
   q_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  pthread_atfork(at_prepare, at_parent, at_child);
+  ut_atfork_register(at_prepare, at_parent, at_child);
 }
 
 static void mac_of(const struct boot_key* key, int server, const struct boot_hello* h, const unsigned char* nonce_s,

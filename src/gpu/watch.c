@@ -96,7 +96,7 @@ static void at_child(void) {
   watched = NULL; /* the parent's communicators are not the child's to watch */
 }
 static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
-static void install_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void install_hooks(void) { ut_atfork_register(at_prepare, at_parent, at_child); }
 
 void gpu_watch_add(struct gpu_comm* g) {
   pthread_once(&hooks_once, install_hooks);

@@ -84,7 +84,7 @@ static void at_child(void) {
   pthread_mutex_unlock(&fx.lock);
 }
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-static void install_fork_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void install_fork_hooks(void) { ut_atfork_register(at_prepare, at_parent, at_child); }
 
 void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r) {
   int st = atomic_load_explicit(&n->state, memory_order_relaxed);

@@ -217,7 +217,7 @@ static void at_child(void) {
   srv_live = 0;
   at_parent();
 }
-static void install_fork_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void install_fork_hooks(void) { ut_atfork_register(at_prepare, at_parent, at_child); }
 
 __attribute__((destructor)) static void srv_unload(void) {
   pthread_mutex_lock(&srv_mu);

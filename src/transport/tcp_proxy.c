@@ -106,7 +106,7 @@ static void atfork_child(void) {
   atomic_store(&px_sleeping, 0);
   pthread_mutex_unlock(&px.lock); /* taken by this (the forking) thread in atfork_prepare */
 }
-static void px_init_once(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+static void px_init_once(void) { ut_atfork_register(atfork_prepare, atfork_parent, atfork_child); }
 
 static void ep_add(int fd, void* tag, uint32_t events) {
   struct epoll_event e = {.events = events, .data.ptr = tag};
