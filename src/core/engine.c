@@ -389,7 +389,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
       idle_since = t;
     }
-    if (t - check_since > 500000000ull) { /* a dead peer is named within ~1 s */
+    if (t - check_since > 500 * UT_NS_PER_MS) { /* a dead peer is named within ~1 s */
       for (int i = 0; i < n; i++) {
         if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = check_peers_alive(plans[i]->comm, blocked);

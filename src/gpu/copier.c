@@ -213,7 +213,7 @@ static int drained(struct gpu_copier* cp) {
     /* A thread rank of this process may be destroyed after rank 0 by the same thread (a loop over
      * the comms, as nccl-tests does): its calls are launched by then, and a post its bridge still
      * owes comes within moments, so 100 ms without work stands for it having left. */
-    if (g->same_proc[r] && ut_now_ns() - cp->last_work > 100000000ull) continue;
+    if (g->same_proc[r] && ut_now_ns() - cp->last_work > 100 * UT_NS_PER_MS) continue;
     if (p->pid_ns == comm->peers[0].pid_ns && p->pid > 0 && kill(p->pid, 0) != 0 && errno == ESRCH) continue;
     return 0;
   }
@@ -319,7 +319,7 @@ void gpu_copier_stop(struct gpu_comm* g) {
   struct gpu_copier* cp = g->copier;
   if (!cp) return;
   int aborted = __atomic_load_n(&g->comm->abort_flag, __ATOMIC_ACQUIRE);
-  cp->drain_until = ut_now_ns() + 10000000000ull; /* as long as destroy waits for its own streams */
+  cp->drain_until = ut_now_ns() + 10 * UT_NS_PER_S; /* as long as destroy waits for its own streams */
   atomic_store(&cp->stop, aborted ? STOP_NOW : STOP_DRAIN);
   if (cp->running) pthread_join(cp->th, NULL);
   cp->running = 0;

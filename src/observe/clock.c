@@ -57,11 +57,11 @@ static double tick_rate(uint64_t* tick_now, uint64_t* mono_now) {
   for (;;) {
     uint64_t m0 = ut_now_ns(), t = obs_ticks(), m1 = ut_now_ns();
     uint64_t m = m0 + (m1 - m0) / 2;
-    if (m - mono0 >= 20000000ull && t > tsc0) {
+    if (m - mono0 >= 20 * UT_NS_PER_MS && t > tsc0) {
       *tick_now = t, *mono_now = m;
       return (double)(m - mono0) / (double)(t - tsc0);
     }
-    struct timespec ts = {0, 5000000};
+    struct timespec ts = {0, (long)(5 * UT_NS_PER_MS)};
     nanosleep(&ts, NULL); /* only a dump or trace in the first 20 ms of the process waits */
   }
 }

@@ -78,7 +78,7 @@ static void set_timeouts(int s, int ms) {
 /* Refused askers, one WARN per uid a minute (like sock_warn_reject): another user can connect as
  * often as it likes, and must not be able to flood the log. Server thread only. */
 #define REFUSED_SLOTS 8
-#define REFUSED_QUIET_NS 60000000000ull
+#define REFUSED_QUIET_NS (60 * UT_NS_PER_S)
 static struct {
   uid_t uid;
   uint64_t last;

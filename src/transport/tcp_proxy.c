@@ -265,7 +265,7 @@ static struct pending* free_slot(int evict) {
 static void accept_all(void) {
   for (int k = 0;; k++) {
     if (k == ACCEPTS_PER_PASS || !free_slot(0)) {
-      accept_blocked = 1, accept_retry_at = k == ACCEPTS_PER_PASS ? 0 : ut_now_ns() + 10000000ull;
+      accept_blocked = 1, accept_retry_at = k == ACCEPTS_PER_PASS ? 0 : ut_now_ns() + 10 * UT_NS_PER_MS;
       return; /* the rest wait in the backlog: the next pass, or once a slot frees or ages */
     }
     union sock_addr ra;
@@ -281,7 +281,7 @@ static void accept_all(void) {
         if (!accept_warned)
           WARN("net listener: cannot accept a peer's connection: %s (trying again every 100 ms; raise the "
                "descriptor limit, ulimit -n, if this lasts)", strerror(e));
-        accept_warned = 1, accept_blocked = 1, accept_retry_at = ut_now_ns() + 100000000ull;
+        accept_warned = 1, accept_blocked = 1, accept_retry_at = ut_now_ns() + 100 * UT_NS_PER_MS;
       }
       return; /* EAGAIN: the next edge */
     }
