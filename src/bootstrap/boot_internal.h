@@ -22,7 +22,7 @@
 /* Unexpected messages queued per peer; beyond either bound the peer is dropped. */
 #define BOOT_MAX_QUEUED_BYTES (64ull << 20)
 #define BOOT_MAX_QUEUED_MSGS 16384
-#define BOOT_LIVENESS_NS UT_NS_PER_S    /* waiting this long for a silent peer probes its listener */
+#define BOOT_LIVENESS_NS UT_NS_PER_S   /* waiting this long for a silent peer probes its listener */
 #define BOOT_REFUSED_GRACE_MS 1000     /* a refused connection to a listener known to exist is retried this long */
 #define BOOT_NONCE 32
 #define BOOT_MAC 32

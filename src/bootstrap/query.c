@@ -42,7 +42,7 @@
 #define QUERY_MAX_OTHERS 4  /* workers for other uids of this host, all together */
 #define QUERY_MAX_PER_UID 2 /* ... and for one of them */
 #define QUERY_HELLO_OTHER_NS (500 * UT_NS_PER_MS) /* their handshake must be done by then */
-#define QUERY_SILENT_NS (200 * UT_NS_PER_MS) /* one of ours not authenticated by then may be cut for another */
+#define QUERY_SILENT_NS (200 * UT_NS_PER_MS)      /* one of ours not authenticated by then may be cut for another */
 #define QUERY_MAX_KEYS 64
 #define QUERY_HELLO_NS (2ull * UT_NS_PER_S) /* handshake and request must arrive by then */
 #define QUERY_REPLY_NS (5ull * UT_NS_PER_S) /* the handler and the reply, past the request */

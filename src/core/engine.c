@@ -372,7 +372,8 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     if (stall_dump_requests() != dumps) { /* CHORUS_DUMP_SIGNAL */
       dumps = stall_dump_requests();
       for (int i = 0; i < n; i++)
-        if (plans[i] && plans[i]->started) stall_report(plans[i], idle_since ? (double)(t - idle_since) / UT_NS_PER_S : 0, 1);
+        if (plans[i] && plans[i]->started)
+          stall_report(plans[i], idle_since ? (double)(t - idle_since) / UT_NS_PER_S : 0, 1);
     }
     if (idle_since && t - idle_since > timeout_ns) {
       /* Nothing moved for the timeout: every started plan reports what it waits for and fails. A plan

@@ -263,8 +263,8 @@ void gpu_ipc_close(void* ctx, uintptr_t base);
  * closed: a copier closes one only while no copy at all is in flight, a rank once the calls that used
  * it have finished. */
 struct gpu_ipc_user {
-  int rank;          /* named in the WARNs */
-  const char* busy;  /* what holds the entries when none may go ("calls in flight") */
+  int rank;         /* named in the WARNs */
+  const char* busy; /* what holds the entries when none may go ("calls in flight") */
   int (*idle)(void* arg, const struct gpu_ipc* e);
   void* arg;
 };

@@ -20,8 +20,8 @@ ch_status gpu_ipc_get(struct gpu_comm* g, struct gpu_ipc* cache, int r, const st
     for (int k = 0; k < GPU_IPC_CACHE && (!e || e->base); k++) /* else the least recently used idle one */
       if (!e || (u->idle(u->arg, &cache[k]) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
     if (e->base && !u->idle(u->arg, e)) {
-      WARN("rank %d: %s use more than %d buffers of rank %d: wait for some (synchronise the stream)", u->rank,
-           u->busy, GPU_IPC_CACHE, r);
+      WARN("rank %d: %s use more than %d buffers of rank %d: wait for some (synchronise the stream)", u->rank, u->busy,
+           GPU_IPC_CACHE, r);
       return CH_INVALID_USAGE;
     }
     if (e->base) gpu_ipc_close(g->ctx, e->base), e->base = 0;
@@ -29,8 +29,9 @@ ch_status gpu_ipc_get(struct gpu_comm* g, struct gpu_ipc* cache, int r, const st
     size_t sz = 0;
     int cu = 0;
     if (gpu_ipc_open(g->ctx, g->comm->peers[r].proc_nonce, d->id, &d->h, &b, &sz, &cu) != CH_OK) {
-      if (cu) WARN("rank %d: cannot open rank %d's device buffer through CUDA IPC: cuIpcOpenMemHandle: %s (%d)", u->rank,
-                   r, cudrv_errstr(cu), cu);
+      if (cu)
+        WARN("rank %d: cannot open rank %d's device buffer through CUDA IPC: cuIpcOpenMemHandle: %s (%d)", u->rank, r,
+             cudrv_errstr(cu), cu);
       return CH_SYSTEM;
     }
     e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz, e->pinned = 0;

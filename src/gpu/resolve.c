@@ -41,7 +41,10 @@ static int ipc_idle(struct gpu_comm* g, const struct gpu_ipc* e, uint32_t now) {
                      e->last_seq);
 }
 
-struct idle_at { struct gpu_comm* g; uint32_t now; };
+struct idle_at {
+  struct gpu_comm* g;
+  uint32_t now;
+};
 static int idle_at(void* arg, const struct gpu_ipc* e) {
   const struct idle_at* a = arg;
   return ipc_idle(a->g, e, a->now);

@@ -65,8 +65,8 @@ static void look(struct gpu_comm* g, uint64_t now) {
   uint64_t timeout = atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed);
   if (!g->watch_fired && timeout && now - g->watch_since > timeout) {
     WARN("rank %d: call #%u on device buffers has not finished on its CUDA stream for %.0f s (a peer's stream "
-         "never reached it, or work queued before it never ended): failing it (CHORUS_TIMEOUT)", g->rank, oldest,
-         (double)(now - g->watch_since) / UT_NS_PER_S);
+         "never reached it, or work queued before it never ended): failing it (CHORUS_TIMEOUT)",
+         g->rank, oldest, (double)(now - g->watch_since) / UT_NS_PER_S);
     fail(g, CH_TIMEOUT);
   }
   log_set_error_sink(prev);

@@ -6,7 +6,9 @@
 
 #define UT_ATFORK_MAX 16 /* nine subsystems register today */
 
-struct hooks { void (*prepare)(void), (*parent)(void), (*child)(void); };
+struct hooks {
+  void (*prepare)(void), (*parent)(void), (*child)(void);
+};
 /* Rows are appended under mu and never removed. mu is held from the prepare hooks to the parent's or
  * child's, as glibc holds its own lock across fork, so no row appears half-way through one. */
 static struct hooks rows[UT_ATFORK_MAX];

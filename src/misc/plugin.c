@@ -39,7 +39,6 @@ void* plugin_open_logged(const struct plugin_once* o, unsigned subsys, const cha
   else if (n == 2)
     WARN("%s=%s: could not load %s (%s) nor %s (%s); continuing without a %s plugin", o->env, value, cand[0], err[0],
          cand[1], err[1], o->kind);
-  else
-    WARN("%s=%s: could not load %s (%s); continuing without a %s plugin", o->env, value, cand[0], err[0], o->kind);
+  else WARN("%s=%s: could not load %s (%s); continuing without a %s plugin", o->env, value, cand[0], err[0], o->kind);
   return NULL;
 }

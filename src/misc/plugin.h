@@ -11,13 +11,14 @@ struct plugin_once {
   const char* env;  /* "NCCL_TUNER_PLUGIN" */
   const char* kind; /* "tuner" */
   pthread_mutex_t mu;
-  void* lib;          /* under mu: the kind's record of the loaded library (NULL: none) */
-  char value[512];    /* under mu: the value lib was loaded for */
-  char path[512];     /* under mu: what dlopen accepted for it */
-  char failed[512];   /* under mu: the last value that did not load (failed_valid) */
+  void* lib;        /* under mu: the kind's record of the loaded library (NULL: none) */
+  char value[512];  /* under mu: the value lib was loaded for */
+  char path[512];   /* under mu: what dlopen accepted for it */
+  char failed[512]; /* under mu: the last value that did not load (failed_valid) */
   int failed_valid;
 };
-#define PLUGIN_ONCE_INIT(env_, kind_) {.env = (env_), .kind = (kind_), .mu = PTHREAD_MUTEX_INITIALIZER}
+#define PLUGIN_ONCE_INIT(env_, kind_) \
+  { .env = (env_), .kind = (kind_), .mu = PTHREAD_MUTEX_INITIALIZER }
 
 /* The record for `value` (under o->mu): the loaded one when it was loaded for this value; NULL after a
  * WARN when another value's is loaded; else load(value, path) once, and a failure is remembered so that

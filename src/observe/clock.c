@@ -22,7 +22,8 @@
 static uint64_t obs_real_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * UT_NS_PER_S + (uint64_t)ts.tv_nsec + (uint64_t)(param_int(PARAM_CLOCK_SKEW_US) * (int64_t)UT_NS_PER_US);
+  return (uint64_t)ts.tv_sec * UT_NS_PER_S + (uint64_t)ts.tv_nsec +
+         (uint64_t)(param_int(PARAM_CLOCK_SKEW_US) * (int64_t)UT_NS_PER_US);
 }
 
 int obs_tsc;
@@ -130,7 +131,8 @@ ch_status obs_clock_align(struct ncclComm* comm) {
     char rtt[48] = ""; /* only the rank that measured knows the round trip */
     if (best_rtt >= 0) snprintf(rtt, sizeof(rtt), ", round trip %.3f ms", (double)best_rtt / UT_NS_PER_MS);
     INFO(LOG_INIT, "rank %d: clock %+.3f ms from rank 0's (measured by rank %d%s; alignment took %.2f ms)", me,
-         (double)comm->clock_offset_ns / UT_NS_PER_MS, host_leader(comm, me), rtt, (double)(ut_now_ns() - t0) / UT_NS_PER_MS);
+         (double)comm->clock_offset_ns / UT_NS_PER_MS, host_leader(comm, me), rtt,
+         (double)(ut_now_ns() - t0) / UT_NS_PER_MS);
   }
   return st;
 }

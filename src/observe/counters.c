@@ -82,7 +82,8 @@ size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t ca
         obs_peer_counters(c, p, &pc);
         uint64_t v = f == F_PEER_SENT ? pc.sent : f == F_PEER_RECV ? pc.received : pc.wait_ns;
         if (!v) continue; /* peers this rank never talked to: a 1000-rank comm stays readable */
-        if (fam[f].seconds) at = put(out, cap, at, "%s{%s,peer=\"%d\"} %.9f\n", fam[f].name, labels, p, (double)v / UT_NS_PER_S);
+        if (fam[f].seconds)
+          at = put(out, cap, at, "%s{%s,peer=\"%d\"} %.9f\n", fam[f].name, labels, p, (double)v / UT_NS_PER_S);
         else at = put(out, cap, at, "%s{%s,peer=\"%d\"} %llu\n", fam[f].name, labels, p, (unsigned long long)v);
       }
     }

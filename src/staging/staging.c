@@ -402,7 +402,8 @@ static void gate_wait(void* arg, struct ch_plan** plans, int n) {
     uint64_t waited = ut_now_ns() - t0;
     if (fail == CH_OK && waited > timeout) {
       WARN("rank %d: a call on device buffers waited %.0f s for its CUDA stream to reach it (%d of %d streams "
-           "there): failing it (CHORUS_TIMEOUT)", plans[0]->comm->rank, (double)waited / UT_NS_PER_S, g->arrived, g->expected);
+           "there): failing it (CHORUS_TIMEOUT)",
+           plans[0]->comm->rank, (double)waited / UT_NS_PER_S, g->arrived, g->expected);
       fail = CH_TIMEOUT;
     }
     if (fail != CH_OK) break;

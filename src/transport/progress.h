@@ -29,10 +29,12 @@ struct progress {
   _Atomic int changes; /* records came or are closing: the thread's next pass syncs (any thread) */
   _Atomic int hooked;  /* in the fork hooks' table (progress.c) */
 };
-#define PROGRESS_INIT(type, main_, child_)                                                               \
-  {.main = (main_), .next_off = offsetof(type, next), .closing_off = offsetof(type, closing),            \
-   .released_off = offsetof(type, released), .child = (child_), .lock = PTHREAD_MUTEX_INITIALIZER,       \
-   .cond = PTHREAD_COND_INITIALIZER}
+#define PROGRESS_INIT(type, main_, child_)                                                          \
+  {                                                                                                 \
+    .main = (main_), .next_off = offsetof(type, next), .closing_off = offsetof(type, closing),      \
+    .released_off = offsetof(type, released), .child = (child_), .lock = PTHREAD_MUTEX_INITIALIZER, \
+    .cond = PTHREAD_COND_INITIALIZER                                                                \
+  }
 
 /* Lock p (and, on first use, install its fork hooks). */
 void progress_lock(struct progress* p);
