@@ -255,3 +255,34 @@ TEST_T(trust, pid_namespaces, 120) {
               WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
   }
 }
+
+/* ---- fork hooks (misc/atfork.c) ---- */
+
+/* ut_atfork_register runs its rows as pthread_atfork runs its own: prepare in reverse registration
+ * order, parent and child in registration order. */
+static char fork_log[16];
+static int fork_len;
+static void note(char c) {
+  if (fork_len < (int)sizeof(fork_log) - 1) fork_log[fork_len++] = c;
+}
+static void pa(void) { note('a'); }
+static void pb(void) { note('b'); }
+static void pc(void) { note('c'); }
+static void xa(void) { note('A'); }
+static void xb(void) { note('B'); }
+static void xc(void) { note('C'); }
+
+TEST(trust, fork_hooks_run_in_pthread_atfork_order) {
+  ut_atfork_register(pa, xa, xa);
+  ut_atfork_register(pb, NULL, xb); /* a NULL hook is skipped */
+  ut_atfork_register(pc, xc, xc);
+  fork_len = 0;
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  fork_log[fork_len] = '\0';
+  if (pid == 0) _exit(strcmp(fork_log, "cbaABC") == 0 ? 0 : 1);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0); /* the child saw "cbaABC" */
+  if (strcmp(fork_log, "cbaAC") != 0) rt_fail(__FILE__, __LINE__, "parent saw \"%s\", not \"cbaAC\"", fork_log);
+}

@@ -390,7 +390,7 @@ CH_API(ncclResult_t, chorusCommSetTimeout, ncclComm_t comm, double seconds) {
     WARN("chorusCommSetTimeout: %g seconds is not a valid timeout (0 = none, up to 1e9)", seconds);
     return ncclInvalidArgument;
   }
-  atomic_store(&comm->timeout_ns, (uint64_t)(seconds * 1e9));
+  atomic_store(&comm->timeout_ns, (uint64_t)(seconds * UT_NS_PER_S));
   return ncclSuccess;
 }
 

@@ -13,7 +13,7 @@
 #define BOOT_KIND_JOIN 1u                   /* a rank joining at the root */
 #define BOOT_KIND_PEER 2u                   /* a rank connecting to another rank */
 #define BOOT_KIND_QUERY 3u                  /* a stall query (query.c) */
-#define BOOT_HELLO_TIMEOUT_NS (5ull * 1000000000ull) /* connections not authenticated by then are closed */
+#define BOOT_HELLO_TIMEOUT_NS (5ull * UT_NS_PER_S) /* connections not authenticated by then are closed */
 #define BOOT_MAX_RANKS (1 << 18)
 /* Largest bootstrap message: the library sends small records (rank infos, addresses, connection
  * handles, a few hundred bytes per rank); 16 MiB leaves room for tables of every rank while
@@ -22,7 +22,7 @@
 /* Unexpected messages queued per peer; beyond either bound the peer is dropped. */
 #define BOOT_MAX_QUEUED_BYTES (64ull << 20)
 #define BOOT_MAX_QUEUED_MSGS 16384
-#define BOOT_LIVENESS_NS 1000000000ull /* waiting this long for a silent peer probes its listener */
+#define BOOT_LIVENESS_NS UT_NS_PER_S   /* waiting this long for a silent peer probes its listener */
 #define BOOT_REFUSED_GRACE_MS 1000     /* a refused connection to a listener known to exist is retried this long */
 #define BOOT_NONCE 32
 #define BOOT_MAC 32

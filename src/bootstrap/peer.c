@@ -31,7 +31,7 @@
 #include "boot_internal.h"
 
 #define BOOT_MAX_PENDING 64                /* incoming connections not yet authenticated */
-#define BOOT_ACCEPT_PAUSE_NS 100000000ull  /* out of descriptors: stop accepting this long */
+#define BOOT_ACCEPT_PAUSE_NS (100 * UT_NS_PER_MS) /* out of descriptors: stop accepting this long */
 
 struct boot_msg {
   struct boot_msg* next;

@@ -41,11 +41,11 @@
 #define QUERY_MAX_WORKERS 8 /* live workers; as many more may be draining after a cut */
 #define QUERY_MAX_OTHERS 4  /* workers for other uids of this host, all together */
 #define QUERY_MAX_PER_UID 2 /* ... and for one of them */
-#define QUERY_HELLO_OTHER_NS 500000000ull /* their handshake must be done by then */
-#define QUERY_SILENT_NS 200000000ull      /* one of ours not authenticated by then may be cut for another */
+#define QUERY_HELLO_OTHER_NS (500 * UT_NS_PER_MS) /* their handshake must be done by then */
+#define QUERY_SILENT_NS (200 * UT_NS_PER_MS)      /* one of ours not authenticated by then may be cut for another */
 #define QUERY_MAX_KEYS 64
-#define QUERY_HELLO_NS (2ull * 1000000000ull) /* handshake and request must arrive by then */
-#define QUERY_REPLY_NS (5ull * 1000000000ull) /* the handler and the reply, past the request */
+#define QUERY_HELLO_NS (2ull * UT_NS_PER_S) /* handshake and request must arrive by then */
+#define QUERY_REPLY_NS (5ull * UT_NS_PER_S) /* the handler and the reply, past the request */
 
 enum { QST_KEYED = 1, QST_LOCAL = 2 };
 struct query_reply_hdr {
@@ -111,7 +111,7 @@ static void at_child(void) {
 }
 static void q_init(void) {
   q_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  pthread_atfork(at_prepare, at_parent, at_child);
+  ut_atfork_register(at_prepare, at_parent, at_child);
 }
 
 static void mac_of(const struct boot_key* key, int server, const struct boot_hello* h, const unsigned char* nonce_s,
@@ -137,7 +137,7 @@ static int io_all(int fd, void* buf, size_t n, uint64_t deadline, int out, const
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
     uint64_t now = ut_now_ns();
     if (now >= deadline || (abort && __atomic_load_n(abort, __ATOMIC_RELAXED))) return -1; /* or cut (q_admit) */
-    uint64_t left_ms = (deadline - now) / 1000000 + 1;
+    uint64_t left_ms = (deadline - now) / UT_NS_PER_MS + 1;
     struct pollfd pf = {fd, (short)(out ? POLLOUT : POLLIN), 0};
     if (poll(&pf, 1, (int)(left_ms > 100 ? 100 : left_ms)) < 0 && errno != EINTR) return -1;
   }

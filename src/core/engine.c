@@ -194,8 +194,8 @@ static void engine_wait(uint64_t idle_ns, int oversubscribed, struct prim_ctx* b
     if (tp_conn_poll(in)) return;
   }
   if (spin_ns < 0) {
-    spin_ns = param_int(PARAM_SPIN_US) * 1000;
-    yield_ns = param_int(PARAM_YIELD_US) * 1000;
+    spin_ns = param_int(PARAM_SPIN_US) * (int64_t)UT_NS_PER_US;
+    yield_ns = param_int(PARAM_YIELD_US) * (int64_t)UT_NS_PER_US;
   }
   if (!oversubscribed && (int64_t)idle_ns < spin_ns) {
     ut_cpu_relax();
@@ -376,7 +376,8 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
     if (stall_dump_requests() != dumps) { /* CHORUS_DUMP_SIGNAL */
       dumps = stall_dump_requests();
       for (int i = 0; i < n; i++)
-        if (plans[i] && plans[i]->started) stall_report(plans[i], idle_since ? (double)(t - idle_since) / 1e9 : 0, 1);
+        if (plans[i] && plans[i]->started)
+          stall_report(plans[i], idle_since ? (double)(t - idle_since) / UT_NS_PER_S : 0, 1);
     }
     if (idle_since && t - idle_since > timeout_ns) {
       /* Nothing moved for the timeout: every started plan reports what it waits for and fails. A plan
@@ -384,7 +385,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
        * itself); it must not finish out of ticket order, so it waits on. */
       for (int i = 0; i < n; i++) {
         if (!plans[i] || !plans[i]->started) continue;
-        stall_report(plans[i], (double)(t - idle_since) / 1e9, 0);
+        stall_report(plans[i], (double)(t - idle_since) / UT_NS_PER_S, 0);
         plans[i]->status = CH_TIMEOUT;
         wait_end_for(&wait, plans[i]);
         ch_status st = finish_plan(&plans[i]);
@@ -393,7 +394,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       }
       idle_since = t;
     }
-    if (t - check_since > 500000000ull) { /* a dead peer is named within ~1 s */
+    if (t - check_since > 500 * UT_NS_PER_MS) { /* a dead peer is named within ~1 s */
       for (int i = 0; i < n; i++) {
         if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = check_peers_alive(plans[i]->comm, blocked);

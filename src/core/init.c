@@ -450,7 +450,7 @@ ch_status comm_init_job(struct ncclComm* comm) {
   if (res == CH_OK) res = comm_setup(comm);
   if (res == CH_OK) stall_register(comm); /* answers stall queries from here on (fault/stall_job.c) */
   if (res == CH_OK)
-    INFO(LOG_INIT, "rank %d: init done in %.2f ms", comm->rank, (double)(ut_now_ns() - t0) / 1e6);
+    INFO(LOG_INIT, "rank %d: init done in %.2f ms", comm->rank, (double)(ut_now_ns() - t0) / UT_NS_PER_MS);
   log_set_error_sink(prev_sink); /* before init_state: a waiter may free comm once it is set */
   atomic_store(&comm->init_state, res == CH_ABORTED ? (int)ncclInvalidUsage : (int)res);
   return res;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "../misc/log.h"
+#include "../misc/utils.h"
 #include "cudrv.h"
 
 struct job {
@@ -62,7 +63,7 @@ static void at_exit(void) { /* what is still queued is the process's to give bac
 }
 static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 static void install_hooks(void) {
-  pthread_atfork(at_prepare, at_parent, at_child);
+  ut_atfork_register(at_prepare, at_parent, at_child);
   atexit(at_exit);
 }
 

@@ -13,6 +13,7 @@
 
 #include "../misc/log.h"
 #include "../misc/param.h"
+#include "../misc/utils.h"
 #include "../comm/work.h"
 #include "../tune/tune.h"
 #include "../observe/observe.h"
@@ -43,7 +44,7 @@ static const char* const wait_what[STALL_WAIT_COUNT] = {
 void stall_report(const struct ch_plan* pl, double idle_s, int on_request) {
   const struct ncclComm* comm = pl->comm;
   int reported = 0;
-  stall_note_plan(pl, (uint64_t)(idle_s * 1e9), !on_request); /* our own record, current */
+  stall_note_plan(pl, (uint64_t)(idle_s * UT_NS_PER_S), !on_request); /* our own record, current */
   for (int l = 0; l < pl->nlanes; l++) {
     const struct ch_lane* ln = &pl->lanes[l];
     if (ln->cur >= ln->nops) continue;

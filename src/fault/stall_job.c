@@ -25,8 +25,8 @@
 #include "../observe/observe.h"
 #include "stall.h"
 
-#define STALL_NOTE_AFTER_NS 10000000ull   /* a plan idle this long publishes what it waits for */
-#define STALL_NOTE_EVERY_NS 100000000ull  /* and refreshes it this often */
+#define STALL_NOTE_AFTER_NS (10 * UT_NS_PER_MS)  /* a plan idle this long publishes what it waits for */
+#define STALL_NOTE_EVERY_NS (100 * UT_NS_PER_MS) /* and refreshes it this often */
 #define STALL_GATHER_NS (2ull * UT_NS_PER_S) /* a report asks other processes for at most this long */
 #define STALL_ASK_NS UT_NS_PER_S        /* and one process for at most this long */
 

@@ -26,7 +26,6 @@
 #include "gpu.h"
 
 enum { STOP_NO = 0, STOP_DRAIN = 1, STOP_NOW = 2 };
-struct cp_ipc { uint64_t id, peer_base; uintptr_t base; size_t size; };
 struct cp_slot { int src, dst; uint32_t k; int used; };
 
 struct gpu_copier {
@@ -39,7 +38,7 @@ struct gpu_copier {
   int n;
   uint32_t* next;           /* [n*n]: the pair's last call taken */
   cudaStream_t* st;         /* [n*n]: the pair's stream, made when first needed */
-  struct cp_ipc (*ipc)[GPU_IPC_CACHE]; /* [n]: peers' allocations mapped here */
+  struct gpu_ipc (*ipc)[GPU_IPC_CACHE]; /* [n]: peers' allocations mapped here */
   struct dev_table* tab;    /* [GPU_SLOTS] mapped pinned memory: the kernels' tables */
   void* tab_dev;
   void* stage_dev;          /* [GPU_SLOTS] struct dev_staged */
@@ -71,41 +70,17 @@ static ch_status stopped(struct gpu_copier* cp) {
   return CH_OK;
 }
 
-/* Rank r's allocation `d` mapped in this process, kept in the copier's cache for r (an entry is closed
- * only while no copy is in flight). */
+static int no_copy_in_flight(void* cp, const struct gpu_ipc* e) { return (void)e, !in_flight(cp); }
+
+/* Rank r's allocation `d` mapped in this process, kept in the copier's cache for r. An entry serves
+ * copies on several pairs, which end in any order: one is closed only when no copy at all is in flight
+ * (rare: the cache is full, or an address was reused). */
 static ch_status map_peer(struct gpu_copier* cp, int r, const struct gpu_buf_desc* d,
                           uintptr_t* base, size_t* size) {
-  struct gpu_comm* g = cp->g;
-  struct cp_ipc* cache = cp->ipc[r];
-  struct cp_ipc* e = NULL;
-  for (int i = 0; i < GPU_IPC_CACHE && !e; i++)
-    if (cache[i].base && cache[i].id == d->id) e = &cache[i];
-  if (!e) {
-    for (int i = 0; i < GPU_IPC_CACHE; i++) { /* an allocation at the same address was freed: close it */
-      struct cp_ipc* o = &cache[i];
-      if (o->base && o->peer_base == d->base && !in_flight(cp)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
-    }
-    for (int i = 0; i < GPU_IPC_CACHE && !e; i++)
-      if (!cache[i].base) e = &cache[i];
-    /* An entry serves copies on several pairs, which end in any order: one is closed only when no
-     * copy at all is in flight (rare: the cache is full, or an address was reused). */
-    for (int i = 0; i < GPU_IPC_CACHE && !e && !in_flight(cp); i++) e = &cache[i];
-    if (!e) {
-      WARN("rank 0: sends in flight between other ranks use more than %d buffers of rank %d: wait for some "
-           "(synchronise the stream)", GPU_IPC_CACHE, r);
-      return CH_INVALID_USAGE;
-    }
-    if (e->base) gpu_ipc_close(g->ctx, e->base), e->base = 0;
-    uintptr_t b = 0;
-    size_t sz = 0;
-    int cu = 0;
-    if (gpu_ipc_open(g->ctx, g->comm->peers[r].proc_nonce, d->id, &d->h, &b, &sz, &cu) != CH_OK) {
-      if (cu) WARN("rank 0: cannot open rank %d's device buffer through CUDA IPC: cuIpcOpenMemHandle: %s (%d)", r,
-                   cudrv_errstr(cu), cu);
-      return CH_SYSTEM;
-    }
-    e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz;
-  }
+  struct gpu_ipc_user u = {0, "sends in flight between other ranks", no_copy_in_flight, cp};
+  struct gpu_ipc* e;
+  ch_status s = gpu_ipc_get(cp->g, cp->ipc[r], r, d, &u, &e); /* it WARNs */
+  if (s != CH_OK) return s;
   *base = e->base, *size = e->size;
   return CH_OK;
 }
@@ -238,7 +213,7 @@ static int drained(struct gpu_copier* cp) {
     /* A thread rank of this process may be destroyed after rank 0 by the same thread (a loop over
      * the comms, as nccl-tests does): its calls are launched by then, and a post its bridge still
      * owes comes within moments, so 100 ms without work stands for it having left. */
-    if (g->same_proc[r] && ut_now_ns() - cp->last_work > 100000000ull) continue;
+    if (g->same_proc[r] && ut_now_ns() - cp->last_work > 100 * UT_NS_PER_MS) continue;
     if (p->pid_ns == comm->peers[0].pid_ns && p->pid > 0 && kill(p->pid, 0) != 0 && errno == ESRCH) continue;
     return 0;
   }
@@ -344,7 +319,7 @@ void gpu_copier_stop(struct gpu_comm* g) {
   struct gpu_copier* cp = g->copier;
   if (!cp) return;
   int aborted = __atomic_load_n(&g->comm->abort_flag, __ATOMIC_ACQUIRE);
-  cp->drain_until = ut_now_ns() + 10000000000ull; /* as long as destroy waits for its own streams */
+  cp->drain_until = ut_now_ns() + 10 * UT_NS_PER_S; /* as long as destroy waits for its own streams */
   atomic_store(&cp->stop, aborted ? STOP_NOW : STOP_DRAIN);
   if (cp->running) pthread_join(cp->th, NULL);
   cp->running = 0;

@@ -259,6 +259,19 @@ int gpu_unfinished(struct gpu_comm* g, uint32_t* oldest);
 ch_status gpu_ipc_open(void* ctx, uint64_t nonce, uint64_t id, const cudev_ipc_handle* h, uintptr_t* base,
                        size_t* size, int* cu); /* *cu: the driver's refusal (CUresult), said by the caller */
 void gpu_ipc_close(void* ctx, uintptr_t base);
+/* Who looks up a cache of GPU_IPC_CACHE entries (one per peer), and when one of its entries may be
+ * closed: a copier closes one only while no copy at all is in flight, a rank once the calls that used
+ * it have finished. */
+struct gpu_ipc_user {
+  int rank;         /* named in the WARNs */
+  const char* busy; /* what holds the entries when none may go ("calls in flight") */
+  int (*idle)(void* arg, const struct gpu_ipc* e);
+  void* arg;
+};
+/* Peer r's allocation d mapped here: its entry in `cache`, opened (and the least recently used idle
+ * entry closed) when not there yet. The cache's owner thread only. */
+ch_status gpu_ipc_get(struct gpu_comm* g, struct gpu_ipc* cache, int r, const struct gpu_buf_desc* d,
+                      const struct gpu_ipc_user* u, struct gpu_ipc** out);
 
 /* Tests: start this rank's call numbers at base (before its first call on device buffers), to
  * cross the 32-bit wrap. Every rank of the communicator must do it alike. */

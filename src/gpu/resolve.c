@@ -41,38 +41,23 @@ static int ipc_idle(struct gpu_comm* g, const struct gpu_ipc* e, uint32_t now) {
                      e->last_seq);
 }
 
+struct idle_at {
+  struct gpu_comm* g;
+  uint32_t now;
+};
+static int idle_at(void* arg, const struct gpu_ipc* e) {
+  const struct idle_at* a = arg;
+  return ipc_idle(a->g, e, a->now);
+}
+
 /* Peer r's allocation `d` mapped here (opened once, kept in r's cache). */
 static ch_status ipc_get(struct gpu_comm* g, int r, const struct gpu_buf_desc* d, uint32_t seq, int pin,
                          uintptr_t* base, size_t* size) {
-  struct gpu_ipc* cache = g->ipc[r];
-  struct gpu_ipc* e = NULL;
-  for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
-    if (cache[k].base && cache[k].id == d->id) e = &cache[k];
-  if (!e) {
-    for (int k = 0; k < GPU_IPC_CACHE; k++) { /* an allocation at the same address was freed: close it */
-      struct gpu_ipc* o = &cache[k];
-      if (o->base && o->peer_base == d->base && ipc_idle(g, o, seq)) gpu_ipc_close(g->ctx, o->base), o->base = 0;
-    }
-    for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
-      if (!cache[k].base) e = &cache[k];
-    for (int k = 0; k < GPU_IPC_CACHE && (!e || e->base); k++) /* else the least recently used idle one */
-      if (!e || (ipc_idle(g, &cache[k], seq) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
-    if (e->base && !ipc_idle(g, e, seq)) {
-      WARN("rank %d: calls in flight use more than %d buffers of rank %d: wait for some (synchronise the stream)",
-           g->rank, GPU_IPC_CACHE, r);
-      return CH_INVALID_USAGE;
-    }
-    if (e->base) gpu_ipc_close(g->ctx, e->base), e->base = 0;
-    uintptr_t b = 0;
-    size_t sz = 0;
-    int cu = 0;
-    if (gpu_ipc_open(g->ctx, g->comm->peers[r].proc_nonce, d->id, &d->h, &b, &sz, &cu) != CH_OK) {
-      if (cu) WARN("rank %d: cannot open rank %d's device buffer through CUDA IPC: cuIpcOpenMemHandle: %s (%d)", g->rank,
-                   r, cudrv_errstr(cu), cu);
-      return CH_SYSTEM;
-    }
-    e->id = d->id, e->peer_base = d->base, e->base = b, e->size = sz, e->pinned = 0;
-  }
+  struct idle_at at = {g, seq};
+  struct gpu_ipc_user u = {g->rank, "calls in flight", idle_at, &at};
+  struct gpu_ipc* e;
+  ch_status s = gpu_ipc_get(g, g->ipc[r], r, d, &u, &e); /* it WARNs */
+  if (s != CH_OK) return s;
   e->pinned |= pin;
   if (!pin) e->last_seq = seq;
   *base = e->base, *size = e->size;

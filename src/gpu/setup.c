@@ -594,7 +594,7 @@ void gpu_free(struct ncclComm* comm) {
   int aborted = __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE);
   /* Destroy waits (a while) for the streams, as NCCL's does; an abort never waits for a stream. */
   uint64_t t0 = ut_now_ns();
-  for (uint64_t i = 0; !aborted && !all_done(g) && ut_now_ns() - t0 < 10000000000ull; i++) ut_backoff(i);
+  for (uint64_t i = 0; !aborted && !all_done(g) && ut_now_ns() - t0 < 10 * UT_NS_PER_S; i++) ut_backoff(i);
   if (g->seg) atomic_store_explicit(&g->seg->w[g->rank].left, 1, memory_order_release);
   gpu_copier_stop(g); /* rank 0: the copies between other ranks (their calls are done, or they fail) */
   gpu_watch_remove(g); /* it may have let the streams through meanwhile; now before anything goes */

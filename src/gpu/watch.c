@@ -65,8 +65,8 @@ static void look(struct gpu_comm* g, uint64_t now) {
   uint64_t timeout = atomic_load_explicit(&comm->timeout_ns, memory_order_relaxed);
   if (!g->watch_fired && timeout && now - g->watch_since > timeout) {
     WARN("rank %d: call #%u on device buffers has not finished on its CUDA stream for %.0f s (a peer's stream "
-         "never reached it, or work queued before it never ended): failing it (CHORUS_TIMEOUT)", g->rank, oldest,
-         (double)(now - g->watch_since) / 1e9);
+         "never reached it, or work queued before it never ended): failing it (CHORUS_TIMEOUT)",
+         g->rank, oldest, (double)(now - g->watch_since) / UT_NS_PER_S);
     fail(g, CH_TIMEOUT);
   }
   log_set_error_sink(prev);
@@ -76,7 +76,7 @@ static void* watch_main(void* arg) {
   (void)arg;
   log_set_thread_rank(-1);
   for (;;) {
-    struct timespec ts = {0, 100 * 1000 * 1000};
+    struct timespec ts = {0, (long)(100 * UT_NS_PER_MS)};
     nanosleep(&ts, NULL);
     pthread_mutex_lock(&watch_mu);
     uint64_t now = ut_now_ns();
@@ -96,7 +96,7 @@ static void at_child(void) {
   watched = NULL; /* the parent's communicators are not the child's to watch */
 }
 static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
-static void install_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void install_hooks(void) { ut_atfork_register(at_prepare, at_parent, at_child); }
 
 void gpu_watch_add(struct gpu_comm* g) {
   pthread_once(&hooks_once, install_hooks);

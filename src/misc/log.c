@@ -246,3 +246,16 @@ const char* log_sink_text(struct log_err_sink* s) {
 }
 
 void log_set_thread_rank(int rank) { thread_rank = rank; }
+
+void log_plugin_v(const char* who, int trace_as, int level, unsigned long flags, const char* file, int line,
+                  const char* fmt, va_list ap) {
+  if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0) log_init();
+  int have = __atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE);
+  int warn = level == LOG_WARN || level == LOG_ABORT;
+  if (!warn && level != LOG_INFO && level != LOG_TRACE) return; /* NONE, VERSION */
+  if (!warn && (have < level || !(__atomic_load_n(&log_mask, __ATOMIC_RELAXED) & (unsigned)flags))) return;
+  char buf[1024];
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  int lvl = warn ? LOG_WARN : level == LOG_TRACE ? trace_as : LOG_INFO;
+  log_msg(lvl, warn ? (unsigned)LOG_ALL : (unsigned)flags, file ? file : who, line, "%s", buf);
+}

@@ -3,6 +3,7 @@
 #define CH_LOG_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <string.h>
 
 enum log_level { LOG_NONE = 0, LOG_VERSION = 1, LOG_WARN = 2, LOG_INFO = 3, LOG_ABORT = 4, LOG_TRACE = 5 };
@@ -24,6 +25,12 @@ void log_init(void);
 void log_reset(void);
 void log_msg(int level, unsigned subsys, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* The body of the logger NCCL hands its plugins (ncclDebugLogger_t; level: NCCL's ncclDebugLogLevel,
+ * whose values are log_level's): a plugin's WARN (and ABORT) lines always go where Chorus's go, its INFO
+ * and TRACE lines when NCCL_DEBUG and NCCL_DEBUG_SUBSYS ask for them, printed at trace_as (TRACE) or
+ * INFO; `who` names the source when the plugin gives no file. */
+void log_plugin_v(const char* who, int trace_as, int level, unsigned long flags, const char* file, int line,
+                  const char* fmt, va_list ap) __attribute__((format(printf, 7, 0)));
 /* Text of the most recent WARN, whether printed or not (ncclGetLastError). */
 const char* log_last_error(void);
 /* Per-communicator record of the last WARN (ncclGetLastError(comm)). A thread inside a call on a

@@ -291,7 +291,7 @@ ch_status sock_connect(const union sock_addr* addr, struct sock* out, const stru
     } else {
       if (retries >= max_retries) {
         WARN("connect to %s failed: %s (gave up after %d attempts in %.1f s)", sock_addr_str(addr, a, sizeof(a)),
-             strerror(err), attempts, (double)(ut_now_ns() - start) / 1e9);
+             strerror(err), attempts, (double)(ut_now_ns() - start) / UT_NS_PER_S);
         return CH_REMOTE;
       }
       retries++;

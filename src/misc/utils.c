@@ -64,7 +64,7 @@ ch_status ut_random(void* buf, size_t n) {
 static _Atomic uint64_t proc_nonce;
 static pthread_once_t proc_nonce_once = PTHREAD_ONCE_INIT;
 static void proc_nonce_child(void) { atomic_store(&proc_nonce, 0); }
-static void proc_nonce_hook(void) { pthread_atfork(NULL, NULL, proc_nonce_child); }
+static void proc_nonce_hook(void) { ut_atfork_register(NULL, NULL, proc_nonce_child); }
 
 uint64_t ut_proc_nonce(void) {
   pthread_once(&proc_nonce_once, proc_nonce_hook);
@@ -172,7 +172,7 @@ void ut_backoff(uint64_t iter) {
   }
   iter -= UT_YIELD_ITERS;
   /* Double every 8 sleeps: 1, 2, 4 ... 64 us. */
-  uint64_t ns = 1000ull << (iter / 8 < 6 ? iter / 8 : 6);
+  uint64_t ns = UT_NS_PER_US << (iter / 8 < 6 ? iter / 8 : 6);
   if (ns > UT_MAX_SLEEP_NS) ns = UT_MAX_SLEEP_NS;
   struct timespec ts = {0, (long)ns};
   nanosleep(&ts, NULL);

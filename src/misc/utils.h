@@ -35,6 +35,14 @@ void ut_backoff(uint64_t iter);
 #define UT_DIV_UP(a, b) (((a) + (b)-1) / (b))
 #define UT_ALIGN_UP(a, b) (UT_DIV_UP(a, b) * (b))
 
+/* Fork hooks, the one policy for every subsystem (misc/atfork.c): a subsystem registers its hooks
+ * once, here, never with pthread_atfork itself. One pthread_atfork call installs a table whose rows run
+ * as pthread_atfork runs its own: prepare hooks in reverse registration order (the last registered
+ * locks first), parent and child hooks in registration order. A prepare hook takes the subsystem's
+ * locks so that the child inherits none held by a thread it lacks; the child hook resets what belongs
+ * to threads or descriptors of the parent, and unlocks. Any hook may be NULL. Any thread. */
+void ut_atfork_register(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+
 /* Time units: clocks here count nanoseconds (ut_now_ns); settings count seconds, ms or us. */
 #define UT_NS_PER_S 1000000000ull
 #define UT_NS_PER_MS 1000000ull

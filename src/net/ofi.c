@@ -61,7 +61,7 @@
 
 #define OFI_COMM_MAGIC 0x4f46494fu
 #define OFI_MH_MAGIC 0x4f46494du
-#define OFI_CLOSE_WAIT_NS 2000000000ull /* how long close waits for cancelled or unfinished operations */
+#define OFI_CLOSE_WAIT_NS (2 * UT_NS_PER_S) /* how long close waits for cancelled or unfinished operations */
 
 /* Connects in progress (found again by their handle on the next call), and comms whose operations
  * never finished at close (their memory stays: the provider may still write op contexts in it). */

@@ -14,6 +14,7 @@
 
 #include "../misc/log.h"
 #include "../misc/param.h"
+#include "../misc/utils.h"
 #include "ofi.h"
 
 #define OFI_CQ_BATCH 16  /* entries per fi_cq_read */
@@ -357,7 +358,7 @@ static void ofi_init_once(void) {
   if (ofi_choose(list) == 0) ofi_ok = 1;
   ofi_fn.freeinfo(list);
   if (ofi_ok) rma_upgrade();
-  if (ofi_ok) pthread_atfork(NULL, NULL, ofi_at_child);
+  if (ofi_ok) ut_atfork_register(NULL, NULL, ofi_at_child);
 }
 
 /* A fork child must not use the parent's endpoints (their descriptors and provider state are shared

@@ -32,18 +32,10 @@ static char sel_warn[1024]; /* the WARN repeated by every failing call */
 static char sel_desc[1024]; /* ch_net_describe */
 
 void ch_net_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
-  if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0) log_init();
-  int have = __atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE);
-  int warn = level == NCCL_LOG_WARN || level == NCCL_LOG_ABORT;
-  if (!warn && level != NCCL_LOG_INFO && level != NCCL_LOG_TRACE) return; /* NONE, VERSION */
-  if (!warn && (have < (int)level || !(__atomic_load_n(&log_mask, __ATOMIC_RELAXED) & (unsigned)flags))) return;
-  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
+  log_plugin_v("net plugin", LOG_TRACE, (int)level, flags, file, line, fmt, ap);
   va_end(ap);
-  int lvl = warn ? LOG_WARN : level == NCCL_LOG_TRACE ? LOG_TRACE : LOG_INFO;
-  log_msg(lvl, warn ? (unsigned)LOG_ALL : (unsigned)flags, file ? file : "net plugin", line, "%s", buf);
 }
 
 /* Starts one candidate: init, devices, properties. 0 with *n filled, else -1 and why (n->ctx finalized). */

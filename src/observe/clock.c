@@ -15,14 +15,15 @@
 
 #define CLOCK_TAG ((1 << 29) + (1 << 28)) /* bootstrap tag of the exchanges (split.c uses 1 << 29 up) */
 #define CLOCK_ROUNDS 5
-#define CLOCK_MAX_OFFSET_NS (86400ll * 1000000000ll)
+#define CLOCK_MAX_OFFSET_NS (86400ll * (long long)UT_NS_PER_S)
 
 /* This process's realtime clock in ns, plus CHORUS_CLOCK_SKEW_US (a testing aid that makes a host's
  * clock look wrong, so that the alignment can be seen to remove it). */
 static uint64_t obs_real_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (uint64_t)(param_int(PARAM_CLOCK_SKEW_US) * 1000);
+  return (uint64_t)ts.tv_sec * UT_NS_PER_S + (uint64_t)ts.tv_nsec +
+         (uint64_t)(param_int(PARAM_CLOCK_SKEW_US) * (int64_t)UT_NS_PER_US);
 }
 
 int obs_tsc;
@@ -57,11 +58,11 @@ static double tick_rate(uint64_t* tick_now, uint64_t* mono_now) {
   for (;;) {
     uint64_t m0 = ut_now_ns(), t = obs_ticks(), m1 = ut_now_ns();
     uint64_t m = m0 + (m1 - m0) / 2;
-    if (m - mono0 >= 20000000ull && t > tsc0) {
+    if (m - mono0 >= 20 * UT_NS_PER_MS && t > tsc0) {
       *tick_now = t, *mono_now = m;
       return (double)(m - mono0) / (double)(t - tsc0);
     }
-    struct timespec ts = {0, 5000000};
+    struct timespec ts = {0, (long)(5 * UT_NS_PER_MS)};
     nanosleep(&ts, NULL); /* only a dump or trace in the first 20 ms of the process waits */
   }
 }
@@ -128,9 +129,10 @@ ch_status obs_clock_align(struct ncclComm* comm) {
   free(all);
   if (st == CH_OK) {
     char rtt[48] = ""; /* only the rank that measured knows the round trip */
-    if (best_rtt >= 0) snprintf(rtt, sizeof(rtt), ", round trip %.3f ms", (double)best_rtt / 1e6);
+    if (best_rtt >= 0) snprintf(rtt, sizeof(rtt), ", round trip %.3f ms", (double)best_rtt / UT_NS_PER_MS);
     INFO(LOG_INIT, "rank %d: clock %+.3f ms from rank 0's (measured by rank %d%s; alignment took %.2f ms)", me,
-         (double)comm->clock_offset_ns / 1e6, host_leader(comm, me), rtt, (double)(ut_now_ns() - t0) / 1e6);
+         (double)comm->clock_offset_ns / UT_NS_PER_MS, host_leader(comm, me), rtt,
+         (double)(ut_now_ns() - t0) / UT_NS_PER_MS);
   }
   return st;
 }

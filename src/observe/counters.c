@@ -72,7 +72,7 @@ size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t ca
         struct obs_ctr t;
         obs_counters(c, &t);
         uint64_t v = f == F_CALLS ? t.calls : f == F_BYTES ? t.bytes : f == F_WAIT ? t.wait_ns : t.errors;
-        if (fam[f].seconds) at = put(out, cap, at, "%s{%s} %.9f\n", fam[f].name, labels, (double)v / 1e9);
+        if (fam[f].seconds) at = put(out, cap, at, "%s{%s} %.9f\n", fam[f].name, labels, (double)v / UT_NS_PER_S);
         else at = put(out, cap, at, "%s{%s} %llu\n", fam[f].name, labels, (unsigned long long)v);
         continue;
       }
@@ -82,7 +82,8 @@ size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t ca
         obs_peer_counters(c, p, &pc);
         uint64_t v = f == F_PEER_SENT ? pc.sent : f == F_PEER_RECV ? pc.received : pc.wait_ns;
         if (!v) continue; /* peers this rank never talked to: a 1000-rank comm stays readable */
-        if (fam[f].seconds) at = put(out, cap, at, "%s{%s,peer=\"%d\"} %.9f\n", fam[f].name, labels, p, (double)v / 1e9);
+        if (fam[f].seconds)
+          at = put(out, cap, at, "%s{%s,peer=\"%d\"} %.9f\n", fam[f].name, labels, p, (double)v / UT_NS_PER_S);
         else at = put(out, cap, at, "%s{%s,peer=\"%d\"} %llu\n", fam[f].name, labels, p, (unsigned long long)v);
       }
     }

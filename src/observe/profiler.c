@@ -27,6 +27,7 @@
 #include "../misc/log.h"
 #include "../misc/names.h"
 #include "../misc/param.h"
+#include "../misc/plugin.h"
 #include "../misc/utils.h"
 #include "../net/net.h"
 #include "observe.h"
@@ -37,9 +38,8 @@ struct prof_lib {
   int version;       /* 6 or 5 */
   const void* iface; /* ncclProfiler_v6_t or _v5_t */
   const char* name;
-  char value[512]; /* NCCL_PROFILER_PLUGIN it was loaded for */
   char path[512];  /* what dlopen accepted */
-  int refs;        /* communicators using it (under mu) */
+  int refs;        /* communicators using it (under once.mu) */
 };
 
 /* One call's events in the plan now running (see prof_comm). */
@@ -74,29 +74,16 @@ struct prof_comm {
  * taken at each call gates that call's. */
 static int prof_mask;
 
-/* Process-wide: the loaded plugin and the last value that failed to load (reported once), under mu. */
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct prof_lib* loaded;
-static char failed_value[512];
-static int failed_valid;
+/* Process-wide: the loaded plugin and the last value that failed to load (reported once). */
+static struct plugin_once once = PLUGIN_ONCE_INIT("NCCL_PROFILER_PLUGIN", "profiler");
 
 int prof_candidates(const char* value, char out[2][512]) { return ut_plugin_names("profiler", value, out); }
 
-static struct prof_lib* load(const char* value) {
-  char cand[2][512], err[2][256] = {"", ""};
+static void* load(const char* value, char path[512]) {
+  char cand[2][512];
   int n = prof_candidates(value, cand), k = 0;
-  void* dl = ut_plugin_open(cand, n, &k, err);
-  if (!dl) {
-    if (!*value) /* the default name: its absence is normal */
-      INFO(LOG_INIT | LOG_PROFILE, "no profiler plugin (%s: %s)", cand[0], err[0]);
-    else if (n == 2)
-      WARN("NCCL_PROFILER_PLUGIN=%s: could not load %s (%s) nor %s (%s); continuing without a profiler plugin",
-           value, cand[0], err[0], cand[1], err[1]);
-    else
-      WARN("NCCL_PROFILER_PLUGIN=%s: could not load %s (%s); continuing without a profiler plugin", value, cand[0],
-           err[0]);
-    return NULL;
-  }
+  void* dl = plugin_open_logged(&once, LOG_INIT | LOG_PROFILE, value, cand, n, &k);
+  if (!dl) return NULL;
   const void* iface = dlsym(dl, "ncclProfiler_v6");
   int version = 6;
   if (!iface) iface = dlsym(dl, "ncclProfiler_v5"), version = 5;
@@ -120,8 +107,8 @@ static struct prof_lib* load(const char* value) {
     return NULL;
   }
   p->dl = dl, p->version = version, p->iface = iface, p->name = t->name;
-  snprintf(p->value, sizeof(p->value), "%.511s", value);
   snprintf(p->path, sizeof(p->path), "%.511s", cand[k]);
+  snprintf(path, 512, "%s", cand[k]);
   INFO(LOG_INIT | LOG_PROFILE, "PROFILER/Plugin: Loaded %s (v%d) from %s", p->name, version, cand[k]);
   return p;
 }
@@ -136,30 +123,21 @@ static struct prof_lib* get_lib(int ref) {
     return NULL;
   }
   if (prof_candidates(value, cand) == 0) return NULL;
-  pthread_mutex_lock(&mu);
-  struct prof_lib* p = NULL;
-  if (loaded && strcmp(loaded->value, value) == 0) {
-    p = loaded;
-  } else if (loaded) {
-    WARN("NCCL_PROFILER_PLUGIN=%s: this process already uses profiler plugin %s (NCCL_PROFILER_PLUGIN=%s); "
-         "this communicator goes without one", value, loaded->path, loaded->value);
-  } else if (!(failed_valid && strcmp(failed_value, value) == 0)) {
-    p = loaded = load(value);
-    if (!p) snprintf(failed_value, sizeof(failed_value), "%s", value), failed_valid = 1;
-  }
+  pthread_mutex_lock(&once.mu);
+  struct prof_lib* p = plugin_once_get(&once, value, load);
   if (p && ref) p->refs++;
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&once.mu);
   return p;
 }
 
 static void put_ref(struct prof_lib* p) {
-  pthread_mutex_lock(&mu);
+  pthread_mutex_lock(&once.mu);
   if (--p->refs == 0) { /* as NCCL: the library goes with the last communicator */
-    if (loaded == p) loaded = NULL;
+    plugin_once_forget(&once, p);
     dlclose(p->dl);
     free(p);
   }
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&once.mu);
 }
 
 int prof_wanted(void) { return get_lib(0) != NULL; }

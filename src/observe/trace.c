@@ -23,6 +23,7 @@
 #include "../misc/names.h"
 #include "../misc/param.h"
 #include "../misc/safefile.h"
+#include "../misc/utils.h"
 #include "../transport/transport.h"
 #include "observe.h"
 
@@ -98,7 +99,7 @@ struct obs_trace* trace_open(struct ncclComm* comm) {
   struct obs_timebase tb;
   obs_timebase(comm, &tb);
   uint64_t now = obs_job_ns(&tb, obs_ticks());
-  t->base_ns = now - now % 1000000000000ull; /* a round 1000 s: small numbers in the file, same on most ranks */
+  t->base_ns = now - now % (1000 * UT_NS_PER_S); /* a round 1000 s: small numbers in the file, same on most ranks */
   t->pid = trace_pid(comm);
   const struct boot_rank_info* me = &comm->peers[comm->rank];
   char name[160];
@@ -126,7 +127,7 @@ static int64_t rel_ns(const struct obs_trace* t, const struct obs_timebase* tb, 
 static const char* us_text(int64_t ns, char* buf, size_t len) {
   const char* sign = ns < 0 ? "-" : "";
   uint64_t a = ns < 0 ? (uint64_t)-ns : (uint64_t)ns;
-  snprintf(buf, len, "%s%llu.%03u", sign, (unsigned long long)(a / 1000), (unsigned)(a % 1000));
+  snprintf(buf, len, "%s%llu.%03u", sign, (unsigned long long)(a / UT_NS_PER_US), (unsigned)(a % UT_NS_PER_US));
   return buf;
 }
 

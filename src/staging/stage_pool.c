@@ -114,7 +114,7 @@ struct pin_block* block_get(struct ncclComm* comm, struct stage_comm* sc, size_t
     }
     uint64_t now = ut_now_ns();
     if (!t0) t0 = now;
-    if (!noted && now - t0 > 10000000000ull) {
+    if (!noted && now - t0 > 10 * UT_NS_PER_S) {
       noted = 1;
       INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for the CUDA streams to finish earlier calls "
            "and hand pinned memory back (CHORUS_CUDA_STAGING_MAX_BYTES=%lld in use)", comm->rank,

@@ -402,16 +402,17 @@ static void gate_wait(void* arg, struct ch_plan** plans, int n) {
     uint64_t waited = ut_now_ns() - t0;
     if (fail == CH_OK && waited > timeout) {
       WARN("rank %d: a call on device buffers waited %.0f s for its CUDA stream to reach it (%d of %d streams "
-           "there): failing it (CHORUS_TIMEOUT)", plans[0]->comm->rank, (double)waited / 1e9, g->arrived, g->expected);
+           "there): failing it (CHORUS_TIMEOUT)",
+           plans[0]->comm->rank, (double)waited / UT_NS_PER_S, g->arrived, g->expected);
       fail = CH_TIMEOUT;
     }
     if (fail != CH_OK) break;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100000000;
+    ts.tv_nsec += (long)(100 * UT_NS_PER_MS);
     if (ts.tv_nsec >= (long)UT_NS_PER_S) ts.tv_sec++, ts.tv_nsec -= (long)UT_NS_PER_S;
     pthread_cond_timedwait(&g->cv, &g->mu, &ts);
-    if (!said && ut_now_ns() - t0 > 10000000000ull) {
+    if (!said && ut_now_ns() - t0 > 10 * UT_NS_PER_S) {
       said = 1;
       INFO(LOG_COLL, "rank %d: a call on device buffers has waited 10 s for its CUDA stream to reach it (%d of %d "
            "streams there)", plans[0]->comm->rank, g->arrived, g->expected);

@@ -27,6 +27,7 @@
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "fabric.h"
+#include "progress.h"
 
 #define DRAIN_TIMEOUT_NS (30ull * UT_NS_PER_S) /* a closing sender flushes posted steps this long */
 #define BYE_TIMEOUT_NS (1000ull * UT_NS_PER_MS)    /* and waits this long for its goodbye to leave */
@@ -38,14 +39,11 @@
 #define PROBE_EVERY_NS (3000ull * UT_NS_PER_MS)    /* then check the peer's process this often */
 #define PROBE_PASS_NS (100ull * UT_NS_PER_MS)      /* liveness bookkeeping runs this often */
 
-static struct {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  int running;                /* lock: the thread exists (it clears this itself when it exits) */
-  struct fab_conn* incoming;  /* lock: registered, not yet taken */
-  struct fab_conn* conns;     /* the thread's list (taken under lock, walked by the thread only) */
-} fx = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, NULL, NULL};
-static _Atomic int fx_changes;       /* registrations or closings wait for the thread's next pass */
+static void* fab_main(void* arg);
+static void at_child(void);
+/* The thread, its records (fx.list: the thread's) and their hand-over; changes: registrations or
+ * closings wait for the thread's next pass. */
+static struct progress fx = PROGRESS_INIT(struct fab_conn, fab_main, at_child);
 static _Atomic int fx_relay;         /* a link failed: the thread tells the others of its communicator */
 static _Atomic uint32_t fx_word;     /* futex the thread sleeps on; kicks bump it */
 static _Atomic int fx_sleeping;
@@ -72,19 +70,8 @@ static const char* res_str(ncclResult_t r) {
   }
 }
 
-/* A fork child has no progress thread: it forgets the parent's records (their communicators are
- * unusable there) and starts over at its next registration. */
-static void at_prepare(void) { pthread_mutex_lock(&fx.lock); }
-static void at_parent(void) { pthread_mutex_unlock(&fx.lock); }
-static void at_child(void) {
-  pthread_cond_init(&fx.cond, NULL); /* a parent's waiter has no thread here */
-  fx.running = 0, fx.incoming = fx.conns = NULL;
-  atomic_store(&fx_changes, 0);
-  atomic_store(&fx_sleeping, 0);
-  pthread_mutex_unlock(&fx.lock);
-}
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-static void install_fork_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+/* A fork child has no progress thread (progress.c forgets the parent's records). */
+static void at_child(void) { atomic_store(&fx_sleeping, 0); }
 
 void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r) {
   int st = atomic_load_explicit(&n->state, memory_order_relaxed);
@@ -114,10 +101,10 @@ void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r) {
  * it lost (a peer-lost poison record), so they fail now instead of at their timeout. */
 static void relay_failures(void) {
   if (!atomic_exchange(&fx_relay, 0)) return;
-  for (struct fab_conn* f = fx.conns; f; f = f->next) {
+  for (struct fab_conn* f = fx.list; f; f = f->next) {
     if (atomic_load(&f->state) != FAB_FAILED) continue;
     struct xfer_poison rec = {.finder = f->rank, .other = f->peer, .kind = XFER_PEER_LOST};
-    for (struct fab_conn* n = fx.conns; n; n = n->next)
+    for (struct fab_conn* n = fx.list; n; n = n->next)
       if (n != f && n->async_err == f->async_err && n->is_send && atomic_load(&n->state) == FAB_BOUND)
         xfer_poison_put(&n->ctrl->down, &rec);
   }
@@ -435,7 +422,7 @@ static void probe_all(void) {
   uint64_t now = ut_now_ns();
   if (now - last < PROBE_PASS_NS) return;
   last = now;
-  for (struct fab_conn* n = fx.conns; n; n = n->next) probe(n, now);
+  for (struct fab_conn* n = fx.list; n; n = n->next) probe(n, now);
 }
 
 int fab_poll(struct fab_conn* n) {
@@ -469,7 +456,8 @@ void tp_fab_post(_Atomic uint64_t* word, uint32_t how) {
 
 /* Let a closing record go (under fx.lock, thread only): a sender first flushes what its rank posted
  * and says goodbye, unless aborted or the link is gone. 0 while it must stay. */
-static int let_go(struct fab_conn* n, uint64_t now) {
+static int let_go(void* rec, uint64_t now) {
+  struct fab_conn* n = rec;
   while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) sched_yield();
   int keep = 0;
   int aborted = __atomic_load_n(n->abort, __ATOMIC_RELAXED);
@@ -560,48 +548,25 @@ static int let_go(struct fab_conn* n, uint64_t now) {
 
 /* Take new records, release closing ones. 1 when the thread must exit (nothing left). */
 static int sync_lists(void) {
-  pthread_mutex_lock(&fx.lock);
-  atomic_store(&fx_changes, 0);
-  while (fx.incoming) {
-    struct fab_conn* n = fx.incoming;
-    fx.incoming = n->next;
-    n->next = fx.conns;
-    fx.conns = n;
-  }
-  int draining = 0, released = 0;
-  uint64_t now = ut_now_ns();
-  for (struct fab_conn** pp = &fx.conns; *pp;) {
-    struct fab_conn* n = *pp;
-    if (n->closing && let_go(n, now)) {
-      *pp = n->next;
-      n->released = 1;
-      released = 1;
-    } else {
-      draining |= n->closing;
-      pp = &n->next;
-    }
-  }
-  int exiting = !fx.conns;
-  if (exiting) fx.running = 0;
-  if (released || exiting) pthread_cond_broadcast(&fx.cond);
+  int draining;
+  int exiting = progress_sync(&fx, NULL, let_go, NULL, &draining);
   fx_draining = draining; /* look again at the next pass (the thread's own flag: it still sleeps briefly) */
-  pthread_mutex_unlock(&fx.lock);
   return exiting;
 }
 
 static void* fab_main(void* arg) {
   (void)arg;
-  uint64_t spin_ns = (uint64_t)param_int(PARAM_FABRIC_SPIN_US) * 1000, idle_since = 0;
+  uint64_t spin_ns = (uint64_t)param_int(PARAM_FABRIC_SPIN_US) * UT_NS_PER_US, idle_since = 0;
   long sleep_us = 1;
   for (;;) {
     /* Before the pass: a kick that lands during it (a post the pass may have missed) must cut the
      * sleep that follows. */
     uint32_t seen = atomic_load_explicit(&fx_word, memory_order_acquire);
-    if ((fx_draining || atomic_load_explicit(&fx_changes, memory_order_acquire)) && sync_lists()) break;
+    if ((fx_draining || atomic_load_explicit(&fx.changes, memory_order_acquire)) && sync_lists()) break;
     relay_failures();
     probe_all();
     int did = 0;
-    for (struct fab_conn* n = fx.conns; n; n = n->next) {
+    for (struct fab_conn* n = fx.list; n; n = n->next) {
       if (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) continue; /* a rank moves it now */
       did |= progress(n);
       atomic_store_explicit(&n->busy, 0, memory_order_release);
@@ -618,8 +583,8 @@ static void* fab_main(void* arg) {
     }
     atomic_store(&fx_sleeping, 1);
     atomic_thread_fence(memory_order_seq_cst);
-    if (!atomic_load(&fx_changes) && atomic_load(&fx_word) == seen) {
-      struct timespec ts = {0, sleep_us * 1000};
+    if (!atomic_load(&fx.changes) && atomic_load(&fx_word) == seen) {
+      struct timespec ts = {0, sleep_us * (long)UT_NS_PER_US};
       syscall(SYS_futex, (uint32_t*)&fx_word, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
     }
     atomic_store(&fx_sleeping, 0);
@@ -628,7 +593,7 @@ static void* fab_main(void* arg) {
     } else {
       int waits = fx_draining;
       uint64_t t = ut_now_ns();
-      for (struct fab_conn* n = fx.conns; n && !waits; n = n->next) waits = rank_waits(n, t);
+      for (struct fab_conn* n = fx.list; n && !waits; n = n->next) waits = rank_waits(n, t);
       long cap = waits ? ACTIVE_SLEEP_US : IDLE_SLEEP_US;
       sleep_us = sleep_us * 2 < cap ? sleep_us * 2 : cap;
     }
@@ -637,35 +602,21 @@ static void* fab_main(void* arg) {
 }
 
 ch_status fab_register(struct fab_conn* n) {
-  pthread_once(&fork_once, install_fork_hooks);
-  pthread_mutex_lock(&fx.lock);
-  if (!fx.running) {
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    int e = pthread_create(&t, &a, fab_main, NULL);
-    pthread_attr_destroy(&a);
-    if (e != 0) {
-      pthread_mutex_unlock(&fx.lock);
-      WARN("rank %d: cannot start the fabric progress thread: %s", n->rank, strerror(e));
-      return CH_SYSTEM;
-    }
-    fx.running = 1;
+  progress_lock(&fx);
+  int e = progress_running_locked(&fx) ? 0 : progress_start_locked(&fx);
+  if (e != 0) {
+    pthread_mutex_unlock(&fx.lock);
+    WARN("rank %d: cannot start the fabric progress thread: %s", n->rank, strerror(e));
+    return CH_SYSTEM;
   }
-  n->next = fx.incoming;
-  fx.incoming = n;
-  atomic_store(&fx_changes, 1);
+  progress_add_locked(&fx, n);
   pthread_mutex_unlock(&fx.lock);
   fab_kick();
   return CH_OK;
 }
 
 void fab_closing(struct fab_conn* n) {
-  pthread_mutex_lock(&fx.lock);
-  n->closing = 1;
-  atomic_store(&fx_changes, 1);
-  pthread_mutex_unlock(&fx.lock);
+  progress_closing(&fx, n);
   fab_kick();
 }
 
@@ -676,11 +627,7 @@ int fab_unregister(struct fab_conn* n) {
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += 60;
-  pthread_mutex_lock(&fx.lock);
-  int e = 0;
-  while (!n->released && e != ETIMEDOUT) e = pthread_cond_timedwait(&fx.cond, &fx.lock, &until);
-  int released = n->released;
-  pthread_mutex_unlock(&fx.lock);
+  int released = progress_wait_released(&fx, n, &until);
   if (!released)
     WARN("rank %d: the fabric connection %s rank %d was not let go within 60 s (a network call that does not "
          "return?): leaving it behind", n->rank, dir(n), n->peer);

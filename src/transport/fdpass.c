@@ -69,7 +69,8 @@ static void sock_name(uint64_t nonce, struct sockaddr_un* a, socklen_t* len) {
 }
 
 static void set_timeouts(int s, int ms) {
-  struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+  uint64_t ns = (uint64_t)ms * UT_NS_PER_MS;
+  struct timeval tv = {(time_t)(ns / UT_NS_PER_S), (suseconds_t)(ns % UT_NS_PER_S / UT_NS_PER_US)};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
@@ -77,7 +78,7 @@ static void set_timeouts(int s, int ms) {
 /* Refused askers, one WARN per uid a minute (like sock_warn_reject): another user can connect as
  * often as it likes, and must not be able to flood the log. Server thread only. */
 #define REFUSED_SLOTS 8
-#define REFUSED_QUIET_NS 60000000000ull
+#define REFUSED_QUIET_NS (60 * UT_NS_PER_S)
 static struct {
   uid_t uid;
   uint64_t last;
@@ -220,7 +221,7 @@ static void at_child(void) {
   srv_live = 0;
   at_parent();
 }
-static void install_fork_hooks(void) { pthread_atfork(at_prepare, at_parent, at_child); }
+static void install_fork_hooks(void) { ut_atfork_register(at_prepare, at_parent, at_child); }
 
 __attribute__((destructor)) static void srv_unload(void) {
   pthread_mutex_lock(&srv_mu);

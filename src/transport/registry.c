@@ -34,7 +34,7 @@ static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 /* A fork child must not inherit the lock held by a thread that does not exist there. */
 static void at_prepare(void) { pthread_mutex_lock(&local_mu); }
 static void at_parent(void) { pthread_mutex_unlock(&local_mu); }
-static void install_fork_hooks(void) { pthread_atfork(at_prepare, at_parent, at_parent); }
+static void install_fork_hooks(void) { ut_atfork_register(at_prepare, at_parent, at_parent); }
 
 uint64_t tp_local_publish(void* mem, _Atomic int* refs) {
   pthread_once(&hooks_once, install_fork_hooks);

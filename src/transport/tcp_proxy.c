@@ -16,12 +16,12 @@
  * This file runs the thread: its epoll set, accepting and authenticating sockets, sleeping and
  * waking, and the records' lifetime; tcp_link.c moves each connection's bytes.
  *
- * Ownership: a record (struct tcp_conn) is built by a rank thread and handed over through
- * px.incoming; from then on only this thread touches its progress fields. Teardown (destroy or abort)
- * sets `closing` under px.lock and waits on px.cond until the proxy sets `released`, after which the
- * proxy never touches the record or its FIFO again and the rank frees both. The thread starts with the
- * first record, exits when none remain (the last unregistering thread joins it), and a forked child
- * starts afresh. */
+ * Ownership: a record (struct tcp_conn) is built by a rank thread and handed over through px.pg
+ * (progress.h); from then on only this thread touches its progress fields. Teardown (destroy or abort)
+ * sets `closing` under px.pg.lock and waits until the proxy sets `released`, after which the proxy
+ * never touches the record or its FIFO again and the rank frees both. The thread starts with the first
+ * record, exits when none remain (the last unregistering thread joins it), and a forked child starts
+ * afresh. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stddef.h>
@@ -40,6 +40,7 @@
 #include "../misc/param.h"
 #include "../misc/sha256.h"
 #include "../misc/utils.h"
+#include "progress.h"
 #include "tcp.h"
 
 #define MAX_ACCEPTS 256 /* sockets accepted and still authenticating (a large job's burst fits) */
@@ -60,28 +61,23 @@ struct pending { /* an accepted socket that has not authenticated yet (proxy thr
   struct tcp_hello h;
 };
 
-enum { PX_NONE, PX_RUNNING, PX_EXITED };
+static void* proxy_main(void* arg);
+static void take(void* rec);
+static void atfork_child(void);
 
-/* Fields under px.lock unless marked "proxy". */
+/* Fields under px.pg.lock unless marked "proxy". */
 static struct {
-  pthread_mutex_t lock;
-  pthread_cond_t cond; /* a record was released, or the thread exited */
-  int state;           /* PX_* */
-  pthread_t thread;
-  struct tcp_conn* incoming; /* registered, not yet taken by the proxy */
+  struct progress pg;        /* the thread, its records (pg.list: proxy) and their hand-over */
   struct sock listener;      /* made by the registering thread; closed by the proxy when it exits */
   int epfd;                  /* process lifetime (recreated in a forked child) */
-  struct tcp_conn* conns;    /* proxy */
   struct pending acc[MAX_ACCEPTS]; /* proxy; fd -1: free */
   int nacc;                        /* proxy */
-} px = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .listener = {.fd = -1}, .epfd = -1};
+} px = {.pg = PROGRESS_INIT(struct tcp_conn, proxy_main, atfork_child), .listener = {.fd = -1}, .epfd = -1};
 static _Atomic int px_evfd = -1;  /* eventfd: any thread may write it */
-static _Atomic int px_changes;    /* incoming or closing records wait in sync_lists */
 static _Atomic int px_sleeping;   /* the proxy is (about to be) blocked in epoll_wait */
 static int accept_blocked;        /* proxy (reset before it starts): connections wait in the backlog */
 static uint64_t accept_retry_at;  /* proxy: when a blocked accept is tried again (0: once a slot frees) */
 static int accept_warned;         /* proxy: said why accepts wait (out of descriptors); 0 after one succeeds */
-static pthread_once_t px_once = PTHREAD_ONCE_INIT;
 
 void tp_proxy_kick(void) {
   int fd = atomic_load_explicit(&px_evfd, memory_order_relaxed);
@@ -89,11 +85,8 @@ void tp_proxy_kick(void) {
   if (fd >= 0 && write(fd, &one, sizeof(one)) < 0) { /* EAGAIN: a wake-up is pending anyway */ }
 }
 
-static void atfork_prepare(void) { pthread_mutex_lock(&px.lock); }
-static void atfork_parent(void) { pthread_mutex_unlock(&px.lock); }
-/* The child has no proxy thread: forget the parent's records (its communicators are unusable there),
- * close what is shared with the parent and let the next registration start over. px.lock is held
- * (atfork_prepare), so no record was half-way through a change. */
+/* The child has no proxy thread (progress.c forgets the records): close what is shared with the
+ * parent and let the next registration start over. px.pg.lock is held. */
 static void atfork_child(void) {
   if (px.listener.fd >= 0) close(px.listener.fd);
   for (int i = 0; i < MAX_ACCEPTS; i++)
@@ -101,12 +94,9 @@ static void atfork_child(void) {
   if (px.epfd >= 0) close(px.epfd);
   int ev = atomic_exchange(&px_evfd, -1);
   if (ev >= 0) close(ev);
-  px.listener.fd = -1, px.epfd = -1, px.state = PX_NONE, px.incoming = NULL, px.conns = NULL, px.nacc = 0;
-  atomic_store(&px_changes, 0);
+  px.listener.fd = -1, px.epfd = -1, px.nacc = 0;
   atomic_store(&px_sleeping, 0);
-  pthread_mutex_unlock(&px.lock); /* taken by this (the forking) thread in atfork_prepare */
 }
-static void px_init_once(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
 static void ep_add(int fd, void* tag, uint32_t events) {
   struct epoll_event e = {.events = events, .data.ptr = tag};
@@ -120,7 +110,7 @@ static void ep_del(int fd) { epoll_ctl(px.epfd, EPOLL_CTL_DEL, fd, NULL); }
  * another channel's socket, mid-step, before our rank has taken the report in. Proxy thread only. */
 int proxy_comm_told(const struct tcp_conn* n) {
   if (atomic_load(n->async_err) != 0) return 1;
-  for (const struct tcp_conn* o = px.conns; o; o = o->next)
+  for (const struct tcp_conn* o = px.pg.list; o; o = o->next)
     if (o->async_err == n->async_err && (xfer_poison_is_set(&o->ctrl->down) || xfer_poison_is_set(&o->ctrl->up)))
       return 1;
   return 0;
@@ -133,19 +123,19 @@ int proxy_comm_told(const struct tcp_conn* n) {
  * a dead rank are not its only waiters). Links that cannot carry it (not bound) are left alone. */
 void proxy_fail_comm(struct tcp_conn* failed) {
   struct xfer_poison rec = {.finder = failed->rank, .other = failed->peer, .kind = XFER_PEER_LOST};
-  for (struct tcp_conn* n = px.conns; n; n = n->next) {
+  for (struct tcp_conn* n = px.pg.list; n; n = n->next) {
     if (n == failed || n->async_err != failed->async_err || n->fd < 0) continue;
     if (atomic_load_explicit(&n->state, memory_order_relaxed) != TCP_BOUND) continue;
     INFO(LOG_NET, "rank %d: telling rank %d that the communicator failed (rank %d's link)", n->rank, n->peer,
          failed->peer);
     xfer_poison_put(n->is_send ? &n->ctrl->down : &n->ctrl->up, &rec);
   }
-  atomic_store(&px_changes, 1); /* a pass: can_progress sees the records to send */
+  atomic_store(&px.pg.changes, 1); /* a pass: can_progress sees the records to send */
 }
 
 static int progress_all(void) {
   int did = 0;
-  for (struct tcp_conn* n = px.conns; n; n = n->next) {
+  for (struct tcp_conn* n = px.pg.list; n; n = n->next) {
     if (atomic_load_explicit(&n->state, memory_order_relaxed) != TCP_BOUND) continue;
     did |= n->is_send ? tcp_progress_send(n) : tcp_progress_recv(n);
   }
@@ -154,7 +144,7 @@ static int progress_all(void) {
 
 /* After a pass without progress, with the sleeping words set: would a pass now do something? */
 static int can_progress(void) {
-  for (struct tcp_conn* n = px.conns; n; n = n->next) {
+  for (struct tcp_conn* n = px.pg.list; n; n = n->next) {
     if (atomic_load_explicit(&n->state, memory_order_relaxed) != TCP_BOUND) continue;
     if (n->is_send) {
       /* head, not step: the rank may be moving step (direct send); head == step between steps */
@@ -174,7 +164,7 @@ static int can_progress(void) {
  * kicks only while px_sleeping); receive FIFOs get TP_SLEEP_PROXY in send_sleeping while we sleep. */
 static void set_sleeping(uint32_t v) {
   atomic_store_explicit(&px_sleeping, v != 0, memory_order_relaxed);
-  for (struct tcp_conn* n = px.conns; n; n = n->next) /* a socket the rank reads needs no head wake-ups */
+  for (struct tcp_conn* n = px.pg.list; n; n = n->next) /* a socket the rank reads needs no head wake-ups */
     if (!n->is_send)
       atomic_store_explicit(&n->ctrl->send_sleeping,
                             atomic_load_explicit(&n->rank_reads, memory_order_relaxed) ? 0 : v, memory_order_relaxed);
@@ -200,8 +190,6 @@ void tp_proxy_post(_Atomic uint64_t* word, uint32_t how) {
 
 /* ---- accepting and authenticating ---- */
 
-static void take_incoming_locked(void);
-
 static void reject(struct pending* p, const char* why) {
   sock_warn_reject("net listener", &p->remote, why); /* once a minute per host: a scanner cannot flood the log */
   ep_del(p->fd);
@@ -216,11 +204,11 @@ static void authenticate(struct pending* p) {
   struct tcp_conn* n = NULL;
   for (int pass = 0; pass < 2 && !n; pass++) {
     if (pass) { /* the hello may beat the proxy to the record its receiver just registered */
-      pthread_mutex_lock(&px.lock);
-      take_incoming_locked();
-      pthread_mutex_unlock(&px.lock);
+      pthread_mutex_lock(&px.pg.lock);
+      progress_take_locked(&px.pg, take);
+      pthread_mutex_unlock(&px.pg.lock);
     }
-    for (n = px.conns; n; n = n->next)
+    for (n = px.pg.list; n; n = n->next)
       if (!n->is_send && n->token == h->token && atomic_load(&n->state) == TCP_PENDING) break;
   }
   if (!n) return reject(p, "unknown or already used connection token");
@@ -277,7 +265,7 @@ static struct pending* free_slot(int evict) {
 static void accept_all(void) {
   for (int k = 0;; k++) {
     if (k == ACCEPTS_PER_PASS || !free_slot(0)) {
-      accept_blocked = 1, accept_retry_at = k == ACCEPTS_PER_PASS ? 0 : ut_now_ns() + 10000000ull;
+      accept_blocked = 1, accept_retry_at = k == ACCEPTS_PER_PASS ? 0 : ut_now_ns() + 10 * UT_NS_PER_MS;
       return; /* the rest wait in the backlog: the next pass, or once a slot frees or ages */
     }
     union sock_addr ra;
@@ -293,7 +281,7 @@ static void accept_all(void) {
         if (!accept_warned)
           WARN("net listener: cannot accept a peer's connection: %s (trying again every 100 ms; raise the "
                "descriptor limit, ulimit -n, if this lasts)", strerror(e));
-        accept_warned = 1, accept_blocked = 1, accept_retry_at = ut_now_ns() + 100000000ull;
+        accept_warned = 1, accept_blocked = 1, accept_retry_at = ut_now_ns() + 100 * UT_NS_PER_MS;
       }
       return; /* EAGAIN: the next edge */
     }
@@ -348,8 +336,9 @@ static void handle_events(const struct epoll_event* ev, int ne) {
 
 /* Let a closing record go: a sender first flushes what its rank posted (the rank may have returned
  * from its last collective before the proxy sent it), unless aborted or the link is gone. Returns 0
- * while it must stay. Under px.lock. */
-static int let_go(struct tcp_conn* n, uint64_t now) {
+ * while it must stay. Under px.pg.lock. */
+static int let_go(void* rec, uint64_t now) {
+  struct tcp_conn* n = rec;
   int st = atomic_load(&n->state);
   /* After a failed call's poison only the poison is flushed: its steps will never be taken. */
   int unsent = n->poison_state == 2 ? 0
@@ -401,52 +390,31 @@ static int let_go(struct tcp_conn* n, uint64_t now) {
   return 1;
 }
 
-/* Move registered records into the proxy's list. Under px.lock. */
-static void take_incoming_locked(void) {
-  while (px.incoming) {
-    struct tcp_conn* n = px.incoming;
-    px.incoming = n->next;
-    n->next = px.conns;
-    px.conns = n;
-    n->epfd = px.epfd;
-    if (n->fd >= 0) {
-      n->rd_ready = n->wr_ready = 1;
-      ep_add(n->fd, n, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET);
-    }
+/* A record taken into the proxy's list: its socket joins the epoll set. Under px.pg.lock. */
+static void take(void* rec) {
+  struct tcp_conn* n = rec;
+  n->epfd = px.epfd;
+  if (n->fd >= 0) {
+    n->rd_ready = n->wr_ready = 1;
+    ep_add(n->fd, n, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET);
   }
+}
+
+/* The last record went: the thread exits, closing its accepted sockets and listener. Under px.pg.lock. */
+static void last_gone(void) {
+  for (int i = 0; i < MAX_ACCEPTS; i++)
+    if (px.acc[i].fd >= 0) ep_del(px.acc[i].fd), close(px.acc[i].fd), px.acc[i].fd = -1;
+  px.nacc = 0;
+  ep_del(px.listener.fd);
+  close(px.listener.fd);
+  px.listener.fd = -1;
 }
 
 /* Take new records, release closing ones. Returns 1 when the thread must exit (nothing left). */
 static int sync_lists(void) {
-  pthread_mutex_lock(&px.lock);
-  atomic_store(&px_changes, 0);
-  take_incoming_locked();
-  int draining = 0, released = 0;
-  uint64_t now = ut_now_ns();
-  for (struct tcp_conn** pp = &px.conns; *pp;) {
-    struct tcp_conn* n = *pp;
-    if (n->closing && let_go(n, now)) {
-      *pp = n->next;
-      n->released = 1;
-      released = 1;
-    } else {
-      draining |= n->closing;
-      pp = &n->next;
-    }
-  }
-  int exiting = !px.conns;
-  if (exiting) {
-    for (int i = 0; i < MAX_ACCEPTS; i++)
-      if (px.acc[i].fd >= 0) ep_del(px.acc[i].fd), close(px.acc[i].fd), px.acc[i].fd = -1;
-    px.nacc = 0;
-    ep_del(px.listener.fd);
-    close(px.listener.fd);
-    px.listener.fd = -1;
-    px.state = PX_EXITED;
-  }
-  if (released || exiting) pthread_cond_broadcast(&px.cond);
-  if (draining) atomic_store(&px_changes, 1); /* look again next pass */
-  pthread_mutex_unlock(&px.lock);
+  int draining;
+  int exiting = progress_sync(&px.pg, take, let_go, last_gone, &draining);
+  if (draining) atomic_store(&px.pg.changes, 1); /* look again next pass */
   return exiting;
 }
 
@@ -455,10 +423,10 @@ void (*_Atomic tp_busy_hook)(uint64_t t0, uint64_t t1);
 static void* proxy_main(void* arg) {
   (void)arg;
   struct epoll_event ev[64];
-  int64_t spin_ns = param_int(PARAM_NET_SPIN_US) * 1000;
+  int64_t spin_ns = param_int(PARAM_NET_SPIN_US) * (int64_t)UT_NS_PER_US;
   uint64_t idle_since = 0, busy_since = 0; /* busy_since: only while a trace wants the busy periods */
   for (;;) {
-    if (atomic_load_explicit(&px_changes, memory_order_acquire) && sync_lists()) break;
+    if (atomic_load_explicit(&px.pg.changes, memory_order_acquire) && sync_lists()) break;
     if (px.nacc) expire_accepts();
     if (accept_blocked && (!accept_retry_at || ut_now_ns() >= accept_retry_at)) {
       accept_blocked = 0;
@@ -485,7 +453,7 @@ static void* proxy_main(void* arg) {
     set_sleeping(TP_SLEEP_PROXY);
     atomic_thread_fence(memory_order_seq_cst); /* pairs with tp_wake's fence */
     /* Connections left in the backlog by the per-pass cap (no retry time) are work too. */
-    if (!atomic_load(&px_changes) && !can_progress() && !(accept_blocked && !accept_retry_at)) {
+    if (!atomic_load(&px.pg.changes) && !can_progress() && !(accept_blocked && !accept_retry_at)) {
       ne = epoll_wait(px.epfd, ev, 64, accept_blocked ? 100 : px.nacc ? 200 : -1);
       set_sleeping(0);
       handle_events(ev, ne > 0 ? ne : 0);
@@ -497,7 +465,7 @@ static void* proxy_main(void* arg) {
   return NULL;
 }
 
-/* Under px.lock: the process-lifetime epoll set and eventfd. */
+/* Under px.pg.lock: the process-lifetime epoll set and eventfd. */
 static ch_status ensure_epoll(void) {
   if (px.epfd >= 0) return CH_OK;
   int ep = epoll_create1(EPOLL_CLOEXEC), ev = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -514,14 +482,9 @@ static ch_status ensure_epoll(void) {
 }
 
 ch_status proxy_register(struct tcp_conn* n, const union sock_addr* hint, union sock_addr* listener) {
-  pthread_once(&px_once, px_init_once);
-  pthread_mutex_lock(&px.lock);
+  progress_lock(&px.pg);
   ch_status s = CH_OK;
-  if (px.state == PX_EXITED) { /* it let go of the lock for good before setting this */
-    pthread_join(px.thread, NULL);
-    px.state = PX_NONE;
-  }
-  if (px.state == PX_NONE) {
+  if (!progress_running_locked(&px.pg)) {
     for (int i = 0; i < MAX_ACCEPTS; i++) px.acc[i].fd = -1;
     px.nacc = 0;
     accept_blocked = 0, accept_retry_at = 0, accept_warned = 0;
@@ -531,7 +494,7 @@ ch_status proxy_register(struct tcp_conn* n, const union sock_addr* hint, union 
     else a.sin.sin_port = 0;
     if (s == CH_OK) s = sock_listen(&a, &px.listener); /* WARNs */
     if (s == CH_OK) ep_add(px.listener.fd, TAG_LISTENER, EPOLLIN | EPOLLET);
-    if (s == CH_OK && pthread_create(&px.thread, NULL, proxy_main, NULL) != 0) {
+    if (s == CH_OK && progress_start_locked(&px.pg) != 0) {
       WARN("cannot start the network proxy thread: %s", strerror(errno));
       s = CH_SYSTEM;
     }
@@ -540,43 +503,31 @@ ch_status proxy_register(struct tcp_conn* n, const union sock_addr* hint, union 
       close(px.listener.fd);
       px.listener.fd = -1;
     }
-    if (s == CH_OK) px.state = PX_RUNNING;
   }
   if (s == CH_OK) {
     n->listener = px.listener.addr; /* before the proxy can see n: part of the hello's MAC */
-    n->next = px.incoming;
-    px.incoming = n;
-    atomic_store(&px_changes, 1);
+    progress_add_locked(&px.pg, n);
     if (listener) *listener = px.listener.addr;
   }
-  pthread_mutex_unlock(&px.lock);
+  pthread_mutex_unlock(&px.pg.lock);
   if (s == CH_OK) tp_proxy_kick();
   return s;
 }
 
 void proxy_closing(struct tcp_conn* n) {
-  pthread_mutex_lock(&px.lock);
-  n->closing = 1;
-  atomic_store(&px_changes, 1);
-  pthread_mutex_unlock(&px.lock);
+  progress_closing(&px.pg, n);
   tp_proxy_kick();
 }
 
 void proxy_unregister(struct tcp_conn* n) {
   proxy_closing(n);
-  pthread_mutex_lock(&px.lock);
-  while (!n->released) pthread_cond_wait(&px.cond, &px.lock);
-  if (px.state == PX_EXITED) {
-    pthread_join(px.thread, NULL);
-    px.state = PX_NONE;
-  }
-  pthread_mutex_unlock(&px.lock);
+  progress_wait_released(&px.pg, n, NULL);
 }
 
 int proxy_listener_addr(union sock_addr* out) {
-  pthread_mutex_lock(&px.lock);
-  int ok = px.state == PX_RUNNING && px.listener.fd >= 0;
+  pthread_mutex_lock(&px.pg.lock);
+  int ok = px.pg.state == PROGRESS_RUNNING && px.listener.fd >= 0;
   if (ok) *out = px.listener.addr;
-  pthread_mutex_unlock(&px.lock);
+  pthread_mutex_unlock(&px.pg.lock);
   return ok;
 }

@@ -13,6 +13,7 @@
 
 #include "../misc/log.h"
 #include "../misc/param.h"
+#include "../misc/plugin.h"
 #include "../misc/utils.h"
 #include "plugin_abi.h"
 #include "tune.h"
@@ -22,17 +23,12 @@ struct tune_plugin {
   int version; /* 3..6 */
   const void* iface; /* ncclTuner_vN_t */
   const char* name;  /* the plugin's own name */
-  char value[512];   /* NCCL_TUNER_PLUGIN it was loaded for */
   char path[512];    /* what dlopen accepted */
-  int refs;          /* communicators using it (under mu) */
+  int refs;          /* communicators using it (under once.mu) */
 };
 
-/* Process-wide: the loaded plugin and the last value that failed to load (reported once). Both only
- * under mu. */
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct tune_plugin* loaded;
-static char failed_value[512];
-static int failed_valid;
+/* Process-wide: the loaded plugin and the last value that failed to load (reported once). */
+static struct plugin_once once = PLUGIN_ONCE_INIT("NCCL_TUNER_PLUGIN", "tuner");
 
 int tuner_candidates(const char* value, char out[2][512]) {
   if (!value || !*value) {
@@ -54,33 +50,17 @@ const char* tuner_name(const struct ncclComm* comm) {
 
 /* The logger handed to plugins: their WARN and INFO lines go where Chorus's go. */
 static void plugin_log(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
-  if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0) log_init();
-  int have = __atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE);
-  int warn = level == NCCL_LOG_WARN || level == NCCL_LOG_ABORT;
-  if (!warn && (level != NCCL_LOG_INFO && level != NCCL_LOG_TRACE)) return;
-  if (!warn && (have < (int)level || !(__atomic_load_n(&log_mask, __ATOMIC_RELAXED) & (unsigned)flags))) return;
-  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
+  log_plugin_v("tuner", LOG_INFO, (int)level, flags, file, line, fmt, ap); /* its TRACE lines print as INFO */
   va_end(ap);
-  log_msg(warn ? LOG_WARN : LOG_INFO, warn ? (unsigned)LOG_ALL : (unsigned)flags, file ? file : "tuner", line, "%s", buf);
 }
 
-static struct tune_plugin* load(const char* value) {
-  char cand[2][512], err[2][256] = {"", ""};
+static void* load(const char* value, char path[512]) {
+  char cand[2][512];
   int n = tuner_candidates(value, cand), k = 0;
-  void* dl = ut_plugin_open(cand, n, &k, err);
-  if (!dl) {
-    if (!*value) /* the default name: its absence is normal */
-      INFO(LOG_INIT | LOG_TUNING, "no tuner plugin (%s: %s)", cand[0], err[0]);
-    else if (n == 2)
-      WARN("NCCL_TUNER_PLUGIN=%s: could not load %s (%s) nor %s (%s); continuing without a tuner plugin", value,
-           cand[0], err[0], cand[1], err[1]);
-    else
-      WARN("NCCL_TUNER_PLUGIN=%s: could not load %s (%s); continuing without a tuner plugin", value, cand[0], err[0]);
-    return NULL;
-  }
+  void* dl = plugin_open_logged(&once, LOG_INIT | LOG_TUNING, value, cand, n, &k);
+  if (!dl) return NULL;
   static const char* syms[] = {"ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3"};
   const void* iface = NULL;
   int version = 0;
@@ -101,20 +81,20 @@ static struct tune_plugin* load(const char* value) {
     return NULL;
   }
   p->dl = dl, p->version = version, p->iface = iface, p->name = name;
-  snprintf(p->value, sizeof(p->value), "%.511s", value);
   snprintf(p->path, sizeof(p->path), "%.511s", cand[k]);
+  snprintf(path, 512, "%s", cand[k]);
   INFO(LOG_INIT | LOG_TUNING, "tuner plugin %s (ncclTunerPlugin_v%d) loaded from %s", name, version, cand[k]);
   return p;
 }
 
 static void put_ref(struct tune_plugin* p) {
-  pthread_mutex_lock(&mu);
+  pthread_mutex_lock(&once.mu);
   if (--p->refs == 0) {
-    if (loaded == p) loaded = NULL;
+    plugin_once_forget(&once, p);
     dlclose(p->dl);
     free(p);
   }
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&once.mu);
 }
 
 void tuner_open(struct ncclComm* comm) {
@@ -127,19 +107,10 @@ void tuner_open(struct ncclComm* comm) {
     return;
   }
   if (tuner_candidates(value, cand) == 0) return;
-  pthread_mutex_lock(&mu);
-  struct tune_plugin* p = NULL;
-  if (loaded && strcmp(loaded->value, value) == 0) {
-    p = loaded;
-  } else if (loaded) {
-    WARN("NCCL_TUNER_PLUGIN=%s: this process already uses tuner plugin %s (NCCL_TUNER_PLUGIN=%s); "
-         "this communicator goes without one", value, loaded->path, loaded->value);
-  } else if (!(failed_valid && strcmp(failed_value, value) == 0)) {
-    p = loaded = load(value);
-    if (!p) snprintf(failed_value, sizeof(failed_value), "%s", value), failed_valid = 1;
-  }
+  pthread_mutex_lock(&once.mu);
+  struct tune_plugin* p = plugin_once_get(&once, value, load);
   if (p) p->refs++;
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&once.mu);
   if (!p) return;
 
   /* Hosts play NVLink domains' part: ranks of one host share memory. */
