@@ -494,8 +494,9 @@ ch_status proxy_register(struct tcp_conn* n, const union sock_addr* hint, union 
     else a.sin.sin_port = 0;
     if (s == CH_OK) s = sock_listen(&a, &px.listener); /* WARNs */
     if (s == CH_OK) ep_add(px.listener.fd, TAG_LISTENER, EPOLLIN | EPOLLET);
-    if (s == CH_OK && progress_start_locked(&px.pg) != 0) {
-      WARN("cannot start the network proxy thread: %s", strerror(errno));
+    int e = 0;
+    if (s == CH_OK && (e = progress_start_locked(&px.pg)) != 0) {
+      WARN("cannot start the network proxy thread: %s", strerror(e)); /* pthread_create returns it, not errno */
       s = CH_SYSTEM;
     }
     if (s != CH_OK && px.listener.fd >= 0) {
