@@ -30,9 +30,10 @@ static void usage(FILE* f) {
           "                      takes n(2n-1))\n"
           "  --budget N          timing: simulate at most N steps per cell, coarsening the FIFO step\n"
           "                      beyond (default 2e7); ring algorithms simulate one host by symmetry first\n"
-          "  --intra-lat US --intra-bw B/US --inter-lat US --inter-bw B/US --nic-bw B/US\n"
+          "  --intra-lat US --intra-bw B/US --inter-lat US --inter-bw B/US --nic-bw B/US --host-bw B/US\n"
           "                      the link model (default: the cost model's constants, tune/model.c, or\n"
-          "                      CHORUS_TUNE_FILE's; bandwidths in bytes per microsecond = MB/s)\n"
+          "                      CHORUS_TUNE_FILE's; bandwidths in bytes per microsecond = MB/s; --host-bw:\n"
+          "                      all hops inside one host share it, default unlimited)\n"
           "  --esize N           element size in bytes (default 4: float)\n"
           "  --csv               one line per cell instead of the table\n");
 }
@@ -165,8 +166,8 @@ int main(int argc, char** argv) {
   int algos[NALGOS], nalgos = 0;
   size_t esize = 4;
   double budget = 2e7, check_budget = 1e8;
-  double ov[5] = {-1, -1, -1, -1, -1}; /* intra-lat, intra-bw, inter-lat, inter-bw, nic-bw */
-  static const char* ovn[5] = {"--intra-lat", "--intra-bw", "--inter-lat", "--inter-bw", "--nic-bw"};
+  double ov[6] = {-1, -1, -1, -1, -1, -1}; /* intra-lat, intra-bw, inter-lat, inter-bw, nic-bw, host-bw */
+  static const char* ovn[6] = {"--intra-lat", "--intra-bw", "--inter-lat", "--inter-bw", "--nic-bw", "--host-bw"};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -221,8 +222,8 @@ int main(int argc, char** argv) {
       }
     } else {
       int k = 0;
-      while (k < 5 && strcmp(a, ovn[k])) k++;
-      if (k == 5) {
+      while (k < 6 && strcmp(a, ovn[k])) k++;
+      if (k == 6) {
         fprintf(stderr, "chorus-sim: unknown option %s\n", a);
         usage(stderr);
         return 2;
@@ -246,8 +247,8 @@ int main(int argc, char** argv) {
 
   struct sim_link link;
   sim_link_from_model(proto, &link);
-  double* lv[5] = {&link.a_intra, &link.bw_intra, &link.a_inter, &link.bw_inter, &link.nic_bw};
-  for (int k = 0; k < 5; k++)
+  double* lv[6] = {&link.a_intra, &link.bw_intra, &link.a_inter, &link.bw_inter, &link.nic_bw, &link.host_bw};
+  for (int k = 0; k < 6; k++)
     if (ov[k] > 0) *lv[k] = ov[k];
   if (ov[3] > 0 && ov[4] <= 0) link.nic_bw = link.bw_inter; /* one connection fills the NIC */
 
@@ -266,9 +267,9 @@ int main(int argc, char** argv) {
   const char* pth = param_str(PARAM_TUNE_FILE);
   if (!csv)
     printf("Link model%s: inside a host %.3g us + bytes / %.0f B/us; between hosts %.3g us + bytes / %.0f B/us, "
-           "a NIC of %.0f B/us per host. Protocol %s, %d ranks per host, %zu-byte elements, one channel.\n",
+           "a NIC of %.0f B/us per host%s. Protocol %s, %d ranks per host, %zu-byte elements, one channel.\n",
            pth[0] ? " (CHORUS_TUNE_FILE)" : "", link.a_intra, link.bw_intra, link.a_inter, link.bw_inter, link.nic_bw,
-           tune_proto_name(proto), per_host, esize);
+           link.host_bw > 0 ? ", host memory shared" : "", tune_proto_name(proto), per_host, esize);
   else
     printf("coll,ranks,hosts,bytes,algo,sim_us,steps,coarsen,periodic,auto_algo,auto_proto,auto_model_us\n");
   for (int f = 0; f < nfuncs; f++) {

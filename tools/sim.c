@@ -51,6 +51,7 @@ void sim_link_from_model(int proto, struct sim_link* l) {
   l->a_inter = m->net_step_us;
   l->bw_inter = m->net_bw;
   l->nic_bw = m->net_bw;
+  l->host_bw = 0; /* not in the cost model: chorus-sim --host-bw */
 }
 
 /* tune/trees.c's comm_build_trees for hosts of per_host consecutive ranks (the rings' grouping then
@@ -112,7 +113,7 @@ struct sim {
   struct rk* r;
   int* ring;  /* ring order (tune/rings.c) */
   int* pos;   /* position of each rank in it */
-  double *nic_out, *nic_in;
+  double *nic_out, *nic_in, *mem;
   int* heap;
   int nheap;
   /* check mode */
@@ -299,6 +300,11 @@ static int step_one(struct sim* s, int i) {
       s->nic_out[hs] = s->nic_in[hd] = start + bytes / c->link.nic_bw;
     }
     double end = start + bytes / (inter ? c->link.bw_inter : c->link.bw_intra);
+    if (!inter && c->link.host_bw > 0) { /* the host's ranks copy through one memory */
+      double m0 = s->mem[hs] > start ? s->mem[hs] : start;
+      s->mem[hs] = m0 + bytes / c->link.host_bw;
+      if (s->mem[hs] > end) end = s->mem[hs];
+    }
     struct smsg* m = &cout->q[cout->head % CH_STEPS];
     m->arrive = end + (inter ? c->link.a_inter : c->link.a_intra);
     m->nelem = p.nelem;
@@ -367,7 +373,8 @@ int sim_run(const struct sim_cfg* c, struct sim_result* res) {
   s.heap = malloc(sizeof(int) * (size_t)n);
   s.nic_out = calloc((size_t)nhosts, sizeof(double));
   s.nic_in = calloc((size_t)nhosts, sizeof(double));
-  if (!s.ring || !s.pos || !s.r || !s.heap || !s.nic_out || !s.nic_in) abort();
+  s.mem = calloc((size_t)nhosts, sizeof(double));
+  if (!s.ring || !s.pos || !s.r || !s.heap || !s.nic_out || !s.nic_in || !s.mem) abort();
   /* The rings' order (tune/rings.c). Hosts of consecutive ranks keep rank order; the grouping is
    * O(n^2), so it runs for what tests and --check need and is rank order beyond. */
   if (n <= 8192) {
@@ -471,7 +478,7 @@ out:
     }
     free(s.r[i].in);
   }
-  free(s.r), free(s.ring), free(s.pos), free(s.heap), free(s.nic_out), free(s.nic_in);
+  free(s.r), free(s.ring), free(s.pos), free(s.heap), free(s.nic_out), free(s.nic_in), free(s.mem);
   free(s.res_key), free(s.res_post);
   return 0;
 }

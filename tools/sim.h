@@ -18,6 +18,8 @@ struct sim_link {
   double a_intra, bw_intra;
   double a_inter, bw_inter;
   double nic_bw;
+  double host_bw; /* inside a host: the bytes of all its ranks' hops share this (0: no limit), as its
+                   * memory bandwidth is shared */
 };
 
 struct sim_cfg {
