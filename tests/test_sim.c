@@ -14,8 +14,16 @@
 #include "tune/topo.h"
 
 static int check(int func, int algo, int n, int per_host, size_t count, size_t chunk) {
-  struct sim_cfg cfg = {.n = n, .per_host = per_host, .func = func, .algo = algo, .proto = PROTO_SIMPLE,
-                        .count = count, .esize = 4, .chunk = chunk, .check = 1, .periodic = -1};
+  struct sim_cfg cfg = {.n = n,
+                        .per_host = per_host,
+                        .func = func,
+                        .algo = algo,
+                        .proto = PROTO_SIMPLE,
+                        .count = count,
+                        .esize = 4,
+                        .chunk = chunk,
+                        .check = 1,
+                        .periodic = -1};
   sim_link_from_model(PROTO_SIMPLE, &cfg.link);
   struct sim_result r;
   if (sim_run(&cfg, &r) != 0) {
@@ -36,7 +44,7 @@ TEST(sim, allreduce_delivers_exactly_once) {
       int n = ns[k];
       /* blocks of every size, a partial last step, and several steps per block */
       check(FUNC_ALLREDUCE, algos[a], n, 8, 8 * (size_t)n + 13, 16);
-      check(FUNC_ALLREDUCE, algos[a], n, 3, 3, 8);           /* fewer elements than ranks */
+      check(FUNC_ALLREDUCE, algos[a], n, 3, 3, 8);                   /* fewer elements than ranks */
       check(FUNC_ALLREDUCE, algos[a], n, 1, 40 * (size_t)n + 5, 64); /* one rank per host: trees over ranks */
     }
 }
@@ -48,6 +56,7 @@ TEST(sim, allgather_reducescatter_deliver_exactly_once) {
     check(FUNC_REDUCESCATTER, ALGO_RING, ns[k], 8, 37, 16);
     check(FUNC_ALLGATHER, ALGO_RING, ns[k], 4, 1, 8);
     check(FUNC_REDUCESCATTER, ALGO_RING, ns[k], 4, 1, 8);
+    if ((ns[k] & (ns[k] - 1)) == 0) check(FUNC_ALLGATHER, SIM_ALGO_RDAG, ns[k], 8, 37, 16); /* the what-if */
   }
 }
 
@@ -94,8 +103,14 @@ TEST(sim, trees_are_comm_build_trees) {
 }
 
 static double sim_us(int func, int algo, int n, int per_host, size_t count, int periodic) {
-  struct sim_cfg cfg = {.n = n, .per_host = per_host, .func = func, .algo = algo, .proto = PROTO_SIMPLE,
-                        .count = count, .esize = 4, .periodic = periodic};
+  struct sim_cfg cfg = {.n = n,
+                        .per_host = per_host,
+                        .func = func,
+                        .algo = algo,
+                        .proto = PROTO_SIMPLE,
+                        .count = count,
+                        .esize = 4,
+                        .periodic = periodic};
   sim_link_from_model(PROTO_SIMPLE, &cfg.link);
   struct sim_result r;
   ASSERT(sim_run(&cfg, &r) == 0);

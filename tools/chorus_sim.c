@@ -16,26 +16,26 @@
 #include "../src/tune/tune.h"
 
 static void usage(FILE* f) {
-  fprintf(f,
-          "usage: chorus-sim [options]\n"
-          "  --ranks LIST        rank counts (default 8,64,1024,65536)\n"
-          "  --per-host N        ranks per host, rank r on host r / N (default 8)\n"
-          "  --coll LIST         allreduce, allgather, reducescatter or all (default allreduce)\n"
-          "  --sizes LIST        bytes, with K/M/G suffixes (default 8,64K,1M,256M); AllGather and\n"
-          "                      ReduceScatter: the whole result / input, as nccl-tests count it\n"
-          "  --algos LIST        ring, tree, recdbl, rabenseifner (default: all Chorus has for the collective)\n"
-          "  --proto NAME        LL, LL128 or Simple (default Simple: the network carries only Simple)\n"
-          "  --check             check delivery exactly once for each algorithm and rank count\n"
-          "  --check-budget N    check only runs of at most N steps (default 1e8; ring AllReduce on n ranks\n"
-          "                      takes n(2n-1))\n"
-          "  --budget N          timing: simulate at most N steps per cell, coarsening the FIFO step\n"
-          "                      beyond (default 2e7); ring algorithms simulate one host by symmetry first\n"
-          "  --intra-lat US --intra-bw B/US --inter-lat US --inter-bw B/US --nic-bw B/US --host-bw B/US\n"
-          "                      the link model (default: the cost model's constants, tune/model.c, or\n"
-          "                      CHORUS_TUNE_FILE's; bandwidths in bytes per microsecond = MB/s; --host-bw:\n"
-          "                      all hops inside one host share it, default unlimited)\n"
-          "  --esize N           element size in bytes (default 4: float)\n"
-          "  --csv               one line per cell instead of the table\n");
+  fprintf(f, "usage: chorus-sim [options]\n"
+             "  --ranks LIST        rank counts (default 8,64,1024,65536)\n"
+             "  --per-host N        ranks per host, rank r on host r / N (default 8)\n"
+             "  --coll LIST         allreduce, allgather, reducescatter or all (default allreduce)\n"
+             "  --sizes LIST        bytes, with K/M/G suffixes (default 8,64K,1M,256M); AllGather and\n"
+             "                      ReduceScatter: the whole result / input, as nccl-tests count it\n"
+             "  --algos LIST        ring, tree, recdbl, rabenseifner (default: all Chorus has for the collective);\n"
+             "                      recdblag: a what-if AllGather of log2(n) rounds (not Chorus's; PAT's latency)\n"
+             "  --proto NAME        LL, LL128 or Simple (default Simple: the network carries only Simple)\n"
+             "  --check             check delivery exactly once for each algorithm and rank count\n"
+             "  --check-budget N    check only runs of at most N steps (default 1e8; ring AllReduce on n ranks\n"
+             "                      takes n(2n-1))\n"
+             "  --budget N          timing: simulate at most N steps per cell, coarsening the FIFO step\n"
+             "                      beyond (default 2e7); ring algorithms simulate one host by symmetry first\n"
+             "  --intra-lat US --intra-bw B/US --inter-lat US --inter-bw B/US --nic-bw B/US --host-bw B/US\n"
+             "                      the link model (default: the cost model's constants, tune/model.c, or\n"
+             "                      CHORUS_TUNE_FILE's; bandwidths in bytes per microsecond = MB/s; --host-bw:\n"
+             "                      all hops inside one host share it, default unlimited)\n"
+             "  --esize N           element size in bytes (default 4: float)\n"
+             "  --csv               one line per cell instead of the table\n");
 }
 
 static int parse_size(const char* s, size_t* out) {
@@ -108,13 +108,14 @@ static void synth_free(struct ncclComm* c) {
 }
 
 static const int algos_all[] = {ALGO_RING, ALGO_TREE, ALGO_RECDBL, ALGO_RABEN};
-#define NALGOS 4
+#define NALGOS 5 /* the four, and the what-if RecDblAG when asked for */
 
 static int algo_by_name(const char* s) {
   if (!strcasecmp(s, "ring")) return ALGO_RING;
   if (!strcasecmp(s, "tree")) return ALGO_TREE;
   if (!strcasecmp(s, "recdbl")) return ALGO_RECDBL;
   if (!strcasecmp(s, "rabenseifner") || !strcasecmp(s, "raben")) return ALGO_RABEN;
+  if (!strcasecmp(s, "recdblag")) return SIM_ALGO_RDAG;
   return -1;
 }
 
@@ -125,8 +126,14 @@ static size_t count_of(int func, size_t bytes, int n, size_t esize) {
 }
 
 static int check_one(int func, int algo, int n, int per_host, int proto, size_t esize, double budget) {
-  struct sim_cfg cfg = {.n = n, .per_host = per_host, .func = func, .algo = algo, .proto = proto, .esize = esize,
-                        .check = 1, .periodic = -1};
+  struct sim_cfg cfg = {.n = n,
+                        .per_host = per_host,
+                        .func = func,
+                        .algo = algo,
+                        .proto = proto,
+                        .esize = esize,
+                        .check = 1,
+                        .periodic = -1};
   sim_link_from_model(proto, &cfg.link);
   /* Enough elements that every rank's block is non-empty and some steps are partial, within ~512 MB
    * of results; a small FIFO step so that the schedules loop over several chunks. */
@@ -143,7 +150,8 @@ static int check_one(int func, int algo, int n, int per_host, int proto, size_t 
   else steps = (double)n * 64 * 4;
   const char* fn = tune_func_name(func);
   if (steps > budget) {
-    printf("  %-13s %-13s %6d ranks: not checked (about %.2g steps; --check-budget)\n", fn, algo_name(algo), n, steps);
+    printf("  %-13s %-13s %6d ranks: not checked (about %.2g steps; --check-budget)\n", fn, sim_algo_name(algo), n,
+           steps);
     return 0;
   }
   struct sim_result r;
@@ -152,9 +160,9 @@ static int check_one(int func, int algo, int n, int per_host, int proto, size_t 
   sim_run(&cfg, &r);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-  printf("  %-13s %-13s %6d ranks, %zu elements%s: %s (%llu steps, %.1f s)%s%s\n", fn, algo_name(algo), n, cfg.count,
-         func == FUNC_ALLREDUCE ? "" : " per rank", r.ok ? "exactly once" : "FAILED", (unsigned long long)r.prims, s,
-         r.ok ? "" : ": ", r.ok ? "" : r.why);
+  printf("  %-13s %-13s %6d ranks, %zu elements%s: %s (%llu steps, %.1f s)%s%s\n", fn, sim_algo_name(algo), n,
+         cfg.count, func == FUNC_ALLREDUCE ? "" : " per rank", r.ok ? "exactly once" : "FAILED",
+         (unsigned long long)r.prims, s, r.ok ? "" : ": ", r.ok ? "" : r.why);
   fflush(stdout);
   return r.ok ? 0 : 1;
 }
@@ -243,7 +251,7 @@ int main(int argc, char** argv) {
     }
   if (tune_model_status() != CH_OK) return 1; /* CHORUS_TUNE_FILE: the WARN said why */
   if (!nalgos)
-    for (int k = 0; k < NALGOS; k++) algos[nalgos++] = algos_all[k];
+    for (int k = 0; k < 4; k++) algos[nalgos++] = algos_all[k];
 
   struct sim_link link;
   sim_link_from_model(proto, &link);
@@ -270,15 +278,14 @@ int main(int argc, char** argv) {
            "a NIC of %.0f B/us per host%s. Protocol %s, %d ranks per host, %zu-byte elements, one channel.\n",
            pth[0] ? " (CHORUS_TUNE_FILE)" : "", link.a_intra, link.bw_intra, link.a_inter, link.bw_inter, link.nic_bw,
            link.host_bw > 0 ? ", host memory shared" : "", tune_proto_name(proto), per_host, esize);
-  else
-    printf("coll,ranks,hosts,bytes,algo,sim_us,steps,coarsen,periodic,auto_algo,auto_proto,auto_model_us\n");
+  else printf("coll,ranks,hosts,bytes,algo,sim_us,steps,coarsen,periodic,auto_algo,auto_proto,auto_model_us\n");
   for (int f = 0; f < nfuncs; f++) {
     int func = funcs[f];
     if (!csv) {
       printf("\n%s%s\n%7s %6s %6s", tune_func_name(func),
-             func == FUNC_ALLREDUCE ? "" : " (size: the whole result/input, as nccl-tests count it)", "ranks",
-             "hosts", "size");
-      for (int a = 0; a < nalgos; a++) printf(" %13s", algo_name(algos[a]));
+             func == FUNC_ALLREDUCE ? "" : " (size: the whole result/input, as nccl-tests count it)", "ranks", "hosts",
+             "size");
+      for (int a = 0; a < nalgos; a++) printf(" %13s", sim_algo_name(algos[a]));
       printf("   %-30s %s\n", "auto (tune/choose.c)", "best simulated");
     }
     for (int k = 0; k < nranks; k++) {
@@ -293,12 +300,20 @@ int main(int argc, char** argv) {
           t[a] = -1;
           snprintf(cell[a], sizeof cell[a], "-");
           if (!sim_has(func, algos[a], n)) continue;
-          struct sim_cfg cfg = {.n = n, .per_host = per_host, .func = func, .algo = algos[a], .proto = proto,
-                                .count = count, .esize = esize, .budget = (uint64_t)budget, .link = link};
+          struct sim_cfg cfg = {.n = n,
+                                .per_host = per_host,
+                                .func = func,
+                                .algo = algos[a],
+                                .proto = proto,
+                                .count = count,
+                                .esize = esize,
+                                .budget = (uint64_t)budget,
+                                .link = link};
           struct sim_result r;
           if (sim_run(&cfg, &r) != 0) continue;
           if (!r.ok) {
-            fprintf(stderr, "chorus-sim: %s %s on %d ranks: %s\n", algo_name(algos[a]), tune_func_name(func), n, r.why);
+            fprintf(stderr, "chorus-sim: %s %s on %d ranks: %s\n", sim_algo_name(algos[a]), tune_func_name(func), n,
+                    r.why);
             failures++;
             continue;
           }
@@ -308,7 +323,7 @@ int main(int argc, char** argv) {
           if (best < 0 || r.us < t[best]) best = a;
           if (csv) {
             printf("%s,%d,%d,%zu,%s,%.3f,%llu,%d,%d", tune_func_name(func), n, comm ? comm->nnodes : 0, sizes[z],
-                   algo_name(algos[a]), r.us, (unsigned long long)r.prims, r.coarsen, r.periodic);
+                   sim_algo_name(algos[a]), r.us, (unsigned long long)r.prims, r.coarsen, r.periodic);
           }
           if (csv) printf(",,,\n");
         }
@@ -333,7 +348,7 @@ int main(int argc, char** argv) {
         fmt_bytes(sizes[z], sz, sizeof sz);
         printf("%7d %6d %6s", n, (n + per_host - 1) / per_host, sz);
         for (int a = 0; a < nalgos; a++) printf(" %13s", cell[a]);
-        printf("   %-30s %s", autos, best >= 0 ? algo_name(algos[best]) : "-");
+        printf("   %-30s %s", autos, best >= 0 ? sim_algo_name(algos[best]) : "-");
         if (best >= 0 && comm)
           for (int a = 0; a < nalgos; a++)
             if (algos[a] == ch.algo && t[a] >= 0 && a != best) printf(" (auto x%.2f)", t[a] / t[best]);

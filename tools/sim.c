@@ -28,7 +28,10 @@
 #define SB ((uintptr_t)1 << 40) /* where the input "lives": pointers are decoded, never read */
 #define RB ((uintptr_t)1 << 41)
 
+const char* sim_algo_name(int algo) { return algo == SIM_ALGO_RDAG ? "RecDblAG" : algo_name(algo); }
+
 int sim_has(int func, int algo, int n) {
+  if (algo == SIM_ALGO_RDAG) return func == FUNC_ALLGATHER && n >= 2 && (n & (n - 1)) == 0;
   if (algo == ALGO_RING) return func == FUNC_ALLREDUCE || func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER;
   if (algo == ALGO_RECDBL || algo == ALGO_RABEN || algo == ALGO_TREE) return func == FUNC_ALLREDUCE && n > 2;
   return 0;
@@ -80,18 +83,57 @@ void sim_trees(int n, int per_host, int r, struct algo_tree trees[2], int* ntree
   }
 }
 
+/* The what-if AllGather (SIM_ALGO_RDAG): round k swaps the 2^k blocks of this rank's aligned group
+ * with the partner's group, chunk by chunk, a send then a receive (both ends alike, so a FIFO of any
+ * depth suffices); round 0 also copies the rank's own block into place. */
+static uint64_t rdag_round_chunks(const struct ch_op* op, int k) {
+  size_t e = ((size_t)1 << k) * op->count;
+  return (e + op->chunk - 1) / op->chunk;
+}
+static uint64_t rdag_nsteps(const struct ch_op* op) {
+  uint64_t s = 0;
+  for (int k = 0; (1 << k) < op->nranks; k++) s += 2 * rdag_round_chunks(op, k);
+  return s;
+}
+static void rdag_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
+  int k = 0;
+  uint64_t c;
+  while (idx >= 2 * (c = rdag_round_chunks(op, k))) idx -= 2 * c, k++;
+  size_t g = (size_t)1 << k, e = g * op->count, j = idx / 2, o = j * op->chunk;
+  int r = op->rank, partner = r ^ (int)g;
+  size_t mine = (size_t)r & ~(g - 1), theirs = mine ^ g;
+  *p = (struct prim){0};
+  p->peers = 1;
+  p->nelem = algo_min(op->chunk, e - o);
+  if (idx % 2 == 0) {
+    p->send = 1, p->out_peer = partner;
+    p->src = k == 0 ? op->sendbuff + o * op->esize : op->recvbuff + (mine * op->count + o) * op->esize;
+    if (k == 0) p->dst = op->recvbuff + (mine * op->count + o) * op->esize;
+  } else {
+    p->recv = 1, p->in_peer = partner;
+    p->dst = op->recvbuff + (theirs * op->count + o) * op->esize;
+  }
+}
+static uint64_t sim_nsteps(const struct ch_op* op) {
+  return op->algo == SIM_ALGO_RDAG ? rdag_nsteps(op) : algo_nsteps(op);
+}
+static void sim_step(const struct ch_op* op, uint64_t idx, struct prim* p) {
+  if (op->algo == SIM_ALGO_RDAG) rdag_step(op, idx, p);
+  else algo_step(op, idx, p);
+}
+
 /* ---- the simulated transport ---- */
 
 struct smsg {
   double arrive;
   size_t nelem;
-  uint64_t* key;  /* check mode: per element, the sum of the contributions' keys */
-  uint8_t* post;  /* and the post-ops applied */
+  uint64_t* key; /* check mode: per element, the sum of the contributions' keys */
+  uint8_t* post; /* and the post-ops applied */
 };
 
 struct sconn {
-  int src, dst;         /* simulated ranks */
-  uint64_t head, tail;  /* steps sent, steps received */
+  int src, dst;        /* simulated ranks */
+  uint64_t head, tail; /* steps sent, steps received */
   struct smsg q[CH_STEPS];
   double freed[CH_STEPS]; /* when the receiver took the step that last used each slot */
   int recv_waits, send_waits;
@@ -111,8 +153,8 @@ struct sim {
   const struct sim_cfg* cfg;
   int n, nsim, per_host, periodic;
   struct rk* r;
-  int* ring;  /* ring order (tune/rings.c) */
-  int* pos;   /* position of each rank in it */
+  int* ring; /* ring order (tune/rings.c) */
+  int* pos;  /* position of each rank in it */
   double *nic_out, *nic_in, *mem;
   int* heap;
   int nheap;
@@ -211,7 +253,7 @@ static int step_one(struct sim* s, int i) {
   struct rk* me = &s->r[i];
   const struct ch_op* op = &me->op;
   struct prim p;
-  algo_step(op, me->idx, &p);
+  sim_step(op, me->idx, &p);
   int rank = op->rank, n = s->n;
   int from = p.peers ? p.in_peer : s->ring[algo_mod(s->pos[rank] - 1, n)];
   int to = p.peers ? p.out_peer : s->ring[algo_mod(s->pos[rank] + 1, n)];
@@ -344,7 +386,7 @@ static void op_fill(struct sim* s, int i, int rank, size_t chunk) {
     op->trees = me->trees;
   }
   me->idx = 0;
-  me->nidx = algo_nsteps(op);
+  me->nidx = sim_nsteps(op);
 }
 
 static uint64_t total_steps(struct sim* s, size_t chunk) {
@@ -359,7 +401,7 @@ static uint64_t total_steps(struct sim* s, size_t chunk) {
 int sim_run(const struct sim_cfg* c, struct sim_result* res) {
   memset(res, 0, sizeof(*res));
   if (c->n < 2 || c->per_host < 1 || !sim_has(c->func, c->algo, c->n) || c->esize == 0) {
-    snprintf(res->why, sizeof(res->why), "Chorus does not run %s %s on %d ranks", algo_name(c->algo),
+    snprintf(res->why, sizeof(res->why), "Chorus does not run %s %s on %d ranks", sim_algo_name(c->algo),
              tune_func_name(c->func), c->n);
     return -1;
   }
@@ -388,7 +430,7 @@ int sim_run(const struct sim_cfg* c, struct sim_result* res) {
   }
   for (int q = 0; q < n; q++) s.pos[s.ring[q]] = q;
 
-  int ringy = !algo_uses_peers(c->algo);
+  int ringy = !algo_uses_peers(c->algo) && c->algo != SIM_ALGO_RDAG;
   int can_periodic = ringy && !c->check && n % c->per_host == 0 && n > c->per_host && c->periodic >= 0;
   uint64_t steps = total_steps(&s, chunk);
   if (can_periodic && (c->periodic > 0 || (c->budget && steps > c->budget))) {
@@ -462,7 +504,9 @@ int sim_run(const struct sim_cfg* c, struct sim_result* res) {
         int gp = s.res_post[(size_t)i * s.rlen + e];
         if (got != w || gp != wpost) {
           snprintf(res->why, sizeof(res->why), "rank %d element %zu: %s (post-ops %d, want %d)", i, e,
-                   got == w ? "the right contributions" : got == 0 ? "never written" : "not exactly the contributions",
+                   got == w   ? "the right contributions"
+                   : got == 0 ? "never written"
+                              : "not exactly the contributions",
                    gp, wpost);
           res->ok = 0;
         }

@@ -25,7 +25,7 @@ struct sim_link {
 struct sim_cfg {
   int n, per_host; /* ranks; ranks per host (rank r on host r / per_host) */
   int func, algo, proto;
-  size_t count;    /* elements: AllReduce the vector, AllGather/ReduceScatter one rank's block */
+  size_t count; /* elements: AllReduce the vector, AllGather/ReduceScatter one rank's block */
   size_t esize;
   size_t chunk;    /* elements per FIFO step; 0: Chorus's for the algorithm and protocol */
   int check;       /* track every element's contributions (check mode: no periodic run, no coarsening) */
@@ -36,18 +36,24 @@ struct sim_cfg {
 };
 
 struct sim_result {
-  int ok;          /* delivered exactly once (check mode), finished without deadlock (both) */
-  char why[256];   /* when not ok */
-  double us;       /* completion time of the last rank */
-  uint64_t prims;  /* primitive steps simulated */
-  int coarsen;     /* factor the FIFO step was multiplied by (1: Chorus's own) */
-  int periodic;    /* 1: one host's ranks were simulated, the others by the ring's symmetry */
-  size_t chunk;    /* elements per FIFO step used */
+  int ok;         /* delivered exactly once (check mode), finished without deadlock (both) */
+  char why[256];  /* when not ok */
+  double us;      /* completion time of the last rank */
+  uint64_t prims; /* primitive steps simulated */
+  int coarsen;    /* factor the FIFO step was multiplied by (1: Chorus's own) */
+  int periodic;   /* 1: one host's ranks were simulated, the others by the ring's symmetry */
+  size_t chunk;   /* elements per FIFO step used */
 };
 
 /* 0 on success (res->ok says whether the schedule was right), -1 when the configuration is not one
  * Chorus runs (why in res->why). */
 int sim_run(const struct sim_cfg* cfg, struct sim_result* res);
+
+/* Not Chorus's: a what-if AllGather with log2(n) latency, recursive doubling over a power of two (each
+ * round swaps all blocks gathered so far with the rank differing in one bit), standing in for NCCL's
+ * PAT, which Chorus lacks (docs/SCALE.md). Only in the simulator. */
+#define SIM_ALGO_RDAG 100
+const char* sim_algo_name(int algo);
 
 /* Whether Chorus has algo for func on n ranks (the simulator's view: Ring everywhere; RecDbl,
  * Rabenseifner and Tree for AllReduce). */
