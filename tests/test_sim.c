@@ -61,7 +61,7 @@ TEST(sim, allgather_reducescatter_deliver_exactly_once) {
 }
 
 /* The recursive algorithms at a large count of ranks: their steps grow as n log n. */
-TEST(sim, recursive_algorithms_at_4096_ranks) {
+TEST_T(sim, recursive_algorithms_at_4096_ranks, 180) {
   check(FUNC_ALLREDUCE, ALGO_RECDBL, 4096, 8, 4096 + 40, 1024);
   check(FUNC_ALLREDUCE, ALGO_RABEN, 1024 + 300, 8, 8 * 1024 + 3, 1024); /* every block non-empty */
   check(FUNC_ALLREDUCE, ALGO_RABEN, 4096 + 1000, 8, 100, 16);
@@ -151,4 +151,46 @@ TEST(sim, time_is_the_cost_model_where_both_apply) {
   double rd = sim_us(FUNC_ALLREDUCE, ALGO_RECDBL, 16, 1, 2, -1); /* 16 hosts: every hop over the network */
   want = 4 * (l.a_inter + 8.0 / l.bw_inter);
   EXPECT(fabs(rd - want) < 1e-6 * want);
+}
+
+/* The check is not vacuous: a doubled contribution, a lost step and a missing premultiplication are
+ * each caught, for every algorithm. */
+TEST(sim, check_catches_broken_deliveries) {
+  static const int algos[] = {ALGO_RING, ALGO_RECDBL, ALGO_RABEN, ALGO_TREE};
+  for (int a = 0; a < 4; a++)
+    for (int corrupt = 1; corrupt <= 3; corrupt++) {
+      struct sim_cfg cfg = {.n = 12,
+                            .per_host = 4,
+                            .func = FUNC_ALLREDUCE,
+                            .algo = algos[a],
+                            .proto = PROTO_SIMPLE,
+                            .count = 200,
+                            .esize = 4,
+                            .chunk = 16,
+                            .check = 1,
+                            .periodic = -1,
+                            .corrupt = corrupt};
+      sim_link_from_model(PROTO_SIMPLE, &cfg.link);
+      struct sim_result r;
+      ASSERT(sim_run(&cfg, &r) == 0);
+      if (r.ok) rt_fail(__FILE__, __LINE__, "%s: corruption %d went unnoticed", algo_name(algos[a]), corrupt);
+    }
+  struct sim_cfg cfg = {.n = 9,
+                        .per_host = 3,
+                        .func = FUNC_REDUCESCATTER,
+                        .algo = ALGO_RING,
+                        .proto = PROTO_SIMPLE,
+                        .count = 20,
+                        .esize = 4,
+                        .chunk = 8,
+                        .check = 1,
+                        .periodic = -1,
+                        .corrupt = 1};
+  sim_link_from_model(PROTO_SIMPLE, &cfg.link);
+  struct sim_result r;
+  ASSERT(sim_run(&cfg, &r) == 0);
+  EXPECT(!r.ok);
+  cfg.func = FUNC_ALLGATHER, cfg.corrupt = 2;
+  ASSERT(sim_run(&cfg, &r) == 0);
+  EXPECT(!r.ok);
 }

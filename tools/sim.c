@@ -163,6 +163,7 @@ struct sim {
   uint8_t* res_post;
   size_t rlen;
   uint64_t prims;
+  int corrupted; /* cfg->corrupt has been applied */
   int failed;
   char* why;
 };
@@ -291,6 +292,8 @@ static int step_one(struct sim* s, int i) {
     if (!key || !post) abort();
     int reduces = c->func != FUNC_ALLGATHER;
     int local = p.src && (p.reduce || !p.recv);
+    int first_local = local && rank == n - 1 && !s->corrupted && (uintptr_t)p.src < RB;
+    if (c->corrupt == 3 && first_local && p.premul) p.premul = 0, s->corrupted = 1;
     if (local && reduces) {
       int from_input = (uintptr_t)p.src < RB;
       if (from_input != (p.premul != 0))
@@ -298,13 +301,15 @@ static int step_one(struct sim* s, int i) {
              from_input ? "input" : "result", from_input ? "is not" : "is");
     }
     struct smsg* m = cin ? &cin->q[cin->tail % CH_STEPS] : NULL;
+    if (c->corrupt == 1 && first_local) s->corrupted = 1; /* after this step's elements */
     for (size_t j = 0; j < p.nelem; j++) {
       uint64_t k = 0, lk = 0;
       uint8_t po = 0, lp = 0;
-      if (m) k = m->key[j], po = m->post[j];
+      if (m && !(c->corrupt == 2 && rank == 0 && cin->tail == 0)) k = m->key[j], po = m->post[j];
       if (local) {
         src_val(s, i, rank, (uintptr_t)p.src + j * c->esize, &lk, &lp);
         k += lk, po = (uint8_t)(po + lp);
+        if (c->corrupt == 1 && first_local) k += lk;
       }
       if (p.postop) po++;
       key[j] = k, post[j] = po;

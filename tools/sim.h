@@ -33,6 +33,10 @@ struct sim_cfg {
   uint64_t budget; /* timing: primitive steps to simulate at most (0: no limit); the FIFO step is
                     * coarsened (doubled) until the run fits */
   struct sim_link link;
+  /* Tests of the check itself: 1 counts rank n-1's first local contribution twice, 2 loses the first
+   * step rank 0 receives (its payload is replaced by nothing), 3 drops the premultiplication of rank
+   * n-1's first step from its input. */
+  int corrupt;
 };
 
 struct sim_result {
