@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "nccl.h"
 #include "sim.h"
 #include "../src/comm/comm.h"
 #include "../src/misc/param.h"
@@ -253,7 +254,10 @@ int main(int argc, char** argv) {
       fprintf(stderr, "chorus-sim: rank counts must be 2..1048576\n");
       return 2;
     }
-  if (tune_model_status() != CH_OK) return 1; /* CHORUS_TUNE_FILE: the WARN said why */
+  if (tune_model_status() != CH_OK) { /* the WARN is quiet unless NCCL_DEBUG asks: say it here */
+    fprintf(stderr, "chorus-sim: %s\n", ncclGetLastError(NULL));
+    return 1;
+  }
   if (!nalgos)
     for (int k = 0; k < 4; k++) algos[nalgos++] = algos_all[k];
 
