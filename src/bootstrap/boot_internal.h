@@ -144,6 +144,8 @@ int boot_check_info(struct boot_rank_info* info, int slot, int nranks, char* why
 struct boot_next {
   int32_t rank, nranks; /* the joiner's, echoed */
   union sock_addr next; /* listen address of rank (rank + 1) % nranks */
+  int32_t next_pid;     /* and its pid and host name, for messages until the table arrives */
+  char next_host[64];
 };
 
 #endif

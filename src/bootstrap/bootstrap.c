@@ -213,7 +213,7 @@ static ch_status connect_root(const struct boot_id* id, const struct boot_key* k
 
 /* Join at the root and receive where our next rank listens (or the root's error report). */
 static ch_status join_root(const struct boot_id* id, const struct boot_rank_info* me, const volatile int* abort,
-                           uint64_t deadline_ns, union sock_addr* next) {
+                           uint64_t deadline_ns, union sock_addr* next, struct boot_rank_info* next_info) {
   char root_name[64];
   sock_addr_str(&id->root, root_name, sizeof(root_name));
   int rank = me->rank, nranks = me->nranks;
@@ -267,6 +267,12 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
     goto out;
   }
   *next = nx.next;
+  /* For messages only, until the table brings the entry itself (checked then): printable, bounded. */
+  nx.next_host[sizeof(nx.next_host) - 1] = 0;
+  for (char* c = nx.next_host; *c; c++)
+    if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
+  next_info->pid = nx.next_pid > 0 ? nx.next_pid : 0;
+  memcpy(next_info->hostname, nx.next_host, sizeof(next_info->hostname));
   goto out;
 fail:
   if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while waiting at the root", rank);
@@ -310,6 +316,7 @@ static ch_status learn_infos(void* arg, struct boot_state* b, int lo, int count,
       return CH_INVALID_USAGE;
     }
     CHECK(boot_learn_addr(b, i, &t->listen_addr));
+    boot_name_peer(b, i, t->pid, t->hostname); /* checked printable above */
   }
   return CH_OK;
 }
@@ -346,7 +353,9 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
   }
   fill_info(&me, rank, nranks, &listener.addr);
   union sock_addr next;
-  CHECK_GOTO(join_root(&id, &me, abort, deadline_ns, &next), st, out);
+  struct boot_rank_info next_info;
+  memset(&next_info, 0, sizeof(next_info));
+  CHECK_GOTO(join_root(&id, &me, abort, deadline_ns, &next, &next_info), st, out);
   uint64_t t_join = ut_now_ns();
 
   /* We know our own address and our next rank's; the others arrive with the table. */
@@ -361,6 +370,9 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
   if (nranks > 1) addrs[(rank + 1) % nranks] = next;
   table[rank] = me;
   CHECK_GOTO(boot_peers_create(out, rank, nranks, id.magic, &key, addrs, &listener, abort, deadline_ns), st, out);
+  /* Who we and our next rank are, for messages about a peer lost before the table is complete. */
+  boot_name_peer(*out, rank, me.pid, me.hostname);
+  if (nranks > 1) boot_name_peer(*out, (rank + 1) % nranks, next_info.pid, next_info.hostname);
   struct table_learn l = {table, &me};
   CHECK_GOTO(boot_allgather_learn(*out, table, sizeof(*table), learn_infos, &l), st, out);
   CHECK_GOTO(check_loopback(table, nranks, rank), st, out);

@@ -75,6 +75,8 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
  * already-listening socket of this rank for the new bootstrap (ownership passes to the state). */
 /* Remember each rank's pid and host (the rank table) so that failure reports name them. */
 void boot_name_peers(struct boot_state* b, const struct boot_rank_info* table);
+/* The same for one rank (its pid and printable host name), as it becomes known during init. */
+void boot_name_peer(struct boot_state* b, int r, int pid, const char* host);
 ch_status boot_init_from_table(int rank, int nranks, const struct boot_key* key, const union sock_addr* addrs,
                                struct sock* listener, const volatile int* abort, struct boot_state** out);
 

@@ -528,11 +528,13 @@ void boot_set_context(struct boot_state* b, const char* what) {
   snprintf(b->context, sizeof(b->context), "%s", what ? what : "");
 }
 
+void boot_name_peer(struct boot_state* b, int r, int pid, const char* host) {
+  b->peers[r].pid = pid;
+  snprintf(b->peers[r].host, sizeof(b->peers[r].host), "%s", host); /* the caller checked it printable */
+}
+
 void boot_name_peers(struct boot_state* b, const struct boot_rank_info* table) {
-  for (int r = 0; r < b->nranks; r++) {
-    b->peers[r].pid = table[r].pid;
-    snprintf(b->peers[r].host, sizeof(b->peers[r].host), "%s", table[r].hostname); /* checked printable at join */
-  }
+  for (int r = 0; r < b->nranks; r++) boot_name_peer(b, r, table[r].pid, table[r].hostname);
 }
 
 /* A connection to send to peer on: ours (its proof may still be on the way), or an authenticated

@@ -232,6 +232,8 @@ static void root_complete(struct root* r) {
       nx.rank = i;
       nx.nranks = r->nranks;
       nx.next = r->infos[(i + 1) % r->nranks].listen_addr;
+      nx.next_pid = r->infos[(i + 1) % r->nranks].pid;
+      memcpy(nx.next_host, r->infos[(i + 1) % r->nranks].hostname, sizeof(nx.next_host)); /* checked at join */
       root_reply(r, r->by_rank[i], BOOT_REPLY_NEXT, CH_OK, &nx, sizeof(nx));
     }
   }
