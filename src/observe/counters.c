@@ -17,7 +17,8 @@ void obs_counters(const struct ncclComm* comm, struct obs_ctr* out) {
 }
 
 static uint64_t moved(const struct conn* c, int peer) {
-  return c->connected && c->peer == peer ? atomic_load_explicit(&c->bytes, memory_order_relaxed) : 0;
+  /* c->peer and bytes outlive a connection the pool released (core/pool.c); an unused one holds 0 */
+  return c->peer == peer ? atomic_load_explicit(&c->bytes, memory_order_relaxed) : 0;
 }
 
 void obs_peer_counters(const struct ncclComm* comm, int peer, struct obs_peer_ctr* out) {
