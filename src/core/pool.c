@@ -151,18 +151,3 @@ void pool_after_connect(struct ncclComm* comm) {
   if (now > atomic_load_explicit(&comm->p2p_live_max, memory_order_relaxed))
     atomic_store_explicit(&comm->p2p_live_max, now, memory_order_relaxed);
 }
-
-void pool_usage(const struct ncclComm* comm, int* peers, uint64_t* recv_bytes, uint64_t* send_bytes) {
-  *peers = 0, *recv_bytes = *send_bytes = 0;
-  if (!comm->p2p) return;
-  uint64_t fifo = tp_fifo_bytes(&comm->p2p_sizes);
-  for (int p = 0; p < comm->nranks; p++) {
-    const struct ch_p2p* x = &comm->p2p[p];
-    if (p == comm->rank) continue;
-    int s = atomic_load_explicit(&x->send.connected, memory_order_acquire);
-    int r = atomic_load_explicit(&x->recv.connected, memory_order_acquire);
-    *peers += s || r;
-    *send_bytes += s ? fifo : 0;
-    *recv_bytes += r ? fifo : 0;
-  }
-}

@@ -14,7 +14,5 @@ struct ch_plan;
 int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl);
 /* After a successful comm_connect: reserve the group's messages on the connections it made. */
 void pool_after_connect(struct ncclComm* comm);
-/* Live per-peer (set 0) peers and their FIFO bytes: receive FIFOs this rank made, send FIFOs it maps. */
-void pool_usage(const struct ncclComm* comm, int* peers, uint64_t* recv_bytes, uint64_t* send_bytes);
 
 #endif
