@@ -21,6 +21,7 @@
 #include "exec.h"
 #include "../observe/observe.h"
 #include "init.h"
+#include "pool.h"
 #include "plan.h"
 
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
@@ -291,22 +292,9 @@ static ch_status comm_setup(struct ncclComm* comm) {
    * bytes, so each is that divided by its peers (or by CHORUS_P2P_PEERS, the most it keeps), scaled
    * down from 832 KiB alike in every protocol to at least 8 slots of 4 KiB each. The same on every
    * rank (n and the two settings; CHORUS_P2P_MEM is compared at init). */
-  static const size_t p2p_cap[CH_NPROTO] = {64u << 10, 256u << 10, 512u << 10};
-  int64_t mem = param_int(PARAM_P2P_MEM), kpeers = param_int(PARAM_P2P_PEERS);
-  int64_t npeers = UT_MAX(1, (int64_t)n - 1);
-  if (kpeers > 0 && kpeers < npeers) npeers = kpeers;
-  size_t full = 0, quantum = (size_t)CH_STEPS * 4096;
-  for (int p = 0; p < CH_NPROTO; p++) full += UT_MIN(comm->sizes.buff[p], p2p_cap[p]);
-  double scale = mem > 0 ? (double)mem / (double)npeers / (double)full : 1.0;
-  if (scale > 1.0) scale = 1.0;
-  for (int p = 0; p < CH_NPROTO; p++) {
-    size_t b = (size_t)((double)UT_MIN(comm->sizes.buff[p], p2p_cap[p]) * scale) / quantum * quantum;
-    comm->p2p_sizes.buff[p] = UT_MAX(b, quantum);
-  }
-  /* The pool's cap: CHORUS_P2P_PEERS, or as many FIFOs of that size as CHORUS_P2P_MEM holds. */
+  pool_sizes(&comm->sizes, n, &comm->p2p_sizes, &comm->p2p_cap);
   size_t fifo = tp_fifo_bytes(&comm->p2p_sizes);
-  comm->p2p_cap = kpeers > 0 ? (int)UT_MIN(kpeers, (int64_t)n)
-                             : (int)UT_MIN((int64_t)n, UT_MAX(1, mem > 0 ? mem / (int64_t)fifo : (int64_t)n));
+  int64_t mem = param_int(PARAM_P2P_MEM);
   comm->p2p_lru = calloc((size_t)n, sizeof(*comm->p2p_lru));
   comm->p2p_count = calloc(2 * (size_t)n, sizeof(*comm->p2p_count));
   comm->p2p_mark = calloc(2 * (size_t)n, 1);

@@ -24,6 +24,8 @@
 #include <string.h>
 
 #include "../misc/log.h"
+#include "../misc/param.h"
+#include "../misc/utils.h"
 #include "host_stream.h"
 #include "pool.h"
 
@@ -150,4 +152,23 @@ void pool_after_connect(struct ncclComm* comm) {
   atomic_store_explicit(&comm->p2p_live, now, memory_order_relaxed);
   if (now > atomic_load_explicit(&comm->p2p_live_max, memory_order_relaxed))
     atomic_store_explicit(&comm->p2p_live_max, now, memory_order_relaxed);
+}
+
+void pool_sizes(const struct tp_sizes* ring, int n, struct tp_sizes* out, int* cap) {
+  static const size_t p2p_cap[CH_NPROTO] = {64u << 10, 256u << 10, 512u << 10};
+  int64_t mem = param_int(PARAM_P2P_MEM), kpeers = param_int(PARAM_P2P_PEERS);
+  int64_t npeers = UT_MAX(1, (int64_t)n - 1);
+  if (kpeers > 0 && kpeers < npeers) npeers = kpeers;
+  size_t full = 0, quantum = (size_t)CH_STEPS * 4096;
+  for (int p = 0; p < CH_NPROTO; p++) full += UT_MIN(ring->buff[p], p2p_cap[p]);
+  double scale = mem > 0 ? (double)mem / (double)npeers / (double)full : 1.0;
+  if (scale > 1.0) scale = 1.0;
+  for (int p = 0; p < CH_NPROTO; p++) {
+    size_t b = (size_t)((double)UT_MIN(ring->buff[p], p2p_cap[p]) * scale) / quantum * quantum;
+    out->buff[p] = UT_MAX(b, quantum);
+  }
+  /* The cap: CHORUS_P2P_PEERS, or as many FIFOs of that size as CHORUS_P2P_MEM holds. */
+  size_t fifo = tp_fifo_bytes(out);
+  *cap = kpeers > 0 ? (int)UT_MIN(kpeers, (int64_t)n)
+                    : (int)UT_MIN((int64_t)n, UT_MAX(1, mem > 0 ? mem / (int64_t)fifo : (int64_t)n));
 }

@@ -15,4 +15,9 @@ int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl);
 /* After a successful comm_connect: reserve the group's messages on the connections it made. */
 void pool_after_connect(struct ncclComm* comm);
 
+/* Per-peer FIFO sizes for n ranks (CHORUS_P2P_MEM over the peers, or over CHORUS_P2P_PEERS, scaled
+ * down from at most 832 KiB alike in every protocol to at least 8 slots of 4 KiB each), and the
+ * pool's cap: the same on every rank. */
+void pool_sizes(const struct tp_sizes* ring, int n, struct tp_sizes* out, int* cap);
+
 #endif
