@@ -76,6 +76,21 @@ ncclResult_t chorusCommGetPeerCounters(ncclComm_t comm, int peer, chorusPeerCoun
 /* The same in Prometheus' text exposition format (chorus_calls_total{comm=...,rank=...} ...), as for
  * chorusCommStallReport: at most len bytes, NUL-terminated; *needed the whole text's length. */
 ncclResult_t chorusCommMetrics(ncclComm_t comm, char* text, size_t len, size_t* needed);
+/* Memory per rank (docs/SCALE.md "Memory per rank"). Set size to sizeof(chorusMemory_t) first: the call
+ * fills only the fields that fit in size, so the struct may grow at its end. Per communicator: the
+ * peers with live per-peer connections (send/recv, AlltoAll, Gather, Scatter), the most at once, the
+ * cap (CHORUS_P2P_PEERS, or what CHORUS_P2P_MEM holds), one per-peer FIFO's bytes, the bytes of the
+ * per-peer receive FIFOs this rank made and of the send FIFOs it maps, peers the pool released and
+ * connections it made, and the receive FIFOs of the rings and RecDbl/Rabenseifner/Tree. Per process
+ * (from /proc/self, alike for every rank of the process): resident shared memory, private memory,
+ * pinned (locked) memory, open descriptors, threads. Any thread, beside a call on comm. */
+typedef struct {
+  size_t size;
+  uint64_t p2pPeers, p2pPeersMax, p2pPeersCap, p2pFifoBytes, p2pRecvBytes, p2pSendBytes;
+  uint64_t p2pReleased, p2pMade, ringBytes;
+  uint64_t procShmemBytes, procPrivateBytes, procPinnedBytes, procFds, procThreads;
+} chorusMemory_t;
+ncclResult_t chorusCommGetMemory(ncclComm_t comm, chorusMemory_t* mem);
 /* Write comm's flight recorder (its last CHORUS_FLIGHT_RECORDER calls) now, to
  * CHORUS_DUMP_DIR/chorus-fr-<comm>-r<rank>.txt; path (if not NULL) gets the file's name, NUL-terminated
  * in len bytes. chorus-info --flight DIR reads every rank's file. ncclInvalidUsage when the recorder is

@@ -20,6 +20,8 @@
 #include "../src/misc/utils.h"
 #include "../src/net/net.h"
 #include "../src/tune/tune.h"
+#include "../src/core/pool.h"
+#include "../src/observe/observe.h"
 #include "calibrate.h"
 
 static void print_numa(void) {
@@ -98,6 +100,34 @@ static const char* plugin_found(const char* kind, const char* spec, char* out, s
 }
 
 /* The first screen: what this build and host offer and what is set, before the long tables. */
+/* Memory per rank (docs/SCALE.md): what a communicator's per-peer FIFOs take under the settings,
+ * and this process's own figures (a running rank's: chorusCommGetMemory, chorus_memory_* metrics). */
+static void print_memory(void) {
+  struct tp_sizes ring;
+  ring.buff[PROTO_SIMPLE] = (size_t)param_int(PARAM_BUFFSIZE);
+  ring.buff[PROTO_LL] = (size_t)param_int(PARAM_LL_BUFFSIZE);
+  ring.buff[PROTO_LL128] = (size_t)param_int(PARAM_LL128_BUFFSIZE);
+  printf("\nMemory per rank\n");
+  printf("  per-peer FIFOs (send/recv, AlltoAll, Gather, Scatter): CHORUS_P2P_MEM=%lld, CHORUS_P2P_PEERS=%lld\n",
+         (long long)param_int(PARAM_P2P_MEM), (long long)param_int(PARAM_P2P_PEERS));
+  static const int ns[] = {8, 64, 128, 256, 1024, 4096};
+  for (int i = 0; i < (int)(sizeof(ns) / sizeof(ns[0])); i++) {
+    struct tp_sizes p2p;
+    int cap;
+    pool_sizes(&ring, ns[i], &p2p, &cap);
+    size_t fifo = tp_fifo_bytes(&p2p);
+    int live = cap < ns[i] - 1 ? cap : ns[i] - 1;
+    printf("    %5d ranks: %4zu KiB a FIFO, at most %4d peers live, %6.1f MiB of receive FIFOs a rank%s\n", ns[i],
+           fifo >> 10, cap, (double)fifo * live / 1048576.0, cap < ns[i] - 1 ? " (least recently used released)" : "");
+  }
+  struct obs_proc_mem pm;
+  obs_proc_memory(&pm);
+  printf("  this process: shared %.1f MiB, private %.1f MiB, pinned %.1f MiB, %llu descriptors, %llu threads\n",
+         (double)pm.shmem / 1048576.0, (double)pm.priv / 1048576.0, (double)pm.pinned / 1048576.0,
+         (unsigned long long)pm.fds, (unsigned long long)pm.threads);
+  printf("  a running rank's: chorusCommGetMemory, or the chorus_memory_* gauges of chorusCommMetrics\n");
+}
+
 static void print_summary(void) {
   int v = 0;
   chorusGetVersion(&v);
@@ -185,6 +215,7 @@ int main(int argc, char** argv) {
   if (statvfs("/dev/shm", &sv) == 0)
     printf("  /dev/shm: %.1f MiB free of %.1f MiB (FIFOs use memfd; this matters for named fallbacks)\n",
            (double)sv.f_bavail * sv.f_frsize / 1048576.0, (double)sv.f_blocks * sv.f_frsize / 1048576.0);
+  print_memory();
   char ifs[4096] = "";
   sock_list_interfaces(ifs, sizeof(ifs));
   printf("  network interfaces (usable for sockets):\n");

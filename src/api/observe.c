@@ -47,6 +47,29 @@ CH_API(ncclResult_t, chorusCommGetCounters, ncclComm_t comm, chorusCounters_t* c
   return r;
 }
 
+CH_API(ncclResult_t, chorusCommGetMemory, ncclComm_t comm, chorusMemory_t* mem) {
+  static const char fn[] = "chorusCommGetMemory";
+  struct comm_guard g;
+  ncclResult_t r;
+  if (!enter_query(comm, fn, mem, "mem", &g, &r)) return r;
+  if (r == ncclSuccess && (mem->size < sizeof(size_t) + sizeof(uint64_t) || mem->size > (1u << 20))) {
+    WARN("%s: mem->size is %zu; set it to sizeof(chorusMemory_t) (%zu)", fn, mem->size, sizeof(chorusMemory_t));
+    r = ncclInvalidArgument;
+  } else if (r == ncclSuccess) {
+    struct obs_mem m;
+    struct obs_proc_mem p;
+    obs_comm_memory(comm, &m);
+    obs_proc_memory(&p);
+    chorusMemory_t all = {sizeof(all), m.p2p_peers, m.p2p_peers_max, m.p2p_cap, m.p2p_fifo, m.p2p_recv_bytes,
+                          m.p2p_send_bytes, m.p2p_released, m.p2p_made, m.ring_bytes, p.shmem, p.priv,
+                          p.pinned, p.fds, p.threads};
+    size_t n = mem->size < sizeof(all) ? mem->size : sizeof(all);
+    memcpy((char*)mem + sizeof(size_t), (char*)&all + sizeof(size_t), n - sizeof(size_t));
+  }
+  comm_leave(&g);
+  return r;
+}
+
 CH_API(ncclResult_t, chorusCommGetPeerCounters, ncclComm_t comm, int peer, chorusPeerCounters_t* counters) {
   static const char fn[] = "chorusCommGetPeerCounters";
   struct comm_guard g;

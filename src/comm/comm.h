@@ -95,7 +95,18 @@ struct ncclComm {
    * and receives use in no fixed order with a collective (comm_apeer) */
   struct ch_p2p* p2p;
   struct tp_sizes sizes;     /* ring FIFOs */
-  struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer */
+  struct tp_sizes p2p_sizes; /* send/recv FIFOs: smaller, there can be one per peer (CHORUS_P2P_MEM) */
+  /* The pool of per-peer connections (core/pool.c), set [0, nranks) of p2p only: at most p2p_cap peers
+   * with a live connection (CHORUS_P2P_PEERS, or what CHORUS_P2P_MEM holds), the least recently used
+   * released first. p2p_lru[nranks]: the pool clock when each peer was last needed. All touched only by
+   * the thread in a call on the comm (owner); the counters are atomic for readers anywhere. */
+  int p2p_cap;
+  uint64_t* p2p_lru;
+  int* p2p_count;           /* [2 * nranks]: a group's messages to / from each peer (pool.c) */
+  unsigned char* p2p_mark;  /* [2 * nranks]: a group's connections made by comm_connect (pool.c) */
+  uint64_t p2p_clock;
+  _Atomic int p2p_live, p2p_live_max;
+  _Atomic uint64_t p2p_released, p2p_made;
   char* scratch; /* LL/LL128 staging, one slot payload */
   /* Reproducible reductions: the level (CH_REPRO_*, CHORUS_REPRODUCIBLE or chorusCommSetReproducible
    * before the first call; read by the calling thread only), and Owner's slots (nranks steps of

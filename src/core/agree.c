@@ -31,6 +31,7 @@ enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
   X("NCCL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_SIMPLE])                                           \
   X("NCCL_LL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL])                                            \
   X("NCCL_LL128_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL128])                                      \
+  X("CHORUS_P2P_MEM (per-peer FIFO bytes)", AG_INT, c->p2p_sizes.buff[PROTO_SIMPLE])             \
   X("NCCL_SHM_DISABLE", AG_INT, param_int(PARAM_SHM_DISABLE) != 0)                                  \
   X("NCCL_P2P_DISABLE", AG_INT, param_int(PARAM_P2P_DISABLE) != 0)                                  \
   X("CHORUS_EXCHANGE_MAX_BYTES", AG_INT, c->exchange_max_bytes)                                     \

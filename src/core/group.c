@@ -10,6 +10,7 @@
 #include "../tune/tune.h"
 #include "../observe/observe.h"
 #include "connect.h"
+#include "pool.h"
 #include "exec.h"
 #include "group.h"
 #include "init.h"
@@ -343,6 +344,7 @@ static ch_status launch_tasks(void) {
     CHECK_GOTO(comm_ensure_ready(comms[i]), res, out);
     CHECK_GOTO(plan_build(comms[i], lists[i], &plans[i]), res, out);
     unconnected |= plan_needs(comms[i], plans[i], need_send[i], need_recv[i]);
+    unconnected |= pool_before_connect(comms[i], plans[i]);
   }
   if (unconnected) {
     /* Connection setup waits on peers over the bootstrap: bound it by the comms' timeouts. */
@@ -355,6 +357,7 @@ static ch_status launch_tasks(void) {
     res = comm_connect(comms, ncomms, need_send, need_recv);
     for (int i = 0; i < ncomms; i++) boot_set_deadline(comms[i]->boot, 0), boot_set_context(comms[i]->boot, NULL);
     if (res != CH_OK) goto out;
+    for (int i = 0; i < ncomms; i++) pool_after_connect(comms[i]);
   }
 
   launched = 1;

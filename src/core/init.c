@@ -21,6 +21,7 @@
 #include "exec.h"
 #include "../observe/observe.h"
 #include "init.h"
+#include "pool.h"
 #include "plan.h"
 
 ch_status comm_check(const struct ncclComm* comm, const char* fn) {
@@ -287,9 +288,19 @@ static ch_status comm_setup(struct ncclComm* comm) {
     if (comm->sizes.buff[p] < min) comm->sizes.buff[p] = min;
     comm->sizes.buff[p] = UT_ALIGN_UP(comm->sizes.buff[p], min);
   }
-  /* Send/recv may connect every pair (AlltoAll on 64 ranks): keep those FIFOs small. */
-  static const size_t p2p_cap[CH_NPROTO] = {64u << 10, 256u << 10, 512u << 10};
-  for (int p = 0; p < CH_NPROTO; p++) comm->p2p_sizes.buff[p] = UT_MIN(comm->sizes.buff[p], p2p_cap[p]);
+  /* Send/recv may connect every pair (AlltoAll): a rank's per-peer receive FIFOs share CHORUS_P2P_MEM
+   * bytes, so each is that divided by its peers (or by CHORUS_P2P_PEERS, the most it keeps), scaled
+   * down from 832 KiB alike in every protocol to at least 8 slots of 4 KiB each. The same on every
+   * rank (n and the two settings; CHORUS_P2P_MEM is compared at init). */
+  pool_sizes(&comm->sizes, n, &comm->p2p_sizes, &comm->p2p_cap);
+  size_t fifo = tp_fifo_bytes(&comm->p2p_sizes);
+  int64_t mem = param_int(PARAM_P2P_MEM);
+  comm->p2p_lru = calloc((size_t)n, sizeof(*comm->p2p_lru));
+  comm->p2p_count = calloc(2 * (size_t)n, sizeof(*comm->p2p_count));
+  comm->p2p_mark = calloc(2 * (size_t)n, 1);
+  if (!comm->p2p_lru || !comm->p2p_count || !comm->p2p_mark) return CH_SYSTEM;
+  INFO(LOG_INIT, "rank %d: per-peer FIFOs of %zu KiB (CHORUS_P2P_MEM=%lld), at most %d peers live (CHORUS_P2P_PEERS)",
+       comm->rank, fifo >> 10, (long long)mem, comm->p2p_cap);
   size_t scratch = 0;
   for (int p = 0; p < CH_NPROTO; p++)
     if (p != PROTO_SIMPLE) scratch = UT_MAX(scratch, prim_slot_payload(p, comm->sizes.buff[p] / CH_STEPS));
@@ -491,6 +502,8 @@ void comm_free(struct ncclComm* comm) {
   comm->fr = NULL;
   free((void*)comm->wait_ns_peer);
   comm->wait_ns_peer = NULL;
+  free(comm->p2p_lru), free(comm->p2p_count), free(comm->p2p_mark);
+  comm->p2p_lru = NULL, comm->p2p_count = NULL, comm->p2p_mark = NULL;
   comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = NULL, comm->scratch = comm->peer_scratch = NULL;
   comm_unref(comm);
 }

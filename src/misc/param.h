@@ -62,6 +62,14 @@
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \
   X(LL_BUFFSIZE, "NCCL_LL_BUFFSIZE", P_INT, 1 << 18, "", "LL FIFO bytes per connection")           \
   X(LL128_BUFFSIZE, "NCCL_LL128_BUFFSIZE", P_INT, 1 << 20, "", "LL128 FIFO bytes per connection")  \
+  X(P2P_MEM, "CHORUS_P2P_MEM", P_INT, 64 << 20, "",                                                \
+    "bytes of receive FIFOs per rank for its per-peer (send/recv, AlltoAll, Gather, Scatter) connections: " \
+    "each FIFO is this divided by the peers (at most NCCL_BUFFSIZE + NCCL_LL_BUFFSIZE + NCCL_LL128_BUFFSIZE " \
+    "capped at 512+64+256 KiB, at least 96 KiB); ranks must agree")                                \
+  X(P2P_PEERS, "CHORUS_P2P_PEERS", P_INT, 0, "",                                                   \
+    "most peers with live per-peer FIFOs per rank (0: as many as CHORUS_P2P_MEM holds at the FIFO " \
+    "size); the least recently used are released at a call boundary and re-made when next needed; " \
+    "NCCL 2.30's ncclConfig_t.maxP2pPeers will map to it once include/nccl.h moves to 2.30")      \
   X(MIN_NCHANNELS, "NCCL_MIN_NCHANNELS", P_INT, 1, "", "minimum channels (rings) per collective")  \
   X(MAX_NCHANNELS, "NCCL_MAX_NCHANNELS", P_INT, 1, "", "maximum channels (rings) per collective")  \
   X(SHM_DISABLE, "NCCL_SHM_DISABLE", P_INT, 0, "", "1 = never use shared memory between processes") \

@@ -17,7 +17,8 @@ void obs_counters(const struct ncclComm* comm, struct obs_ctr* out) {
 }
 
 static uint64_t moved(const struct conn* c, int peer) {
-  return c->connected && c->peer == peer ? atomic_load_explicit(&c->bytes, memory_order_relaxed) : 0;
+  /* c->peer and bytes outlive a connection the pool released (core/pool.c); an unused one holds 0 */
+  return c->peer == peer ? atomic_load_explicit(&c->bytes, memory_order_relaxed) : 0;
 }
 
 void obs_peer_counters(const struct ncclComm* comm, int peer, struct obs_peer_ctr* out) {
@@ -86,6 +87,41 @@ size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t ca
           at = put(out, cap, at, "%s{%s,peer=\"%d\"} %.9f\n", fam[f].name, labels, p, (double)v / UT_NS_PER_S);
         else at = put(out, cap, at, "%s{%s,peer=\"%d\"} %llu\n", fam[f].name, labels, p, (unsigned long long)v);
       }
+    }
+  }
+  /* Memory per rank (observe/memory.c): gauges, per communicator and of its process. */
+  static const struct {
+    const char *name, *help;
+  } mem[] = {
+      {"chorus_memory_p2p_peers", "Peers with live per-peer connections (send/recv, AlltoAll, Gather, Scatter)."},
+      {"chorus_memory_p2p_peers_max", "The most peers with live per-peer connections at once."},
+      {"chorus_memory_p2p_peers_cap", "Most per-peer connections kept (CHORUS_P2P_PEERS or CHORUS_P2P_MEM)."},
+      {"chorus_memory_p2p_fifo_bytes", "Bytes of one per-peer FIFO."},
+      {"chorus_memory_p2p_recv_fifo_bytes", "Per-peer receive FIFOs this rank made."},
+      {"chorus_memory_p2p_send_fifo_bytes", "Per-peer send FIFOs (the peers') this rank maps."},
+      {"chorus_memory_p2p_released", "Peers whose connections the pool released (counter)."},
+      {"chorus_memory_p2p_made", "Per-peer connections made after init (counter)."},
+      {"chorus_memory_ring_fifo_bytes", "Receive FIFOs of the rings and of RecDbl/Rabenseifner/Tree."},
+      {"chorus_memory_process_shmem_bytes", "Resident shared memory of the rank's process (RssShmem)."},
+      {"chorus_memory_process_private_bytes", "Resident private memory of the rank's process (RssAnon)."},
+      {"chorus_memory_process_pinned_bytes", "Pinned and locked memory of the rank's process (VmPin + VmLck)."},
+      {"chorus_memory_process_fds", "Open descriptors of the rank's process."},
+      {"chorus_memory_process_threads", "Threads of the rank's process."},
+  };
+  enum { NMEM = sizeof(mem) / sizeof(mem[0]) };
+  struct obs_proc_mem pm;
+  obs_proc_memory(&pm);
+  for (int f = 0; f < NMEM; f++) {
+    at = put(out, cap, at, "# HELP %s %s\n# TYPE %s gauge\n", mem[f].name, mem[f].help, mem[f].name);
+    for (int i = 0; i < n; i++) {
+      const struct ncclComm* c = comms[i];
+      struct obs_mem m;
+      obs_comm_memory(c, &m);
+      const uint64_t v[NMEM] = {m.p2p_peers, m.p2p_peers_max, m.p2p_cap, m.p2p_fifo, m.p2p_recv_bytes,
+                                m.p2p_send_bytes, m.p2p_released, m.p2p_made, m.ring_bytes, pm.shmem,
+                                pm.priv, pm.pinned, pm.fds, pm.threads};
+      at = put(out, cap, at, "%s{comm=\"%016llx\",rank=\"%d\",nranks=\"%d\"} %llu\n", mem[f].name,
+               (unsigned long long)c->comm_hash, c->rank, c->nranks, (unsigned long long)v[f]);
     }
   }
   return at;

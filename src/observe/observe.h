@@ -96,6 +96,22 @@ void obs_peer_counters(const struct ncclComm* comm, int peer, struct obs_peer_ct
  * whole text needs (written up to cap, NUL-terminated when it fits). */
 size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t cap);
 
+/* Memory per rank (observe/memory.c). A communicator's FIFOs: live per-peer (send/recv, AlltoAll,
+ * Gather, Scatter) peers, their cap and high-water mark, receive FIFOs it made and send FIFOs it maps
+ * for them, the pool's releases and (re)made connections (core/pool.c), and the receive FIFOs of the
+ * rings and of RecDbl/Rabenseifner/Tree. Any thread, beside a call. */
+struct obs_mem {
+  uint64_t p2p_peers, p2p_peers_max, p2p_cap, p2p_fifo, p2p_recv_bytes, p2p_send_bytes;
+  uint64_t p2p_released, p2p_made, ring_bytes;
+};
+void obs_comm_memory(const struct ncclComm* comm, struct obs_mem* out);
+/* The process (/proc/self): resident shared memory (RssShmem: FIFOs, ncclMemAlloc), private memory
+ * (RssAnon), pinned memory (VmPin + VmLck), open descriptors, threads. */
+struct obs_proc_mem {
+  uint64_t shmem, priv, pinned, fds, threads;
+};
+void obs_proc_memory(struct obs_proc_mem* out);
+
 /* The engine waited ns for peer (-1: its turn, or a clique) in a call on comm. */
 static inline void obs_waited(struct ncclComm* comm, int peer, uint64_t ns) {
   atomic_fetch_add_explicit(&comm->ctr_wait_ns, ns, memory_order_relaxed);

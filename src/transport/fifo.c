@@ -47,6 +47,33 @@ int tp_conn_poisoned(const struct conn* c, int we_send, struct xfer_poison* out)
   return 1;
 }
 
+#define POOL_MASK 0x7fffffffull
+int tp_pool_reserve(struct conn* c, int we_send, int count) {
+  _Atomic uint64_t* w = &c->ctrl->pool;
+  uint64_t v = atomic_load(w);
+  for (;;) {
+    if (v & TP_POOL_CLOSED) return 0;
+    int sh = we_send ? 0 : 32;
+    uint64_t n = (((v >> sh) & POOL_MASK) + (uint64_t)count) & POOL_MASK;
+    uint64_t nv = (v & ~(POOL_MASK << sh)) | n << sh;
+    if (atomic_compare_exchange_weak(w, &v, nv)) return 1;
+  }
+}
+
+int tp_pool_close(struct conn* c) {
+  _Atomic uint64_t* w = &c->ctrl->pool;
+  uint64_t v = atomic_load(w);
+  for (;;) {
+    if (v & TP_POOL_CLOSED) return 1;
+    if ((v & POOL_MASK) != ((v >> 32) & POOL_MASK)) return 0; /* a message one end has not reached */
+    if (atomic_compare_exchange_weak(w, &v, v | TP_POOL_CLOSED)) return 1;
+  }
+}
+
+int tp_pool_closed(const struct conn* c) {
+  return (atomic_load(&((struct conn*)c)->ctrl->pool) & TP_POOL_CLOSED) != 0;
+}
+
 const char* tp_name(int kind) { return kind >= 0 && kind < TP_COUNT ? tp_table[kind]->name : "?"; }
 
 /* NCCL's rules: NCCL_P2P_DISABLE keeps threads of one process off their direct (here: heap) path,

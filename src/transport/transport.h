@@ -105,6 +105,10 @@ struct fifo_ctrl {
   char pad1[52];
   _Atomic int refs; /* local transport: both ends share the heap block; the last to leave frees it */
   uint64_t token;   /* shm: the export token, written once by the receiver; the sender checks it */
+  /* Per-peer connections released under a budget (core/pool.c): messages reserved by the sender (bits
+   * 0-30) and by the receiver (bits 32-62), and TP_POOL_CLOSED; compare-exchanged by both ends at
+   * their call boundaries (tp_pool_reserve, tp_pool_close), never on the per-step path. */
+  _Atomic uint64_t pool;
   _Alignas(64) uint64_t size[CH_STEPS];
   struct xfer_hdr hdr[CH_STEPS];
   _Alignas(64) struct xfer_poison down;
@@ -304,6 +308,16 @@ ch_status tp_tcp_send_connect(struct conn* c, const struct tp_sizes* sz, const s
 ch_status tp_tcp_wait_bound(struct conn* c, const struct tp_ctx* x);
 int tp_tcp_state(const struct conn* c);
 const char* tp_name(int kind);
+
+/* A per-peer connection in a pool (core/pool.c) agrees on its release through its FIFO's shared `pool`
+ * word, so only transports whose FIFO both ends map can be pooled (local, shm: not TP_F_NETWORK).
+ * tp_pool_reserve: this end will use the connection for one more message; 0 if the peer has closed it
+ * (then neither end uses it again: both re-make it). tp_pool_close: close it if every message either
+ * end reserved has been reserved by the other end too (the caller has none in flight); 1 if closed. */
+#define TP_POOL_CLOSED (1ull << 63)
+int tp_pool_reserve(struct conn* c, int we_send, int n);
+int tp_pool_close(struct conn* c);
+int tp_pool_closed(const struct conn* c);
 /* Poison a connection (fifo.c): write rec into its `down` (we send on c) or `up` (we receive on c)
  * record, once, and wake whoever waits at the other end (the proxy, for the network). */
 void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec);

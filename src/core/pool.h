@@ -1,0 +1,23 @@
+/* The per-peer connections of send/recv, AlltoAll, Gather and Scatter, kept under a per-rank budget
+ * (core/pool.c). */
+#ifndef CH_CORE_POOL_H
+#define CH_CORE_POOL_H
+
+#include "../comm/comm.h"
+#include "../comm/work.h"
+
+/* Before comm_connect, for the set-0 peers a group's plan sends to and receives from: give back
+ * connections the peer has closed, reserve this group's messages on the live ones (a connection found
+ * closed is dropped, so comm_connect re-makes it) and close least recently used idle ones while the
+ * live peers and the new ones exceed the cap. Returns whether some needed connection is missing. */
+struct ch_plan;
+int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl);
+/* After a successful comm_connect: reserve the group's messages on the connections it made. */
+void pool_after_connect(struct ncclComm* comm);
+
+/* Per-peer FIFO sizes for n ranks (CHORUS_P2P_MEM over the peers, or over CHORUS_P2P_PEERS, scaled
+ * down from at most 832 KiB alike in every protocol to at least 8 slots of 4 KiB each), and the
+ * pool's cap: the same on every rank. */
+void pool_sizes(const struct tp_sizes* ring, int n, struct tp_sizes* out, int* cap);
+
+#endif

@@ -1,0 +1,182 @@
+/* The pool of per-peer connections (core/pool.c, issue 44 item 2): under CHORUS_P2P_PEERS=K a pattern
+ * that meets more than K peers gives exact results, never holds more than K peers' FIFOs (read through
+ * chorusCommGetMemory), releases and re-makes connections, still catches mismatched calls, and a
+ * re-made connection whose peer never comes is ended by an abort. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chorus.h"
+#include "misc/param.h"
+#include "coll_util.h"
+#include "runner.h"
+
+#define K 2
+#define COUNT (300 * 1024) /* floats: 1.2 MB, more than a per-peer FIFO holds */
+
+static chorusMemory_t mem_of(ncclComm_t comm) {
+  chorusMemory_t m;
+  memset(&m, 0, sizeof(m));
+  m.size = sizeof(m);
+  NCCL_OK(chorusCommGetMemory(comm, &m));
+  return m;
+}
+
+/* Round r: every rank sends to rank + r and receives from rank - r (one group), checking the data. */
+static void shift(ncclComm_t comm, int rank, int n, int r, uint32_t seed, float* sb, float* rb) {
+  int to = (rank + r) % n, from = (rank - r + n) % n;
+  cu_fill_pattern(sb, ncclFloat32, COUNT, rank, to, seed);
+  memset(rb, 0xee, COUNT * sizeof(float));
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(sb, COUNT, ncclFloat32, to, comm, NULL));
+  NCCL_OK(ncclRecv(rb, COUNT, ncclFloat32, from, comm, NULL));
+  NCCL_OK(ncclGroupEnd());
+  long at = cu_check_pattern(rb, ncclFloat32, COUNT, from, rank, seed);
+  if (at >= 0) cu_failf("round %d: data from rank %d wrong from element %ld", r, from, at);
+}
+
+static void budget_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  float* sb = malloc(COUNT * sizeof(float) * (size_t)n);
+  float* rb = malloc(COUNT * sizeof(float) * (size_t)n);
+  ASSERT(sb && rb);
+  for (int sweep = 0; sweep < 2; sweep++)
+    for (int r = 1; r < n; r++) {
+      shift(comm, rank, n, r, (uint32_t)(sweep * 100 + r), sb, rb);
+      chorusMemory_t m = mem_of(comm);
+      if (m.p2pPeers > K || m.p2pPeersMax > K)
+        cu_failf("round %d: %llu peers live (most %llu), the budget is %d", r, (unsigned long long)m.p2pPeers,
+                 (unsigned long long)m.p2pPeersMax, K);
+      EXPECT_EQ((long long)m.p2pRecvBytes, (long long)(m.p2pFifoBytes * (m.p2pRecvBytes / m.p2pFifoBytes)));
+    }
+  chorusMemory_t m = mem_of(comm);
+  EXPECT_EQ((long long)m.p2pPeersCap, (long long)K);
+  EXPECT(m.p2pReleased > 0);             /* peers were let go ... */
+  EXPECT(m.p2pMade > 2 * (uint64_t)(n - 1)); /* ... and made again in the second sweep */
+  EXPECT(m.procThreads >= 1 && m.procFds >= 1);
+  /* An AlltoAll needs every peer at once: exact, over the budget for that call only. */
+  size_t per = 4096;
+  for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, 77);
+  NCCL_OK(ncclAlltoAll(sb, rb, per, ncclFloat32, comm, NULL));
+  for (int p = 0; p < n; p++) {
+    long at = cu_check_pattern(rb + p * per, ncclFloat32, per, p, rank, 77);
+    if (at >= 0) cu_failf("AlltoAll: block of rank %d wrong from element %ld", p, at);
+  }
+  /* ... and the next round comes back within it. */
+  NCCL_OK(ncclAllReduce(sb, rb, 1, ncclFloat32, ncclSum, comm, NULL)); /* every rank past its AlltoAll */
+  shift(comm, rank, n, 1, 999, sb, rb);
+  m = mem_of(comm);
+  if (m.p2pPeers > K) cu_failf("after the AlltoAll: %llu peers live, the budget is %d", (unsigned long long)m.p2pPeers, K);
+  free(sb);
+  free(rb);
+  NCCL_OK(ncclCommDestroy(comm));
+  cu_finish();
+}
+
+TEST_T(pool, budget_holds_and_peers_are_remade, 240) {
+  setenv("CHORUS_P2P_PEERS", "2", 1);
+  param_reset();
+  rt_run_both(5, budget_body, NULL);
+  unsetenv("CHORUS_P2P_PEERS");
+  param_reset();
+}
+
+/* The Prometheus text has the memory gauges. */
+static void metrics_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  size_t need = 0;
+  NCCL_OK(chorusCommMetrics(comm, NULL, 0, &need));
+  char* text = malloc(need + 1);
+  ASSERT(text);
+  NCCL_OK(chorusCommMetrics(comm, text, need + 1, &need));
+  EXPECT(strstr(text, "# TYPE chorus_memory_p2p_peers gauge") != NULL);
+  EXPECT(strstr(text, "chorus_memory_process_threads{") != NULL);
+  free(text);
+  chorusMemory_t m;
+  m.size = 3; /* too small for a field */
+  EXPECT_EQ((int)chorusCommGetMemory(comm, &m), (int)ncclInvalidArgument);
+  NCCL_OK(ncclCommDestroy(comm));
+  cu_finish();
+}
+
+TEST(pool, memory_in_metrics) { rt_run_threads(2, metrics_body, NULL); }
+
+/* A mismatched send/recv after the pool released and re-made the connection is still caught. */
+static void mismatch_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  float* sb = malloc(COUNT * sizeof(float));
+  float* rb = malloc(COUNT * sizeof(float));
+  ASSERT(sb && rb);
+  for (int r = 1; r < n; r++) shift(comm, rank, n, r, (uint32_t)r, sb, rb);
+  for (int r = 1; r < n; r++) shift(comm, rank, n, r, (uint32_t)r + 50, sb, rb);
+  if (rank <= 1) {
+    int peer = 1 - rank;
+    size_t cnt = rank == 1 ? 1000 : 1001;
+    NCCL_OK(ncclGroupStart());
+    ncclSend(sb, cnt, ncclFloat32, peer, comm, NULL);
+    ncclRecv(rb, cnt, ncclFloat32, peer, comm, NULL);
+    ncclResult_t res = ncclGroupEnd();
+    if (res != ncclInvalidUsage) cu_failf("rank %d: the mismatched send/recv returned %d, expected ncclInvalidUsage", rank, (int)res);
+  }
+  ncclCommDestroy(comm);
+  free(sb);
+  free(rb);
+  cu_finish();
+}
+
+TEST_T(pool, mismatch_after_release_is_caught, 180) {
+  setenv("CHORUS_P2P_PEERS", "1", 1);
+  setenv("CHORUS_TIMEOUT", "30", 1);
+  param_reset();
+  rt_run_both(3, mismatch_body, NULL);
+  unsetenv("CHORUS_P2P_PEERS");
+  unsetenv("CHORUS_TIMEOUT");
+  param_reset();
+}
+
+/* Rank 0 releases its connection with rank 1 (budget 1, it moves on to rank 2); rank 1 then receives
+ * from rank 0, finds the connection closed and waits to make it again, for a rank 0 that never comes:
+ * an abort from another thread ends the wait. */
+static ncclComm_t abort_comms[3];
+static pthread_barrier_t abort_bar;
+
+static void abort_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg, (void)n;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  abort_comms[rank] = comm;
+  float* b = malloc(COUNT * sizeof(float));
+  ASSERT(b);
+  memset(b, 0, COUNT * sizeof(float));
+  if (rank == 0) NCCL_OK(ncclSend(b, COUNT, ncclFloat32, 1, comm, NULL));
+  if (rank == 1) NCCL_OK(ncclRecv(b, COUNT, ncclFloat32, 0, comm, NULL));
+  pthread_barrier_wait(&abort_bar);
+  if (rank == 0) NCCL_OK(ncclSend(b, COUNT, ncclFloat32, 2, comm, NULL)); /* releases rank 1 */
+  if (rank == 2) NCCL_OK(ncclRecv(b, COUNT, ncclFloat32, 0, comm, NULL));
+  pthread_barrier_wait(&abort_bar);
+  if (rank == 0) EXPECT_EQ((long long)mem_of(comm).p2pReleased, 1LL);
+  if (rank == 1) {
+    ncclResult_t r = ncclRecv(b, COUNT, ncclFloat32, 0, comm, NULL);
+    EXPECT(r != ncclSuccess);
+  } else if (rank == 0) {
+    usleep(300 * 1000);
+    NCCL_OK(ncclCommAbort(abort_comms[1]));
+  }
+  pthread_barrier_wait(&abort_bar);
+  if (rank != 1) ncclCommAbort(comm);
+  free(b);
+  cu_finish();
+}
+
+TEST_T(pool, abort_while_remaking_a_released_connection, 120) {
+  setenv("CHORUS_P2P_PEERS", "1", 1);
+  param_reset();
+  pthread_barrier_init(&abort_bar, NULL, 3);
+  rt_run_threads(3, abort_body, NULL);
+  pthread_barrier_destroy(&abort_bar);
+  unsetenv("CHORUS_P2P_PEERS");
+  param_reset();
+}
