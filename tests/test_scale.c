@@ -1,6 +1,7 @@
 /* Many process ranks on this machine (issue 44, "A thousand ranks"): whole-library init and a
  * collective at the largest size that runs here in well under a minute, and the failures found on
  * the way to 256 ranks. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -49,3 +50,24 @@ static void early_exit_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(scale, finished_rank_exits_while_others_wait, 60) { rt_run_procs(3, early_exit_rank, NULL); }
+
+/* The same in a collective: rank 2 does its part of a Gather and exits while rank 0, the root, still
+ * waits on rank 1, which is slow. Before, rank 0 checked the pid of every local rank while it waited
+ * and failed naming rank 2 ("rank 2 (pid P on H) has exited while rank 0 was waiting for it in a
+ * collective"); it checks only the ranks it waits on now (core/engine.c check_peers_alive). */
+static void gather_exit_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  int x = rank + 10, all[3] = {0, 0, 0};
+  /* A first Gather sets the connections up: rank 0 must wait in the engine, not in their setup. */
+  NCCL_OK(ncclGather(&x, all, 1, ncclInt32, 0, comm, NULL));
+  if (rank == 1) usleep(2000000); /* rank 0 is waiting on us long after rank 2 left */
+  NCCL_OK(ncclGather(&x, all, 1, ncclInt32, 0, comm, NULL));
+  if (rank == 2) _exit(0); /* its part is done (the root received it): gone at once */
+  if (rank == 0)
+    for (int r = 0; r < nranks; r++) EXPECT_EQ(all[r], r + 10);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(scale, finished_rank_exits_during_gather, 60) { rt_run_procs(3, gather_exit_rank, NULL); }
