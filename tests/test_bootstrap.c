@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bootstrap/boot_internal.h"
@@ -256,6 +257,39 @@ TEST_T(bootstrap, different_id_lists_fail, 90) {
       EXPECT(now_ms() - t0 < 15000);
     }
 }
+
+/* Out of descriptors on our side is our limit, not a dead peer: before, a connection that socket()
+ * refused with EMFILE was reported as "rank P ... is gone" (RemoteError), which sent users looking
+ * for a crash (512 thread ranks' AlltoAll, issue 44). */
+static void emfile_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct boot_state* b = NULL;
+  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, NULL), CH_OK);
+  ASSERT_EQ(boot_barrier(b), CH_OK);
+  int x = 42, y = 0;
+  if (rank == 0) { /* rank 3 is no gather or barrier partner of rank 0 among 8: a new connection */
+    struct rlimit old, low;
+    ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)rt_count_fds();
+    ASSERT(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    int held[256], nheld = 0; /* the free numbers below the limit, taken */
+    while (nheld < 256 && (held[nheld] = dup(0)) >= 0) nheld++;
+    ch_status st = boot_send(b, 3, 9, &x, sizeof(x));
+    while (nheld > 0) close(held[--nheld]);
+    ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    EXPECT_EQ(st, CH_SYSTEM);
+    EXPECT(strstr(log_last_error(), "cannot open a connection to rank 3") != NULL);
+    EXPECT(strstr(log_last_error(), "is gone") == NULL);
+    EXPECT_EQ(boot_send(b, 3, 9, &x, sizeof(x)), CH_OK); /* the peer was not written off */
+  } else if (rank == 3) {
+    EXPECT_EQ(boot_recv(b, 0, 9, &y, sizeof(y)), CH_OK);
+    EXPECT_EQ(y, 42);
+  }
+  ASSERT_EQ(boot_barrier(b), CH_OK);
+  boot_close(b);
+}
+
+TEST(bootstrap, out_of_descriptors_is_not_a_dead_peer) { rt_run_procs(8, emfile_rank, NULL); }
 
 TEST(bootstrap, table_entry_checks) {
   struct boot_rank_info t, good;
