@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bootstrap/boot_internal.h"
@@ -122,6 +123,174 @@ TEST(bootstrap, gather_any_count) {
 }
 
 /* What a peer forwards of the table is checked entry by entry (boot_check_info; fuzz_table.c). */
+/* ---- several roots (ncclCommInitRankScalable) ---- */
+
+/* Ids for one run (a root serves one job): made in the test's process, which hosts their roots
+ * whether the ranks are its threads or its children. */
+struct ids_arg {
+  int nids;
+  ncclUniqueId ids[4];
+  int odd_rank;            /* -1, or the rank given odd_ids instead */
+  ncclUniqueId odd_ids[4];
+};
+
+static void make_ids(struct ids_arg* a, int nids) {
+  memset(a, 0, sizeof(*a));
+  a->nids = nids;
+  a->odd_rank = -1;
+  for (int i = 0; i < nids; i++) ASSERT_EQ(boot_get_unique_id(a->ids[i].internal), CH_OK);
+}
+
+static void ids_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct ids_arg* a = arg;
+  struct boot_state* b = NULL;
+  struct boot_rank_info* peers = NULL;
+  ASSERT_EQ(boot_init_ids(a->ids, a->nids, rank, nranks, NULL, ut_now_ns() + 30 * SEC, &b, &peers), CH_OK);
+  for (int r = 0; r < nranks; r++) { /* every rank has every rank's entry */
+    EXPECT_EQ(peers[r].rank, r);
+    EXPECT_EQ(peers[r].nranks, nranks);
+    EXPECT_EQ(peers[r].nids, a->nids);
+    EXPECT(peers[r].ids_digest == peers[rank].ids_digest);
+    EXPECT(sock_addr_port(&peers[r].listen_addr) != 0);
+  }
+  int* v = calloc((size_t)nranks, sizeof(*v));
+  ASSERT(v);
+  v[rank] = rank + 1;
+  ASSERT_EQ(boot_allgather(b, v, sizeof(*v)), CH_OK);
+  for (int r = 0; r < nranks; r++) EXPECT_EQ(v[r], r + 1);
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks, x = -1;
+  ASSERT_EQ(boot_send(b, next, 5, &rank, sizeof(rank)), CH_OK); /* the ring across the blocks' seams */
+  ASSERT_EQ(boot_recv(b, prev, 5, &x, sizeof(x)), CH_OK);
+  EXPECT_EQ(x, prev);
+  ASSERT_EQ(boot_barrier(b), CH_OK);
+  free(v);
+  free(peers);
+  boot_close(b);
+}
+
+static void run_ids(int procs, int nranks, int nids) {
+  struct ids_arg a;
+  make_ids(&a, nids);
+  if (procs) rt_run_procs(nranks, ids_rank, &a);
+  else rt_run_threads(nranks, ids_rank, &a);
+}
+
+/* NCCL's mapping: blocks as even as can be, the first nranks % nids one larger. */
+TEST(bootstrap, root_blocks_match_nccl) {
+  /* 10 ranks on 4 roots: 3, 3, 2, 2 (NCCL's firstRankFromRoot: 0, 3, 6, 8) */
+  int first[5] = {0, 3, 6, 8, 10};
+  for (int i = 0; i <= 4; i++) EXPECT_EQ(boot_root_first(i, 10, 4), first[i]);
+  for (int n = 1; n <= 70; n++)
+    for (int k = 1; k <= n && k <= 9; k++)
+      for (int r = 0; r < n; r++) {
+        int i = boot_root_of(r, n, k);
+        EXPECT(i >= 0 && i < k && boot_root_first(i, n, k) <= r && r < boot_root_first(i + 1, n, k));
+      }
+}
+
+/* Several ids spread the join over several roots; each root serves its block and links it to the
+ * next (before, only commIds[0] was used). */
+TEST_T(bootstrap, several_roots_threads, 120) {
+  run_ids(0, 7, 2);
+  run_ids(0, 7, 3);
+  run_ids(0, 7, 4);
+  run_ids(0, 4, 4); /* one rank a root: each is its block's first and last */
+  run_ids(0, 10, 3);
+  run_ids(0, 64, 4);
+}
+
+TEST_T(bootstrap, several_roots_procs, 120) {
+  run_ids(1, 7, 2);
+  run_ids(1, 9, 3);
+  run_ids(1, 64, 4);
+}
+
+/* More ids than ranks is refused, as NCCL does (ncclCommInitRankDev: nId > nranks). */
+TEST(bootstrap, more_ids_than_ranks_refused) {
+  struct ids_arg a;
+  make_ids(&a, 3);
+  struct boot_state* b = NULL;
+  EXPECT_EQ(boot_init_ids(a.ids, 3, 0, 2, NULL, ut_now_ns() + SEC, &b, NULL), CH_INVALID_ARG);
+  EXPECT(strstr(log_last_error(), "3 unique ids for 2 ranks") != NULL);
+  EXPECT_EQ(boot_init_ids(a.ids, 0, 0, 2, NULL, ut_now_ns() + SEC, &b, NULL), CH_INVALID_ARG);
+}
+
+static void odd_ids_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct ids_arg* a = arg;
+  struct boot_state* b = NULL;
+  /* The odd rank is in first, so that its root is still waiting for the others (a root whose block
+   * is complete has closed: a rank late to it is reported missing at the deadline instead). */
+  if (rank != a->odd_rank) usleep(300000);
+  const ncclUniqueId* ids = rank == a->odd_rank ? a->odd_ids : a->ids;
+  ch_status st = boot_init_ids(ids, a->nids, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, NULL);
+  const char* e = log_last_error();
+  /* a rank of a block whose root did not see the odd rank may hear first that its link left */
+  if (rank == a->odd_rank) EXPECT_EQ(st, CH_INVALID_USAGE);
+  else EXPECT(st == CH_INVALID_USAGE || st == CH_REMOTE);
+  if (!strstr(e, "different lists of unique ids") && !strstr(e, "left after joining"))
+    rt_fail(__FILE__, __LINE__, "rank %d: unexpected report: %s", rank, e);
+  if (rank == a->odd_rank && !strstr(e, "different lists of unique ids"))
+    rt_fail(__FILE__, __LINE__, "rank %d: unexpected report: %s", rank, e);
+  if (st == CH_OK) boot_close(b);
+}
+
+/* A rank given another list (the same ids in another order, or another id) fails, and so does every
+ * rank, each with a report, well before the deadline: its root compares every joiner's list, and a
+ * rank that leaves its own root's block for it is reported there ("left after joining"). */
+TEST_T(bootstrap, different_id_lists_fail, 90) {
+  for (int mode = 0; mode < 2; mode++)
+    for (int procs = 0; procs < 2; procs++) {
+      struct ids_arg a;
+      make_ids(&a, 2);
+      a.odd_rank = 3;
+      if (mode == 0) { /* swapped: rank 3 goes to the first block's root */
+        a.odd_ids[0] = a.ids[1];
+        a.odd_ids[1] = a.ids[0];
+      } else { /* rank 0 keeps its root but has another second id */
+        a.odd_rank = 0;
+        a.odd_ids[0] = a.ids[0];
+        ASSERT_EQ(boot_get_unique_id(a.odd_ids[1].internal), CH_OK);
+      }
+      uint64_t t0 = now_ms();
+      if (procs) rt_run_procs(4, odd_ids_rank, &a);
+      else rt_run_threads(4, odd_ids_rank, &a);
+      EXPECT(now_ms() - t0 < 15000);
+    }
+}
+
+/* Out of descriptors on our side is our limit, not a dead peer: before, a connection that socket()
+ * refused with EMFILE was reported as "rank P ... is gone" (RemoteError), which sent users looking
+ * for a crash (512 thread ranks' AlltoAll, issue 44). */
+static void emfile_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct boot_state* b = NULL;
+  ASSERT_EQ(boot_init(id.internal, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, NULL), CH_OK);
+  ASSERT_EQ(boot_barrier(b), CH_OK);
+  int x = 42, y = 0;
+  if (rank == 0) { /* rank 3 is no gather or barrier partner of rank 0 among 8: a new connection */
+    struct rlimit old, low;
+    ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)rt_count_fds();
+    ASSERT(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    int held[256], nheld = 0; /* the free numbers below the limit, taken */
+    while (nheld < 256 && (held[nheld] = dup(0)) >= 0) nheld++;
+    ch_status st = boot_send(b, 3, 9, &x, sizeof(x));
+    while (nheld > 0) close(held[--nheld]);
+    ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    EXPECT_EQ(st, CH_SYSTEM);
+    EXPECT(strstr(log_last_error(), "cannot open a connection to rank 3") != NULL);
+    EXPECT(strstr(log_last_error(), "is gone") == NULL);
+    EXPECT_EQ(boot_send(b, 3, 9, &x, sizeof(x)), CH_OK); /* the peer was not written off */
+  } else if (rank == 3) {
+    EXPECT_EQ(boot_recv(b, 0, 9, &y, sizeof(y)), CH_OK);
+    EXPECT_EQ(y, 42);
+  }
+  ASSERT_EQ(boot_barrier(b), CH_OK);
+  boot_close(b);
+}
+
+TEST(bootstrap, out_of_descriptors_is_not_a_dead_peer) { rt_run_procs(8, emfile_rank, NULL); }
+
 TEST(bootstrap, table_entry_checks) {
   struct boot_rank_info t, good;
   char why[96];

@@ -45,6 +45,45 @@ TEST_T(comm, init_timeout_0_is_no_limit, 30) {
   rt_run_both(2, init_destroy_body, NULL);
 }
 
+/* ncclCommInitRankScalable with several ids: the join is spread over their roots (before, only
+ * commIds[0] was used); every rank gets the whole table and the comm works across the blocks. */
+struct scalable_arg {
+  int nids;
+  ncclUniqueId ids[4];
+};
+
+static void scalable_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  struct scalable_arg* a = arg;
+  ncclComm_t comm = NULL;
+  NCCL_OK(ncclCommInitRankScalable(&comm, nranks, rank, a->nids, a->ids, NULL));
+  check_comm(comm, rank, nranks);
+  int v = rank + 1, sum = 0;
+  NCCL_OK(ncclAllReduce(&v, &sum, 1, ncclInt32, ncclSum, comm, NULL));
+  EXPECT_EQ(sum, nranks * (nranks + 1) / 2);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(comm, init_rank_scalable_several_ids, 120) {
+  int cases[][2] = {{7, 2}, {8, 3}, {9, 4}};
+  for (int procs = 0; procs < 2; procs++)
+    for (int c = 0; c < 3; c++) {
+      struct scalable_arg a = {cases[c][1], {{{0}}}};
+      for (int i = 0; i < a.nids; i++) NCCL_OK(ncclGetUniqueId(&a.ids[i]));
+      if (procs) rt_run_procs(cases[c][0], scalable_body, &a);
+      else rt_run_threads(cases[c][0], scalable_body, &a);
+    }
+}
+
+/* nId > nranks is refused with ncclInvalidArgument, as NCCL does. */
+TEST_T(comm, init_rank_scalable_more_ids_than_ranks, 30) {
+  ncclUniqueId ids[3];
+  for (int i = 0; i < 3; i++) NCCL_OK(ncclGetUniqueId(&ids[i]));
+  ncclComm_t comm = NULL;
+  EXPECT_EQ(ncclCommInitRankScalable(&comm, 2, 0, 3, ids, NULL), ncclInvalidArgument);
+  EXPECT(comm == NULL);
+  EXPECT_EQ(ncclCommInitRankScalable(&comm, 2, 0, 0, ids, NULL), ncclInvalidArgument);
+}
+
 TEST_T(comm, init_all, 30) {
   ncclComm_t comms[4] = {NULL, NULL, NULL, NULL};
   NCCL_OK(ncclCommInitAll(comms, 4, NULL));

@@ -1,6 +1,7 @@
 /* Many process ranks on this machine (issue 44, "A thousand ranks"): whole-library init and a
  * collective at the largest size that runs here in well under a minute, and the failures found on
  * the way to 256 ranks. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -49,3 +50,59 @@ static void early_exit_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(scale, finished_rank_exits_while_others_wait, 60) { rt_run_procs(3, early_exit_rank, NULL); }
+
+/* The same in a collective: rank 2 does its part of a Gather and exits while rank 0, the root, still
+ * waits on rank 1, which is slow. Before, rank 0 checked the pid of every local rank while it waited
+ * and failed naming rank 2 ("rank 2 (pid P on H) has exited while rank 0 was waiting for it in a
+ * collective"); it checks only the ranks it waits on now (core/engine.c check_peers_alive). */
+static void gather_exit_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  int x = rank + 10, all[3] = {0, 0, 0};
+  /* A first Gather sets the connections up: rank 0 must wait in the engine, not in their setup. */
+  NCCL_OK(ncclGather(&x, all, 1, ncclInt32, 0, comm, NULL));
+  if (rank == 1) usleep(2000000); /* rank 0 is waiting on us long after rank 2 left */
+  NCCL_OK(ncclGather(&x, all, 1, ncclInt32, 0, comm, NULL));
+  if (rank == 2) _exit(0); /* its part is done (the root received it): gone at once */
+  if (rank == 0)
+    for (int r = 0; r < nranks; r++) EXPECT_EQ(all[r], r + 10);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(scale, finished_rank_exits_during_gather, 60) { rt_run_procs(3, gather_exit_rank, NULL); }
+
+/* Many thread ranks of one process: init, then an AllReduce, an AllGather, an AlltoAll and a Send/Recv
+ * ring, each checked exactly. */
+static void thread_calls_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  int64_t s = rank + 1, sum = 0;
+  NCCL_OK(ncclAllReduce(&s, &sum, 1, ncclInt64, ncclSum, comm, NULL));
+  EXPECT_EQ(sum, (int64_t)nranks * (nranks + 1) / 2);
+  int32_t* all = malloc((size_t)nranks * sizeof(*all));
+  int32_t* out = malloc((size_t)nranks * sizeof(*out));
+  ASSERT(all && out);
+  int32_t mine = rank * 3 + 1;
+  NCCL_OK(ncclAllGather(&mine, all, 1, ncclInt32, comm, NULL));
+  int bad = 0;
+  for (int r = 0; r < nranks; r++) bad += all[r] != r * 3 + 1;
+  EXPECT_EQ(bad, 0);
+  for (int r = 0; r < nranks; r++) all[r] = rank * 100000 + r; /* the piece for rank r */
+  NCCL_OK(ncclAlltoAll(all, out, 1, ncclInt32, comm, NULL));
+  for (int r = 0; r < nranks; r++) bad += out[r] != r * 100000 + rank;
+  EXPECT_EQ(bad, 0);
+  int32_t got = -1, next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(&mine, 1, ncclInt32, next, comm, NULL));
+  NCCL_OK(ncclRecv(&got, 1, ncclInt32, prev, comm, NULL));
+  NCCL_OK(ncclGroupEnd());
+  EXPECT_EQ(got, prev * 3 + 1);
+  free(all);
+  free(out);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_T(scale, threads_all_calls_64, 60) { rt_run_threads(64, thread_calls_rank, NULL); }
+TEST_T(scale, threads_all_calls_96, 60) { rt_run_threads(96, thread_calls_rank, NULL); }

@@ -251,6 +251,8 @@ static void fill_join(struct boot_join* j, int rank, int nranks) {
   j->info.rank = rank;
   j->info.nranks = nranks;
   j->info.lib_version = 1;
+  j->nroots = 1; /* one id, as ncclCommInitRank has */
+  j->info.nids = 1;
   snprintf(j->info.hostname, sizeof(j->info.hostname), "impostor");
   union sock_addr a;
   sock_parse_addr("127.0.0.1:9", &a);

@@ -85,8 +85,8 @@ ch_status comm_parse_config(const ncclConfig_t* user, ncclConfig_t* out) {
   return CH_OK;
 }
 
-static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId* id, int rank,
-                              const ncclConfig_t* user_cfg, const char* fn) {
+static ncclResult_t init_rank_ids(ncclComm_t* newcomm, int nranks, const ncclUniqueId* id, int nids, int rank,
+                                  const ncclConfig_t* user_cfg, const char* fn) {
   ARG_NONNULL(newcomm, fn);
   *newcomm = NULL;
   if (nranks < 1) {
@@ -104,6 +104,16 @@ static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueI
   s = comm_alloc(&comm, nranks, rank, &cfg);
   if (s != CH_OK) return ch_to_nccl(s);
   comm->init_id = *id;
+  if (nids > 1) { /* copied: the caller's array need not outlive a nonblocking init */
+    comm->init_ids = malloc((size_t)nids * sizeof(*id));
+    if (!comm->init_ids) {
+      WARN("%s: out of memory for %d unique ids", fn, nids);
+      comm_free(comm);
+      return ncclSystemError;
+    }
+    memcpy(comm->init_ids, id, (size_t)nids * sizeof(*id));
+    comm->init_nids = nids;
+  }
   atomic_store(&comm->init_caller, 1);
   /* Published before init runs, as in NCCL, so another thread may abort a blocked init; atomically,
    * because that thread reads it concurrently. */
@@ -134,6 +144,11 @@ static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueI
   }
   atomic_store(&comm->init_caller, 0); /* last touch */
   return ch_to_nccl(s);
+}
+
+static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId* id, int rank,
+                              const ncclConfig_t* user_cfg, const char* fn) {
+  return init_rank_ids(newcomm, nranks, id, 1, rank, user_cfg, fn);
 }
 
 CH_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
@@ -183,12 +198,12 @@ CH_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, 
        ncclUniqueId* commIds, ncclConfig_t* config) {
   NVTX_RANGE(NVTX_COMM_INIT_RANK_SCALABLE);
   ARG_NONNULL(commIds, "ncclCommInitRankScalable");
-  if (nId < 1) {
-    WARN("ncclCommInitRankScalable: nId must be >= 1, got %d", nId);
+  if (nId < 1 || nId > nranks) { /* NCCL refuses nId > nranks as well (ncclCommInitRankDev) */
+    WARN("ncclCommInitRankScalable: nId must be between 1 and nranks (%d), got %d", nranks, nId);
     return ncclInvalidArgument;
   }
-  /* One root serves all ranks here; extra ids (for spreading root load) are not needed. */
-  return init_rank(newcomm, nranks, &commIds[0], myrank, config, "ncclCommInitRankScalable");
+  /* Root i of the nId serves the i-th block of ranks (boot_init_ids). */
+  return init_rank_ids(newcomm, nranks, commIds, nId, myrank, config, "ncclCommInitRankScalable");
 }
 
 CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {

@@ -79,12 +79,17 @@ struct boot_peer_proof { /* rank to rank, either direction */
 /* Follows the client proof of a JOIN. */
 struct boot_join {
   uint64_t timeout_ms; /* time left before this rank's deadline (0 = none): the root reports by then */
+  /* Several roots (ncclCommInitRankScalable): root `iroot` of `nroots` serves the block of ranks
+   * boot_root_first(iroot) .. boot_root_first(iroot + 1) - 1 (NCCL's mapping); the first rank of the
+   * next block also joins it, with link = 1, so that the block's last rank learns its next rank. */
+  uint32_t nroots, iroot, link, pad;
   struct boot_rank_info info;
 };
 
 /* Root → rank answer. */
 /* 1 was the whole rank table (N x N bytes from the root); the ranks now gather it themselves. */
-enum { BOOT_REPLY_ERROR = 2, BOOT_REPLY_ACCEPTED = 3 /* len 0 */, BOOT_REPLY_NEXT = 4 /* struct boot_next */ };
+enum { BOOT_REPLY_ERROR = 2, BOOT_REPLY_ACCEPTED = 3 /* len 0 */, BOOT_REPLY_NEXT = 4 /* struct boot_next */,
+       BOOT_REPLY_LINKED = 5 /* len 0: to a link join, once its block is complete */ };
 struct boot_reply {
   uint32_t type;
   uint32_t status; /* ch_status for ERROR */
@@ -140,6 +145,16 @@ ch_status boot_learn_addr(struct boot_state* b, int rank, const union sock_addr*
 /* Check one rank-table entry received from a peer (rank index, counts, addresses, text fields);
  * 0 if usable, else -1 with *why filled. Text fields are NUL-terminated in place. */
 int boot_check_info(struct boot_rank_info* info, int slot, int nranks, char* why, size_t len);
+/* Several roots (NCCL's rootIdFromRank / firstRankFromRoot, bootstrap.cc): nranks split into nroots
+ * blocks as even as can be, the first nranks % nroots of them one rank larger. */
+static inline int boot_root_first(int iroot, int nranks, int nroots) {
+  return iroot * (nranks / nroots) + (iroot < nranks % nroots ? iroot : nranks % nroots);
+}
+static inline int boot_root_of(int rank, int nranks, int nroots) {
+  int rem = nranks % nroots, per = nranks / nroots, big = rem * (per + 1);
+  return rank < big ? rank / (per + 1) : (rank - big) / per + rem;
+}
+
 /* The root's answer to a join, after every rank of the job joined: where our next rank listens. */
 struct boot_next {
   int32_t rank, nranks; /* the joiner's, echoed */

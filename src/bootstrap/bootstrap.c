@@ -211,35 +211,60 @@ static ch_status connect_root(const struct boot_id* id, const struct boot_key* k
   }
 }
 
-/* Join at the root and receive where our next rank listens (or the root's error report). */
-static ch_status join_root(const struct boot_id* id, const struct boot_rank_info* me, const volatile int* abort,
-                           uint64_t deadline_ns, union sock_addr* next, struct boot_rank_info* next_info) {
-  char root_name[64];
-  sock_addr_str(&id->root, root_name, sizeof(root_name));
-  int rank = me->rank, nranks = me->nranks;
-  struct sock root = {.fd = -1};
+/* One join in progress: at our own root, or a link join at the previous block's root. */
+struct root_join {
+  struct sock s;
+  struct boot_reply rep;
+  char name[64];
+  int link;
+};
+
+/* Connect and join at root `id` (its own key); the answer is read by join_wait. */
+static ch_status join_open(const struct boot_id* id, const struct boot_rank_info* me, int nroots, int iroot, int link,
+                           const volatile int* abort, uint64_t deadline_ns, struct root_join* rj) {
+  sock_addr_str(&id->root, rj->name, sizeof(rj->name));
+  rj->s.fd = -1;
+  rj->link = link;
   struct sock_wait w = {abort, deadline_ns};
-  char* text = NULL;
   struct boot_key key;
   id_key(id, &key);
   struct boot_join j;
   memset(&j, 0, sizeof(j));
   j.info = *me;
-  struct boot_reply rep;
-  ch_status st = connect_root(id, &key, &j, &w, deadline_ns, root_name, &root, &rep);
-  if (st == CH_INVALID_USAGE || (st != CH_OK && root.fd < 0)) goto out;
-  if (st != CH_OK) goto fail;
+  j.nroots = (uint32_t)nroots;
+  j.iroot = (uint32_t)iroot;
+  j.link = (uint32_t)link;
+  ch_status st = connect_root(id, &key, &j, &w, deadline_ns, rj->name, &rj->s, &rj->rep);
+  memset(&key, 0, sizeof(key));
+  if (st != CH_OK && rj->s.fd >= 0) {
+    if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while joining at the root", me->rank);
+    else if (st != CH_INVALID_USAGE)
+      WARN("Bootstrap rank %d: lost the connection to bootstrap root %s while joining (a rejected connection: see the "
+           "root's log)", me->rank, rj->name);
+    sock_close(&rj->s);
+  }
+  return st;
+}
 
+/* Wait for the root's answer to a join: where our next rank listens (next; a link join gets none),
+ * or the root's error report. */
+static ch_status join_wait(struct root_join* rj, const struct boot_rank_info* me, const volatile int* abort,
+                           uint64_t deadline_ns, union sock_addr* next, struct boot_rank_info* next_info) {
+  int rank = me->rank, nranks = me->nranks;
+  const char* root_name = rj->name;
+  struct boot_reply rep = rj->rep;
+  char* text = NULL;
+  ch_status st = CH_OK;
   /* The root reports a timeout by our deadline: give its report a moment to arrive. */
   struct sock_wait wr = {abort, deadline_ns ? deadline_ns + BOOT_REPORT_GRACE_NS : 0};
-  if (rep.type == BOOT_REPLY_ACCEPTED) CHECK_GOTO(sock_recv_all(&root, &rep, sizeof(rep), &wr), st, fail);
+  if (rep.type == BOOT_REPLY_ACCEPTED) CHECK_GOTO(sock_recv_all(&rj->s, &rep, sizeof(rep), &wr), st, fail);
   if (rep.type == BOOT_REPLY_ERROR && rep.len < 65536) {
     text = calloc(1, rep.len + 1);
     if (!text) {
       st = CH_SYSTEM;
       goto fail;
     }
-    CHECK_GOTO(sock_recv_all(&root, text, rep.len, &wr), st, fail);
+    CHECK_GOTO(sock_recv_all(&rj->s, text, rep.len, &wr), st, fail);
     if (abort && *abort) { /* our own abort came first: the job's failure is its echo (a rank left) */
       st = CH_ABORTED;
       goto out;
@@ -252,13 +277,16 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
     goto out;
   }
   struct boot_next nx;
-  if (rep.type != BOOT_REPLY_NEXT || rep.len != sizeof(nx)) {
+  uint32_t want = rj->link ? BOOT_REPLY_LINKED : BOOT_REPLY_NEXT;
+  size_t want_len = rj->link ? 0 : sizeof(nx);
+  if (rep.type != want || rep.len != want_len) {
     WARN("Bootstrap rank %d: unexpected answer from root %s (type %u, %llu bytes; a root of another Chorus "
          "version?)", rank, root_name, rep.type, (unsigned long long)rep.len);
     st = CH_INTERNAL;
     goto out;
   }
-  CHECK_GOTO(sock_recv_all(&root, &nx, sizeof(nx), &wr), st, fail);
+  if (rj->link) goto out;
+  CHECK_GOTO(sock_recv_all(&rj->s, &nx, sizeof(nx), &wr), st, fail);
   int fam = nx.next.sa.sa_family;
   if (nx.rank != rank || nx.nranks != nranks || (fam != AF_INET && fam != AF_INET6) || sock_addr_port(&nx.next) == 0) {
     WARN("Bootstrap rank %d: root %s sent an invalid answer (rank %d of %d, next rank's address family %d)", rank,
@@ -277,16 +305,29 @@ static ch_status join_root(const struct boot_id* id, const struct boot_rank_info
 fail:
   if (st == CH_ABORTED) INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: aborted while waiting at the root", rank);
   else if (st == CH_TIMEOUT)
-    WARN("Bootstrap rank %d timed out waiting at bootstrap root %s for the other %d ranks (no report from the root)",
-         rank, root_name, nranks - 1);
+    WARN("Bootstrap rank %d timed out waiting at bootstrap root %s for the other ranks of its %s (no report from the "
+         "root)", rank, root_name, rj->link ? "previous block (it links that block to its own)" : "block");
   else
     WARN("Bootstrap rank %d: lost the connection to bootstrap root %s before all ranks joined (a rejected "
          "connection: see the root's log)", rank, root_name);
 out:
-  memset(&key, 0, sizeof(key));
   free(text);
-  sock_close(&root);
+  sock_close(&rj->s);
   return st;
+}
+
+/* The ids' digest: their roots and modes, in order, and their number (never their keys). */
+static uint64_t ids_digest(const struct boot_id* ids, int nids) {
+  uint64_t h = ut_hash(&nids, sizeof(nids), 0x9e3779b97f4a7c15ull);
+  for (int i = 0; i < nids; i++) {
+    struct { union sock_addr root; uint32_t fixed, mode; } pub;
+    memset(&pub, 0, sizeof(pub));
+    pub.root = ids[i].root;
+    pub.fixed = ids[i].fixed;
+    pub.mode = ids[i].mode;
+    h = ut_hash(&pub, sizeof(pub), h);
+  }
+  return h;
 }
 
 /* boot_allgather_learn hook for the rank table: each entry is checked as it arrives, before it is
@@ -315,6 +356,12 @@ static ch_status learn_infos(void* arg, struct boot_state* b, int lo, int count,
            l->me->rank, l->me->hostname, l->me->pid, l->me->lib_version, l->me->wire_version);
       return CH_INVALID_USAGE;
     }
+    if (t->ids_digest != l->me->ids_digest || t->nids != l->me->nids) {
+      WARN("Bootstrap: rank %d (host %s pid %d) was given a different list of unique ids (%d ids) than rank %d (host "
+           "%s pid %d, %d ids): ncclCommInitRankScalable needs the same commIds, in the same order, on every rank",
+           i, t->hostname, t->pid, t->nids, l->me->rank, l->me->hostname, l->me->pid, l->me->nids);
+      return CH_INVALID_USAGE;
+    }
     CHECK(boot_learn_addr(b, i, &t->listen_addr));
     boot_name_peer(b, i, t->pid, t->hostname); /* checked printable above */
   }
@@ -323,19 +370,44 @@ static ch_status learn_infos(void* arg, struct boot_state* b, int lo, int count,
 
 ch_status boot_init(const void* id128, int rank, int nranks, const volatile int* abort, uint64_t deadline_ns,
                     struct boot_state** out, struct boot_rank_info** peers) {
+  return boot_init_ids(id128, 1, rank, nranks, abort, deadline_ns, out, peers);
+}
+
+ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, const volatile int* abort,
+                        uint64_t deadline_ns, struct boot_state** out, struct boot_rank_info** peers) {
   *out = NULL;
   if (peers) *peers = NULL;
   if (nranks <= 0 || nranks > BOOT_MAX_RANKS || rank < 0 || rank >= nranks) {
     WARN("Bootstrap: invalid rank %d for nranks %d (at most %d ranks)", rank, nranks, BOOT_MAX_RANKS);
     return CH_INVALID_ARG;
   }
-  struct boot_id id;
-  memcpy(&id, id128, sizeof(id));
-  if (id.magic != BOOT_ID_MAGIC || (id.mode != BOOT_AUTH_SECRET && id.mode != BOOT_AUTH_UID)) {
-    WARN("Bootstrap rank %d: invalid unique id (not made by ncclGetUniqueId of this Chorus version, or corrupted)",
-         rank);
+  if (nids < 1 || nids > nranks) { /* NCCL refuses these too (ncclCommInitRankDev) */
+    WARN("Bootstrap rank %d: %d unique ids for %d ranks (1 to nranks ids)", rank, nids, nranks);
     return CH_INVALID_ARG;
   }
+  struct boot_id* ids = calloc((size_t)nids, sizeof(*ids));
+  if (!ids) {
+    WARN("Bootstrap rank %d: out of memory for %d unique ids", rank, nids);
+    return CH_SYSTEM;
+  }
+  for (int i = 0; i < nids; i++) {
+    memcpy(&ids[i], (const char*)ids128 + (size_t)i * 128, sizeof(ids[i]));
+    if (ids[i].magic != BOOT_ID_MAGIC || (ids[i].mode != BOOT_AUTH_SECRET && ids[i].mode != BOOT_AUTH_UID)) {
+      WARN("Bootstrap rank %d: invalid unique id %d of %d (not made by ncclGetUniqueId of this Chorus version, or "
+           "corrupted)", rank, i, nids);
+      free(ids);
+      return CH_INVALID_ARG;
+    }
+  }
+  if (nids > 1 && ids[0].fixed) { /* NCCL_COMM_ID names one root: NCCL uses the first id only */
+    if (rank == 0) INFO(LOG_BOOTSTRAP | LOG_ENV, "NCCL_COMM_ID cannot be used with more than one unique id: using the first");
+    nids = 1;
+  }
+  int iroot = boot_root_of(rank, nranks, nids);
+  /* The first rank of a block also joins the previous block's root: that block's last rank needs it. */
+  int link_root = nids > 1 && boot_root_first(iroot, nranks, nids) == rank ? (iroot + nids - 1) % nids : -1;
+  struct boot_id id = ids[iroot]; /* our root; rank-to-rank connections use the first id's key */
+  struct root_join rj = {.s = {.fd = -1}}, lj = {.s = {.fd = -1}};
   uint64_t t0 = ut_now_ns();
   ch_status st;
   struct sock listener = {.fd = -1};
@@ -344,7 +416,7 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
   struct boot_rank_info me;
   union sock_addr* addrs = NULL;
   struct boot_key key;
-  id_key(&id, &key);
+  id_key(&ids[0], &key);
   CHECK_GOTO(sock_find_interface(&id.root, NULL, 0, &addr), st, out);
   CHECK_GOTO(sock_listen(&addr, &listener), st, out);
   if (id.fixed && rank == 0) {
@@ -352,10 +424,31 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
     CHECK_GOTO(boot_root_start(&id.root, id.magic, &key, &bound), st, out);
   }
   fill_info(&me, rank, nranks, &listener.addr);
+  me.nids = nids;
+  me.ids_digest = ids_digest(ids, nids);
   union sock_addr next;
+  /* Both joins first, then both answers: a root answers once its whole block (and link) joined. */
+  CHECK_GOTO(join_open(&id, &me, nids, iroot, 0, abort, deadline_ns, &rj), st, out);
+  if (link_root >= 0) CHECK_GOTO(join_open(&ids[link_root], &me, nids, link_root, 1, abort, deadline_ns, &lj), st, out);
+  if (link_root >= 0) {
+    /* Whichever root answers first: a failure at either ends the join at once (we then leave the
+     * other root, which tells its ranks), instead of after the other root's timeout. */
+    struct sock_wait w = {abort, deadline_ns ? deadline_ns + BOOT_REPORT_GRACE_NS : 0};
+    while (rj.rep.type == BOOT_REPLY_ACCEPTED && lj.rep.type == BOOT_REPLY_ACCEPTED) {
+      struct pollfd pf[2] = {{rj.s.fd, POLLIN, 0}, {lj.s.fd, POLLIN, 0}};
+      if (poll(pf, 2, sock_wait_slice_ms(&w)) > 0 && pf[1].revents && !pf[0].revents) {
+        CHECK_GOTO(join_wait(&lj, &me, abort, deadline_ns, NULL, NULL), st, out);
+        lj.rep.type = 0; /* answered */
+        break;
+      }
+      if (pf[0].revents) break;
+      if ((st = sock_wait_check(&w)) != CH_OK) break; /* join_wait says what happened */
+    }
+  }
   struct boot_rank_info next_info;
   memset(&next_info, 0, sizeof(next_info));
-  CHECK_GOTO(join_root(&id, &me, abort, deadline_ns, &next, &next_info), st, out);
+  CHECK_GOTO(join_wait(&rj, &me, abort, deadline_ns, &next, &next_info), st, out);
+  if (link_root >= 0 && lj.s.fd >= 0) CHECK_GOTO(join_wait(&lj, &me, abort, deadline_ns, NULL, NULL), st, out);
   uint64_t t_join = ut_now_ns();
 
   /* We know our own address and our next rank's; the others arrive with the table. */
@@ -369,7 +462,7 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
   addrs[rank] = me.listen_addr;
   if (nranks > 1) addrs[(rank + 1) % nranks] = next;
   table[rank] = me;
-  CHECK_GOTO(boot_peers_create(out, rank, nranks, id.magic, &key, addrs, &listener, abort, deadline_ns), st, out);
+  CHECK_GOTO(boot_peers_create(out, rank, nranks, ids[0].magic, &key, addrs, &listener, abort, deadline_ns), st, out);
   /* Who we and our next rank are, for messages about a peer lost before the table is complete. */
   boot_name_peer(*out, rank, me.pid, me.hostname);
   if (nranks > 1) boot_name_peer(*out, (rank + 1) % nranks, next_info.pid, next_info.hostname);
@@ -377,8 +470,9 @@ ch_status boot_init(const void* id128, int rank, int nranks, const volatile int*
   CHECK_GOTO(boot_allgather_learn(*out, table, sizeof(*table), learn_infos, &l), st, out);
   CHECK_GOTO(check_loopback(table, nranks, rank), st, out);
   boot_set_deadline(*out, 0); /* the init deadline covers boot_init only; later calls get one through boot_set_deadline */
-  INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms (root %.2f ms, table gathered in %.2f ms)", rank, nranks,
-       (double)(ut_now_ns() - t0) / 1e6, (double)(t_join - t0) / 1e6, (double)(ut_now_ns() - t_join) / 1e6);
+  INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms (root %d of %d: %.2f ms, table gathered in %.2f ms)",
+       rank, nranks, (double)(ut_now_ns() - t0) / 1e6, iroot, nids, (double)(t_join - t0) / 1e6,
+       (double)(ut_now_ns() - t_join) / 1e6);
   if (peers) {
     *peers = table;
     table = NULL;
@@ -390,6 +484,10 @@ out:
   }
   if (st != CH_OK) boot_root_wait_reports(BOOT_REPORT_GRACE_NS);
   memset(&key, 0, sizeof(key));
+  sock_close(&rj.s);
+  sock_close(&lj.s);
+  memset(ids, 0, (size_t)nids * sizeof(*ids));
+  free(ids);
   free(addrs);
   free(table);
   sock_close(&listener);

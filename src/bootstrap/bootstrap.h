@@ -39,6 +39,10 @@ struct boot_rank_info {
   /* CPUs its joining thread may run on (0-1023; any bits are valid): ranks of one host spin only
    * if theirs leave a CPU for each (init.c) */
   uint64_t cpus[BOOT_CPU_WORDS];
+  /* The unique ids this rank was given (their roots' addresses and count, not their keys): every
+   * rank must have the same list (boot_init_ids) */
+  uint64_t ids_digest;
+  int32_t nids, pad;
 };
 
 struct boot_state; /* opaque */
@@ -69,6 +73,14 @@ ch_status boot_id_from_addr(const char* hostport, void* id128);
  * state keeps `abort` but not the deadline (see boot_set_deadline). */
 ch_status boot_init(const void* id128, int rank, int nranks, const volatile int* abort, uint64_t deadline_ns,
                     struct boot_state** out, struct boot_rank_info** peers);
+
+/* boot_init with nids unique ids (ncclCommInitRankScalable), 1 <= nids <= nranks: the join is
+ * spread over their roots, root i serving the i-th block of ranks (boot_root_first); each root also
+ * takes the first rank of the next block, so every rank still learns its next rank's address and the
+ * roots' agreement checks chain from block to block. Rank-to-rank connections use the first id's
+ * key. With NCCL_COMM_ID (a fixed first id) only the first id is used, as in NCCL. */
+ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, const volatile int* abort,
+                        uint64_t deadline_ns, struct boot_state** out, struct boot_rank_info** peers);
 
 /* Build a bootstrap for a subset of ranks without any root (ncclCommSplit): `addrs` are the members'
  * listen addresses in new-rank order, exchanged over the parent beforehand; `listener` is the

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../misc/log.h"
@@ -460,6 +461,15 @@ static ch_status conn_open(struct boot_state* b, int peer, int tag) {
   int err = 0;
   ch_status st = sock_connect_brief(&b->addrs[peer], &s, &w, BOOT_REFUSED_GRACE_MS, &err);
   if (st == CH_TIMEOUT || st == CH_ABORTED) return wait_failed(b, st, "connecting to", peer, tag);
+  if (st != CH_OK && (err == EMFILE || err == ENFILE)) { /* our limit, not the peer's fault */
+    struct rlimit rl = {0, 0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    WARN("Bootstrap rank %d: cannot open a connection to rank %d: %s (this process may hold %llu descriptors, "
+         "`ulimit -n`; thread ranks of one process hold two for each pair of ranks that exchange connection "
+         "setup, so an AlltoAll of N thread ranks needs about N*N): raise the limit or use fewer ranks per process",
+         b->rank, peer, strerror(err), (unsigned long long)rl.rlim_cur);
+    return CH_SYSTEM;
+  }
   if (st != CH_OK) {
     snprintf(why, sizeof(why), "is gone: connecting to its bootstrap listener failed: %s", strerror(err));
     peer_lost(b, peer, why);

@@ -1,7 +1,10 @@
 /* The bootstrap root: a detached thread that collects one boot_rank_info per rank, checks that the
  * ranks agree (nranks, library and wire versions) and sends each rank the address of its next rank
  * (struct boot_next: O(1) bytes per rank; the ranks gather the full table among themselves over
- * their authenticated connections, peer.c), or one error record that every rank prints. It serves one job and exits. A connection must pass the handshake
+ * their authenticated connections, peer.c), or one error record that every rank prints. It serves one job and exits.
+ * With several roots (ncclCommInitRankScalable) it serves one block of ranks and the first rank of the
+ * next block (a link join, answered BOOT_REPLY_LINKED), whose address its last rank needs; as every
+ * root checks the link rank too, agreement (nranks, versions, the ids' digest) chains over all blocks. A connection must pass the handshake
  * (boot_internal.h) within BOOT_HELLO_TIMEOUT_NS before anything else it sends is read; one that
  * fails is closed with a rate-limited WARN, so scanners and stale jobs cannot disturb the job.
  * Everything is bounded: connections that have not proven the secret (ROOT_MAX_UNAUTH), descriptors
@@ -40,6 +43,7 @@ enum { RC_HELLO, RC_PROOF, RC_JOIN };
 struct root_conn {
   int fd;
   int rank; /* -1 until its join is accepted */
+  int slot; /* its index in infos/by_slot once joined: rank - first, or nblock for the link join */
   int state; /* RC_*: what is being read */
   uint64_t t0;
   uint64_t last; /* when its last handshake byte came (t0 before any) */
@@ -63,9 +67,12 @@ struct root {
   uint64_t start, deadline; /* deadline: 0 until the first join */
   struct root_conn** conns;
   int nconns, cap;
-  int nranks; /* -1 until the first join */
-  struct boot_rank_info* infos;
-  struct root_conn** by_rank;
+  int nranks; /* -1 until the first join, which also sets the layout below */
+  int nroots, iroot, first, nblock, nslots; /* our block: ranks first .. first + nblock - 1 (+ a link slot) */
+  int link_rank;                            /* first rank of the next block (-1: one root) */
+  uint64_t ids_digest;
+  struct boot_rank_info* infos; /* by slot */
+  struct root_conn** by_slot;
   int joined;
   int done;
   ch_status fail_status; /* CH_OK, or the error every (late) joiner gets */
@@ -125,10 +132,25 @@ static void root_reply(struct root* r, struct root_conn* c, uint32_t type, ch_st
   }
 }
 
+static int slot_rank(const struct root* r, int slot) { return slot < r->nblock ? r->first + slot : r->link_rank; }
+
+/* "3,5-7" for the ranks whose slot flag is `want` (flags by slot). */
+static void root_format_slots(const struct root* r, const unsigned char* flags, unsigned char want, char* buf, size_t len) {
+  unsigned char* g = malloc((size_t)r->nranks);
+  if (!g) {
+    snprintf(buf, len, "?");
+    return;
+  }
+  memset(g, want ? 0 : 1, (size_t)r->nranks); /* ranks we do not serve: never listed */
+  for (int i = 0; i < r->nslots; i++) g[slot_rank(r, i)] = flags[i];
+  boot_format_ranks(g, r->nranks, want, buf, len);
+  free(g);
+}
+
 static void root_drop(struct root* r, int idx) {
   struct root_conn* c = r->conns[idx];
-  if (c->rank >= 0 && r->by_rank && r->by_rank[c->rank] == c) {
-    r->by_rank[c->rank] = NULL;
+  if (c->rank >= 0 && r->by_slot && r->by_slot[c->slot] == c) {
+    r->by_slot[c->slot] = NULL;
     r->joined--;
   }
   close(c->fd);
@@ -186,7 +208,7 @@ static int32_t field_of(const struct boot_rank_info* info, size_t off) {
 
 /* Append "field differs between ranks: v1 on ranks a-b (host), v2 on rank c (host)" if it does. */
 static void root_check_field(struct root* r, const char* field, size_t off, char* msg, size_t len) {
-  int n = r->nranks;
+  int n = r->nslots;
   int32_t v0 = field_of(&r->infos[0], off);
   int differs = 0;
   for (int i = 1; i < n && !differs; i++) differs = field_of(&r->infos[i], off) != v0;
@@ -204,7 +226,7 @@ static void root_check_field(struct root* r, const char* field, size_t off, char
         seen[j] |= mark[j];
       }
       char ranks[256];
-      boot_format_ranks(mark, n, 1, ranks, sizeof(ranks));
+      root_format_slots(r, mark, 1, ranks, sizeof(ranks));
       int plural = strpbrk(ranks, ",-") != NULL;
       appendf(msg, len, "%s %d on rank%s %s (%s)", groups++ ? "," : "", v, plural ? "s" : "", ranks,
               r->infos[i].hostname);
@@ -224,33 +246,38 @@ static void root_complete(struct root* r) {
     snprintf(full, sizeof(full), "Bootstrap: ranks are incompatible: %s", msg);
     root_fail(r, CH_INVALID_USAGE, full, NULL);
   } else {
-    INFO(LOG_BOOTSTRAP, "Bootstrap root %s: all %d ranks joined in %.1f ms", r->name, r->nranks,
+    INFO(LOG_BOOTSTRAP, "Bootstrap root %s: all %d ranks of its block (root %d of %d, ranks %d-%d%s) joined in %.1f ms",
+         r->name, r->nslots, r->iroot, r->nroots, r->first, r->first + r->nblock - 1, r->nroots > 1 ? ", and the link" : "",
          (double)(ut_now_ns() - r->start) / 1e6);
-    for (int i = 0; i < r->nranks; i++) {
+    for (int i = 0; i < r->nblock; i++) {
       struct boot_next nx;
       memset(&nx, 0, sizeof(nx));
-      nx.rank = i;
+      nx.rank = r->first + i;
       nx.nranks = r->nranks;
-      nx.next = r->infos[(i + 1) % r->nranks].listen_addr;
-      nx.next_pid = r->infos[(i + 1) % r->nranks].pid;
-      memcpy(nx.next_host, r->infos[(i + 1) % r->nranks].hostname, sizeof(nx.next_host)); /* checked at join */
-      root_reply(r, r->by_rank[i], BOOT_REPLY_NEXT, CH_OK, &nx, sizeof(nx));
+      nx.next = r->infos[(i + 1) % r->nslots].listen_addr; /* one root: the last rank's next is rank 0 */
+      nx.next_pid = r->infos[(i + 1) % r->nslots].pid; /* and who it is, for messages */
+      memcpy(nx.next_host, r->infos[(i + 1) % r->nslots].hostname, sizeof(nx.next_host)); /* checked at join */
+      root_reply(r, r->by_slot[i], BOOT_REPLY_NEXT, CH_OK, &nx, sizeof(nx));
     }
+    if (r->nslots > r->nblock) root_reply(r, r->by_slot[r->nblock], BOOT_REPLY_LINKED, CH_OK, NULL, 0);
   }
   r->done = 1;
 }
 
 static void root_timeout(struct root* r) {
   if (r->fail_status == CH_OK && r->joined > 0) {
-    unsigned char* present = calloc((size_t)r->nranks, 1);
+    unsigned char* present = calloc((size_t)r->nslots, 1);
     if (present) {
-      for (int i = 0; i < r->nranks; i++) present[i] = r->by_rank[i] != NULL;
-      char joined[512], missing[512], msg[ROOT_MSG_LEN];
-      boot_format_ranks(present, r->nranks, 1, joined, sizeof(joined));
-      boot_format_ranks(present, r->nranks, 0, missing, sizeof(missing));
+      for (int i = 0; i < r->nslots; i++) present[i] = r->by_slot[i] != NULL;
+      char joined[512], missing[512], msg[ROOT_MSG_LEN], block[128] = "";
+      root_format_slots(r, present, 1, joined, sizeof(joined));
+      root_format_slots(r, present, 0, missing, sizeof(missing));
+      if (r->nroots > 1)
+        snprintf(block, sizeof(block), " (root %d of %d, serving ranks %d-%d and linking rank %d)", r->iroot, r->nroots,
+                 r->first, r->first + r->nblock - 1, r->link_rank);
       snprintf(msg, sizeof(msg),
-               "Bootstrap timed out after %.1f s at root %s: %d of %d ranks joined (ranks %s); missing ranks %s of %d",
-               (double)(ut_now_ns() - r->start) / 1e9, r->name, r->joined, r->nranks, joined, missing, r->nranks);
+               "Bootstrap timed out after %.1f s at root %s%s: %d of %d ranks joined (ranks %s); missing ranks %s of %d",
+               (double)(ut_now_ns() - r->start) / 1e9, r->name, block, r->joined, r->nslots, joined, missing, r->nranks);
       root_fail(r, CH_TIMEOUT, msg, NULL);
       free(present);
     }
@@ -287,23 +314,38 @@ static void root_join(struct root* r, struct root_conn* c) {
     root_drop_conn(r, c);
     return;
   }
+  if (j.nroots < 1 || j.nroots > (uint32_t)in->nranks || j.iroot >= j.nroots || j.link > 1 || (j.link && j.nroots < 2)) {
+    snprintf(msg, sizeof(msg), "Bootstrap: rank %d (host %s pid %d) sent a malformed join (root %u of %u ids, link %u)",
+             in->rank, in->hostname, in->pid, j.iroot, j.nroots, j.link);
+    root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
+    root_drop_conn(r, c);
+    return;
+  }
   if (r->nranks < 0) {
-    r->infos = calloc((size_t)in->nranks, sizeof(*r->infos));
-    r->by_rank = calloc((size_t)in->nranks, sizeof(*r->by_rank));
-    if (!r->infos || !r->by_rank) {
-      WARN("Bootstrap root %s: out of memory for %d ranks", r->name, in->nranks);
+    int nr = in->nranks, nroots = (int)j.nroots, iroot = (int)j.iroot;
+    r->nroots = nroots;
+    r->iroot = iroot;
+    r->first = boot_root_first(iroot, nr, nroots);
+    r->nblock = boot_root_first(iroot + 1, nr, nroots) - r->first;
+    r->nslots = r->nblock + (nroots > 1);
+    r->link_rank = nroots > 1 ? boot_root_first(iroot + 1, nr, nroots) % nr : -1;
+    r->ids_digest = in->ids_digest;
+    r->infos = calloc((size_t)r->nslots, sizeof(*r->infos));
+    r->by_slot = calloc((size_t)r->nslots, sizeof(*r->by_slot));
+    if (!r->infos || !r->by_slot) {
+      WARN("Bootstrap root %s: out of memory for %d ranks", r->name, r->nslots);
       r->done = 1;
       return;
     }
-    r->nranks = in->nranks;
+    r->nranks = nr;
     r->deadline = r->timeout_s > 0 ? now + (uint64_t)r->timeout_s * 1000000000ull : 0;
   }
   if (in->nranks != r->nranks) {
-    unsigned char* present = calloc((size_t)r->nranks, 1);
+    unsigned char* present = calloc((size_t)r->nslots, 1);
     char ranks[256] = "?";
     if (present) {
-      for (int i = 0; i < r->nranks; i++) present[i] = r->by_rank[i] != NULL;
-      boot_format_ranks(present, r->nranks, 1, ranks, sizeof(ranks));
+      for (int i = 0; i < r->nslots; i++) present[i] = r->by_slot[i] != NULL;
+      root_format_slots(r, present, 1, ranks, sizeof(ranks));
       free(present);
     }
     snprintf(msg, sizeof(msg), "Bootstrap: ranks disagree on the number of ranks: nranks=%d on ranks %s, nranks=%d on rank %d (host %s pid %d)",
@@ -312,9 +354,33 @@ static void root_join(struct root* r, struct root_conn* c) {
     r->deadline = now + ROOT_FAILED_LINGER_NS;
     return;
   }
-  struct root_conn* prev = r->by_rank[in->rank];
+  /* The ids decide the blocks: a rank given other ids (or in another order) joins the wrong root or
+   * computes another block. Every joiner of this root must have the first one's list. */
+  if (in->ids_digest != r->ids_digest || (int)j.nroots != r->nroots || in->nids != r->nroots) {
+    const struct boot_rank_info* f = NULL;
+    for (int i = 0; i < r->nslots && !f; i++)
+      if (r->by_slot[i]) f = &r->infos[i];
+    snprintf(msg, sizeof(msg), "Bootstrap: ranks were given different lists of unique ids: rank %d (host %s pid %d) "
+             "has %u ids, rank %d (host %s pid %d) joined root %s with %d ids and another list; "
+             "ncclCommInitRankScalable needs the same commIds, in the same order, on every rank", in->rank,
+             in->hostname, in->pid, j.nroots, f ? f->rank : -1, f ? f->hostname : "?", f ? f->pid : -1, r->name, r->nroots);
+    root_fail(r, CH_INVALID_USAGE, msg, c);
+    r->deadline = now + ROOT_FAILED_LINGER_NS;
+    return;
+  }
+  int slot = j.link ? (in->rank == r->link_rank ? r->nblock : -1)
+                    : (in->rank >= r->first && in->rank < r->first + r->nblock ? in->rank - r->first : -1);
+  if (slot < 0 || (int)j.iroot != r->iroot) {
+    snprintf(msg, sizeof(msg), "Bootstrap: rank %d (host %s pid %d) joined root %s%s, which serves ranks %d-%d (root %d of "
+             "%d) and links rank %d", in->rank, in->hostname, in->pid, r->name, j.link ? " as a link" : "",
+             r->first, r->first + r->nblock - 1, r->iroot, r->nroots, r->link_rank);
+    root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
+    root_drop_conn(r, c);
+    return;
+  }
+  struct root_conn* prev = r->by_slot[slot];
   if (prev) {
-    struct boot_rank_info* p = &r->infos[in->rank];
+    struct boot_rank_info* p = &r->infos[slot];
     snprintf(msg, sizeof(msg), "Bootstrap: rank %d joined twice: already joined from host %s pid %d, now from host %s pid %d; "
              "check the rank passed to ncclCommInitRank", in->rank, p->hostname, p->pid, in->hostname, in->pid);
     root_reply(r, c, BOOT_REPLY_ERROR, CH_INVALID_USAGE, msg, strlen(msg));
@@ -326,12 +392,14 @@ static void root_join(struct root* r, struct root_conn* c) {
     uint64_t d = now + j.timeout_ms * 1000000ull;
     if (!r->deadline || d < r->deadline) r->deadline = d;
   }
-  r->infos[in->rank] = *in;
-  r->by_rank[in->rank] = c;
+  r->infos[slot] = *in;
+  r->by_slot[slot] = c;
   c->rank = in->rank;
+  c->slot = slot;
   r->joined++;
-  INFO(LOG_BOOTSTRAP, "Bootstrap root %s: rank %d joined from %s (%d/%d)", r->name, in->rank, a, r->joined, r->nranks);
-  if (r->joined == r->nranks) root_complete(r);
+  INFO(LOG_BOOTSTRAP, "Bootstrap root %s: rank %d joined%s from %s (%d/%d)", r->name, in->rank, j.link ? " as the link" : "",
+       a, r->joined, r->nslots);
+  if (r->joined == r->nslots) root_complete(r);
 }
 
 /* Read what is available. Returns 0 to keep the connection, -1 to drop it. */
@@ -344,7 +412,7 @@ static int root_read(struct root* r, struct root_conn* c) {
     /* It died (or broke the protocol) after joining: the job cannot start. Say so now, naming it,
      * rather than let the others wait for the init timeout. */
     char msg[ROOT_MSG_LEN];
-    const struct boot_rank_info* in = r->infos ? &r->infos[c->rank] : NULL;
+    const struct boot_rank_info* in = r->infos ? &r->infos[c->slot] : NULL;
     snprintf(msg, sizeof(msg), "Bootstrap: rank %d (pid %d on %s, %s) left after joining, before all %d ranks "
              "joined (it exited or was killed)", c->rank, in ? in->pid : -1, in ? in->hostname : "?",
              sock_addr_str(&c->peer, a, sizeof(a)), r->nranks);
@@ -573,7 +641,7 @@ static void* root_main(void* arg) {
   free(pfds);
   free(r->conns);
   free(r->infos);
-  free(r->by_rank);
+  free(r->by_slot);
   memset(&r->key, 0, sizeof(r->key));
   free(r);
   return NULL;

@@ -173,6 +173,8 @@ struct ncclComm {
   _Atomic int init_gate;
   /* arguments kept for a deferred or background init */
   ncclUniqueId init_id;
+  ncclUniqueId* init_ids; /* ncclCommInitRankScalable's init_nids ids (malloc'd; NULL: init_id alone) */
+  int init_nids;
   int nsplits; /* splits made from this comm (all ranks count alike) */
 
   /* CHORUS_TIMEOUT or chorusCommSetTimeout, in ns (0 = none): read by whichever thread runs a plan. */

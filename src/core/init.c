@@ -454,8 +454,12 @@ ch_status comm_init_job(struct ncclComm* comm) {
   ch_status res = CH_OK;
   if (!comm->boot) { /* split comms arrive with their bootstrap and peers already made */
     comm->comm_hash = ut_hash(comm->init_id.internal, sizeof(comm->init_id.internal), 0x9e3779b97f4a7c15ull);
-    res = boot_init(comm->init_id.internal, comm->rank, comm->nranks, &comm->abort_flag, deadline, &comm->boot,
-                    &comm->peers);
+    if (comm->init_ids)
+      res = boot_init_ids(comm->init_ids, comm->init_nids, comm->rank, comm->nranks, &comm->abort_flag, deadline,
+                          &comm->boot, &comm->peers);
+    else
+      res = boot_init(comm->init_id.internal, comm->rank, comm->nranks, &comm->abort_flag, deadline, &comm->boot,
+                      &comm->peers);
   }
   if (res == CH_OK) boot_name_peers(comm->boot, comm->peers); /* its failure reports name pid and host */
   if (res == CH_OK) res = comm_setup(comm);
@@ -488,6 +492,8 @@ void comm_free(struct ncclComm* comm) {
   comm_free_connections(comm);
   direct_release(comm);
   if (comm->boot) boot_close(comm->boot);
+  if (comm->init_ids) memset(comm->init_ids, 0, (size_t)comm->init_nids * sizeof(*comm->init_ids)); /* keys */
+  free(comm->init_ids);
   for (int c = 0; c < CH_MAX_CHANNELS; c++) free(comm->channels[c].ring);
   free(comm->peers);
   free(comm->peer_tp);
