@@ -24,6 +24,9 @@
 #define BOOT_MAX_QUEUED_MSGS 16384
 #define BOOT_LIVENESS_NS UT_NS_PER_S   /* waiting this long for a silent peer probes its listener */
 #define BOOT_REFUSED_GRACE_MS 1000     /* a refused connection to a listener known to exist is retried this long */
+/* A rank tells its root(s) it has the whole table by this byte; the root watches every rank's join
+ * connection until then, and one that closes first fails the job at once (root.c). */
+#define BOOT_DONE_BYTE 0x44
 #define BOOT_NONCE 32
 #define BOOT_MAC 32
 

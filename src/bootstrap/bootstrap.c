@@ -312,7 +312,7 @@ fail:
          "connection: see the root's log)", rank, root_name);
 out:
   free(text);
-  sock_close(&rj->s);
+  if (st != CH_OK) sock_close(&rj->s); /* answered: kept open for the root's watch (root.c, BOOT_DONE_BYTE) */
   return st;
 }
 
@@ -408,6 +408,7 @@ ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, cons
   int link_root = nids > 1 && boot_root_first(iroot, nranks, nids) == rank ? (iroot + nids - 1) % nids : -1;
   struct boot_id id = ids[iroot]; /* our root; rank-to-rank connections use the first id's key */
   struct root_join rj = {.s = {.fd = -1}}, lj = {.s = {.fd = -1}};
+  int lj_answered = 0;
   uint64_t t0 = ut_now_ns();
   ch_status st;
   struct sock listener = {.fd = -1};
@@ -434,11 +435,11 @@ ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, cons
     /* Whichever root answers first: a failure at either ends the join at once (we then leave the
      * other root, which tells its ranks), instead of after the other root's timeout. */
     struct sock_wait w = {abort, deadline_ns ? deadline_ns + BOOT_REPORT_GRACE_NS : 0};
-    while (rj.rep.type == BOOT_REPLY_ACCEPTED && lj.rep.type == BOOT_REPLY_ACCEPTED) {
+    while (rj.rep.type == BOOT_REPLY_ACCEPTED && lj.rep.type == BOOT_REPLY_ACCEPTED && !lj_answered) {
       struct pollfd pf[2] = {{rj.s.fd, POLLIN, 0}, {lj.s.fd, POLLIN, 0}};
       if (poll(pf, 2, sock_wait_slice_ms(&w)) > 0 && pf[1].revents && !pf[0].revents) {
         CHECK_GOTO(join_wait(&lj, &me, abort, deadline_ns, NULL, NULL), st, out);
-        lj.rep.type = 0; /* answered */
+        lj_answered = 1; /* its connection stays open for the root's watch */
         break;
       }
       if (pf[0].revents) break;
@@ -448,7 +449,7 @@ ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, cons
   struct boot_rank_info next_info;
   memset(&next_info, 0, sizeof(next_info));
   CHECK_GOTO(join_wait(&rj, &me, abort, deadline_ns, &next, &next_info), st, out);
-  if (link_root >= 0 && lj.s.fd >= 0) CHECK_GOTO(join_wait(&lj, &me, abort, deadline_ns, NULL, NULL), st, out);
+  if (link_root >= 0 && !lj_answered) CHECK_GOTO(join_wait(&lj, &me, abort, deadline_ns, NULL, NULL), st, out);
   uint64_t t_join = ut_now_ns();
 
   /* We know our own address and our next rank's; the others arrive with the table. */
@@ -466,9 +467,15 @@ ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, cons
   /* Who we and our next rank are, for messages about a peer lost before the table is complete. */
   boot_name_peer(*out, rank, me.pid, me.hostname);
   if (nranks > 1) boot_name_peer(*out, (rank + 1) % nranks, next_info.pid, next_info.hostname);
+  /* Our root(s) tell us at once if a rank leaves while we gather (we may not know its address). */
+  boot_watch_roots(*out, rj.s.fd, lj.s.fd);
   struct table_learn l = {table, &me};
   CHECK_GOTO(boot_allgather_learn(*out, table, sizeof(*table), learn_infos, &l), st, out);
   CHECK_GOTO(check_loopback(table, nranks, rank), st, out);
+  boot_watch_roots(*out, -1, -1);
+  const unsigned char done = BOOT_DONE_BYTE; /* the root stops watching us (best effort: it is closed next) */
+  if (rj.s.fd >= 0) (void)!send(rj.s.fd, &done, 1, MSG_NOSIGNAL);
+  if (lj.s.fd >= 0) (void)!send(lj.s.fd, &done, 1, MSG_NOSIGNAL);
   boot_set_deadline(*out, 0); /* the init deadline covers boot_init only; later calls get one through boot_set_deadline */
   INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms (root %d of %d: %.2f ms, table gathered in %.2f ms)",
        rank, nranks, (double)(ut_now_ns() - t0) / 1e6, iroot, nids, (double)(t_join - t0) / 1e6,
@@ -479,7 +486,7 @@ ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, cons
   }
 out:
   if (st != CH_OK && *out) {
-    boot_close(*out);
+    boot_close(*out); /* before the root connections it may watch are closed below */
     *out = NULL;
   }
   if (st != CH_OK) boot_root_wait_reports(BOOT_REPORT_GRACE_NS);

@@ -113,6 +113,9 @@ void boot_set_deadline(struct boot_state* b, uint64_t deadline_ns);
 /* Name what the next blocking bootstrap calls are for ("ncclAllReduce #1"; NULL clears): a peer lost
  * meanwhile is reported as that call failing. The owner's thread only. */
 void boot_set_context(struct boot_state* b, const char* what);
+/* While init gathers the table: the join connections to our root(s) (-1: none), whose report that a
+ * rank left ends every wait at once. Cleared (-1, -1) before the caller closes them. */
+void boot_watch_roots(struct boot_state* b, int fd0, int fd1);
 void boot_close(struct boot_state* b);
 
 #define BOOT_TAG_CONNECT (1 << 30)

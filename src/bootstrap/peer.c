@@ -90,6 +90,11 @@ struct boot_state {
   /* What the owner's current bootstrap calls are for ("ncclAllReduce #1"), for a lost peer's message:
    * set and cleared by the thread that owns b around them (boot_set_context), read by that thread. */
   char context[96];
+  /* The join connections to our root(s) while the table is gathered (-1: none; owned by boot_init,
+   * which clears them here before closing them): readable means a report that the job failed. The
+   * owner's thread only. `failed`: that report's status, returned by every later wait. */
+  int root_fd[2];
+  ch_status failed;
 };
 
 static struct sock_wait boot_wait(struct boot_state* b) {
@@ -395,9 +400,35 @@ static void accept_new(struct boot_state* b) {
 
 /* One poll round (≤100 ms): accept new connections, read what arrived. *writable tells whether
  * `want` may be written to. Connection failures are recorded on peers, not returned. */
+/* A root's connection became readable while we gather the table: its report that the job failed (a
+ * rank left), or its end. Said once; every wait then returns the status. */
+static ch_status root_report(struct boot_state* b, int fd) {
+  struct boot_reply rep;
+  struct sock s = {.fd = fd};
+  struct sock_wait w = {b->abort, ut_now_ns() + UT_NS_PER_S}; /* the root writes its report at once */
+  char text[1024] = "";
+  if (sock_recv_all(&s, &rep, sizeof(rep), &w) == CH_OK && rep.type == BOOT_REPLY_ERROR && rep.len < sizeof(text) &&
+      sock_recv_all(&s, text, rep.len, &w) == CH_OK) {
+    text[rep.len] = 0;
+    for (char* c = text; *c; c++)
+      if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e) *c = '?';
+    WARN("%s", text); /* the same report on every rank */
+    b->failed = rep.status == CH_INVALID_USAGE || rep.status == CH_TIMEOUT ? (ch_status)rep.status : CH_REMOTE;
+  } else {
+    WARN("Bootstrap rank %d: the bootstrap root closed its connection while the ranks gathered their table (the "
+         "process that runs it, rank 0's or the one that called ncclGetUniqueId, exited?)", b->rank);
+    b->failed = CH_REMOTE;
+  }
+  b->root_fd[0] = b->root_fd[1] = -1; /* read once */
+  return b->failed;
+}
+
+void boot_watch_roots(struct boot_state* b, int fd0, int fd1) { b->root_fd[0] = fd0, b->root_fd[1] = fd1; }
+
 static ch_status progress(struct boot_state* b, struct boot_conn* want, int* writable) {
+  if (b->failed != CH_OK) return b->failed;
   struct sock_wait w = boot_wait(b);
-  int np = b->nconns + 1;
+  int np = b->nconns + 3; /* the listener, the connections, two roots */
   if (np > b->pcap) {
     struct pollfd* p = realloc(b->pfds, (size_t)np * 2 * sizeof(*p));
     if (!p) {
@@ -415,6 +446,8 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
     b->pfds[i + 1] = (struct pollfd){c->dead ? -1 : c->fd, (short)(POLLIN | (c == want ? POLLOUT : 0)), 0};
   }
   int nc = b->nconns;
+  b->pfds[nc + 1] = (struct pollfd){b->root_fd[0], POLLIN, 0};
+  b->pfds[nc + 2] = (struct pollfd){b->root_fd[1], POLLIN, 0};
   int r = poll(b->pfds, (nfds_t)np, sock_wait_slice_ms(&w));
   if (r < 0 && errno != EINTR) {
     WARN("Bootstrap rank %d: poll failed: %s", b->rank, strerror(errno));
@@ -428,6 +461,8 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
     if (ev & (POLLIN | POLLERR | POLLHUP)) conn_read(b, c);
   }
   if (r > 0 && (b->pfds[0].revents & POLLIN)) accept_new(b);
+  for (int k = 0; r > 0 && k < 2; k++)
+    if (b->pfds[nc + 1 + k].fd >= 0 && b->pfds[nc + 1 + k].revents) return root_report(b, b->pfds[nc + 1 + k].fd);
   now = ut_now_ns();
   for (int i = 0; i < b->nconns; i++) {
     struct boot_conn* c = b->conns[i];
@@ -796,6 +831,7 @@ ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint6
   listener->fd = -1; /* ours now */
   b->abort = abort;
   b->deadline = deadline_ns;
+  b->root_fd[0] = b->root_fd[1] = -1;
   *out = b;
   return CH_OK;
 }

@@ -74,6 +74,10 @@ struct root {
   struct boot_rank_info* infos; /* by slot */
   struct root_conn** by_slot;
   int joined;
+  /* After the answers: each joined rank's connection stays open until it sends BOOT_DONE_BYTE (it has
+   * the table); one that closes first left during the table's gather, and every other rank is told at
+   * once (a rank waiting for it may not know its address, so no EOF would ever reach it). */
+  int watching;
   int done;
   ch_status fail_status; /* CH_OK, or the error every (late) joiner gets */
   char fail_msg[ROOT_MSG_LEN];
@@ -260,8 +264,30 @@ static void root_complete(struct root* r) {
       root_reply(r, r->by_slot[i], BOOT_REPLY_NEXT, CH_OK, &nx, sizeof(nx));
     }
     if (r->nslots > r->nblock) root_reply(r, r->by_slot[r->nblock], BOOT_REPLY_LINKED, CH_OK, NULL, 0);
+    for (int i = r->nconns - 1; i >= 0; i--) /* connections that never joined have nothing to watch */
+      if (r->conns[i]->rank < 0) root_drop(r, i);
+    r->watching = r->nconns > 0;
+    if (r->watching) return;
   }
   r->done = 1;
+}
+
+/* A joined rank's connection is readable after the answers: its "done", or its end. */
+static void root_watch_read(struct root* r, struct root_conn* c) {
+  unsigned char b = 0;
+  ssize_t n = recv(c->fd, &b, 1, 0);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (n == 1 && b == BOOT_DONE_BYTE) {
+    root_drop_conn(r, c);
+  } else {
+    const struct boot_rank_info* in = &r->infos[c->slot];
+    char msg[ROOT_MSG_LEN];
+    snprintf(msg, sizeof(msg), "Bootstrap: rank %d (pid %d on %s) left while the ranks gathered their table (it exited "
+             "or was killed, or its init failed: see its log)", c->rank, in->pid, in->hostname);
+    root_drop_conn(r, c);
+    root_fail(r, CH_REMOTE, msg, NULL); /* every rank still gathering; the job cannot complete */
+  }
+  if (r->nconns == 0) r->done = 1;
 }
 
 static void root_timeout(struct root* r) {
@@ -587,7 +613,7 @@ static void* root_main(void* arg) {
   while (!r->done) {
     uint64_t now = ut_now_ns();
     if (r->deadline && now >= r->deadline) {
-      root_timeout(r);
+      if (!r->watching) root_timeout(r); /* watching: the ranks' own deadlines report it */
       break;
     }
     for (int i = r->nconns - 1; i >= 0; i--) /* hellos must come promptly */
@@ -631,7 +657,8 @@ static void* root_main(void* arg) {
       for (int i = 0; i < r->nconns; i++)
         if (r->conns[i] == ready[k]) idx = i;
       if (idx < 0) continue; /* dropped meanwhile */
-      if (root_read(r, ready[k]) < 0) root_drop_conn(r, ready[k]);
+      if (r->watching) root_watch_read(r, ready[k]);
+      else if (root_read(r, ready[k]) < 0) root_drop_conn(r, ready[k]);
     }
     free(ready);
     if (r->listener.fd >= 0 && (pfds[0].revents & POLLIN) && !r->done) root_accept(r);
