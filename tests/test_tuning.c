@@ -303,7 +303,8 @@ static double forced_us(const char* algo, size_t bytes, int* chosen) {
 
 static void expect_close(double got, double want, const char* what, size_t bytes) {
   if (!(got >= want * (1 - 1e-9) && got <= want * (1 + 1e-9)))
-    rt_fail(__FILE__, __LINE__, "%s, %zu bytes: the model predicts %.6f us, the closed form %.6f us", what, bytes, got, want);
+    rt_fail(__FILE__, __LINE__, "%s, %zu bytes: the model predicts %.6f us, the closed form %.6f us", what, bytes, got,
+            want);
 }
 
 /* 2 hosts x 8 ranks: Ring for a large AllReduce, a logarithmic algorithm for a small one. Before, the
@@ -329,7 +330,8 @@ TEST(tuning, two_hosts_of_eight_ring_large_log_small) {
   struct tune_choice ch;
   tune_predict(c, FUNC_ALLREDUCE, 8, CH_REPRO_OFF, &ch);
   if (ch.algo != ALGO_RECDBL && ch.algo != ALGO_RABEN && ch.algo != ALGO_TREE)
-    rt_fail(__FILE__, __LINE__, "8-byte AllReduce on 2 hosts x 8: chose %s, not a logarithmic algorithm", algo_name(ch.algo));
+    rt_fail(__FILE__, __LINE__, "8-byte AllReduce on 2 hosts x 8: chose %s, not a logarithmic algorithm",
+            algo_name(ch.algo));
   tune_predict(c, FUNC_ALLREDUCE, (size_t)256 << 20, CH_REPRO_OFF, &ch);
   EXPECT_EQ(ch.algo, ALGO_RING);
   tune_predict(c, FUNC_ALLGATHER, 8, CH_REPRO_OFF, &ch);

@@ -179,7 +179,8 @@ static double across_hosts_us(const struct ncclComm* comm, int func, int algo, i
   const struct tune_model* m = comm->model;
   double nlat = m->net_step_us, nper = 1.0 / m->net_bw;
   double llat = comm->tune_local_net ? nlat : m->step_us[proto];
-  double lper = comm->tune_local_net ? nper : 2.0 / (m->copy_bw * m->proto_eff[proto] * (1.0 + m->chan_gain * (nch - 1)));
+  double lper =
+      comm->tune_local_net ? nper : 2.0 / (m->copy_bw * m->proto_eff[proto] * (1.0 + m->chan_gain * (nch - 1)));
   if (algo == ALGO_RING) { /* ring_cross of its n hops cross hosts, one rank a NIC; the slowest hop sets the pace */
     double cross = steps * comm->tune_ring_cross / comm->nranks;
     return cross * nlat + (steps - cross) * llat + b * traffic * (nper > lper ? nper : lper);

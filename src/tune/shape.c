@@ -85,7 +85,8 @@ void tune_shape(struct ncclComm* comm) {
    * every level with CHORUS_TREE_PER_RANK (nodes are ranks, which may be anywhere). */
   int b = 1, d = 0;
   while (nh > 1 && b * 2 < nh) b *= 2, d++;
-  comm->tune_tree_net = param_int(PARAM_TREE_PER_RANK) ? comm->tree_depth : UT_MIN(comm->tree_depth, nh > 1 ? 1 + d : 0);
+  comm->tune_tree_net =
+      param_int(PARAM_TREE_PER_RANK) ? comm->tree_depth : UT_MIN(comm->tree_depth, nh > 1 ? 1 + d : 0);
 
   /* RecDbl and Rabenseifner (algo/pof2.c): the folds, then each round's pairs. */
   struct algo_pof2 p = algo_pof2_of(0, n);
@@ -101,8 +102,10 @@ void tune_shape(struct ncclComm* comm) {
     int first = -1;
     for (int k = 0; k < p.log && first < 0; k++)
       if (comm->tune_pof2_share[k]) first = k;
-    INFO(LOG_TUNING, "comm %p: cost model over %d hosts of up to %d ranks: the ring crosses hosts on %d of %d hops; "
-         "RecDbl/Rabenseifner cross from distance %d with up to %d ranks on a NIC; Tree has %d of %d levels between hosts%s",
+    INFO(LOG_TUNING,
+         "comm %p: cost model over %d hosts of up to %d ranks: the ring crosses hosts on %d of %d hops; "
+         "RecDbl/Rabenseifner cross from distance %d with up to %d ranks on a NIC; Tree has %d of %d levels between "
+         "hosts%s",
          (void*)comm, nh, ppn, comm->tune_ring_cross, n, first < 0 ? 0 : 1 << first,
          first < 0 ? 0 : comm->tune_pof2_share[p.log - 1], comm->tune_tree_net, comm->tree_depth,
          comm->tune_local_net ? "; ranks of a host also use the network" : "");
