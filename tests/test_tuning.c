@@ -261,6 +261,108 @@ TEST_T(tuning, recdbl_for_small_allreduce, 60) {
   rt_run_procs(4, recdbl_body, NULL);
 }
 
+/* ---- several hosts (tune/shape.c): the model across hosts, on a made-up communicator ---- */
+
+/* hosts x per_host ranks, rank r on host r / per_host, one process each, as chorus-sim makes them;
+ * tree_depth as comm_build_trees gives it (hosts a power of two here). */
+static struct ncclComm* hosts_comm(int hosts, int per_host) {
+  struct ncclComm* c = calloc(1, sizeof(*c));
+  int n = hosts * per_host;
+  ASSERT(c && (c->peers = calloc((size_t)n, sizeof(*c->peers))) != NULL);
+  c->nranks = n, c->rank = 0, c->nnodes = hosts, c->nchannels = 1;
+  for (int r = 0; r < n; r++) {
+    c->peers[r].rank = r, c->peers[r].nranks = n;
+    c->peers[r].host_hash = 77 + (uint64_t)(r / per_host);
+    c->peers[r].proc_nonce = 1 + (uint64_t)r;
+  }
+  int b = 1, d = 0;
+  while (b * 2 < hosts) b *= 2, d++;
+  c->tree_depth = (hosts > 1 ? 1 + d : 0) + per_host - 1;
+  tune_init(c);
+  return c;
+}
+
+static void hosts_free(struct ncclComm* c) {
+  tune_fini(c);
+  free(c->peers);
+  free(c);
+}
+
+/* The model's prediction for AllReduce of `bytes` with NCCL_ALGO=allreduce:<algo>. */
+static double forced_us(const char* algo, size_t bytes, int* chosen) {
+  char v[64];
+  snprintf(v, sizeof v, "allreduce:%s", algo);
+  set("NCCL_ALGO", v);
+  struct ncclComm* c = hosts_comm(2, 8);
+  struct tune_choice ch;
+  double us = tune_predict(c, FUNC_ALLREDUCE, bytes, CH_REPRO_OFF, &ch);
+  *chosen = ch.algo;
+  hosts_free(c);
+  return us;
+}
+
+static void expect_close(double got, double want, const char* what, size_t bytes) {
+  if (!(got >= want * (1 - 1e-9) && got <= want * (1 + 1e-9)))
+    rt_fail(__FILE__, __LINE__, "%s, %zu bytes: the model predicts %.6f us, the closed form %.6f us", what, bytes, got,
+            want);
+}
+
+/* 2 hosts x 8 ranks: Ring for a large AllReduce, a logarithmic algorithm for a small one. Before, the
+ * model gave each of a host's 8 ranks its own network bandwidth in Rabenseifner's round between the
+ * hosts, and charged every ring hop as a network hop, so it chose Rabenseifner for large messages
+ * where chorus-sim has Ring up to 8x faster (docs/SCALE.md). The predictions in closed form, from the
+ * default constants: Simple inside a host (step s, two copies at copy_bw), net_step_us and net_bw
+ * between hosts, where the 8 ranks of a host cross in the round at distance 8 and share the NIC. */
+TEST(tuning, two_hosts_of_eight_ring_large_log_small) {
+  set("NCCL_TUNER_PLUGIN", "none");
+  set("NCCL_SHM_DISABLE", NULL);
+  set("NCCL_ALGO", NULL);
+  struct ncclComm* c = hosts_comm(2, 8);
+  EXPECT_EQ(c->tune_net, 1);
+  EXPECT_EQ(c->tune_hosts, 2);
+  EXPECT_EQ(c->tune_ppn, 8);
+  EXPECT_EQ(c->tune_local_net, 0);
+  EXPECT_EQ(c->tune_ring_cross, 2);
+  EXPECT_EQ(c->tune_tree_net, 1);
+  EXPECT_EQ(c->tune_fold_share, 0);
+  const int share[4] = {0, 0, 0, 8}; /* distances 1, 2, 4 inside a host; 8 crosses, all 8 ranks */
+  for (int k = 0; k < 4; k++) EXPECT_EQ(c->tune_pof2_share[k], share[k]);
+  struct tune_choice ch;
+  tune_predict(c, FUNC_ALLREDUCE, 8, CH_REPRO_OFF, &ch);
+  if (ch.algo != ALGO_RECDBL && ch.algo != ALGO_RABEN && ch.algo != ALGO_TREE)
+    rt_fail(__FILE__, __LINE__, "8-byte AllReduce on 2 hosts x 8: chose %s, not a logarithmic algorithm",
+            algo_name(ch.algo));
+  tune_predict(c, FUNC_ALLREDUCE, (size_t)256 << 20, CH_REPRO_OFF, &ch);
+  EXPECT_EQ(ch.algo, ALGO_RING);
+  tune_predict(c, FUNC_ALLGATHER, 8, CH_REPRO_OFF, &ch);
+  EXPECT_EQ(ch.algo, ALGO_RING);
+  hosts_free(c);
+
+  const struct tune_model* m = tune_model_defaults();
+  double s = m->step_us[PROTO_SIMPLE], lper = 2.0 / m->copy_bw, nlat = m->net_step_us, nper = 1.0 / m->net_bw;
+  const size_t sizes[] = {8, 64 << 10, 1 << 20, (size_t)256 << 20};
+  for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+    double b = (double)sizes[z];
+    int a;
+    /* Ring: 30 hops, 2 of every 16 between hosts; the network's rate paces the pipeline. */
+    expect_close(forced_us("Ring", sizes[z], &a), 30.0 * 2 / 16 * nlat + 30.0 * 14 / 16 * s + b * 30 / 16 * nper,
+                 "Ring", sizes[z]);
+    EXPECT_EQ(a, ALGO_RING);
+    /* RecDbl: 3 rounds inside a host, one between the hosts with 8 ranks on each NIC. */
+    expect_close(forced_us("RecDbl", sizes[z], &a), 3 * (s + b * lper) + nlat + b * 8 * nper, "RecDbl", sizes[z]);
+    EXPECT_EQ(a, ALGO_RECDBL);
+    /* Rabenseifner: the same rounds twice with 2^k / 16 of the vector. */
+    expect_close(forced_us("Rabenseifner", sizes[z], &a),
+                 2 * (3 * s + b * 7.0 / 16 * lper + nlat + b * 8.0 / 16 * 8 * nper), "Rabenseifner", sizes[z]);
+    EXPECT_EQ(a, ALGO_RABEN);
+    /* Tree: one level between the hosts, a chain of 7 hops inside each; 4 x levels x bytes. */
+    expect_close(forced_us("Tree", sizes[z], &a), 2 * (nlat + 7 * s) + b * 4 * nper, "Tree", sizes[z]);
+    EXPECT_EQ(a, ALGO_TREE);
+  }
+  set("NCCL_ALGO", NULL);
+  set("NCCL_TUNER_PLUGIN", NULL);
+}
+
 /* Direct between processes falls back, when some buffer is not from ncclMemAlloc, to what the model
  * would choose among Exchange and Ring, on Direct's one channel; Ring when NCCL_ALGO allows neither. */
 static void fallback_body(int rank, int nranks, ncclUniqueId id, void* arg) {

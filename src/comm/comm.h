@@ -132,6 +132,14 @@ struct ncclComm {
   int tune_bad;
   unsigned proto_ok; /* protocols the transports can carry (network: Simple only) */
   int tune_net;      /* some ranks talk over the network: the cost model uses its hop costs */
+  /* The hosts as the cost model sees them (tune/shape.c), alike on every rank: set by tune_init,
+   * read-only afterwards. Used only when tune_net and tune_hosts > 1. */
+  int tune_hosts, tune_ppn;       /* hosts, most ranks on one host */
+  int tune_local_net;             /* ranks of one host also talk over the network (NCCL_SHM_DISABLE) */
+  int tune_ring_cross;            /* hops of the ring that cross hosts */
+  int tune_tree_net;              /* levels of Tree AllReduce's trees between hosts */
+  int tune_fold_share;            /* RecDbl/Rabenseifner folds: most of one host's ranks crossing hosts at once */
+  int tune_pof2_share[32];        /* ... their round at distance 2^k: the same (0: within hosts) */
   const struct tune_model* model; /* the cost model's constants (tune/model.c): set by tune_init, immutable */
   /* NCCL_TUNER_PLUGIN (tune/tuner_plugin.c): set at init, released by comm_free; called by the thread in a
    * call on this comm. tuner_failed: a getCollInfo error was reported (once). */

@@ -10,6 +10,7 @@
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
+#include "../algo/algo.h"
 #include "plugin_abi.h"
 #include "tune.h"
 
@@ -49,6 +50,7 @@ void tune_init(struct ncclComm* comm) {
    * size for the proxy. So a communicator that uses the network runs Simple only. */
   if (tune_parse_repro(param_str(PARAM_REPRODUCIBLE), &comm->repro) != CH_OK) comm->tune_bad |= 4;
   comm->tune_net = tune_uses_net(comm);
+  tune_shape(comm);
   comm->model = tune_model_get(); /* CHORUS_TUNE_FILE is looked up once per communicator */
   comm->proto_ok = comm->tune_net ? 1u << PROTO_SIMPLE : (1u << CH_NPROTO) - 1;
   comm->exchange_max_bytes = (size_t)param_int(PARAM_EXCHANGE_MAX_BYTES);
@@ -167,6 +169,49 @@ ch_status tune_check_call(struct ncclComm* comm, int func, int type) {
   return CH_OK;
 }
 
+/* Across hosts (tune/shape.c; chorus-sim, docs/SCALE.md): a hop within a host costs what it costs on
+ * one host (the FIFO's step and copies, or the network transport's where ranks of a host use it), a
+ * hop between hosts net_step_us, and its bytes go through the host's NIC, shared by the host's ranks
+ * that cross at once (net_bw is what one connection moves, and the model assumes it fills a NIC).
+ * b: the call's bytes; steps and traffic as predict_us has them on one host. */
+static double across_hosts_us(const struct ncclComm* comm, int func, int algo, int proto, double b, int nch,
+                              double steps, double traffic) {
+  const struct tune_model* m = comm->model;
+  double nlat = m->net_step_us, nper = 1.0 / m->net_bw;
+  double llat = comm->tune_local_net ? nlat : m->step_us[proto];
+  double lper =
+      comm->tune_local_net ? nper : 2.0 / (m->copy_bw * m->proto_eff[proto] * (1.0 + m->chan_gain * (nch - 1)));
+  if (algo == ALGO_RING) { /* ring_cross of its n hops cross hosts, one rank a NIC; the slowest hop sets the pace */
+    double cross = steps * comm->tune_ring_cross / comm->nranks;
+    return cross * nlat + (steps - cross) * llat + b * traffic * (nper > lper ? nper : lper);
+  }
+  if (algo == ALGO_TREE && func == FUNC_ALLREDUCE) {
+    /* One rank a host crosses, but the two trees' steps, interleaved chunk by chunk, do not pipeline
+     * across the levels between hosts: chorus-sim gives 4 x levels x bytes / net_bw (12, 29 and 54 x
+     * at 8, 128 and 8,192 hosts of 8 ranks), where the old form had 2. */
+    int up = comm->tune_tree_net, local = comm->tree_depth - up;
+    double bw = 4.0 * up * nper > 2.0 * lper ? 4.0 * up * nper : 2.0 * lper;
+    return 2.0 * (up * nlat + local * llat) + b * bw;
+  }
+  /* RecDbl and Rabenseifner rounds, and Tree Broadcast/Reduce's binomial links (the same pairs): a
+   * round at distance 2^k crosses hosts with tune_pof2_share[k] of a host's ranks at once. RecDbl
+   * moves the whole vector every round, Rabenseifner 2^k / p of it twice (halving, then doubling);
+   * the binomial tree's root sends the whole vector once a round. */
+  struct algo_pof2 p = algo_pof2_of(0, comm->nranks);
+  double t = 0;
+  if (p.p != comm->nranks) { /* the folds: the whole vector in and out (Tree: one hop, its time in the rounds) */
+    int s = comm->tune_fold_share;
+    if (algo == ALGO_TREE) t += s ? nlat : llat;
+    else t += 2.0 * (s ? nlat + b * s * nper : llat + b * lper);
+  }
+  for (int k = 0; k < p.log && k < 32; k++) {
+    int s = comm->tune_pof2_share[k], reps = algo == ALGO_RABEN ? 2 : 1;
+    double part = algo == ALGO_RABEN ? (double)(1u << k) / p.p : 1.0;
+    t += reps * (s ? nlat + b * part * s * nper : llat + b * part * lper);
+  }
+  return t;
+}
+
 /* Per rank, in units of the call's bytes: steps (hops one after another), bytes moved, and copies per
  * byte moved (FIFO algorithms copy into and out of the FIFO; Direct reads peers' buffers in place).
  * net: hops cross the network transport (its latency and bandwidth replace the memory copy's). */
@@ -214,6 +259,9 @@ static double predict_us(const struct ncclComm* comm, int func, int algo, int pr
   } else {
     steps = 1, traffic = 1; /* send/recv */
   }
+  /* Several hosts: which hops cross them, and how many ranks share a NIC (one host: as before). */
+  if (net && comm->tune_hosts > 1 && n > 2 && func < TUNE_P2P)
+    return across_hosts_us(comm, func, algo, proto, (double)bytes, nch, steps, traffic);
   double bw = model->copy_bw * model->proto_eff[proto] * (1.0 + model->chan_gain * (nch - 1));
   if (net) return steps * model->net_step_us + (double)bytes * traffic / model->net_bw;
   return steps * model->step_us[proto] + (double)bytes * traffic * copies / bw;

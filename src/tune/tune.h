@@ -15,6 +15,8 @@ int tune_uses_net(const struct ncclComm* comm);
 /* NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (threads 1..16, at most CH_MAX_CHANNELS sockets). */
 int tune_net_socks(void);
 void tune_init(struct ncclComm* comm);
+/* The hosts as the cost model sees them (tune/shape.c): comm->tune_hosts ... tune_pof2_share. */
+void tune_shape(struct ncclComm* comm);
 /* repro: the reproducible level the call must honour (CH_REPRO_*, tune_repro_level); under one only the
  * algorithms that do (Owner, Direct) are candidates. */
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
