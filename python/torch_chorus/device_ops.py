@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .backend import _dtype, _real, check_blocks, split_counts
+from ._engine import _dtype, _real, check_blocks, split_counts
 
 _RED_SCALAR = {torch.float16: ctypes.c_uint16, torch.bfloat16: ctypes.c_uint16,
                torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
