@@ -38,94 +38,6 @@ from torch._C._distributed_c10d import _create_work_from_future
 from . import _lib, device
 from ._lib import lib
 
-_R = dist.ReduceOp.RedOpType
-
-_DTYPES = {
-    torch.float32: _lib.ncclFloat32,
-    torch.float64: _lib.ncclFloat64,
-    torch.float16: _lib.ncclFloat16,
-    torch.bfloat16: _lib.ncclBfloat16,
-    torch.int8: _lib.ncclInt8,
-    torch.uint8: _lib.ncclUint8,
-    torch.int32: _lib.ncclInt32,
-    torch.int64: _lib.ncclInt64,
-    torch.bool: _lib.ncclUint8,
-}
-for _name, _code in (("float8_e4m3fn", _lib.ncclFloat8e4m3), ("float8_e5m2", _lib.ncclFloat8e5m2),
-                     ("uint32", _lib.ncclUint32), ("uint64", _lib.ncclUint64)):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _code
-
-_OPS = {_R.SUM: _lib.ncclSum, _R.PRODUCT: _lib.ncclProd, _R.MIN: _lib.ncclMin,
-        _R.MAX: _lib.ncclMax, _R.AVG: _lib.ncclAvg}
-# bool tensors: SUM is a logical or, PRODUCT a logical and (what ProcessGroupNCCL does).
-_BOOL_OPS = {_R.SUM: _lib.ncclMax, _R.PRODUCT: _lib.ncclMin, _R.MIN: _lib.ncclMin, _R.MAX: _lib.ncclMax}
-
-
-def _dtype(t):
-    try:
-        return _DTYPES[t.dtype]
-    except KeyError:
-        raise RuntimeError(f"chorus: unsupported tensor dtype {t.dtype}") from None
-
-
-def _check_cpu(t):
-    if t.device.type != "cpu":
-        raise RuntimeError(f"chorus: only CPU tensors are supported, got a tensor on {t.device}")
-    if t.layout != torch.strided:
-        raise RuntimeError(f"chorus: only dense tensors are supported, got layout {t.layout}")
-
-
-def _real(t):
-    """Complex tensors travel as their real pairs (only for data movement and sums)."""
-    return torch.view_as_real(t) if t.is_complex() else t
-
-
-def split_counts(t, given, size, what):
-    """all_to_all_single's element counts per rank: t's rows split as `given` says (evenly if empty)."""
-    rows = t.shape[0] if t.dim() else 1
-    row = t.numel() // rows if rows else 0
-    if not given:
-        if rows % size:
-            raise RuntimeError(f"chorus: all_to_all_single: {what} has {rows} rows, not a multiple of {size}")
-        given = [rows // size] * size
-    if len(given) != size or sum(given) != rows:
-        raise RuntimeError(f"chorus: all_to_all_single: {what} split sizes {list(given)} do not "
-                           f"cover its {rows} rows over {size} ranks")
-    return [g * row for g in given]
-
-
-def check_blocks(what, parts, wholes, size, whole_name):
-    """Each whole tensor holds world_size parts of its pair's elements and dtype (all_gather_into_tensor:
-    the output; reduce_scatter_tensor: the input); whole_name says which, in the message."""
-    part_name = "input" if whole_name == "output" else "output"
-    for p, w in zip(parts, wholes):
-        if w.numel() != p.numel() * size or w.dtype != p.dtype:
-            raise RuntimeError(f"chorus: {what}: the {whole_name} must hold world_size ({size}) times the "
-                               f"{part_name}'s {p.numel()} elements of {p.dtype}")
-
-
-class _Out:
-    """Where an operation writes: the tensor itself, or a contiguous stand-in copied back at the end."""
-
-    __slots__ = ("dst", "buf")
-
-    def __init__(self, t, need_values=True):
-        _check_cpu(t)
-        self.dst = t
-        r = _real(t)
-        if r.is_contiguous():
-            self.buf = r
-        else:
-            self.buf = r.contiguous() if need_values else torch.empty(r.shape, dtype=r.dtype)
-
-    def finish(self):
-        if self.buf is not _real(self.dst):
-            _real(self.dst).copy_(self.buf)
-
-
-
-
 class _Failure:
     """What an operation's raw future carries when it failed (see _Op)."""
 
@@ -376,8 +288,6 @@ class ChorusEngine(_BASE):
         done.set_result([])
         self._done_work = make_work(done)
         front.set_done_work(self._done_work)
-        from .device_ops import _DeviceWork
-        front.set_held_type(_DeviceWork)
         front.set_fast(ctypes.cast(lib.ncclAllReduce, ctypes.c_void_p).value, self._comm.value, False)
         self._fast_update()
 

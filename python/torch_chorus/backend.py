@@ -19,20 +19,13 @@ import torch.distributed as dist
 from . import _lib
 from ._lib import lib
 from . import device
-from ._engine import (_ASYNC, _BOOL_OPS, _DTYPES, _OPS, _R, ChorusEngine, _CBackend, _check_cpu, _dtype, _Out, _real,
-                      check_blocks, split_counts)
+from ._engine import _ASYNC, ChorusEngine, _CBackend
 from .device_ops import DeviceOps
+from .nccl_args import _DTYPES, _OPS, _check_cpu, _dtype, _real, _redop, _reduce_op, check_blocks, split_counts
 
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default for a group without one
 
-
-def _reduce_op(opts):
-    """Older torch calls some *_coalesced methods without options: SUM then."""
-    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-
-
 _FAST_DTYPES = {k: v for k, v in _DTYPES.items() if k is not torch.bool}
-_PREMUL_DTYPES = (torch.float16, torch.float32, torch.bfloat16, torch.float64)  # what ProcessGroupNCCL takes
 _STRIDED = torch.strided
 _ncclAllReduce = lib.ncclAllReduce
 
@@ -48,36 +41,26 @@ def _missing_ranks_doing(report, ranks):
     return lines
 
 
-class ChorusBackend(DeviceOps, ChorusEngine):
-    def _redop(self, op, t):
-        """The NCCL op for a c10d ReduceOp on t's dtype, and the factor to scale the inputs by first
-        (PREMUL_SUM: each rank's input times the factor, then a sum, in t's dtype as NCCL does; done
-        here rather than with ncclRedOpCreatePreMulSum, whose op would have to outlive a background
-        call and be created beside it on the communicator)."""
-        kind = op.op if hasattr(op, "op") else op
-        if t.dtype == torch.bool:
-            if kind in _BOOL_OPS:
-                return _BOOL_OPS[kind], None
-        elif t.is_complex():
-            if kind in (_R.SUM, _R.AVG):
-                return _OPS[kind], None
-        elif kind in _OPS:
-            return _OPS[kind], None
-        elif kind == _R.PREMUL_SUM:
-            if t.dtype not in _PREMUL_DTYPES:  # the scaled copy would be float: refuse, on every rank alike
-                raise TypeError(f"chorus: PREMUL_SUM needs a half, float, bfloat16 or double tensor, got {t.dtype}")
-            factor = getattr(op, "factor", None)
-            if factor is None:
-                raise RuntimeError("chorus: PREMUL_SUM needs a torch whose ReduceOp exposes its factor "
-                                   f"(ReduceOp.factor); torch {torch.__version__} does not")
-            if isinstance(factor, torch.Tensor):
-                factor = factor.item()
-            return _lib.ncclSum, factor
-        name = getattr(kind, "name", str(kind))
-        if kind in (_R.BAND, _R.BOR, _R.BXOR):
-            raise RuntimeError(f"chorus: ReduceOp.{name} is not supported (NCCL has no bitwise reductions)")
-        raise RuntimeError(f"chorus: ReduceOp.{name} is not supported for {t.dtype} tensors")
+class _Out:
+    """Where an operation writes: the tensor itself, or a contiguous stand-in copied back at the end."""
 
+    __slots__ = ("dst", "buf")
+
+    def __init__(self, t, need_values=True):
+        _check_cpu(t)
+        self.dst = t
+        r = _real(t)
+        if r.is_contiguous():
+            self.buf = r
+        else:
+            self.buf = r.contiguous() if need_values else torch.empty(r.shape, dtype=r.dtype)
+
+    def finish(self):
+        if self.buf is not _real(self.dst):
+            _real(self.dst).copy_(self.buf)
+
+
+class ChorusBackend(DeviceOps, ChorusEngine):
     def _scaled(self, buf, scale):
         """What a reduction sends: buf, or a scaled copy of it (PREMUL_SUM)."""
         if scale is None:
@@ -136,13 +119,13 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         if len(tensors) == 1:
             t = tensors[0]
             if t.is_contiguous() and t.device.type == "cpu" and not t.is_complex() and t.layout == torch.strided:
-                op, scale = self._redop(_reduce_op(opts), t)
+                op, scale = _redop(_reduce_op(opts), t)
                 src = self._scaled(t, scale)
                 ps, p, n, dt, comm = src.data_ptr(), t.data_ptr(), t.numel(), _dtype(t), self._comm
                 return self._run(what, opts, lambda s: lib.ncclAllReduce(ps, p, n, dt, op, comm, s), tensors,
                                  None, (t, src))
         outs = [self._out(t) for t in tensors]
-        ops = [self._redop(_reduce_op(opts), t) for t in tensors]
+        ops = [_redop(_reduce_op(opts), t) for t in tensors]
         srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
         comm = self._comm
 
@@ -174,7 +157,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
     def reduce(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         outs = [self._out(t) for t in tensors]
-        ops = [self._redop(_reduce_op(opts), t) for t in tensors]
+        ops = [_redop(_reduce_op(opts), t) for t in tensors]
         srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
 
         def issue(s):
@@ -304,7 +287,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         if any(_real(i).numel() != out.buf.numel() for i in inputs):
             return self._reduce_scatter_uneven(out, output_tensors, inputs, opts)
         flat = self._stage(inputs)
-        op, scale = self._redop(_reduce_op(opts), output_tensors[0])
+        op, scale = _redop(_reduce_op(opts), output_tensors[0])
         if scale is not None:
             flat.mul_(scale)  # a copy already
         n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
@@ -316,7 +299,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         """Inputs of different sizes (ProcessGroupNCCL takes them too): one reduce per rank, grouped."""
         if _real(inputs[self._rank]).numel() != out.buf.numel():
             raise RuntimeError("chorus: reduce_scatter: this rank's input must have the output's size")
-        op, scale = self._redop(_reduce_op(opts), output_tensors[0])
+        op, scale = _redop(_reduce_op(opts), output_tensors[0])
         srcs = [self._scaled(self._src(i), scale) for i in inputs]
         if any(i.dtype != out.buf.dtype for i in srcs):
             raise RuntimeError("chorus: reduce_scatter inputs must have the output's dtype")
@@ -342,7 +325,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         srcs = [self._src(i) for i in inputs]
         outs = [self._out(o, need_values=False) for o in outputs]
         check_blocks(what, [o.buf for o in outs], srcs, self._size, "input")
-        ops = [self._redop(_reduce_op(opts), o) for o in outputs]
+        ops = [_redop(_reduce_op(opts), o) for o in outputs]
         srcs = [self._scaled(i, scale) for i, (_, scale) in zip(srcs, ops)]
         comm = self._comm
 
