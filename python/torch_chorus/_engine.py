@@ -171,7 +171,7 @@ class ChorusEngine(_BASE):
         self._error = None  # that failure's message
         self._pending = []  # _Op issued, not yet completed (they hold the buffers alive)
         self._unsettled = set()  # _Op issued whose copy-backs and futures are not done yet
-        self._sync_call = False  # the issuing thread is in a synchronous call (backend.py sets it): _drain may wait
+        self._sync_call = False  # the issuing thread is in a synchronous call (backend.py's _c10d_call): _drain may wait
         self._p2p = []  # calls queued while coalescing: (what, issue, _Op)
         self._batch = 0  # >0 between start_ and end_coalescing: calls are queued, then issued as one group
         self._watcher = None

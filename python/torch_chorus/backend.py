@@ -1,5 +1,6 @@
-"""The "chorus" c10d Backend, ChorusBackend: the engine (_engine.py) with the c10d operations, each of
-which maps a c10d call on CPU tensors to NCCL calls.
+"""The "chorus" c10d Backend, ChorusBackend: the engine (_engine.py) with the c10d operations. Each maps
+a c10d call on CPU tensors to NCCL calls here, or hands a call on device tensors to its device
+version (device_ops.py): `_c10d_call`, written at each operation, says which wrapping it gets.
 
 Layout rules: NCCL takes one contiguous buffer per call, so non-contiguous tensors are read through
 a contiguous copy and written through a contiguous stand-in copied back on completion (`_Out`); lists of
@@ -10,6 +11,7 @@ all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
 """
 
 import datetime
+import functools
 import os
 import time
 
@@ -60,7 +62,55 @@ class _Out:
             _real(self.dst).copy_(self.buf)
 
 
+def _first_tensor(args):
+    for a in args:
+        while isinstance(a, (list, tuple)) and a:
+            a = a[0]
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+def _c10d_call(sync):
+    """The wrapping of a c10d operation of ChorusBackend (allreduce, say), written at its definition:
+
+    - A call whose tensors are a device's (device.of: CUDA, or the tests' stand-in) goes to the
+      operation's device version, DeviceOps._dev_<name>(d, ...) (device_ops.py: _dev_allreduce); CPU
+      tensors go on to the method itself, at the cost of one check.
+    - sync=True: on the CPU path the call is marked synchronous while it runs (opts.asyncOp False:
+      the engine's _sync_call) for _drain, which only such calls may wait in: an asynchronous call
+      must never block its caller on earlier calls. One operation may call another
+      (allgather_coalesced): the outer mark is restored after it.
+    """
+
+    def wrap(f):
+        dev = getattr(DeviceOps, "_dev_" + f.__name__)
+
+        @functools.wraps(f)
+        def call(self, *args, **kwargs):
+            t = _first_tensor(args)
+            d = device.of(t) if t is not None else None
+            if d is not None:
+                return dev(self, d, *args, **kwargs)
+            if not sync:
+                return f(self, *args, **kwargs)
+            opts = kwargs.get("opts", args[-1] if args else None)
+            outer = self._sync_call
+            self._sync_call = opts is not None and hasattr(opts, "asyncOp") and not opts.asyncOp
+            try:
+                return f(self, *args, **kwargs)
+            finally:
+                self._sync_call = outer
+
+        return call
+
+    return wrap
+
+
 class ChorusBackend(DeviceOps, ChorusEngine):
+    """The "chorus" c10d Backend (or ProcessGroup, older torch: _engine.AS_PROCESS_GROUP): how calls run
+    is ChorusEngine's; the operations on CPU tensors are below, those on device tensors DeviceOps's."""
+
     def _scaled(self, buf, scale):
         """What a reduction sends: buf, or a scaled copy of it (PREMUL_SUM)."""
         if scale is None:
@@ -96,6 +146,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
     # ---- collectives ----
 
+    @_c10d_call(sync=True)
     def allreduce(self, tensors, opts=None):
         # The latency path (dist.all_reduce of one contiguous tensor, nothing queued) in few steps.
         if (len(tensors) == 1 and opts is not None and not opts.asyncOp and self._done_upto == self._issued
@@ -112,6 +163,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
                     return self._done_work
         return self._allreduce_list(tensors, opts, "allreduce")
 
+    @_c10d_call(sync=True)
     def allreduce_coalesced(self, tensors, opts=None):
         return self._allreduce_list(tensors, opts, "allreduce_coalesced")
 
@@ -139,6 +191,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return self._run(what, opts, issue, tensors, self._finishers(outs), (outs, srcs))
 
+    @_c10d_call(sync=True)
     def broadcast(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         outs = [self._out(t, need_values=(self._rank == root)) for t in tensors]
@@ -154,6 +207,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         post = self._finishers(outs) if self._rank != root else None
         return self._run("broadcast", opts, issue, tensors, post, outs)
 
+    @_c10d_call(sync=True)
     def reduce(self, tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         outs = [self._out(t) for t in tensors]
@@ -186,6 +240,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return flat, post
 
+    @_c10d_call(sync=True)
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(input_tensors) != 1 or len(output_tensors) != 1:
             raise RuntimeError("chorus: allgather takes one input tensor and one output list per process")
@@ -219,13 +274,16 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return self._run("allgather", opts, issue, output_tensors, self._finishers(outs), (inp, outs))
 
+    @_c10d_call(sync=True)
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
         return works[-1] if works else self.barrier(dist.BarrierOptions())
 
+    @_c10d_call(sync=False)
     def _allgather_base(self, output, input, opts=None):
         return self._allgather_into([output], [input], opts, "allgather_into_tensor")
 
+    @_c10d_call(sync=True)
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._allgather_into(outputs, inputs, opts, "allgather_into_tensor_coalesced")
 
@@ -244,6 +302,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
 
+    @_c10d_call(sync=True)
     def gather(self, output_tensors, input_tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         inp = self._src(input_tensors[0])
@@ -258,6 +317,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         return self._run("gather", opts, lambda s: lib.ncclGather(inp.data_ptr(), fp, n, dt, root, comm, s),
                          output_tensors, post, (inp, flat))
 
+    @_c10d_call(sync=True)
     def scatter(self, output_tensors, input_tensors, opts=None):
         root, comm = opts.rootRank, self._comm
         out = self._out(output_tensors[0], need_values=False)
@@ -277,6 +337,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
                          lambda s: lib.ncclScatter(fp, out.buf.data_ptr(), n, dt, root, comm, s),
                          output_tensors, self._finishers([out]), (out, flat))
 
+    @_c10d_call(sync=True)
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = self._out(output_tensors[0], need_values=False)
         inputs = input_tensors[0]
@@ -315,9 +376,11 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return self._run("reduce_scatter", opts, issue, output_tensors, self._finishers([out]), (out, srcs))
 
+    @_c10d_call(sync=False)
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
 
+    @_c10d_call(sync=True)
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._reduce_scatter_into(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
 
@@ -339,6 +402,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
 
+    @_c10d_call(sync=True)
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         src = self._src(input)
         out = self._out(output, need_values=False)
@@ -369,6 +433,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return self._run("all_to_all_single", opts, issue, output, self._finishers([out]), (src, out))
 
+    @_c10d_call(sync=True)
     def alltoall(self, output_tensors, input_tensors, opts=None):
         size, comm = self._size, self._comm
         if len(output_tensors) != size or len(input_tensors) != size:
@@ -398,12 +463,14 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
     # ---- point to point (tags are accepted and ignored: messages between two ranks match in order) ----
 
+    @_c10d_call(sync=False)
     def send(self, tensors, dst, tag):
         src = self._src(tensors[0])
         n, dt, comm = src.numel(), _dtype(src), self._comm
         return self._run("send", _ASYNC, lambda s: lib.ncclSend(src.data_ptr(), n, dt, dst, comm, s),
                                tensors, None, src)
 
+    @_c10d_call(sync=False)
     def recv(self, tensors, src_rank, tag):
         out = self._out(tensors[0], need_values=False)
         n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
@@ -533,77 +600,6 @@ class ChorusBackend(DeviceOps, ChorusEngine):
     reduce_scatter_single = _reduce_scatter_base
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     all_to_all_single = alltoall_base
-
-
-def _sync_calls(cls):
-    """Mark the collectives' synchronous calls (opts.asyncOp False) for _drain, which only they may
-    wait in: an asynchronous call must never block its caller on earlier calls."""
-    import functools
-
-    def wrap(f):
-        @functools.wraps(f)
-        def call(self, *args, **kwargs):
-            opts = kwargs.get("opts", args[-1] if args else None)
-            outer = self._sync_call  # one op may call another (allgather_coalesced)
-            self._sync_call = opts is not None and hasattr(opts, "asyncOp") and not opts.asyncOp
-            try:
-                return f(self, *args, **kwargs)
-            finally:
-                self._sync_call = outer
-        return call
-
-    for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced",
-                 "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
-                 "reduce_scatter_tensor_coalesced", "alltoall_base", "alltoall"):
-        setattr(cls, name, wrap(getattr(cls, name)))
-    return cls
-
-
-_sync_calls(ChorusBackend)
-
-_DEVICE_CALLS = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced",
-                 "_allgather_base", "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
-                 "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall_base", "alltoall", "send", "recv")
-
-
-def _first_tensor(args):
-    for a in args:
-        while isinstance(a, (list, tuple)) and a:
-            a = a[0]
-        if isinstance(a, torch.Tensor):
-            return a
-    return None
-
-
-def _device_calls(cls):
-    """Send an operation whose tensors are a device's (device.py) to its device version
-    (device_ops.py, `_dev_<name>`); CPU tensors go on as before, at the cost of one check."""
-    import functools
-
-    def wrap(name, f):
-        dev = getattr(cls, "_dev_" + name)
-
-        @functools.wraps(f)
-        def call(self, *args, **kwargs):
-            t = _first_tensor(args)
-            d = device.of(t) if t is not None else None
-            if d is None:
-                return f(self, *args, **kwargs)
-            return dev(self, d, *args, **kwargs)
-        return call
-
-    for name in _DEVICE_CALLS:
-        setattr(cls, name, wrap(name, getattr(cls, name)))
-    return cls
-
-
-_device_calls(ChorusBackend)
-for _alias, _name in (("all_gather_single", "_allgather_base"),
-                      ("all_gather_single_coalesced", "allgather_into_tensor_coalesced"),
-                      ("reduce_scatter_single", "_reduce_scatter_base"),
-                      ("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced"),
-                      ("all_to_all_single", "alltoall_base")):
-    setattr(ChorusBackend, _alias, getattr(ChorusBackend, _name))  # the wrapped calls, not the originals
 
 
 def create_backend(store, rank, size, timeout):

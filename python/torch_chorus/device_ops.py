@@ -84,7 +84,7 @@ class _DeviceWork(dist.Work):
 class DeviceOps:
     """Mixed into ChorusBackend (backend.py), before ChorusEngine (_engine.py), whose methods it uses and
     extends: `_dev_<operation>(d, ...)` is that c10d operation on d's tensors, which ChorusBackend's
-    operation hands it (backend.py, _device_calls)."""
+    operation hands it (backend.py, _c10d_call)."""
 
     _dev_calls = None  # (issue, post) queued while coalescing; a list once the first is queued
     # The group's device communicator and its device, made at the first device call (_dev_comm) by
