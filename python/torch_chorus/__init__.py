@@ -37,8 +37,8 @@ os.environ.setdefault("CHORUS_DUMP_DIR", os.path.dirname(os.environ.get("TORCH_N
                                                          "/tmp/nccl_trace_rank_") or ".")
 
 from . import _lib  # noqa: E402
-from . import backend  # noqa: E402
-from .ops import ChorusBackend, create_backend_ext  # noqa: E402,F401
+from . import _engine, backend  # noqa: E402
+from .backend import ChorusBackend, create_backend_ext  # noqa: E402,F401
 
 library_path = _lib.library_path
 chorus_version = _lib.version()
@@ -48,19 +48,15 @@ def engine():
     """Which engine serves this process's chorus groups: "c++" (the C++ front, _cbackend.cpp, with the
     Python engine behind it: a small all_reduce takes about half the time) or "python" (the Python
     engine alone: CHORUS_TORCH_CPP=0, an older torch, or a front that is missing or for another torch)."""
-    from . import ops
-
-    return "c++" if ops._cext is not None else "python"
+    return "c++" if backend._cext is not None else "python"
 
 
 def _say_engine():
     """Once per process, where the faster engine could run but is missing: what is missing and how to
     get it. Not where the Python engine was chosen (CHORUS_TORCH_CPP=0) or is the only one this torch
     can take (older torch: the backend is a whole ProcessGroup)."""
-    from . import ops
-
-    why = ops.cext_missing
-    if why is None or backend.AS_PROCESS_GROUP or os.environ.get("LOCAL_RANK", "0") != "0":
+    why = backend.cext_missing
+    if why is None or _engine.AS_PROCESS_GROUP or os.environ.get("LOCAL_RANK", "0") != "0":
         return  # the same on every rank of a host: said by its first
     import warnings
 
@@ -190,7 +186,7 @@ def _wrap_coalescing_manager():
 
 
 _wrap_coalescing_manager()
-if backend.AS_PROCESS_GROUP:
+if _engine.AS_PROCESS_GROUP:
     _wrap_batch_isend_irecv()
 
 

@@ -1,4 +1,4 @@
-// The "chorus" c10d Backend as a C++ object over the Python engine (ops.py): torch 2.15 wraps the Work
+// The "chorus" c10d Backend as a C++ object over the Python engine (backend.py): torch 2.15 wraps the Work
 // a Python Backend returns in a holder whose is_completed() is always false, and its Python
 // trampoline costs a few microseconds per call. This class is what torch sees: it runs the common
 // synchronous all_reduce itself (one contiguous CPU tensor, nothing queued: libchorus's
@@ -92,7 +92,7 @@ class ChorusWork : public Work {
     return w;
   }
 
-  // The engine fails a future by raising Chorus's message from a callback (ops.py, _unwrap): wait()
+  // The engine fails a future by raising Chorus's message from a callback (_engine.py, _unwrap): wait()
   // raises that message as a DistBackendError, without torch's callback prefix.
   static std::exception_ptr error_of(c10::ivalue::Future& f) {
     std::string msg = f.tryRetrieveErrorMessage();
@@ -235,7 +235,7 @@ class ChorusCBackend : public c10d::Backend {
   // dist.split_group: the engine splits its communicator (ncclCommSplit) and puts the child behind a
   // front of its own; nullptr for a rank in no new group.
   bool supportsSplitting() const { return true; }
-  // What splitGroup copies for the child (timeout, group name): the engine's (ops.py, `options`).
+  // What splitGroup copies for the child (timeout, group name): the engine's (backend.py, `options`).
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() {
     py::gil_scoped_acquire g;
     return engine_.attr("options").cast<c10::intrusive_ptr<c10d::Backend::Options>>();
@@ -247,7 +247,7 @@ class ChorusCBackend : public c10d::Backend {
     if (child.is_none()) return nullptr;
     return child.cast<c10::intrusive_ptr<c10d::Backend>>();
   }
-  // dist.monitored_barrier: through the group's store, naming the ranks that did not come (ops.py).
+  // dist.monitored_barrier: through the group's store, naming the ranks that did not come (backend.py).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) {
     py::gil_scoped_acquire g;
     engine_.attr("monitored_barrier")(opts, waitAllRanks);

@@ -1,105 +1,46 @@
-"""The engine of the "chorus" c10d Backend: communicator setup through the store, and how calls run.
+"""The "chorus" c10d Backend, ChorusBackend: the engine (_engine.py) with the c10d operations. Each maps
+a c10d call on CPU tensors to NCCL calls here, or hands a call on device tensors to its device
+version (device_ops.py): `_c10d_call`, written at each operation, says which wrapping it gets.
 
-Execution model. An operation the caller waits for at once (opts.asyncOp False: what
-`dist.all_reduce(t)` sends) runs on the calling thread with the NULL stream and returns a finished
-Work: no thread hand-off on the latency path. An asynchronous one (async_op=True, DDP's buckets) is
-issued on the backend's chorus host stream, which runs calls in issue order in the background, and
-returns the backend's own Work over a torch Future (wait() raises when the operation failed and
-honours a timeout; torch's future-wrapping Work does neither); a watcher thread waits for the stream
-(chorusStreamSynchronize, GIL released) and completes the futures. A synchronous call made while
-asynchronous ones are queued goes on the stream too, so a communicator never runs calls from two
-threads at once. A call that stages a copy of a tensor (non-contiguous, PREMUL_SUM scaling) first lets
-what was issued before it finish and copy back (`_drain`), so the copy holds what issue order says.
-
-Point-to-point calls carry no asyncOp flag: each goes on the stream at once (as with ProcessGroupNCCL,
-an isend/irecv exchange of large messages posted one by one can wait on itself). Between
-start_coalescing and end_coalescing (batch_isend_irecv, _coalescing_manager) calls are queued and
-issued as one NCCL group (ncclGroupStart/End), so they progress together.
-
-Who touches what: `_lock` guards the issue/complete bookkeeping (`_issued`, `_done_upto`, `_pending`,
-`_unsettled`, `_p2p`, `_batch`, `_first_bad`, `_error`, each _Op's `claimed`) and is the watcher's
-condition lock; `_sync_lock` serialises chorusStreamSynchronize calls so that an error it reports (and
-then clears) is attributed to the right range of operations. One Python thread per process group issues operations (as with every backend).
+Layout rules: NCCL takes one contiguous buffer per call, so non-contiguous tensors are read through
+a contiguous copy and written through a contiguous stand-in copied back on completion (`_Out`); lists of
+per-rank tensors go through one flat buffer. Copies of what a call reads are made through `_src`,
+`_out`, `_scaled` and `_stage`, which in a synchronous call first let earlier calls finish (`_drain`): issue
+order. Complex tensors travel as their real pairs. Uneven
+all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
 """
-import atexit
-import ctypes
-import threading
+
+import datetime
+import functools
+import os
 import time
-import weakref
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as _CBackend
-from torch._C._distributed_c10d import _create_work_from_future
 
-from . import _lib, device
+from . import _lib
 from ._lib import lib
+from . import device
+from ._engine import _ASYNC, ChorusEngine, _CBackend
+from .device_ops import DeviceOps
+from .nccl_args import _DTYPES, _OPS, _check_cpu, _dtype, _real, _redop, _reduce_op, check_blocks, split_counts
 
-_R = dist.ReduceOp.RedOpType
+_DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default for a group without one
 
-_DTYPES = {
-    torch.float32: _lib.ncclFloat32,
-    torch.float64: _lib.ncclFloat64,
-    torch.float16: _lib.ncclFloat16,
-    torch.bfloat16: _lib.ncclBfloat16,
-    torch.int8: _lib.ncclInt8,
-    torch.uint8: _lib.ncclUint8,
-    torch.int32: _lib.ncclInt32,
-    torch.int64: _lib.ncclInt64,
-    torch.bool: _lib.ncclUint8,
-}
-for _name, _code in (("float8_e4m3fn", _lib.ncclFloat8e4m3), ("float8_e5m2", _lib.ncclFloat8e5m2),
-                     ("uint32", _lib.ncclUint32), ("uint64", _lib.ncclUint64)):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _code
-
-_OPS = {_R.SUM: _lib.ncclSum, _R.PRODUCT: _lib.ncclProd, _R.MIN: _lib.ncclMin,
-        _R.MAX: _lib.ncclMax, _R.AVG: _lib.ncclAvg}
-# bool tensors: SUM is a logical or, PRODUCT a logical and (what ProcessGroupNCCL does).
-_BOOL_OPS = {_R.SUM: _lib.ncclMax, _R.PRODUCT: _lib.ncclMin, _R.MIN: _lib.ncclMin, _R.MAX: _lib.ncclMax}
+_FAST_DTYPES = {k: v for k, v in _DTYPES.items() if k is not torch.bool}
+_STRIDED = torch.strided
+_ncclAllReduce = lib.ncclAllReduce
 
 
-def _dtype(t):
-    try:
-        return _DTYPES[t.dtype]
-    except KeyError:
-        raise RuntimeError(f"chorus: unsupported tensor dtype {t.dtype}") from None
-
-
-def _check_cpu(t):
-    if t.device.type != "cpu":
-        raise RuntimeError(f"chorus: only CPU tensors are supported, got a tensor on {t.device}")
-    if t.layout != torch.strided:
-        raise RuntimeError(f"chorus: only dense tensors are supported, got layout {t.layout}")
-
-
-def _real(t):
-    """Complex tensors travel as their real pairs (only for data movement and sums)."""
-    return torch.view_as_real(t) if t.is_complex() else t
-
-
-def split_counts(t, given, size, what):
-    """all_to_all_single's element counts per rank: t's rows split as `given` says (evenly if empty)."""
-    rows = t.shape[0] if t.dim() else 1
-    row = t.numel() // rows if rows else 0
-    if not given:
-        if rows % size:
-            raise RuntimeError(f"chorus: all_to_all_single: {what} has {rows} rows, not a multiple of {size}")
-        given = [rows // size] * size
-    if len(given) != size or sum(given) != rows:
-        raise RuntimeError(f"chorus: all_to_all_single: {what} split sizes {list(given)} do not "
-                           f"cover its {rows} rows over {size} ranks")
-    return [g * row for g in given]
-
-
-def check_blocks(what, parts, wholes, size, whole_name):
-    """Each whole tensor holds world_size parts of its pair's elements and dtype (all_gather_into_tensor:
-    the output; reduce_scatter_tensor: the input); whole_name says which, in the message."""
-    part_name = "input" if whole_name == "output" else "output"
-    for p, w in zip(parts, wholes):
-        if w.numel() != p.numel() * size or w.dtype != p.dtype:
-            raise RuntimeError(f"chorus: {what}: the {whole_name} must hold world_size ({size}) times the "
-                               f"{part_name}'s {p.numel()} elements of {p.dtype}")
+def _missing_ranks_doing(report, ranks):
+    """The lines of a stall report (chorusCommStallReport) about `ranks`: what each was last doing."""
+    want = set(ranks)
+    lines = []
+    for line in report.splitlines()[1:]:
+        words = line.strip().split()
+        if len(words) >= 2 and words[0] == "rank" and words[1].rstrip(":,").isdigit() and int(words[1].rstrip(":,")) in want:
+            lines.append(line.strip())
+    return lines
 
 
 class _Out:
@@ -121,576 +62,585 @@ class _Out:
             _real(self.dst).copy_(self.buf)
 
 
+def _first_tensor(args):
+    for a in args:
+        while isinstance(a, (list, tuple)) and a:
+            a = a[0]
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
 
 
-class _Failure:
-    """What an operation's raw future carries when it failed (see _Op)."""
+def _c10d_call(sync):
+    """The wrapping of a c10d operation of ChorusBackend (allreduce, say), written at its definition:
 
-    __slots__ = ("msg",)
+    - A call whose tensors are a device's (device.of: CUDA, or the tests' stand-in) goes to the
+      operation's device version, DeviceOps._dev_<name>(d, ...) (device_ops.py: _dev_allreduce); CPU
+      tensors go on to the method itself, at the cost of one check.
+    - sync=True: on the CPU path the call is marked synchronous while it runs (opts.asyncOp False:
+      the engine's _sync_call) for _drain, which only such calls may wait in: an asynchronous call
+      must never block its caller on earlier calls. One operation may call another
+      (allgather_coalesced): the outer mark is restored after it.
+    """
 
-    def __init__(self, msg):
-        self.msg = msg
+    def wrap(f):
+        dev = getattr(DeviceOps, "_dev_" + f.__name__)
 
-
-def _unwrap(raw):
-    v = raw.value()
-    if isinstance(v, _Failure):
-        raise RuntimeError(v.msg)
-    return v
-
-
-class _Op:
-    """An asynchronous operation between issue and completion (owned by the backend's _pending).
-
-    Its public future `fut` is `raw.then(_unwrap)`: a failure becomes an error raised by a callback,
-    which torch stores as a C++ error. An error set with Future.set_exception instead crashes DDP's
-    reducer (torch 2.15 dereferences it in parseCppCommHookResult: measured, SIGSEGV). `raw` is done
-    once the copy-backs have run; `claimed` says a thread has begun settling it (_settle)."""
-
-    __slots__ = ("seq", "raw", "fut", "post", "keep", "result", "what", "claimed")
-
-    def __init__(self, post, keep, result, what=""):
-        self.raw = torch.futures.Future()
-        self.fut = self.raw.then(_unwrap)
-        self.seq, self.post, self.keep, self.result, self.what, self.claimed = 0, post, keep, result, what, False
-
-    def fail(self, msg):
-        self.raw.set_result(_Failure(msg))
-
-
-_TimeoutError = getattr(dist, "DistBackendError", RuntimeError)
-
-
-def _wait_op(op, timeout=None):
-    """Wait for op (timeout: a timedelta, zero or None = no limit); raise if it failed or time ran out."""
-    secs = timeout.total_seconds() if timeout is not None else 0
-    if not op.raw.done():
-        if secs <= 0:
-            op.raw.wait()
-        else:
-            done = threading.Event()
-            op.raw.add_done_callback(lambda _: done.set())
-            if not done.wait(secs):
-                raise _TimeoutError(f"chorus: Work.wait: {op.what or 'the operation'} did not complete within "
-                                    f"{secs:g} s (it goes on in the background)")
-    v = op.raw.value()
-    if isinstance(v, _Failure):
-        raise RuntimeError(v.msg)
-
-
-class _Work(dist.Work):
-    """What an asynchronous call returns with the Python engine registered directly (the C++ front
-    returns its ChorusWork, _cbackend.cpp): torch's future-wrapping Work neither raises a failure from
-    wait() nor takes a timeout. torch forwards wait() and get_future() to a Python Work (ProcessGroup
-    mode calls it directly, is_completed() too)."""
-
-    def __init__(self, op):
-        super().__init__()
-        self._op = op
-
-    def wait(self, timeout=None):
-        _wait_op(self._op, timeout)
-        return True
-
-    def get_future(self):
-        return self._op.fut
-
-    def is_completed(self):
-        return self._op.raw.done()
-
-    def is_success(self):
-        return self._op.raw.done() and not isinstance(self._op.raw.value(), _Failure)
-
-    def exception(self):
-        v = self._op.raw.value() if self._op.raw.done() else None
-        return RuntimeError(v.msg) if isinstance(v, _Failure) else None
-
-
-class _AsyncOpts:
-    asyncOp = True
-
-
-_ASYNC = _AsyncOpts()
-
-_live = weakref.WeakSet()  # backends alive in this process
-
-
-@atexit.register
-def _stop_all_threads():
-    for b in list(_live):
-        b._stop_threads(2.0)
-
-
-def _pick_base():
-    """Newer torch lets Python subclass c10d's Backend (one device of a process group: "cpu:chorus,
-    cuda:nccl" works). Older 2.x (2.11 measured) has no such trampoline: there the backend is a whole
-    ProcessGroup subclass, which torch's Python collectives call directly (CPU only)."""
-
-    class _Probe(_CBackend):
-        pass
-
-    try:
-        _Probe(0, 1)
-        return _CBackend, False
-    except TypeError:
-        return dist.ProcessGroup, True
-
-
-_BASE, AS_PROCESS_GROUP = _pick_base()
-
-
-class ChorusEngine(_BASE):
-    def __init__(self, store, rank, size, timeout, group_name="", split_from=None, color=0):
-        """A communicator of `size` ranks: made from a unique id passed through `store`, or (split_from:
-        the parent engine; every rank of the parent calls alike) by ncclCommSplit of the parent's with
-        `color` and this rank's position `rank` as key."""
-        super().__init__(rank, size)
-        self._rank, self._size = rank, size
-        self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
-        self._sync_lock = threading.Lock()
-        self._stream = None
-        self._issued = 0  # stream batches issued (seq numbers 1.._issued)
-        self._done_upto = 0  # every seq <= this has completed
-        self._first_bad = None  # seq of the first batch that may have failed
-        self._error = None  # that failure's message
-        self._pending = []  # _Op issued, not yet completed (they hold the buffers alive)
-        self._unsettled = set()  # _Op issued whose copy-backs and futures are not done yet
-        self._sync_call = False  # the issuing thread is in a synchronous call (ops.py sets it): _drain may wait
-        self._p2p = []  # calls queued while coalescing: (what, issue, _Op)
-        self._batch = 0  # >0 between start_ and end_coalescing: calls are queued, then issued as one group
-        self._watcher = None
-        self._settle_q = []  # completed _Ops waiting for a settler thread
-        self._settle_cv = threading.Condition(self._lock)
-        self._settlers_idle = 0
-        self._settlers = []  # settler threads started (joined at shutdown)
-        self._closed = False
-        self._name = group_name
-        self._front = None  # the C++ Backend torch holds, when it runs the fast all_reduce (_cbackend.cpp)
-        self._make_work = _Work  # _Op -> the Work an asynchronous call returns (the front's ChorusWork)
-        _live.add(self)
-        self._comm = ctypes.c_void_p()
-        # What synchronous calls return: one finished C++ Work, so torch's wait() on it never re-enters
-        # Python (about 1 us a call less than a Python Work).
-        done = torch.futures.Future()
-        done.set_result([])
-        self._done_work = _from_future(done)
-        self._store = store
-        self._timeout = timeout
-        self._nsplits = 0  # children split from this group (torch's comm_split_count)
-        self._mb_seq = 0  # monitored barriers so far (their store keys)
-        secs = timeout.total_seconds() if timeout is not None else 0
-        if split_from is not None:
-            self._split_comm(split_from, color, rank, size)
-            if secs > 0:
-                self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
-            return
-        uid = _lib.UniqueId()
-        key = "torch_chorus/unique_id"
-        if rank == 0:
-            self._check(lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId", comm=None)
-            store.set(key, bytes(uid).hex())  # hex: the store API takes text
-        else:
+        @functools.wraps(f)
+        def call(self, *args, **kwargs):
+            t = _first_tensor(args)
+            d = device.of(t) if t is not None else None
+            if d is not None:
+                return dev(self, d, *args, **kwargs)
+            if not sync:
+                return f(self, *args, **kwargs)
+            opts = kwargs.get("opts", args[-1] if args else None)
+            outer = self._sync_call
+            self._sync_call = opts is not None and hasattr(opts, "asyncOp") and not opts.asyncOp
             try:
-                raw = bytes.fromhex(store.get(key).decode())
-            except ValueError:
-                raw = b""
-            if len(raw) != _lib.NCCL_UNIQUE_ID_BYTES:
-                raise RuntimeError(f"chorus: bad unique id in the store ({len(raw)} bytes)")
-            ctypes.memmove(ctypes.byref(uid), raw, len(raw))
-        self._init_comm(uid, secs)
-        if secs > 0:
-            self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
+                return f(self, *args, **kwargs)
+            finally:
+                self._sync_call = outer
 
-    def _nccl_split(self, color, key, counted=True):
-        """ncclCommSplit of this group's communicator: every rank of the group calls it, in the same
-        order as its other calls (queued calls finish first); NOCOLOR gives a rank no communicator.
-        counted: a split torch sees (comm_split_count), not the group's own device communicator."""
-        self._sync()
-        self._healthy()
-        comm = ctypes.c_void_p()
-        rc = lib.ncclCommSplit(self._comm, color, key, ctypes.byref(comm), None)
-        if rc != _lib.ncclSuccess:
-            raise RuntimeError(f"chorus: ncclCommSplit failed on rank {self._rank}: {_lib.error_string(rc)}: "
-                               f"{_lib.last_error(self._comm)}")
-        self._nsplits += counted
-        return comm
+        return call
 
-    def _split_comm(self, parent, color, key, size):
-        """This engine's communicator: parent's split with color, this rank's position as key."""
-        comm = self._comm = parent._nccl_split(color, key)
-        # The ranks of a split agree on its members only if they passed the same list: check what
-        # NCCL made against what torch will assume (a rank list that overlaps another splits apart).
-        n, r = ctypes.c_int(), ctypes.c_int()
-        lib.ncclCommCount(comm, ctypes.byref(n))
-        lib.ncclCommUserRank(comm, ctypes.byref(r))
-        if (n.value, r.value) != (size, key):
-            lib.ncclCommDestroy(comm)
-            self._comm = None
-            raise RuntimeError(f"chorus: split_group: this rank (parent rank {parent._rank}) expected to be rank {key} "
-                               f"of {size} in its new group, but the ranks that named the same group make "
-                               f"{n.value} (this one rank {r.value}): every rank must pass the same, "
-                               "non-overlapping split_ranks")
+    return wrap
 
-    def _init_comm(self, uid, secs):
-        """ncclCommInitRank within the process group's timeout: nonblocking (in Chorus that changes
-        init only), polled, aborted when the time is up. The library has no per-call init timeout
-        (CHORUS_INIT_TIMEOUT, read once per process, still bounds it too)."""
-        cfg = _lib.Config(blocking=0)
-        rc = lib.ncclCommInitRankConfig(ctypes.byref(self._comm), self._size, uid, self._rank, ctypes.byref(cfg))
-        if rc not in (_lib.ncclSuccess, _lib.ncclInProgress):
-            self._check(rc, "ncclCommInitRank", comm=None)
-        deadline = time.monotonic() + secs if secs > 0 else None
-        state, pause = ctypes.c_int(rc), 0.0005
-        while True:
-            rc = lib.ncclCommGetAsyncError(self._comm, ctypes.byref(state))
-            if rc != _lib.ncclSuccess or state.value != _lib.ncclInProgress:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                lib.ncclCommAbort(self._comm)
-                self._comm = None
-                group = f" (group {self._name})" if self._name and self._name != "0" else ""
-                raise RuntimeError(f"chorus: ncclCommInitRank on rank {self._rank}{group} did not complete within "
-                                   f"the process group's timeout ({secs:g} s): not every rank of the group joined")
-            time.sleep(pause)
-            pause = min(2 * pause, 0.02)
-        rc = rc or state.value
-        if rc != _lib.ncclSuccess:
-            msg = f"chorus: ncclCommInitRank failed on rank {self._rank}: {_lib.error_string(rc)}: " \
-                  f"{_lib.last_error(self._comm) or _lib.last_error(None)}"
-            lib.ncclCommAbort(self._comm)
-            self._comm = None
-            raise RuntimeError(msg)
 
-    # ---- the C++ front (_cbackend.cpp) ----
+class ChorusBackend(DeviceOps, ChorusEngine):
+    """The "chorus" c10d Backend (or ProcessGroup, older torch: _engine.AS_PROCESS_GROUP): how calls run
+    is ChorusEngine's; the operations on CPU tensors are below, those on device tensors DeviceOps's."""
 
-    def _attach_front(self, front, make_work):
-        """front runs synchronous all_reduces itself while nothing is queued here (_fast_update);
-        make_work(future) makes its ChorusWork, a C++ Work whose wait() torch calls without Python."""
-        self._front = front
-        self._make_work = lambda op: make_work(op.fut)
-        done = torch.futures.Future()
-        done.set_result([])
-        self._done_work = make_work(done)
-        front.set_done_work(self._done_work)
-        from .device_ops import _DeviceWork
-        front.set_held_type(_DeviceWork)
-        front.set_fast(ctypes.cast(lib.ncclAllReduce, ctypes.c_void_p).value, self._comm.value, False)
-        self._fast_update()
+    def _scaled(self, buf, scale):
+        """What a reduction sends: buf, or a scaled copy of it (PREMUL_SUM)."""
+        if scale is None:
+            return buf
+        self._drain()
+        return buf * scale
 
-    def _fast_update(self):
-        """Tell the front whether a synchronous call may bypass this engine: nothing issued and not
-        completed or not settled (copied back), not coalescing, no failure to report. Called where any
-        of those changes (the issuing thread, or the watcher and the settlers with _lock held)."""
-        front = self._front
-        if front is not None:
-            # Not while a completed call's results are still being copied back (a settler's _Out): a
-            # call over the same memory must see them (torch_work's column-then-matrix case).
-            # Not where a device row takes CPU tensors (the stand-in's tests): the front would run them here.
-            front.set_allowed(self._done_upto == self._issued and not self._batch and self._first_bad is None
-                              and not self._unsettled and not device.host_claims)
+    def _src(self, t):
+        """A contiguous tensor with t's values, for reading (a copy made in issue order)."""
+        _check_cpu(t)
+        t = _real(t)
+        if t.is_contiguous():
+            return t
+        self._drain()
+        return t.contiguous()
 
-    # ---- issuing ----
+    def _out(self, t, need_values=True):
+        """_Out(t), whose stand-in copy of t's values (if any) is made in issue order."""
+        if need_values and t.device.type == "cpu" and not _real(t).is_contiguous():
+            self._drain()
+        return _Out(t, need_values)
 
-    def _check(self, rc, what, comm=0):
-        if rc != _lib.ncclSuccess:
-            c = self._comm if comm == 0 else comm
-            group = f" (group {self._name})" if self._name and self._name != "0" else ""
-            raise RuntimeError(f"chorus: {what} failed on rank {self._rank}{group}: "
-                               f"{_lib.error_string(rc)}: {_lib.last_error(c)}")
+    def _stage(self, tensors):
+        """One flat copy of tensors (made in issue order)."""
+        self._drain()
+        return torch.cat([_real(i).reshape(-1) for i in tensors])
 
-    def _get_stream(self):
-        if self._stream is None:
-            s = ctypes.c_void_p()
-            self._check(lib.chorusStreamCreate(ctypes.byref(s)), "chorusStreamCreate")
-            self._stream = s
-            self._watcher = threading.Thread(target=self._watch_main, name="chorus-watcher", daemon=True)
-            self._watcher.start()
-        return self._stream
+    @staticmethod
+    def _finishers(outs):
+        """The copy-back of the outputs that went through a stand-in, or None."""
+        outs = [o for o in outs if o.buf is not _real(o.dst)]
+        return (lambda: [o.finish() for o in outs]) if outs else None
 
-    def _healthy(self):
-        if self._first_bad is not None:
-            raise RuntimeError(self._error)
-        if self._closed:
-            raise RuntimeError("chorus: the process group was destroyed")
+    # ---- collectives ----
 
-    def _run(self, what, opts, issue, result, post=None, keep=None):
-        """issue(stream) makes the C calls and returns ncclResult_t; `post` runs after completion
-        (copy-backs), `keep` holds buffers alive until then. Returns the operation's Work. An
-        asynchronous call reports failure through its Work, never by raising: DDP's reducer, which
-        issues from an autograd hook, would go on with a null future."""
-        if getattr(opts, "asyncOp", True):
-            try:
-                return self._run_async(what, issue, result, post, keep)
-            except RuntimeError as e:
-                return self._failed_work(str(e))
-        self._healthy()
-        if self._batch:  # a synchronous call inside coalescing: torch would wait on it, so it stands in
-            self._p2p.append((what, issue, _Op(post, keep, result, what)))
-            return self._done_work
-        if any(op.post is not None for op in list(self._unsettled)):
-            self._drain()  # an earlier result still to be copied back may land in what this call reads
-        if self._done_upto == self._issued:
-            self._check(issue(None), what)
-            if post is not None:
-                try:
-                    post()
-                except Exception as e:
-                    raise RuntimeError(f"chorus: {what} on rank {self._rank}: copying the result back failed: {e}") from e
-            return self._done_work
-        op = _Op(post, keep, result, what)
-        with self._lock:
-            self._issue(what, issue, [op])
-        self._wait_seq(op.seq)
-        _wait_op(op)  # the copy-backs have run (by whichever thread settled it); raises if it failed
-        return self._done_work
+    @_c10d_call(sync=True)
+    def allreduce(self, tensors, opts=None):
+        # The latency path (dist.all_reduce of one contiguous tensor, nothing queued) in few steps.
+        if (len(tensors) == 1 and opts is not None and not opts.asyncOp and self._done_upto == self._issued
+                and not self._batch and self._first_bad is None and not self._unsettled):
+            t = tensors[0]
+            dt = _FAST_DTYPES.get(t.dtype)
+            if dt is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
+                op = _OPS.get(_reduce_op(opts).op)
+                if op is not None:
+                    p = t.data_ptr()
+                    rc = _ncclAllReduce(p, p, t.numel(), dt, op, self._comm, None)
+                    if rc:
+                        self._check(rc, "allreduce")
+                    return self._done_work
+        return self._allreduce_list(tensors, opts, "allreduce")
 
-    def _run_async(self, what, issue, result, post, keep):
-        self._healthy()
-        op = _Op(post, keep, result, what)
-        if self._batch:  # completes with the group end_coalescing issues
-            self._p2p.append((what, issue, op))
-            return self._make_work(op)
-        with self._lock:
-            self._issue(what, issue, [op])
-        return self._make_work(op)
+    @_c10d_call(sync=True)
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._allreduce_list(tensors, opts, "allreduce_coalesced")
 
-    def _failed_work(self, msg):
-        op = _Op(None, None, None)
-        op.fail(msg)
-        return self._make_work(op)
-
-    def _drain(self):
-        """Before a synchronous call stages a copy of a tensor (a non-contiguous input or output, a
-        PREMUL_SUM scaling) or is issued behind calls with copy-backs pending: let what was issued
-        before it complete and copy back, so that it sees what issue order says (the stream would run
-        it in order, but on a stale copy, or before an earlier result is copied back). A synchronous
-        call waits for those calls anyway. An asynchronous one does not wait here: it would block its
-        caller, and ranks that issue calls on two groups in different orders (valid with NCCL) would
-        wait for each other; it stages at call time (docs/PYTORCH.md). Ops no thread has begun to
-        settle are settled here (this may be a settler, inside a callback)."""
-        if not self._sync_call or not self._unsettled:
-            return
-        target = self._issued
-        self._wait_seq(target)
-        with self._lock:
-            ops = [op for op in self._unsettled if op.seq <= target]
-        self._settle(ops)
-        for op in ops:
-            op.raw.wait()
-
-    def _issue(self, what, issue, ops):
-        """With _lock held: put one batch on the stream for the given _Ops."""
-        rc = issue(self._get_stream())
-        if rc != _lib.ncclSuccess:
-            err = RuntimeError(f"chorus: {what} failed on rank {self._rank}: {_lib.error_string(rc)}: "
-                               f"{_lib.last_error(self._comm)}")
-            for op in ops:
-                op.fail(str(err))
-            raise err
-        self._issued += 1
-        self._fast_update()
-        for op in ops:
-            op.seq = self._issued
-            self._pending.append(op)
-            self._unsettled.add(op)
-        self._cv.notify()
-
-    def start_coalescing(self):
-        self._batch += 1
-        self._fast_update()
-
-    def end_coalescing(self):
-        self._batch -= 1
-        self._fast_update()
-        if self._batch or not self._p2p:
-            return self._done_work
-        calls, self._p2p = self._p2p, []
-        what = "coalesced " + "+".join(sorted({w for w, _, _ in calls}))
+    def _allreduce_list(self, tensors, opts, what):
+        if len(tensors) == 1:
+            t = tensors[0]
+            if t.is_contiguous() and t.device.type == "cpu" and not t.is_complex() and t.layout == torch.strided:
+                op, scale = _redop(_reduce_op(opts), t)
+                src = self._scaled(t, scale)
+                ps, p, n, dt, comm = src.data_ptr(), t.data_ptr(), t.numel(), _dtype(t), self._comm
+                return self._run(what, opts, lambda s: lib.ncclAllReduce(ps, p, n, dt, op, comm, s), tensors,
+                                 None, (t, src))
+        outs = [self._out(t) for t in tensors]
+        ops = [_redop(_reduce_op(opts), t) for t in tensors]
+        srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
+        comm = self._comm
 
         def issue(s):
             lib.ncclGroupStart()
             rc = 0
-            for _, fn, _ in calls:
-                rc = rc or fn(s)
+            for o, src, (op, _) in zip(outs, srcs, ops):
+                b = o.buf
+                rc = rc or lib.ncclAllReduce(src.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, comm, s)
             return lib.ncclGroupEnd() or rc
 
-        group = _Op(None, None, [], what)
-        try:
-            self._healthy()
-            with self._lock:
-                self._issue(what, issue, [op for _, _, op in calls] + [group])
-        except RuntimeError as e:
-            for _, _, op in calls:
-                if not op.raw.done():
-                    op.fail(str(e))
-            return self._failed_work(str(e))
-        return self._make_work(group)
+        return self._run(what, opts, issue, tensors, self._finishers(outs), (outs, srcs))
 
-    def _abandon_coalescing(self, why):
-        """The body of a coalescing block raised, and torch's _coalescing_manager then never ends it
-        (no try/finally): leave coalescing, so later calls run, and fail the calls queued in the
-        block, which never will (__init__._wrap_coalescing_manager calls this)."""
-        if not self._batch:
-            return
-        self._batch -= 1
-        self._fast_update()
-        if self._batch:
-            return
-        calls, self._p2p = self._p2p, []
-        for what, _, op in calls:
-            op.fail(f"chorus: {what} on rank {self._rank} was not run: its coalescing block raised: {why}")
+    @_c10d_call(sync=True)
+    def broadcast(self, tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        outs = [self._out(t, need_values=(self._rank == root)) for t in tensors]
 
-    # The names torch's Python code calls on a ProcessGroup (older torch, AS_PROCESS_GROUP).
-    def _start_coalescing(self, device=None):
-        self.start_coalescing()
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o in outs:
+                b = o.buf
+                rc = rc or lib.ncclBroadcast(b.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), root, comm, s)
+            return lib.ncclGroupEnd() or rc
 
-    def _end_coalescing(self, device=None):
-        return self.end_coalescing()
+        post = self._finishers(outs) if self._rank != root else None
+        return self._run("broadcast", opts, issue, tensors, post, outs)
 
-    # ---- completion ----
+    @_c10d_call(sync=True)
+    def reduce(self, tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        outs = [self._out(t) for t in tensors]
+        ops = [_redop(_reduce_op(opts), t) for t in tensors]
+        srcs = [self._scaled(o.buf, scale) for o, (_, scale) in zip(outs, ops)]
 
-    def _sync(self, settle_here=True):
-        """Wait for the stream to drain; complete (or fail) what it ran, or return it to complete."""
-        with self._sync_lock:
-            with self._lock:
-                target = self._issued
-            rc = lib.chorusStreamSynchronize(self._stream) if self._stream is not None else 0
-            with self._lock:
-                if rc != _lib.ncclSuccess and self._first_bad is None:
-                    self._first_bad = self._done_upto + 1
-                    # The stream thread recorded the cause: on the communicator, or as the last error.
-                    why = _lib.last_error(self._comm) or _lib.last_error(None)
-                    self._error = f"chorus: an operation failed on rank {self._rank}: {_lib.error_string(rc)}: {why}"
-                self._done_upto = max(self._done_upto, target)
-                self._fast_update()
-                done = [op for op in self._pending if op.seq <= target]
-                self._pending = [op for op in self._pending if op.seq > target]
-        if settle_here:
-            self._settle(done)
-        return done
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for o, src, (op, _) in zip(outs, srcs, ops):
+                b = o.buf
+                rc = rc or lib.ncclReduce(src.data_ptr(), b.data_ptr(), b.numel(), _dtype(b), op, root, comm, s)
+            return lib.ncclGroupEnd() or rc
 
-    def _settle(self, done):
-        """Copy back and complete the futures, without _lock: their callbacks may issue operations.
-        Each op once, by the first thread to claim it (a settler, the watcher's hand-over, or _drain).
-        A copy-back that raises fails its own op only: the thread and the rest of `done` go on."""
-        for op in done:
-            with self._lock:
-                if op.claimed:
-                    continue
-                op.claimed = True
-            bad = self._first_bad is not None and op.seq >= self._first_bad
-            msg = self._error if bad else None
-            if not bad and op.post is not None:
-                try:
-                    op.post()
-                except Exception as e:
-                    msg = f"chorus: {op.what or 'an operation'} on rank {self._rank}: copying the result back failed: {e}"
-            op.keep = None
+        post = self._finishers(outs) if self._rank == root else None
+        return self._run("reduce", opts, issue, tensors, post, (outs, srcs))
+
+    def _gather_flat(self, outputs, inp):
+        """A flat receive buffer for a list of per-rank outputs, and the copy-out that fills them."""
+        n = inp.numel()
+        for o in outputs:
+            _check_cpu(o)
+            if _real(o).numel() != n or o.dtype != inp.dtype and _real(o).dtype != inp.dtype:
+                raise RuntimeError("chorus: output tensors must have the input's size and dtype")
+        flat = torch.empty(n * len(outputs), dtype=inp.dtype)
+
+        def post():
+            for i, o in enumerate(outputs):
+                _real(o).copy_(flat[i * n:(i + 1) * n].view(_real(o).shape))
+
+        return flat, post
+
+    @_c10d_call(sync=True)
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise RuntimeError("chorus: allgather takes one input tensor and one output list per process")
+        inp = self._src(input_tensors[0])
+        outputs = output_tensors[0]
+        if len(outputs) != self._size:
+            raise RuntimeError(f"chorus: allgather needs {self._size} output tensors, got {len(outputs)}")
+        if any(_real(o).numel() != inp.numel() for o in outputs):
+            return self._allgather_uneven(output_tensors, inp, opts)
+        flat, post = self._gather_flat(outputs, inp)
+        n, dt, comm = inp.numel(), _dtype(inp), self._comm
+        return self._run("allgather", opts,
+                         lambda s: lib.ncclAllGather(inp.data_ptr(), flat.data_ptr(), n, dt, comm, s),
+                         output_tensors, post, (inp, flat))
+
+    def _allgather_uneven(self, output_tensors, inp, opts):
+        """Outputs of different sizes (ProcessGroupNCCL takes them too): one broadcast per rank, grouped."""
+        outs = [self._out(o, need_values=False) for o in output_tensors[0]]
+        if outs[self._rank].buf.numel() != inp.numel() or any(o.buf.dtype != inp.dtype for o in outs):
+            raise RuntimeError("chorus: all_gather: output tensors must have the input's dtype, and this rank's "
+                               "output the input's size")
+        me, dt, comm = self._rank, _dtype(inp), self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for r, o in enumerate(outs):
+                send = inp.data_ptr() if r == me else None
+                rc = rc or lib.ncclBroadcast(send, o.buf.data_ptr(), o.buf.numel(), dt, r, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("allgather", opts, issue, output_tensors, self._finishers(outs), (inp, outs))
+
+    @_c10d_call(sync=True)
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
+        return works[-1] if works else self.barrier(dist.BarrierOptions())
+
+    @_c10d_call(sync=False)
+    def _allgather_base(self, output, input, opts=None):
+        return self._allgather_into([output], [input], opts, "allgather_into_tensor")
+
+    @_c10d_call(sync=True)
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._allgather_into(outputs, inputs, opts, "allgather_into_tensor_coalesced")
+
+    def _allgather_into(self, outputs, inputs, opts, what):
+        srcs = [self._src(i) for i in inputs]
+        outs = [self._out(o, need_values=False) for o in outputs]
+        check_blocks(what, srcs, [o.buf for o in outs], self._size, "output")
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for i, o in zip(srcs, outs):
+                rc = rc or lib.ncclAllGather(i.data_ptr(), o.buf.data_ptr(), i.numel(), _dtype(i), comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
+
+    @_c10d_call(sync=True)
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        inp = self._src(input_tensors[0])
+        flat, post = None, None
+        if self._rank == root:
+            outputs = output_tensors[0]
+            if len(outputs) != self._size:
+                raise RuntimeError(f"chorus: gather needs {self._size} output tensors at the root")
+            flat, post = self._gather_flat(outputs, inp)
+        fp = flat.data_ptr() if flat is not None else None
+        n, dt = inp.numel(), _dtype(inp)
+        return self._run("gather", opts, lambda s: lib.ncclGather(inp.data_ptr(), fp, n, dt, root, comm, s),
+                         output_tensors, post, (inp, flat))
+
+    @_c10d_call(sync=True)
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root, comm = opts.rootRank, self._comm
+        out = self._out(output_tensors[0], need_values=False)
+        flat = None
+        if self._rank == root:
+            inputs = input_tensors[0]
+            if len(inputs) != self._size:
+                raise RuntimeError(f"chorus: scatter needs {self._size} input tensors at the root")
+            for i in inputs:
+                _check_cpu(i)
+                if _real(i).numel() != out.buf.numel():
+                    raise RuntimeError("chorus: scatter inputs must have the output's size")
+            flat = self._stage(inputs)
+        fp = flat.data_ptr() if flat is not None else None
+        n, dt = out.buf.numel(), _dtype(out.buf)
+        return self._run("scatter", opts,
+                         lambda s: lib.ncclScatter(fp, out.buf.data_ptr(), n, dt, root, comm, s),
+                         output_tensors, self._finishers([out]), (out, flat))
+
+    @_c10d_call(sync=True)
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out = self._out(output_tensors[0], need_values=False)
+        inputs = input_tensors[0]
+        if len(inputs) != self._size:
+            raise RuntimeError(f"chorus: reduce_scatter needs {self._size} input tensors")
+        for i in inputs:
+            _check_cpu(i)
+        if any(_real(i).numel() != out.buf.numel() for i in inputs):
+            return self._reduce_scatter_uneven(out, output_tensors, inputs, opts)
+        flat = self._stage(inputs)
+        op, scale = _redop(_reduce_op(opts), output_tensors[0])
+        if scale is not None:
+            flat.mul_(scale)  # a copy already
+        n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
+        return self._run("reduce_scatter", opts,
+                         lambda s: lib.ncclReduceScatter(flat.data_ptr(), out.buf.data_ptr(), n, dt, op, comm, s),
+                         output_tensors, self._finishers([out]), (out, flat))
+
+    def _reduce_scatter_uneven(self, out, output_tensors, inputs, opts):
+        """Inputs of different sizes (ProcessGroupNCCL takes them too): one reduce per rank, grouped."""
+        if _real(inputs[self._rank]).numel() != out.buf.numel():
+            raise RuntimeError("chorus: reduce_scatter: this rank's input must have the output's size")
+        op, scale = _redop(_reduce_op(opts), output_tensors[0])
+        srcs = [self._scaled(self._src(i), scale) for i in inputs]
+        if any(i.dtype != out.buf.dtype for i in srcs):
+            raise RuntimeError("chorus: reduce_scatter inputs must have the output's dtype")
+        me, dt, comm = self._rank, _dtype(out.buf), self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for r, i in enumerate(srcs):
+                recv = out.buf.data_ptr() if r == me else None
+                rc = rc or lib.ncclReduce(i.data_ptr(), recv, i.numel(), dt, op, r, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("reduce_scatter", opts, issue, output_tensors, self._finishers([out]), (out, srcs))
+
+    @_c10d_call(sync=False)
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
+
+    @_c10d_call(sync=True)
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._reduce_scatter_into(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
+
+    def _reduce_scatter_into(self, outputs, inputs, opts, what):
+        srcs = [self._src(i) for i in inputs]
+        outs = [self._out(o, need_values=False) for o in outputs]
+        check_blocks(what, [o.buf for o in outs], srcs, self._size, "input")
+        ops = [_redop(_reduce_op(opts), o) for o in outputs]
+        srcs = [self._scaled(i, scale) for i, (_, scale) in zip(srcs, ops)]
+        comm = self._comm
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for i, o, (op, _) in zip(srcs, outs, ops):
+                rc = rc or lib.ncclReduceScatter(i.data_ptr(), o.buf.data_ptr(), o.buf.numel(), _dtype(i), op,
+                                                 comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run(what, opts, issue, outputs, self._finishers(outs), (srcs, outs))
+
+    @_c10d_call(sync=True)
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        src = self._src(input)
+        out = self._out(output, need_values=False)
+        size, comm, dt = self._size, self._comm, _dtype(src)
+        if not output_split_sizes and not input_split_sizes:
+            if src.numel() % size or out.buf.numel() != src.numel():
+                raise RuntimeError(f"chorus: all_to_all_single: tensors of {src.numel()} and {out.buf.numel()} "
+                                   f"elements do not split evenly over {size} ranks")
+            n = src.numel() // size
+            return self._run("all_to_all_single", opts,
+                             lambda s: lib.ncclAlltoAll(src.data_ptr(), out.buf.data_ptr(), n, dt, comm, s),
+                             output, self._finishers([out]), (src, out))
+
+        scount = split_counts(src, input_split_sizes, size, "input")
+        rcount = split_counts(out.buf, output_split_sizes, size, "output")
+        es = src.element_size()
+        soff = [sum(scount[:p]) * es for p in range(size)]
+        roff = [sum(rcount[:p]) * es for p in range(size)]
+
+        def issue(s):
+            sp, rp = src.data_ptr(), out.buf.data_ptr()
+            lib.ncclGroupStart()
+            rc = 0
+            for p in range(size):
+                rc = rc or lib.ncclSend(sp + soff[p], scount[p], dt, p, comm, s)
+                rc = rc or lib.ncclRecv(rp + roff[p], rcount[p], dt, p, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("all_to_all_single", opts, issue, output, self._finishers([out]), (src, out))
+
+    @_c10d_call(sync=True)
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        size, comm = self._size, self._comm
+        if len(output_tensors) != size or len(input_tensors) != size:
+            raise RuntimeError(f"chorus: all_to_all needs {size} input and {size} output tensors")
+        srcs = [self._src(t) for t in input_tensors]
+        outs = [self._out(t, need_values=False) for t in output_tensors]
+        for o in outs:
+            _dtype(o.buf)
+
+        def issue(s):
+            lib.ncclGroupStart()
+            rc = 0
+            for p in range(size):
+                rc = rc or lib.ncclSend(srcs[p].data_ptr(), srcs[p].numel(), _dtype(srcs[p]), p, comm, s)
+                rc = rc or lib.ncclRecv(outs[p].buf.data_ptr(), outs[p].buf.numel(), _dtype(outs[p].buf), p, comm, s)
+            return lib.ncclGroupEnd() or rc
+
+        return self._run("all_to_all", opts, issue, output_tensors, self._finishers(outs), (srcs, outs))
+
+    def barrier(self, opts=None):
+        if self._dcomm is not None:  # the group's device calls are in order before it too
+            return self._dev_barrier(opts)
+        one, comm = torch.zeros(1, dtype=torch.uint8), self._comm
+        return self._run("barrier", opts,
+                         lambda s: lib.ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, _lib.ncclUint8,
+                                                     _lib.ncclMax, comm, s), [], None, one)
+
+    # ---- point to point (tags are accepted and ignored: messages between two ranks match in order) ----
+
+    @_c10d_call(sync=False)
+    def send(self, tensors, dst, tag):
+        src = self._src(tensors[0])
+        n, dt, comm = src.numel(), _dtype(src), self._comm
+        return self._run("send", _ASYNC, lambda s: lib.ncclSend(src.data_ptr(), n, dt, dst, comm, s),
+                               tensors, None, src)
+
+    @_c10d_call(sync=False)
+    def recv(self, tensors, src_rank, tag):
+        out = self._out(tensors[0], need_values=False)
+        n, dt, comm = out.buf.numel(), _dtype(out.buf), self._comm
+        return self._run("recv", _ASYNC, lambda s: lib.ncclRecv(out.buf.data_ptr(), n, dt, src_rank, comm, s),
+                               tensors, self._finishers([out]), out)
+
+    def recv_anysource(self, tensors, tag):
+        raise RuntimeError("chorus: recv from any source is not supported (NCCL has no wildcard receive); "
+                           "pass src=")
+
+    # ---- groups made from this one (dist.split_group), and the monitored barrier ----
+
+    # Plain attributes: the binding reads them through Python (the inherited descriptors would recurse).
+    supports_coalescing = True
+    supports_splitting = True
+
+    def comm_split_count(self):
+        return self._nsplits
+
+    @property
+    def options(self):
+        """The group's Backend.Options (torch's splitGroup copies them for a child)."""
+        o = _CBackend.Options("chorus", self._timeout or _DEFAULT_TIMEOUT)
+        o.group_name = self._name or ""
+        return o
+
+    def split(self, store, ranks, opts=None):
+        """torch's split_group: every rank of this group calls it with the ranks (of this group, in
+        the new group's order) of its new group; a rank in none passes some other group's. One
+        ncclCommSplit, as ProcessGroupNCCL does: the members of a new group share its lowest rank as
+        color (the groups of one split do not overlap) and take their position as key. None for a
+        rank in no new group."""
+        ranks = [int(r) for r in ranks]
+        if self._rank not in ranks:
+            self._nccl_split(_lib.NCCL_SPLIT_NOCOLOR, 0)  # the members' split needs every rank
+            if self._front is None:
+                # torch's trampoline for a Python Backend dereferences the None that means "no group"
+                # (torch 2.15: PyBackend::split, initSlotAndCast): only the C++ front can answer it.
+                raise RuntimeError(f"chorus: split_group: rank {self._rank} is in none of the new groups, which "
+                                   "this torch lets only torch_chorus's C++ front answer (it is not loaded: "
+                                   "rebuild with a C++ compiler, or leave CHORUS_TORCH_CPP unset)")
+            return None
+        # torch's Backend.Options spells it _timeout (split_group's timeout, else the parent's).
+        timeout = (getattr(opts, "_timeout", None) or getattr(opts, "timeout", None)) if opts is not None else None
+        name = str(getattr(opts, "group_name", "") or "") if opts is not None else ""
+        return type(self)(store, ranks.index(self._rank), len(ranks), timeout or self._timeout, name,
+                          split_from=self, color=min(ranks))
+
+    def _split_front(self, store, ranks, opts=None):
+        """split for the C++ front (_cbackend.cpp), which turns None into "no group": the child engine
+        behind a front of its own."""
+        child = self.split(store, ranks, opts)
+        if child is None or self._front is None or _cext is None:
+            return child
+        front = _cext.ChorusCBackend(child, child._rank, child._size)
+        child._attach_front(front, _cext.make_work)
+        return front
+
+    def perform_nocolor_split(self, device=None):
+        """torch's new_group asks ranks outside a new group to take part in a split of the default
+        group; chorus makes new groups from the store among their members (create_backend_ext), which
+        never involves the others: nothing to do."""
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        """dist.monitored_barrier: every rank says it arrived through the group's store; rank 0 waits
+        for each within the timeout and raises naming the first rank that did not come (every one with
+        wait_all_ranks), with what the stall report says that rank is doing; the others wait for rank
+        0's verdict (the timeout plus the time the report takes) and raise it when it is a failure.
+        Barriers are matched by count, like collectives: a rank that comes late to one that failed gets
+        its verdict at once. The communicator is not used, so a missing rank leaves it healthy (a
+        barrier over NCCL calls would time the whole group out)."""
+        timeout = getattr(opts, "timeout", None) if opts is not None else None
+        if isinstance(opts, datetime.timedelta):  # older torch calls a ProcessGroup with the timeout itself
+            timeout = opts
+        if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
+            timeout = self._timeout if isinstance(self._timeout, datetime.timedelta) else _DEFAULT_TIMEOUT
+        secs = timeout.total_seconds()
+        self._mb_seq += 1
+        prefix = f"torch_chorus/monitored_barrier/{self._mb_seq}/"
+        store = self._store
+        store.set(prefix + str(self._rank), "1")
+        if self._rank != 0:
+            # Rank 0 answers once every rank came, or after its timeout plus the stall report's gathering
+            # (at most about 2 s): wait for that, with room to spare on a loaded machine.
+            grace = 15.0
             try:
-                if msg is not None:
-                    op.fail(msg)
-                else:
-                    op.raw.set_result(op.result)
-            except Exception:  # a done-callback that raised: the op is complete all the same
-                pass
-            with self._lock:
-                self._unsettled.discard(op)
-                if not self._unsettled:
-                    self._fast_update()
-
-    def _hand_over(self, done):
-        """Watcher: have a settler thread complete `done`. A callback may block waiting for a later
-        operation (PowerSGD's hook does), which only the watcher can see finish: so the watcher never
-        runs callbacks itself, and a new settler starts whenever none is idle."""
-        with self._lock:
-            self._settle_q.extend(done)
-            if self._settlers_idle:
-                self._settle_cv.notify()
-                return
-            t = threading.Thread(target=self._settler_main, name="chorus-settler", daemon=True)
-            self._settlers = [x for x in self._settlers if x.is_alive()] + [t]
-        t.start()
-
-    def _settler_main(self):
-        while True:
-            with self._lock:
-                if not self._settle_q and self._closed:
-                    return
-                if not self._settle_q:
-                    self._settlers_idle += 1
-                    self._settle_cv.wait(timeout=None if self._settlers_idle == 1 else 1.0)
-                    self._settlers_idle -= 1
-                    if not self._settle_q:
-                        if self._closed or self._settlers_idle:
-                            return  # a spare (or the last, at shutdown) settler leaves
-                        continue
-                done, self._settle_q = self._settle_q, []
-            self._settle(done)
-
-    def _wait_seq(self, seq):
-        while seq > self._done_upto:
-            self._sync()
-
-    def _watch_main(self):
-        while True:
-            with self._lock:
-                while not self._closed and self._done_upto == self._issued:
-                    self._cv.wait()
-                if self._closed and self._done_upto == self._issued:
-                    return
-            done = self._sync(settle_here=False)
-            if done:
-                self._hand_over(done)
-
-    # ---- lifetime ----
-
-    def getBackendName(self):
-        return "chorus"
-
-    def _get_backend_name(self):
-        return "chorus"
-
-    def _stop_threads(self, timeout):
-        """Let the watcher and the settlers finish and wait for them (up to timeout seconds): a daemon
-        thread still inside torch's C++ code when the interpreter finalises aborts the process."""
-        with self._lock:
-            self._closed = True
-            self._cv.notify_all()
-            self._settle_cv.notify_all()
-            threads = [self._watcher] + self._settlers
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for t in threads:
-            if t is not None and t is not threading.current_thread():
-                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-    def _destroy(self, abort):
-        if self._comm is None:
-            return
-        front, self._front = self._front, None  # the C++ side stops using the comm first (and the cycle breaks)
-        if front is not None:
-            front.set_fast(0, 0, False)
-        if not abort and not self._closed:
-            try:
-                self._sync()
+                store.wait([prefix + "verdict"], datetime.timedelta(seconds=secs + grace))
             except Exception:
-                pass
-        if abort:
-            lib.ncclCommAbort(self._comm)  # wakes a watcher blocked on the stream
-        self._stop_threads(None if not abort else 5)
-        if self._stream is not None:
-            lib.chorusStreamDestroy(self._stream)
-            self._stream = None
-        if not abort:
-            lib.ncclCommDestroy(self._comm)
-        self._comm = None  # later calls fail with "invalid argument" rather than touch freed memory
+                came = store.check([prefix + "0"])
+                raise RuntimeError(f"chorus: monitored_barrier: rank {self._rank} had no verdict from rank 0 within "
+                                   f"{secs + grace:g} s: " + ("rank 0 arrived but did not answer (is it alive?)" if came
+                                                             else "rank 0 did not call monitored_barrier"))
+            verdict = store.get(prefix + "verdict").decode(errors="replace")
+            if verdict != "ok":
+                raise RuntimeError(verdict)
+            return
+        deadline = time.monotonic() + secs
+        missing = []
+        for r in range(1, self._size):
+            left = deadline - time.monotonic()
+            key = prefix + str(r)
+            if left > 0:
+                try:
+                    store.wait([key], datetime.timedelta(seconds=left))
+                    continue
+                except Exception:
+                    pass
+            if not store.check([key]):  # past the deadline: only ask, so a rank that came is never named
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        if not missing:
+            store.set(prefix + "verdict", "ok")
+            return
+        who = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(map(str, missing))
+        msg = (f"chorus: monitored_barrier: {who} of {self._size} did not arrive within {secs:g} s"
+               f"{'' if wait_all_ranks or self._size == 2 else ' (the first missing; wait_all_ranks=True names every one)'}")
+        doing = _missing_ranks_doing(_lib.stall_report(self._comm), missing)
+        if doing:
+            msg += "; the stall report: " + "; ".join(doing)
+        store.set(prefix + "verdict", msg)
+        raise RuntimeError(msg)
 
-    def shutdown(self):
-        self._destroy(abort=False)
+    # torch 2.x names the single-tensor variants differently across releases: answer to both.
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
 
-    def abort(self):
-        self._destroy(abort=True)
+
+def create_backend(store, rank, size, timeout):
+    """register_backend's plain creator (store, rank, size, timeout)."""
+    return ChorusBackend(store, rank, size, timeout)
 
 
-def _from_future(fut):
-    return _create_work_from_future(fut)
+def create_backend_ext(opts, backend_options=None):
+    """register_backend's extended creator (_DistributedBackendOptions)."""
+    engine = ChorusBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, str(opts.group_id or ""))
+    if _cext is None:
+        return engine
+    front = _cext.ChorusCBackend(engine, opts.group_rank, opts.group_size)
+    engine._attach_front(front, _cext.make_work)
+    return front
+
+
+def _load_cext():
+    """The C++ Backend (_cbackend.cpp, built by python/build_cext.py for one torch version), if it was
+    built for this torch and CHORUS_TORCH_CPP is not 0; else None (the Python engine is registered).
+    Also returns why not, for torch_chorus's warning: None where nothing is missed (chosen, or a torch
+    whose c10d cannot take a C++ front from Python)."""
+    if os.environ.get("CHORUS_TORCH_CPP", "1") == "0":
+        return None, None
+    try:
+        from . import _cbackend
+    except ImportError as e:  # not built, or built for another interpreter or torch (undefined symbols)
+        here = os.path.dirname(os.path.abspath(__file__))
+        found = [f for f in os.listdir(here) if f.startswith("_cbackend") and f.endswith(".so")]
+        if found:
+            return None, f"its module {found[0]} does not load ({e})"
+        try:  # the build tree's copy: why `make` did not build it (python/build_cext.py records it)
+            import json
+
+            with open(os.path.join(here, "_cbackend.fingerprint")) as f:
+                return None, "make did not build it: " + json.load(f)["note"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, "it is not in this installation"
+    if _cbackend.TORCH_VERSION != torch.__version__:
+        return None, f"it was built for torch {_cbackend.TORCH_VERSION}, this is torch {torch.__version__}"
+    return _cbackend, None
+
+
+_cext, cext_missing = _load_cext()

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .backend import _dtype, _real, check_blocks, split_counts
+from .nccl_args import _dtype, _real, _redop, _reduce_op, check_blocks, split_counts
 
 _RED_SCALAR = {torch.float16: ctypes.c_uint16, torch.bfloat16: ctypes.c_uint16,
                torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
@@ -82,7 +82,9 @@ class _DeviceWork(dist.Work):
 
 
 class DeviceOps:
-    """Mixed into ChorusBackend: `_dev_<operation>(d, ...)` is that c10d operation on d's tensors."""
+    """Mixed into ChorusBackend (backend.py), before ChorusEngine (_engine.py), whose methods it uses and
+    extends: `_dev_<operation>(d, ...)` is that c10d operation on d's tensors, which ChorusBackend's
+    operation hands it (backend.py, _c10d_call)."""
 
     _dev_calls = None  # (issue, post) queued while coalescing; a list once the first is queued
     # The group's device communicator and its device, made at the first device call (_dev_comm) by
@@ -192,7 +194,7 @@ class DeviceOps:
 
     def _dev_reductions(self, opts, tensors):
         """(nccl op, PREMUL_SUM factor or None) per tensor, checked before anything is issued."""
-        return [self._redop(_reduce_op(opts), x) for x in tensors]
+        return [_redop(_reduce_op(opts), x) for x in tensors]
 
     def _dev_reduce_call(self, red, b, make):
         """make(op) with red's op; PREMUL_SUM's op made first and destroyed once the call is made."""
@@ -430,7 +432,11 @@ class DeviceOps:
                                lambda s: lib.ncclRecv(b.data_ptr(), b.numel(), _dtype(b), src_rank, comm, s),
                                None, tensors, b)
 
-    # ---- coalescing ----
+    # ---- the C++ front, coalescing and lifetime: the engine's, extended to the device calls ----
+
+    def _attach_front(self, front, make_work):
+        super()._attach_front(front, make_work)
+        front.set_held_type(_DeviceWork)  # held by the front as it is, not cast (HeldWork, _cbackend.cpp)
 
     def end_coalescing(self):
         calls = self._dev_calls if self._batch == 1 else None
@@ -464,10 +470,6 @@ class DeviceOps:
         if self._batch == 1:
             self._dev_calls = None
         super()._abandon_coalescing(why)
-
-
-def _reduce_op(opts):
-    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
 
 def _dense(x):

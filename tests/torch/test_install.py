@@ -45,10 +45,10 @@ if __name__ == "__main__":
 """
 
 import torch_chorus  # noqa: E402  the build tree's (PYTHONPATH): the engine the installed one must match
-from torch_chorus import backend as _backend  # noqa: E402
+from torch_chorus import _engine  # noqa: E402
 
 BUILT_ENGINE = torch_chorus.engine()
-FRONT_POSSIBLE = not _backend.AS_PROCESS_GROUP and os.environ.get("CHORUS_TORCH_CPP", "1") != "0"
+FRONT_POSSIBLE = not _engine.AS_PROCESS_GROUP and os.environ.get("CHORUS_TORCH_CPP", "1") != "0"
 
 with tempfile.TemporaryDirectory() as d:
     venv = os.path.join(d, "venv")

@@ -278,9 +278,9 @@ def check_coalesced_and_async(rank, size):
     # (older torch) and the C++ Backend (_cbackend); only a bare Python Backend subclass gets torch's
     # wrapper, which answers False forever (CHORUS_TORCH_CPP=0 or no C++ build): poll its future there.
     w = dist.all_reduce(torch.ones(100), async_op=True)
+    from torch_chorus import _engine as chorus_engine
     from torch_chorus import backend as chorus_backend
-    from torch_chorus import ops as chorus_ops
-    polls = chorus_backend.AS_PROCESS_GROUP or chorus_ops._cext is not None
+    polls = chorus_engine.AS_PROCESS_GROUP or chorus_backend._cext is not None
     done = (lambda: w.is_completed()) if polls else (lambda: w.get_future().done())
     deadline = time.monotonic() + 60
     while not done():
