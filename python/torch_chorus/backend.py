@@ -279,7 +279,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, input_list)]
         return works[-1] if works else self.barrier(dist.BarrierOptions())
 
-    @_c10d_call(sync=False)
+    @_c10d_call(sync=True)  # a synchronous call waits for earlier ones before copying its input (PYTORCH.md)
     def _allgather_base(self, output, input, opts=None):
         return self._allgather_into([output], [input], opts, "allgather_into_tensor")
 
@@ -376,7 +376,7 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         return self._run("reduce_scatter", opts, issue, output_tensors, self._finishers([out]), (out, srcs))
 
-    @_c10d_call(sync=False)
+    @_c10d_call(sync=True)
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter_into([output], [input], opts, "reduce_scatter_tensor")
 
