@@ -15,11 +15,11 @@ if [ ! -x "$root/usr/bin/cmake" ]; then
   command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
   debootstrap --variant=minbase bookworm "$root"
   cp /etc/resolv.conf "$root/etc/"
-  # An installed system (and a container) has /etc/hosts; debootstrap's minimal root does not.
-  [ -e "$root/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
   chroot "$root" bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     --no-install-recommends build-essential cmake git ca-certificates'
 fi
+# An installed system (and a container) has /etc/hosts; debootstrap's minimal root does not.
+[ -e "$root/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 for m in proc sys dev dev/shm; do
   mountpoint -q "$root/$m" || case $m in
     proc) mount -t proc proc "$root/proc" ;;
