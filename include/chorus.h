@@ -80,7 +80,8 @@ ncclResult_t chorusCommMetrics(ncclComm_t comm, char* text, size_t len, size_t* 
  * fills only the fields that fit in size, so the struct may grow at its end. Per communicator: the
  * peers with live per-peer connections (send/recv, AlltoAll, Gather, Scatter), the most at once, the
  * cap (CHORUS_P2P_PEERS, or what CHORUS_P2P_MEM holds), one per-peer FIFO's bytes, the bytes of the
- * per-peer receive FIFOs this rank made and of the send FIFOs it maps, peers the pool released and
+ * per-peer receive FIFOs this rank made and of the send FIFOs it maps, peers released (by this rank's
+ * pool, or by the peer's, whose close this rank then gave back) and
  * connections it made, and the receive FIFOs of the rings and RecDbl/Rabenseifner/Tree. Per process
  * (from /proc/self, alike for every rank of the process): resident shared memory, private memory,
  * pinned (locked) memory, open descriptors, threads. Any thread, beside a call on comm. */

@@ -471,11 +471,13 @@ ch_status boot_init_ids(const void* ids128, int nids, int rank, int nranks, cons
   boot_watch_roots(*out, rj.s.fd, lj.s.fd);
   struct table_learn l = {table, &me};
   CHECK_GOTO(boot_allgather_learn(*out, table, sizeof(*table), learn_infos, &l), st, out);
-  CHECK_GOTO(check_loopback(table, nranks, rank), st, out);
   boot_watch_roots(*out, -1, -1);
-  const unsigned char done = BOOT_DONE_BYTE; /* the root stops watching us (best effort: it is closed next) */
+  /* We have the table: the root stops watching us (best effort: it is closed next). Checks of the
+   * table below fail every rank alike, each saying why, not as "a rank left". */
+  const unsigned char done = BOOT_DONE_BYTE;
   if (rj.s.fd >= 0) (void)!send(rj.s.fd, &done, 1, MSG_NOSIGNAL);
   if (lj.s.fd >= 0) (void)!send(lj.s.fd, &done, 1, MSG_NOSIGNAL);
+  CHECK_GOTO(check_loopback(table, nranks, rank), st, out);
   boot_set_deadline(*out, 0); /* the init deadline covers boot_init only; later calls get one through boot_set_deadline */
   INFO(LOG_BOOTSTRAP, "Bootstrap rank %d/%d: joined in %.2f ms (root %d of %d: %.2f ms, table gathered in %.2f ms)",
        rank, nranks, (double)(ut_now_ns() - t0) / 1e6, iroot, nids, (double)(t_join - t0) / 1e6,

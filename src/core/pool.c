@@ -108,6 +108,8 @@ int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) {
     if (!poolable(comm, p) || !live(x)) continue;
     if (x->send.connected && tp_pool_closed(&x->send)) drop(x, 0);
     if (x->recv.connected && tp_pool_closed(&x->recv)) drop(x, 1);
+    /* Released by the peer's close: counted here too, so each end counts every release it made. */
+    if (!live(x)) atomic_fetch_add_explicit(&comm->p2p_released, 1, memory_order_relaxed);
   }
   int fresh = 0;
   for (int p = 0; p < n; p++) {
@@ -124,6 +126,7 @@ int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) {
       if (c->connected) { /* the peer closed it: both ends make it again for this message */
         if (!idle) comm_wait_idle(comm), idle = 1; /* a plan in flight may still read it */
         drop(x, d);
+        if (!live(x)) atomic_fetch_add_explicit(&comm->p2p_released, 1, memory_order_relaxed);
       }
       comm->p2p_mark[d * n + p] = 1;
       missing = 1;
