@@ -255,6 +255,7 @@ void log_plugin_v(const char* who, int trace_as, int level, unsigned long flags,
   if (!warn && level != LOG_INFO && level != LOG_TRACE) return; /* NONE, VERSION */
   if (!warn && (have < level || !(__atomic_load_n(&log_mask, __ATOMIC_RELAXED) & (unsigned)flags))) return;
   char buf[1024];
+  if (!fmt) return; /* a plugin's logger call without a format: nothing to print */
   vsnprintf(buf, sizeof(buf), fmt, ap);
   int lvl = warn ? LOG_WARN : level == LOG_TRACE ? trace_as : LOG_INFO;
   log_msg(lvl, warn ? (unsigned)LOG_ALL : (unsigned)flags, file ? file : who, line, "%s", buf);
