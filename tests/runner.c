@@ -158,11 +158,12 @@ static void describe_status(int st, char* out, size_t n) {
 }
 
 /* Under AddressSanitizer (GCC 12's runtime) a fork while another thread holds the allocator lock leaves
- * the child deadlocked in its first malloc. Give lingering library threads of earlier jobs (a bootstrap
- * root finishing, say) a moment to end so that we fork a single-threaded process. */
+ * the child deadlocked in its first malloc, and ThreadSanitizer kills a child of a multi-threaded fork
+ * that starts a thread. Give lingering library threads of earlier jobs (a bootstrap root finishing its
+ * watch, say) a moment to end so that we fork a single-threaded process. */
 static void quiesce_before_fork(void) {
-#ifdef __SANITIZE_ADDRESS__
-  for (int i = 0; i < 200 && rt_count_threads() > 1; i++) sleep_ms(5);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  for (int i = 0; i < 400 && rt_count_threads() > 1; i++) sleep_ms(5);
 #endif
 }
 
