@@ -21,11 +21,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int back = data[0] & 1;
   size_t cap = back ? 0 : (size_t)(data[1] | data[2] << 8);
   size_t len = size - 3;
-  size_t limit = back ? 4096 : cap + sizeof(struct net_step);
+  size_t limit = back ? 4096 : cap + sizeof(struct tcp_step);
   char* msg = malloc(len ? len : 1);
   CHECK_OR_ABORT(msg);
   if (len) memcpy(msg, data + 3, len);
-  struct net_step tr;
+  struct tcp_step tr;
   uint64_t payload;
   char why[160] = "";
   int kind = fab_msg_decode(msg, (int)len, limit, cap, &tr, &payload, why, sizeof(why));
