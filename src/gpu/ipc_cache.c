@@ -17,9 +17,10 @@ ch_status gpu_ipc_get(struct gpu_comm* g, struct gpu_ipc* cache, int r, const st
     }
     for (int k = 0; k < GPU_IPC_CACHE && !e; k++)
       if (!cache[k].base) e = &cache[k];
-    for (int k = 0; k < GPU_IPC_CACHE && (!e || e->base); k++) /* else the least recently used idle one */
-      if (!e || (u->idle(u->arg, &cache[k]) && cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
-    if (e->base && !u->idle(u->arg, e)) {
+    if (!e) /* no free entry: the least recently used idle one (the first entry may be busy) */
+      for (int k = 0; k < GPU_IPC_CACHE; k++)
+        if (u->idle(u->arg, &cache[k]) && (!e || cyc_before(cache[k].last_seq, e->last_seq))) e = &cache[k];
+    if (!e) {
       WARN("rank %d: %s use more than %d buffers of rank %d: wait for some (synchronise the stream)", u->rank, u->busy,
            GPU_IPC_CACHE, r);
       return CH_INVALID_USAGE;
