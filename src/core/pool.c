@@ -13,7 +13,7 @@
  * boundary), or the close does (the reservation sees it, this end drops its side, and both ends
  * meet in comm_connect for the same message, as for a first connection: the k-th send to a peer is
  * its k-th receive from us, on every rank alike). No message and no wait: a rank's budget is its own
- * (CHORUS_P2P_PEERS need not agree), an abort never finds a release half done, and a mismatched call
+ * (CHORUS_P2P_PEERS need not agree: FIFOs are sized from CHORUS_P2P_MEM and the rank count alone), an abort never finds a release half done, and a mismatched call
  * finds the connection exactly as before (reservations that never balance only keep it live). Memory
  * is freed when the last end unmaps it: the closing end at once, the other when it next reaches a
  * call boundary with per-peer work (pool_before_connect gives back what peers closed).
@@ -92,15 +92,16 @@ static void evict(struct ncclComm* comm, int over) {
 int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) {
   int n = comm->nranks, any = 0, missing = 0;
   if (!comm->p2p_count) return 0;
+  for (int k = 0; k < pl->nops && !any; k++) /* collectives only (the common case): nothing to clear */
+    any = (pl->ops[k].func == FUNC_SEND || pl->ops[k].func == FUNC_RECV) && poolable(comm, pl->ops[k].root);
+  if (!any) return 0;
   memset(comm->p2p_count, 0, sizeof(int) * 2 * (size_t)n);
   memset(comm->p2p_mark, 0, 2 * (size_t)n);
   for (int k = 0; k < pl->nops; k++) {
     const struct ch_op* op = &pl->ops[k];
     if ((op->func != FUNC_SEND && op->func != FUNC_RECV) || !poolable(comm, op->root)) continue;
     comm->p2p_count[(op->func == FUNC_RECV ? n : 0) + op->root]++;
-    any = 1;
   }
-  if (!any) return 0;
   comm->p2p_clock++;
   int idle = idle_now(comm);
   for (int p = 0; idle && p < n; p++) { /* what peers closed: give back our end */
@@ -117,7 +118,6 @@ int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) {
     if (!cs && !cr) continue;
     struct ch_p2p* x = &comm->p2p[p];
     comm->p2p_lru[p] = comm->p2p_clock;
-    fresh += !live(x);
     for (int d = 0; d < 2; d++) {
       struct conn* c = d ? &x->recv : &x->send;
       int cnt = d ? cr : cs;
@@ -131,6 +131,7 @@ int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) {
       comm->p2p_mark[d * n + p] = 1;
       missing = 1;
     }
+    fresh += !live(x); /* after any drop above: a peer that closed is made again too */
   }
   int over = count_live(comm) + fresh - comm->p2p_cap;
   if (idle && over > 0) evict(comm, over);
@@ -161,7 +162,6 @@ void pool_sizes(const struct tp_sizes* ring, int n, struct tp_sizes* out, int* c
   static const size_t p2p_cap[CH_NPROTO] = {64u << 10, 256u << 10, 512u << 10};
   int64_t mem = param_int(PARAM_P2P_MEM), kpeers = param_int(PARAM_P2P_PEERS);
   int64_t npeers = UT_MAX(1, (int64_t)n - 1);
-  if (kpeers > 0 && kpeers < npeers) npeers = kpeers;
   size_t full = 0, quantum = (size_t)CH_STEPS * 4096;
   for (int p = 0; p < CH_NPROTO; p++) full += UT_MIN(ring->buff[p], p2p_cap[p]);
   double scale = mem > 0 ? (double)mem / (double)npeers / (double)full : 1.0;
