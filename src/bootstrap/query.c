@@ -167,7 +167,7 @@ static struct q_slot* q_admit(int fd, int cls, uid_t uid, char* why, size_t len)
     live++;
     others += q->cls == Q_OTHER;
     same += q->cls == Q_OTHER && q->uid == uid;
-    if (cls != Q_OWNER || q->authed) continue;
+    if (cls != Q_OWNER || __atomic_load_n(&q->authed, __ATOMIC_RELAXED)) continue; /* the worker stores it */
     /* Our own uid may cut another uid's waiting connection, else one of ours that stays silent. */
     int rank_q = q->cls == Q_OTHER ? 2 : q->cls == Q_OWNER && now - q->t0 > QUERY_SILENT_NS ? 1 : 0;
     int rank_v = !victim ? 0 : victim->cls == Q_OTHER ? 2 : 1;

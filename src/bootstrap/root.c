@@ -657,7 +657,8 @@ static void* root_main(void* arg) {
       for (int i = 0; i < r->nconns; i++)
         if (r->conns[i] == ready[k]) idx = i;
       if (idx < 0) continue; /* dropped meanwhile */
-      if (r->watching) root_watch_read(r, ready[k]);
+      if (r->watching && ready[k]->rank < 0) root_drop_conn(r, ready[k]); /* never joined: nothing to watch */
+      else if (r->watching) root_watch_read(r, ready[k]);
       else if (root_read(r, ready[k]) < 0) root_drop_conn(r, ready[k]);
     }
     free(ready);
