@@ -56,7 +56,7 @@ static void budget_body(int rank, int n, ncclUniqueId id, void* arg) {
   EXPECT(m.p2pReleased > 0);             /* peers were let go ... */
   EXPECT(m.p2pMade > 2 * (uint64_t)(n - 1)); /* ... and made again in the second sweep */
   EXPECT(m.procThreads >= 1 && m.procFds >= 1);
-  /* An AlltoAll needs every peer at once: exact, over the budget for that call only. */
+  /* An AlltoAll meets every peer: it runs in waves within the budget (core/group.c). */
   size_t per = 4096;
   for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, 77);
   NCCL_OK(ncclAlltoAll(sb, rb, per, ncclFloat32, comm, NULL));
@@ -64,7 +64,10 @@ static void budget_body(int rank, int n, ncclUniqueId id, void* arg) {
     long at = cu_check_pattern(rb + p * per, ncclFloat32, per, p, rank, 77);
     if (at >= 0) cu_failf("AlltoAll: block of rank %d wrong from element %ld", p, at);
   }
-  /* ... and the next round comes back within it. */
+  m = mem_of(comm);
+  if (m.p2pPeersMax > K)
+    cu_failf("the AlltoAll held %llu peers live, the budget is %d", (unsigned long long)m.p2pPeersMax, K);
+  /* ... and the next round stays within it. */
   NCCL_OK(ncclAllReduce(sb, rb, 1, ncclFloat32, ncclSum, comm, NULL)); /* every rank past its AlltoAll */
   shift(comm, rank, n, 1, 999, sb, rb);
   m = mem_of(comm);
@@ -81,6 +84,107 @@ TEST_T(pool, budget_holds_and_peers_are_remade, 240) {
   rt_run_both(5, budget_body, NULL);
   unsetenv("CHORUS_P2P_PEERS");
   param_reset();
+}
+
+/* Groups that meet more peers than the pool holds run in waves (core/group.c) as wide as the smallest
+ * budget of any rank (rank 0's, when process ranks differ): exact, an AlltoAll within each rank's own
+ * budget, whatever the group
+ * holds: an AlltoAll, a Gather and a Scatter, a collective beside an AlltoAll, every rank's sends
+ * and receives to all others in one group of several sizes. */
+#define WAVE_N 9
+static void check_blocks(const float* rb, int n, size_t per, int rank, uint32_t seed, const char* what, int only) {
+  for (int p = 0; p < n; p++) {
+    if (only >= 0 && p != only) continue;
+    long at = cu_check_pattern(rb + p * per, ncclFloat32, per, p, rank, seed);
+    if (at >= 0) cu_failf("%s: block from rank %d wrong from element %ld", what, p, at);
+  }
+}
+
+static void waves_body(int rank, int n, ncclUniqueId id, void* arg) {
+  int procs = arg != NULL;
+  if (procs) { /* a process of its own: its own budget; the smallest (rank 0's) sizes the waves */
+    setenv("CHORUS_P2P_PEERS", rank == 0 ? "2" : "3", 1);
+    param_reset();
+  }
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  size_t per = 70 * 1024; /* floats: several FIFO steps per block */
+  float* sb = malloc(per * sizeof(float) * (size_t)n);
+  float* rb = malloc(per * sizeof(float) * (size_t)n);
+  float* one = malloc(per * sizeof(float));
+  ASSERT(sb && rb && one);
+  for (int round = 0; round < 2; round++) {
+    uint32_t seed = 100u + (uint32_t)round;
+    for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, seed);
+    NCCL_OK(ncclAlltoAll(sb, rb, per, ncclFloat32, comm, NULL));
+    check_blocks(rb, n, per, rank, seed, "AlltoAll", -1);
+    chorusMemory_t m = mem_of(comm);
+    if (round == 0 && m.p2pPeersMax > m.p2pPeersCap)
+      cu_failf("rank %d: the AlltoAll held %llu peers live at once, its budget is %llu", rank,
+               (unsigned long long)m.p2pPeersMax, (unsigned long long)m.p2pPeersCap);
+    /* Gather to rank 3: rank 3 meets every peer, the others one */
+    cu_fill_pattern(one, ncclFloat32, per, rank, 3, seed + 10);
+    NCCL_OK(ncclGather(one, rb, per, ncclFloat32, 3, comm, NULL));
+    if (rank == 3)
+      for (int p = 0; p < n; p++) {
+        long at = cu_check_pattern(rb + p * per, ncclFloat32, per, p, 3, seed + 10);
+        if (at >= 0) cu_failf("Gather: block from rank %d wrong from element %ld", p, at);
+      }
+    /* Scatter from rank 5 */
+    for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, seed + 20);
+    NCCL_OK(ncclScatter(sb, one, per, ncclFloat32, 5, comm, NULL));
+    long at = cu_check_pattern(one, ncclFloat32, per, 5, rank, seed + 20);
+    if (at >= 0) cu_failf("Scatter: wrong from element %ld", at);
+    /* An AllReduce and an AlltoAll in one group */
+    float x = (float)(rank + 1), sum = 0;
+    for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, seed + 30);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(&x, &sum, 1, ncclFloat32, ncclSum, comm, NULL));
+    NCCL_OK(ncclAlltoAll(sb, rb, per, ncclFloat32, comm, NULL));
+    NCCL_OK(ncclGroupEnd());
+    EXPECT_EQ((long long)sum, (long long)n * (n + 1) / 2);
+    check_blocks(rb, n, per, rank, seed + 30, "AlltoAll beside an AllReduce", -1);
+    /* Sends and receives of a size per pair, to every other rank, in one group */
+    for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, seed + 40);
+    memset(rb, 0xee, per * sizeof(float) * (size_t)n);
+    NCCL_OK(ncclGroupStart());
+    for (int k = 1; k < n; k++) {
+      int to = (rank + k) % n, from = (rank - k + n) % n;
+      NCCL_OK(ncclSend(sb + to * per, per / (size_t)(1 + (rank + to) % 3), ncclFloat32, to, comm, NULL));
+      NCCL_OK(ncclRecv(rb + from * per, per / (size_t)(1 + (rank + from) % 3), ncclFloat32, from, comm, NULL));
+    }
+    NCCL_OK(ncclGroupEnd());
+    for (int p = 0; p < n; p++) {
+      if (p == rank) continue;
+      size_t cnt = per / (size_t)(1 + (rank + p) % 3);
+      at = cu_check_pattern(rb + p * per, ncclFloat32, cnt, p, rank, seed + 40);
+      if (at >= 0) cu_failf("send/recv group: data from rank %d wrong from element %ld", p, at);
+    }
+  }
+  /* A connection may carry a message that a later wave of the next group takes (a Gather's sender,
+   * which runs no waves, sends before its root gets there): it cannot be released before, so a wave
+   * may find up to the budget's worth of such peers beside its own. */
+  chorusMemory_t m = mem_of(comm);
+  if (m.p2pPeersMax > 2 * m.p2pPeersCap)
+    cu_failf("rank %d: %llu peers were live at once, its budget is %llu", rank, (unsigned long long)m.p2pPeersMax,
+             (unsigned long long)m.p2pPeersCap);
+  EXPECT(m.p2pReleased > 0);
+  free(sb);
+  free(rb);
+  free(one);
+  NCCL_OK(ncclCommDestroy(comm));
+  cu_finish();
+}
+
+TEST_T(pool, wide_groups_run_in_waves_threads, 240) {
+  setenv("CHORUS_P2P_PEERS", "2", 1);
+  param_reset();
+  rt_run_threads(WAVE_N, waves_body, NULL);
+  unsetenv("CHORUS_P2P_PEERS");
+  param_reset();
+}
+
+TEST_T(pool, wide_groups_run_in_waves_procs, 240) {
+  rt_run_procs(WAVE_N, waves_body, (void*)1);
 }
 
 /* The Prometheus text has the memory gauges. */

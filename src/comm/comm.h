@@ -101,6 +101,9 @@ struct ncclComm {
    * released first. p2p_lru[nranks]: the pool clock when each peer was last needed. All touched only by
    * the thread in a call on the comm (owner); the counters are atomic for readers anywhere. */
   int p2p_cap;
+  /* The most peers one group's per-peer calls meet at once before the group runs in waves (pool.h):
+   * the smallest p2p_cap of any rank, from comm_agree, so that every rank splits a group alike. */
+  int p2p_wave;
   uint64_t* p2p_lru;
   int* p2p_count;           /* [2 * nranks]: a group's messages to / from each peer (pool.c) */
   unsigned char* p2p_mark;  /* [2 * nranks]: a group's connections made by comm_connect (pool.c) */

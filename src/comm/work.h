@@ -82,6 +82,9 @@ struct ch_plan {
   uint64_t fr_lo, fr_hi;
   uint64_t user_bytes; /* count x type size of its calls */
   int ncalls;
+  /* One wave of a group run in waves (core/group.c): a later wave does not start its calls in the
+   * recorder again (wave_cont), an earlier one that succeeds does not end or count them (wave_more). */
+  int wave_cont, wave_more;
 };
 
 #endif

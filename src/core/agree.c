@@ -63,6 +63,7 @@ struct agree_msg {
   uint32_t pad;
   int64_t v[AGREE_NROWS];
   struct gpu_hello gpu; /* not a setting: carried for gpu_setup, which compares it itself */
+  int32_t p2p_cap, pad2; /* not a setting either: may differ; the smallest sizes the waves (pool.h) */
 };
 
 static void fill(const struct ncclComm* c, struct agree_msg* m) {
@@ -149,12 +150,16 @@ ch_status comm_agree(struct ncclComm* comm) {
   }
   fill(comm, &all[comm->rank]);
   if (ch_comm_hooks.hello) ch_comm_hooks.hello(comm, &all[comm->rank].gpu);
+  all[comm->rank].p2p_cap = comm->p2p_cap;
   ch_status s = boot_allgather(comm->boot, all, sizeof(*all));
   if (s == CH_OK && !(comm->gpu_hellos = calloc((size_t)n, sizeof(struct gpu_hello)))) {
     WARN("out of memory keeping %d ranks' CUDA hellos", n); /* gpu_setup's allgathers need every rank */
     s = CH_SYSTEM;
   }
   for (int r = 0; s == CH_OK && r < n; r++) comm->gpu_hellos[r] = all[r].gpu;
+  comm->p2p_wave = comm->p2p_cap;
+  for (int r = 0; s == CH_OK && r < n; r++) /* a peer's word, but only ever a size: bounded */
+    if (all[r].p2p_cap >= 1 && all[r].p2p_cap < comm->p2p_wave) comm->p2p_wave = all[r].p2p_cap;
   int bad = 0;
   for (int r = 0; s == CH_OK && r < n; r++) {
     if (all[r].nrows != AGREE_NROWS) {

@@ -227,8 +227,10 @@ static void plan_start(struct ch_plan* pl) {
     op->ctx.tag = xfer_tag(&op->ctx.hdr);
   }
   if (first) mm_publish(comm, first); /* the group's first collective stands for it */
-  fr_start(comm, pl->fr_lo, pl->fr_hi, base);
-  if (comm->prof) prof_plan_start(comm, pl->fr_lo, pl->fr_hi);
+  if (!pl->wave_cont) {
+    fr_start(comm, pl->fr_lo, pl->fr_hi, base);
+    if (comm->prof) prof_plan_start(comm, pl->fr_lo, pl->fr_hi);
+  }
   atomic_store_explicit(&comm->seq, base + (uint64_t)pl->ncoll, memory_order_relaxed);
   pl->started = 1;
 }
@@ -242,11 +244,13 @@ static ch_status finish_plan(struct ch_plan** slot) {
   struct ncclComm* comm = pl->comm;
   ch_status st = pl->status;
   pl->done = 1;
-  fr_end(comm, pl->fr_lo, pl->fr_hi, st);
-  if (comm->prof) prof_plan_end(comm, pl->fr_lo, pl->fr_hi, st);
-  if (comm->trace) trace_calls(comm, pl->fr_lo, pl->fr_hi);
-  obs_add(&comm->ctr_calls, (uint64_t)pl->ncalls); /* plans of a comm finish one at a time (tickets) */
-  obs_add(&comm->ctr_bytes, pl->user_bytes);
+  if (!pl->wave_more || st != CH_OK) { /* a wave with more to come ends nothing unless it failed */
+    fr_end(comm, pl->fr_lo, pl->fr_hi, st);
+    if (comm->prof) prof_plan_end(comm, pl->fr_lo, pl->fr_hi, st);
+    if (comm->trace) trace_calls(comm, pl->fr_lo, pl->fr_hi);
+    obs_add(&comm->ctr_calls, (uint64_t)pl->ncalls); /* plans of a comm finish one at a time (tickets) */
+    obs_add(&comm->ctr_bytes, pl->user_bytes);
+  }
   if (st != CH_OK) {
     if (st == CH_ABORTED) INFO(LOG_COLL, "operation on rank %d stopped: communicator aborted", comm->rank);
     obs_add(&comm->ctr_errors, (uint64_t)pl->ncalls);

@@ -270,6 +270,84 @@ static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_s
   return unconnected;
 }
 
+/* Make the connections need_send/need_recv mark (plan_needs) for the group's comms, bounded by their
+ * timeouts, and reserve the group's messages on the ones made (pool_after_connect). */
+static ch_status connect_group(struct ncclComm** comms, struct ch_task** lists, int ncomms, char** need_send,
+                               char** need_recv) {
+  /* Connection setup waits on peers over the bootstrap: bound it by the comms' timeouts. */
+  uint64_t now = ut_now_ns();
+  for (int i = 0; i < ncomms; i++) {
+    uint64_t to = atomic_load(&comms[i]->timeout_ns);
+    boot_set_deadline(comms[i]->boot, to ? now + to : 0);
+    connect_context(comms[i], lists[i]);
+  }
+  ch_status res = comm_connect(comms, ncomms, need_send, need_recv);
+  for (int i = 0; i < ncomms; i++) boot_set_deadline(comms[i]->boot, 0), boot_set_context(comms[i]->boot, NULL);
+  if (res != CH_OK) return res;
+  for (int i = 0; i < ncomms; i++) pool_after_connect(comms[i]);
+  return CH_OK;
+}
+
+/* Waves: a group whose sends and receives meet more peers than every rank's pool holds (an AlltoAll
+ * of a thousand ranks) would connect them all at once, a FIFO per peer: it runs instead in waves of at
+ * most comm->p2p_wave peers (the smallest pool of any rank), each connected, run to the end here and
+ * left to the pool, which releases its peers as the next wave needs room (pool.c). A pair of ranks
+ * falls in the same wave at both ends (plan_wave_of), and every rank runs its waves in order, so wave
+ * w of every rank finishes once every rank has finished the waves before it: no wave waits on a later
+ * one. A rank whose group needs no waves (a Gather's sender) runs all of it at once, which waits on
+ * nothing more. Only for one communicator whose group runs here (EXEC_HOST); other groups connect
+ * every peer they need, as before. Returns the number of waves (0: not needed) and their width. */
+#define WAVE_WAIT_NS (10 * UT_NS_PER_S) /* for the previous wave's peers to let go (pool_before_wave) */
+static int wave_count(const struct ncclComm* c, const char* need_send, const char* need_recv, int* width) {
+  int n = c->nranks, peers = 0;
+  if (c->p2p_wave >= n - 1 || c->p2p_wave < 1) return 0;
+  for (int p = 0; p < n; p++) peers += p != c->rank && (need_send[p] || need_recv[p]);
+  if (peers <= c->p2p_wave) return 0;
+  *width = UT_MAX(1, c->p2p_wave / 2); /* a width of distances meets up to two peers at each */
+  return UT_DIV_UP(n / 2, *width);
+}
+
+/* Run comm's group (list, planned whole as *full, which is given back) in nw waves of width distances.
+ * *launched: some wave ran (its calls started in the recorder; a later failure ends them here). */
+static ch_status launch_waves(struct ncclComm* c, struct ch_task* list, struct ch_plan** full, int nw, int width,
+                              char* need_send, char* need_recv, int* launched) {
+  int n = c->nranks, nplans = 0;
+  ch_status res = CH_OK;
+  plan_release(*full);
+  *full = NULL;
+  struct ch_plan** pls = calloc((size_t)nw, sizeof(*pls));
+  if (!pls) {
+    WARN("out of memory planning %d waves of a group of sends and receives", nw);
+    return CH_SYSTEM;
+  }
+  for (int w = 0; w < nw; w++) { /* all built first: the first and the last that run are known */
+    CHECK_GOTO(plan_build_wave(c, list, w, width, &pls[nplans]), res, out);
+    if (pls[nplans]->nops || (w == nw - 1 && !nplans)) nplans++;
+    else plan_release(pls[nplans]), pls[nplans] = NULL;
+  }
+  INFO(LOG_P2P, "rank %d: a group of sends and receives with more peers than CHORUS_P2P_PEERS=%d runs in %d waves",
+       c->rank, c->p2p_wave, nplans);
+  for (int k = 0; k < nplans; k++) pls[k]->wave_cont = k > 0, pls[k]->wave_more = k < nplans - 1;
+  for (int k = 0; k < nplans && res == CH_OK; k++) {
+    memset(need_send, 0, 2 * (size_t)n + 1);
+    memset(need_recv, 0, 2 * (size_t)n + 1);
+    int unconnected = plan_needs(c, pls[k], need_send, need_recv);
+    uint64_t to = atomic_load(&c->timeout_ns);
+    unconnected |= pool_before_wave(c, pls[k], k ? UT_MIN(to ? to : UINT64_MAX, WAVE_WAIT_NS) : 0);
+    if (unconnected) res = connect_group(&c, &list, 1, &need_send, &need_recv);
+    if (res != CH_OK) {
+      if (k > 0) fr_end(c, pls[k]->fr_lo, pls[k]->fr_hi, res); /* started by the first wave */
+      break;
+    }
+    *launched = 1;
+    res = launch_plans(&pls[k], &list, 1); /* runs it here, to the end */
+  }
+out:
+  for (int k = 0; k < nw; k++) plan_release(pls[k]);
+  free(pls);
+  return res;
+}
+
 /* Split the group's calls by communicator (keeping call order), plan, connect and run or queue them. */
 static ch_status launch_tasks(void) {
   int ntasks = ntasks_, lost = 0;
@@ -344,21 +422,15 @@ static ch_status launch_tasks(void) {
     CHECK_GOTO(comm_ensure_ready(comms[i]), res, out);
     CHECK_GOTO(plan_build(comms[i], lists[i], &plans[i]), res, out);
     unconnected |= plan_needs(comms[i], plans[i], need_send[i], need_recv[i]);
+    int width = 0, nw = ncomms == 1 && group_exec(lists, 1) == EXEC_HOST
+                            ? wave_count(comms[0], need_send[0], need_recv[0], &width) : 0;
+    if (nw > 1) {
+      res = launch_waves(comms[0], lists[0], &plans[0], nw, width, need_send[0], need_recv[0], &launched);
+      goto out;
+    }
     unconnected |= pool_before_connect(comms[i], plans[i]);
   }
-  if (unconnected) {
-    /* Connection setup waits on peers over the bootstrap: bound it by the comms' timeouts. */
-    uint64_t now = ut_now_ns();
-    for (int i = 0; i < ncomms; i++) {
-      uint64_t to = atomic_load(&comms[i]->timeout_ns);
-      boot_set_deadline(comms[i]->boot, to ? now + to : 0);
-      connect_context(comms[i], lists[i]);
-    }
-    res = comm_connect(comms, ncomms, need_send, need_recv);
-    for (int i = 0; i < ncomms; i++) boot_set_deadline(comms[i]->boot, 0), boot_set_context(comms[i]->boot, NULL);
-    if (res != CH_OK) goto out;
-    for (int i = 0; i < ncomms; i++) pool_after_connect(comms[i]);
-  }
+  if (unconnected) CHECK_GOTO(connect_group(comms, lists, ncomms, need_send, need_recv), res, out);
 
   launched = 1;
   res = launch_plans(plans, lists, ncomms);

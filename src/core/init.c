@@ -293,6 +293,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
    * down from 832 KiB alike in every protocol to at least 8 slots of 4 KiB each. The same on every
    * rank (n and the two settings; CHORUS_P2P_MEM is compared at init). */
   pool_sizes(&comm->sizes, n, &comm->p2p_sizes, &comm->p2p_cap);
+  comm->p2p_wave = comm->p2p_cap; /* lowered to every rank's smallest by comm_agree */
   size_t fifo = tp_fifo_bytes(&comm->p2p_sizes);
   int64_t mem = param_int(PARAM_P2P_MEM);
   comm->p2p_lru = calloc((size_t)n, sizeof(*comm->p2p_lru));

@@ -159,7 +159,16 @@ void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_
   if (op->algo == ALGO_OWNER) op->tmp = comm->repro_scratch;
 }
 
+int plan_wave_of(int rank, int peer, int nranks, int width) {
+  int d = ((peer - rank) % nranks + nranks) % nranks, key = d < nranks - d ? d : nranks - d;
+  return key == 0 || width <= 0 ? 0 : (key - 1) / width;
+}
+
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out) {
+  return plan_build_wave(comm, tasks, 0, 0, out);
+}
+
+ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave, int width, struct ch_plan** out) {
   /* Flatten: collectives stay, grouped p2p patterns become send/recv. */
   int ntasks = 0;
   for (struct ch_task* t = tasks; t; t = t->next) {
@@ -168,6 +177,15 @@ ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_pla
       CHECK(expand_task(t, comm->rank, comm->nranks, &ntasks));
     else
       CHECK(push_task(&ntasks, t));
+  }
+  if (width > 0) { /* one wave: its sends and receives; the collectives go with the first */
+    int kept = 0;
+    for (int i = 0; i < ntasks; i++) {
+      const struct ch_task* t = &bs.tasks[i];
+      int w = is_coll(t->func) ? 0 : plan_wave_of(comm->rank, t->root, comm->nranks, width);
+      if (w == wave) bs.tasks[kept++] = *t;
+    }
+    ntasks = kept;
   }
   /* Choose algorithm/protocol/channels once per task (kept in the task), and size the plan. */
   int nlanes = CH_MAX_CHANNELS + 2 * comm->nranks, nops = 0, nused = 0;

@@ -6,6 +6,13 @@
 
 /* Plans (plan.c). */
 ch_status plan_build(struct ncclComm* comm, struct ch_task* tasks, struct ch_plan** out);
+/* One wave of a group too wide for the pool (core/group.c): only the sends and receives whose pair
+ * falls in wave `wave` of `width` ring distances (plan_wave_of), and the collectives in wave 0. The
+ * plan still names every call of the group (flight recorder, counters). */
+ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave, int width, struct ch_plan** out);
+/* The wave of the pair (rank, peer): by their ring distance min(d, n - d), the same number at both
+ * ends, so that a message and its match always run in the same wave. Self: wave 0. */
+int plan_wave_of(int rank, int peer, int nranks, int width);
 void plan_free(struct ch_plan* plan);
 /* The plan of the previous call on comm, re-armed for task t, if it was the same collective with the
  * same count, type and root; NULL otherwise (then build one). */

@@ -89,7 +89,23 @@ static void evict(struct ncclComm* comm, int over) {
   free(c);
 }
 
-int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) {
+/* Whether a peer that only the previous wave needed has not yet reserved what this rank has. A peer
+ * ahead (it reserved for a later call of its own) is not waited for: this rank must get there first. */
+static int last_wave_behind(struct ncclComm* comm) {
+  int n = comm->nranks;
+  for (int p = 0; p < n; p++) {
+    struct ch_p2p* x = &comm->p2p[p];
+    if (comm->p2p_lru[p] != comm->p2p_clock - 1 || !poolable(comm, p) || comm->p2p_count[p] || comm->p2p_count[n + p])
+      continue;
+    if ((x->send.connected && tp_pool_behind(&x->send, 1)) || (x->recv.connected && tp_pool_behind(&x->recv, 0)))
+      return 1;
+  }
+  return 0;
+}
+
+int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) { return pool_before_wave(comm, pl, 0); }
+
+int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t wait_ns) {
   int n = comm->nranks, any = 0, missing = 0;
   if (!comm->p2p_count) return 0;
   for (int k = 0; k < pl->nops && !any; k++) /* collectives only (the common case): nothing to clear */
@@ -135,6 +151,18 @@ int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl) {
   }
   int over = count_live(comm) + fresh - comm->p2p_cap;
   if (idle && over > 0) evict(comm, over);
+  /* The previous wave's peers may not have reserved the messages this rank sent them yet (a send that
+   * fit its FIFO ends first): they will, in that same wave, so wait a while for them to catch up.
+   * Only from a group's second wave on (wait_ns 0 for the first): an older connection may hold a
+   * message that a later wave of this group will take. */
+  uint64_t until = ut_now_ns() + wait_ns;
+  for (uint64_t k = 0; idle && wait_ns && (over = count_live(comm) + fresh - comm->p2p_cap) > 0 &&
+                       last_wave_behind(comm) && !__atomic_load_n(&comm->abort_flag, __ATOMIC_RELAXED) &&
+                       ut_now_ns() < until;
+       k++) {
+    ut_backoff(k);
+    evict(comm, over);
+  }
   atomic_store_explicit(&comm->p2p_live, count_live(comm), memory_order_relaxed);
   return missing;
 }

@@ -12,6 +12,10 @@
  * live peers and the new ones exceed the cap. Returns whether some needed connection is missing. */
 struct ch_plan;
 int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl);
+/* The same for a wave of a group run in waves (core/group.c): when the cap is still exceeded, wait
+ * up to wait_ns for the previous wave's peers to reach their side of it, so that they can be
+ * released (past that, or on an abort, it goes on over the cap: memory, not correctness). */
+int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t wait_ns);
 /* After a successful comm_connect: reserve the group's messages on the connections it made. */
 void pool_after_connect(struct ncclComm* comm);
 

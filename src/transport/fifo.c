@@ -74,6 +74,14 @@ int tp_pool_closed(const struct conn* c) {
   return (atomic_load(&((struct conn*)c)->ctrl->pool) & TP_POOL_CLOSED) != 0;
 }
 
+int tp_pool_behind(const struct conn* c, int we_send) {
+  uint64_t v = atomic_load(&((struct conn*)c)->ctrl->pool);
+  if (v & TP_POOL_CLOSED) return 0;
+  uint64_t ours = (v >> (we_send ? 0 : 32)) & POOL_MASK, theirs = (v >> (we_send ? 32 : 0)) & POOL_MASK;
+  uint64_t ahead = (ours - theirs) & POOL_MASK; /* the counts wrap at 31 bits */
+  return ahead != 0 && ahead < (POOL_MASK >> 1);
+}
+
 const char* tp_name(int kind) { return kind >= 0 && kind < TP_COUNT ? tp_table[kind]->name : "?"; }
 
 /* NCCL's rules: NCCL_P2P_DISABLE keeps threads of one process off their direct (here: heap) path,

@@ -318,6 +318,8 @@ const char* tp_name(int kind);
 int tp_pool_reserve(struct conn* c, int we_send, int n);
 int tp_pool_close(struct conn* c);
 int tp_pool_closed(const struct conn* c);
+/* Whether the other end has reserved fewer messages than this end (it has yet to reach them). */
+int tp_pool_behind(const struct conn* c, int we_send);
 /* Poison a connection (fifo.c): write rec into its `down` (we send on c) or `up` (we receive on c)
  * record, once, and wake whoever waits at the other end (the proxy, for the network). */
 void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec);
