@@ -288,8 +288,9 @@ static ch_status connect_group(struct ncclComm** comms, struct ch_task** lists, 
   return CH_OK;
 }
 
-/* Waves: a group whose sends and receives meet more peers than every rank's pool holds (an AlltoAll
- * of a thousand ranks) would connect them all at once, a FIFO per peer: it runs instead in waves of at
+/* Waves: a group whose sends and receives meet more pooled peers (those on this host: pool.c) than
+ * every rank's pool holds (an AlltoAll of a thousand ranks on one host) would connect them all at
+ * once, a FIFO per peer: it runs instead in waves of at
  * most comm->p2p_wave peers (the smallest pool of any rank), each connected, run to the end here and
  * left to the pool, which releases its peers as the next wave needs room (pool.c). A pair of ranks
  * falls in the same wave at both ends (plan_wave_of), and every rank runs its waves in order, so wave
@@ -299,10 +300,9 @@ static ch_status connect_group(struct ncclComm** comms, struct ch_task** lists, 
  * every peer they need, as before. Returns the number of waves (0: not needed) and their width. */
 #define WAVE_WAIT_NS (10 * UT_NS_PER_S) /* for the previous wave's peers to let go (pool_before_wave) */
 static int wave_count(const struct ncclComm* c, const char* need_send, const char* need_recv, int* width) {
-  int n = c->nranks, peers = 0;
+  int n = c->nranks;
   if (c->p2p_wave >= n - 1 || c->p2p_wave < 1) return 0;
-  for (int p = 0; p < n; p++) peers += p != c->rank && (need_send[p] || need_recv[p]);
-  if (peers <= c->p2p_wave) return 0;
+  if (pool_count(c, need_send, need_recv) <= c->p2p_wave) return 0; /* network peers: not pooled */
   *width = UT_MAX(1, c->p2p_wave / 2); /* a width of distances meets up to two peers at each */
   return UT_DIV_UP(n / 2, *width);
 }

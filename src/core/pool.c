@@ -167,6 +167,12 @@ int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t w
   return missing;
 }
 
+int pool_count(const struct ncclComm* comm, const char* need_send, const char* need_recv) {
+  int k = 0;
+  for (int p = 0; p < comm->nranks; p++) k += (need_send[p] || need_recv[p]) && poolable(comm, p);
+  return k;
+}
+
 void pool_after_connect(struct ncclComm* comm) {
   int n = comm->nranks;
   if (!comm->p2p_mark) return;

@@ -16,6 +16,8 @@ int pool_before_connect(struct ncclComm* comm, const struct ch_plan* pl);
  * up to wait_ns for the previous wave's peers to reach their side of it, so that they can be
  * released (past that, or on an abort, it goes on over the cap: memory, not correctness). */
 int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t wait_ns);
+/* How many of the peers marked in need_send/need_recv ([0, nranks): plan_needs) the pool holds. */
+int pool_count(const struct ncclComm* comm, const char* need_send, const char* need_recv);
 /* After a successful comm_connect: reserve the group's messages on the connections it made. */
 void pool_after_connect(struct ncclComm* comm);
 
