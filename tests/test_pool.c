@@ -284,3 +284,50 @@ TEST_T(pool, abort_while_remaking_a_released_connection, 120) {
   unsetenv("CHORUS_P2P_PEERS");
   param_reset();
 }
+
+/* Many process ranks, the pool far smaller than the job: every call of a job (tests/test_scale.c's
+ * list) exact, the AlltoAll in waves. The size CI's time allows; tools/scale-run.py with
+ * examples/scale_check.c goes further (docs/SCALE.md). */
+static void many_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  size_t per = 64;
+  int32_t* all = malloc((size_t)nranks * per * sizeof(*all));
+  int32_t* out = malloc((size_t)nranks * per * sizeof(*out));
+  ASSERT(all && out);
+  int bad = 0;
+  for (int round = 0; round < 2; round++) {
+    int64_t s = rank + 1, sum = 0;
+    NCCL_OK(ncclAllReduce(&s, &sum, 1, ncclInt64, ncclSum, comm, NULL));
+    EXPECT_EQ(sum, (int64_t)nranks * (nranks + 1) / 2);
+    int32_t mine = rank * 3 + round;
+    NCCL_OK(ncclAllGather(&mine, all, 1, ncclInt32, comm, NULL));
+    for (int r = 0; r < nranks; r++) bad += all[r] != r * 3 + round;
+    for (int r = 0; r < nranks; r++)
+      for (size_t i = 0; i < per; i++) all[(size_t)r * per + i] = rank * 100000 + r * 10 + (int)i % 7 + round;
+    NCCL_OK(ncclAlltoAll(all, out, per, ncclInt32, comm, NULL));
+    for (int r = 0; r < nranks; r++)
+      for (size_t i = 0; i < per; i++) bad += out[(size_t)r * per + i] != r * 100000 + rank * 10 + (int)i % 7 + round;
+    int32_t got = -1, next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(&mine, 1, ncclInt32, next, comm, NULL));
+    NCCL_OK(ncclRecv(&got, 1, ncclInt32, prev, comm, NULL));
+    NCCL_OK(ncclGroupEnd());
+    EXPECT_EQ(got, prev * 3 + round);
+  }
+  EXPECT_EQ(bad, 0);
+  chorusMemory_t m = mem_of(comm);
+  if (m.p2pPeersMax > 8) cu_failf("rank %d: %llu peers live at once, the budget is 8", rank, (unsigned long long)m.p2pPeersMax);
+  free(all);
+  free(out);
+  NCCL_OK(ncclCommDestroy(comm));
+  cu_finish();
+}
+
+TEST_T(pool, many_procs_all_calls_in_waves, 240) {
+  setenv("CHORUS_P2P_PEERS", "8", 1);
+  param_reset();
+  rt_run_procs(128, many_rank, NULL);
+  unsetenv("CHORUS_P2P_PEERS");
+  param_reset();
+}
