@@ -31,7 +31,7 @@
 #include "../misc/utils.h"
 #include "boot_internal.h"
 
-#define BOOT_MAX_PENDING 64                /* incoming connections not yet authenticated */
+#define BOOT_MAX_PENDING 64                /* incoming connections not yet authenticated, beyond one per peer */
 #define BOOT_ACCEPT_PAUSE_NS (100 * UT_NS_PER_MS) /* out of descriptors: stop accepting this long */
 
 struct boot_msg {
@@ -388,7 +388,10 @@ static void accept_new(struct boot_state* b) {
       close(fd);
       continue;
     }
-    if (pending_count(b) >= BOOT_MAX_PENDING) evict_pending(b, "too many unauthenticated connections");
+    /* Every peer may be authenticating at once (an AlltoAll's setup on an oversubscribed host, where a
+     * connector can be descheduled between its connect and its hello): room for all of them, and the
+     * bound beyond that for strangers. */
+    if (pending_count(b) >= BOOT_MAX_PENDING + b->nranks) evict_pending(b, "too many unauthenticated connections");
     struct boot_conn* c = conn_add(b, fd, &addr, -1, CS_SRV_HELLO);
     if (!c) {
       close(fd);
