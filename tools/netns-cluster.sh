@@ -216,15 +216,12 @@ cmd_run() {
     hostof[i]=$host
   done
   trap 'kill -TERM "${pids[@]}" 2>/dev/null; exit 130' INT TERM
+  local count=() seen=() # ranks per host, and ranks placed so far per host: O(N), for 1,024 ranks
+  for ((i = 0; i < n; i++)); do count[hostof[i]]=$((${count[hostof[i]]:-0} + 1)); done
   for ((i = 0; i < n; i++)); do
     host=${hostof[i]}
-    lr=0 lws=0
-    local j
-    for ((j = 0; j < n; j++)); do
-      [ "${hostof[j]}" -eq "$host" ] || continue
-      [ $j -lt $i ] && lr=$((lr + 1))
-      lws=$((lws + 1))
-    done
+    lr=${seen[host]:-0} lws=${count[host]}
+    seen[host]=$((lr + 1))
     local envs=(NCCL_COMM_ID="$root" RANK=$i WORLD_SIZE=$n LOCAL_RANK=$lr LOCAL_WORLD_SIZE=$lws
       NCCL_HOSTID="$PREFIX-host$host" CHORUS_SECRET="$secret" CHORUS_NETNS_HOST=$host)
     local pre=()

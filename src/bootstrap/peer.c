@@ -12,7 +12,7 @@
  * the callee reads nothing past that proof unless it checks out, and answers with its own proof,
  * which the caller checks before reading anything else there (state CS_OPEN). An incoming
  * connection must claim a rank in range, addressed to us, not already connected; it is closed if
- * it has not proved the key within BOOT_HELLO_TIMEOUT_NS.
+ * it has not proved the key within BOOT_HELLO_TIMEOUT_NS while more than BOOT_MAX_PENDING wait.
  *
  * Liveness: a receive that has waited BOOT_LIVENESS_NS for a peer it has no connection with opens
  * one; a refused connection (the peer's listener existed, so it is gone) or an EOF on an open one
@@ -467,7 +467,11 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
   for (int k = 0; r > 0 && k < 2; k++)
     if (b->pfds[nc + 1 + k].fd >= 0 && b->pfds[nc + 1 + k].revents) return root_report(b, b->pfds[nc + 1 + k].fd);
   now = ut_now_ns();
-  for (int i = 0; i < b->nconns; i++) {
+  /* Past the handshake's time only while strangers crowd the listener: on an oversubscribed host a
+   * rank can be descheduled for seconds between its connect and its hello (1,024 ranks on 2 CPUs),
+   * and a dropped member fails its call. */
+  int crowded = pending_count(b) > BOOT_MAX_PENDING;
+  for (int i = 0; crowded && i < b->nconns; i++) {
     struct boot_conn* c = b->conns[i];
     if ((c->state == CS_SRV_HELLO || c->state == CS_SRV_PROOF) && !c->dead && now - c->t0 > BOOT_HELLO_TIMEOUT_NS) {
       char a[64];
