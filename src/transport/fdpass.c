@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "../misc/log.h"
+#include "../misc/param.h"
 #include "../misc/utils.h"
 #include "transport.h"
 
@@ -115,7 +116,11 @@ static void serve_one(int c) {
    * (fetch_fd), as a 1 s wait here cut such ranks off (EPIPE) at 256 ranks on 2 CPUs. */
   set_timeouts(c, 10000);
   struct fd_req rq;
-  if (recv(c, &rq, sizeof(rq), MSG_WAITALL) != (ssize_t)sizeof(rq) || rq.magic != REQ_MAGIC) return;
+  ssize_t got = -1;
+  int64_t slices = param_int(PARAM_INIT_TIMEOUT) > 0 ? param_int(PARAM_INIT_TIMEOUT) / 10 + 1 : 1; /* as fetch_fd */
+  for (int64_t k = 0; k < slices && got < 0; k++) /* our uid only (above): no stranger can hold us here */
+    if ((got = recv(c, &rq, sizeof(rq), MSG_WAITALL)) < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+  if (got != (ssize_t)sizeof(rq) || rq.magic != REQ_MAGIC) return;
   struct fd_rep rp = {ENOENT, 0, 0};
   int fd = -1;
   pthread_mutex_lock(&fd_mu);
@@ -301,8 +306,15 @@ static int fetch_fd(uint64_t nonce, uint64_t token, int peer, const char* what) 
   struct iovec iov = {&rp, sizeof(rp)};
   struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
   ssize_t got = -1;
+  /* The server is one thread of a rank that may be serving others first, and with a thousand ranks on
+   * a few CPUs it may not run for many seconds (10 s was too short at 1,024 ranks on 2 CPUs): wait in
+   * slices, as long as a rank waits for its peers at init (CHORUS_INIT_TIMEOUT). */
+  int64_t slices = param_int(PARAM_INIT_TIMEOUT) > 0 ? param_int(PARAM_INIT_TIMEOUT) / 10 + 1 : 1;
   if (send(s, &rq, sizeof(rq), MSG_NOSIGNAL) == (ssize_t)sizeof(rq))
-    got = recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    for (int64_t k = 0; k < slices; k++) {
+      got = recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+      if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+    }
   int saved = errno, fd = -1;
   close(s);
   for (struct cmsghdr* h = got > 0 ? CMSG_FIRSTHDR(&m) : NULL; h; h = CMSG_NXTHDR(&m, h)) {
