@@ -195,7 +195,7 @@ CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclCom
     s = CH_INVALID_ARG;
   }
   ncclConfig_t cfg = comm->config;
-  if (s == CH_OK && config) s = comm_parse_config(config, &cfg);
+  if (s == CH_OK && config && (s = comm_parse_config(config, &cfg)) == CH_OK) comm_config_report(&cfg, comm->rank);
   if (s == CH_OK) s = comm_wait_idle(comm);
   if (s == CH_OK) s = comm_split(comm, color, key, newcomm, &cfg);
   comm_leave(&g);
@@ -354,6 +354,7 @@ CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int
   }
   ncclConfig_t cfg = comm->config;
   if (config && (s = comm_parse_config(config, &cfg)) != CH_OK) return ch_to_nccl(s);
+  if (config) comm_config_report(&cfg, comm->rank);
   /* NCCL_SHRINK_ABORT: calls still blocked on the dead ranks end first (this thread is not in one). */
   int quiesced = shrinkFlags == NCCL_SHRINK_ABORT;
   if (quiesced && (s = comm_quiesce(comm, "ncclCommShrink")) != CH_OK) return ch_to_nccl(s);

@@ -163,13 +163,14 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;
-  /* The caller's strings need not outlive this call: the name is kept (printable, cut to fit: logs,
-   * profiler plugins), and the config keeps pointers into the comm only. */
+  /* The caller's strings need not outlive this call: the name is kept (cut to fit, printable and free
+   * of quotes and backslashes, so that logs, dumps and JSON traces carry it as is), and the config keeps
+   * pointers into the comm only. */
   if (config->commName) {
     size_t i = 0;
     for (; i < sizeof(comm->name) - 1 && config->commName[i]; i++) {
       char c = config->commName[i];
-      comm->name[i] = c >= 0x20 && c < 0x7f ? c : '?';
+      comm->name[i] = c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? c : '?';
     }
     comm->name[i] = '\0';
   }
