@@ -91,7 +91,7 @@ typedef enum {
 
 /* Communicator configuration, NCCL 2.31 layout. Start from NCCL_CONFIG_INITIALIZER and set only the
  * fields wanted: size, magic and version say which header built the struct, so the library reads a
- * struct from an older header (2.19 on) field by field. New fields are only ever appended. What each
+ * struct from an older header (2.14 on) field by field. New fields are only ever appended. What each
  * field does in Chorus: docs/COMPATIBILITY.md. */
 typedef struct ncclConfig_v23100 {
   size_t size;

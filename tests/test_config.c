@@ -18,6 +18,7 @@ static const struct {
   size_t size;
   const char* last; /* its last field */
 } headers[] = {
+    {NCCL_VERSION(2, 14, 3), 24, "blocking"},            {NCCL_VERSION(2, 17, 1), 40, "netName"},
     {NCCL_VERSION(2, 19, 3), 48, "splitShare"},          {NCCL_VERSION(2, 25, 1), 48, "splitShare"},
     {NCCL_VERSION(2, 26, 2), 48, "trafficClass"},        {NCCL_VERSION(2, 27, 3), 72, "nvlsCTAs"},
     {NCCL_VERSION(2, 28, 9), 80, "nvlinkCentricSched"},  {NCCL_VERSION(2, 29, 7), 88, "numRmaCtx"},
@@ -61,8 +62,9 @@ TEST(config, every_header_version) {
       continue;
     }
     EXPECT_EQ(out.blocking, 1);
-    EXPECT_EQ(out.cgaClusterSize, 2);
-    EXPECT_EQ(out.maxCTAs, 2);
+    EXPECT_EQ(out.cgaClusterSize, v >= NCCL_VERSION(2, 17, 0) ? 2 : NCCL_CONFIG_UNDEF_INT);
+    EXPECT_EQ(out.maxCTAs, v >= NCCL_VERSION(2, 17, 0) ? 2 : NCCL_CONFIG_UNDEF_INT);
+    EXPECT_EQ(out.splitShare, headers[i].size >= 44 ? 0 : NCCL_CONFIG_UNDEF_INT);
     /* Padding of older headers (trafficClass before 2.26, graphStreamOrdering in 2.30.3) is not read. */
     EXPECT_EQ(out.trafficClass, v >= NCCL_VERSION(2, 26, 0) ? 5 : NCCL_CONFIG_UNDEF_INT);
     EXPECT(v >= NCCL_VERSION(2, 27, 0) ? out.commName && !strcmp(out.commName, "cfg") : out.commName == NULL);
