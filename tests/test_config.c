@@ -18,11 +18,11 @@ static const struct {
   size_t size;
   const char* last; /* its last field */
 } headers[] = {
-    {NCCL_VERSION(2, 14, 3), 24, "blocking"},            {NCCL_VERSION(2, 17, 1), 40, "netName"},
-    {NCCL_VERSION(2, 19, 3), 48, "splitShare"},          {NCCL_VERSION(2, 25, 1), 48, "splitShare"},
-    {NCCL_VERSION(2, 26, 2), 48, "trafficClass"},        {NCCL_VERSION(2, 27, 3), 72, "nvlsCTAs"},
-    {NCCL_VERSION(2, 28, 9), 80, "nvlinkCentricSched"},  {NCCL_VERSION(2, 29, 7), 88, "numRmaCtx"},
-    {NCCL_VERSION(2, 30, 3), 96, "maxP2pPeers"},         {NCCL_VERSION(2, 30, 7), 96, "graphStreamOrdering"},
+    {NCCL_VERSION(2, 14, 3), 24, "blocking"},           {NCCL_VERSION(2, 17, 1), 40, "netName"},
+    {NCCL_VERSION(2, 19, 3), 48, "splitShare"},         {NCCL_VERSION(2, 25, 1), 48, "splitShare"},
+    {NCCL_VERSION(2, 26, 2), 48, "trafficClass"},       {NCCL_VERSION(2, 27, 3), 72, "nvlsCTAs"},
+    {NCCL_VERSION(2, 28, 9), 80, "nvlinkCentricSched"}, {NCCL_VERSION(2, 29, 7), 88, "numRmaCtx"},
+    {NCCL_VERSION(2, 30, 3), 96, "maxP2pPeers"},        {NCCL_VERSION(2, 30, 7), 96, "graphStreamOrdering"},
     {NCCL_VERSION(2, 31, 2), 112, "hostCftMode"},
 };
 
@@ -276,12 +276,12 @@ TEST_T(config, coll_config_calls, 60) {
   NCCL_OK(ncclGroupEnd());
   for (int r = 0; r < N; r++)
     for (int i = 0; i < C; i++) EXPECT(out[r][i] == 3.0f);
-  /* One group per call; inputs: rank r's every element is r + 1. */
-#define EACH(call)                                   \
-  do {                                               \
-    NCCL_OK(ncclGroupStart());                       \
-    for (int r = 0; r < N; r++) NCCL_OK(call);       \
-    NCCL_OK(ncclGroupEnd());                         \
+      /* One group per call; inputs: rank r's every element is r + 1. */
+#define EACH(call)                             \
+  do {                                         \
+    NCCL_OK(ncclGroupStart());                 \
+    for (int r = 0; r < N; r++) NCCL_OK(call); \
+    NCCL_OK(ncclGroupEnd());                   \
   } while (0)
   EACH(ncclBroadcastConfig(in[r], out[r], C, ncclFloat, 1, comms[r], NULL, &cc));
   for (int r = 0; r < N; r++) EXPECT(out[r][0] == 2.0f && out[r][C - 1] == 2.0f);

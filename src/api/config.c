@@ -20,54 +20,55 @@ enum cfg_check { CK_ANY, CK_BOOL, CK_POS, CK_NONNEG, CK_CTA, CK_MODE3, CK_NCHAN,
 
 /* X(field, NCCL version whose header added it, check, effect in Chorus: NULL = honoured, else why not).
  * The two pointer fields are handled apart (netName 2.17, commName 2.27). */
-#define CFG_INT_FIELDS(X)                                                                                       \
-  X(blocking, 21400, CK_BOOL, NULL)                                                                             \
-  X(cgaClusterSize, 21700, CK_NONNEG, "Chorus's kernels use no thread-block clusters")                          \
-  X(minCTAs, 21700, CK_POS, NULL)                                                                               \
-  X(maxCTAs, 21700, CK_POS, NULL)                                                                               \
-  X(splitShare, 21800, CK_BOOL, "a split child always has resources of its own")                                \
-  X(trafficClass, 22600, CK_ANY, "no InfiniBand traffic classes: sockets and libfabric pick their own")         \
-  X(collnetEnable, 22700, CK_BOOL, "no CollNet (in-network reduction)")                                         \
-  X(CTAPolicy, 22700, CK_CTA, "no CTA scheduling policies: host threads and Chorus's kernels run each call")    \
-  X(shrinkShare, 22700, CK_BOOL, "a shrunk child always has resources of its own")                             \
-  X(nvlsCTAs, 22700, CK_POS, "no NVLink SHARP")                                                                 \
-  X(nChannelsPerNetPeer, 22800, CK_NCHAN, "network channels per peer come from NCCL_SOCKET_NTHREADS x "         \
-                                           "NCCL_NSOCKS_PERTHREAD")                                             \
-  X(nvlinkCentricSched, 22800, CK_BOOL, "no NVLink-centric scheduling")                                         \
-  X(graphUsageMode, 22900, CK_MODE3, "captured and plain calls may always mix (docs/CUDA.md)")                  \
-  X(numRmaCtx, 22900, CK_NONNEG, "one-sided calls (ncclPutSignal) are refused")                                 \
-  X(maxP2pPeers, 23000, CK_POS, NULL)                                                                           \
-  X(graphStreamOrdering, 23005, CK_BOOL, "captured calls always run in their stream's order")                  \
-  X(launchOrderImplicit, 23100, CK_BOOL, "calls of one communicator always run in issue order")                 \
-  X(numRmaSig, 23100, CK_NONNEG, "one-sided calls (ncclSignal) are refused")                                    \
-  X(rmaEagerInit, 23100, CK_BOOL, "one-sided calls are refused: nothing to set up")                             \
+#define CFG_INT_FIELDS(X)                                                                                    \
+  X(blocking, 21400, CK_BOOL, NULL)                                                                          \
+  X(cgaClusterSize, 21700, CK_NONNEG, "Chorus's kernels use no thread-block clusters")                       \
+  X(minCTAs, 21700, CK_POS, NULL)                                                                            \
+  X(maxCTAs, 21700, CK_POS, NULL)                                                                            \
+  X(splitShare, 21800, CK_BOOL, "a split child always has resources of its own")                             \
+  X(trafficClass, 22600, CK_ANY, "no InfiniBand traffic classes: sockets and libfabric pick their own")      \
+  X(collnetEnable, 22700, CK_BOOL, "no CollNet (in-network reduction)")                                      \
+  X(CTAPolicy, 22700, CK_CTA, "no CTA scheduling policies: host threads and Chorus's kernels run each call") \
+  X(shrinkShare, 22700, CK_BOOL, "a shrunk child always has resources of its own")                           \
+  X(nvlsCTAs, 22700, CK_POS, "no NVLink SHARP")                                                              \
+  X(nChannelsPerNetPeer, 22800, CK_NCHAN,                                                                    \
+    "network channels per peer come from NCCL_SOCKET_NTHREADS x "                                            \
+    "NCCL_NSOCKS_PERTHREAD")                                                                                 \
+  X(nvlinkCentricSched, 22800, CK_BOOL, "no NVLink-centric scheduling")                                      \
+  X(graphUsageMode, 22900, CK_MODE3, "captured and plain calls may always mix (docs/CUDA.md)")               \
+  X(numRmaCtx, 22900, CK_NONNEG, "one-sided calls (ncclPutSignal) are refused")                              \
+  X(maxP2pPeers, 23000, CK_POS, NULL)                                                                        \
+  X(graphStreamOrdering, 23005, CK_BOOL, "captured calls always run in their stream's order")                \
+  X(launchOrderImplicit, 23100, CK_BOOL, "calls of one communicator always run in issue order")              \
+  X(numRmaSig, 23100, CK_NONNEG, "one-sided calls (ncclSignal) are refused")                                 \
+  X(rmaEagerInit, 23100, CK_BOOL, "one-sided calls are refused: nothing to set up")                          \
   X(hostCftMode, 23100, CK_CFT, "no host-side collective fallback: Chorus runs collectives on the host anyway")
 
 static int check_value(int v, enum cfg_check ck) {
   if (v == NCCL_CONFIG_UNDEF_INT) return 1;
   switch (ck) {
-  case CK_ANY: return 1;
-  case CK_BOOL: return v == 0 || v == 1;
-  case CK_POS: return v > 0;
-  case CK_NONNEG: return v >= 0;
-  case CK_CTA: return v >= 0 && v <= (NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO);
-  case CK_MODE3: return v >= 0 && v <= 2;
-  case CK_NCHAN: return v > 0 && v <= 64; /* NCCL's MAXCHANNELS */
-  case CK_CFT: return v >= ncclHostCftEnable && v <= ncclHostCftFallback;
+    case CK_ANY: return 1;
+    case CK_BOOL: return v == 0 || v == 1;
+    case CK_POS: return v > 0;
+    case CK_NONNEG: return v >= 0;
+    case CK_CTA: return v >= 0 && v <= (NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO);
+    case CK_MODE3: return v >= 0 && v <= 2;
+    case CK_NCHAN: return v > 0 && v <= 64; /* NCCL's MAXCHANNELS */
+    case CK_CFT: return v >= ncclHostCftEnable && v <= ncclHostCftFallback;
   }
   return 0;
 }
 
 static const char* check_text(enum cfg_check ck) {
   switch (ck) {
-  case CK_ANY: return "any value";
-  case CK_BOOL: return "0 or 1";
-  case CK_POS: return "a value > 0";
-  case CK_NONNEG: return "a value >= 0";
-  case CK_CTA: return "a mask of NCCL_CTA_POLICY_EFFICIENCY (1) and NCCL_CTA_POLICY_ZERO (2)";
-  case CK_MODE3: return "0, 1 or 2";
-  case CK_NCHAN: return "1 to 64";
-  case CK_CFT: return "ncclHostCftEnable (1), ncclHostCftDisable (2) or ncclHostCftFallback (3)";
+    case CK_ANY: return "any value";
+    case CK_BOOL: return "0 or 1";
+    case CK_POS: return "a value > 0";
+    case CK_NONNEG: return "a value >= 0";
+    case CK_CTA: return "a mask of NCCL_CTA_POLICY_EFFICIENCY (1) and NCCL_CTA_POLICY_ZERO (2)";
+    case CK_MODE3: return "0, 1 or 2";
+    case CK_NCHAN: return "1 to 64";
+    case CK_CFT: return "ncclHostCftEnable (1), ncclHostCftDisable (2) or ncclHostCftFallback (3)";
   }
   return "?";
 }
@@ -158,8 +159,10 @@ void comm_config_report(const ncclConfig_t* cfg, int rank) {
       INFO(LOG_INIT, "rank %d: ncclConfig_t.%s=%d accepted without effect: %s", rank, f->name, v, f->effect);
   }
   if (cfg->netName)
-    INFO(LOG_INIT, "rank %d: ncclConfig_t.netName=\"%.64s\" accepted without effect: the network is chosen once "
-         "per process (NCCL_NET)", rank, cfg->netName);
+    INFO(LOG_INIT,
+         "rank %d: ncclConfig_t.netName=\"%.64s\" accepted without effect: the network is chosen once "
+         "per process (NCCL_NET)",
+         rank, cfg->netName);
 }
 
 /* ncclCollConfig_t: 2.31 is the first header that has it, so any real one is at least that size; a
@@ -170,7 +173,8 @@ ch_status coll_parse_config(const ncclCollConfig_t* user, const char* fn, ncclCo
   if (!user) return CH_OK;
   if (user->magic != NCCL_API_MAGIC) {
     WARN("%s: ncclCollConfig_t magic is 0x%x, not 0x%x: the config was not initialized with "
-         "NCCL_COLLCONFIG_INITIALIZER", fn, user->magic, NCCL_API_MAGIC);
+         "NCCL_COLLCONFIG_INITIALIZER",
+         fn, user->magic, NCCL_API_MAGIC);
     return CH_INVALID_ARG;
   }
   if (user->size < sizeof(ncclCollConfig_t)) {

@@ -17,9 +17,9 @@
 /* NCCL's type ids (src/include/param/common.h), as its ncclParamGet* compare them. */
 enum ptype { T_I8 = 1, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64, T_BOOL, T_CSTR, T_RAW };
 
-static const char* const type_names[] = {"?",        "int8_t",   "int16_t", "int32_t",     "int64_t", "uint8_t",
-                                         "uint16_t", "uint32_t", "uint64_t", "bool",       "const char*",
-                                         "ncclDebugLogLevel"};
+static const char* const type_names[] = {"?",        "int8_t",  "int16_t",     "int32_t",
+                                         "int64_t",  "uint8_t", "uint16_t",    "uint32_t",
+                                         "uint64_t", "bool",    "const char*", "ncclDebugLogLevel"};
 
 /* A handle is the address of a row's entry here; nothing in it is read (its index is the row). */
 struct ncclParamHandle {
@@ -61,11 +61,11 @@ static int raw_value(enum param_id id, enum ptype t, unsigned char* buf, size_t 
   const void* src = &v;
   size_t n;
   switch (t) {
-  case T_RAW: v.i32 = log_parse_level(param_str(id)), n = sizeof(v.i32); break;
-  case T_U64: v.u64 = log_parse_subsys(param_str(id)), n = sizeof(v.u64); break;
-  case T_BOOL: v.b = param_int(id) != 0, n = 1; break;
-  case T_CSTR: src = param_str(id), n = strlen(param_str(id)) + 1; break;
-  default: v.i64 = param_int(id), n = sizeof(v.i64); break;
+    case T_RAW: v.i32 = log_parse_level(param_str(id)), n = sizeof(v.i32); break;
+    case T_U64: v.u64 = log_parse_subsys(param_str(id)), n = sizeof(v.u64); break;
+    case T_BOOL: v.b = param_int(id) != 0, n = 1; break;
+    case T_CSTR: src = param_str(id), n = strlen(param_str(id)) + 1; break;
+    default: v.i64 = param_int(id), n = sizeof(v.i64); break;
   }
   if (n > cap) return -1;
   memcpy(buf, src, n);
@@ -76,11 +76,11 @@ static int raw_value(enum param_id id, enum ptype t, unsigned char* buf, size_t 
 /* The value as text: the string itself, an integer in decimal, a boolean as TRUE or FALSE (NCCL's). */
 static const char* text_value(enum param_id id, enum ptype t, char* buf, size_t cap) {
   switch (t) {
-  case T_CSTR:
-  case T_RAW:
-  case T_U64: return param_str(id); /* the level and subsystems as set, in the table's storage */
-  case T_BOOL: return param_int(id) ? "TRUE" : "FALSE";
-  default: snprintf(buf, cap, "%" PRId64, param_int(id)); return buf;
+    case T_CSTR:
+    case T_RAW:
+    case T_U64: return param_str(id); /* the level and subsystems as set, in the table's storage */
+    case T_BOOL: return param_int(id) ? "TRUE" : "FALSE";
+    default: snprintf(buf, cap, "%" PRId64, param_int(id)); return buf;
   }
 }
 
@@ -108,9 +108,12 @@ static ncclResult_t get_typed(ncclParamHandle_t h, void* out, size_t size, enum 
   }
   enum ptype have = type_of((enum param_id)id);
   if (have != t) {
-    WARN("%s: %s is of type %s, not %s (ncclParamGet%s reads it)", fn, param_name((enum param_id)id),
-         type_names[have], type_names[t],
-         have == T_CSTR ? "Str" : have == T_I64 ? "I64" : have == T_U64 ? "U64" : "");
+    WARN("%s: %s is of type %s, not %s (ncclParamGet%s reads it)", fn, param_name((enum param_id)id), type_names[have],
+         type_names[t],
+         have == T_CSTR  ? "Str"
+         : have == T_I64 ? "I64"
+         : have == T_U64 ? "U64"
+                         : "");
     return ncclInvalidArgument;
   }
   unsigned char buf[8];
@@ -120,9 +123,9 @@ static ncclResult_t get_typed(ncclParamHandle_t h, void* out, size_t size, enum 
   return ncclSuccess;
 }
 
-#define TYPED_GETTER(suffix, ctype, t)                                                \
-  CH_API(ncclResult_t, ncclParamGet##suffix, ncclParamHandle_t h, ctype* out) {       \
-    return get_typed(h, out, sizeof(ctype), t, "ncclParamGet" #suffix);               \
+#define TYPED_GETTER(suffix, ctype, t)                                          \
+  CH_API(ncclResult_t, ncclParamGet##suffix, ncclParamHandle_t h, ctype* out) { \
+    return get_typed(h, out, sizeof(ctype), t, "ncclParamGet" #suffix);         \
   }
 TYPED_GETTER(I8, int8_t, T_I8)
 TYPED_GETTER(I16, int16_t, T_I16)

@@ -312,8 +312,8 @@ static ch_status comm_setup(struct ncclComm* comm) {
   comm->p2p_count = calloc(2 * (size_t)n, sizeof(*comm->p2p_count));
   comm->p2p_mark = calloc(2 * (size_t)n, 1);
   if (!comm->p2p_lru || !comm->p2p_count || !comm->p2p_mark) return CH_SYSTEM;
-  INFO(LOG_INIT, "rank %d: per-peer FIFOs of %zu KiB (CHORUS_P2P_MEM=%lld), at most %d peers live (%s)",
-       comm->rank, fifo >> 10, (long long)mem, comm->p2p_cap,
+  INFO(LOG_INIT, "rank %d: per-peer FIFOs of %zu KiB (CHORUS_P2P_MEM=%lld), at most %d peers live (%s)", comm->rank,
+       fifo >> 10, (long long)mem, comm->p2p_cap,
        comm->config.maxP2pPeers > 0 ? "ncclConfig_t.maxP2pPeers / NCCL_P2P_MAX_PEERS" : "CHORUS_P2P_PEERS");
   size_t scratch = 0;
   for (int p = 0; p < CH_NPROTO; p++)
@@ -364,10 +364,12 @@ static ch_status comm_setup(struct ncclComm* comm) {
   for (int k = 0; k < TP_COUNT; k++)
     if (used & (1u << k)) at += (size_t)snprintf(kinds + at, sizeof(kinds) - at, " %s", tp_name(k));
   log_peer_transports(comm);
-  INFO(LOG_INIT, "Chorus %s (NCCL API %d.%d.%d): comm %p%s%s%s rank %d/%d on %s pid %d, %d local rank(s), %d host(s), "
-       "%d channel(s), transports:%s", CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm,
-       comm->name[0] ? " \"" : "", comm->name, comm->name[0] ? "\"" : "", me, n, mine->hostname, mine->pid,
-       comm->local_nranks, comm->nnodes, comm->nchannels, used ? kinds : " self");
+  INFO(LOG_INIT,
+       "Chorus %s (NCCL API %d.%d.%d): comm %p%s%s%s rank %d/%d on %s pid %d, %d local rank(s), %d host(s), "
+       "%d channel(s), transports:%s",
+       CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm, comm->name[0] ? " \"" : "", comm->name,
+       comm->name[0] ? "\"" : "", me, n, mine->hostname, mine->pid, comm->local_nranks, comm->nnodes, comm->nchannels,
+       used ? kinds : " self");
   return CH_OK;
 }
 

@@ -16,21 +16,21 @@
 #include <string.h>
 
 static int failures;
-#define CHECK(cond)                                              \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);     \
-      failures++;                                                \
-    }                                                            \
+#define CHECK(cond)                                          \
+  do {                                                       \
+    if (!(cond)) {                                           \
+      printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                            \
+    }                                                        \
   } while (0)
-#define NCCL_CHECK(call)                                                                                       \
-  do {                                                                                                         \
-    ncclResult_t r_ = (call);                                                                                  \
-    if (r_ != ncclSuccess) {                                                                                   \
-      printf("FAIL %s:%d: %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)r_, ncclGetErrorString(r_));      \
-      failures++;                                                                                              \
-      return;                                                                                                  \
-    }                                                                                                          \
+#define NCCL_CHECK(call)                                                                                 \
+  do {                                                                                                   \
+    ncclResult_t r_ = (call);                                                                            \
+    if (r_ != ncclSuccess) {                                                                             \
+      printf("FAIL %s:%d: %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)r_, ncclGetErrorString(r_)); \
+      failures++;                                                                                        \
+      return;                                                                                            \
+    }                                                                                                    \
   } while (0)
 
 typedef void (*any_fn)(void);
