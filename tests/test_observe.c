@@ -186,6 +186,43 @@ static void check_report(const char* dir, int nranks, const char* must1, const c
   free(text);
 }
 
+/* ncclConfig_t.commName names the communicator in its flight recorder dump, chorus-info --flight's
+ * report and its trace. */
+TEST_T(observe, comm_name_in_dump_report_and_trace, 30) {
+  const char* dir = fresh_dump_dir();
+  setenv("CHORUS_TRACE", dir, 1);
+  param_reset();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.commName = "dp group 3";
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRankConfig(&comm, 1, id, 0, &cfg));
+  float buf[16] = {0};
+  NCCL_OK(ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, comm, NULL));
+  char path[512];
+  NCCL_OK(chorusCommDumpFlightRecorder(comm, path, sizeof(path)));
+  NCCL_OK(ncclCommDestroy(comm)); /* closes the trace */
+  char* text = read_all(path);
+  ASSERT(text != NULL);
+  EXPECT(strstr(text, "\nname dp group 3\n") != NULL);
+  free(text);
+  check_report(dir, 1, "\"dp group 3\": 1 ranks", NULL);
+  int found = 0;
+  DIR* d = opendir(dir);
+  ASSERT(d != NULL);
+  for (struct dirent* e; (e = readdir(d));) {
+    if (strncmp(e->d_name, "chorus-trace-", 13)) continue;
+    char tp[600];
+    snprintf(tp, sizeof(tp), "%s/%s", dir, e->d_name);
+    char* t = read_all(tp);
+    found = t && strstr(t, "\"comm_name\":\"dp group 3\"") && strstr(t, "dp group 3, ");
+    free(t);
+  }
+  closedir(d);
+  EXPECT(found);
+}
+
 static void fault_case(enum fault f, int procs) {
   const char* dir = fresh_dump_dir();
   if (procs) rt_run_procs(3, fault_body, (void*)(intptr_t)f);

@@ -114,7 +114,7 @@ static void print_memory(void) {
   for (int i = 0; i < (int)(sizeof(ns) / sizeof(ns[0])); i++) {
     struct tp_sizes p2p;
     int cap;
-    pool_sizes(&ring, ns[i], &p2p, &cap);
+    pool_sizes(&ring, ns[i], (int)param_int(PARAM_P2P_MAX_PEERS), &p2p, &cap);
     size_t fifo = tp_fifo_bytes(&p2p);
     int live = cap < ns[i] - 1 ? cap : ns[i] - 1;
     printf("    %5d ranks: %4zu KiB a FIFO, at most %4d peers live, %6.1f MiB of receive FIFOs a rank%s\n", ns[i],
@@ -156,7 +156,7 @@ static void print_summary(void) {
     struct param_info pi;
     param_describe((enum param_id)id, &pi);
     if (!strcmp(pi.source, "default")) continue;
-    if (pi.kind == P_INT) printf("  %s=%lld [%s]\n", pi.env, (long long)param_int((enum param_id)id), pi.source);
+    if (pi.kind != P_STR) printf("  %s=%lld [%s]\n", pi.env, (long long)param_int((enum param_id)id), pi.source);
     else printf("  %s=%s [%s]\n", pi.env, param_str((enum param_id)id), pi.source);
     n++;
   }
@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
     struct param_info pi;
     param_describe((enum param_id)id, &pi);
     char val[160], def[64];
-    if (pi.kind == P_INT) {
+    if (pi.kind != P_STR) {
       snprintf(val, sizeof(val), "%lld", (long long)param_int((enum param_id)id));
       snprintf(def, sizeof(def), "%lld", (long long)pi.default_int);
     } else {

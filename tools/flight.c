@@ -21,7 +21,7 @@ struct call {
 
 struct dump {
   int rank, nranks, pid;
-  char host[64], reason[32];
+  char host[64], reason[32], name[64]; /* name: ncclConfig_t.commName, "" if none */
   uint64_t seq, recorded, dumped;
   struct call* c;
   int n;
@@ -61,6 +61,11 @@ static int read_dump(const char* path, uint64_t* hash, struct dump* d) {
         d->c = p;
       }
       d->c[d->n++] = c;
+      continue;
+    }
+    if (!strncmp(line, "name ", 5)) { /* the communicator's name: the rest of the line, spaces and all */
+      snprintf(d->name, sizeof(d->name), "%.63s", line + 5);
+      d->name[strcspn(d->name, "\n")] = '\0';
       continue;
     }
     if (sscanf(line, "%31s %127s", key, val) != 2) continue;
@@ -105,7 +110,11 @@ static void describe(const struct job* j, FILE* out) {
   char list[256];
   if (!flags) return;
   for (int r = 0; r < n; r++) flags[r] = j->by_rank[r] != NULL, have += flags[r];
-  fprintf(out, "comm %016" PRIx64 ": %d ranks, dumps from %d", j->hash, n, have);
+  const char* name = "";
+  for (int r = 0; r < n && !name[0]; r++)
+    if (j->by_rank[r]) name = j->by_rank[r]->name;
+  fprintf(out, "comm %016" PRIx64 "%s%s%s: %d ranks, dumps from %d", j->hash, name[0] ? " \"" : "", name,
+          name[0] ? "\"" : "", n, have);
   if (have < n) {
     boot_format_ranks(flags, n, 0, list, sizeof(list));
     fprintf(out, " (none from ranks %s: dead, unreachable, or CHORUS_FLIGHT_RECORDER=0 there)", list);

@@ -40,7 +40,9 @@ class Config(ctypes.Structure):
                 ("blocking", ctypes.c_int)]
 
     def __init__(self, blocking):
-        super().__init__(ctypes.sizeof(Config), 0xCAFEBEEF, 22809, blocking)  # NCCL_VERSION(2, 28, 9)
+        # size: the bytes up to blocking's end, not sizeof (its tail padding would read as cgaClusterSize)
+        super().__init__(Config.blocking.offset + ctypes.sizeof(ctypes.c_int), 0xCAFEBEEF, 23102,
+                         blocking)  # NCCL_VERSION(2, 31, 2)
 
 
 _P = ctypes.c_void_p

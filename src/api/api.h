@@ -25,4 +25,13 @@ ch_status api_red_op(struct ncclComm* comm, int op, int type, struct red_op* out
 struct ch_task;
 ch_status route_call(struct ch_task* t, const char* fn, int needs_send, int needs_recv);
 
+/* api/config.c. A user's ncclConfig_t from any NCCL header 2.14..2.31 (NULL = defaults), read field by
+ * field as its size and version allow, checked (a WARN naming the bad field), then NCCL's variables
+ * applied: out is in this header's layout. */
+ch_status comm_parse_config(const ncclConfig_t* user, ncclConfig_t* out);
+/* INFO lines naming the fields that are set but have no effect in Chorus. */
+void comm_config_report(const ncclConfig_t* cfg, int rank);
+/* A per-call config (NULL = none), checked for fn; out holds its values or the defaults. */
+ch_status coll_parse_config(const ncclCollConfig_t* user, const char* fn, ncclCollConfig_t* out);
+
 #endif

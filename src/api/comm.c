@@ -59,32 +59,6 @@ CH_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId* uniqueId) {
   return ch_to_nccl(boot_get_unique_id(uniqueId->internal));
 }
 
-ch_status comm_parse_config(const ncclConfig_t* user, ncclConfig_t* out) {
-  ncclConfig_t def = NCCL_CONFIG_INITIALIZER;
-  *out = def;
-  if (user) {
-    if (user->magic != 0xcafebeef) {
-      WARN("ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER (bad magic 0x%x)", user->magic);
-      return CH_INVALID_ARG;
-    }
-    if (user->size < offsetof(ncclConfig_t, blocking) + sizeof(int)) {
-      WARN("ncclConfig_t size %zu is too small", user->size);
-      return CH_INVALID_ARG;
-    }
-    /* Older headers give smaller structs: copy what they have, keep defaults for the rest. */
-    size_t n = user->size < sizeof(ncclConfig_t) ? user->size : sizeof(ncclConfig_t);
-    memcpy(out, user, n);
-    out->size = sizeof(ncclConfig_t);
-  }
-  if (out->blocking == NCCL_CONFIG_UNDEF_INT) out->blocking = 1;
-  if (param_int(PARAM_COMM_BLOCKING) >= 0) out->blocking = param_int(PARAM_COMM_BLOCKING) != 0;
-  if (out->blocking != 0 && out->blocking != 1) {
-    WARN("ncclConfig_t.blocking must be 0 or 1, got %d", out->blocking);
-    return CH_INVALID_ARG;
-  }
-  return CH_OK;
-}
-
 static ncclResult_t init_rank_ids(ncclComm_t* newcomm, int nranks, const ncclUniqueId* id, int nids, int rank,
                                   const ncclConfig_t* user_cfg, const char* fn) {
   ARG_NONNULL(newcomm, fn);
@@ -100,6 +74,7 @@ static ncclResult_t init_rank_ids(ncclComm_t* newcomm, int nranks, const ncclUni
   ncclConfig_t cfg;
   ch_status s = comm_parse_config(user_cfg, &cfg);
   if (s != CH_OK) return ch_to_nccl(s);
+  comm_config_report(&cfg, rank);
   struct ncclComm* comm;
   s = comm_alloc(&comm, nranks, rank, &cfg);
   if (s != CH_OK) return ch_to_nccl(s);
@@ -220,7 +195,7 @@ CH_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclCom
     s = CH_INVALID_ARG;
   }
   ncclConfig_t cfg = comm->config;
-  if (s == CH_OK && config) s = comm_parse_config(config, &cfg);
+  if (s == CH_OK && config && (s = comm_parse_config(config, &cfg)) == CH_OK) comm_config_report(&cfg, comm->rank);
   if (s == CH_OK) s = comm_wait_idle(comm);
   if (s == CH_OK) s = comm_split(comm, color, key, newcomm, &cfg);
   comm_leave(&g);
@@ -379,6 +354,7 @@ CH_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int
   }
   ncclConfig_t cfg = comm->config;
   if (config && (s = comm_parse_config(config, &cfg)) != CH_OK) return ch_to_nccl(s);
+  if (config) comm_config_report(&cfg, comm->rank);
   /* NCCL_SHRINK_ABORT: calls still blocked on the dead ranks end first (this thread is not in one). */
   int quiesced = shrinkFlags == NCCL_SHRINK_ABORT;
   if (quiesced && (s = comm_quiesce(comm, "ncclCommShrink")) != CH_OK) return ch_to_nccl(s);

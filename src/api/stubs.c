@@ -1,7 +1,10 @@
-/* Entry points of NCCL 2.29 and later that nccl.h (2.28.9) does not declare. Programs built against a
+/* Entry points of NCCL 2.29 and later that Chorus answers without doing their work: suspend and
+ * memory figures (there is no GPU memory to release), growing a communicator, one-sided operations on
+ * windows and the device API (nccl_device.h, which Chorus does not ship). Programs built against a
  * newer NCCL import them whether or not they call them (PyTorch 2.15's libtorch_cuda.so binds them
  * when it loads: without them, `LD_PRELOAD=libnccl.so.2` of Chorus would fail `import torch`). Each
- * takes NCCL's arguments; the ones Chorus has no use for refuse by name instead of crashing. */
+ * takes NCCL's arguments; the ones Chorus has no use for refuse by name instead of crashing
+ * (docs/COMPATIBILITY.md lists them). */
 #include <stdint.h>
 
 #include "../misc/log.h"
@@ -9,12 +12,9 @@
 #include "../core/init.h"
 #include "api.h"
 
-/* ncclCommMemStat_t (NCCL 2.29.7) */
-enum { STAT_GPU_MEM_SUSPEND = 0, STAT_GPU_MEM_SUSPENDED = 1, STAT_GPU_MEM_PERSIST = 2, STAT_GPU_MEM_TOTAL = 3 };
-
 static ncclResult_t refuse(ncclComm_t comm, const char* fn, const char* why) {
   if (comm && comm_check(comm, fn) != CH_OK) return ncclInvalidArgument;
-  WARN("%s: %s (not supported by Chorus)", fn, why);
+  WARN("%s is not supported by Chorus yet (%s)", fn, why);
   return ncclInvalidUsage;
 }
 
@@ -29,15 +29,15 @@ CH_API(ncclResult_t, ncclCommSuspend, ncclComm_t comm, int flags) {
 
 CH_API(ncclResult_t, ncclCommResume, ncclComm_t comm) { return ch_to_nccl(comm_check(comm, "ncclCommResume")); }
 
-CH_API(ncclResult_t, ncclCommMemStats, ncclComm_t comm, int stat, uint64_t* value) {
+CH_API(ncclResult_t, ncclCommMemStats, ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value) {
   ch_status s = comm_check(comm, "ncclCommMemStats");
   if (s != CH_OK) return ch_to_nccl(s);
   if (!value) {
     WARN("ncclCommMemStats: value is NULL");
     return ncclInvalidArgument;
   }
-  if (stat < STAT_GPU_MEM_SUSPEND || stat > STAT_GPU_MEM_TOTAL) {
-    WARN("ncclCommMemStats: unknown stat %d (0..%d)", stat, STAT_GPU_MEM_TOTAL);
+  if ((int)stat < ncclStatGpuMemSuspend || (int)stat > ncclStatGpuMemTotal) {
+    WARN("ncclCommMemStats: unknown stat %d (0..%d)", (int)stat, ncclStatGpuMemTotal);
     return ncclInvalidArgument;
   }
   *value = 0; /* no GPU memory, of any kind */
@@ -76,7 +76,8 @@ CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int fla
   return refuse(comm, "ncclSignal", "one-sided operations on windows");
 }
 
-CH_API(ncclResult_t, ncclWaitSignal, int nDesc, void* signalDescs, ncclComm_t comm, cudaStream_t stream) {
+CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
+       cudaStream_t stream) {
   (void)nDesc, (void)signalDescs, (void)stream;
   return refuse(comm, "ncclWaitSignal", "one-sided operations on windows");
 }

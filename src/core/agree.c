@@ -26,8 +26,8 @@ enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
   X("NCCL_ALGO", AG_ALGO_MASK, tune_agree_value(c, 1))                                              \
   X("NCCL_TUNER_PLUGIN (a tuner plugin loaded)", AG_INT, c->tuner != NULL)                          \
   X("NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (sockets per peer)", AG_INT, c->tune_net ? tune_net_socks() : 1) \
-  X("NCCL_MAX_NCHANNELS/NCCL_MIN_NCHANNELS (channel count)", AG_INT, c->nchannels)                  \
-  X("NCCL_MIN_NCHANNELS", AG_INT, UT_MIN(c->min_nchannels, c->nchannels))                           \
+  X("NCCL_MAX_NCHANNELS/NCCL_MIN_NCHANNELS/ncclConfig_t.minCTAs,maxCTAs (channel count)", AG_INT, c->nchannels) \
+  X("NCCL_MIN_NCHANNELS/ncclConfig_t.minCTAs", AG_INT, UT_MIN(c->min_nchannels, c->nchannels))      \
   X("NCCL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_SIMPLE])                                           \
   X("NCCL_LL_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL])                                            \
   X("NCCL_LL128_BUFFSIZE", AG_INT, c->sizes.buff[PROTO_LL128])                                      \

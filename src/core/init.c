@@ -163,6 +163,19 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;
+  /* The caller's strings need not outlive this call: the name is kept (cut to fit, printable and free
+   * of quotes and backslashes, so that logs, dumps and JSON traces carry it as is), and the config keeps
+   * pointers into the comm only. */
+  if (config->commName) {
+    size_t i = 0;
+    for (; i < sizeof(comm->name) - 1 && config->commName[i]; i++) {
+      char c = config->commName[i];
+      comm->name[i] = c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? c : '?';
+    }
+    comm->name[i] = '\0';
+  }
+  comm->config.commName = comm->name[0] ? comm->name : NULL;
+  comm->config.netName = NULL; /* without effect (api/config.c) */
   /* The device a CUDA application made the comm for is its creating thread's current context, as
    * NCCL takes it (cudaGetDevice); init may go on in another thread. */
   comm->cuda_ctx = cudrv_present() ? cudrv_current_ctx() : NULL;
@@ -292,7 +305,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
    * bytes, so each is that divided by its peers (or by CHORUS_P2P_PEERS, the most it keeps), scaled
    * down from 832 KiB alike in every protocol to at least 8 slots of 4 KiB each. The same on every
    * rank (n and the two settings; CHORUS_P2P_MEM is compared at init). */
-  pool_sizes(&comm->sizes, n, &comm->p2p_sizes, &comm->p2p_cap);
+  pool_sizes(&comm->sizes, n, comm->config.maxP2pPeers, &comm->p2p_sizes, &comm->p2p_cap);
   comm->p2p_wave = comm->p2p_cap; /* lowered to every rank's smallest by comm_agree */
   size_t fifo = tp_fifo_bytes(&comm->p2p_sizes);
   int64_t mem = param_int(PARAM_P2P_MEM);
@@ -300,8 +313,9 @@ static ch_status comm_setup(struct ncclComm* comm) {
   comm->p2p_count = calloc(2 * (size_t)n, sizeof(*comm->p2p_count));
   comm->p2p_mark = calloc(2 * (size_t)n, 1);
   if (!comm->p2p_lru || !comm->p2p_count || !comm->p2p_mark) return CH_SYSTEM;
-  INFO(LOG_INIT, "rank %d: per-peer FIFOs of %zu KiB (CHORUS_P2P_MEM=%lld), at most %d peers live (CHORUS_P2P_PEERS)",
-       comm->rank, fifo >> 10, (long long)mem, comm->p2p_cap);
+  INFO(LOG_INIT, "rank %d: per-peer FIFOs of %zu KiB (CHORUS_P2P_MEM=%lld), at most %d peers live (%s)", comm->rank,
+       fifo >> 10, (long long)mem, comm->p2p_cap,
+       comm->config.maxP2pPeers > 0 ? "ncclConfig_t.maxP2pPeers / NCCL_P2P_MAX_PEERS" : "CHORUS_P2P_PEERS");
   size_t scratch = 0;
   for (int p = 0; p < CH_NPROTO; p++)
     if (p != PROTO_SIMPLE) scratch = UT_MAX(scratch, prim_slot_payload(p, comm->sizes.buff[p] / CH_STEPS));
@@ -314,12 +328,16 @@ static ch_status comm_setup(struct ncclComm* comm) {
   if (!comm->peer_scratch) return CH_SYSTEM;
 
   int maxc = (int)UT_MAX(1, UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MAX_NCHANNELS)));
-  comm->nchannels = UT_MAX(maxc, (int)UT_MIN(CH_MAX_CHANNELS, param_int(PARAM_MIN_NCHANNELS)));
+  int64_t minc = param_int(PARAM_MIN_NCHANNELS);
+  /* ncclConfig_t.minCTAs raises the channel count as NCCL_MIN_NCHANNELS does, maxCTAs caps it (below) */
+  if (comm->config.minCTAs != NCCL_CONFIG_UNDEF_INT) minc = UT_MAX(minc, comm->config.minCTAs);
+  comm->nchannels = UT_MAX(maxc, (int)UT_MIN(CH_MAX_CHANNELS, minc));
   /* NCCL stripes a large network transfer over NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD sockets
    * per peer. Each channel has its own socket per peer, and a large call splits its data over its
    * channels: a communicator that uses the network gets that many channels, so those sockets carry
    * a large call in parallel (tune/choose.c lets large calls use them). */
   if (tune_uses_net(comm)) comm->nchannels = UT_MAX(comm->nchannels, tune_net_socks());
+  if (comm->config.maxCTAs != NCCL_CONFIG_UNDEF_INT) comm->nchannels = UT_MIN(comm->nchannels, comm->config.maxCTAs);
   CHECK(comm_build_rings(comm)); /* tune/rings.c: ranks of one host contiguous */
   CHECK(comm_build_trees(comm)); /* tune/trees.c */
   tune_init(comm);
@@ -347,9 +365,12 @@ static ch_status comm_setup(struct ncclComm* comm) {
   for (int k = 0; k < TP_COUNT; k++)
     if (used & (1u << k)) at += (size_t)snprintf(kinds + at, sizeof(kinds) - at, " %s", tp_name(k));
   log_peer_transports(comm);
-  INFO(LOG_INIT, "Chorus %s (NCCL API %d.%d.%d): comm %p rank %d/%d on %s pid %d, %d local rank(s), %d host(s), "
-       "%d channel(s), transports:%s", CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm,
-       me, n, mine->hostname, mine->pid, comm->local_nranks, comm->nnodes, comm->nchannels, used ? kinds : " self");
+  INFO(LOG_INIT,
+       "Chorus %s (NCCL API %d.%d.%d): comm %p%s%s%s rank %d/%d on %s pid %d, %d local rank(s), %d host(s), "
+       "%d channel(s), transports:%s",
+       CHORUS_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, (void*)comm, comm->name[0] ? " \"" : "", comm->name,
+       comm->name[0] ? "\"" : "", me, n, mine->hostname, mine->pid, comm->local_nranks, comm->nnodes, comm->nchannels,
+       used ? kinds : " self");
   return CH_OK;
 }
 

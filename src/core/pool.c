@@ -192,7 +192,7 @@ void pool_after_connect(struct ncclComm* comm) {
     atomic_store_explicit(&comm->p2p_live_max, now, memory_order_relaxed);
 }
 
-void pool_sizes(const struct tp_sizes* ring, int n, struct tp_sizes* out, int* cap) {
+void pool_sizes(const struct tp_sizes* ring, int n, int max_peers, struct tp_sizes* out, int* cap) {
   static const size_t p2p_cap[CH_NPROTO] = {64u << 10, 256u << 10, 512u << 10};
   int64_t mem = param_int(PARAM_P2P_MEM), kpeers = param_int(PARAM_P2P_PEERS);
   int64_t npeers = UT_MAX(1, (int64_t)n - 1);
@@ -204,7 +204,9 @@ void pool_sizes(const struct tp_sizes* ring, int n, struct tp_sizes* out, int* c
     size_t b = (size_t)((double)UT_MIN(ring->buff[p], p2p_cap[p]) * scale) / quantum * quantum;
     out->buff[p] = UT_MAX(b, quantum);
   }
-  /* The cap: CHORUS_P2P_PEERS, or as many FIFOs of that size as CHORUS_P2P_MEM holds. */
+  /* The cap: the communicator's maxP2pPeers, else CHORUS_P2P_PEERS, else as many FIFOs of that size
+   * as CHORUS_P2P_MEM holds. Neither changes the FIFO size, so ranks need not agree on them. */
+  if (max_peers > 0) kpeers = max_peers;
   size_t fifo = tp_fifo_bytes(out);
   *cap = kpeers > 0 ? (int)UT_MIN(kpeers, (int64_t)n)
                     : (int)UT_MIN((int64_t)n, UT_MAX(1, mem > 0 ? mem / (int64_t)fifo : (int64_t)n));

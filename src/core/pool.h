@@ -21,9 +21,10 @@ int pool_count(const struct ncclComm* comm, const char* need_send, const char* n
 /* After a successful comm_connect: reserve the group's messages on the connections it made. */
 void pool_after_connect(struct ncclComm* comm);
 
-/* Per-peer FIFO sizes for n ranks (CHORUS_P2P_MEM over the peers, or over CHORUS_P2P_PEERS, scaled
- * down from at most 832 KiB alike in every protocol to at least 8 slots of 4 KiB each), and the
- * pool's cap: the same on every rank. */
-void pool_sizes(const struct tp_sizes* ring, int n, struct tp_sizes* out, int* cap);
+/* Per-peer FIFO sizes for n ranks (CHORUS_P2P_MEM over the peers, scaled down from at most 832 KiB
+ * alike in every protocol to at least 8 slots of 4 KiB each: the same on every rank), and the pool's
+ * cap: max_peers (ncclConfig_t.maxP2pPeers after NCCL_P2P_MAX_PEERS; <= 0 or NCCL_CONFIG_UNDEF_INT:
+ * unset), else CHORUS_P2P_PEERS, else what CHORUS_P2P_MEM holds; at most n. */
+void pool_sizes(const struct tp_sizes* ring, int n, int max_peers, struct tp_sizes* out, int* cap);
 
 #endif

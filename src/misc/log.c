@@ -42,7 +42,7 @@ static const struct {
     {"RAS", LOG_RAS},     {"DESTROY", LOG_DESTROY}, {"ALL", (unsigned)LOG_ALL},
 };
 
-static int parse_level(const char* s) {
+int log_parse_level(const char* s) {
   if (!s[0]) return LOG_NONE;
   if (!strcasecmp(s, "VERSION")) return LOG_VERSION;
   if (!strcasecmp(s, "WARN")) return LOG_WARN;
@@ -52,21 +52,23 @@ static int parse_level(const char* s) {
   return LOG_NONE;
 }
 
-/* "INIT,NET" selects; "^INIT,NET" selects everything else; "ALL" everything. */
-static unsigned parse_subsys(const char* s) {
+/* "INIT,NET" selects; "^INIT,NET" selects everything else; "ALL" everything. In 64 bits, as NCCL
+ * keeps the mask (the parameter API reports it so); logging uses the low 32. */
+uint64_t log_parse_subsys(const char* s) {
   int invert = 0;
   if (s[0] == '^') {
     invert = 1;
     s++;
   }
-  unsigned mask = 0;
+  uint64_t mask = 0;
   char buf[512];
   snprintf(buf, sizeof(buf), "%s", s);
   char* save = NULL;
   for (char* tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     while (*tok == ' ') tok++;
     for (size_t i = 0; i < sizeof(subsys_names) / sizeof(subsys_names[0]); i++)
-      if (!strcasecmp(tok, subsys_names[i].name)) mask |= subsys_names[i].mask;
+      if (!strcasecmp(tok, subsys_names[i].name))
+        mask |= subsys_names[i].mask == (unsigned)LOG_ALL ? UINT64_MAX : subsys_names[i].mask;
   }
   return invert ? ~mask : mask;
 }
@@ -115,8 +117,8 @@ void log_init(void) {
   int print_version = 0;
   pthread_mutex_lock(&log_lock);
   if (__atomic_load_n(&log_level_cached, __ATOMIC_ACQUIRE) < 0) {
-    int level = parse_level(param_str(PARAM_DEBUG));
-    unsigned mask = parse_subsys(param_str(PARAM_DEBUG_SUBSYS));
+    int level = log_parse_level(param_str(PARAM_DEBUG));
+    unsigned mask = (unsigned)log_parse_subsys(param_str(PARAM_DEBUG_SUBSYS));
     const char* file = param_str(PARAM_DEBUG_FILE);
     if (file[0] && level > LOG_NONE) {
       char path[4096];

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <string.h>
 
 enum log_level { LOG_NONE = 0, LOG_VERSION = 1, LOG_WARN = 2, LOG_INFO = 3, LOG_ABORT = 4, LOG_TRACE = 5 };
@@ -20,6 +21,9 @@ extern int log_level_cached;   /* -1 until log_init ran */
 extern unsigned log_mask;
 
 void log_init(void);
+/* NCCL_DEBUG's value as a log_level (LOG_NONE when empty or unknown), NCCL_DEBUG_SUBSYS's as a mask. */
+int log_parse_level(const char* s);
+uint64_t log_parse_subsys(const char* s);
 /* Forget the configuration (closes NCCL_DEBUG_FILE); the next message reads the parameters again
  * (ncclResetDebugInit, param_reset). */
 void log_reset(void);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "log.h"
 #include "param.h"
@@ -138,6 +139,14 @@ static int parse_int(const char* s, int64_t* out) {
   return 0;
 }
 
+/* NCCL's booleans: 1, T, TRUE or 0, F, FALSE, any case. */
+static int parse_bool(const char* s, int64_t* out) {
+  if (!strcmp(s, "1") || !strcasecmp(s, "T") || !strcasecmp(s, "TRUE")) *out = 1;
+  else if (!strcmp(s, "0") || !strcasecmp(s, "F") || !strcasecmp(s, "FALSE")) *out = 0;
+  else return -1;
+  return 0;
+}
+
 /* What to log once the lock is released (logging reads parameters itself). */
 struct pending_log {
   int bad_int;
@@ -166,8 +175,8 @@ static void load_locked(enum param_id id, struct pending_log* pl) {
   int64_t ival = table[id].default_int;
   const char* sval = table[id].default_str;
   if (v) {
-    if (table[id].kind == P_INT) {
-      if (parse_int(v, &ival) != 0) {
+    if (table[id].kind != P_STR) {
+      if ((table[id].kind == P_BOOL ? parse_bool(v, &ival) : parse_int(v, &ival)) != 0) {
         pl->bad_int = 1;
         snprintf(pl->text, sizeof(pl->text), "Invalid value \"%s\" for %s (from %s); using default %lld", v, env,
                  source, (long long)table[id].default_int);
@@ -205,7 +214,7 @@ static void ensure_loaded(enum param_id id) {
 int64_t param_int(enum param_id id) {
   if ((unsigned)id >= PARAM_COUNT) return 0;
   ensure_loaded(id);
-  if (table[id].kind != P_INT) return 0;
+  if (table[id].kind == P_STR) return 0;
   return __atomic_load_n(&slots[id].ival, __ATOMIC_RELAXED);
 }
 
@@ -233,6 +242,15 @@ void param_describe(enum param_id id, struct param_info* out) {
   out->default_str = table[id].default_str;
   out->help = table[id].help;
   out->source = __atomic_load_n(&slots[id].source, __ATOMIC_RELAXED);
+  out->published = strncmp(table[id].help, "testing aid", 11) != 0;
+}
+
+const char* param_name(enum param_id id) { return (unsigned)id < PARAM_COUNT ? table[id].env : NULL; }
+
+int param_find(const char* env) {
+  for (int i = 0; i < PARAM_COUNT; i++)
+    if (!strcmp(table[i].env, env)) return i;
+  return -1;
 }
 
 void param_reset(void) {

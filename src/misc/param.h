@@ -6,7 +6,10 @@
 
 #include <stdint.h>
 
-/* X(id, "ENV_NAME", kind, default_int, default_str, "help") ; kind is P_INT or P_STR */
+/* X(id, "ENV_NAME", kind, default_int, default_str, "help"); kind is P_INT (an integer, read with
+ * param_int), P_BOOL (NCCL's 1/T/TRUE or 0/F/FALSE, read with param_int as 1 or 0) or P_STR. A row whose
+ * help begins with "testing aid" is left out of the parameter API's listing unless NCCL_PARAM_DUMP_ALL
+ * is true (NCCL lists only the parameters it documents). */
 #define CH_PARAM_TABLE(X)                                                                          \
   X(DEBUG, "NCCL_DEBUG", P_STR, 0, "", "log level: VERSION, WARN, INFO, TRACE (empty = quiet)")    \
   X(DEBUG_SUBSYS, "NCCL_DEBUG_SUBSYS", P_STR, 0, "INIT,BOOTSTRAP,ENV",                             \
@@ -59,6 +62,8 @@
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(PROFILER_PLUGIN, "NCCL_PROFILER_PLUGIN", P_STR, 0, "",                                        \
     "profiler plugin (NCCL's v6/v5 ABI): path, library name, or X for libnccl-profiler-X.so; none = no plugin (default: libnccl-profiler.so if present)") \
+  X(PARAM_DUMP_ALL, "NCCL_PARAM_DUMP_ALL", P_BOOL, 0, "",                                        \
+    "true = ncclParamGetAllParameterKeys and ncclParamDumpAll include the testing aids too")          \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \
   X(LL_BUFFSIZE, "NCCL_LL_BUFFSIZE", P_INT, 1 << 18, "", "LL FIFO bytes per connection")           \
   X(LL128_BUFFSIZE, "NCCL_LL128_BUFFSIZE", P_INT, 1 << 20, "", "LL128 FIFO bytes per connection")  \
@@ -69,7 +74,10 @@
   X(P2P_PEERS, "CHORUS_P2P_PEERS", P_INT, 0, "",                                                   \
     "most peers with live per-peer FIFOs per rank (0: as many as CHORUS_P2P_MEM holds at the FIFO " \
     "size); the least recently used are released at a call boundary and re-made when next needed; " \
-    "NCCL 2.30's ncclConfig_t.maxP2pPeers will map to it once include/nccl.h moves to 2.30")      \
+    "a communicator's ncclConfig_t.maxP2pPeers, or NCCL_P2P_MAX_PEERS, takes its place")           \
+  X(P2P_MAX_PEERS, "NCCL_P2P_MAX_PEERS", P_INT, 0, "",                                              \
+    "NCCL's cap on peers with per-peer connections (as CHORUS_P2P_PEERS); overrides every "         \
+    "communicator's ncclConfig_t.maxP2pPeers, as in NCCL (<= 0: unset)")                            \
   X(MIN_NCHANNELS, "NCCL_MIN_NCHANNELS", P_INT, 1, "", "minimum channels (rings) per collective")  \
   X(MAX_NCHANNELS, "NCCL_MAX_NCHANNELS", P_INT, 1, "", "maximum channels (rings) per collective")  \
   X(SHM_DISABLE, "NCCL_SHM_DISABLE", P_INT, 0, "", "1 = never use shared memory between processes") \
@@ -147,7 +155,7 @@
   X(FABRIC_SPIN_US, "CHORUS_FABRIC_SPIN_US", P_INT, 50, "",                                          \
     "fabric transport: microseconds its progress thread polls requests after the last progress before it backs off (sleeps of growing length: up to 50 us while a rank waits or a send is in flight, 20 ms otherwise)")
 
-enum param_kind { P_INT, P_STR };
+enum param_kind { P_INT, P_STR, P_BOOL };
 
 enum param_id {
 #define CH_PARAM_ENUM(id, env, kind, di, ds, help) PARAM_##id,
@@ -168,8 +176,13 @@ struct param_info {
   const char* default_str;
   const char* help;
   const char* source; /* "default", "environment", or the config file path */
+  int published;      /* listed by the parameter API without NCCL_PARAM_DUMP_ALL (not a testing aid) */
 };
 void param_describe(enum param_id id, struct param_info* out);
+/* The variable's name without loading its value; NULL for an id out of range. */
+const char* param_name(enum param_id id);
+/* The id of the row named env, or -1. */
+int param_find(const char* env);
 /* Forget cached values (tests change the environment between cases). */
 void param_reset(void);
 

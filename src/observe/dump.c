@@ -86,6 +86,7 @@ int fr_render(struct ncclComm* comm, const char* reason, struct fr_text* out) {
   fprintf(f, "# chorus flight recorder 1\n");
   fprintf(f, "comm %016llx\nrank %d\nnranks %d\nhost %s\npid %d\nreason %s\n", (unsigned long long)comm->comm_hash,
           comm->rank, comm->nranks, me ? me->hostname : "?", (int)getpid(), reason);
+  if (comm->name[0]) fprintf(f, "name %s\n", comm->name); /* ncclConfig_t.commName */
   fprintf(f, "dumped_ns %llu\nclock_offset_ns %lld\ncapacity %d\nrecorded %llu\nnot_recorded %llu\nseq %llu\n",
           (unsigned long long)obs_job_ns(&tb, obs_ticks()), (long long)comm->clock_offset_ns, fr_capacity(comm),
           (unsigned long long)recorded, (unsigned long long)skipped, (unsigned long long)atomic_load(&comm->seq));

@@ -103,17 +103,19 @@ struct obs_trace* trace_open(struct ncclComm* comm) {
   t->pid = trace_pid(comm);
   const struct boot_rank_info* me = &comm->peers[comm->rank];
   char name[160];
-  snprintf(name, sizeof(name), "rank %d/%d (comm %04llx, %.63s pid %d)", comm->rank, comm->nranks,
-           (unsigned long long)(comm->comm_hash & 0xffff), me->hostname, (int)getpid());
+  snprintf(name, sizeof(name), "rank %d/%d (comm %04llx%s%.40s, %.63s pid %d)", comm->rank, comm->nranks,
+           (unsigned long long)(comm->comm_hash & 0xffff), comm->name[0] ? " " : "", comm->name, me->hostname,
+           (int)getpid());
   fprintf(t->f, "[\n");
   meta(t, "process_name", 0, "name", name, 0);
   meta(t, "process_sort_index", 0, "sort_index", NULL, comm->rank);
   meta(t, "thread_name", 0, "name", "calls", 0);
   fprintf(t->f,
           "{\"name\":\"chorus\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"comm\":\"%016llx\",\"rank\":%d,"
-          "\"nranks\":%d,\"base_ns\":%llu,\"clock_offset_ns\":%lld,\"host\":\"%.63s\",\"os_pid\":%d}},\n",
+          "\"nranks\":%d,\"base_ns\":%llu,\"clock_offset_ns\":%lld,\"host\":\"%.63s\",\"os_pid\":%d,"
+          "\"comm_name\":\"%s\"}},\n",
           t->pid, (unsigned long long)comm->comm_hash, comm->rank, comm->nranks, (unsigned long long)t->base_ns,
-          (long long)comm->clock_offset_ns, me->hostname, (int)getpid());
+          (long long)comm->clock_offset_ns, me->hostname, (int)getpid(), comm->name);
   INFO(LOG_INIT, "rank %d: tracing to %s", comm->rank, t->path);
   trace_proxy_start();
   return t;

@@ -58,6 +58,8 @@ void tune_init(struct ncclComm* comm) {
   comm->nt_min_bytes = (size_t)param_int(PARAM_STREAM_MIN_BYTES);
   comm->shm_direct_min_bytes = (size_t)param_int(PARAM_SHM_DIRECT_MIN_BYTES);
   comm->min_nchannels = (int)UT_MAX(1, param_int(PARAM_MIN_NCHANNELS));
+  if (comm->config.minCTAs != NCCL_CONFIG_UNDEF_INT) /* as NCCL: the larger of the two minimums */
+    comm->min_nchannels = UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, comm->config.minCTAs));
   comm->max_nchannels = (int)UT_MIN(comm->nchannels, UT_MAX(comm->min_nchannels, param_int(PARAM_MAX_NCHANNELS)));
   /* Striping over sockets (init.c): large calls may use that many channels, a socket each per peer. */
   if (comm->tune_net) comm->max_nchannels = UT_MAX(comm->max_nchannels, UT_MIN(comm->nchannels, tune_net_socks()));
