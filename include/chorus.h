@@ -84,12 +84,19 @@ ncclResult_t chorusCommMetrics(ncclComm_t comm, char* text, size_t len, size_t* 
  * pool, or by the peer's, whose close this rank then gave back) and
  * connections it made, and the receive FIFOs of the rings and RecDbl/Rabenseifner/Tree. Per process
  * (from /proc/self, alike for every rank of the process): resident shared memory, private memory,
- * pinned (locked) memory, open descriptors, threads. Any thread, beside a call on comm. */
+ * pinned (locked) memory, open descriptors, threads. Then the host memory suspend releases and keeps (below).
+ * Any thread, beside a call on comm. */
 typedef struct {
   size_t size;
   uint64_t p2pPeers, p2pPeersMax, p2pPeersCap, p2pFifoBytes, p2pRecvBytes, p2pSendBytes;
   uint64_t p2pReleased, p2pMade, ringBytes;
   uint64_t procShmemBytes, procPrivateBytes, procPinnedBytes, procFds, procThreads;
+  /* Host memory this rank made for comm (what NCCL's ncclCommMemStats, which counts GPU memory, does
+   * not): suspendBytes, what ncclCommSuspend(comm, NCCL_SUSPEND_MEM) would release now (pooled
+   * per-peer receive FIFOs, the rings' and RecDbl/Rabenseifner/Tree receive FIFOs unless over the
+   * network, reproducible-reduction scratch); persistBytes, what it keeps (scratch, the FIFOs that
+   * stay); suspended, 1 while suspended (until ncclCommResume or the next call). */
+  uint64_t suspendBytes, persistBytes, suspended;
 } chorusMemory_t;
 ncclResult_t chorusCommGetMemory(ncclComm_t comm, chorusMemory_t* mem);
 /* Write comm's flight recorder (its last CHORUS_FLIGHT_RECORDER calls) now, to

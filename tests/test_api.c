@@ -187,11 +187,12 @@ TEST_T(api, last_error, 20) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-/* NCCL 2.29+ entry points Chorus answers without doing their work (api/stubs.c). */
+/* NCCL 2.29+ entry points: suspend's arguments (api/suspend.c) and those Chorus answers without doing
+ * their work (api/stubs.c). */
 TEST_T(api, newer_entry_points, 20) {
   ncclComm_t comm = one_rank_comm();
-  NCCL_OK(ncclCommSuspend(comm, 0));
-  NCCL_OK(ncclCommResume(comm));
+  NCCL_OK(ncclCommSuspend(comm, 0)); /* nothing asked for: as NCCL, not suspended (tests/test_suspend.c) */
+  EXPECT_EQ(ncclCommResume(comm), ncclInvalidUsage);
   uint64_t v = 7;
   NCCL_OK(ncclCommMemStats(comm, ncclStatGpuMemTotal, &v));
   EXPECT_EQ(v, 0);

@@ -1,6 +1,5 @@
-/* Entry points of NCCL 2.29 and later that Chorus answers without doing their work: suspend and
- * memory figures (there is no GPU memory to release), growing a communicator, one-sided operations on
- * windows and the device API (nccl_device.h, which Chorus does not ship). Programs built against a
+/* Entry points of NCCL 2.29 and later that Chorus answers without doing their work: growing a
+ * communicator, one-sided operations on windows and the device API (nccl_device.h, which Chorus does not ship). Programs built against a
  * newer NCCL import them whether or not they call them (PyTorch 2.15's libtorch_cuda.so binds them
  * when it loads: without them, `LD_PRELOAD=libnccl.so.2` of Chorus would fail `import torch`). Each
  * takes NCCL's arguments; the ones Chorus has no use for refuse by name instead of crashing
@@ -16,32 +15,6 @@ static ncclResult_t refuse(ncclComm_t comm, const char* fn, const char* why) {
   if (comm && comm_check(comm, fn) != CH_OK) return ncclInvalidArgument;
   WARN("%s is not supported by Chorus yet (%s)", fn, why);
   return ncclInvalidUsage;
-}
-
-/* Suspend releases GPU memory a communicator can do without while idle: Chorus holds none (its
- * FIFOs are host memory), so there is nothing to release and nothing to bring back. */
-CH_API(ncclResult_t, ncclCommSuspend, ncclComm_t comm, int flags) {
-  (void)flags;
-  ch_status s = comm_check(comm, "ncclCommSuspend");
-  if (s == CH_OK) INFO(LOG_INIT, "ncclCommSuspend: rank %d holds no GPU memory to release", comm->rank);
-  return ch_to_nccl(s);
-}
-
-CH_API(ncclResult_t, ncclCommResume, ncclComm_t comm) { return ch_to_nccl(comm_check(comm, "ncclCommResume")); }
-
-CH_API(ncclResult_t, ncclCommMemStats, ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value) {
-  ch_status s = comm_check(comm, "ncclCommMemStats");
-  if (s != CH_OK) return ch_to_nccl(s);
-  if (!value) {
-    WARN("ncclCommMemStats: value is NULL");
-    return ncclInvalidArgument;
-  }
-  if ((int)stat < ncclStatGpuMemSuspend || (int)stat > ncclStatGpuMemTotal) {
-    WARN("ncclCommMemStats: unknown stat %d (0..%d)", (int)stat, ncclStatGpuMemTotal);
-    return ncclInvalidArgument;
-  }
-  *value = 0; /* no GPU memory, of any kind */
-  return ncclSuccess;
 }
 
 CH_API(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId* uniqueId) {

@@ -111,6 +111,10 @@ struct ncclComm {
   _Atomic int p2p_live, p2p_live_max;
   _Atomic uint64_t p2p_released, p2p_made;
   char* scratch; /* LL/LL128 staging, one slot payload */
+  size_t scratch_bytes; /* scratch's size (init.c), for chorusCommGetMemory */
+  /* ncclCommSuspend released what an idle comm can do without (core/suspend.c); the next call or
+   * ncclCommResume clears it. Written by the thread in a call on the comm (owner), read by any. */
+  _Atomic int suspended;
   /* Reproducible reductions: the level (CH_REPRO_*, CHORUS_REPRODUCIBLE or chorusCommSetReproducible
    * before the first call; read by the calling thread only), and Owner's slots (nranks steps of
    * peer_step_bytes, made by plan_build on first use, freed with the comm). */

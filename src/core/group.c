@@ -11,6 +11,7 @@
 #include "../observe/observe.h"
 #include "connect.h"
 #include "pool.h"
+#include "suspend.h"
 #include "exec.h"
 #include "group.h"
 #include "init.h"
@@ -358,6 +359,7 @@ static ch_status launch_tasks(void) {
     struct comm_guard g;
     ch_status res = comm_enter(tasks[0].comm, &g);
     if (res != CH_OK) return res;
+    comm_resume(tasks[0].comm, "a call"); /* a suspended comm has no cached plan: it goes on below */
     struct ch_plan* pl = plan_reuse(tasks[0].comm, &tasks[0]);
     struct ch_task* t0 = &tasks[0];
     int reused = pl != NULL;
@@ -400,6 +402,7 @@ static ch_status launch_tasks(void) {
   }
   /* Inside the library on every comm of the group until we return: an abort waits for us. */
   for (; entered < ncomms; entered++) CHECK_GOTO(comm_enter(comms[entered], &guards[entered]), res, out);
+  for (int i = 0; i < ncomms; i++) comm_resume(comms[i], "a call"); /* what it needs is made below */
   size_t need = 0;
   for (int i = 0; i < ncomms; i++) need += 2 * (2 * (size_t)comms[i]->nranks + 1);
   if (need > need_cap) {

@@ -321,6 +321,7 @@ static ch_status comm_setup(struct ncclComm* comm) {
     if (p != PROTO_SIMPLE) scratch = UT_MAX(scratch, prim_slot_payload(p, comm->sizes.buff[p] / CH_STEPS));
   comm->scratch = malloc(scratch);
   if (!comm->scratch) return CH_SYSTEM;
+  comm->scratch_bytes = scratch;
   size_t pstep = 0;
   for (int p = 0; p < CH_NPROTO; p++) pstep = UT_MAX(pstep, prim_slot_payload(p, comm->p2p_sizes.buff[p] / CH_STEPS));
   comm->peer_step_bytes = pstep;

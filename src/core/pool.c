@@ -211,3 +211,19 @@ void pool_sizes(const struct tp_sizes* ring, int n, int max_peers, struct tp_siz
   *cap = kpeers > 0 ? (int)UT_MIN(kpeers, (int64_t)n)
                     : (int)UT_MIN((int64_t)n, UT_MAX(1, mem > 0 ? mem / (int64_t)fifo : (int64_t)n));
 }
+
+int pool_release_idle(struct ncclComm* comm) {
+  int k = 0;
+  for (int p = 0; comm->p2p && p < comm->nranks; p++) {
+    struct ch_p2p* x = &comm->p2p[p];
+    if (!poolable(comm, p) || !live(x)) continue;
+    /* Closed by the peer (before or during our try) or by us: either way this end lets go. */
+    int s = !x->send.connected || tp_pool_closed(&x->send) || tp_pool_close(&x->send) || tp_pool_closed(&x->send);
+    int r = !x->recv.connected || tp_pool_closed(&x->recv) || tp_pool_close(&x->recv) || tp_pool_closed(&x->recv);
+    if (s && x->send.connected) drop(x, 0);
+    if (r && x->recv.connected) drop(x, 1);
+    if (!live(x)) k++, atomic_fetch_add_explicit(&comm->p2p_released, 1, memory_order_relaxed);
+  }
+  atomic_store_explicit(&comm->p2p_live, count_live(comm), memory_order_relaxed);
+  return k;
+}

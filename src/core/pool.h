@@ -21,6 +21,11 @@ int pool_count(const struct ncclComm* comm, const char* need_send, const char* n
 /* After a successful comm_connect: reserve the group's messages on the connections it made. */
 void pool_after_connect(struct ncclComm* comm);
 
+/* ncclCommSuspend (core/suspend.c), the comm idle: close every pooled connection whose messages both
+ * ends have reserved alike, and give back those the peer closed. Returns how many peers were let go;
+ * an unbalanced one (a send that fit its FIFO, its receive not yet called) stays live. */
+int pool_release_idle(struct ncclComm* comm);
+
 /* Per-peer FIFO sizes for n ranks (CHORUS_P2P_MEM over the peers, scaled down from at most 832 KiB
  * alike in every protocol to at least 8 slots of 4 KiB each: the same on every rank), and the pool's
  * cap: max_peers (ncclConfig_t.maxP2pPeers after NCCL_P2P_MAX_PEERS; <= 0 or NCCL_CONFIG_UNDEF_INT:

@@ -49,9 +49,13 @@ void obs_comm_memory(const struct ncclComm* comm, struct obs_mem* out) {
   out->p2p_released = atomic_load_explicit(&((struct ncclComm*)comm)->p2p_released, memory_order_relaxed);
   out->p2p_made = atomic_load_explicit(&((struct ncclComm*)comm)->p2p_made, memory_order_relaxed);
   for (int c = 0; c < comm->nchannels; c++) out->ring_bytes += made_here(&comm->channels[c].recv);
+  uint64_t kept = 0, pooled = 0; /* receive FIFOs made here that a suspend keeps / releases */
   for (int p = 0; comm->p2p && p < comm->nranks; p++) {
     const struct ch_p2p* x = &comm->p2p[p];
     out->ring_bytes += p == comm->rank ? 0 : made_here(&comm->p2p[comm->nranks + p].recv);
+    uint64_t own = made_here(&x->recv);
+    if (p == comm->rank || (tp_flags(comm->peer_tp[p]) & TP_F_NETWORK)) kept += own; /* core/pool.c's poolable */
+    else pooled += own;
     if (p == comm->rank) continue;
     int s = atomic_load_explicit(&((struct conn*)&x->send)->connected, memory_order_acquire);
     int r = atomic_load_explicit(&((struct conn*)&x->recv)->connected, memory_order_acquire);
@@ -59,4 +63,10 @@ void obs_comm_memory(const struct ncclComm* comm, struct obs_mem* out) {
     out->p2p_send_bytes += s ? out->p2p_fifo : 0;
     out->p2p_recv_bytes += r ? out->p2p_fifo : 0;
   }
+  /* core/suspend.c: the rings and RecDbl/Rabenseifner/Tree FIFOs go unless some rank talks over the network */
+  uint64_t rings = comm->tune_net ? 0 : out->ring_bytes;
+  uint64_t repro = comm->repro_scratch ? comm->peer_step_bytes * (uint64_t)comm->nranks : 0;
+  out->suspend_bytes = pooled + rings + repro;
+  out->persist_bytes = kept + (out->ring_bytes - rings) + comm->scratch_bytes + comm->peer_step_bytes;
+  out->suspended = (uint64_t)(atomic_load(&((struct ncclComm*)comm)->suspended) != 0);
 }
