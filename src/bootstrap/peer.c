@@ -382,6 +382,7 @@ static void accept_new(struct boot_state* b) {
       }
       return;
     }
+    sock_set_nodelay(fd); /* accepted sockets do not inherit it: the join's replies are records */
     char why[160];
     if (boot_uid_check(&b->key, fd, &addr, why, sizeof(why)) != 0) {
       sock_warn_reject(who, &addr, why);

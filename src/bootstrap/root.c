@@ -568,6 +568,7 @@ static void root_accept(struct root* r) {
       }
       return;
     }
+    sock_set_nodelay(fd); /* accepted sockets do not inherit it: the join's replies are records */
     char why[160];
     if (boot_uid_check(&r->key, fd, &peer, why, sizeof(why)) != 0) {
       sock_warn_reject(who, &peer, why);

@@ -161,10 +161,11 @@ static ch_status sleep_ms(uint64_t ms, const struct sock_wait* w) {
   }
 }
 
-static void set_nodelay(int fd) {
+void sock_set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
+#define set_nodelay sock_set_nodelay
 
 ch_status sock_listen(const union sock_addr* addr, struct sock* s) {
   char a[64];

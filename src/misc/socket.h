@@ -105,5 +105,7 @@ void sock_warn_reject(const char* who, const union sock_addr* remote, const char
 /* A data connection's settings: SO_SNDBUF/SO_RCVBUF (CHORUS_NET_SOCKBUF_BYTES), and a cut link turned
  * into ETIMEDOUT in bounded time (CHORUS_NET_LINK_TIMEOUT_MS: TCP_USER_TIMEOUT and keepalive). */
 void sock_tune_link(int fd);
+/* Small records go out at once (Nagle would hold a second one for the peer's delayed ACK: 40 ms). */
+void sock_set_nodelay(int fd);
 
 #endif
