@@ -6,6 +6,9 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "chorus.h"
 
 #include "algo/algo.h"
 #include "api/api.h"
@@ -419,4 +422,46 @@ TEST_T(config, alg_selection_takes_effect, 90) {
   last_choice(comms[0], &algo, &proto);
   EXPECT_EQ(algo, autoc.algo);
   destroy_all(comms, N);
+}
+
+/* userProfilerTag and the selection reach the flight recorder entry and its dump (17th column). */
+TEST_T(config, user_tag_recorded, 30) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/tmp/collcfg-XXXXXX");
+  ASSERT(mkdtemp(dir) != NULL);
+  setenv("CHORUS_DUMP_DIR", dir, 1);
+  param_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitAll(&comm, 1, NULL));
+  ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+  cc.userProfilerTag = 0xabc123;
+  float v = 1, w = 0;
+  NCCL_OK(ncclAllReduceConfig(&v, &w, 1, ncclFloat, ncclSum, comm, NULL, &cc));
+  NCCL_OK(ncclAllReduce(&v, &w, 1, ncclFloat, ncclSum, comm, NULL)); /* untagged */
+  struct fr_entry* e = NULL;
+  uint64_t rec, skip;
+  int n = fr_snapshot(comm, &e, &rec, &skip);
+  ASSERT(n == 2);
+  EXPECT_EQ(e[0].tag, (uint64_t)0xabc123);
+  EXPECT_EQ(e[1].tag, (uint64_t)0);
+  free(e);
+  char path[512];
+  NCCL_OK(chorusCommDumpFlightRecorder(comm, path, sizeof path));
+  FILE* f = fopen(path, "r");
+  ASSERT(f != NULL);
+  char line[512];
+  int tagged = 0, plain = 0;
+  while (fgets(line, sizeof line, f)) {
+    size_t len = strlen(line);
+    tagged += len > 8 && !strcmp(line + len - 8, " abc123\n");
+    plain += line[0] == '2' && len > 3 && !strcmp(line + len - 3, " 0\n");
+  }
+  fclose(f);
+  EXPECT_EQ(tagged, 1);
+  EXPECT_EQ(plain, 1);
+  NCCL_OK(ncclCommDestroy(comm));
+  unlink(path);
+  rmdir(dir);
+  unsetenv("CHORUS_DUMP_DIR");
+  param_reset();
 }
