@@ -2,7 +2,8 @@
  * caller's version has it and it lies within the caller's size; a wrong magic, an impossible size or
  * version, or an out-of-range value is refused with a WARN naming it; maxP2pPeers caps the per-peer
  * pool (NCCL_P2P_MAX_PEERS over it, as in NCCL), minCTAs/maxCTAs bound the channels, commName names
- * the communicator. ncclCollConfig_t (2.31) is checked the same way. */
+ * the communicator. ncclCollConfig_t (2.31) is checked the same way; its algSelection chooses the
+ * call's algorithm and protocol (or is refused / falls back), its userProfilerTag is recorded. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -463,5 +464,23 @@ TEST_T(config, user_tag_recorded, 30) {
   unlink(path);
   rmdir(dir);
   unsetenv("CHORUS_DUMP_DIR");
+  param_reset();
+}
+
+/* As in NCCL, NCCL_ALGO restricting the collective wins over a valid per-call selection. */
+TEST_T(config, alg_selection_yields_to_nccl_algo, 60) {
+  enum { N = 3, C = 256 };
+  setenv("NCCL_ALGO", "allreduce:ring", 1);
+  param_reset();
+  ncclComm_t comms[N];
+  init_all(comms, N, NULL);
+  ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+  cc.algSelection = "TREE_SIMPLE";
+  NCCL_OK(allreduce_all(comms, N, C, &cc));
+  int algo, proto;
+  last_choice(comms[0], &algo, &proto);
+  EXPECT_EQ(algo, ALGO_RING);
+  destroy_all(comms, N);
+  unsetenv("NCCL_ALGO");
   param_reset();
 }
