@@ -2,14 +2,21 @@
  * caller's version has it and it lies within the caller's size; a wrong magic, an impossible size or
  * version, or an out-of-range value is refused with a WARN naming it; maxP2pPeers caps the per-peer
  * pool (NCCL_P2P_MAX_PEERS over it, as in NCCL), minCTAs/maxCTAs bound the channels, commName names
- * the communicator. ncclCollConfig_t (2.31) is checked the same way. */
+ * the communicator. ncclCollConfig_t (2.31) is checked the same way; its algSelection chooses the
+ * call's algorithm and protocol (or is refused / falls back), its userProfilerTag is recorded. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "chorus.h"
+
+#include "algo/algo.h"
 #include "api/api.h"
 #include "comm/comm.h"
 #include "misc/param.h"
+#include "observe/observe.h"
+#include "tune/tune.h"
 #include "runner.h"
 
 /* Each header's struct: the version its initializer writes and sizeof on LP64. */
@@ -291,15 +298,189 @@ TEST_T(config, coll_config_calls, 60) {
   for (int r = 0; r < N; r++) EXPECT(out[r][0] == 1.0f && out[r][C] == 2.0f);
   EACH(ncclReduceScatterConfig(in[r], out[r], C, ncclFloat, ncclSum, comms[r], NULL, &cc));
   for (int r = 0; r < N; r++) EXPECT(out[r][0] == 3.0f && out[r][C - 1] == 3.0f);
-  EACH(ncclAlltoAllConfig(in[r], out[r], C / N, ncclFloat, comms[r], NULL, &cc));
+  /* AlltoAll, Gather and Scatter have no algorithm to select (as in NCCL): a tag only. */
+  ncclCollConfig_t ct = NCCL_COLLCONFIG_INITIALIZER;
+  ct.userProfilerTag = 2;
+  EACH(ncclAlltoAllConfig(in[r], out[r], C / N, ncclFloat, comms[r], NULL, &ct));
   for (int r = 0; r < N; r++) EXPECT(out[r][0] == 1.0f && out[r][C / N] == 2.0f);
-  EACH(ncclGatherConfig(in[r], out[r], C, ncclFloat, 0, comms[r], NULL, &cc));
+  EACH(ncclGatherConfig(in[r], out[r], C, ncclFloat, 0, comms[r], NULL, &ct));
   EXPECT(out[0][0] == 1.0f && out[0][C] == 2.0f);
-  EACH(ncclScatterConfig(in[r], out[r], C, ncclFloat, 1, comms[r], NULL, &cc));
+  EACH(ncclScatterConfig(in[r], out[r], C, ncclFloat, 1, comms[r], NULL, &ct));
   for (int r = 0; r < N; r++) EXPECT(out[r][0] == 2.0f && out[r][C - 1] == 2.0f);
 #undef EACH
   cc.maxCTAs = 0;
   EXPECT_EQ(ncclAllReduceConfig(in[0], out[0], C, ncclFloat, ncclSum, comms[0], NULL, &cc), ncclInvalidArgument);
   EXPECT(strstr(ncclGetLastError(NULL), "ncclAllReduceConfig") != NULL);
   destroy_all(comms, N);
+}
+
+/* ncclCollConfig_t.algSelection in NCCL's grammar (tune/select.c): ',' OR, '+' AND, '^' NOT, names
+ * matched from their start, case and blanks ignored. */
+TEST(config, alg_selection_grammar) {
+  uint64_t m;
+  char why[200];
+#define BIT(a, p) (1ull << ((a) * CH_NPROTO + (p)))
+  const uint64_t ring = BIT(ALGO_RING, PROTO_LL) | BIT(ALGO_RING, PROTO_LL128) | BIT(ALGO_RING, PROTO_SIMPLE);
+  EXPECT(tune_sel_parse("RING", &m, why, sizeof why) == 0 && m == ring);
+  EXPECT(tune_sel_parse(" ring_Simple ", &m, why, sizeof why) == 0 && m == BIT(ALGO_RING, PROTO_SIMPLE));
+  /* "RING_LL" is a prefix of RING_LL128 too, as in NCCL */
+  EXPECT(tune_sel_parse("RING+^RING_LL", &m, why, sizeof why) == 0 && m == BIT(ALGO_RING, PROTO_SIMPLE));
+  EXPECT(tune_sel_parse("TREE_LL128,RABENSEIFNER_SIMPLE,,", &m, why, sizeof why) == 0 &&
+         m == (BIT(ALGO_TREE, PROTO_LL128) | BIT(ALGO_RABEN, PROTO_SIMPLE)));
+  EXPECT(tune_sel_parse("^RING", &m, why, sizeof why) == 0 && !(m & ring) && (m & BIT(ALGO_TREE, PROTO_SIMPLE)));
+  EXPECT(tune_sel_parse("NVLS,SYMK_LL", &m, why, sizeof why) == 0 && m && !(m & 0xffffffffull)); /* NCCL's only */
+  const char* bad[] = {"BOGUS", "^", "RING,+", "RING+^RING", "RING+TREE", "RING;TREE"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) EXPECT(tune_sel_parse(bad[i], &m, why, sizeof why) != 0);
+#undef BIT
+}
+
+/* The algorithm and protocol the flight recorder has for comm's last call. */
+static void last_choice(ncclComm_t comm, int* algo, int* proto) {
+  struct fr_entry* e = NULL;
+  uint64_t rec, skip;
+  int n = fr_snapshot(comm, &e, &rec, &skip);
+  ASSERT(n > 0);
+  *algo = e[n - 1].algo, *proto = e[n - 1].proto;
+  free(e);
+}
+
+/* One AllReduce of rank + 1 on every element on each comm (cfg NULL: the plain call); its sums exact. */
+static ncclResult_t allreduce_all(ncclComm_t* comms, int n, size_t count, const ncclCollConfig_t* cfg) {
+  float* buf = malloc(sizeof(float) * count * 2 * (size_t)n);
+  ASSERT(buf != NULL);
+  for (int r = 0; r < n; r++)
+    for (size_t i = 0; i < count; i++) buf[2 * count * r + i] = (float)(r + 1), buf[2 * count * r + count + i] = -1;
+  ncclResult_t res = ncclGroupStart(), first = ncclSuccess;
+  for (int r = 0; r < n; r++) {
+    float* in = buf + 2 * count * r;
+    res = cfg ? ncclAllReduceConfig(in, in + count, count, ncclFloat, ncclSum, comms[r], NULL, cfg)
+              : ncclAllReduce(in, in + count, count, ncclFloat, ncclSum, comms[r], NULL);
+    if (res != ncclSuccess && first == ncclSuccess) first = res;
+  }
+  res = ncclGroupEnd();
+  if (first == ncclSuccess) first = res;
+  if (first == ncclSuccess)
+    for (int r = 0; r < n; r++)
+      for (size_t i = 0; i < count; i++) EXPECT(buf[2 * count * r + count + i] == (float)(n * (n + 1) / 2));
+  free(buf);
+  return first;
+}
+
+/* A per-call selection decides the call's algorithm and protocol (seen in the flight recorder), an
+ * impossible one is refused under forceAlgSelection=1 and falls back under 0, and the plan kept for
+ * reuse does not carry a selection over to a later plain call. */
+TEST_T(config, alg_selection_takes_effect, 90) {
+  enum { N = 4, C = 4096 };
+  ncclComm_t comms[N];
+  init_all(comms, N, NULL);
+  struct tune_choice autoc;
+  tune_predict(comms[0], FUNC_ALLREDUCE, C * sizeof(float), CH_REPRO_OFF, &autoc);
+  int algo, proto;
+  NCCL_OK(allreduce_all(comms, N, C, NULL));
+  last_choice(comms[0], &algo, &proto);
+  EXPECT_EQ(algo, autoc.algo);
+  /* Every pair Chorus runs for AllReduce here, one at a time, each exact. */
+  /* "RING_LL" would be LL and LL128 (a prefix of both, as in NCCL) */
+  static const char* const pairs[] = {"RING_SIMPLE", "RING_LL+^RING_LL128", "RING_LL128", "TREE_SIMPLE",
+                                      "TREE_LL+^TREE_LL128",
+                                      "RECDBL_SIMPLE", "RABENSEIFNER_LL128", "DIRECT_SIMPLE"};
+  static const int want_algo[] = {ALGO_RING, ALGO_RING, ALGO_RING, ALGO_TREE, ALGO_TREE,
+                                  ALGO_RECDBL, ALGO_RABEN, ALGO_DIRECT};
+  static const int want_proto[] = {PROTO_SIMPLE, PROTO_LL, PROTO_LL128, PROTO_SIMPLE, PROTO_LL,
+                                   PROTO_SIMPLE, PROTO_LL128, -1};
+  ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+  for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+    cc.algSelection = pairs[k];
+    for (int rep = 0; rep < 2; rep++) { /* the second reuses the first's plan */
+      NCCL_OK(allreduce_all(comms, N, C, &cc));
+      last_choice(comms[0], &algo, &proto);
+      EXPECT_EQ(algo, want_algo[k]);
+      if (want_proto[k] >= 0) EXPECT_EQ(proto, want_proto[k]);
+    }
+  }
+  /* A plain call of the same shape after them: the automatic choice, not the last selection's plan. */
+  cc.algSelection = autoc.algo == ALGO_RING ? "TREE_SIMPLE" : "RING_SIMPLE";
+  NCCL_OK(allreduce_all(comms, N, C, &cc));
+  NCCL_OK(allreduce_all(comms, N, C, NULL));
+  last_choice(comms[0], &algo, &proto);
+  EXPECT_EQ(algo, autoc.algo);
+  /* Nothing Chorus runs (NVLS), nothing for this collective (Tree AllGather), bad syntax: refused by
+   * name under forceAlgSelection=1, before anything is queued. */
+  float x[N * 4] = {0}, y[N * 4];
+  const char* impossible[] = {"NVLS", "PAT_SIMPLE", "BOGUS"};
+  for (size_t k = 0; k < 3; k++) {
+    cc.algSelection = impossible[k];
+    EXPECT_EQ(ncclAllReduceConfig(x, y, 4, ncclFloat, ncclSum, comms[0], NULL, &cc), ncclInvalidArgument);
+    EXPECT(strstr(ncclGetLastError(NULL), "algSelection") != NULL);
+  }
+  cc.algSelection = "TREE";
+  EXPECT_EQ(ncclAllGatherConfig(x, y, 4, ncclFloat, comms[0], NULL, &cc), ncclInvalidArgument);
+  EXPECT_EQ(ncclAlltoAllConfig(x, y, 1, ncclFloat, comms[0], NULL, &cc), ncclInvalidArgument);
+  /* ... and the automatic choice under forceAlgSelection=0. */
+  cc.forceAlgSelection = 0;
+  cc.algSelection = "NVLS";
+  NCCL_OK(allreduce_all(comms, N, C, &cc));
+  last_choice(comms[0], &algo, &proto);
+  EXPECT_EQ(algo, autoc.algo);
+  destroy_all(comms, N);
+}
+
+/* userProfilerTag and the selection reach the flight recorder entry and its dump (17th column). */
+TEST_T(config, user_tag_recorded, 30) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/tmp/collcfg-XXXXXX");
+  ASSERT(mkdtemp(dir) != NULL);
+  setenv("CHORUS_DUMP_DIR", dir, 1);
+  param_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitAll(&comm, 1, NULL));
+  ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+  cc.userProfilerTag = 0xabc123;
+  float v = 1, w = 0;
+  NCCL_OK(ncclAllReduceConfig(&v, &w, 1, ncclFloat, ncclSum, comm, NULL, &cc));
+  NCCL_OK(ncclAllReduce(&v, &w, 1, ncclFloat, ncclSum, comm, NULL)); /* untagged */
+  struct fr_entry* e = NULL;
+  uint64_t rec, skip;
+  int n = fr_snapshot(comm, &e, &rec, &skip);
+  ASSERT(n == 2);
+  EXPECT_EQ(e[0].tag, (uint64_t)0xabc123);
+  EXPECT_EQ(e[1].tag, (uint64_t)0);
+  free(e);
+  char path[512];
+  NCCL_OK(chorusCommDumpFlightRecorder(comm, path, sizeof path));
+  FILE* f = fopen(path, "r");
+  ASSERT(f != NULL);
+  char line[512];
+  int tagged = 0, plain = 0;
+  while (fgets(line, sizeof line, f)) {
+    size_t len = strlen(line);
+    tagged += len > 8 && !strcmp(line + len - 8, " abc123\n");
+    plain += line[0] == '2' && len > 3 && !strcmp(line + len - 3, " 0\n");
+  }
+  fclose(f);
+  EXPECT_EQ(tagged, 1);
+  EXPECT_EQ(plain, 1);
+  NCCL_OK(ncclCommDestroy(comm));
+  unlink(path);
+  rmdir(dir);
+  unsetenv("CHORUS_DUMP_DIR");
+  param_reset();
+}
+
+/* As in NCCL, NCCL_ALGO restricting the collective wins over a valid per-call selection. */
+TEST_T(config, alg_selection_yields_to_nccl_algo, 60) {
+  enum { N = 3, C = 256 };
+  setenv("NCCL_ALGO", "allreduce:ring", 1);
+  param_reset();
+  ncclComm_t comms[N];
+  init_all(comms, N, NULL);
+  ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+  cc.algSelection = "TREE_SIMPLE";
+  NCCL_OK(allreduce_all(comms, N, C, &cc));
+  int algo, proto;
+  last_choice(comms[0], &algo, &proto);
+  EXPECT_EQ(algo, ALGO_RING);
+  destroy_all(comms, N);
+  unsetenv("NCCL_ALGO");
+  param_reset();
 }

@@ -11,7 +11,7 @@
 #include "misc/param.h"
 #include "runner.h"
 
-enum kind { K_COUNT, K_TYPE, K_OP, K_COLL, K_ORDER, K_ROOT_REDUCE, K_ROOT_BCAST, K_SENDRECV, K_SENDRECV_TYPE, K_GATHER_ROOT_VS_SEND };
+enum kind { K_COUNT, K_TYPE, K_OP, K_COLL, K_ORDER, K_ROOT_REDUCE, K_ROOT_BCAST, K_SENDRECV, K_SENDRECV_TYPE, K_GATHER_ROOT_VS_SEND, K_SEL };
 
 struct mm {
   int kind;
@@ -55,6 +55,11 @@ static ncclResult_t run_call(const struct mm* m, int rank, int nranks, ncclComm_
       ncclSend(s, cnt, t, peer, comm, NULL);
       ncclRecv(d, cnt, t, peer, comm, NULL);
       return ncclGroupEnd();
+    }
+    case K_SEL: { /* ncclCollConfig_t.algSelection differs: part of what ranks compare (core/plan.c) */
+      ncclCollConfig_t c = NCCL_COLLCONFIG_INITIALIZER;
+      c.algSelection = odd ? "TREE_SIMPLE" : "RING_SIMPLE";
+      return ncclAllReduceConfig(s, d, n, ncclFloat32, ncclSum, comm, NULL, &c);
     }
     case K_GATHER_ROOT_VS_SEND:
       if (rank == 0) return ncclGather(s, d, n, ncclFloat32, 0, comm, NULL);
@@ -132,6 +137,9 @@ TEST_T(mismatch, reduce_roots, 60) { run(3, NULL, (struct mm){K_ROOT_REDUCE, 100
 TEST_T(mismatch, broadcast_roots_found_next_call, 60) { run(2, NULL, (struct mm){K_ROOT_BCAST, 100, {"Broadcast", "root"}, 1}); }
 TEST_T(mismatch, sendrecv_count, 60) { run(2, NULL, (struct mm){K_SENDRECV, 100, {"Send/Recv(99 x float", "Send/Recv(100 x float"}, 0}); }
 TEST_T(mismatch, sendrecv_type_3ranks, 60) { run(3, NULL, (struct mm){K_SENDRECV_TYPE, 10, {"int32", "float"}, 0}); }
+TEST_T(mismatch, alg_selection, 60) {
+  run(3, NULL, (struct mm){K_SEL, 1000, {"algSelection Tree/Simple", "algSelection Ring/Simple"}, 0});
+}
 TEST_T(mismatch, gather_vs_send, 60) { run(2, NULL, (struct mm){K_GATHER_ROOT_VS_SEND, 10, {"Gather(10 x float", "Send/Recv(11"}, 2}); }
 
 /* The same over the network transport (loopback TCP, every peer through the proxy): the headers cross

@@ -15,6 +15,7 @@
 #define NAME 24
 struct call {
   uint64_t id, seq, count, t_enq, t_start, t_end;
+  uint64_t tag; /* ncclCollConfig_t.userProfilerTag (17th column; absent in older dumps: 0) */
   int root, nch;
   char func[NAME], type[NAME], op[NAME], algo[NAME], proto[NAME], exec[NAME], state[NAME], status[NAME];
 };
@@ -50,10 +51,12 @@ static int read_dump(const char* path, uint64_t* hash, struct dump* d) {
     char key[32], val[128];
     struct call c;
     memset(&c, 0, sizeof(c));
+    int used = 0;
     if (sscanf(line, "%" SCNu64 " %" SCNu64 " %23s %23s %23s %d %" SCNu64 " %23s %23s %d %23s %23s %23s %" SCNu64
-                     " %" SCNu64 " %" SCNu64,
+                     " %" SCNu64 " %" SCNu64 "%n",
                &c.id, &c.seq, c.func, c.type, c.op, &c.root, &c.count, c.algo, c.proto, &c.nch, c.exec, c.state,
-               c.status, &c.t_enq, &c.t_start, &c.t_end) == 16) {
+               c.status, &c.t_enq, &c.t_start, &c.t_end, &used) == 16) {
+      if (sscanf(line + used, " %" SCNx64, &c.tag) != 1) c.tag = 0;
       if (d->n == cap) {
         cap = cap ? 2 * cap : 256;
         struct call* p = realloc(d->c, sizeof(*p) * (size_t)cap);
@@ -102,6 +105,13 @@ static void shape(const struct call* c, char* s, size_t n) {
   else snprintf(s, n, "%s %s %s count %" PRIu64, c->func, c->type, c->op, c->count);
   if (c->root >= 0 && (!strcmp(c->func, "Broadcast") || !strcmp(c->func, "Reduce")))
     snprintf(s + strlen(s), n - strlen(s), " root %d", c->root);
+}
+
+/* shape and, where the caller gave one, its userProfilerTag: shown, not compared (a tag is the
+ * profiler's business, and ranks may tag their calls differently). */
+static void shown(const struct call* c, char* s, size_t n) {
+  shape(c, s, n);
+  if (c->tag) snprintf(s + strlen(s), n - strlen(s), " tag 0x%" PRIx64, c->tag);
 }
 
 static void describe(const struct job* j, FILE* out) {
@@ -154,7 +164,7 @@ static void describe(const struct job* j, FILE* out) {
     for (int r = 0; r < n; r++) {
       const struct call* c = j->by_rank[r] ? by_seq(j->by_rank[r], s) : NULL;
       if (!c) continue;
-      shape(c, b, sizeof(b));
+      shown(c, b, sizeof(b));
       fprintf(out, "    rank %d: %s (%s)\n", r, b, c->state);
     }
     break;
@@ -178,7 +188,7 @@ static void describe(const struct job* j, FILE* out) {
   }
   if (topc && (behind || stuck)) {
     char sh[160];
-    shape(topc, sh, sizeof(sh));
+    shown(topc, sh, sizeof(sh));
     fprintf(out, "  latest collective: #%" PRIu64 " %s\n", top, sh);
     if (stuck) {
       boot_format_ranks(flags, n, 2, list, sizeof(list));

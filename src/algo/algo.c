@@ -1,5 +1,6 @@
 /* Dispatch from an operation to its algorithm file. */
 #include <stdio.h>
+#include <string.h>
 
 #include "algo.h"
 
@@ -73,6 +74,19 @@ static const char* type_name(uint32_t t) {
   return n ? n : "invalid type";
 }
 
+/* A per-call selection as ", algSelection Ring/Simple+Tree/LL" appended to b (bits: algorithm x
+ * CH_NPROTO + protocol, tune/select.c; a peer's bits beyond the algorithms print as "?"). */
+static void sel_text(char* b, size_t n, uint32_t sel) {
+  size_t len = strlen(b);
+  for (int k = 0; sel && len + 1 < n; k++, sel >>= 1) {
+    if (!(sel & 1)) continue;
+    const char* a = k / CH_NPROTO < ALGO_COUNT ? ch_algo_name(k / CH_NPROTO) : "?";
+    int w = snprintf(b + len, n - len, "%s%s/%s", strstr(b, "algSelection") ? "+" : ", algSelection ", a,
+                     ch_proto_name(k % CH_NPROTO));
+    if (w > 0) len = len + (size_t)w < n ? len + (size_t)w : n - 1;
+  }
+}
+
 /* Calls as messages name them (header fields come from peers: every one is bounded here):
  * "AllReduce(1048576 x float32, sum) #17", "Broadcast(4 x int32, root 1) #3", "Send/Recv(8 x float32)". */
 void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
@@ -81,9 +95,12 @@ void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
   int f = h->func < FUNC_COUNT ? (int)h->func : -1;
   const char* fn = ch_func_text(f);
   /* every op from ncclNumOps up is a PreMulSum */
-  uint32_t base = h->op & ((1u << XFER_OP_REPRO_SHIFT) - 1), level = h->op >> XFER_OP_REPRO_SHIFT;
+  uint32_t base = h->op & ((1u << XFER_OP_REPRO_SHIFT) - 1);
+  uint32_t level = (h->op >> XFER_OP_REPRO_SHIFT) & ((1u << (XFER_OP_SEL_SHIFT - XFER_OP_REPRO_SHIFT)) - 1);
   const char* op = ch_op_name(base < ncclNumOps ? (int)base : ncclNumOps);
-  const char* lv = level == 1 ? ", reproducible order" : level == 2 ? ", reproducible exact" : level ? ", ?" : "";
+  char lv[96];
+  snprintf(lv, sizeof lv, "%s", level == 1 ? ", reproducible order" : level == 2 ? ", reproducible exact" : level ? ", ?" : "");
+  sel_text(lv, sizeof lv, h->op >> XFER_OP_SEL_SHIFT);
   switch (f) {
     case FUNC_ALLREDUCE:
     case FUNC_REDUCESCATTER: snprintf(b, n, "%s(%llu x %s, %s%s) #%llu", fn, cnt, ty, op, lv, seq); break;

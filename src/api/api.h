@@ -33,5 +33,9 @@ ch_status comm_parse_config(const ncclConfig_t* user, ncclConfig_t* out);
 void comm_config_report(const ncclConfig_t* cfg, int rank);
 /* A per-call config (NULL = none), checked for fn; out holds its values or the defaults. */
 ch_status coll_parse_config(const ncclCollConfig_t* user, const char* fn, ncclCollConfig_t* out);
+/* A collective (FUNC_*) as its nccl* call makes it (api/coll.c), with cfg (checked by
+ * coll_parse_config; NULL: the plain call): its algSelection and userProfilerTag go into the task. */
+ncclResult_t api_submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* cfg);
 
 #endif

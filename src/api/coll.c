@@ -23,7 +23,8 @@ static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f =
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
 
 /* The call's arguments, and which of its buffers this rank touches (*needs_send, *needs_recv). */
-static ch_status check_task(struct ch_task* t, int* needs_send_out, int* needs_recv_out) {
+static ch_status check_task(struct ch_task* t, const ncclCollConfig_t* cfg, int* needs_send_out,
+                            int* needs_recv_out) {
   const char* fn = algo_fname(t->func);
   struct ncclComm* comm = t->comm; /* checked and entered by the caller */
   if (group_init_pending(comm)) {
@@ -43,6 +44,10 @@ static ch_status check_task(struct ch_task* t, int* needs_send_out, int* needs_r
   }
   if (has_op(t->func)) CHECK(api_red_op(comm, t->op, t->type, &t->red));
   CHECK(tune_check_call(comm, t->func, t->type)); /* NCCL_ALGO/NCCL_PROTO leave it something to run */
+  if (cfg) { /* checked here, as NCCL does, before AlltoAll/Gather/Scatter become sends and receives */
+    CHECK(tune_sel_resolve(comm, t->func, t->type, cfg->algSelection, cfg->forceAlgSelection, &t->sel));
+    t->user_tag = cfg->userProfilerTag;
+  }
   if (has_root(t->func) && (t->root < 0 || t->root >= comm->nranks)) {
     WARN("%s: invalid root %d (nranks is %d)", fn, t->root, comm->nranks);
     return CH_INVALID_ARG;
@@ -80,8 +85,8 @@ static ch_status check_task(struct ch_task* t, int* needs_send_out, int* needs_r
   return CH_OK;
 }
 
-static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
-                           ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t api_submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* cfg) {
   NVTX_RANGE(func); /* named after the API call, as NCCL's (ncclBcast's is "ncclBroadcast") */
   struct ch_task t = {.func = func, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .type = (int)type,
                       .op = (int)op, .root = root, .comm = comm, .stream = stream};
@@ -89,7 +94,7 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
   ch_status s = comm_check(comm, algo_fname(func));
   if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
     int needs_send, needs_recv;
-    s = check_task(&t, &needs_send, &needs_recv);
+    s = check_task(&t, cfg, &needs_send, &needs_recv);
     if (s == CH_OK) s = route_call(&t, algo_fname(func), needs_send, needs_recv); /* sets the group's error */
     else group_set_error(s);
     comm_leave(&g);
@@ -101,47 +106,47 @@ static ncclResult_t submit(int func, const void* sendbuff, void* recvbuff, size_
 
 CH_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
+  return api_submit(FUNC_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+  return api_submit(FUNC_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
        int root, ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+  return api_submit(FUNC_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
        cudaStream_t stream) {
-  return submit(FUNC_BROADCAST, buff, buff, count, datatype, ncclSum, root, comm, stream);
+  return api_submit(FUNC_BROADCAST, buff, buff, count, datatype, ncclSum, root, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
        ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream);
+  return api_submit(FUNC_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
+  return api_submit(FUNC_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
        ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_ALLTOALL, sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream);
+  return api_submit(FUNC_ALLTOALL, sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
        int root, ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+  return api_submit(FUNC_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
        int root, ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+  return api_submit(FUNC_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
        ncclComm_t comm, cudaStream_t stream) {
-  return submit(FUNC_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm, stream);
+  return api_submit(FUNC_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm, stream, NULL);
 }
 CH_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
        cudaStream_t stream) {
-  return submit(FUNC_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream);
+  return api_submit(FUNC_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm, stream, NULL);
 }
 
 CH_API(ncclResult_t, ncclGroupStart, void) {

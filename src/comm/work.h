@@ -26,6 +26,8 @@ struct ch_task {
   /* send/recv made by expand_task: the call they come from and its root (0 / -1 for ncclSend/Recv) */
   int origin, origin_root;
   struct tune_choice how; /* chosen by plan_build */
+  unsigned sel;         /* per-call algSelection as tune_sel_resolve left it (tune/select.c); 0: automatic */
+  uint64_t user_tag;    /* ncclCollConfig_t.userProfilerTag; 0: untagged */
   struct red_op red;    /* built once, when the call is checked */
   struct ncclComm* comm;
   cudaStream_t stream;
@@ -73,6 +75,7 @@ struct ch_plan {
   ch_status status;
   /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
   int reusable, key_func, key_type, key_root;
+  unsigned key_sel; /* the task's per-call selection: a plan chosen under one is not another's */
   int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
   int persistent; /* a captured group's (staging/stage_graph.c): restored at each replay, never released, freed with its comm */
   size_t key_count;

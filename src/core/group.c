@@ -463,8 +463,8 @@ static float estimate_us(void) {
     struct comm_guard g;
     if (tasks[k].lost || !comm_try_enter(tasks[k].comm, &g)) continue; /* an abort waits for us */
     const struct ch_task* t = &tasks[k];
-    us += tune_predict(t->comm, t->func, t->count * red_type_size(t->type),
-                       tune_repro_level(t->comm, t->func, t->type), &how); /* as plan_build will choose */
+    us += tune_predict_sel(t->comm, t->func, t->count * red_type_size(t->type),
+                           tune_repro_level(t->comm, t->func, t->type), t->sel, &how); /* as plan_build will */
     comm_leave(&g);
   }
   return (float)us;

@@ -103,7 +103,12 @@ static ch_status expand_task(const struct ch_task* t, int rank, int nranks, int*
 static uint32_t hdr_op(int op) { return op >= ncclNumOps ? (uint32_t)ncclNumOps : (uint32_t)op; }
 /* ... with the call's reproducible level: ranks whose levels differ run different algorithms, and
  * find so as a mismatch named by both calls instead of waiting for each other. */
-static uint32_t hdr_op_level(int op, int repro) { return hdr_op(op) | (uint32_t)repro << XFER_OP_REPRO_SHIFT; }
+/* The per-call selection rides above it for the same reason: ranks whose calls select differently
+ * (an application bug: ncclCollConfig_t must match) fail as a mismatch naming both selections rather
+ * than run different algorithms against each other. */
+static uint32_t hdr_op_level(int op, int repro, unsigned sel) {
+  return hdr_op(op) | (uint32_t)repro << XFER_OP_REPRO_SHIFT | (uint32_t)sel << XFER_OP_SEL_SHIFT;
+}
 
 static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_task* t, struct red_op* red) {
   op->func = t->func;
@@ -121,7 +126,7 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
    * its recv describe the same thing, the call that made them (see struct xfer_hdr). */
   if (is_coll(t->func))
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
-                                    hdr_op_level(t->op, t->how.repro), t->root};
+                                    hdr_op_level(t->op, t->how.repro, t->sel), t->root};
   else
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)(t->origin ? t->origin : FUNC_SENDRECV),
                                     (uint32_t)t->type, t->count, 0, t->origin ? t->origin_root : -1};
@@ -195,8 +200,8 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
     struct ch_task* t = &bs.tasks[i];
     /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
      * FIFOs of their own (comm_apeer), apart from the group's sends and receives. */
-    tune_choose(comm, t->func, t->count * red_type_size(t->type), tune_repro_level(comm, t->func, t->type),
-                &t->how);
+    tune_choose_sel(comm, t->func, t->count * red_type_size(t->type), tune_repro_level(comm, t->func, t->type),
+                    t->sel, &t->how);
     if (t->how.repro && !comm->repro_scratch) {
       /* Owner's slots (a step per rank), made once; only this comm's calling thread builds its plans */
       comm->repro_scratch = malloc(comm->peer_step_bytes * (size_t)comm->nranks);
@@ -248,6 +253,7 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
     plan->reusable = 1;
     plan->key_func = bs.tasks[0].func, plan->key_type = bs.tasks[0].type, plan->key_root = bs.tasks[0].root;
     plan->key_count = bs.tasks[0].count;
+    plan->key_sel = bs.tasks[0].sel;
     plan->first_algo = bs.tasks[0].how.algo;
   }
   /* lane_n becomes each used lane's index; lanes share lane_ops in lane-id order. */
@@ -331,7 +337,8 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
   /* Take the plan before reading it: a stream thread finishing a newer plan may replace and free it. */
   struct ch_plan* pl = atomic_exchange(&comm->reuse_plan, NULL);
   if (!pl) return NULL;
-  if (pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type || pl->key_root != t->root) {
+  if (pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type || pl->key_root != t->root ||
+      pl->key_sel != t->sel) {
     struct ch_plan* none = NULL;
     if (!atomic_compare_exchange_strong(&comm->reuse_plan, &none, pl)) plan_free(pl); /* a newer one came */
     return NULL;
@@ -353,7 +360,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
     if (op->algo == ALGO_DIRECT) direct_describe(op);
     if (op->algo == ALGO_OWNER) op->nidx = 0; /* its step count depends on in place or not (owner.c) */
     op->ctx.hdr.seq = 1; /* the plan's only collective; made absolute by plan_start */
-    op->ctx.hdr.op = hdr_op_level(t->op, op->ctx.repro);
+    op->ctx.hdr.op = hdr_op_level(t->op, op->ctx.repro, t->sel);
     op->ctx.wait_word = NULL;
     op->ctx.wait_sleeping = NULL;
   }

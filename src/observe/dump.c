@@ -63,12 +63,13 @@ static void put_entry(FILE* f, const struct fr_entry* e, const struct obs_timeba
                        ? ch_op_name(e->op) : "-";
   int rooted = e->func == FUNC_BROADCAST || e->func == FUNC_REDUCE || e->func == FUNC_SEND || e->func == FUNC_RECV ||
                e->func == FUNC_GATHER || e->func == FUNC_SCATTER;
-  fprintf(f, "%llu %llu %s %s %s %d %llu %s %s %d %s %s %s %llu %llu %llu\n", (unsigned long long)e->id,
+  /* tag: the 17th column, after what readers of the first 16 take (tools/flight.c) */
+  fprintf(f, "%llu %llu %s %s %s %d %llu %s %s %d %s %s %s %llu %llu %llu %llx\n", (unsigned long long)e->id,
           (unsigned long long)e->seq, ch_func_name(e->func) ? ch_func_name(e->func) : "?", type ? type : "?",
           op ? op : "?", rooted ? e->root : -1, (unsigned long long)e->count, algo ? algo : "-", proto ? proto : "-", e->nch,
           fr_exec_word(e->exec), fr_state_names[e->state], e->state >= FR_DONE ? fr_status_word(e->status) : "-",
           (unsigned long long)obs_job_ns(tb, e->t_enq), (unsigned long long)obs_job_ns(tb, e->t_start),
-          (unsigned long long)obs_job_ns(tb, e->t_end));
+          (unsigned long long)obs_job_ns(tb, e->t_end), (unsigned long long)e->tag);
 }
 
 int fr_render(struct ncclComm* comm, const char* reason, struct fr_text* out) {
@@ -90,7 +91,7 @@ int fr_render(struct ncclComm* comm, const char* reason, struct fr_text* out) {
   fprintf(f, "dumped_ns %llu\nclock_offset_ns %lld\ncapacity %d\nrecorded %llu\nnot_recorded %llu\nseq %llu\n",
           (unsigned long long)obs_job_ns(&tb, obs_ticks()), (long long)comm->clock_offset_ns, fr_capacity(comm),
           (unsigned long long)recorded, (unsigned long long)skipped, (unsigned long long)atomic_load(&comm->seq));
-  fprintf(f, "# id seq func type op root count algo proto nch exec state status enqueued_ns started_ns ended_ns\n");
+  fprintf(f, "# id seq func type op root count algo proto nch exec state status enqueued_ns started_ns ended_ns tag\n");
   for (int i = 0; i < n; i++) put_entry(f, &e[i], &tb);
   free(e);
   int bad = ferror(f);

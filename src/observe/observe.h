@@ -59,6 +59,8 @@ struct fr_entry {
   int16_t exec, hostless;   /* where it ran (core/exec.h); hostless: the GPU path ran it without a host plan */
   int32_t state;                  /* enum fr_state */
   int32_t status;                 /* ch_status of a finished call */
+  uint64_t tag;                   /* ncclCollConfig_t.userProfilerTag; 0: untagged */
+  uint32_t sel;                   /* its per-call algSelection (tune/select.c bits); 0: automatic */
 };
 
 /* Made at init with CHORUS_FLIGHT_RECORDER entries (NULL when 0); freed with the comm. */

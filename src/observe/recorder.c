@@ -29,6 +29,8 @@ struct fr_slot {
   _Atomic int32_t root;
   _Atomic uint32_t how;   /* algo | proto << 8 | nch << 16; HOW_NONE: not chosen */
   _Atomic uint32_t state; /* enum fr_state | (status + 128) << 8 */
+  _Atomic uint64_t tag;   /* ncclCollConfig_t.userProfilerTag */
+  _Atomic uint32_t sel;   /* per-call algSelection */
 };
 
 struct fr_ring {
@@ -90,7 +92,7 @@ uint64_t fr_enqueue(struct ncclComm* comm, const struct ch_task* t, int runs_now
   ST(s->t_enq, now), ST(s->t_start, t->noop ? now : 0), ST(s->t_end, t->noop ? now : 0);
   ST(s->shape, (uint64_t)(t->func & 0xff) | (uint64_t)(t->type & 0xff) << 8 | (uint64_t)(uint32_t)t->op << 16 |
                    (uint64_t)(t->exec & 0xff) << 48 | (uint64_t)(t->hostless != 0) << 56);
-  ST(s->root, t->root), ST(s->how, HOW_NONE);
+  ST(s->root, t->root), ST(s->how, HOW_NONE), ST(s->tag, t->user_tag), ST(s->sel, t->sel);
   ST(s->state, st_pack(t->noop ? FR_DONE : FR_QUEUED, CH_OK)); /* one rank, in place: nothing to do */
   w_end(s);
   return id;
@@ -163,7 +165,7 @@ static int read_slot(struct fr_slot* s, uint64_t id, struct fr_entry* out) {
                          .type = (int32_t)(shape >> 8 & 0xff), .op = (int32_t)(uint32_t)(shape >> 16),
                          .root = LD(s->root), .exec = (int16_t)(shape >> 48 & 0xff),
                          .hostless = (int16_t)(shape >> 56 & 1), .state = (int32_t)(st & 0xff),
-                         .status = (int32_t)(st >> 8) - 128};
+                         .status = (int32_t)(st >> 8) - 128, .tag = LD(s->tag), .sel = LD(s->sel)};
     e.algo = (how & 0xffff) == HOW_NONE ? -1 : (int16_t)(how & 0xff);
     e.proto = (how & 0xffff) == HOW_NONE ? -1 : (int16_t)(how >> 8 & 0xff);
     e.nch = (how & 0xffff) == HOW_NONE ? 0 : (int16_t)(how >> 16);

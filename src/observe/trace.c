@@ -150,12 +150,13 @@ static void write_ev(struct ncclComm* comm, struct obs_trace* t, const struct ob
     fprintf(t->f,
             "{\"name\":\"%s\",\"cat\":\"call\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%s,\"dur\":%s,\"args\":"
             "{\"id\":%llu,\"seq\":%llu,\"count\":%llu,\"type\":\"%s\",\"op\":\"%s\",\"root\":%d,\"algo\":\"%s\","
-            "\"proto\":\"%s\",\"nch\":%d,\"queued_us\":%s,\"status\":\"%s\"}},\n",
+            "\"proto\":\"%s\",\"nch\":%d,\"queued_us\":%s,\"status\":\"%s\",\"tag\":\"0x%llx\"}},\n",
             fn ? fn : "?", t->pid, ts, dur, (unsigned long long)c->id, (unsigned long long)c->seq,
             (unsigned long long)c->count, type ? type : "?",
             c->func == FUNC_ALLREDUCE || c->func == FUNC_REDUCE || c->func == FUNC_REDUCESCATTER ? ch_op_name(c->op) : "-",
             c->root,
-            algo ? algo : "-", proto ? proto : "-", c->nch, q, fr_status_word(c->status));
+            algo ? algo : "-", proto ? proto : "-", c->nch, q, fr_status_word(c->status),
+            (unsigned long long)c->tag); /* userProfilerTag, as text: JSON numbers stop at 2^53 */
   } else if (e->kind == EV_WAIT) {
     char name[48];
     if (e->u.wait.peer >= 0) snprintf(name, sizeof(name), "wait for rank %d", e->u.wait.peer);

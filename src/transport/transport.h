@@ -41,10 +41,12 @@ struct xfer_hdr {
   uint32_t func;
   uint32_t type;
   uint64_t count;
-  uint32_t op; /* bits 0-7: ncclRedOp_t (ncclNumOps for any PreMulSum); 8-9: the reproducible level */
+  uint32_t op; /* bits 0-7: ncclRedOp_t (ncclNumOps for any PreMulSum); 8-9: the reproducible level;
+                * 10-31: the per-call algSelection the call honours (tune/select.c; 0: automatic) */
   int32_t root;
 };
 #define XFER_OP_REPRO_SHIFT 8
+#define XFER_OP_SEL_SHIFT 10
 
 /* A 32-bit digest of a header: what a receiver compares on every step, at no extra cache miss (it
  * sits in the line of `tail`, and LL/LL128 fold it into their flags). Never 0, so a zeroed slot never

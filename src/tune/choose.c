@@ -104,7 +104,7 @@ void tune_fini(struct ncclComm* comm) { tuner_close(comm); }
 
 /* Algorithms this communicator can run for func, whatever NCCL_ALGO says. Update when an algorithm
  * is added. */
-static unsigned runnable_algos(const struct ncclComm* comm, int func) {
+unsigned tune_runnable_algos(const struct ncclComm* comm, int func) {
   unsigned m = 0;
   if (func < TUNE_P2P) m |= 1u << ALGO_RING;
   if (func == FUNC_ALLREDUCE && comm->nranks == 2) m |= 1u << ALGO_EXCHANGE;
@@ -119,7 +119,7 @@ int tune_peer_algos(const struct ncclComm* comm) {
   if (comm->nranks <= 2) return 0; /* run as Ring there (choose) */
   unsigned peer = 1u << ALGO_RECDBL | 1u << ALGO_RABEN | 1u << ALGO_TREE;
   for (int f = 0; f < TUNE_P2P; f++)
-    if (comm->algo_mask[f] & runnable_algos(comm, f) & peer) return 1;
+    if (comm->algo_mask[f] & tune_runnable_algos(comm, f) & peer) return 1;
   return 0;
 }
 
@@ -158,9 +158,9 @@ ch_status tune_check_call(struct ncclComm* comm, int func, int type) {
     return CH_INVALID_USAGE;
   }
   if (repro) return CH_OK; /* Owner (or Direct) runs it, whatever else NCCL_ALGO allows */
-  if (func < TUNE_P2P && !(comm->algo_mask[i] & runnable_algos(comm, func))) {
+  if (func < TUNE_P2P && !(comm->algo_mask[i] & tune_runnable_algos(comm, func))) {
     put_names(comm->algo_mask[i], 1, TUNE_ALGO_NBITS, a, sizeof(a));
-    put_names(runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
+    put_names(tune_runnable_algos(comm, func), 1, TUNE_ALGO_NBITS, b, sizeof(b));
     WARN("%s: NCCL_ALGO=%s leaves it no algorithm Chorus can run (allowed for %s: %s; Chorus runs %s here: "
          "CollNet, NVLS and PAT are not implemented, Tree serves AllReduce, Broadcast and Reduce, RecDbl and Rabenseifner AllReduce, "
          "Exchange needs 2 ranks, "
@@ -282,7 +282,7 @@ static double cost_us(const struct ncclComm* comm, int func, int algo, int proto
  * NCCL_ALGO allows, Ring runs the call (what Exchange and Direct fall back to). */
 static unsigned eligible(const struct ncclComm* comm, int func, size_t bytes, int repro) {
   if (comm->nranks == 1 || func >= TUNE_P2P) return 1u << ALGO_RING;
-  unsigned allow = comm->algo_mask[func] & runnable_algos(comm, func), e = allow;
+  unsigned allow = comm->algo_mask[func] & tune_runnable_algos(comm, func), e = allow;
   if (repro) { /* only what honours the level; Owner whatever NCCL_ALGO says (tune_check_call refused that) */
     e = comm->algo_mask[func] & repro_algos(comm, func);
     if ((e & (1u << ALGO_DIRECT)) && bytes < (comm->clique->procs ? comm->shm_direct_min_bytes : comm->direct_min_bytes))
@@ -355,18 +355,29 @@ static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t
  * set per pair. */
 static int algo_one_channel(int algo) { return algo == ALGO_DIRECT || algo_uses_peers(algo); }
 
-static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out,
-                     int* by_tuner) {
+static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
+                     struct tune_choice* out, int* by_tuner) {
   const struct tune_model* model = comm->model;
   int n = comm->nranks, i = tune_mask_index(func);
   unsigned pm = comm->proto_mask[i] & comm->proto_ok, em = eligible(comm, func, bytes, repro);
   if (!pm) pm = 1u << PROTO_SIMPLE; /* only if tune_check_call was bypassed */
+  /* A per-call selection (tune_sel_resolve: only pairs this communicator runs) replaces the masks and
+   * Chorus's own size thresholds: the caller asked for these pairs at this size. */
+  if (sel && n > 1 && func < TUNE_P2P) {
+    em = pm = 0;
+    for (int a = 0; a < ALGO_COUNT; a++)
+      for (int p = 0; p < CH_NPROTO; p++)
+        if (sel >> (a * CH_NPROTO + p) & 1) em |= 1u << a, pm |= 1u << p;
+  } else {
+    sel = 0;
+  }
   int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes / model->chan_bytes));
   nch = UT_MAX(1, UT_MIN(nch, comm->nchannels));
   double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
   for (int a = 0; a < ALGO_COUNT; a++)
     for (int p = 0; p < CH_NPROTO; p++)
-      t[a][p] = ((em >> a) & (pm >> p) & 1) ? cost_us(comm, func, a, p, bytes, algo_one_channel(a) ? 1 : nch) : -1.0;
+      t[a][p] = ((em >> a) & (pm >> p) & 1) && (!sel || (sel >> (a * CH_NPROTO + p) & 1))
+                    ? cost_us(comm, func, a, p, bytes, algo_one_channel(a) ? 1 : nch) : -1.0;
   /* A tuner plugin sees NCCL's algorithms only: nothing to ask when the level leaves none of them. */
   *by_tuner = !repro && comm->tuner && func < TUNE_P2P && n > 1 && consult_tuner(comm, func, bytes, t, cost, &nch);
   int algo = ALGO_RING, proto = PROTO_SIMPLE;
@@ -406,21 +417,36 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, s
   return predict_us(comm, func, algo, proto, bytes, out->nch);
 }
 
-double tune_predict(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
+double tune_predict_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
+                        struct tune_choice* out) {
   int by_tuner;
-  return choose(comm, func, bytes, repro, out, &by_tuner);
+  return choose(comm, func, bytes, repro, sel, out, &by_tuner);
+}
+
+double tune_predict(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
+  return tune_predict_sel(comm, func, bytes, repro, 0, out);
 }
 
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
+  tune_choose_sel(comm, func, bytes, repro, 0, out);
+}
+
+void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel, struct tune_choice* out) {
   int by_tuner;
-  double us = choose(comm, func, bytes, repro, out, &by_tuner);
+  double us = choose(comm, func, bytes, repro, sel, out, &by_tuner);
+  char sl[224] = "";
+  if (sel && comm->nranks > 1 && func < TUNE_P2P) { /* as choose takes it */
+    char names[180];
+    tune_sel_format(sel, names, sizeof names);
+    snprintf(sl, sizeof sl, ", per-call algSelection %s", names);
+  }
   int note = out->algo == ALGO_DIRECT && comm->clique && comm->clique->procs;
   char fb[96] = "";
   if (note) snprintf(fb, sizeof fb, " if all buffers are from ncclMemAlloc, else %s on %d channel(s)",
                      algo_name(out->fallback), out->fb_nch);
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s)%s%s",
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s%s)%s%s",
        tune_func_name(func), bytes, algo_name(out->algo), fb, tune_proto_name(out->proto), out->nch, us,
-       by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "",
+       by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "", sl,
        out->nt ? ", streaming stores" : "",
        repro == CH_REPRO_EXACT ? ", reproducible exact: Owner/Direct only" :
        repro ? ", reproducible order: Owner/Direct only" : "");

@@ -63,6 +63,25 @@ ch_status tune_check(struct ncclComm* comm);
 /* When a call is checked: CH_INVALID_USAGE with a WARN when NCCL_ALGO/NCCL_PROTO leave `func`
  * nothing Chorus can run on this communicator. */
 ch_status tune_check_call(struct ncclComm* comm, int func, int type);
+/* Per-call selection (ncclCollConfig_t.algSelection, tune/select.c): a mask with bit
+ * algo * CH_NPROTO + proto per algorithm x protocol pair allowed; 0: automatic. */
+#define TUNE_SEL_BITS 22
+/* Parse NCCL's grammar into bits 0..20 (Chorus's pairs) and 32.. (NCCL's that Chorus does not run).
+ * Returns 0, or -1 with the fault in why. */
+int tune_sel_parse(const char* sel, uint64_t* out, char* why, size_t cap);
+/* "RING_SIMPLE,TREE_LL" ("automatic" for 0). */
+void tune_sel_format(unsigned sel, char* out, size_t cap);
+/* The selection a call of func on type honours (*out; 0: automatic). One that cannot be met on this
+ * communicator: CH_INVALID_ARG with a WARN when force, else an INFO and 0. Set aside (0) where
+ * NCCL_ALGO/NCCL_PROTO restrict func or a reproducible level applies. The same on every rank given
+ * the same arguments. */
+ch_status tune_sel_resolve(struct ncclComm* comm, int func, int type, const char* sel, int force, unsigned* out);
+/* Algorithms this communicator can run for func, whatever NCCL_ALGO says (bits of enum ch_algo). */
+unsigned tune_runnable_algos(const struct ncclComm* comm, int func);
+/* tune_choose/tune_predict restricted to the pairs of sel (from tune_sel_resolve; 0: automatic). */
+void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel, struct tune_choice* out);
+double tune_predict_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
+                        struct tune_choice* out);
 /* The choice for a call and the model's predicted time (us) of what was chosen; tune_choose is this
  * plus the TUNING log line. */
 double tune_predict(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out);
