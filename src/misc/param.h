@@ -74,6 +74,7 @@
   X(P2P_PEERS, "CHORUS_P2P_PEERS", P_INT, 0, "",                                                   \
     "most peers with live per-peer FIFOs per rank (0: as many as CHORUS_P2P_MEM holds at the FIFO " \
     "size); the least recently used are released at a call boundary and re-made when next needed; " \
+    "a group that meets more same-host peers than the smallest of any rank's runs in waves; "       \
     "a communicator's ncclConfig_t.maxP2pPeers, or NCCL_P2P_MAX_PEERS, takes its place")           \
   X(P2P_MAX_PEERS, "NCCL_P2P_MAX_PEERS", P_INT, 0, "",                                              \
     "NCCL's cap on peers with per-peer connections (as CHORUS_P2P_PEERS); overrides every "         \
