@@ -165,7 +165,6 @@ void sock_set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
-#define set_nodelay sock_set_nodelay
 
 ch_status sock_listen(const union sock_addr* addr, struct sock* s) {
   char a[64];
@@ -210,7 +209,7 @@ ch_status sock_accept(struct sock* listener, struct sock* out, const struct sock
     socklen_t len = sizeof(out->addr);
     int fd = accept4(listener->fd, &out->addr.sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
-      set_nodelay(fd);
+      sock_set_nodelay(fd);
       out->fd = fd;
       return CH_OK;
     }
@@ -233,7 +232,7 @@ static int connect_once(const union sock_addr* addr, int* fd_out, const struct s
   *st = CH_OK;
   int fd = socket(addr->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno;
-  set_nodelay(fd);
+  sock_set_nodelay(fd);
   int err = 0;
   if (connect(fd, &addr->sa, addr_len(addr)) != 0) {
     err = errno;
