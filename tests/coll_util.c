@@ -580,3 +580,11 @@ double cu_proc_cpu_s(void) {
   if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return -1;
   return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
+
+chorusMemory_t cu_memory(ncclComm_t comm) {
+  chorusMemory_t m;
+  memset(&m, 0, sizeof(m));
+  m.size = sizeof(m);
+  NCCL_OK(chorusCommGetMemory(comm, &m));
+  return m;
+}

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chorus.h"
 #include "nccl.h"
 
 /* Collectives, in the order the matrices walk them. */
@@ -121,5 +122,8 @@ void cu_force_proto(const char* proto);
 /* NCCL_PROTO as currently forced ("auto" when unset), for messages. */
 const char* cu_proto(void);
 ncclComm_t cu_comm_init(int rank, int nranks, ncclUniqueId id);
+
+/* chorusCommGetMemory of comm (fails the test if the call does). */
+chorusMemory_t cu_memory(ncclComm_t comm);
 
 #endif

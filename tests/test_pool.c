@@ -15,14 +15,6 @@
 #define K 2
 #define COUNT (300 * 1024) /* floats: 1.2 MB, more than a per-peer FIFO holds */
 
-static chorusMemory_t mem_of(ncclComm_t comm) {
-  chorusMemory_t m;
-  memset(&m, 0, sizeof(m));
-  m.size = sizeof(m);
-  NCCL_OK(chorusCommGetMemory(comm, &m));
-  return m;
-}
-
 /* Round r: every rank sends to rank + r and receives from rank - r (one group), checking the data. */
 static void shift(ncclComm_t comm, int rank, int n, int r, uint32_t seed, float* sb, float* rb) {
   int to = (rank + r) % n, from = (rank - r + n) % n;
@@ -45,13 +37,13 @@ static void budget_body(int rank, int n, ncclUniqueId id, void* arg) {
   for (int sweep = 0; sweep < 2; sweep++)
     for (int r = 1; r < n; r++) {
       shift(comm, rank, n, r, (uint32_t)(sweep * 100 + r), sb, rb);
-      chorusMemory_t m = mem_of(comm);
+      chorusMemory_t m = cu_memory(comm);
       if (m.p2pPeers > K || m.p2pPeersMax > K)
         cu_failf("round %d: %llu peers live (most %llu), the budget is %d", r, (unsigned long long)m.p2pPeers,
                  (unsigned long long)m.p2pPeersMax, K);
       EXPECT_EQ((long long)m.p2pRecvBytes, (long long)(m.p2pFifoBytes * (m.p2pRecvBytes / m.p2pFifoBytes)));
     }
-  chorusMemory_t m = mem_of(comm);
+  chorusMemory_t m = cu_memory(comm);
   EXPECT_EQ((long long)m.p2pPeersCap, (long long)K);
   EXPECT(m.p2pReleased > 0);             /* peers were let go ... */
   EXPECT(m.p2pMade > 2 * (uint64_t)(n - 1)); /* ... and made again in the second sweep */
@@ -64,13 +56,13 @@ static void budget_body(int rank, int n, ncclUniqueId id, void* arg) {
     long at = cu_check_pattern(rb + p * per, ncclFloat32, per, p, rank, 77);
     if (at >= 0) cu_failf("AlltoAll: block of rank %d wrong from element %ld", p, at);
   }
-  m = mem_of(comm);
+  m = cu_memory(comm);
   if (m.p2pPeersMax > K)
     cu_failf("the AlltoAll held %llu peers live, the budget is %d", (unsigned long long)m.p2pPeersMax, K);
   /* ... and the next round stays within it. */
   NCCL_OK(ncclAllReduce(sb, rb, 1, ncclFloat32, ncclSum, comm, NULL)); /* every rank past its AlltoAll */
   shift(comm, rank, n, 1, 999, sb, rb);
-  m = mem_of(comm);
+  m = cu_memory(comm);
   if (m.p2pPeers > K) cu_failf("after the AlltoAll: %llu peers live, the budget is %d", (unsigned long long)m.p2pPeers, K);
   free(sb);
   free(rb);
@@ -117,7 +109,7 @@ static void waves_body(int rank, int n, ncclUniqueId id, void* arg) {
     for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, seed);
     NCCL_OK(ncclAlltoAll(sb, rb, per, ncclFloat32, comm, NULL));
     check_blocks(rb, n, per, rank, seed, "AlltoAll", -1);
-    chorusMemory_t m = mem_of(comm);
+    chorusMemory_t m = cu_memory(comm);
     if (round == 0 && m.p2pPeersMax > m.p2pPeersCap)
       cu_failf("rank %d: the AlltoAll held %llu peers live at once, its budget is %llu", rank,
                (unsigned long long)m.p2pPeersMax, (unsigned long long)m.p2pPeersCap);
@@ -163,7 +155,7 @@ static void waves_body(int rank, int n, ncclUniqueId id, void* arg) {
   /* A connection may carry a message that a later wave of the next group takes (a Gather's sender,
    * which runs no waves, sends before its root gets there): it cannot be released before, so a wave
    * may find up to the budget's worth of such peers beside its own. */
-  chorusMemory_t m = mem_of(comm);
+  chorusMemory_t m = cu_memory(comm);
   if (m.p2pPeersMax > 2 * m.p2pPeersCap)
     cu_failf("rank %d: %llu peers were live at once, its budget is %llu", rank, (unsigned long long)m.p2pPeersMax,
              (unsigned long long)m.p2pPeersCap);
@@ -261,7 +253,7 @@ static void abort_body(int rank, int n, ncclUniqueId id, void* arg) {
   if (rank == 0) NCCL_OK(ncclSend(b, COUNT, ncclFloat32, 2, comm, NULL)); /* releases rank 1 */
   if (rank == 2) NCCL_OK(ncclRecv(b, COUNT, ncclFloat32, 0, comm, NULL));
   pthread_barrier_wait(&abort_bar);
-  if (rank == 0) EXPECT_EQ((long long)mem_of(comm).p2pReleased, 1LL);
+  if (rank == 0) EXPECT_EQ((long long)cu_memory(comm).p2pReleased, 1LL);
   if (rank == 1) {
     ncclResult_t r = ncclRecv(b, COUNT, ncclFloat32, 0, comm, NULL);
     EXPECT(r != ncclSuccess);
@@ -316,7 +308,7 @@ static void many_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
     EXPECT_EQ(got, prev * 3 + round);
   }
   EXPECT_EQ(bad, 0);
-  chorusMemory_t m = mem_of(comm);
+  chorusMemory_t m = cu_memory(comm);
   if (m.p2pPeersMax > 8) cu_failf("rank %d: %llu peers live at once, the budget is 8", rank, (unsigned long long)m.p2pPeersMax);
   free(all);
   free(out);

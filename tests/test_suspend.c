@@ -14,14 +14,6 @@
 
 #define COUNT 4096
 
-static chorusMemory_t mem_of(ncclComm_t comm) {
-  chorusMemory_t m;
-  memset(&m, 0, sizeof(m));
-  m.size = sizeof(m);
-  NCCL_OK(chorusCommGetMemory(comm, &m));
-  return m;
-}
-
 /* An AllReduce of rank + 1 (exact: n(n+1)/2) and a send to the next rank, checked. */
 static void calls(ncclComm_t comm, int rank, int n, float* sb, float* rb) {
   for (int i = 0; i < COUNT; i++) sb[i] = (float)(rank + 1);
@@ -54,7 +46,7 @@ static void suspend_body(int rank, int n, ncclUniqueId id, void* arg) {
   float* rb = malloc(COUNT * sizeof(float));
   ASSERT(sb && rb);
   calls(comm, rank, n, sb, rb);
-  chorusMemory_t before = mem_of(comm);
+  chorusMemory_t before = cu_memory(comm);
   EXPECT(before.suspendBytes > 0);
   EXPECT_EQ(before.suspended, 0);
   EXPECT_EQ(stat_of(comm, ncclStatGpuMemSuspended), 0);
@@ -62,7 +54,7 @@ static void suspend_body(int rank, int n, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommSuspend(comm, 0));                           /* nothing asked for: not suspended */
   EXPECT_EQ(ncclCommResume(comm), ncclInvalidUsage);
   NCCL_OK(ncclCommSuspend(comm, NCCL_SUSPEND_MEM));
-  chorusMemory_t after = mem_of(comm);
+  chorusMemory_t after = cu_memory(comm);
   EXPECT_EQ(after.suspended, 1);
   EXPECT_EQ(stat_of(comm, ncclStatGpuMemSuspended), 1);
   EXPECT_EQ(stat_of(comm, ncclStatGpuMemTotal), 0); /* no device memory of Chorus's own */
@@ -73,8 +65,8 @@ static void suspend_body(int rank, int n, ncclUniqueId id, void* arg) {
   EXPECT_EQ(ncclCommSuspend(comm, NCCL_SUSPEND_MEM), ncclInvalidUsage); /* already suspended */
   /* A call resumes it: the connections are made again, the results exact. */
   calls(comm, rank, n, sb, rb);
-  EXPECT_EQ(mem_of(comm).suspended, 0);
-  EXPECT(mem_of(comm).ringBytes > 0);
+  EXPECT_EQ(cu_memory(comm).suspended, 0);
+  EXPECT(cu_memory(comm).ringBytes > 0);
   EXPECT_EQ(ncclCommResume(comm), ncclInvalidUsage); /* the call resumed it */
   /* Explicit resume, then calls; twice, so the re-made connections are released again. */
   for (int k = 0; k < 2; k++) {
@@ -120,7 +112,7 @@ static void late_body(int rank, int n, ncclUniqueId id, void* arg) {
   calls(comm, rank, n, sb, rb);
   if (rank == 0) usleep(300 * 1000);
   NCCL_OK(ncclCommSuspend(comm, NCCL_SUSPEND_MEM));
-  EXPECT_EQ(mem_of(comm).ringBytes, 0);
+  EXPECT_EQ(cu_memory(comm).ringBytes, 0);
   calls(comm, rank, n, sb, rb);
   free(sb);
   free(rb);
@@ -140,9 +132,9 @@ static void figures_body(int rank, int n, ncclUniqueId id, void* arg) {
   calls(comm, rank, n, sb, rb);
   for (int i = 0; i < COUNT * n; i++) sb[i] = 1.0f;
   NCCL_OK(ncclAlltoAll(sb, rb, COUNT, ncclFloat32, comm, NULL)); /* every peer's FIFOs */
-  chorusMemory_t b = mem_of(comm);
+  chorusMemory_t b = cu_memory(comm);
   NCCL_OK(ncclCommSuspend(comm, NCCL_SUSPEND_MEM));
-  chorusMemory_t a = mem_of(comm);
+  chorusMemory_t a = cu_memory(comm);
   if (rank == 0)
     printf("FIGURES ranks=%d before: suspend=%llu persist=%llu ring=%llu p2pRecv=%llu peers=%llu shmem=%llu | "
            "after: suspend=%llu persist=%llu ring=%llu p2pRecv=%llu peers=%llu shmem=%llu\n",
