@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -438,13 +439,13 @@ TEST(bootstrap, close_records_from_a_peer) {
 /* ---- descriptors of many thread ranks ---- */
 
 struct fd_watch {
-  volatile int stop;
+  atomic_int stop;
   int peak;
 };
 
 static void* fd_sampler(void* p) {
   struct fd_watch* w = p;
-  while (!w->stop) {
+  while (!atomic_load(&w->stop)) {
     int n = rt_count_fds();
     if (n > w->peak) w->peak = n;
     usleep(50000);
@@ -508,7 +509,7 @@ static void setup_threads(int n) {
   ASSERT(pthread_create(&t, NULL, fd_sampler, &w) == 0);
   uint64_t t0 = now_ms();
   rt_run_threads(n, setup_rank, NULL);
-  w.stop = 1;
+  atomic_store(&w.stop, 1);
   pthread_join(t, NULL);
   printf("    %d thread ranks: %llu ms, at most %d descriptors\n", n, (unsigned long long)(now_ms() - t0), w.peak);
 }
