@@ -1,8 +1,11 @@
 /* libFuzzer target: bytes sent to a rank's bootstrap listener, by a stranger (raw) or by a rank of the
- * job (authenticated first flight, then the rest as messages: headers with any tag and size). The rank
- * drives its peer layer with a short receive after each input. It must reject, bound or queue what
- * arrives, never crash, leak or allocate without bound, and keep serving.
- *   first byte even: raw bytes;  odd: authenticated as the next rank of a large job */
+ * job (authenticated first flight, then the rest as records: headers with any type, tag, size and
+ * number). The rank drives its peer layer with a short receive after each input. It must reject,
+ * bound or queue what arrives, never crash, leak or allocate without bound, and keep serving.
+ *   first byte bit 0 clear: raw bytes;  set: authenticated as the next rank of a large job
+ *   bit 1 set (authenticated): the rest is read 4 bytes a record, {type, tag, size, number}, so that
+ *   closes (BYE, BYE_ACK where none was asked for, unknown types) and message numbers (in order, ahead,
+ *   repeated) come up often; a record's payload is zeros */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -11,7 +14,7 @@
 #include "bootstrap/boot_internal.h"
 #include "misc/utils.h"
 
-#define NRANKS 4096 /* each authenticated input claims a fresh rank: a rank may connect only once */
+#define NRANKS 4096 /* each authenticated input claims a fresh rank, connection count 0 (accepted once per rank) */
 #define IDLE (NRANKS - 1) /* never claimed: waiting on it (briefly) drives the peer layer */
 
 static struct boot_key key;
@@ -50,9 +53,10 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
     w.deadline_ns = ut_now_ns() + 500000000ull;
   }
   int from = 0;
+  size_t sent = 1;
   if (data[0] & 1) {
     from = next_rank;
-    next_rank = next_rank + 1 < IDLE ? next_rank + 1 : 1; /* wrapped: "already connected" paths */
+    next_rank = next_rank + 1 < IDLE ? next_rank + 1 : 1; /* wrapped: the replayed-count paths */
     struct {
       struct boot_hello h;
       struct boot_peer_proof p;
@@ -60,8 +64,17 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
     if (boot_hello_init(&first.h, BOOT_KIND_PEER, (uint32_t)from, 0, NRANKS) != CH_OK) abort();
     boot_peer_mac(&key, 0, &first.h, &addrs[0], first.p.mac);
     (void)!send(s.fd, &first, sizeof(first), MSG_NOSIGNAL);
+    static const unsigned char zeros[64];
+    for (uint64_t seq = 0; (data[0] & 2) && sent + 4 <= size; sent += 4) {
+      const unsigned char* r = data + sent;
+      struct boot_msg_hdr h = {(int8_t)r[1], r[0] % 4u, r[2] % 64u, 0};
+      h.seq = r[3] < 128 ? seq++ : r[3] < 192 ? seq + (r[3] & 7) : (uint64_t)r[3] << (r[3] & 31);
+      if (h.type != BOOT_REC_MSG && r[3] & 1) h.size = h.seq = 0, h.tag = 0; /* a well-formed BYE or BYE_ACK */
+      (void)!send(s.fd, &h, sizeof(h), MSG_NOSIGNAL);
+      if (h.size) (void)!send(s.fd, zeros, h.size, MSG_NOSIGNAL);
+    }
   }
-  if (size > 1) (void)!send(s.fd, data + 1, size - 1, MSG_NOSIGNAL);
+  if (size > sent) (void)!send(s.fd, data + sent, size - sent, MSG_NOSIGNAL);
   /* Let rank 0's peer layer read it: a short receive from that rank (any outcome is fine). */
   char buf[64];
   boot_set_deadline(me, ut_now_ns() + 5000000ull);

@@ -1,9 +1,13 @@
 /* Many process ranks on this machine (issue 44, "A thousand ranks"): whole-library init and a
  * collective at the largest size that runs here in well under a minute, and the failures found on
  * the way to 256 ranks. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "nccl.h"
@@ -104,5 +108,48 @@ static void thread_calls_rank(int rank, int nranks, ncclUniqueId id, void* arg) 
   NCCL_OK(ncclCommDestroy(comm));
 }
 
-TEST_T(scale, threads_all_calls_64, 60) { rt_run_threads(64, thread_calls_rank, NULL); }
-TEST_T(scale, threads_all_calls_96, 60) { rt_run_threads(96, thread_calls_rank, NULL); }
+/* The most descriptors this process holds while thread ranks run, sampled every 50 ms. */
+struct fd_watch {
+  atomic_int stop;
+  int peak;
+};
+
+static void* fd_sampler(void* p) {
+  struct fd_watch* w = p;
+  while (!atomic_load(&w->stop)) {
+    int n = rt_count_fds();
+    if (n > w->peak) w->peak = n;
+    usleep(50000);
+  }
+  return NULL;
+}
+
+/* n thread ranks of thread_calls_rank; says how many descriptors the process held at most. The
+ * descriptor limit is raised to what they need if the hard limit allows (a fresh machine's soft
+ * limit is 1024). */
+static void run_thread_calls(int n) {
+  struct rlimit rl;
+  rlim_t need = n <= 128 ? (rlim_t)n * 100 : 20000; /* more ranks share the bootstrap's half among them */
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need &&
+      (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need)) {
+    rl.rlim_cur = need;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < need) {
+    printf("    SKIP: %d thread ranks need a descriptor limit of %llu (ulimit -n; hard limit too low)\n", n,
+           (unsigned long long)need);
+    return;
+  }
+  struct fd_watch w = {0, 0};
+  int before = rt_count_fds();
+  pthread_t t;
+  ASSERT(pthread_create(&t, NULL, fd_sampler, &w) == 0);
+  rt_run_threads(n, thread_calls_rank, NULL);
+  atomic_store(&w.stop, 1);
+  pthread_join(t, NULL);
+  printf("    %d thread ranks: at most %d descriptors (%d before)\n", n, w.peak, before);
+}
+
+TEST_T(scale, threads_all_calls_64, 60) { run_thread_calls(64); }
+TEST_T(scale, threads_all_calls_96, 60) { run_thread_calls(96); }
+TEST_T(scale, threads_all_calls_128, 120) { run_thread_calls(128); }

@@ -644,7 +644,7 @@ static void peer_hostile_rank(int rank, int nranks, ncclUniqueId id, void* arg) 
     } msg;
     boot_hello_init(&msg.h, BOOT_KIND_PEER, 0, 1, (uint32_t)nranks);
     boot_peer_mac(key, 0, &msg.h, &peers[1].listen_addr, msg.p.mac);
-    msg.m = (struct boot_msg_hdr){5, 0, 1ull << 40};
+    msg.m = (struct boot_msg_hdr){5, BOOT_REC_MSG, 1ull << 40, 0};
     EXPECT(send(fd, &msg, sizeof(msg), MSG_NOSIGNAL) == (ssize_t)sizeof(msg));
     /* A second connection claiming rank 0 is refused: rank 0 is connected already. */
     usleep(300000);
@@ -699,7 +699,10 @@ static void flood_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
     enum { N = BOOT_MAX_QUEUED_MSGS + 100 };
     struct boot_msg_hdr* h = calloc(N, sizeof(*h));
     ASSERT(h);
-    for (int i = 0; i < N; i++) h[i].tag = 1000 + i; /* empty messages nobody waits for */
+    for (int i = 0; i < N; i++) { /* empty messages nobody waits for, numbered in order */
+      h[i].tag = 1000 + i;
+      h[i].seq = (uint64_t)i;
+    }
     size_t off = 0, len = N * sizeof(*h);
     while (off < len) { /* the receiver may cut us off part way */
       struct pollfd p = {fd, POLLOUT, 0};

@@ -9,7 +9,9 @@
 
 #include "bootstrap.h"
 
-#define BOOT_ID_MAGIC 0x4348524253310003ull /* "CHRBS1" + format 3 (key + handshake + the root's ACCEPTED) */
+/* "CHRBS1" + format 4 (key + handshake + the root's ACCEPTED; 4: a peer hello's connection count, record
+ * types and message numbers between ranks) */
+#define BOOT_ID_MAGIC 0x4348524253310004ull
 #define BOOT_KIND_JOIN 1u                   /* a rank joining at the root */
 #define BOOT_KIND_PEER 2u                   /* a rank connecting to another rank */
 #define BOOT_KIND_QUERY 3u                  /* a stall query (query.c) */
@@ -58,14 +60,17 @@ struct boot_id {
  * may send messages right behind it. The server checks it, then answers
  * HMAC(key, "server" || hello || server address), which the client checks before it reads
  * anything else from that connection. The server's listen address in the MAC binds the proof to
- * one listener, and a rank claimed once cannot connect again, so a recorded flight cannot be
- * replayed. */
+ * one listener, and the hello's `gen` to one connection: a rank may connect to another again after
+ * a close (peer_close.c), but each count is accepted once and only in increasing order, so a
+ * recorded flight cannot be replayed. */
 struct boot_hello {
   uint64_t magic;
   uint32_t kind;
   uint32_t arg;     /* JOIN: sizeof(struct boot_rank_info); PEER: sender rank */
   uint32_t to_rank; /* PEER: the rank meant (guards against stale addresses); JOIN: 0 */
   uint32_t nranks;
+  uint32_t gen; /* PEER: connections the sender opened to to_rank before this one; else 0 */
+  uint32_t pad;
   unsigned char nonce[BOOT_NONCE];
 };
 struct boot_srv_proof {
@@ -99,11 +104,16 @@ struct boot_reply {
   uint64_t len;    /* payload bytes: struct boot_next, or the error text (no NUL) */
 };
 
-/* Message header between ranks. */
+/* Record header between ranks, after the handshake. A message is a header and `size` bytes; BYE and
+ * BYE_ACK close a connection gracefully (peer_close.c) and carry nothing (tag, size and seq 0). */
+enum { BOOT_REC_MSG = 0, BOOT_REC_BYE = 1, BOOT_REC_BYE_ACK = 2 };
 struct boot_msg_hdr {
   int32_t tag;
-  uint32_t pad;
+  uint32_t type; /* BOOT_REC_* */
   uint64_t size;
+  /* MSG: messages the sender sent to this receiver before this one, over any connection: a message on
+   * a new connection may overtake the last ones on a closing one, and the receiver restores the order */
+  uint64_t seq;
 };
 
 /* auth.c */

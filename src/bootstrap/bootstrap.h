@@ -118,6 +118,21 @@ void boot_set_context(struct boot_state* b, const char* what);
 void boot_watch_roots(struct boot_state* b, int fd0, int fd1);
 void boot_close(struct boot_state* b);
 
+/* b's connections with other ranks (bootstrap/peer_close.c), for tests and logs. */
+struct boot_conn_stats {
+  int open;                /* past the handshake and not being closed */
+  int opening;             /* ours waiting for the callee's proof: with `open`, what CHORUS_BOOT_MAX_CONNS caps */
+  int closing;             /* BYE sent or received, not closed yet */
+  int max_open;            /* the most open at once, counted after each new one closed another */
+  int max_held;            /* the same for open + opening: over the cap only while no open one could be closed */
+  int cap;                 /* the cap now */
+  uint64_t opened, closed; /* connections opened (either side), and closed gracefully */
+  uint64_t crossed;        /* closes in which both sides sent BYE at once */
+};
+void boot_conn_stats(struct boot_state* b, struct boot_conn_stats* out);
+/* Test hook: start closing b's idle connections with peer, as the cap does; returns how many. */
+int boot_close_idle(struct boot_state* b, int peer);
+
 #define BOOT_TAG_CONNECT (1 << 30)
 
 /* NUL-terminate a fixed-size text field received from the wire; -1 if it holds non-printable bytes. */

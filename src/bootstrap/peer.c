@@ -1,101 +1,54 @@
 /* Messages between ranks after the rendezvous.
  *
- * Each pair of ranks talks over persistent TCP connections, opened on first use. A rank sends to a
- * peer on the first connection it has with that peer (its own, or one the peer opened), and reads
- * from every connection, so all messages from one peer arrive in order and two ranks that connect
- * to each other at the same time still work. There is no background thread: whoever waits (send
- * or recv) accepts new connections and reads everything that arrives, queueing messages per peer.
- * Reading while sending also means two ranks sending large messages to each other cannot deadlock.
+ * Each pair of ranks talks over TCP connections opened on first use. A rank sends to a peer on one
+ * connection it has with that peer (its own, or one the peer opened), and reads from every
+ * connection, so two ranks that connect to each other at the same time still work. There is no
+ * background thread: whoever waits (send or recv) accepts new connections and reads everything that
+ * arrives, queueing messages per peer. Reading while sending also means two ranks sending large
+ * messages to each other cannot deadlock. A rank keeps at most a few dozen connections open
+ * (CHORUS_BOOT_MAX_CONNS): past that, the least recently used idle one is closed gracefully and
+ * opened again when next needed (peer_close.c), so an AlltoAll's connection setup, which talks to
+ * every rank, leaves O(1) sockets per rank instead of O(N).
  *
  * Every connection starts with the rank-to-rank handshake of boot_internal.h: the caller proves
  * the key in its first flight and may send right behind it (a send never waits for the receiver);
  * the callee reads nothing past that proof unless it checks out, and answers with its own proof,
  * which the caller checks before reading anything else there (state CS_OPEN). An incoming
- * connection must claim a rank in range, addressed to us, not already connected; it is closed if
- * it has not proved the key within BOOT_HELLO_TIMEOUT_NS while more than BOOT_MAX_PENDING wait.
+ * connection must claim a rank in range, addressed to us, with a connection count (boot_hello.gen)
+ * above that rank's last; it is closed if it has not proved the key within BOOT_PEER_HELLO_NS while
+ * more than BOOT_MAX_PENDING wait.
  *
  * Liveness: a receive that has waited BOOT_LIVENESS_NS for a peer it has no connection with opens
  * one; a refused connection (the peer's listener existed, so it is gone) or an EOF on an open one
- * ends every wait for that peer with CH_REMOTE. */
+ * (not one being closed) ends every wait for that peer with CH_REMOTE. */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include "../misc/log.h"
 #include "../misc/utils.h"
-#include "boot_internal.h"
+#include "peer_internal.h"
 
 #define BOOT_MAX_PENDING 64                /* incoming connections not yet authenticated, beyond one per peer */
 #define BOOT_ACCEPT_PAUSE_NS (100 * UT_NS_PER_MS) /* out of descriptors: stop accepting this long */
-
-struct boot_msg {
-  struct boot_msg* next;
-  int tag;
-  size_t size;
-  char data[];
-};
-
-enum { CS_SRV_HELLO, CS_SRV_PROOF, CS_CLI_WAIT, CS_OPEN };
-
-/* Owned by the thread calling into the boot_state (bootstrap calls on one state are serialized). */
-struct boot_conn {
-  int fd;
-  int peer;  /* client side: the rank we called; server side: -1 until authenticated */
-  int state; /* CS_* */
-  int dead;  /* EOF or error seen; closed and freed by reap() outside of send loops */
-  uint64_t t0;
-  union sock_addr addr;
-  struct boot_hello hello;           /* ours (client) or theirs (server) */
-  struct boot_peer_proof proof;      /* the other side's proof, being read */
-  size_t got;                        /* bytes of the handshake record being read */
-  size_t hdr_got;
-  struct boot_msg_hdr hdr;
-  struct boot_msg* cur; /* message whose payload is arriving */
-  size_t cur_got;
-};
-
-struct boot_peer {
-  struct boot_conn* send;
-  struct boot_msg *head, *tail;
-  size_t qbytes; /* queued, not yet received */
-  int qcount;
-  int authed_in; /* authenticated connections it opened to us (at most one) */
-  int lost;      /* a connection with it closed or failed: nothing more will come */
-  char why[200];
-  int pid;        /* from the rank table (boot_name_peers), for messages; 0: unknown */
-  char host[64];
-};
-
-struct boot_state {
-  int rank, nranks;
-  uint64_t magic;
-  struct boot_key key;
-  struct sock listener;
-  union sock_addr* addrs;
-  struct boot_peer* peers;
-  struct boot_conn** conns;
-  int nconns, cap;
-  struct pollfd* pfds;
-  int pcap;
-  uint64_t accept_paused_until;
-  int warned_emfile;
-  const volatile int* abort;
-  uint64_t deadline;
-  /* What the owner's current bootstrap calls are for ("ncclAllReduce #1"), for a lost peer's message:
-   * set and cleared by the thread that owns b around them (boot_set_context), read by that thread. */
-  char context[96];
-  /* The join connections to our root(s) while the table is gathered (-1: none; owned by boot_init,
-   * which clears them here before closing them): readable means a report that the job failed. The
-   * owner's thread only. `failed`: that report's status, returned by every later wait. */
-  int root_fd[2];
-  ch_status failed;
-};
+#define BOOT_SETTLE_NS (500 * UT_NS_PER_MS)       /* the longest a send waits for closes (settle) */
+#define BOOT_FLUSH_NS (5 * UT_NS_PER_S)           /* the longest boot_close waits for its sends to arrive */
+#define BOOT_EMFILE_RETRY_NS (2 * UT_NS_PER_S)    /* out of descriptors: a connect is tried again this long */
+/* An incoming connection not authenticated by then is closed. Longer than the root's 5 s: a rank's
+ * thread on a crowded machine may wait seconds for a CPU between its connect and its first write
+ * (up to 3.5 s measured with 512 thread ranks on 2 CPUs), and a rank, unlike a joiner at the root,
+ * does not connect again when cut off. Floods are bounded by BOOT_MAX_PENDING meanwhile. */
+#define BOOT_PEER_HELLO_NS (30 * UT_NS_PER_S)
 
 static struct sock_wait boot_wait(struct boot_state* b) {
   struct sock_wait w = {b->abort, b->deadline};
@@ -121,21 +74,25 @@ static struct boot_conn* conn_add(struct boot_state* b, int fd, const union sock
   c->state = state;
   c->t0 = ut_now_ns();
   c->addr = *addr;
+  c->used = ++b->tick;
   b->conns[b->nconns++] = c;
   return c;
+}
+
+static void conn_close_fd(struct boot_conn* c) {
+  if (c->fd < 0) return;
+  /* Closing with unread input (a handshake answer we never needed) would reset the connection,
+   * and the other side could take that for a failure: read it away first. */
+  char junk[256];
+  for (int k = 0; k < 64 && recv(c->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; k++) {}
+  close(c->fd);
+  c->fd = -1;
 }
 
 static void conn_free(struct boot_state* b, int i) {
   struct boot_conn* c = b->conns[i];
   if (c->peer >= 0 && b->peers[c->peer].send == c) b->peers[c->peer].send = NULL;
-  if (c->fd >= 0) {
-    /* Closing with unread input (a handshake answer we never needed) would reset the connection,
-     * and the other side could take that for a failure: read it away first. */
-    char junk[256];
-    for (int k = 0; k < 64 && recv(c->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; k++) {
-    }
-    close(c->fd);
-  }
+  conn_close_fd(c);
   free(c->cur);
   free(c);
   b->conns[i] = b->conns[--b->nconns];
@@ -146,36 +103,25 @@ static void reap(struct boot_state* b) {
     if (b->conns[i]->dead) conn_free(b, i);
 }
 
-static void conn_kill(struct boot_state* b, struct boot_conn* c) {
+/* Its descriptor goes at once (a thread of a busy machine may not run again for a while); the
+ * structure stays until reap(), as callers up the stack may still hold it. */
+void boot_conn_kill(struct boot_state* b, struct boot_conn* c) {
   c->dead = 1;
   if (c->peer >= 0 && b->peers[c->peer].send == c) b->peers[c->peer].send = NULL;
+  conn_close_fd(c);
 }
 
-static void peer_lost(struct boot_state* b, int p, const char* why) {
+void boot_peer_lost(struct boot_state* b, int p, const char* why) {
   if (!b->peers[p].lost) snprintf(b->peers[p].why, sizeof(b->peers[p].why), "%s", why);
   b->peers[p].lost = 1;
 }
 
-static void enqueue(struct boot_peer* p, struct boot_msg* m) {
-  m->next = NULL;
-  if (p->tail) p->tail->next = m;
-  else p->head = m;
-  p->tail = m;
-  p->qbytes += m->size;
-  p->qcount++;
-}
-
-static struct boot_msg* take(struct boot_peer* p, int tag) {
-  struct boot_msg **pp = &p->head, *prev = NULL;
-  for (struct boot_msg* m = p->head; m; prev = m, pp = &m->next, m = m->next) {
-    if (m->tag != tag) continue;
-    *pp = m->next;
-    if (p->tail == m) p->tail = prev;
-    p->qbytes -= m->size;
-    p->qcount--;
-    return m;
-  }
-  return NULL;
+void boot_conn_drop(struct boot_state* b, struct boot_conn* c, const char* why) {
+  char a[64];
+  WARN("Bootstrap rank %d: rank %d at %s %s; dropping its connection", b->rank, c->peer,
+       sock_addr_str(&c->addr, a, sizeof(a)), why);
+  boot_peer_lost(b, c->peer, why);
+  boot_conn_kill(b, c);
 }
 
 /* Handshake records are small and go out on fresh sockets: they fit the send buffer at once. */
@@ -190,7 +136,7 @@ static void reject(struct boot_state* b, struct boot_conn* c, const char* why) {
   char who[64];
   snprintf(who, sizeof(who), "Bootstrap rank %d", b->rank);
   sock_warn_reject(who, &c->addr, why);
-  conn_kill(b, c);
+  boot_conn_kill(b, c);
 }
 
 /* A complete handshake record arrived on c: advance its state. */
@@ -213,28 +159,36 @@ static void handshake_step(struct boot_state* b, struct boot_conn* c) {
       return reject(b, c, why);
     }
     struct boot_peer* p = &b->peers[from];
-    if (p->authed_in) {
-      snprintf(why, sizeof(why), "it claims rank %d, which is already connected", from);
+    /* A rank opens its connections to us in order, each one after the last was authenticated (it
+     * closes only open ones): a count not above the last one's is a replayed first flight. */
+    if (c->hello.gen < p->in_gen) {
+      snprintf(why, sizeof(why),
+               "it claims rank %d, connection %u, but that rank's connection %llu was accepted already", from,
+               c->hello.gen, (unsigned long long)p->in_gen - 1);
       return reject(b, c, why);
     }
     /* If our answer cannot be sent, the caller has already sent and closed: what it sent before
      * its proof checked out is still read (then EOF), only this connection is not used to send. */
     struct boot_peer_proof sp;
     boot_peer_mac(&b->key, 1, &c->hello, &b->listener.addr, sp.mac);
-    int answered = send_small(c->fd, &sp, sizeof(sp)) == 0;
-    p->authed_in = 1;
+    c->can_send = send_small(c->fd, &sp, sizeof(sp)) == 0;
+    p->in_gen = (uint64_t)c->hello.gen + 1;
     c->peer = from;
     c->state = CS_OPEN;
-    if (!p->send && answered) p->send = c;
+    c->used = ++b->tick;
+    b->opened++;
+    if (!p->send && c->can_send) p->send = c;
+    boot_conns_trim(b, c); /* one more open: over the cap, close another */
   } else if (c->state == CS_CLI_WAIT) {
     if (!boot_peer_mac_ok(&b->key, 1, &c->hello, &b->addrs[c->peer], c->proof.mac)) {
       WARN("Bootstrap rank %d: rank %d at %s does not know this job's secret: the ranks run with different secrets "
            "(CHORUS_SECRET / CHORUS_SECRET_FILE), or another program now listens there",
            b->rank, c->peer, sock_addr_str(&c->addr, a, sizeof(a)));
-      peer_lost(b, c->peer, "failed the handshake (different secret, or not a rank of this job)");
-      return conn_kill(b, c);
+      boot_peer_lost(b, c->peer, "failed the handshake (different secret, or not a rank of this job)");
+      return boot_conn_kill(b, c);
     }
     c->state = CS_OPEN;
+    b->settled++;
   }
 }
 
@@ -247,35 +201,35 @@ static int other_conn(struct boot_state* b, const struct boot_conn* c) {
   return 0;
 }
 
-/* EOF or error on c (errno in e, 0 for EOF). */
-static void conn_eof(struct boot_state* b, struct boot_conn* c, int e) {
+void boot_conn_eof(struct boot_state* b, struct boot_conn* c, int e) {
   char a[64], why[200];
+  if (boot_closing_eof(b, c, e)) return;
   if (c->state == CS_SRV_HELLO || c->state == CS_SRV_PROOF) {
     INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: ignoring connection from %s (closed during the handshake)", b->rank,
          sock_addr_str(&c->addr, a, sizeof(a)));
   } else if (c->state == CS_CLI_WAIT) {
     snprintf(why, sizeof(why), "closed the connection before proving itself (%s: it exited, or rejected us: see its log)",
              e ? strerror(e) : "EOF");
-    peer_lost(b, c->peer, why);
-  } else if ((e == 0 || e == ECONNRESET) && c->hdr_got == 0 && other_conn(b, c)) {
+    boot_peer_lost(b, c->peer, why);
+  } else if ((e == 0 || e == ECONNRESET || e == EPIPE) && c->hdr_got == 0 && other_conn(b, c)) {
     /* Two ranks that connected to each other have two connections. A peer that finished closes both;
      * what it sent on the other one (in order there) may still be on its way: only the last close
      * says the peer is gone. */
     INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: rank %d closed one of its connections", b->rank, c->peer);
-  } else if ((e == 0 || e == ECONNRESET) && c->hdr_got == 0) {
+  } else if ((e == 0 || e == ECONNRESET || e == EPIPE) && c->hdr_got == 0) {
     /* A reset between messages: the peer closed with our handshake answer unread. */
-    peer_lost(b, c->peer, "closed its bootstrap connection (exited, or finished with the bootstrap)");
+    boot_peer_lost(b, c->peer, "closed its bootstrap connection (exited, or finished with the bootstrap)");
   } else {
     snprintf(why, sizeof(why), "broke its bootstrap connection (%s)",
              e == 0 ? "closed in the middle of a message" : strerror(e));
-    peer_lost(b, c->peer, why);
+    boot_peer_lost(b, c->peer, why);
   }
-  conn_kill(b, c);
+  boot_conn_kill(b, c);
 }
 
 /* Read everything available on c, queueing complete messages. Never frees c. */
 static void conn_read(struct boot_state* b, struct boot_conn* c) {
-  while (!c->dead) {
+  while (!c->dead && !c->fin) {
     void* dst;
     size_t want;
     if (c->state != CS_OPEN) {
@@ -294,7 +248,7 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0 && want) {
-      conn_eof(b, c, n < 0 ? errno : 0);
+      boot_conn_eof(b, c, n < 0 ? errno : 0);
       return;
     }
     if (c->state != CS_OPEN) {
@@ -308,6 +262,11 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
     }
     if (c->hdr_got < sizeof(c->hdr)) {
       c->hdr_got += (size_t)n;
+      if (c->hdr_got == sizeof(c->hdr) && c->hdr.type != BOOT_REC_MSG) {
+        c->hdr_got = 0;
+        boot_ctl_record(b, c);
+        continue;
+      }
       if (c->hdr_got == sizeof(c->hdr)) {
         struct boot_peer* p = &b->peers[c->peer];
         char why[200];
@@ -318,18 +277,15 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
         else if (p->qbytes + c->hdr.size > BOOT_MAX_QUEUED_BYTES || p->qcount >= BOOT_MAX_QUEUED_MSGS)
           snprintf(why, sizeof(why), "sent more unexpected bootstrap messages than we queue (%d messages, %zu bytes)",
                    p->qcount, p->qbytes);
+        else if (!boot_seq_ok(p, c->hdr.seq))
+          snprintf(why, sizeof(why), "sent message number %llu, but %llu is due and %d may be held",
+                   (unsigned long long)c->hdr.seq, (unsigned long long)p->rseq, BOOT_MAX_QUEUED_MSGS);
         else if (!(c->cur = malloc(sizeof(struct boot_msg) + c->hdr.size)))
           snprintf(why, sizeof(why), "sent a message we have no memory for (%llu bytes)",
                    (unsigned long long)c->hdr.size);
-        if (why[0]) {
-          char a[64];
-          WARN("Bootstrap rank %d: rank %d at %s %s; dropping its connection", b->rank, c->peer,
-               sock_addr_str(&c->addr, a, sizeof(a)), why);
-          peer_lost(b, c->peer, why);
-          conn_kill(b, c);
-          return;
-        }
+        if (why[0]) return boot_conn_drop(b, c, why);
         c->cur->tag = c->hdr.tag;
+        c->cur->seq = c->hdr.seq;
         c->cur->size = c->hdr.size;
         c->cur_got = 0;
       }
@@ -337,9 +293,16 @@ static void conn_read(struct boot_state* b, struct boot_conn* c) {
       c->cur_got += (size_t)n;
     }
     if (c->cur && c->cur_got == c->cur->size) {
-      enqueue(&b->peers[c->peer], c->cur);
+      struct boot_msg* m = c->cur;
       c->cur = NULL;
       c->hdr_got = 0;
+      c->used = ++b->tick;
+      if (boot_enqueue(&b->peers[c->peer], m) != 0) {
+        char why[120];
+        snprintf(why, sizeof(why), "sent message number %llu twice", (unsigned long long)m->seq);
+        free(m);
+        return boot_conn_drop(b, c, why);
+      }
     }
   }
 }
@@ -362,7 +325,7 @@ static void evict_pending(struct boot_state* b, const char* why) {
   char a[64];
   INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: dropping connection from %s (%s)", b->rank,
        sock_addr_str(&old->addr, a, sizeof(a)), why);
-  conn_kill(b, old);
+  boot_conn_kill(b, old);
 }
 
 static void accept_new(struct boot_state* b) {
@@ -429,8 +392,9 @@ static ch_status root_report(struct boot_state* b, int fd) {
 
 void boot_watch_roots(struct boot_state* b, int fd0, int fd1) { b->root_fd[0] = fd0, b->root_fd[1] = fd1; }
 
-static ch_status progress(struct boot_state* b, struct boot_conn* want, int* writable) {
+static ch_status progress(struct boot_state* b, struct boot_conn* want, int* writable, int wait_ms) {
   if (b->failed != CH_OK) return b->failed;
+  reap(b); /* closed connections give their descriptors back now (callers hold no dead one) */
   struct sock_wait w = boot_wait(b);
   int np = b->nconns + 3; /* the listener, the connections, two roots */
   if (np > b->pcap) {
@@ -447,12 +411,14 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
   b->pfds[0] = (struct pollfd){paused ? -1 : b->listener.fd, POLLIN, 0};
   for (int i = 0; i < b->nconns; i++) {
     struct boot_conn* c = b->conns[i];
-    b->pfds[i + 1] = (struct pollfd){c->dead ? -1 : c->fd, (short)(POLLIN | (c == want ? POLLOUT : 0)), 0};
+    short ev = (short)((c->fin ? 0 : POLLIN) | (c == want || c->ctl_on ? POLLOUT : 0));
+    b->pfds[i + 1] = (struct pollfd){c->dead ? -1 : c->fd, ev, 0};
   }
   int nc = b->nconns;
   b->pfds[nc + 1] = (struct pollfd){b->root_fd[0], POLLIN, 0};
   b->pfds[nc + 2] = (struct pollfd){b->root_fd[1], POLLIN, 0};
-  int r = poll(b->pfds, (nfds_t)np, sock_wait_slice_ms(&w));
+  int slice = sock_wait_slice_ms(&w);
+  int r = poll(b->pfds, (nfds_t)np, wait_ms >= 0 && wait_ms < slice ? wait_ms : slice);
   if (r < 0 && errno != EINTR) {
     WARN("Bootstrap rank %d: poll failed: %s", b->rank, strerror(errno));
     return CH_SYSTEM;
@@ -462,6 +428,7 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
     struct boot_conn* c = b->conns[i];
     short ev = b->pfds[i + 1].revents;
     if (c == want && writable && (ev & (POLLOUT | POLLERR | POLLHUP))) *writable = 1;
+    if (c->ctl_on && (ev & (POLLOUT | POLLERR | POLLHUP))) boot_ctl_flush(b, c);
     if (ev & (POLLIN | POLLERR | POLLHUP)) conn_read(b, c);
   }
   if (r > 0 && (b->pfds[0].revents & POLLIN)) accept_new(b);
@@ -474,13 +441,15 @@ static ch_status progress(struct boot_state* b, struct boot_conn* want, int* wri
   int crowded = pending_count(b) > BOOT_MAX_PENDING;
   for (int i = 0; crowded && i < b->nconns; i++) {
     struct boot_conn* c = b->conns[i];
-    if ((c->state == CS_SRV_HELLO || c->state == CS_SRV_PROOF) && !c->dead && now - c->t0 > BOOT_HELLO_TIMEOUT_NS) {
+    if ((c->state == CS_SRV_HELLO || c->state == CS_SRV_PROOF) && !c->dead && now - c->t0 > BOOT_PEER_HELLO_NS) {
       char a[64];
-      INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: dropping connection from %s (no handshake within 5 s)", b->rank,
+      INFO(LOG_BOOTSTRAP, "Bootstrap rank %d: dropping connection from %s (no handshake within 30 s)", b->rank,
            sock_addr_str(&c->addr, a, sizeof(a)));
-      conn_kill(b, c);
+      boot_conn_kill(b, c);
     }
   }
+  /* Over the cap because every connection was busy when the last one opened: try again. */
+  boot_conns_trim(b, NULL);
   return CH_OK;
 }
 
@@ -502,27 +471,54 @@ static ch_status conn_open(struct boot_state* b, int peer, int tag) {
   struct sock s;
   struct sock_wait w = boot_wait(b);
   int err = 0;
+  /* The first flight is made before connecting: the callee gives it BOOT_PEER_HELLO_NS from its
+   * accept, and a thread of a busy machine may wait long for the CPU between two steps. */
+  struct {
+    struct boot_hello h;
+    struct boot_peer_proof p;
+  } first;
+  if (boot_hello_init(&first.h, BOOT_KIND_PEER, (uint32_t)b->rank, (uint32_t)peer, (uint32_t)b->nranks) != CH_OK) {
+    WARN("Bootstrap rank %d: no random numbers for a connection to rank %d: %s", b->rank, peer, strerror(errno));
+    return CH_SYSTEM;
+  }
+  first.h.gen = b->peers[peer].out_gen++;
+  boot_peer_mac(&b->key, 0, &first.h, &b->addrs[peer], first.p.mac);
   ch_status st = sock_connect_brief(&b->addrs[peer], &s, &w, BOOT_REFUSED_GRACE_MS, &err);
+  /* Out of descriptors: our limit, not the peer's fault. Ranks of this process closing connections
+   * give some back soon: read and answer meanwhile, and try again for a while before giving up. */
+  for (uint64_t end = ut_now_ns() + BOOT_EMFILE_RETRY_NS; st != CH_OK && (err == EMFILE || err == ENFILE) &&
+                                                          ut_now_ns() < end;) {
+    CHECK(progress(b, NULL, NULL, -1));
+    w = boot_wait(b);
+    st = sock_connect_brief(&b->addrs[peer], &s, &w, BOOT_REFUSED_GRACE_MS, &err);
+  }
   if (st == CH_TIMEOUT || st == CH_ABORTED) return wait_failed(b, st, "connecting to", peer, tag);
-  if (st != CH_OK && (err == EMFILE || err == ENFILE)) { /* our limit, not the peer's fault */
+  if (st != CH_OK && (err == EMFILE || err == ENFILE)) {
     struct rlimit rl = {0, 0};
     getrlimit(RLIMIT_NOFILE, &rl);
     WARN("Bootstrap rank %d: cannot open a connection to rank %d: %s (this process may hold %llu descriptors, "
-         "`ulimit -n`; thread ranks of one process hold two for each pair of ranks that exchange connection "
-         "setup, so an AlltoAll of N thread ranks needs about N*N): raise the limit or use fewer ranks per process",
-         b->rank, peer, strerror(err), (unsigned long long)rl.rlim_cur);
+         "`ulimit -n`; each of its ranks keeps up to %d bootstrap connections open, CHORUS_BOOT_MAX_CONNS, and thread "
+         "ranks of one process hold both ends of theirs): raise the limit, lower CHORUS_BOOT_MAX_CONNS or use fewer "
+         "ranks per process",
+         b->rank, peer, strerror(err), (unsigned long long)rl.rlim_cur, boot_conns_cap(b));
+    return CH_SYSTEM;
+  }
+  if (st != CH_OK && err == EADDRNOTAVAIL) { /* this host's ports toward it are all taken: ours too */
+    WARN("Bootstrap rank %d: cannot open a connection to rank %d at %s: %s (no local port left toward that address: "
+         "too many connections to it closed in the last minute, TIME_WAIT)",
+         b->rank, peer, peer_addr(b, peer, a, sizeof(a)), strerror(err));
     return CH_SYSTEM;
   }
   if (st != CH_OK) {
     snprintf(why, sizeof(why), "is gone: connecting to its bootstrap listener failed: %s", strerror(err));
-    peer_lost(b, peer, why);
+    boot_peer_lost(b, peer, why);
     return CH_REMOTE;
   }
   if (boot_uid_check(&b->key, s.fd, &s.addr, why, sizeof(why)) != 0) {
     WARN("Bootstrap rank %d: the listener of rank %d at %s is not ours: it is %s", b->rank, peer,
          peer_addr(b, peer, a, sizeof(a)), why);
     sock_close(&s);
-    peer_lost(b, peer, "listens on an address now held by another user");
+    boot_peer_lost(b, peer, "listens on an address now held by another user");
     return CH_REMOTE;
   }
   struct boot_conn* c = conn_add(b, s.fd, &s.addr, peer, CS_CLI_WAIT);
@@ -531,20 +527,17 @@ static ch_status conn_open(struct boot_state* b, int peer, int tag) {
     WARN("Bootstrap rank %d: out of memory", b->rank);
     return CH_SYSTEM;
   }
-  struct {
-    struct boot_hello h;
-    struct boot_peer_proof p;
-  } first;
-  int bad = boot_hello_init(&c->hello, BOOT_KIND_PEER, (uint32_t)b->rank, (uint32_t)peer, (uint32_t)b->nranks) != CH_OK;
-  first.h = c->hello;
-  boot_peer_mac(&b->key, 0, &c->hello, &b->addrs[peer], first.p.mac);
-  if (bad || send_small(c->fd, &first, sizeof(first)) != 0) {
-    conn_kill(b, c);
+  c->hello = first.h;
+  c->can_send = 1;
+  b->opened++;
+  if (send_small(c->fd, &first, sizeof(first)) != 0) {
+    boot_conn_kill(b, c);
     snprintf(why, sizeof(why), "broke the connection at once (%s)", strerror(errno));
-    peer_lost(b, peer, why);
+    boot_peer_lost(b, peer, why);
     return CH_REMOTE;
   }
   if (!b->peers[peer].send) b->peers[peer].send = c;
+  boot_conns_trim(b, c); /* one more open: over the cap, close another */
   return CH_OK;
 }
 
@@ -590,11 +583,41 @@ void boot_name_peers(struct boot_state* b, const struct boot_rank_info* table) {
   for (int r = 0; r < b->nranks; r++) boot_name_peer(b, r, table[r].pid, table[r].hostname);
 }
 
+/* Before a new connection: read what has arrived, without waiting. A rank that sends to many ranks in
+ * a row (small sends return at once) reads nothing otherwise: the callees of its new connections
+ * answer, and those it closed to make room keep their descriptors, until it reads their answers (as
+ * do those its peers close until it answers). If one more would still go over the cap (every open
+ * one waits for its callee's proof) or too many are closing, wait for answers (reading, and
+ * answering others) as long as some arrive in each poll slice, and at most BOOT_SETTLE_NS: a send
+ * must not wait on a rank that may be waiting on it (another rank driven by this very thread, or
+ * one busy outside the bootstrap); past that it goes over the cap. */
+static ch_status settle(struct boot_state* b, int peer, int tag) {
+  CHECK(progress(b, NULL, NULL, 0));
+  uint64_t end = ut_now_ns() + BOOT_SETTLE_NS;
+  while (boot_conns_full(b) && ut_now_ns() < end) {
+    struct sock_wait w = boot_wait(b);
+    ch_status st = sock_wait_check(&w);
+    if (st != CH_OK) return wait_failed(b, st, "sending to", peer, tag);
+    uint64_t settled = b->settled;
+    CHECK(progress(b, NULL, NULL, -1));
+    if (b->settled == settled) break;
+  }
+  reap(b);
+  return CH_OK;
+}
+
 /* A connection to send to peer on: ours (its proof may still be on the way), or an authenticated
- * one it opened; opened here if there is none. */
+ * one it opened, not being closed; opened here if there is none. */
 static ch_status wait_open(struct boot_state* b, int peer, int tag) {
   struct boot_peer* p = &b->peers[peer];
   if (p->lost) return report_lost(b, peer, tag, "sending to");
+  if (p->send) return CH_OK;
+  CHECK(settle(b, peer, tag));
+  if (p->lost) return report_lost(b, peer, tag, "sending to");
+  for (int i = 0; !p->send && i < b->nconns; i++) {
+    struct boot_conn* o = b->conns[i];
+    if (!o->dead && o->peer == peer && o->can_send && !o->bye_out && !o->bye_in) p->send = o;
+  }
   if (p->send) return CH_OK;
   if (b->addrs[peer].sa.sa_family == AF_UNSPEC) { /* boot_allgather_learn never lets this happen */
     WARN("Bootstrap rank %d: sending to rank %d (tag %d), whose address this rank does not know yet", b->rank, peer,
@@ -621,12 +644,12 @@ static ch_status conn_write(struct boot_state* b, struct boot_conn* c, const voi
       struct sock_wait w = boot_wait(b);
       ch_status st = sock_wait_check(&w);
       if (st != CH_OK) return wait_failed(b, st, "sending to", c->peer, tag);
-      CHECK(progress(b, c, NULL));
+      CHECK(progress(b, c, NULL, -1));
       continue;
     }
     int e = r < 0 ? errno : EPIPE;
-    conn_kill(b, c);
-    peer_lost(b, c->peer, e == EPIPE || e == ECONNRESET ? "closed its bootstrap connection" : strerror(e));
+    boot_conn_kill(b, c);
+    boot_peer_lost(b, c->peer, e == EPIPE || e == ECONNRESET ? "closed its bootstrap connection" : strerror(e));
     return report_lost(b, c->peer, tag, "sending to"); /* names its pid and host */
   }
   return CH_OK;
@@ -648,7 +671,7 @@ ch_status boot_send(struct boot_state* b, int peer, int tag, const void* data, s
     return CH_INTERNAL;
   }
   reap(b);
-  struct boot_msg_hdr hdr = {tag, 0, size};
+  struct boot_peer* p = &b->peers[peer];
   if (peer == b->rank) {
     struct boot_msg* m = malloc(sizeof(*m) + size);
     if (!m) {
@@ -656,21 +679,30 @@ ch_status boot_send(struct boot_state* b, int peer, int tag, const void* data, s
       return CH_SYSTEM;
     }
     m->tag = tag;
+    m->seq = p->sseq++;
     m->size = size;
     if (size) memcpy(m->data, data, size);
-    enqueue(&b->peers[peer], m);
+    (void)boot_enqueue(p, m); /* numbered in order: never a duplicate */
     return CH_OK;
   }
   CHECK(wait_open(b, peer, tag));
-  struct boot_conn* c = b->peers[peer].send;
+  struct boot_conn* c = p->send;
+  struct boot_msg_hdr hdr = {tag, BOOT_REC_MSG, size, p->sseq++};
+  ch_status st;
+  b->writing = c;     /* not closed under us, even if it falls idle while we wait */
   if (size <= 4096) { /* one segment for the common small message */
     char buf[sizeof(hdr) + 4096];
     memcpy(buf, &hdr, sizeof(hdr));
     if (size) memcpy(buf + sizeof(hdr), data, size);
-    return conn_write(b, c, buf, sizeof(hdr) + size, tag);
+    st = conn_write(b, c, buf, sizeof(hdr) + size, tag);
+  } else {
+    st = conn_write(b, c, &hdr, sizeof(hdr), tag);
+    if (st == CH_OK) st = conn_write(b, c, data, size, tag);
   }
-  CHECK(conn_write(b, c, &hdr, sizeof(hdr), tag));
-  return conn_write(b, c, data, size, tag);
+  b->writing = NULL;
+  c->used = ++b->tick;
+  if (st == CH_OK) boot_conn_wrote(b, c);
+  return st;
 }
 
 static int has_conn(struct boot_state* b, int peer) {
@@ -685,7 +717,7 @@ ch_status boot_recv(struct boot_state* b, int peer, int tag, void* data, size_t 
   struct boot_peer* p = &b->peers[peer];
   uint64_t t0 = ut_now_ns();
   for (;;) {
-    struct boot_msg* m = take(p, tag);
+    struct boot_msg* m = boot_take(p, tag);
     if (m) {
       ch_status st = CH_OK;
       if (m->size != size) {
@@ -702,90 +734,21 @@ ch_status boot_recv(struct boot_state* b, int peer, int tag, void* data, size_t 
     struct sock_wait w = boot_wait(b);
     ch_status st = sock_wait_check(&w);
     if (st != CH_OK) return wait_failed(b, st, "waiting for a message from", peer, tag);
-    /* Liveness: with no connection to a silent peer, an EOF could never tell us it died. */
-    if (peer != b->rank && ut_now_ns() - t0 > BOOT_LIVENESS_NS && !has_conn(b, peer) &&
-        b->addrs[peer].sa.sa_family != AF_UNSPEC) {
-      st = conn_open(b, peer, tag);
-      if (st == CH_REMOTE) return report_lost(b, peer, tag, "waiting for a message from");
-      if (st != CH_OK) return st;
-    }
-    CHECK(progress(b, NULL, NULL));
+    int late = ut_now_ns() - t0 > BOOT_LIVENESS_NS;
+    CHECK(progress(b, NULL, NULL, -1));
     reap(b);
-  }
-}
-
-/* Slots [lo, lo+count) modulo n of data, packed into (out) or unpacked from (in) buf. */
-static void ag_copy(char* data, char* buf, int n, int lo, int count, size_t size, int out) {
-  for (int k = 0; k < count; k++) {
-    char* slot = data + (size_t)(((lo + k) % n + n) % n) * size;
-    if (out) memcpy(buf + (size_t)k * size, slot, size);
-    else memcpy(slot, buf + (size_t)k * size, size);
-  }
-}
-
-/* count slots starting at lo to peer (or from it), in messages of at most ~1 MiB (BOOT_MAX_MSG and
- * the peer's queue bound hold at any job size). */
-static ch_status ag_xfer(struct boot_state* b, int peer, int tag, char* data, int lo, int count, size_t size, int out,
-                         char* buf, int per_msg) {
-  for (int k = 0; k < count; k += per_msg) {
-    int c = count - k < per_msg ? count - k : per_msg;
-    if (out) {
-      ag_copy(data, buf, b->nranks, lo + k, c, size, 1);
-      CHECK(boot_send(b, peer, tag, buf, (size_t)c * size));
-    } else {
-      CHECK(boot_recv(b, peer, tag, buf, (size_t)c * size));
-      ag_copy(data, buf, b->nranks, lo + k, c, size, 0);
+    /* Liveness: with no connection to a silent peer, an EOF could never tell us it died. Only after
+     * a round of reading: its last message may wait in our listener's queue (a rank that finished
+     * closes its listener, and the probe is refused, once what it sent has arrived). A refused
+     * probe marks it lost; the loop delivers what came before saying so. */
+    if (late && peer != b->rank && !has_conn(b, peer) && b->addrs[peer].sa.sa_family != AF_UNSPEC) {
+      st = conn_open(b, peer, tag);
+      if (st != CH_OK && st != CH_REMOTE) return st;
+      /* A peer at its cap may close this one again at once, having answered it (so it lives):
+       * probe again a while later, not at every turn. */
+      t0 = ut_now_ns();
     }
   }
-  return CH_OK;
-}
-
-/* Bidirectional doubling. Before a step, rank r holds the slots [r-h, r+h]; it talks to the ranks
- * d = max(h, 1) away: it sends up (r+d) the c_lo slots just below that rank's window and down (r-d)
- * the c_hi slots just above that rank's window, and receives the same from them, so its window grows
- * to [r-h-c_lo, r+h+c_hi]. c_lo = c_hi = d until the last step, which fetches only what is still
- * missing. Every rank computes the same counts, so sizes match exactly. About log2(n) steps, each rank
- * receives every slot once (n-1 slots in all), and talks to ~2 log2(n) distinct ranks.
- * The first step (h = 0) needs only the address of rank r+1: the slot from r-1 is received before
- * anything is sent to it, and its connection to us carries our answer. `learn` (may be NULL) checks
- * the slots just received (and may learn addresses from them) before any of them is forwarded. */
-ch_status boot_allgather_learn(struct boot_state* b, void* data, size_t size, boot_ag_learn_fn learn, void* arg) {
-  int n = b->nranks, r = b->rank;
-  if (n == 1) return CH_OK;
-  if (size == 0 || size > BOOT_MAX_MSG) {
-    WARN("Bootstrap rank %d: allgather slots of %zu bytes (1 to %llu allowed)", r, size,
-         (unsigned long long)BOOT_MAX_MSG);
-    return CH_INTERNAL;
-  }
-  size_t per = (1u << 20) / size;
-  int per_msg = per < 1 ? 1 : per > (size_t)n ? n : (int)per;
-  char* buf = malloc((size_t)per_msg * size);
-  if (!buf) {
-    WARN("Bootstrap rank %d: out of memory for an allgather of %d x %zu bytes", r, n, size);
-    return CH_SYSTEM;
-  }
-  char* d = data;
-  ch_status st = CH_OK;
-  for (int h = 0; st == CH_OK && 2 * h + 1 < n;) {
-    int dist = h > 0 ? h : 1, missing = n - (2 * h + 1);
-    int c_lo = missing < dist ? missing : dist;
-    int c_hi = missing - c_lo < dist ? missing - c_lo : dist;
-    int up = (r + dist) % n, down = (r - dist + n) % n;
-    /* To up: the slots below its window [up-h, up+h]; from down: those below ours. */
-    st = ag_xfer(b, up, BOOT_TAG_ALLGATHER, d, up - h - c_lo, c_lo, size, 1, buf, per_msg);
-    if (st == CH_OK) st = ag_xfer(b, down, BOOT_TAG_ALLGATHER, d, r - h - c_lo, c_lo, size, 0, buf, per_msg);
-    if (st == CH_OK && learn) st = learn(arg, b, r - h - c_lo, c_lo, down);
-    if (st == CH_OK && c_hi) st = ag_xfer(b, down, BOOT_TAG_ALLGATHER_UP, d, down + h + 1, c_hi, size, 1, buf, per_msg);
-    if (st == CH_OK && c_hi) st = ag_xfer(b, up, BOOT_TAG_ALLGATHER_UP, d, r + h + 1, c_hi, size, 0, buf, per_msg);
-    if (st == CH_OK && c_hi && learn) st = learn(arg, b, r + h + 1, c_hi, up);
-    h += dist;
-  }
-  free(buf);
-  return st;
-}
-
-ch_status boot_allgather(struct boot_state* b, void* data, size_t size) {
-  return boot_allgather_learn(b, data, size, NULL, NULL);
 }
 
 ch_status boot_learn_addr(struct boot_state* b, int rank, const union sock_addr* addr) {
@@ -799,18 +762,6 @@ ch_status boot_learn_addr(struct boot_state* b, int rank, const union sock_addr*
   WARN("Bootstrap rank %d: rank %d's listen address is %s in the table gathered from the ranks, but %s from the root",
        b->rank, rank, x, y);
   return CH_INTERNAL;
-}
-
-/* Dissemination: in round k each rank sends an empty token to r+2^k and waits for one from r-2^k;
- * after ceil(log2 n) rounds every rank has heard, through some chain, from every other. The partners
- * are those of boot_allgather (plus at most one farther), so a barrier opens few new sockets. */
-ch_status boot_barrier(struct boot_state* b) {
-  int n = b->nranks, r = b->rank;
-  for (int d = 1; d < n; d *= 2) {
-    CHECK(boot_send(b, (r + d) % n, BOOT_TAG_BARRIER, NULL, 0));
-    CHECK(boot_recv(b, (r - d + n) % n, BOOT_TAG_BARRIER, NULL, 0));
-  }
-  return CH_OK;
 }
 
 ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint64_t magic, const struct boot_key* key,
@@ -840,6 +791,7 @@ ch_status boot_peers_create(struct boot_state** out, int rank, int nranks, uint6
   b->abort = abort;
   b->deadline = deadline_ns;
   b->root_fd[0] = b->root_fd[1] = -1;
+  boot_conns_init(b);
   *out = b;
   return CH_OK;
 }
@@ -855,8 +807,31 @@ const struct boot_key* boot_secret(struct boot_state* b) { return &b->key; }
 void boot_set_abort(struct boot_state* b, const volatile int* abort) { b->abort = abort; }
 void boot_set_deadline(struct boot_state* b, uint64_t deadline_ns) { b->deadline = deadline_ns; }
 
+/* Before closing: wait (at most BOOT_FLUSH_NS in all) until every peer's host has acknowledged what
+ * we sent. Our last message may be on a connection its receiver has not accepted yet; once we close,
+ * its answer (the proof, or a BYE from a rank at its cap) resets the connection, which throws away
+ * whatever of ours was not acknowledged, and our listener refuses the receiver's liveness probe, so
+ * it would call us lost. Even between processes of one host a busy machine drops packets (its soft
+ * interrupts fall behind) and resends them after a timeout, so the wait is short or none, but not
+ * always. */
+static void flush_sends(struct boot_state* b) {
+  uint64_t end = ut_now_ns() + BOOT_FLUSH_NS;
+  for (;;) {
+    int queued = 0;
+    for (int i = 0; i < b->nconns && !queued; i++) {
+      int n = 0;
+      struct boot_conn* c = b->conns[i];
+      queued = !c->dead && c->fd >= 0 && ioctl(c->fd, SIOCOUTQ, &n) == 0 && n > 0;
+    }
+    if (!queued || ut_now_ns() >= end) return;
+    usleep(1000);
+  }
+}
+
 void boot_close(struct boot_state* b) {
   if (!b) return;
+  boot_conns_fini(b);
+  flush_sends(b);
   while (b->nconns > 0) conn_free(b, b->nconns - 1);
   for (int i = 0; i < b->nranks; i++) {
     struct boot_msg* m = b->peers[i].head;

@@ -25,6 +25,10 @@
   X(SOCKET_RETRY_SLEEP_MSEC, "NCCL_SOCKET_RETRY_SLEEP_MSEC", P_INT, 100, "",                       \
     "linear backoff step between connect retries (ms)")                                            \
   X(HOSTID, "NCCL_HOSTID", P_STR, 0, "", "host identity override (default hostname + boot id)")    \
+  X(BOOT_MAX_CONNS, "CHORUS_BOOT_MAX_CONNS", P_INT, 64, "",                                        \
+    "most bootstrap connections a rank keeps open with other ranks; past it the least recently used idle one is closed (and opened again when next needed), " \
+    "its allgather and barrier partners last; lowered to share half of the process's descriptor limit (ulimit -n) among the bootstraps of its ranks, " \
+    "never below 2*ceil(log2 nranks)+2 (those partners, and one more peer each way)") \
   X(ALGO, "NCCL_ALGO", P_STR, 0, "",                                                              \
     "algorithms allowed: [func:]list;... of Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT, Exchange, Direct, RecDbl, Rabenseifner (^ excludes); empty = auto") \
   X(PROTO, "NCCL_PROTO", P_STR, 0, "", "protocols allowed: [func:]list;... of LL, LL128, Simple (^ excludes)") \
