@@ -104,6 +104,53 @@ ncclResult_t chorusCommGetMemory(ncclComm_t comm, chorusMemory_t* mem);
  * in len bytes. chorus-info --flight DIR reads every rank's file. ncclInvalidUsage when the recorder is
  * off (CHORUS_FLIGHT_RECORDER=0); ncclSystemError when the file cannot be written (a WARN says why). */
 ncclResult_t chorusCommDumpFlightRecorder(ncclComm_t comm, char* path, size_t len);
+/* ncclCommQueryProperties, NCCL's host-side question about a communicator, is declared by NCCL in
+ * nccl_device/core.h, a CUDA header Chorus does not ship: the same struct, enums and call are declared
+ * here for programs without it (include nccl_device.h before chorus.h to use NCCL's own). Layout of
+ * NCCL 2.31.2; a struct made by 2.29's or 2.30's header (its size and version say which) is filled
+ * only as far as it reaches. Chorus has no device API, GIN or multimem: those fields say so (false,
+ * NONE, 0); rank, nRanks, cudaDev (as ncclCommCuDevice), nvmlDev (-1 without a GPU) and commHash
+ * are the communicator's. */
+#ifndef _NCCL_DEVICE_CORE_H_
+#ifndef __cplusplus
+#include <stdbool.h>
+#endif
+typedef enum {
+  NCCL_GIN_CONNECTION_NONE,
+  NCCL_GIN_CONNECTION_FULL,
+  NCCL_GIN_CONNECTION_RAIL,
+  NCCL_GIN_CONNECTION_CUSTOM_STRIDE
+} ncclGinConnectionType_t;
+typedef enum {
+  NCCL_GIN_TYPE_NONE = 0,
+  NCCL_GIN_TYPE_PROXY = 2,
+  NCCL_GIN_TYPE_GDAKI = 3,
+  NCCL_GIN_TYPE_GPI = 4,
+  NCCL_GIN_TYPE_EFA_GDA = 5,
+  NCCL_GIN_MAX_TYPES = 6
+} ncclGinType_t;
+typedef struct ncclCommProperties {
+  size_t size;          /* set by NCCL_COMM_PROPERTIES_INITIALIZER */
+  unsigned int magic;   /* NCCL_API_MAGIC */
+  unsigned int version; /* the header's NCCL_VERSION_CODE */
+  int rank, nRanks, cudaDev, nvmlDev;
+  bool deviceApiSupport, multimemSupport;
+  ncclGinType_t ginType;
+  int nLsaTeams; /* from here on: 2.29.3 and later */
+  bool hostRmaSupport;
+  ncclGinType_t railedGinType;
+  uint64_t commHash; /* from here on: 2.31 */
+  int ginMinStride;
+  ncclGinConnectionType_t ginConnectionType;
+  bool ginSupport[64];
+  size_t devCommRuntimeVersionSize;
+} ncclCommProperties_t;
+/* Every field named, so that -Wextra's missing-initializer warning stays quiet. */
+#define NCCL_COMM_PROPERTIES_INITIALIZER                                                                    \
+  {sizeof(ncclCommProperties_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, 0, 0, 0, 0, false, false, NCCL_GIN_TYPE_NONE, 0, \
+   false, NCCL_GIN_TYPE_NONE, 0, 0, NCCL_GIN_CONNECTION_NONE, {false}, 0}
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
+#endif
 /* Rank and world size the environment describes, without creating a communicator. */
 ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
 

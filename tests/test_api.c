@@ -205,3 +205,67 @@ TEST_T(api, newer_entry_points, 20) {
   EXPECT_EQ(ncclSignal(0, 0, 0, 0, comm, NULL), ncclInvalidUsage);
   NCCL_OK(ncclCommDestroy(comm));
 }
+
+/* ncclCommQueryProperties: NCCL 2.31's layout (the offsets of nccl_device/core.h on LP64), the truth
+ * about what Chorus has (no device API, GIN, multimem), and structs of older headers filled only as
+ * far as they reach. */
+#include <stddef.h>
+#include "chorus.h"
+_Static_assert(offsetof(ncclCommProperties_t, rank) == 16 && offsetof(ncclCommProperties_t, deviceApiSupport) == 32 &&
+                   offsetof(ncclCommProperties_t, ginType) == 36 && offsetof(ncclCommProperties_t, hostRmaSupport) == 44 &&
+                   offsetof(ncclCommProperties_t, commHash) == 56 && offsetof(ncclCommProperties_t, ginSupport) == 72 &&
+                   offsetof(ncclCommProperties_t, devCommRuntimeVersionSize) == 136 && sizeof(ncclCommProperties_t) == 144,
+               "ncclCommProperties_t has NCCL 2.31's layout");
+
+TEST_T(api, query_properties, 20) {
+  ncclComm_t comms[2];
+  int devs[2] = {0, 0};
+  NCCL_OK(ncclCommInitAll(comms, 2, devs));
+  ncclCommProperties_t p[2];
+  for (int r = 0; r < 2; r++) {
+    ncclCommProperties_t q = NCCL_COMM_PROPERTIES_INITIALIZER;
+    memset(&q.rank, 0x5a, sizeof(q) - offsetof(ncclCommProperties_t, rank));
+    NCCL_OK(ncclCommQueryProperties(comms[r], &q));
+    EXPECT_EQ(q.rank, r);
+    EXPECT_EQ(q.nRanks, 2);
+    EXPECT(!q.deviceApiSupport && !q.multimemSupport && !q.hostRmaSupport);
+    EXPECT_EQ(q.ginType, NCCL_GIN_TYPE_NONE);
+    EXPECT_EQ(q.railedGinType, NCCL_GIN_TYPE_NONE);
+    EXPECT_EQ(q.nLsaTeams, 0);
+    EXPECT_EQ(q.ginConnectionType, NCCL_GIN_CONNECTION_NONE);
+    EXPECT_EQ(q.devCommRuntimeVersionSize, 0);
+    for (int i = 0; i < 64; i++) EXPECT(!q.ginSupport[i]);
+    p[r] = q;
+  }
+  EXPECT(p[0].commHash == p[1].commHash && p[0].commHash != 0);
+
+  /* 2.29.7's struct ends before commHash: nothing past it is written. */
+  ncclCommProperties_t old;
+  memset(&old, 0x5a, sizeof(old));
+  old.size = offsetof(ncclCommProperties_t, commHash), old.magic = NCCL_API_MAGIC, old.version = 22907;
+  NCCL_OK(ncclCommQueryProperties(comms[1], &old));
+  EXPECT(old.rank == 1 && old.ginType == NCCL_GIN_TYPE_NONE && !old.hostRmaSupport);
+  const unsigned char* tail = (const unsigned char*)&old + offsetof(ncclCommProperties_t, commHash);
+  for (size_t i = 0; i < sizeof(old) - offsetof(ncclCommProperties_t, commHash); i++) EXPECT_EQ(tail[i], 0x5a);
+  /* 2.29.2's: ginType was the byte after multimemSupport, and the struct ended at 40 bytes. */
+  memset(&old, 0x5a, sizeof(old));
+  old.size = 40, old.magic = NCCL_API_MAGIC, old.version = 22902;
+  NCCL_OK(ncclCommQueryProperties(comms[0], &old));
+  EXPECT_EQ(((unsigned char*)&old)[34], 0);
+  EXPECT_EQ(((unsigned char*)&old)[40], 0x5a);
+
+  /* Refused by name: no initializer, a newer header's struct, a size no header had, NULL. */
+  ncclCommProperties_t bad = NCCL_COMM_PROPERTIES_INITIALIZER;
+  bad.magic = 0;
+  EXPECT_EQ(ncclCommQueryProperties(comms[0], &bad), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(NULL), "NCCL_COMM_PROPERTIES_INITIALIZER") != NULL);
+  bad = (ncclCommProperties_t)NCCL_COMM_PROPERTIES_INITIALIZER;
+  bad.version = NCCL_VERSION_CODE + 1;
+  EXPECT_EQ(ncclCommQueryProperties(comms[0], &bad), ncclInvalidUsage);
+  bad = (ncclCommProperties_t)NCCL_COMM_PROPERTIES_INITIALIZER;
+  bad.size = 4096;
+  EXPECT_EQ(ncclCommQueryProperties(comms[0], &bad), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommQueryProperties(comms[0], NULL), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommQueryProperties(NULL, &p[0]), ncclInvalidArgument);
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
+}

@@ -13,6 +13,15 @@ struct red_op;
   __attribute__((visibility("default"))) ret p##name(__VA_ARGS__) __attribute__((alias(#name))); \
   __attribute__((visibility("default"))) ret name(__VA_ARGS__)
 
+/* A NULL argument of a public call: a WARN naming it, then ncclInvalidArgument (needs misc/log.h). */
+#define ARG_NONNULL(p, fn)                                 \
+  do {                                                     \
+    if (!(p)) {                                            \
+      WARN("%s: argument %s is NULL", fn, #p);             \
+      return ncclInvalidArgument;                          \
+    }                                                      \
+  } while (0)
+
 /* ch_status values equal ncclResult_t, except the internal CH_ABORTED: an aborted call is an expected
  * outcome of the caller's own ncclCommAbort, reported as invalid usage of an aborted communicator. */
 static inline ncclResult_t ch_to_nccl(ch_status s) { return s == CH_ABORTED ? ncclInvalidUsage : (ncclResult_t)s; }

@@ -17,14 +17,6 @@
 #include "api.h"
 #include "nvtx.h"
 
-#define ARG_NONNULL(p, fn)                                 \
-  do {                                                     \
-    if (!(p)) {                                            \
-      WARN("%s: argument %s is NULL", fn, #p);             \
-      return ncclInvalidArgument;                          \
-    }                                                      \
-  } while (0)
-
 CH_API(ncclResult_t, ncclGetVersion, int* version) {
   ARG_NONNULL(version, "ncclGetVersion");
   *version = NCCL_VERSION_CODE;
