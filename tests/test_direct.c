@@ -254,3 +254,156 @@ TEST(direct, mismatch_count_threads) { run_mismatch(0, 0, 0); }
 TEST(direct, mismatch_type_threads) { run_mismatch(0, 0, 1); }
 TEST(direct, mismatch_count_procs) { run_mismatch(1, 1, 0); }
 TEST(direct, mismatch_type_procs) { run_mismatch(1, 1, 1); }
+
+/* Cross-memory copies (algo/direct_cma.c): buffers not from ncclMemAlloc, between processes, run
+ * Direct when CHORUS_CMA is on and the kernel lets the ranks read each other (probed at init; where it
+ * does not, as under Yama's ptrace_scope 1, every rank falls back and these tests check results only). */
+static int cma_works(void) { return access("/proc/sys/kernel/yama/ptrace_scope", F_OK) != 0 || getenv("CHORUS_TEST_CMA"); }
+
+static void cma_everywhere(const char* on) {
+  setenv("CHORUS_CMA", on, 1);
+  setenv("CHORUS_CMA_MIN_BYTES", "0", 1);
+  direct_everywhere();
+}
+
+static void cma_sweep(int nranks) {
+  cma_everywhere("1");
+  cu_memalloc = 0;
+  struct cu_sweep sw = {.colls = 1u << CU_ALLREDUCE, .big = {300007}};
+  rt_run_procs(nranks, cu_sweep_body, &sw);
+  unsetenv("CHORUS_CMA_MIN_BYTES");
+}
+TEST_T(direct, cma_procs_2_all_types_ops, 120) { cma_sweep(2); }
+TEST_T(direct, cma_procs_3_all_types_ops, 180) { cma_sweep(3); }
+
+/* Plain buffers (arg: how many ranks use ncclMemAlloc for theirs, from rank 0 up), in place and not,
+ * several MiB (more than one copy block per peer); which path ran is checked where CMA is known to work. */
+struct cma_arg {
+  int memalloc_ranks, expect_direct, expect_cma; /* -1: not checked */
+};
+static void cma_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct cma_arg* a = arg;
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  const size_t n = (3u << 20) / sizeof(float) + 77;
+  int mapped = rank < a->memalloc_ranks;
+  float *send = NULL, *recv = NULL;
+  if (mapped) {
+    NCCL_OK(ncclMemAlloc((void**)&send, n * sizeof(float)));
+    NCCL_OK(ncclMemAlloc((void**)&recv, n * sizeof(float)));
+  } else {
+    send = malloc(n * sizeof(float)), recv = malloc(n * sizeof(float));
+  }
+  for (int rep = 0; rep < 4; rep++) {
+    int inplace = rep & 1;
+    float* out = inplace ? send : recv;
+    for (size_t i = 0; i < n; i++) send[i] = (float)(rank + 1 + (int)(i % 7) + rep);
+    NCCL_OK(ncclAllReduce(send, out, n, ncclFloat, ncclSum, comm, NULL));
+    if (a->expect_direct >= 0) EXPECT_EQ(ran_direct(comm), a->expect_direct);
+    for (size_t i = 0; i < n; i++) {
+      float want = (float)(nranks * (nranks + 1) / 2 + nranks * ((int)(i % 7) + rep));
+      if (out[i] != want) {
+        rt_fail(__FILE__, __LINE__, "rank %d rep %d [%zu] = %g, want %g", rank, rep, i, out[i], want);
+        break;
+      }
+    }
+  }
+  if (a->expect_cma >= 0) EXPECT_EQ(comm->cma != NULL, a->expect_cma);
+  if (mapped) {
+    NCCL_OK(ncclMemFree(send));
+    NCCL_OK(ncclMemFree(recv));
+  } else {
+    free(send), free(recv);
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST_T(direct, cma_plain_buffers_run_direct, 120) {
+  cma_everywhere("1");
+  struct cma_arg a = {0, cma_works() ? 1 : -1, cma_works() ? 1 : -1};
+  rt_run_procs(2, cma_body, &a);
+  rt_run_procs(4, cma_body, &a);
+  a.memalloc_ranks = 2; /* mapped and copied peers in one call */
+  rt_run_procs(3, cma_body, &a);
+  unsetenv("CHORUS_CMA_MIN_BYTES");
+}
+TEST_T(direct, cma_off_falls_back, 60) {
+  cma_everywhere("0");
+  struct cma_arg a = {0, 0, 0};
+  rt_run_procs(3, cma_body, &a);
+  unsetenv("CHORUS_CMA");
+  unsetenv("CHORUS_CMA_MIN_BYTES");
+}
+/* Below CHORUS_CMA_MIN_BYTES the call falls back, on every rank alike. */
+TEST_T(direct, cma_below_min_falls_back, 60) {
+  cma_everywhere("1");
+  setenv("CHORUS_CMA_MIN_BYTES", "67108864", 1);
+  cu_force_proto(NULL);
+  struct cma_arg a = {0, 0, cma_works() ? 1 : -1};
+  rt_run_procs(2, cma_body, &a);
+  unsetenv("CHORUS_CMA_MIN_BYTES");
+}
+
+/* A rank whose cross-memory copies the kernel refuses (a seccomp filter: what a container runtime's
+ * profile does; root's CAP_SYS_PTRACE would pass ptrace_scope and dumpable checks): before init, every
+ * rank's probe agrees CMA is off and the calls fall back; after init, the call fails on every rank with
+ * ncclSystemError, without a hang. */
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+static void refuse_cma(void) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_writev, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+  };
+  struct sock_fprog prog = {(unsigned short)(sizeof(f) / sizeof(f[0])), f};
+  ASSERT(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+  ASSERT(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
+}
+
+static void refused_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int after_init = arg != NULL;
+  if (rank == 1 && !after_init) refuse_cma();
+  ncclComm_t comm = cu_comm_init(rank, nranks, id);
+  const size_t n = (1u << 20) + 3;
+  float* buf = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) buf[i] = 1.0f;
+  NCCL_OK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, NULL));
+  EXPECT_EQ(buf[n - 1], (float)nranks);
+  if (!after_init) {
+    EXPECT(comm->cma == NULL);
+    EXPECT_EQ(ran_direct(comm), 0);
+    NCCL_OK(ncclCommDestroy(comm));
+  } else {
+    if (cma_works()) EXPECT_EQ(ran_direct(comm), 1);
+    if (rank == 1) refuse_cma();
+    ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, NULL);
+    if (cma_works()) EXPECT_EQ(r, ncclSystemError);
+    NCCL_OK(ncclCommAbort(comm));
+  }
+  free(buf);
+}
+TEST_T(direct, cma_refused_at_init_falls_back, 60) {
+  cma_everywhere("1");
+  rt_run_procs(3, refused_body, NULL);
+}
+TEST_T(direct, cma_refused_mid_job_fails_every_rank, 60) {
+  cma_everywhere("1");
+  rt_run_procs(3, refused_body, (void*)1);
+}
+
+/* Reproducible levels through cross-memory copies: every rank's block of a segment read at once. */
+TEST_T(direct, cma_reproducible_levels, 120) {
+  cma_everywhere("1");
+  struct cma_arg a = {0, cma_works() ? 1 : -1, -1};
+  setenv("CHORUS_REPRODUCIBLE", "order", 1);
+  cu_force_proto(NULL);
+  rt_run_procs(3, cma_body, &a);
+  setenv("CHORUS_REPRODUCIBLE", "exact", 1);
+  cu_force_proto(NULL);
+  rt_run_procs(2, cma_body, &a);
+  unsetenv("CHORUS_REPRODUCIBLE");
+}

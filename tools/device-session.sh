@@ -294,9 +294,10 @@ scaling() {
   [[ -x $B/bin/all_reduce_perf ]] || build || return 1
   # Largest rank count first and Open MPI beside each: a deadline cuts the least needed.
   local ranks=${SCALING_RANKS:-"16 8 4 2"} max=${SCALING_MAX:-256M}
-  local algos=${SCALING_ALGOS:-"auto tuned Ring RecDbl Rabenseifner Tree Direct Exchange LL LL128 Simple"}
+  local algos=${SCALING_ALGOS:-"auto tuned Ring RecDbl Rabenseifner Tree Direct CMA Exchange LL LL128 Simple"}
   local f=scaling np a mpi=0
   bounded $f 5 sh -c 'nproc; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)"'
+  bounded $f 20 $B/bin/memcpy_bench # one core's memcpy and the kernel's cross-memory copy (CHORUS_CMA)
   # SCALING_MPI=0: no Open MPI runs (its figures taken earlier in the sitting)
   if [[ ${SCALING_MPI:-1} != 0 ]]; then
     mpi_setup >>"$OUT/$f.txt" 2>&1 && mpi=1 || echo "# no Open MPI here (and no wheel carried): no baseline" >>"$OUT/$f.txt"
@@ -327,6 +328,7 @@ scaling() {
         case $a in
           auto) ;;
           tuned) env+=(CHORUS_TUNE_FILE=/tmp/chorus-tune.conf) ;;
+          CMA) env+=(CHORUS_CMA=1) ;; # the automatic choice, plain buffers by cross-memory copies
           LL | LL128 | Simple) env+=(NCCL_PROTO=$a) ;; # the model's algorithm, this protocol
           Exchange) ((np == 2)) || continue; env+=(NCCL_ALGO=allreduce:$a) ;; # two ranks only
           *) env+=(NCCL_ALGO=allreduce:$a) ;;

@@ -23,7 +23,8 @@ def parse(lines):
             if m:
                 a = re.search(r"NCCL_ALGO=allreduce:(\w+)", line)
                 p = re.search(r"NCCL_PROTO=(\w+)", line)
-                name = a.group(1) if a else p.group(1) if p else "tuned" if "CHORUS_TUNE_FILE" in line else "auto"
+                name = (a.group(1) if a else p.group(1) if p else "tuned" if "CHORUS_TUNE_FILE" in line
+                        else "CMA" if "CHORUS_CMA=1" in line else "auto")
                 cur = (int(m.group(1)), name, 5)  # column of the out-of-place time
             m = re.search(r"mpirun .*-np (\d+) .*mpi_coll_bench allreduce", line)
             if m:

@@ -59,7 +59,12 @@ struct direct_slot {
   struct direct_buf send, recv;
   struct red_op red; /* PreMulSum scalars differ per rank */
   _Alignas(64) _Atomic uint64_t done;
-  char pad[56];
+  /* Cross-memory attach (direct_cma.c): written once at init, before the ranks' allgather, and read
+   * (probed) once after it. */
+  int32_t cma_pid;
+  uint32_t cma_pad;
+  uint64_t cma_cookie, cma_addr;
+  char pad[32];
   /* The collective this rank runs now, published for every collective (not only Direct) when its
    * plan starts: ranks that wait compare it in their slow path (fault/mismatch.c), so two calls that
    * exchange no FIFO data with each other (Direct against a ring) still meet. A seqlock (ver odd while
@@ -89,6 +94,22 @@ static inline void direct_slot_poison(struct direct_slot* sl, const struct xfer_
   for (size_t i = 0; i < sizeof(w) / 8; i++) atomic_store_explicit(&sl->poison[i], w[i], memory_order_relaxed);
   atomic_store_explicit(&sl->poisoned, 1, memory_order_release);
 }
+/* Cross-memory attach for Direct between processes (direct_cma.c): made at init when every rank could
+ * read every peer (init.c), then read-only; owned by the communicator. */
+struct ch_op;
+struct direct_cma {
+  size_t min_bytes; /* CHORUS_CMA_MIN_BYTES: smaller calls with a buffer not from ncclMemAlloc fall back */
+  int32_t pid[];    /* each rank's, as probed */
+};
+void direct_cma_publish(struct direct_slot* mine, const uint64_t* cookie);
+/* 0 if this rank read every peer's cookie at its published pid and address (pids[] filled); else an
+ * errno value and *bad the peer it could not read. */
+int direct_cma_probe(const struct direct_clique* c, int n, int me, int32_t* pids, int* bad);
+/* Direct's segment [at, at + len) when some buffer is reachable only by cross-memory copies: send[k]
+ * or recv[k] NULL, then send_at[k] / recv_at[k] are its address in rank k. 0, or an errno value
+ * (logged). */
+int direct_cma_segment(struct ch_op* op, const struct red_op* red, char** send, char** recv, const uint64_t* send_at,
+                       const uint64_t* recv_at, size_t at, size_t len);
 static inline size_t direct_clique_bytes(int n) {
   return sizeof(struct direct_clique) + sizeof(struct direct_slot) * (size_t)n;
 }
@@ -125,6 +146,7 @@ struct ch_op {
   size_t chunk; /* elements per step */
   struct prim_ctx ctx;
   struct direct_clique* clique; /* ALGO_DIRECT */
+  const struct direct_cma* cma;  /* ALGO_DIRECT between processes: the comm's, NULL without CMA */
   struct tp_map_cache* maps;     /* ALGO_DIRECT between processes (NULL between threads): this rank's
                                   * mappings of peer buffers */
   struct direct_buf dsend, drecv; /* ALGO_DIRECT: this rank's buffers as peers reach them */

@@ -82,9 +82,12 @@ static int shapes_match(struct ch_op* op, const struct direct_shape* mine) {
 
 /* Where rank k's buffer (bytes long; mine is this rank's own pointer to it) is in this process: my
  * own pointer for my rank; an address from the clique between threads of this process; else our
- * mapping of its allocation, bounded by the allocation. 0 if that fails (logged). */
+ * mapping of its allocation, bounded by the allocation; or, for a buffer not from ncclMemAlloc (the
+ * caller checked that cross-memory copies are on), NULL here and its address in rank k (*remote). 0 if
+ * that fails (logged). */
 static int reach(struct ch_op* op, int k, const struct direct_buf* shared, const void* mine, size_t bytes,
-                 char** at) {
+                 char** at, uint64_t* remote) {
+  *remote = 0;
   if (k == op->rank) {
     *at = (char*)mine;
     return 1;
@@ -95,6 +98,15 @@ static int reach(struct ch_op* op, int k, const struct direct_buf* shared, const
   }
   struct direct_buf b;
   memcpy(&b, shared, sizeof(b)); /* read once: the peer may write its slot at any time */
+  if (!b.token) { /* the kernel bounds the address to rank k's own memory */
+    if (!op->cma) {
+      WARN("rank %d's buffer is no longer from ncclMemAlloc: refused", k); /* it changed its slot */
+      return 0;
+    }
+    *at = NULL;
+    *remote = b.addr;
+    return 1;
+  }
   if (b.off > b.alloc_bytes || bytes > b.alloc_bytes - b.off) {
     WARN("rank %d described a buffer of %zu bytes at offset %llu of a %llu-byte allocation: refused", k, bytes,
          (unsigned long long)b.off, (unsigned long long)b.alloc_bytes);
@@ -155,22 +167,29 @@ int direct_allreduce_try(struct ch_op* op) {
       atomic_store_explicit(&me->done, seq | DONE_MISMATCH, memory_order_release);
       return DIRECT_STEP;
     }
+    size_t bytes = op->count * op->esize;
+    int copies = 0; /* some buffer is reached by cross-memory copies (direct_cma.c) */
     for (int k = 0; k < n; k++) {
       if (op->maps && (c->slot[k].send.token == 0 || c->slot[k].recv.token == 0)) {
-        INFO(LOG_COLL, "AllReduce seq %llu: rank %d's buffers are not from ncclMemAlloc, so not reachable by "
-             "other processes: using %s", (unsigned long long)seq, k,
+        if (op->cma && bytes >= op->cma->min_bytes) {
+          copies = 1;
+          continue;
+        }
+        INFO(LOG_COLL, "AllReduce seq %llu: rank %d's buffers are not from ncclMemAlloc, so not mapped by "
+             "other processes, and %s: using %s", (unsigned long long)seq, k,
+             op->cma ? "the call is below CHORUS_CMA_MIN_BYTES" : "cross-memory copies are off (see the INFO at init)",
              algo_name(op->fallback_algo));
         return DIRECT_FALLBACK;
       }
     }
-    size_t bytes = op->count * op->esize;
     char *send[n], *recv[n];
+    uint64_t send_at[n], recv_at[n];
     struct red_op red[n];
     for (int k = 0; k < n; k++) {
       red[k] = c->slot[k].red;
       red[k].kind = op->ctx.red->kind, red[k].type = op->ctx.red->type; /* as checked: the scalars are theirs */
-      if (!reach(op, k, &c->slot[k].send, op->sendbuff, bytes, &send[k]) ||
-          !reach(op, k, &c->slot[k].recv, op->recvbuff, bytes, &recv[k])) {
+      if (!reach(op, k, &c->slot[k].send, op->sendbuff, bytes, &send[k], &send_at[k]) ||
+          !reach(op, k, &c->slot[k].recv, op->recvbuff, bytes, &recv[k], &recv_at[k])) {
         /* Peers may still write into my buffers: fail, but only after waiting for them in step 2. */
         atomic_store_explicit(&me->done, seq | DONE_FAILED, memory_order_release);
         return DIRECT_STEP;
@@ -180,14 +199,20 @@ int direct_allreduce_try(struct ch_op* op) {
     per = (per + 15) & ~(size_t)15;
     size_t off = algo_min(op->count, (size_t)op->rank * per);
     size_t len = algo_min(op->count, off + per) - off;
-    if (len) reduce_scatter_segment(op, red, send, recv, off, len);
+    copies = 0;
+    for (int k = 0; k < n; k++) copies |= !send[k] || !recv[k];
+    if (len && copies && direct_cma_segment(op, red, send, recv, send_at, recv_at, off, len) != 0) {
+      atomic_store_explicit(&me->done, seq | DONE_FAILED, memory_order_release); /* logged */
+      return DIRECT_STEP;
+    }
+    if (len && !copies) reduce_scatter_segment(op, red, send, recv, off, len);
     atomic_store_explicit(&me->done, seq, memory_order_release);
     return DIRECT_STEP;
   }
   int r = all_reached(c, n, 1, seq);
   if (r == -2) return DIRECT_MISMATCH; /* every rank logged it in step 1 */
   if (r < 0) {
-    WARN("AllReduce seq %llu on rank %d: a rank could not map a peer's buffers (see its WARN); the call "
+    WARN("AllReduce seq %llu on rank %d: a rank could not reach a peer's buffers (see its WARN); the call "
          "failed on every rank", (unsigned long long)seq, op->rank);
     return DIRECT_FAILED;
   }

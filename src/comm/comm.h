@@ -132,6 +132,7 @@ struct ncclComm {
   int min_nchannels, max_nchannels; /* NCCL_MIN/MAX_NCHANNELS, read once (tune/choose.c) */
   struct direct_clique* clique; /* all ranks on this host: direct algorithms (init.c, direct_allreduce.c) */
   struct tp_map_cache* maps;    /* processes: peers' ncclMemAlloc buffers mapped here */
+  struct direct_cma* cma;       /* processes: cross-memory copies for other buffers (init.c), or NULL */
   size_t shm_direct_min_bytes;
   /* Allowed by NCCL_PROTO / NCCL_ALGO, per collective (index: tune.h tune_mask_index); set by tune_init,
    * read-only afterwards. tune_bad: a value did not parse (init fails after comm_agree). */

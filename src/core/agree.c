@@ -37,6 +37,8 @@ enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
   X("CHORUS_EXCHANGE_MAX_BYTES", AG_INT, c->exchange_max_bytes)                                     \
   X("CHORUS_DIRECT_MIN_BYTES", AG_INT, c->direct_min_bytes)                                         \
   X("CHORUS_SHM_DIRECT_MIN_BYTES", AG_INT, c->shm_direct_min_bytes)                                 \
+  X("CHORUS_CMA", AG_INT, param_int(PARAM_CMA) != 0)                                                 \
+  X("CHORUS_CMA_MIN_BYTES", AG_INT, param_int(PARAM_CMA_MIN_BYTES))                                  \
   X("CHORUS_RING_ORDER", AG_INT, topo_ring_order())                                                 \
   X("CHORUS_TREE_PER_RANK", AG_INT, param_int(PARAM_TREE_PER_RANK) != 0)                            \
   X("CHORUS_TUNE_FILE (cost model constants)", AG_INT, tune_model_hash())                          \

@@ -387,6 +387,35 @@ static int clique_on_heap(const struct ncclComm* comm) {
   return threads;
 }
 
+/* Every rank reads every peer's cookie (direct_cma.c); CMA is on only if all could. results: n words of
+ * scratch. Not being able to is not an error: Direct's plain buffers then go through FIFOs. */
+static ch_status cma_setup(struct ncclComm* comm, int published, int32_t* results) {
+  int n = comm->nranks, bad = -1;
+  struct direct_cma* d = calloc(1, sizeof(*d) + (size_t)n * sizeof(int32_t));
+  int err = !published ? ENOMEM : !d ? ENOMEM : direct_cma_probe(comm->clique, n, comm->rank, d->pid, &bad);
+  results[comm->rank] = err ? (bad < 0 ? -err : bad * 4096 + err) : 0; /* peer and errno, for the INFO */
+  ch_status s = boot_allgather(comm->boot, results, sizeof(int32_t));
+  int r = 0;
+  while (s == CH_OK && r < n && results[r] == 0) r++;
+  if (s == CH_OK && r == n) {
+    d->min_bytes = (size_t)param_int(PARAM_CMA_MIN_BYTES);
+    comm->cma = d;
+    INFO(LOG_INIT, "comm %p rank %d: Direct AllReduce of %zu bytes and up between processes reaches buffers not "
+         "from ncclMemAlloc by cross-memory copies (process_vm_readv/writev)", (void*)comm, comm->rank, d->min_bytes);
+    return CH_OK;
+  }
+  free(d);
+  if (s == CH_OK) { /* bounded: a value from a peer is only printed */
+    int32_t v = results[r], peer = v > 0 ? v / 4096 : -1, e = v > 0 ? v % 4096 : -v;
+    char who[32] = "";
+    if (peer >= 0 && peer < n) snprintf(who, sizeof(who), " rank %d's memory", peer);
+    INFO(LOG_INIT, "comm %p rank %d: no cross-memory copies: rank %d cannot read%s (%s; ptrace_scope, a "
+         "seccomp filter or another pid namespace?): Direct AllReduce on buffers not from ncclMemAlloc goes "
+         "through FIFOs", (void*)comm, comm->rank, r, who, strerror(e > 0 && e < 4096 ? e : EINVAL));
+  }
+  return s;
+}
+
 static ch_status direct_setup(struct ncclComm* comm) {
   int n = comm->nranks, threads = clique_on_heap(comm), host = n > 1;
   for (int r = 0; r < n; r++) host &= !!(tp_flags(comm->peer_tp[r]) & TP_F_SAME_HOST);
@@ -437,6 +466,11 @@ static ch_status direct_setup(struct ncclComm* comm) {
     comm->maps = tp_map_cache_new(n, all);
     if (!comm->maps) s = CH_SYSTEM;
   }
+  /* Cross-memory copies: my pid and a random word's address, for the peers' probe after the allgather
+   * below. The word lives until the second allgather, which no rank passes before every probe is done. */
+  uint64_t cookie = 0;
+  int cma = s == CH_OK && comm->clique && !threads && param_int(PARAM_CMA) != 0 && ut_random(&cookie, sizeof(cookie)) == CH_OK;
+  if (cma) direct_cma_publish(&comm->clique->slot[comm->rank], &cookie);
   /* Every rank must agree on having a clique (tuning picks Direct from it). */
   int32_t have = comm->clique != NULL, *haves = calloc((size_t)n, sizeof(int32_t));
   if (s == CH_OK && !haves) s = CH_SYSTEM;
@@ -445,6 +479,7 @@ static ch_status direct_setup(struct ncclComm* comm) {
     s = boot_allgather(comm->boot, haves, sizeof(int32_t));
     for (int r = 0; s == CH_OK && r < n; r++) have &= haves[r];
   }
+  if (s == CH_OK && have && !threads && param_int(PARAM_CMA) != 0) s = cma_setup(comm, cma, haves);
   free(haves);
   /* Everyone who will get the clique has it now. */
   if (threads) tp_local_withdraw(token);
@@ -465,6 +500,8 @@ static void direct_release(struct ncclComm* comm) {
   comm->clique = NULL;
   tp_map_cache_free(comm->maps);
   comm->maps = NULL;
+  free(comm->cma);
+  comm->cma = NULL;
 }
 
 ch_status comm_init_job(struct ncclComm* comm) {

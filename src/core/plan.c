@@ -300,6 +300,7 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
         op->ctx.out = &ch->send;
         op->clique = comm->clique;
         op->maps = comm->maps;
+        op->cma = comm->cma;
         op->fallback_algo = t->how.fallback;
         op->outcome = &plan->outcome[i];
         if (c > 0 && op->algo == ALGO_DIRECT) op->algo = t->how.fallback, op->standby = 1; /* channel c's share */

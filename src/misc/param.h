@@ -115,6 +115,10 @@
     "smallest AllReduce (bytes) done Direct when all ranks are threads of one process (-1 = never)") \
   X(SHM_DIRECT_MIN_BYTES, "CHORUS_SHM_DIRECT_MIN_BYTES", P_INT, 256 << 10, "",                      \
     "smallest AllReduce (bytes) done Direct between processes of one host on ncclMemAlloc buffers (-1 = never)") \
+  X(CMA, "CHORUS_CMA", P_INT, 0, "",                                                                 \
+    "Direct AllReduce between processes of one host on buffers not from ncclMemAlloc: 1 = copy straight between the processes' memory (process_vm_readv/writev, where the kernel lets ranks of one user do it; probed at init), 0 = through FIFOs (default: the kernel's copy measured at 35-55% of memcpy here, slower than the FIFOs; build/bin/memcpy_bench shows a machine's); ranks must agree") \
+  X(CMA_MIN_BYTES, "CHORUS_CMA_MIN_BYTES", P_INT, 1 << 20, "",                                       \
+    "smallest AllReduce (bytes) done Direct by cross-memory copies (CHORUS_CMA) when some buffer is not from ncclMemAlloc; smaller ones use FIFOs") \
   X(REPRODUCIBLE, "CHORUS_REPRODUCIBLE", P_STR, 0, "off",                                        \
     "floating-point AllReduce/ReduceScatter/Reduce: off, order (the same bits whatever the algorithm, protocol, channels or placement, for a given rank count) or exact (the correctly rounded exact sum: also the same for any rank count); ranks must agree (docs/REPRODUCIBLE.md)") \
   X(STREAM_MIN_BYTES, "CHORUS_STREAM_MIN_BYTES", P_INT, 8 << 20, "",                               \
