@@ -26,6 +26,10 @@ struct red_op;
  * outcome of the caller's own ncclCommAbort, reported as invalid usage of an aborted communicator. */
 static inline ncclResult_t ch_to_nccl(ch_status s) { return s == CH_ABORTED ? ncclInvalidUsage : (ncclResult_t)s; }
 
+/* ncclCommInitRankConfig's work (api/comm.c), for ncclCommGrow: fn names the call in WARNs. */
+ncclResult_t api_init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId* id, int rank,
+                           const ncclConfig_t* user_cfg, const char* fn);
+
 /* Build the reduction for (op, type) on comm (api/mem.c); CH_INVALID_ARG with a WARN if op is not valid. */
 ch_status api_red_op(struct ncclComm* comm, int op, int type, struct red_op* out);
 

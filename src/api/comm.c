@@ -117,6 +117,10 @@ static ncclResult_t init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueI
                               const ncclConfig_t* user_cfg, const char* fn) {
   return init_rank_ids(newcomm, nranks, id, 1, rank, user_cfg, fn);
 }
+ncclResult_t api_init_rank(ncclComm_t* newcomm, int nranks, const ncclUniqueId* id, int rank,
+                           const ncclConfig_t* user_cfg, const char* fn) {
+  return init_rank(newcomm, nranks, id, rank, user_cfg, fn);
+}
 
 CH_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
        ncclConfig_t* config) {

@@ -1,6 +1,6 @@
-/* Entry points of NCCL 2.29 and later that Chorus answers without doing their work: growing a
- * communicator, one-sided operations on windows and the device API (nccl_device.h, which Chorus does not ship). Programs built against a
- * newer NCCL import them whether or not they call them (PyTorch 2.15's libtorch_cuda.so binds them
+/* Entry points of NCCL 2.29 and later that Chorus answers without doing their work: one-sided
+ * operations on windows and the device API (nccl_device.h, which Chorus does not ship). Programs built
+ * against a newer NCCL import them whether or not they call them (PyTorch 2.15's libtorch_cuda.so binds them
  * when it loads: without them, `LD_PRELOAD=libnccl.so.2` of Chorus would fail `import torch`). Each
  * takes NCCL's arguments; the ones Chorus has no use for refuse by name instead of crashing
  * (docs/COMPATIBILITY.md lists them). */
@@ -15,18 +15,6 @@ static ncclResult_t refuse(ncclComm_t comm, const char* fn, const char* why) {
   if (comm && comm_check(comm, fn) != CH_OK) return ncclInvalidArgument;
   WARN("%s is not supported by Chorus yet (%s)", fn, why);
   return ncclInvalidUsage;
-}
-
-CH_API(ncclResult_t, ncclCommGetUniqueId, ncclComm_t comm, ncclUniqueId* uniqueId) {
-  (void)uniqueId;
-  return refuse(comm, "ncclCommGetUniqueId", "growing a communicator (ncclCommGrow)");
-}
-
-CH_API(ncclResult_t, ncclCommGrow, ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
-       ncclComm_t* newcomm, ncclConfig_t* config) {
-  (void)nRanks, (void)uniqueId, (void)rank, (void)config;
-  if (newcomm) *newcomm = NULL;
-  return refuse(comm, "ncclCommGrow", "growing a communicator; make a new one with ncclCommInitRank");
 }
 
 CH_API(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void** outUserPtr) {

@@ -49,6 +49,10 @@ ch_status boot_id_from_addr(const char* hostport, void* id128) {
 ch_status boot_get_unique_id(void* id128) {
   const char* comm_id = param_str(PARAM_COMM_ID);
   if (comm_id[0]) return boot_id_from_addr(comm_id, id128);
+  return boot_get_random_id(id128);
+}
+
+ch_status boot_get_random_id(void* id128) {
   struct boot_id id;
   memset(&id, 0, sizeof(id));
   id.magic = BOOT_ID_MAGIC;

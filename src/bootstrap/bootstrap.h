@@ -59,6 +59,9 @@ struct boot_key {
  * process (as NCCL does); with NCCL_COMM_ID the id only names that address, and rank 0 starts the
  * root inside boot_init. */
 ch_status boot_get_unique_id(void* id128);
+/* An id with a random key whose root this process hosts, whatever NCCL_COMM_ID says (a grow's id:
+ * the job's fixed root address belongs to its first init). */
+ch_status boot_get_random_id(void* id128);
 
 /* Same as boot_get_unique_id with NCCL_COMM_ID=hostport, for launchers that name the root otherwise
  * (torchrun's MASTER_ADDR, a job-derived local port): no root is started here; rank 0 starts it. */

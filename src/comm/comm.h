@@ -192,6 +192,12 @@ struct ncclComm {
   ncclUniqueId* init_ids; /* ncclCommInitRankScalable's init_nids ids (malloc'd; NULL: init_id alone) */
   int init_nids;
   int nsplits; /* splits made from this comm (all ranks count alike) */
+  /* ncclCommGetUniqueId / ncclCommGrow (api/grow.c), touched only by the thread calling them (NCCL's
+   * rule: no other call on comm meanwhile): the id handed out and not yet consumed by a grow, and a
+   * digest of each id consumed, so that one is not used twice. */
+  int grow_issued;
+  ncclUniqueId grow_id;
+  uint64_t grow_used[8];
 
   /* CHORUS_TIMEOUT or chorusCommSetTimeout, in ns (0 = none): read by whichever thread runs a plan. */
   _Atomic uint64_t timeout_ns;
