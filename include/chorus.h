@@ -151,6 +151,11 @@ typedef struct ncclCommProperties {
    false, NCCL_GIN_TYPE_NONE, 0, 0, NCCL_GIN_CONNECTION_NONE, {false}, 0}
 ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* props);
 #endif
+/* The first rank of comm that this rank learned is gone (its process exited, or its link failed: what
+ * made a call fail with ncclRemoteError), or -1 while none is known. For the survivors' exclude list
+ * of ncclCommShrink after one failure (examples/elastic.c); after several at once, ranks may know
+ * different ones. Any thread, any time. */
+ncclResult_t chorusCommGetLostRank(ncclComm_t comm, int* rank);
 /* Rank and world size the environment describes, without creating a communicator. */
 ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
 

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chorus.h"
 #include "runner.h"
 
 /* The coordinator hands its id to the new ranks here: memory shared by threads, and by processes
@@ -137,6 +138,10 @@ static void args_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   EXPECT_EQ(ncclCommGrow(NULL, 4, &gid, 4, &child, NULL), ncclInvalidArgument);          /* rank out of range */
   EXPECT_EQ(ncclCommGrow(parent, nranks + 1, NULL, -1, NULL, NULL), ncclInvalidArgument);
   EXPECT_EQ(ncclCommGetUniqueId(parent, NULL), ncclInvalidArgument);
+  int lost = 7;
+  NCCL_OK(chorusCommGetLostRank(parent, &lost));
+  EXPECT_EQ(lost, -1); /* nobody is gone */
+  EXPECT_EQ(chorusCommGetLostRank(parent, NULL), ncclInvalidArgument);
   /* An id this rank did not hand out: refused locally, before the exchange. */
   EXPECT_EQ(ncclCommGrow(parent, nranks + 1, &gid, -1, &child, NULL), ncclInvalidUsage);
   EXPECT(strstr(ncclGetLastError(parent), "did not hand out") != NULL);
@@ -200,7 +205,9 @@ static void elastic_body(int proc, int nprocs, ncclUniqueId id, void* arg) {
     ncclResult_t r = ncclSuccess;
     for (int it = 0; r == ncclSuccess && it < 100000; it++) r = allreduce_check(comm, rank, n, 1 << 20, "until it dies");
     EXPECT_EQ(r, ncclRemoteError);
-    int dead = n - 1;
+    int dead = -2;
+    NCCL_OK(chorusCommGetLostRank(comm, &dead)); /* what a survivor knows, not what the test planned */
+    EXPECT_EQ(dead, n - 1);
     ncclComm_t small = NULL, grown = NULL;
     NCCL_OK(ncclCommShrink(comm, &dead, 1, &small, NULL, NCCL_SHRINK_ABORT));
     NCCL_OK(ncclCommDestroy(comm));

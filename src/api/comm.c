@@ -428,6 +428,15 @@ CH_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* async
   return ncclSuccess;
 }
 
+/* Any thread, any time (an atomic load), also while another thread is blocked in a call on comm. */
+CH_API(ncclResult_t, chorusCommGetLostRank, ncclComm_t comm, int* rank) {
+  ch_status s = comm_check(comm, "chorusCommGetLostRank");
+  if (s != CH_OK) return ch_to_nccl(s);
+  ARG_NONNULL(rank, "chorusCommGetLostRank");
+  *rank = atomic_load(&comm->lost_rank);
+  return ncclSuccess;
+}
+
 static ncclResult_t comm_query(const ncclComm_t comm, int* out, int what, const char* fn) {
   ch_status s = comm_check(comm, fn);
   if (s != CH_OK) return ch_to_nccl(s);

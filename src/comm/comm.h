@@ -209,6 +209,10 @@ struct ncclComm {
   _Atomic uintptr_t owner;
   _Atomic int revoked; /* ncclCommRevoke: no more collectives; split, shrink and destroy still work */
   _Atomic int poisoned; /* a call did not match across ranks; its connections are poisoned (fault/mismatch.c) */
+  /* The first rank this rank learned is gone (exited, or its link failed), -1 while none: set once by
+   * whichever thread finds or hears of it (compare-exchange from -1, fault/mismatch.c), read by any
+   * (chorusCommGetLostRank). */
+  _Atomic int lost_rank;
   _Atomic int users;
   /* 1 for the handle, until ncclCommAbort/ncclCommDestroy has torn the comm down, + 1 for each of
    * its calls queued in some thread's open group (that thread adds it in enq_task and drops it when

@@ -160,6 +160,7 @@ ch_status comm_alloc(struct ncclComm** out, int nranks, int rank, const ncclConf
   comm->pid = (int)getpid();
   atomic_init(&comm->refs, 1);
   atomic_init(&comm->init_gate, 1); /* begun, unless deferred to a group's end (group_defer_init) */
+  atomic_init(&comm->lost_rank, -1);
   comm->nranks = nranks;
   comm->rank = rank;
   comm->config = *config;

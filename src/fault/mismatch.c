@@ -15,9 +15,16 @@
 #include "../comm/work.h"
 #include "mismatch.h"
 
+/* Remember the first rank known to be gone (chorusCommGetLostRank). */
+static void note_lost(struct ncclComm* comm, int d) {
+  int none = -1;
+  if (d >= 0 && d < comm->nranks) atomic_compare_exchange_strong(&comm->lost_rank, &none, d);
+}
+
 /* Another rank found a peer dead: name it as the rank that found it did (pid and host from init). */
-static void say_lost(const struct ncclComm* comm, const struct xfer_poison* r) {
+static void say_lost(struct ncclComm* comm, const struct xfer_poison* r) {
   int d = r->other;
+  note_lost(comm, d);
   if (d >= 0 && d < comm->nranks)
     WARN("rank %d: rank %d (pid %d on %s) is gone (found by rank %d): the communicator failed; shrink it "
          "(ncclCommShrink) or abort it", comm->rank, d, comm->peers[d].pid, comm->peers[d].hostname, r->finder);
@@ -26,7 +33,7 @@ static void say_lost(const struct ncclComm* comm, const struct xfer_poison* r) {
          comm->rank, r->finder);
 }
 
-static void say(const struct ncclComm* comm, const struct xfer_poison* r) {
+static void say(struct ncclComm* comm, const struct xfer_poison* r) {
   if (r->kind == XFER_PEER_LOST) return say_lost(comm, r);
   char mine[160], theirs[160], other[24] = "a peer", finder[48] = "";
   algo_call_text(mine, sizeof(mine), &r->mine);
@@ -139,6 +146,7 @@ static int conn_mismatch(const struct ncclComm* comm, const struct xfer_hdr* min
 
 void mm_peer_lost(struct ncclComm* comm, int lost) {
   struct xfer_poison rec = {.finder = comm->rank, .other = lost, .kind = XFER_PEER_LOST};
+  note_lost(comm, lost);
   if (!atomic_exchange(&comm->poisoned, 1)) poison_all(comm, &rec);
 }
 
@@ -163,6 +171,7 @@ ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
   struct xfer_poison rec;
   int hit = clique_mismatch(comm, pl, &rec);
   if (hit == 2) { /* this rank failed the call itself and logged why */
+    if (rec.kind == XFER_PEER_LOST) note_lost(comm, rec.other);
     atomic_store(&comm->poisoned, 1);
     return rec.kind == XFER_PEER_LOST ? CH_REMOTE : CH_INVALID_USAGE;
   }
@@ -176,6 +185,7 @@ ch_status mm_poll(struct ncclComm* comm, struct ch_plan* pl) {
   for (int k = 0; comm->p2p && k < 2 * comm->nranks && !hit; k++) /* both per-peer sets */
     hit = tp_conn_poisoned(&comm->p2p[k].send, 1, &rec) || tp_conn_poisoned(&comm->p2p[k].recv, 0, &rec);
   if (!hit) return CH_OK;
+  if (rec.kind == XFER_PEER_LOST) note_lost(comm, rec.other);
   if (!atomic_exchange(&comm->poisoned, 1)) {
     say(comm, &rec);
     poison_all(comm, &rec);
