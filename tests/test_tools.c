@@ -831,3 +831,38 @@ TEST_T(chorus_info, options_and_summary, 60) {
   EXPECT(strncmp(r.out, "Chorus ", 7) == 0); /* the summary comes first */
   cmd_free(&r);
 }
+
+/* --respawn: a rank that fails is started again (same RANK, CHORUS_RESPAWN=k), up to K times, with a
+ * private CHORUS_ELASTIC_DIR every rank sees and that is gone afterwards; one more failure ends the job
+ * as without it. Output of the replaced process and its replacement both come through, tagged. */
+TEST(chorusrun, respawn_replaces_failed_ranks) {
+  cmd_result r = run(30, NULL, bin("chorusrun"), "-n", "2", "--respawn", "2", "--tag-output", "sh", "-c",
+                     "echo gen$CHORUS_RESPAWN dir$CHORUS_ELASTIC_DIR; test -d \"$CHORUS_ELASTIC_DIR\" || exit 9; "
+                     "if [ $RANK = 1 ] && [ $CHORUS_RESPAWN -lt 2 ]; then exit 5; fi; sleep 0.3",
+                     (char*)NULL);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_HAS(r.out, "[1] gen0 dir");
+  EXPECT_HAS(r.out, "[1] gen1 dir");
+  EXPECT_HAS(r.out, "[1] gen2 dir");
+  EXPECT_HAS(r.err, "exited with status 5; starting replacement 2 of 2\n");
+  const char* d = strstr(r.out, "[0] gen0 dir");
+  char dir[PATH_MAX] = "";
+  if (d) sscanf(d + strlen("[0] gen0 dir"), "%4095s", dir);
+  EXPECT(dir[0] == '/' && access(dir, F_OK) != 0); /* removed at the end */
+  cmd_free(&r);
+  r = run(30, NULL, bin("chorusrun"), "-n", "2", "--respawn", "1", "sh", "-c",
+          "if [ $RANK = 0 ]; then exit 4; fi; sleep 20", (char*)NULL);
+  EXPECT_EQ(r.status, 4); /* the replacement failed too: no replacements left */
+  EXPECT(r.secs < 10);
+  cmd_free(&r);
+}
+
+/* examples/elastic.c under chorusrun --respawn: two ranks die mid-AllReduce (SIGKILL), the survivors
+ * shrink and grow back with a replacement each time, and every rank ends with the right weights. */
+TEST_T(chorusrun, elastic_example_survives_two_deaths, 120) {
+  cmd_result r = run(100, NULL, bin("chorusrun"), "-n", "4", "--respawn", "2", bin("elastic"), (char*)NULL);
+  if (r.status != 0) rt_fail(__FILE__, __LINE__, "exit %d:\n%s%s", r.status, r.out, r.err);
+  EXPECT_EQ(count_str(r.out, "20 steps, 2 rank(s) replaced, weights as expected"), 4);
+  EXPECT_EQ(count_str(r.err, "killed by signal SIGKILL; starting replacement"), 2);
+  cmd_free(&r);
+}

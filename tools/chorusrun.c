@@ -58,7 +58,7 @@ struct rank {
 };
 
 static struct {
-  int n, bind, tag, per_host, first, world, port;
+  int n, bind, tag, per_host, first, world, port, respawn;
   double timeout;
   char* hosts;
   char** argv;
@@ -111,6 +111,10 @@ static void usage(void) {
          "  --port P              rendezvous port (default: a free port on this machine)\n"
          "  --first-rank R        with --world-size: the ranks started here are R..R+N-1 of a larger job\n"
          "  --world-size W        (used in the commands --hosts prints; takes NCCL_COMM_ID from the environment)\n"
+         "  --respawn K           start a replacement for a rank that fails, K times in all, instead of ending the\n"
+         "                        job: it gets the same RANK and CHORUS_RESPAWN=k (the k-th replacement; 0 for the\n"
+         "                        first ranks), and every rank gets CHORUS_ELASTIC_DIR, a private folder removed at\n"
+         "                        the end, to hand it the grow id (ncclCommGrow; examples/elastic.c)\n"
          "When a rank fails, the others get SIGTERM, then SIGKILL 2 s later, and chorusrun exits with the\n"
          "failed rank's status (128+signal if it was killed). SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the ranks.\n");
 }
@@ -131,6 +135,7 @@ static int parse_args(int argc, char** argv) {
       {"hosts", required_argument, 0, 'H'},      {"per-host", required_argument, 0, 'k'},
       {"first-rank", required_argument, 0, 'f'}, {"world-size", required_argument, 0, 'w'},
       {"port", required_argument, 0, 'p'},       {"help", no_argument, 0, 'h'},
+      {"respawn", required_argument, 0, 'r'},
       {0, 0, 0, 0}};
   opterr = 0;
   int c;
@@ -175,6 +180,10 @@ static int parse_args(int argc, char** argv) {
         if (parse_num(optarg, 1, 65535, &v))
           return usage_error("--port needs a port number (1-65535), got '%s'", optarg);
         opt.port = (int)v;
+        break;
+      case 'r':
+        if (parse_num(optarg, 0, 1 << 20, &v)) return usage_error("--respawn needs a number of replacements, got '%s'", optarg);
+        opt.respawn = (int)v;
         break;
       case 'h': usage(); exit(0);
       case ':': return usage_error("option '%s' needs a value", argv[optind - 1]);
@@ -419,7 +428,9 @@ static int make_secret(char out[65]) {
   return 0;
 }
 
-static void child(struct rank* ranks, int i, const char* comm_id, const char* secret) {
+static char elastic_dir[PATH_MAX]; /* --respawn: the folder the ranks share; removed at exit */
+
+static void child(struct rank* ranks, int i, const char* comm_id, const char* secret, int gen) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* chorusrun killed: take the rank down too */
   struct sigaction dfl = {.sa_handler = SIG_DFL};
@@ -443,10 +454,71 @@ static void child(struct rank* ranks, int i, const char* comm_id, const char* se
   snprintf(v, sizeof v, "%d", opt.world), setenv("WORLD_SIZE", v, 1);
   snprintf(v, sizeof v, "%d", i), setenv("LOCAL_RANK", v, 1);
   snprintf(v, sizeof v, "%d", opt.n), setenv("LOCAL_WORLD_SIZE", v, 1);
+  if (opt.respawn) {
+    snprintf(v, sizeof v, "%d", gen), setenv("CHORUS_RESPAWN", v, 1);
+    setenv("CHORUS_ELASTIC_DIR", elastic_dir, 1);
+  }
   if (opt.bind != BIND_NONE) bind_rank(i);
   execvp(opt.argv[0], opt.argv);
   fprintf(stderr, "chorusrun: cannot run '%s': %s\n", opt.argv[0], strerror(errno));
   _exit(127);
+}
+
+/* Start local rank i (generation gen: 0 for the job's first ranks, k for the k-th replacement); 0 on
+ * success. A replacement's rank keeps its output pipes' leftovers: they are printed before it starts. */
+static int spawn(struct rank* ranks, int i, const char* comm_id, const char* secret, int gen) {
+  struct rank* r = &ranks[i];
+  int pp[2][2] = {{-1, -1}, {-1, -1}};
+  for (int k = 0; opt.tag && k < 2; k++) {
+    /* The previous process's last lines (read_pipe closes the pipe at its end); a pipe still open after
+     * that (a child of it holds it) is let go. */
+    for (int tries = 0; r->lb[k].fd >= 0 && tries < 4096; tries++) read_pipe(r, &r->lb[k]);
+    if (r->lb[k].fd >= 0) {
+      emit_lines(r, &r->lb[k], 1);
+      close(r->lb[k].fd);
+      r->lb[k].fd = -1;
+    }
+    if (pipe2(pp[k], O_CLOEXEC) != 0) {
+      fprintf(stderr, "chorusrun: pipe: %s\n", strerror(errno));
+      return -1;
+    }
+    r->lb[k].fd = pp[k][1]; /* the child dups the write ends */
+    r->lb[k].out = k + 1;
+  }
+  /* Signals stay blocked until the child has dropped our handlers (they write to our pipe). */
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &old);
+  pid_t pid = fork();
+  if (pid == 0) child(ranks, i, comm_id, secret, gen);
+  sigprocmask(SIG_SETMASK, &old, NULL);
+  if (pid < 0) {
+    fprintf(stderr, "chorusrun: fork: %s\n", strerror(errno));
+    return -1;
+  }
+  setpgid(pid, pid); /* also here, so signals sent right away reach the group */
+  r->pid = pid;
+  r->running = 1;
+  r->status = 0;
+  r->exited_at = 0;
+  for (int k = 0; opt.tag && k < 2; k++) {
+    close(pp[k][1]);
+    r->lb[k].fd = pp[k][0];
+    fcntl(pp[k][0], F_SETFL, O_NONBLOCK);
+  }
+  if (!opt.tag) r->lb[0].fd = r->lb[1].fd = -1;
+  return 0;
+}
+
+/* --respawn's folder: made private, and emptied and removed at the end (only regular files are expected). */
+static void elastic_cleanup(void) {
+  if (!elastic_dir[0]) return;
+  DIR* d = opendir(elastic_dir);
+  struct dirent* e;
+  while (d && (e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);
+  if (d) closedir(d);
+  rmdir(elastic_dir);
 }
 
 static void signal_running(struct rank* ranks, int sig) {
@@ -499,6 +571,16 @@ int main(int argc, char** argv) {
                     "ranks on other hosts are admitted without proof (see docs/SECURITY.md)\n");
   }
 
+  if (opt.respawn) {
+    const char* tmp = getenv("TMPDIR");
+    snprintf(elastic_dir, sizeof elastic_dir, "%s/chorus-elastic-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(elastic_dir)) { /* mode 0700 */
+      fprintf(stderr, "chorusrun: cannot make a folder for --respawn (%s): %s\n", elastic_dir, strerror(errno));
+      return 1;
+    }
+  }
+  int respawned = 0;
+
   if (pipe2(sigpipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     fprintf(stderr, "chorusrun: pipe: %s\n", strerror(errno));
     return 1;
@@ -517,39 +599,12 @@ int main(int argc, char** argv) {
   fflush(stdout);
   fflush(stderr);
   for (int i = 0; i < opt.n; i++) {
-    struct rank* r = &ranks[i];
-    r->rank = opt.first + i;
-    int pp[2][2] = {{-1, -1}, {-1, -1}};
-    for (int k = 0; opt.tag && k < 2; k++) {
-      if (pipe2(pp[k], O_CLOEXEC) != 0) {
-        fprintf(stderr, "chorusrun: pipe: %s\n", strerror(errno));
-        signal_running(ranks, SIGKILL);
-        return 1;
-      }
-      r->lb[k].fd = pp[k][1]; /* the child dups the write ends */
-      r->lb[k].out = k + 1;
-    }
-    /* Signals stay blocked until the child has dropped our handlers (they write to our pipe). */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    pid_t pid = fork();
-    if (pid == 0) child(ranks, i, comm_id, secret);
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    if (pid < 0) {
-      fprintf(stderr, "chorusrun: fork: %s\n", strerror(errno));
+    ranks[i].rank = opt.first + i;
+    ranks[i].lb[0].fd = ranks[i].lb[1].fd = -1;
+    if (spawn(ranks, i, comm_id, secret, 0) != 0) {
       signal_running(ranks, SIGKILL);
       return 1;
     }
-    setpgid(pid, pid); /* also here, so signals sent right away reach the group */
-    r->pid = pid;
-    r->running = 1;
-    for (int k = 0; opt.tag && k < 2; k++) {
-      close(pp[k][1]);
-      r->lb[k].fd = pp[k][0];
-      fcntl(pp[k][0], F_SETFL, O_NONBLOCK);
-    }
-    if (!opt.tag) r->lb[0].fd = r->lb[1].fd = -1;
   }
 
   uint64_t start = now_ns(), kill_at = 0, drain_until = 0;
@@ -634,8 +689,18 @@ int main(int argc, char** argv) {
       }
       if (code == 0 && failed < 0 && !timed_out && !interrupted && running_count(ranks)) r->exited_at = now;
       if (code == 0 || failed >= 0 || timed_out || interrupted) continue;
-      failed = r->rank, fail_code = code;
       char nb[32];
+      if (respawned < opt.respawn) { /* the survivors go on: a replacement joins them */
+        respawned++;
+        if (WIFSIGNALED(st))
+          fprintf(stderr, "chorusrun: rank %d (pid %d) killed by signal %s; starting replacement %d of %d\n", r->rank,
+                  (int)pid, sig_name(WTERMSIG(st), nb, sizeof nb), respawned, opt.respawn);
+        else
+          fprintf(stderr, "chorusrun: rank %d (pid %d) exited with status %d; starting replacement %d of %d\n",
+                  r->rank, (int)pid, code, respawned, opt.respawn);
+        if (spawn(ranks, (int)(r - ranks), comm_id, secret, respawned) == 0) continue;
+      }
+      failed = r->rank, fail_code = code;
       if (WIFSIGNALED(st))
         fprintf(stderr, "chorusrun: rank %d (pid %d) killed by signal %s\n", r->rank, (int)pid,
                 sig_name(WTERMSIG(st), nb, sizeof nb));
@@ -675,6 +740,7 @@ int main(int argc, char** argv) {
     }
   }
   memset(secret, 0, sizeof secret);
+  elastic_cleanup();
   for (int i = 0; i < opt.n; i++) free(ranks[i].lb[0].buf), free(ranks[i].lb[1].buf);
   free(ranks), free(pfd), free(pl), free(pr);
   if (failed >= 0) return fail_code;
