@@ -105,6 +105,9 @@ void direct_cma_publish(struct direct_slot* mine, const uint64_t* cookie);
 /* 0 if this rank read every peer's cookie at its published pid and address (pids[] filled); else an
  * errno value and *bad the peer it could not read. */
 int direct_cma_probe(const struct direct_clique* c, int n, int me, int32_t* pids, int* bad);
+/* Copy len bytes between here and address `there` of process pid (write: to it), whole: 0 or an errno
+ * value (not logged). */
+int direct_cma_copy(int pid, void* here, uint64_t there, size_t len, int write);
 /* Direct's segment [at, at + len) when some buffer is reachable only by cross-memory copies: send[k]
  * or recv[k] NULL, then send_at[k] / recv_at[k] are its address in rank k. 0, or an errno value
  * (logged). */

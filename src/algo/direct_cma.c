@@ -98,6 +98,10 @@ static int cma_move(pid_t pid, char* here, uint64_t at, size_t len, int write) {
   return 0;
 }
 
+int direct_cma_copy(int pid, void* here, uint64_t there, size_t len, int write) {
+  return cma_move((pid_t)pid, here, there, len, write);
+}
+
 #define CMA_BLOCK (128u << 10) /* per peer read and per result: a few syscalls per MiB, in L2 */
 
 int direct_cma_segment(struct ch_op* op, const struct red_op* red, char** send, char** recv, const uint64_t* send_at,

@@ -5,6 +5,7 @@
 #include "../core/host_stream.h"
 #include "../gpu/gpu.h"
 #include "../staging/staging.h"
+#include "rma.h"
 
 static ch_status kernel_finish(struct ch_task* t, int ok) {
   (void)ok;
@@ -29,11 +30,16 @@ static void gpu_failed(struct ncclComm* comm) {
   if (comm->gpu) gpu_unblock(comm->gpu); /* streams may wait for a peer that will not come */
 }
 
+static void comm_teardown(struct ncclComm* comm) {
+  rma_release(comm); /* windows and signal blocks (api/window.c) */
+  gpu_free(comm);
+}
+
 const struct ch_comm_hooks ch_comm_hooks = {
     .hello = gpu_hello_fill,
     .setup = gpu_setup,
     .failed = gpu_failed,
-    .teardown = gpu_free,
+    .teardown = comm_teardown,
     .abort = stage_close,
     .quiesce = stage_drop,
     .release = stage_comm_free,

@@ -125,24 +125,6 @@ CH_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle) {
   return ncclSuccess;
 }
 
-CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
-       int winFlags) {
-  (void)buff, (void)size, (void)winFlags;
-  ch_status s = comm_check(comm, "ncclCommWindowRegister");
-  if (s != CH_OK) return ch_to_nccl(s);
-  if (win) *win = NULL;
-  WARN("ncclCommWindowRegister: symmetric memory windows are not supported on host memory yet");
-  return ncclInvalidUsage;
-}
-
-CH_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win) {
-  (void)win;
-  ch_status s = comm_check(comm, "ncclCommWindowDeregister");
-  if (s != CH_OK) return ch_to_nccl(s);
-  WARN("ncclCommWindowDeregister: symmetric memory windows are not supported on host memory yet");
-  return ncclInvalidUsage;
-}
-
 static double scalar_as_double(const void* p, int type) {
   switch (type) {
     case ncclInt8: return *(const int8_t*)p;

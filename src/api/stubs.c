@@ -1,9 +1,8 @@
-/* Entry points of NCCL 2.29 and later that Chorus answers without doing their work: one-sided
- * operations on windows and the device API (nccl_device.h, which Chorus does not ship). Programs built
- * against a newer NCCL import them whether or not they call them (PyTorch 2.15's libtorch_cuda.so binds them
- * when it loads: without them, `LD_PRELOAD=libnccl.so.2` of Chorus would fail `import torch`). Each
- * takes NCCL's arguments; the ones Chorus has no use for refuse by name instead of crashing
- * (docs/COMPATIBILITY.md lists them). */
+/* Entry points of NCCL 2.28 and later that Chorus answers without doing their work: the device API
+ * (nccl_device.h, which Chorus does not ship). Programs built against a newer NCCL import them whether
+ * or not they call them (PyTorch 2.15's libtorch_cuda.so binds them when it loads: without them,
+ * `LD_PRELOAD=libnccl.so.2` of Chorus would fail `import torch`). Each takes NCCL's arguments and
+ * refuses by name instead of crashing (docs/COMPATIBILITY.md lists them). */
 #include <stdint.h>
 
 #include "../misc/log.h"
@@ -15,32 +14,6 @@ static ncclResult_t refuse(ncclComm_t comm, const char* fn, const char* why) {
   if (comm && comm_check(comm, fn) != CH_OK) return ncclInvalidArgument;
   WARN("%s is not supported by Chorus yet (%s)", fn, why);
   return ncclInvalidUsage;
-}
-
-CH_API(ncclResult_t, ncclWinGetUserPtr, ncclComm_t comm, ncclWindow_t win, void** outUserPtr) {
-  (void)win;
-  if (outUserPtr) *outUserPtr = NULL;
-  return refuse(comm, "ncclWinGetUserPtr", "symmetric memory windows");
-}
-
-CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
-       ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
-       cudaStream_t stream) {
-  (void)localbuff, (void)count, (void)datatype, (void)peer, (void)peerWin, (void)peerWinOffset, (void)sigIdx;
-  (void)ctx, (void)flags, (void)stream;
-  return refuse(comm, "ncclPutSignal", "one-sided operations on windows");
-}
-
-CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
-       cudaStream_t stream) {
-  (void)peer, (void)sigIdx, (void)ctx, (void)flags, (void)stream;
-  return refuse(comm, "ncclSignal", "one-sided operations on windows");
-}
-
-CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
-       cudaStream_t stream) {
-  (void)nDesc, (void)signalDescs, (void)stream;
-  return refuse(comm, "ncclWaitSignal", "one-sided operations on windows");
 }
 
 /* The device API (nccl_device.h): kernels that communicate from the GPU. */

@@ -60,6 +60,7 @@ struct gpu_hello {
 };
 
 struct ch_plan;    /* comm/work.h */
+struct rma_state;  /* api/rma.h */
 struct tune_model; /* tune/tune.h */
 struct fr_ring;    /* observe/recorder.c */
 struct obs_trace;  /* observe/trace.c */
@@ -133,6 +134,7 @@ struct ncclComm {
   struct direct_clique* clique; /* all ranks on this host: direct algorithms (init.c, direct_allreduce.c) */
   struct tp_map_cache* maps;    /* processes: peers' ncclMemAlloc buffers mapped here */
   struct direct_cma* cma;       /* processes: cross-memory copies for other buffers (init.c), or NULL */
+  struct rma_state* rma;        /* windows and signals (api/window.c): the calling thread's, as any call's */
   size_t shm_direct_min_bytes;
   /* Allowed by NCCL_PROTO / NCCL_ALGO, per collective (index: tune.h tune_mask_index); set by tune_init,
    * read-only afterwards. tune_bad: a value did not parse (init fails after comm_agree). */
