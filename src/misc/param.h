@@ -65,7 +65,7 @@
   X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(PROFILER_PLUGIN, "NCCL_PROFILER_PLUGIN", P_STR, 0, "",                                        \
-    "profiler plugin (NCCL's v6/v5 ABI): path, library name, or X for libnccl-profiler-X.so; none = no plugin (default: libnccl-profiler.so if present)") \
+    "profiler plugin (NCCL's v7/v6/v5 ABI): path, library name, or X for libnccl-profiler-X.so; none = no plugin (default: libnccl-profiler.so if present)") \
   X(PARAM_DUMP_ALL, "NCCL_PARAM_DUMP_ALL", P_BOOL, 0, "",                                        \
     "true = ncclParamGetAllParameterKeys and ncclParamDumpAll include the testing aids too")          \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \
