@@ -17,6 +17,8 @@
   X(DEBUG_FILE, "NCCL_DEBUG_FILE", P_STR, 0, "", "log file (%h host, %p pid); default stdout")     \
   X(CONF_FILE, "NCCL_CONF_FILE", P_STR, 0, "",                                                     \
     "config file of KEY=VALUE lines (default ~/.nccl.conf); /etc/nccl.conf is read after it")     \
+  X(ENV_PLUGIN, "NCCL_ENV_PLUGIN", P_STR, 0, "",                                                   \
+    "environment plugin (NCCL's v2/v1 ABI), loaded once per process before any other parameter is read, whose getEnv then gives every other parameter in the environment's place (config files still fill what it leaves unset): path, library name, or X for libnccl-env-X.so; none = no plugin (default: libnccl-env.so if present)") \
   X(COMM_ID, "NCCL_COMM_ID", P_STR, 0, "", "fixed bootstrap root host:port (rank 0 listens there)") \
   X(SOCKET_IFNAME, "NCCL_SOCKET_IFNAME", P_STR, 0, "",                                             \
     "interfaces for sockets: prefix list, ^ excludes, = exact")                                    \
