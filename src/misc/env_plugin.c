@@ -62,12 +62,19 @@ static void envp_finalize(void) {
   if (rc != ncclSuccess) INFO(LOG_ENV, "env plugin %s: finalize returned %d", p->name, (int)rc);
 }
 
-/* Fork: a child must not inherit these locks held by a thread it lacks. */
+/* Fork: a child must not inherit these locks held by a thread it lacks. A fork from inside the plugin
+ * (its init or getEnv running a command) would wait for a lock its own thread holds: that one leaves
+ * them as they are. */
+static __thread int fork_locked;
 static void at_prepare(void) {
+  if (busy) return;
   pthread_mutex_lock(&load_mu);
   pthread_mutex_lock(&use_mu);
+  fork_locked = 1;
 }
 static void at_release(void) {
+  if (!fork_locked) return;
+  fork_locked = 0;
   pthread_mutex_unlock(&use_mu);
   pthread_mutex_unlock(&load_mu);
 }

@@ -411,6 +411,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, u
   out->algo = algo;
   out->repro = repro;
   out->proto = proto;
+  out->chunk = 0; /* a whole step; tune_choose_sel asks a tuner plugin for less */
   out->nch = algo_one_channel(algo) ? 1 : nch;
   /* Direct between processes that falls back runs its fallback on the channels the model gives it
    * (standby ops, core/plan.c): on Direct's one channel, the 16-core machine's 4-256 MiB AllReduce
