@@ -1,8 +1,9 @@
 /* NCCL profiler plugins (observe/profiler.c): the stub plugin (profiler_stub/) checks the event stream
  * as it comes (every start has a stop, parents before children, ...) and writes one line per
  * communicator at finalize; the tests compare its counts and descriptors with the calls made, for
- * the v6 and the v5 build, with ranks as threads and as processes, and check the activation mask's
- * gating, NCCL_PROFILER_PLUGIN's forms ("none", a missing library) and a plugin whose init fails. */
+ * the v7, v6 and v5 builds, with ranks as threads and as processes, and check the activation mask's
+ * gating, v7's userTag (ncclCollConfig_t.userProfilerTag), NCCL_PROFILER_PLUGIN's forms ("none", a
+ * missing library) and a plugin whose init fails. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,17 @@ static void sequence_body(int rank, int nranks, ncclUniqueId id, void* arg) {
     if (strcmp(str(line, "p2ps", got, sizeof(got)), want) != 0)
       rt_fail(__FILE__, __LINE__, "[%s rank %d] P2p events %s, expected %s", rt_mode(), rank, got, want);
   }
+  /* v7: plain calls are untagged (userTag 0); older plugins have no tags */
+  const char* tags = w->version < 7 || !w->coll ? "" : w->p2p ? "c0;c0;c0;c0;p0;p0;c0;" : "c0;c0;c0;c0;c0;";
+  if (strcmp(str(line, "tags", got, sizeof(got)), tags) != 0)
+    rt_fail(__FILE__, __LINE__, "[%s rank %d] tags %s, expected %s", rt_mode(), rank, got, tags);
+}
+
+TEST(profiler, v7_events_threads_and_procs) {
+  use_plugin(CHORUS_PROFILER_STUB_V7, NULL);
+  struct want w = {7, 0x7fff, 6, 5, 2, 6, 5, 2, 0};
+  rt_run_both(3, sequence_body, &w);
+  done_plugin();
 }
 
 TEST(profiler, v6_events_threads_and_procs) {
@@ -173,6 +185,81 @@ TEST(profiler, activation_mask) {
   use_plugin(CHORUS_PROFILER_STUB, "0x100"); /* GroupApi alone */
   struct want group_api = {6, 0x100, 6, 0, 0, 0, 0, 0, 0};
   rt_run_threads(2, sequence_body, &group_api);
+  done_plugin();
+}
+
+/* v7's KernelPhase (bit 15): a v7 plugin that asks for it gets KernelCh too, as NCCL turns it on, and
+ * so every event that KernelCh's ancestors make; v6 and v5 plugins lose the bit they do not know (v5
+ * the copy-engine bits too). */
+TEST(profiler, kernel_phase_bit_by_version) {
+  use_plugin(CHORUS_PROFILER_STUB_V7, "0x8000");
+  struct want v7 = {7, 0x8040, 6, 5, 2, 6, 5, 2, 0}; /* KernelPhase | KernelCh */
+  rt_run_threads(2, sequence_body, &v7);
+  use_plugin(CHORUS_PROFILER_STUB, "0xffff");
+  struct want v6 = {6, 0x7fff, 6, 5, 2, 6, 5, 2, 0};
+  rt_run_procs(2, sequence_body, &v6);
+  use_plugin(CHORUS_PROFILER_STUB_V5, "0xffff");
+  struct want v5 = {5, 0x0fff, 6, 5, 2, 6, 5, 2, 0};
+  rt_run_threads(2, sequence_body, &v5);
+  done_plugin();
+}
+
+/* A v7 plugin gets each call's ncclCollConfig_t.userProfilerTag as userTag on its CollApi/P2pApi and
+ * Coll/P2p (the stub checks that a task's tag is its API event's); a plain call, or a config left at
+ * NCCL_COLLCONFIG_INITIALIZER, is 0. An AlltoAll's sends and receives carry its tag. */
+static void tag_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  int version = *(const int*)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  uint64_t hash = comm->comm_hash;
+  float v[64];
+  for (int i = 0; i < 64; i++) v[i] = 1;
+  ncclCollConfig_t cfg = NCCL_COLLCONFIG_INITIALIZER;
+  cfg.userProfilerTag = 0x1234abcdull;
+  NCCL_OK(ncclAllReduceConfig(v, v, 64, ncclFloat, ncclSum, comm, NULL, &cfg));
+  NCCL_OK(ncclAllReduce(v, v, 64, ncclFloat, ncclSum, comm, NULL)); /* untagged */
+  EXPECT(v[63] == (float)(nranks * nranks));
+  ncclCollConfig_t plain = NCCL_COLLCONFIG_INITIALIZER;
+  NCCL_OK(ncclBroadcastConfig(v, v, 8, ncclFloat, 0, comm, NULL, &plain));
+  NCCL_OK(ncclGroupStart()); /* one plan: each call keeps its own tag */
+  cfg.userProfilerTag = 7;
+  NCCL_OK(ncclAllReduceConfig(v, v, 16, ncclFloat, ncclSum, comm, NULL, &cfg));
+  cfg.userProfilerTag = UINT64_C(0x7fffffffffffffff); /* the largest a user may give (the top bit is NCCL's) */
+  NCCL_OK(ncclAllGatherConfig(v + 16, v + 32, 4, ncclFloat, comm, NULL, &cfg));
+  NCCL_OK(ncclGroupEnd());
+  float s[32], r[32];
+  for (int i = 0; i < 32; i++) s[i] = (float)rank;
+  cfg.userProfilerTag = 9;
+  NCCL_OK(ncclAlltoAllConfig(s, r, 2, ncclFloat, comm, NULL, &cfg));
+  for (int p = 0; p < nranks; p++) EXPECT(r[2 * p] == (float)p);
+  NCCL_OK(ncclCommDestroy(comm));
+
+  char line[8192], got[1024], want[1024];
+  struct want w = {version, version == 5 ? 0x0fff : 0x7fff, 5, 5, 2 * nranks, 5, 5, 2 * nranks, 0};
+  check_counts(hash, rank, &w, line, sizeof(line));
+  if (!line[0]) return;
+  want[0] = 0; /* older plugins' descriptors have no tag */
+  int at =
+      version < 7 ? 0 : snprintf(want, sizeof(want), "c%llu;c0;c0;c7;c%llu;", 0x1234abcdull, 0x7fffffffffffffffull);
+  for (int p = 0; p < 2 * nranks && version == 7; p++) at += snprintf(want + at, sizeof(want) - (size_t)at, "p9;");
+  if (strcmp(str(line, "tags", got, sizeof(got)), want) != 0)
+    rt_fail(__FILE__, __LINE__, "[%s rank %d] tags %s, expected %s", rt_mode(), rank, got, want);
+}
+
+TEST(profiler, v7_user_tag_threads_and_procs) {
+  use_plugin(CHORUS_PROFILER_STUB_V7, NULL);
+  int v = 7;
+  rt_run_both(3, tag_body, &v);
+  done_plugin();
+}
+
+/* v6 and v5 plugins get the same tagged calls, their events as before. */
+TEST(profiler, tagged_calls_reach_older_plugins) {
+  use_plugin(CHORUS_PROFILER_STUB, NULL);
+  int v6 = 6, v5 = 5;
+  rt_run_procs(2, tag_body, &v6);
+  use_plugin(CHORUS_PROFILER_STUB_V5, NULL);
+  rt_run_threads(2, tag_body, &v5);
   done_plugin();
 }
 

@@ -891,3 +891,108 @@ TEST_T(tuning, tuner_loaded_must_agree, 60) {
                          "NCCL_TUNER_PLUGIN"};
   rt_run_procs(2, agree_body, &c);
 }
+
+/* ---- a v6 tuner's getChunkSize (tests/tuner_stub) ---- */
+
+struct chunk_case {
+  const char* algo;  /* what the stub makes win: "ring" or "tree" */
+  const char* chunk; /* what getChunkSize answers (CHORUS_TEST_TUNER_CHUNK; NULL: unchanged) */
+  size_t want;       /* the step bytes the call gets (0: a whole step, the default) */
+  const char* warn;  /* the WARN it gives (once), or NULL */
+};
+
+/* The choice carries the checked chunk, the plan's ops use it, the calls stay exact, the TUNING line
+ * says it, and a refused answer gives one WARN per communicator however many calls ask. */
+static void chunk_body(int rank, int nranks, ncclUniqueId id, void* arg) {
+  const struct chunk_case* c = arg;
+  char log[128], out[128];
+  snprintf(log, sizeof(log), "/tmp/chorus-tuner-chunk-%d.log", (int)getpid());
+  snprintf(out, sizeof(out), "/tmp/chorus-tuner-chunk-%d.out", (int)getpid());
+  unlink(log), unlink(out);
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "TUNING", 1);
+  setenv("NCCL_DEBUG_FILE", log, 1);
+  setenv("CHORUS_TEST_TUNER_OUT", out, 1);
+  param_reset();
+  log_reset();
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, nranks, id, rank));
+  int algo = !strcmp(c->algo, "tree") ? ALGO_TREE : ALGO_RING;
+  size_t step = tune_step_elems(comm, 1, algo, PROTO_SIMPLE, 4) * 4;
+  struct tune_choice how;
+  tune_choose_sel(comm, FUNC_ALLREDUCE, 1 << 20, 4, CH_REPRO_OFF, 0, &how);
+  EXPECT_EQ(how.algo, algo);
+  EXPECT_EQ(how.proto, PROTO_SIMPLE);
+  EXPECT_EQ(how.chunk, c->want);
+  const size_t n = 1 << 16; /* 256 KiB: several steps of a small chunk */
+  float* v = malloc(n * sizeof(float));
+  ASSERT(v);
+  for (int k = 0; k < 2; k++) { /* the second repeats the first: a reused plan keeps the chunk */
+    for (size_t i = 0; i < n; i++) v[i] = (float)(rank + (int)(i % 7));
+    NCCL_OK(ncclAllReduce(v, v, n, ncclFloat, ncclSum, comm, NULL));
+    for (size_t i = 0; i < n; i++)
+      if (v[i] != (float)(nranks * (int)(i % 7) + nranks * (nranks - 1) / 2)) {
+        rt_fail(__FILE__, __LINE__, "rank %d call %d: v[%zu] = %g", rank, k, i, v[i]);
+        break;
+      }
+  }
+  free(v);
+  struct ch_plan* plan = atomic_load(&comm->reuse_plan);
+  if (plan && plan->nops > 0) EXPECT_EQ(plan->ops[0].chunk, (c->want ? c->want : step) / 4);
+  else rt_fail(__FILE__, __LINE__, "rank %d: no plan kept to look at", rank);
+  NCCL_OK(ncclCommDestroy(comm));
+  log_reset();
+  /* what the plugin was asked: AllReduce (4), its bytes, the algorithm, Simple (2), the channels, a step */
+  FILE* f = fopen(out, "r");
+  int fn = -1, fa = -1, fp = -1, fch = -1;
+  size_t fb = 0, fin = 0;
+  EXPECT(f && fscanf(f, "%d %zu %d %d %d %zu", &fn, &fb, &fa, &fp, &fch, &fin) == 6);
+  if (f) fclose(f);
+  EXPECT(fn == 4 && fb == (size_t)1 << 20 && fa == algo && fp == 2 && fch == how.nch && fin == step);
+  static char text[1 << 16];
+  f = fopen(log, "r");
+  size_t len = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+  text[len] = 0;
+  if (f) fclose(f);
+  char want[96];
+  snprintf(want, sizeof(want), ", %zu-byte steps (tuner plugin's getChunkSize)", c->want);
+  if (c->want && !strstr(text, want)) rt_fail(__FILE__, __LINE__, "rank %d: log lacks \"%s\":\n%s", rank, want, text);
+  if (!c->want && strstr(text, "-byte steps (tuner"))
+    rt_fail(__FILE__, __LINE__, "rank %d: a chunk logged:\n%s", rank, text);
+  int warns = 0;
+  for (const char* p = text; (p = strstr(p, "getChunkSize(")); p++) warns++;
+  EXPECT_EQ(warns, c->warn ? 1 : 0);
+  if (c->warn && !strstr(text, c->warn))
+    rt_fail(__FILE__, __LINE__, "rank %d: log lacks \"%s\":\n%s", rank, c->warn, text);
+  unlink(log), unlink(out);
+}
+
+static void chunk_run(int nranks, const struct chunk_case* c) {
+  set("CHORUS_TEST_TUNER_ALGO", c->algo);
+  set("CHORUS_TEST_TUNER_CHUNK", c->chunk);
+  rt_run_procs(nranks, chunk_body, (void*)c);
+}
+
+TEST_T(tuning, tuner_chunk_size_sets_the_step, 90) {
+  set("NCCL_TUNER_PLUGIN", CHORUS_TUNER_STUB);
+  struct chunk_case ring = {"ring", "4100", 4100, NULL}; /* 1025 floats: not a multiple of 8 elements */
+  chunk_run(2, &ring);
+  struct chunk_case tree = {"tree", "4096", 4096, NULL}; /* Tree's per-peer FIFOs: their own step */
+  chunk_run(3, &tree);
+  struct chunk_case keep = {"ring", NULL, 0, NULL}; /* the default given back: nothing to log */
+  chunk_run(2, &keep);
+  set("CHORUS_TEST_TUNER_CHUNK", NULL);
+}
+
+TEST_T(tuning, tuner_chunk_size_refused_with_one_warn, 120) {
+  set("NCCL_TUNER_PLUGIN", CHORUS_TUNER_STUB);
+  struct chunk_case zero = {"ring", "0", 0, "chose 0 bytes, which is 0; using "};
+  chunk_run(2, &zero);
+  struct chunk_case split = {"ring", "4098", 0, "chose 4098 bytes, which is not a whole number of elements"};
+  chunk_run(2, &split);
+  struct chunk_case big = {"ring", "1073741824", 0, "chose 1073741824 bytes, which is more than a FIFO step holds"};
+  chunk_run(2, &big);
+  struct chunk_case fail = {"ring", "fail", 0, "returned 3; using "};
+  chunk_run(2, &fail);
+  set("CHORUS_TEST_TUNER_CHUNK", NULL);
+}

@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   printf("\n  reduction ops (the perf tools' -o):");
   for (int o = 0; o < CH_NOPS; o++) printf(" %s", ch_op_test_name(o));
   printf("\n");
-  printf("\nConfiguration (environment, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");
+  printf("\nConfiguration (environment, or NCCL_ENV_PLUGIN's plugin, then NCCL_CONF_FILE / ~/.nccl.conf / /etc/nccl.conf)\n");
   for (int id = 0; id < PARAM_COUNT; id++) {
     struct param_info pi;
     param_describe((enum param_id)id, &pi);

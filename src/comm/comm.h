@@ -152,10 +152,12 @@ struct ncclComm {
   int tune_pof2_share[32];        /* ... their round at distance 2^k: the same (0: within hosts) */
   const struct tune_model* model; /* the cost model's constants (tune/model.c): set by tune_init, immutable */
   /* NCCL_TUNER_PLUGIN (tune/tuner_plugin.c): set at init, released by comm_free; called by the thread in a
-   * call on this comm. tuner_failed: a getCollInfo error was reported (once). */
+   * call on this comm. tuner_failed: a getCollInfo error was reported (once); tuner_chunk_warned: a
+   * getChunkSize answer was refused (once). */
   struct tune_plugin* tuner;
   void* tuner_ctx;
   _Atomic int tuner_failed;
+  _Atomic int tuner_chunk_warned;
 
   /* Ordering of work: plans run in ticket order, one at a time per communicator. */
   atomic_uint_fast64_t next_ticket;

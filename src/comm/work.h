@@ -13,6 +13,7 @@ struct tune_choice {
   int fb_nch;   /* Direct between processes: the channels that fallback takes (the model's for it), 1 if one */
   int nt;     /* write results with non-temporal (streaming) stores */
   int repro;  /* the reproducible level (CH_REPRO_*) this call honours; 0: none */
+  size_t chunk; /* bytes per FIFO step a tuner plugin chose (getChunkSize), checked; 0: a whole step */
 };
 
 struct ch_task {

@@ -57,7 +57,7 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
       if (r == DIRECT_FALLBACK) { /* some buffer is unreachable: every rank switches to the FIFO algorithm */
         if (op->outcome) atomic_store_explicit(op->outcome, DIRECT_OUTCOME_FELL_BACK, memory_order_release);
         op->algo = op->fallback_algo, op->idx = 0, op->step_at = 0;
-        op_set_chunk(comm, op, 1, op->esize); /* before counting its steps */
+        op_set_chunk(comm, op, 1, op->esize, 0); /* before counting its steps; Direct had no tuner chunk */
         op->nidx = algo_nsteps(op) + 1;
       }
       else

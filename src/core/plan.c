@@ -155,11 +155,11 @@ static void direct_describe(struct ch_op* op) {
   mem_describe(op->recvbuff, bytes, &op->drecv);
 }
 
-/* Elements per FIFO step of the connections op->algo runs on: the rings', or the per-peer ones
- * (RecDbl, Rabenseifner, Tree, and sends and receives). */
-void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_t esize) {
-  const struct tp_sizes* sz = coll && !algo_uses_peers(op->algo) ? &comm->sizes : &comm->p2p_sizes;
-  op->chunk = prim_step_elems(op->proto, sz->buff[op->proto] / CH_STEPS, esize ? esize : 1);
+/* Elements per FIFO step of the connections op->algo runs on (tune_step_elems), or fewer where a tuner
+ * plugin chose chunk bytes for the call (tune_choice.chunk, checked to fit a step; 0: none). */
+void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_t esize, size_t chunk) {
+  op->chunk = tune_step_elems(comm, coll, op->algo, op->proto, esize);
+  if (chunk && esize && chunk / esize < op->chunk) op->chunk = chunk / esize;
   op->tmp_stride = op->chunk * esize; /* Owner's slots: one step each (init.c sizes repro_scratch so) */
   if (op->algo == ALGO_OWNER) op->tmp = comm->repro_scratch;
 }
@@ -200,8 +200,8 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
     struct ch_task* t = &bs.tasks[i];
     /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
      * FIFOs of their own (comm_apeer), apart from the group's sends and receives. */
-    tune_choose_sel(comm, t->func, t->count * red_type_size(t->type), tune_repro_level(comm, t->func, t->type),
-                    t->sel, &t->how);
+    tune_choose_sel(comm, t->func, t->count * red_type_size(t->type), red_type_size(t->type),
+                    tune_repro_level(comm, t->func, t->type), t->sel, &t->how);
     if (t->how.repro && !comm->repro_scratch) {
       /* Owner's slots (a step per rank), made once; only this comm's calling thread builds its plans */
       comm->repro_scratch = malloc(comm->peer_step_bytes * (size_t)comm->nranks);
@@ -310,7 +310,8 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
       } else {
         op->ctx.in = &comm->p2p[t->root].recv;
       }
-      op_set_chunk(comm, op, is_coll(t->func), esize);
+      /* the tuner's chunk is for the chosen algorithm: not for Direct's standby ops of its fallback */
+      op_set_chunk(comm, op, is_coll(t->func), esize, op->algo == t->how.algo ? t->how.chunk : 0);
       struct ch_lane* ln = &plan->lanes[lane_idx[lane_of(comm, t, c)]];
       ln->ops[ln->nops++] = op;
     }

@@ -32,7 +32,8 @@ static inline void plan_tickets(struct ch_plan** plans, int n) {
 /* The engine (engine.c). Run plans to completion (plans of several communicators progress together). Takes ownership:
  * each plan is released before its completion is published, and plans[i] is set to NULL. */
 ch_status plan_exec(struct ch_plan** plans, int n);
-/* Elements per FIFO step of op's connections (plan.c; the engine sets it when an op first runs). */
-void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_t esize);
+/* Elements per FIFO step of op's connections, at most chunk bytes' worth when chunk > 0 (a tuner
+ * plugin's choice; plan.c; the engine sets it again when a Direct op falls back). */
+void op_set_chunk(const struct ncclComm* comm, struct ch_op* op, int coll, size_t esize, size_t chunk);
 
 #endif

@@ -138,6 +138,7 @@ void log_init(void) {
   if (print_version)
     log_msg(LOG_VERSION, (unsigned)LOG_ALL, __FILE__, __LINE__, "Chorus %s (NCCL API %d.%d.%d)", CHORUS_VERSION_STRING,
             NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  log_flush_deferred(); /* lines made while the parameters above were read (the environment plugin's) */
 }
 
 void log_reset(void) {
@@ -213,6 +214,59 @@ void log_msg(int level, unsigned subsys, const char* file, int line, const char*
 
   /* NCCL_DEBUG=ABORT: stop at the first warning, leaving a core to inspect. */
   if (level == LOG_WARN && cur == LOG_ABORT) abort();
+}
+
+/* Deferred lines (log_defer). defer_mu is never held while logging or reading parameters. */
+#define DEFER_MAX 16
+struct deferred {
+  int level, line;
+  unsigned subsys;
+  char file[128], text[512];
+};
+static pthread_mutex_t defer_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct deferred deferred[DEFER_MAX]; /* under defer_mu */
+static int ndeferred;                       /* written under defer_mu; read atomically for the fast path */
+
+void log_defer_v(int level, unsigned subsys, const char* file, int line, const char* fmt, va_list ap) {
+  char text[sizeof(deferred[0].text)];
+  vsnprintf(text, sizeof(text), fmt, ap);
+  if (level == LOG_WARN) { /* ncclGetLastError has it now, printed or not */
+    pthread_mutex_lock(&err_lock);
+    snprintf(last_error, sizeof(last_error), "%s", text);
+    pthread_mutex_unlock(&err_lock);
+  }
+  pthread_mutex_lock(&defer_mu);
+  if (ndeferred < DEFER_MAX) {
+    struct deferred* d = &deferred[ndeferred];
+    d->level = level, d->subsys = subsys, d->line = line;
+    snprintf(d->file, sizeof(d->file), "%s", file ? file : "?"); /* a plugin's __FILE__ may be unloaded later */
+    memcpy(d->text, text, sizeof(text));
+    __atomic_store_n(&ndeferred, ndeferred + 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&defer_mu);
+}
+
+void log_defer(int level, unsigned subsys, const char* file, int line, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  log_defer_v(level, subsys, file, line, fmt, ap);
+  va_end(ap);
+}
+
+void log_flush_deferred(void) {
+  static __thread int flushing; /* logging a line may configure logging, which flushes: the outer loop does */
+  if (in_init || flushing || !__atomic_load_n(&ndeferred, __ATOMIC_ACQUIRE)) return;
+  flushing = 1;
+  while (__atomic_load_n(&ndeferred, __ATOMIC_ACQUIRE)) {
+    struct deferred copy[DEFER_MAX];
+    pthread_mutex_lock(&defer_mu);
+    int n = ndeferred;
+    memcpy(copy, deferred, sizeof(copy[0]) * (size_t)n);
+    __atomic_store_n(&ndeferred, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&defer_mu);
+    for (int i = 0; i < n; i++) log_msg(copy[i].level, copy[i].subsys, copy[i].file, copy[i].line, "%s", copy[i].text);
+  }
+  flushing = 0;
 }
 
 const char* log_last_error(void) {

@@ -35,6 +35,15 @@ void log_msg(int level, unsigned subsys, const char* file, int line, const char*
  * INFO; `who` names the source when the plugin gives no file. */
 void log_plugin_v(const char* who, int trace_as, int level, unsigned long flags, const char* file, int line,
                   const char* fmt, va_list ap) __attribute__((format(printf, 7, 0)));
+/* Lines that cannot be logged when they are made: the environment plugin's, while it is loaded or
+ * answers (misc/env_plugin.c), when logging would read parameters through it. log_defer keeps the
+ * line (at most 16 wait; a WARN is the last error at once); log_flush_deferred logs the waiting lines
+ * as log_msg would, and does nothing while this thread configures logging (log_init flushes at its end). */
+void log_defer(int level, unsigned subsys, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+void log_defer_v(int level, unsigned subsys, const char* file, int line, const char* fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
+void log_flush_deferred(void);
 /* Text of the most recent WARN, whether printed or not (ncclGetLastError). */
 const char* log_last_error(void);
 /* Per-communicator record of the last WARN (ncclGetLastError(comm)). A thread inside a call on a

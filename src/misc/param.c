@@ -1,6 +1,7 @@
 /* The parameter table: each value is resolved once (environment, then config files, then default)
  * and cached. The fast path is one acquire load, so hot loops may call param_int freely.
- * This is the only file that reads the environment. */
+ * This is the only file that reads the environment for the table, through NCCL's environment plugin
+ * when NCCL_ENV_PLUGIN loads one (misc/env_plugin.c): its getEnv then takes the environment's place. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "env_plugin.h"
 #include "log.h"
 #include "param.h"
 
@@ -157,10 +159,11 @@ struct pending_log {
 static void load_locked(enum param_id id, struct pending_log* pl) {
   struct slot* s = &slots[id];
   const char* env = table[id].env;
-  const char* source = "default";
-  const char* v = getenv(env);
+  const char *source = "default", *from = "environment";
+  /* where values come from is read from the environment itself (and NCCL_ENV_PLUGIN from config files) */
+  const char* v = id == PARAM_ENV_PLUGIN || id == PARAM_CONF_FILE ? getenv(env) : envp_getenv(env, &from);
   if (v) { /* set, even empty: a config file does not override it (NCCL applies them with setenv(.., 0)) */
-    if (v[0]) source = "environment";
+    if (v[0]) source = from;
     else v = NULL; /* empty: the default, as unset */
   } else if (id != PARAM_CONF_FILE) {
     conf_load();
@@ -201,14 +204,30 @@ static void load_locked(enum param_id id, struct pending_log* pl) {
   __atomic_store_n(&s->loaded, 1, __ATOMIC_RELEASE);
 }
 
+/* The environment plugin first, once per process (NCCL loads it before reading any variable): named by
+ * NCCL_ENV_PLUGIN, from the environment or the config files. Nothing is logged until it is loaded: its
+ * lines wait (log_defer) because logging reads parameters, which would come through it. */
+static void env_plugin_first(void) {
+  if (envp_loaded()) return;
+  struct pending_log pl = {0};
+  pthread_mutex_lock(&lock);
+  if (!slots[PARAM_ENV_PLUGIN].loaded) load_locked(PARAM_ENV_PLUGIN, &pl);
+  const char* value = __atomic_load_n(&slots[PARAM_ENV_PLUGIN].sval, __ATOMIC_RELAXED); /* in the arena: kept */
+  pthread_mutex_unlock(&lock);
+  if (pl.announce) log_defer(LOG_INFO, LOG_ENV, __FILE__, __LINE__, "%s", pl.text); /* a string: never bad */
+  envp_load(value ? value : "");
+}
+
 static void ensure_loaded(enum param_id id) {
   if (__atomic_load_n(&slots[id].loaded, __ATOMIC_ACQUIRE)) return;
+  if (id != PARAM_ENV_PLUGIN && id != PARAM_CONF_FILE) env_plugin_first();
   struct pending_log pl = {0};
   pthread_mutex_lock(&lock);
   if (!slots[id].loaded) load_locked(id, &pl);
   pthread_mutex_unlock(&lock);
   if (pl.bad_int) WARN("%s", pl.text);
   else if (pl.announce) INFO(LOG_ENV, "%s", pl.text);
+  log_flush_deferred(); /* the plugin's lines, and its loading's */
 }
 
 int64_t param_int(enum param_id id) {

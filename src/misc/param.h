@@ -17,6 +17,8 @@
   X(DEBUG_FILE, "NCCL_DEBUG_FILE", P_STR, 0, "", "log file (%h host, %p pid); default stdout")     \
   X(CONF_FILE, "NCCL_CONF_FILE", P_STR, 0, "",                                                     \
     "config file of KEY=VALUE lines (default ~/.nccl.conf); /etc/nccl.conf is read after it")     \
+  X(ENV_PLUGIN, "NCCL_ENV_PLUGIN", P_STR, 0, "",                                                   \
+    "environment plugin (NCCL's v2/v1 ABI), loaded once per process before any other parameter is read, whose getEnv then gives every other parameter in the environment's place (config files still fill what it leaves unset): path, library name, or X for libnccl-env-X.so; none = no plugin (default: libnccl-env.so if present)") \
   X(COMM_ID, "NCCL_COMM_ID", P_STR, 0, "", "fixed bootstrap root host:port (rank 0 listens there)") \
   X(SOCKET_IFNAME, "NCCL_SOCKET_IFNAME", P_STR, 0, "",                                             \
     "interfaces for sockets: prefix list, ^ excludes, = exact")                                    \
@@ -65,7 +67,7 @@
   X(TUNER_PLUGIN, "NCCL_TUNER_PLUGIN", P_STR, 0, "",                                              \
     "tuner plugin: path, library name, or X for libnccl-tuner-X.so; none = no plugin (default: libnccl-tuner.so if present)") \
   X(PROFILER_PLUGIN, "NCCL_PROFILER_PLUGIN", P_STR, 0, "",                                        \
-    "profiler plugin (NCCL's v6/v5 ABI): path, library name, or X for libnccl-profiler-X.so; none = no plugin (default: libnccl-profiler.so if present)") \
+    "profiler plugin (NCCL's v7/v6/v5 ABI): path, library name, or X for libnccl-profiler-X.so; none = no plugin (default: libnccl-profiler.so if present)") \
   X(PARAM_DUMP_ALL, "NCCL_PARAM_DUMP_ALL", P_BOOL, 0, "",                                        \
     "true = ncclParamGetAllParameterKeys and ncclParamDumpAll include the testing aids too")          \
   X(BUFFSIZE, "NCCL_BUFFSIZE", P_INT, 1 << 21, "", "Simple FIFO bytes per connection (8 slots)")   \

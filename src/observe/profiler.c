@@ -1,4 +1,5 @@
-/* Profiler plugins with NCCL's ABI (observe/profiler_abi.h, versions 6 and 5). NCCL_PROFILER_PLUGIN
+/* Profiler plugins with NCCL's ABI (observe/profiler_abi.h, versions 7, 6 and 5, the newest a library
+ * exports first, as NCCL 2.31 looks for them). NCCL_PROFILER_PLUGIN
  * names the library as NCCL reads it: unset, libnccl-profiler.so if present (silently absent);
  * "none", no plugin; else the value itself (a path or a library name), then libnccl-profiler-X.so.
  * The library is loaded once per process and shared by reference; init per communicator, finalize
@@ -6,7 +7,7 @@
  * communicator goes on without it.
  *
  * What is emitted, from the plans' hooks (core/plan.c) and the flight recorder's entries of their
- * calls: per plan, NCCL's v5/v6 tree for one outermost group on one communicator:
+ * calls: per plan, NCCL's v5-v7 tree for one outermost group on one communicator:
  *   GroupApi -> { CollApi -> Coll | P2pApi -> P2p } and Group (Coll and P2p name it as parentGroup).
  * NCCL starts the API events on the calling thread during the call; Chorus starts them when the plan
  * starts, in NCCL's order (GroupApi, its GroupStartApiStop state, each call's CollApi or P2pApi
@@ -16,7 +17,10 @@
  * span is the call's run (NCCL stops them once the work is handed to the GPU and its proxy).
  * AlltoAll, Gather and Scatter are reported as NCCL reports them: their per-peer sends and receives.
  * ProxyOp, ProxyStep, ProxyCtrl, KernelCh, KernelLaunch, NetPlugin and the copy-engine events are
- * not emitted: these hooks do not see the per-connection steps, and Chorus has no such kernels. */
+ * not emitted: these hooks do not see the per-connection steps, and Chorus has no such kernels (nor
+ * KernelPhase, v7's, nor symmetric kernels: a v7 Coll has kernelVariant NULL and isSymColl false).
+ * A v7 plugin gets each call's ncclCollConfig_t.userProfilerTag as userTag on its CollApi or P2pApi
+ * and Coll or P2p (the sends and receives of an AlltoAll, Gather or Scatter carry that call's). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -35,8 +39,8 @@
 
 struct prof_lib {
   void* dl;
-  int version;       /* 6 or 5 */
-  const void* iface; /* ncclProfiler_v6_t or _v5_t */
+  int version;       /* 7, 6 or 5 */
+  const void* iface; /* ncclProfiler_v7_t, _v6_t or _v5_t */
   const char* name;
   char path[512];  /* what dlopen accepted */
   int refs;        /* communicators using it (under once.mu) */
@@ -50,6 +54,7 @@ struct prof_item {
   int func;       /* FUNC_* (P2p: FUNC_SEND or FUNC_RECV) */
   int type, root; /* root, or peer */
   uint64_t count;
+  uint64_t tag; /* the call's userProfilerTag (v7's userTag) */
   int16_t algo, proto, nch;
 };
 
@@ -84,10 +89,12 @@ static void* load(const char* value, char path[512]) {
   int n = prof_candidates(value, cand), k = 0;
   void* dl = plugin_open_logged(&once, LOG_INIT | LOG_PROFILE, value, cand, n, &k);
   if (!dl) return NULL;
-  const void* iface = dlsym(dl, "ncclProfiler_v6");
-  int version = 6;
-  if (!iface) iface = dlsym(dl, "ncclProfiler_v5"), version = 5;
-  /* v5 and v6 tables have the same members in the same places; only the descriptor grew. */
+  static const char* const syms[] = {"ncclProfiler_v7", "ncclProfiler_v6", "ncclProfiler_v5"};
+  const void* iface = NULL;
+  int version = 0;
+  for (int i = 0; i < 3 && !iface; i++)
+    if ((iface = dlsym(dl, syms[i]))) version = 7 - i;
+  /* v5, v6 and v7 tables have the same members in the same places; only the descriptor grew. */
   const ncclProfiler_v6_t* t = iface;
   const char* missing = !iface ? "symbol" : !t->name ? "name" : !t->init ? "init" : !t->startEvent ? "startEvent"
                         : !t->stopEvent ? "stopEvent" : !t->recordEventState ? "recordEventState"
@@ -95,8 +102,8 @@ static void* load(const char* value, char path[512]) {
   if (missing) {
     int older = !iface && (dlsym(dl, "ncclProfiler_v4") || dlsym(dl, "ncclProfiler_v3"));
     WARN("NCCL_PROFILER_PLUGIN=%s: %s %s%s; continuing without a profiler plugin%s", value, cand[k],
-         !iface ? "exports neither ncclProfiler_v6 nor ncclProfiler_v5" : "has a NULL ", iface ? missing : "",
-         older ? " (it has an older version, v4 or below, which Chorus does not support)" : "");
+         !iface ? "exports none of ncclProfiler_v7, ncclProfiler_v6 and ncclProfiler_v5" : "has a NULL ",
+         iface ? missing : "", older ? " (it has an older version, v4 or below, which Chorus does not support)" : "");
     dlclose(dl);
     return NULL;
   }
@@ -153,7 +160,7 @@ void prof_comm_init(struct ncclComm* comm) {
     return;
   }
   void* ctx = NULL;
-  const ncclProfiler_v6_t* t = lib->iface; /* init has the same type in v5 */
+  const ncclProfiler_v6_t* t = lib->iface; /* init has the same type in v5 and v7 */
   ncclResult_t rc = t->init(&ctx, comm->comm_hash, &prof_mask, comm->name, comm->nnodes, comm->nranks, comm->rank,
                             ch_net_logger);
   if (rc != ncclSuccess) {
@@ -163,9 +170,19 @@ void prof_comm_init(struct ncclComm* comm) {
     put_ref(lib);
     return;
   }
-  /* A v5 plugin has no copy-engine events: NCCL clears their bits after its init. */
-  if (lib->version == 5) __atomic_fetch_and(&prof_mask, ~(ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch),
-                                            __ATOMIC_RELAXED);
+  /* Kinds an older plugin does not know: NCCL clears their bits after its init (v5: the copy-engine
+   * events and KernelPhase, v6: KernelPhase). A v7 plugin that wants KernelPhase gets KernelCh too, which
+   * NCCL turns on for it (a phase is part of a channel's event); neither is emitted here. */
+  if (lib->version < 7) {
+    int older =
+        ncclProfileKernelPhase | (lib->version == 5 ? ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch : 0);
+    __atomic_fetch_and(&prof_mask, ~older, __ATOMIC_RELAXED);
+  } else if ((__atomic_load_n(&prof_mask, __ATOMIC_RELAXED) & (ncclProfileKernelPhase | ncclProfileKernelCh)) ==
+             ncclProfileKernelPhase) {
+    __atomic_fetch_or(&prof_mask, ncclProfileKernelCh, __ATOMIC_RELAXED);
+    INFO(LOG_INIT | LOG_PROFILE, "profiler plugin %s asked for KernelPhase events: KernelCh is on too, as in NCCL",
+         lib->name);
+  }
   p->lib = lib, p->ctx = ctx;
   comm->prof = p;
   if (comm->rank == 0)
@@ -175,9 +192,19 @@ void prof_comm_init(struct ncclComm* comm) {
 
 /* ---- events ---- */
 
-static void* ev_start(struct prof_comm* p, ncclProfilerEventDescr_v6_t* d) {
+/* d in v6's form; tag: the call's userProfilerTag, which only v7 carries. */
+static void* ev_start(struct prof_comm* p, ncclProfilerEventDescr_v6_t* d, uint64_t tag) {
   void* h = NULL; /* startEvent may leave it: no event */
-  if (p->lib->version == 6) {
+  if (p->lib->version == 7) {
+    ncclProfilerEventDescr_v7_t d7; /* v6's members sit where v7's do (profiler_abi.h); the rest appended */
+    memset(&d7, 0, sizeof(d7));
+    memcpy(&d7, d, sizeof(*d));
+    if (d->type == ncclProfileCollApi) d7.collApi.userTag = tag;
+    else if (d->type == ncclProfileP2pApi) d7.p2pApi.userTag = tag;
+    else if (d->type == ncclProfileColl) d7.coll.userTag = tag; /* kernelVariant NULL, isSymColl false */
+    else if (d->type == ncclProfileP2p) d7.p2p.userTag = tag;
+    ((const ncclProfiler_v7_t*)p->lib->iface)->startEvent(p->ctx, &h, &d7);
+  } else if (p->lib->version == 6) {
     ((const ncclProfiler_v6_t*)p->lib->iface)->startEvent(p->ctx, &h, d);
   } else {
     ncclProfilerEventDescr_v5_t d5; /* v5's members sit where v6's do */
@@ -222,8 +249,15 @@ static int add_item(struct prof_comm* p, int coll, int func, const struct fr_ent
     if (!it) return 0;
     p->items = it, p->cap = cap;
   }
-  p->items[p->nitems++] = (struct prof_item){.coll = coll, .func = func, .type = e->type, .root = peer,
-                                             .count = e->count, .algo = e->algo, .proto = e->proto, .nch = e->nch};
+  p->items[p->nitems++] = (struct prof_item){.coll = coll,
+                                             .func = func,
+                                             .type = e->type,
+                                             .root = peer,
+                                             .count = e->count,
+                                             .tag = e->tag,
+                                             .algo = e->algo,
+                                             .proto = e->proto,
+                                             .nch = e->nch};
   return 1;
 }
 
@@ -250,7 +284,7 @@ static int add_call(struct prof_comm* p, const struct fr_entry* e, int rank, int
 
 #define M_NET (ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | ncclProfileNetPlugin)
 #define M_CE (ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch)
-#define M_ALL ((1 << 15) - 1)
+#define M_ALL ((1 << 15) - 1) /* every kind up to v6 (GroupApi is not gated on v7's KernelPhase, as in NCCL) */
 
 void prof_plan_start(struct ncclComm* comm, uint64_t lo, uint64_t hi) {
   struct prof_comm* p = comm->prof;
@@ -283,7 +317,7 @@ void prof_plan_start(struct ncclComm* comm, uint64_t lo, uint64_t hi) {
     memset(&d, 0, sizeof(d));
     d.type = ncclProfileGroupApi;
     d.groupApi.groupDepth = hi > lo ? 2 : 1; /* several calls: the application grouped them */
-    p->group_api = ev_start(p, &d);
+    p->group_api = ev_start(p, &d, 0);
     ev_state(p, p->group_api, ncclProfilerGroupStartApiStop);
   }
   for (int i = 0; i < p->nitems; i++) {
@@ -300,14 +334,14 @@ void prof_plan_start(struct ncclComm* comm, uint64_t lo, uint64_t hi) {
       d.type = ncclProfileP2pApi;
       d.p2pApi.func = ch_func_name(it->func), d.p2pApi.count = it->count, d.p2pApi.datatype = dtype_str(it->type);
     }
-    it->api = ev_start(p, &d);
+    it->api = ev_start(p, &d, it->tag);
     ev_stop(p, it->api); /* as NCCL: the API event ends with the call; it stays the task's parent */
   }
   ev_state(p, p->group_api, ncclProfilerGroupEndApiStart);
   if (p->nitems && m_group) {
     memset(&d, 0, sizeof(d));
     d.type = ncclProfileGroup;
-    p->group = ev_start(p, &d);
+    p->group = ev_start(p, &d, 0);
   }
   for (int i = 0; i < p->nitems; i++) {
     struct prof_item* it = &p->items[i];
@@ -328,7 +362,7 @@ void prof_plan_start(struct ncclComm* comm, uint64_t lo, uint64_t hi) {
       d.p2p.func = ch_func_name(it->func), d.p2p.datatype = dtype_str(it->type), d.p2p.count = it->count;
       d.p2p.peer = it->root, d.p2p.nChannels = 1, d.p2p.parentGroup = p->group;
     }
-    it->ev = ev_start(p, &d);
+    it->ev = ev_start(p, &d, it->tag);
   }
 }
 
@@ -341,7 +375,7 @@ static void close_plan(struct prof_comm* p) {
 }
 
 void prof_plan_end(struct ncclComm* comm, uint64_t lo, uint64_t hi, ch_status st) {
-  (void)hi, (void)st; /* no v5/v6 state says a call failed */
+  (void)hi, (void)st; /* no v5-v7 state says a call failed */
   struct prof_comm* p = comm->prof;
   if (p->open && p->lo == lo) close_plan(p); /* else a plan that never started (cancelled) */
 }

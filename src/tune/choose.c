@@ -355,6 +355,11 @@ static int consult_tuner(struct ncclComm* comm, int func, size_t bytes, double t
  * set per pair. */
 static int algo_one_channel(int algo) { return algo == ALGO_DIRECT || algo_uses_peers(algo); }
 
+size_t tune_step_elems(const struct ncclComm* comm, int coll, int algo, int proto, size_t esize) {
+  const struct tp_sizes* sz = coll && !algo_uses_peers(algo) ? &comm->sizes : &comm->p2p_sizes;
+  return prim_step_elems(proto, sz->buff[proto] / CH_STEPS, esize ? esize : 1);
+}
+
 static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
                      struct tune_choice* out, int* by_tuner) {
   const struct tune_model* model = comm->model;
@@ -406,6 +411,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, u
   out->algo = algo;
   out->repro = repro;
   out->proto = proto;
+  out->chunk = 0; /* a whole step; tune_choose_sel asks a tuner plugin for less */
   out->nch = algo_one_channel(algo) ? 1 : nch;
   /* Direct between processes that falls back runs its fallback on the channels the model gives it
    * (standby ops, core/plan.c): on Direct's one channel, the 16-core machine's 4-256 MiB AllReduce
@@ -428,12 +434,18 @@ double tune_predict(struct ncclComm* comm, int func, size_t bytes, int repro, st
 }
 
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
-  tune_choose_sel(comm, func, bytes, repro, 0, out);
+  tune_choose_sel(comm, func, bytes, 0, repro, 0, out);
 }
 
-void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel, struct tune_choice* out) {
+void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, size_t esize, int repro, unsigned sel,
+                     struct tune_choice* out) {
   int by_tuner;
   double us = choose(comm, func, bytes, repro, sel, out, &by_tuner);
+  /* The plugin sees NCCL's algorithms only, as for the cost table; not under a reproducible level. */
+  out->chunk =
+      comm->tuner && !repro && func < TUNE_P2P && comm->nranks > 1 ? tuner_chunk(comm, func, bytes, esize, out) : 0;
+  char ck[64] = "";
+  if (out->chunk) snprintf(ck, sizeof ck, ", %zu-byte steps (tuner plugin's getChunkSize)", out->chunk);
   char sl[224] = "";
   if (sel && comm->nranks > 1 && func < TUNE_P2P) { /* as choose takes it */
     char names[180];
@@ -444,10 +456,12 @@ void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, int repro, u
   char fb[96] = "";
   if (note) snprintf(fb, sizeof fb, " if all buffers are from ncclMemAlloc, else %s on %d channel(s)",
                      algo_name(out->fallback), out->fb_nch);
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s%s)%s%s",
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s%s)%s%s%s",
        tune_func_name(func), bytes, algo_name(out->algo), fb, tune_proto_name(out->proto), out->nch, us,
        by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "", sl,
        out->nt ? ", streaming stores" : "",
-       repro == CH_REPRO_EXACT ? ", reproducible exact: Owner/Direct only" :
-       repro ? ", reproducible order: Owner/Direct only" : "");
+       repro == CH_REPRO_EXACT ? ", reproducible exact: Owner/Direct only"
+       : repro                 ? ", reproducible order: Owner/Direct only"
+                               : "",
+       ck);
 }

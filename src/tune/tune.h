@@ -78,8 +78,13 @@ void tune_sel_format(unsigned sel, char* out, size_t cap);
 ch_status tune_sel_resolve(struct ncclComm* comm, int func, int type, const char* sel, int force, unsigned* out);
 /* Algorithms this communicator can run for func, whatever NCCL_ALGO says (bits of enum ch_algo). */
 unsigned tune_runnable_algos(const struct ncclComm* comm, int func);
-/* tune_choose/tune_predict restricted to the pairs of sel (from tune_sel_resolve; 0: automatic). */
-void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel, struct tune_choice* out);
+/* tune_choose/tune_predict restricted to the pairs of sel (from tune_sel_resolve; 0: automatic).
+ * esize: the datatype's bytes, for the step size a tuner plugin may choose (out->chunk; 0: none asked). */
+void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, size_t esize, int repro, unsigned sel,
+                     struct tune_choice* out);
+/* Elements per FIFO step of the connections algo runs on (coll: a collective; else a send or receive):
+ * the rings' or the per-peer ones (RecDbl, Rabenseifner, Tree, sends and receives). */
+size_t tune_step_elems(const struct ncclComm* comm, int coll, int algo, int proto, size_t esize);
 double tune_predict_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
                         struct tune_choice* out);
 /* The choice for a call and the model's predicted time (us) of what was chosen; tune_choose is this
@@ -123,6 +128,11 @@ void tuner_close(struct ncclComm* comm);
 /* Let the plugin edit table (float[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS]) and *nch (0 = keep).
  * bytes as NCCL counts them. Returns 0 on success, else the plugin's error (caller falls back). */
 int tuner_get_coll_info(struct ncclComm* comm, int func, size_t bytes, float* table, int* nch);
+/* The bytes per FIFO step the plugin's getChunkSize (v6, optional) chooses for a call of func on
+ * esize-byte elements that how describes (Ring or Tree only: NCCL's algorithms), checked: 0 when it has
+ * none, keeps the default, or gives a size that is 0, not a multiple of esize or more than one step holds
+ * (the first such answer, or error, is reported once per communicator). */
+size_t tuner_chunk(struct ncclComm* comm, int func, size_t bytes, size_t esize, const struct tune_choice* how);
 const char* tuner_name(const struct ncclComm* comm);
 /* Library names tried for a value of NCCL_TUNER_PLUGIN, as NCCL resolves them: the value itself and,
  * for a bare name, libnccl-tuner-<name>.so. Returns how many (0: disabled). */

@@ -2,7 +2,8 @@
  * name, or a bare name X for libnccl-tuner-X.so; unset: libnccl-tuner.so if present; "none": no
  * plugin). The newest interface it exports is used (ncclTunerPlugin_v6, v5, v4, v3: the cost-table
  * versions). Loaded once per process and shared by reference; init per communicator. A plugin that
- * does not load or init is reported and the communicator goes on without it. */
+ * does not load or init is reported and the communicator goes on without it. A v6 plugin's optional
+ * getChunkSize sets the pipeline step of Ring and Tree calls (tuner_chunk). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -141,9 +142,11 @@ void tuner_open(struct ncclComm* comm) {
   }
   comm->tuner = p, comm->tuner_ctx = ctx;
   atomic_store(&comm->tuner_failed, 0);
+  atomic_store(&comm->tuner_chunk_warned, 0);
+  int chunks = p->version == 6 && ((const ncclTuner_v6_t*)p->iface)->getChunkSize;
   if (comm->rank == 0)
-    INFO(LOG_INIT | LOG_TUNING, "tuner plugin %s (v%d) decides among Ring/Tree entries for %d ranks", p->name,
-         p->version, comm->nranks);
+    INFO(LOG_INIT | LOG_TUNING, "tuner plugin %s (v%d) decides among Ring/Tree entries%s for %d ranks", p->name,
+         p->version, chunks ? " and their chunk size" : "", comm->nranks);
 }
 
 void tuner_close(struct ncclComm* comm) {
@@ -176,4 +179,37 @@ int tuner_get_coll_info(struct ncclComm* comm, int func, size_t bytes, float* ta
                  NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS, nch); break;
   }
   return (int)rc;
+}
+
+/* NCCL clamps a chunk larger than its buffer allows and rounds it to its grain; here a step is a FIFO
+ * slot, whose size every rank shares, so an answer that does not fit one (or splits an element) is
+ * refused whole, and the slot's own size is kept. Every rank must get the same answer, as in NCCL:
+ * both ends of a connection walk the same steps (docs/ARCHITECTURE.md, "Invariants"). */
+size_t tuner_chunk(struct ncclComm* comm, int func, size_t bytes, size_t esize, const struct tune_choice* how) {
+  struct tune_plugin* p = comm->tuner;
+  if (!p || p->version < 6 || esize == 0 || (how->algo != ALGO_RING && how->algo != ALGO_TREE)) return 0;
+  const ncclTuner_v6_t* t = p->iface;
+  if (!t->getChunkSize) return 0;
+  size_t step = tune_step_elems(comm, 1, how->algo, how->proto, esize) * esize, chunk = step;
+  size_t nccl_bytes = bytes * (func == FUNC_ALLGATHER || func == FUNC_REDUCESCATTER ? (size_t)comm->nranks : 1);
+  /* the same numbering: NCCL_ALGO_TREE/RING are ALGO_TREE/RING, NCCL_PROTO_* are PROTO_* */
+  ncclResult_t rc =
+      t->getChunkSize(comm->tuner_ctx, (ncclFunc_t)func, nccl_bytes, how->algo, how->proto, how->nch, &chunk);
+  if (rc == ncclSuccess && chunk == step) return 0;
+  if (rc == ncclSuccess && chunk > 0 && chunk % esize == 0 && chunk < step) return chunk;
+  int first = 0;
+  if (atomic_compare_exchange_strong(&comm->tuner_chunk_warned, &first, 1)) {
+    if (rc != ncclSuccess)
+      WARN("tuner plugin %s: getChunkSize(%s, %zu bytes, %s/%s) returned %d; using %zu-byte steps (reported once)",
+           p->name, tune_func_name(func), nccl_bytes, algo_name(how->algo), tune_proto_name(how->proto), (int)rc, step);
+    else
+      WARN("tuner plugin %s: getChunkSize(%s, %zu bytes, %s/%s) chose %zu bytes, which is %s; using %zu-byte steps "
+           "(reported once)",
+           p->name, tune_func_name(func), nccl_bytes, algo_name(how->algo), tune_proto_name(how->proto), chunk,
+           chunk == 0      ? "0"
+           : chunk % esize ? "not a whole number of elements"
+                           : "more than a FIFO step holds",
+           step);
+  }
+  return 0;
 }

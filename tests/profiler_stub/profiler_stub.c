@@ -1,12 +1,12 @@
 /* A profiler plugin for tests/test_profiler.c, built against NCCL's ABI as Chorus declares it
  * (observe/profiler_abi.h): exports ncclProfiler_v6, or only ncclProfiler_v5 when built with
- * STUB_V5. It checks the event stream as it comes, and when a communicator is finalized appends one
+ * STUB_V5, or only ncclProfiler_v7 with STUB_V7. It checks the event stream as it comes, and when a communicator is finalized appends one
  * line for it to the file CHORUS_TEST_PROFILER_OUT names (one write on an O_APPEND descriptor, so
  * ranks that are processes share the file):
  *
  *   ctx v=6 rank=R nranks=N nnodes=H commId=X mask=0x.. GroupApi=a CollApi=b P2pApi=c Group=d Coll=e
  *       P2p=f other=g open=h errors=k colls=F:seq:count:type:root:algo:proto:nch;... p2ps=F:peer:count:type;...
- *       err=<the first error, or none>
+ *       tags=<v7: cT, or pT, per Coll or P2p in start order (T its userTag)> err=<the first error, or none>
  *
  * The checks (each failure counts in errors, the first is quoted): every handle passed back is one
  * this plugin gave and is not stopped twice; a GroupApi has no parent and gets GroupStartApiStop then
@@ -14,7 +14,8 @@
  * no parent; a Coll's parent is a CollApi (NCCL stops that one before the Coll starts) of the same
  * function and its parentGroup an open Group; a P2p likewise with a P2pApi; parents stop after their
  * open children; Coll seqNumbers count from 0 per function; AllGather/Broadcast Colls are in bytes of
- * ncclInt8; every event's kind is wanted by the mask; at finalize nothing is left open.
+ * ncclInt8; every event's kind is wanted by the mask; at finalize nothing is left open; v7: a Coll or
+ * P2p has its API event's userTag, and a Coll no kernelVariant nor isSymColl.
  *
  * Environment: CHORUS_TEST_PROFILER_MASK (the activation mask init sets; default every kind),
  * CHORUS_TEST_PROFILER_FAIL_INIT=1 (init fails). */
@@ -30,7 +31,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define POOL 4096
-#define NKINDS 15
+#define NKINDS 16
 #define EV_MAGIC 0x50524f46u
 
 struct ctx;
@@ -43,6 +44,7 @@ struct ev {
   const char* func;
   size_t count;
   const char* datatype;
+  uint64_t tag; /* v7: an API event's userTag */
 };
 
 struct ctx {
@@ -52,7 +54,7 @@ struct ctx {
   int* mask;
   int counts[NKINDS], other, errors, nev;
   uint64_t seq[8];
-  char colls[2048], p2ps[2048], err[256];
+  char colls[2048], p2ps[2048], tags[1024], err[256];
   struct ev pool[POOL];
 };
 
@@ -150,8 +152,9 @@ static ncclResult_t stub_init(void** context, uint64_t commId, int* mask, const 
   return ncclSuccess;
 }
 
-/* Checks a new event against its descriptor; fills e. */
-static void check_start(struct ctx* c, struct ev* e, const ncclProfilerEventDescr_v5_t* d) {
+/* Checks a new event against its descriptor (d7: the v7 one, NULL from an older host view); fills e. */
+static void check_start(struct ctx* c, struct ev* e, const ncclProfilerEventDescr_v5_t* d,
+                        const ncclProfilerEventDescr_v7_t* d7) {
   struct ev* parent = d->parentObj ? lookup(d->parentObj) : NULL;
   if (d->parentObj && !parent) fail(c, "kind %d: parentObj %p is no handle of ours", e->kind, d->parentObj);
   e->parent = parent;
@@ -173,6 +176,7 @@ static void check_start(struct ctx* c, struct ev* e, const ncclProfilerEventDesc
       e->func = coll ? d->collApi.func : d->p2pApi.func;
       e->count = coll ? d->collApi.count : d->p2pApi.count;
       e->datatype = coll ? d->collApi.datatype : d->p2pApi.datatype;
+      if (d7) e->tag = coll ? d7->collApi.userTag : d7->p2pApi.userTag;
       if (!e->func || !e->datatype) fail(c, "an API event without func or datatype");
       break;
     }
@@ -190,6 +194,14 @@ static void check_start(struct ctx* c, struct ev* e, const ncclProfilerEventDesc
       else
         g->open_children++, e->group = g;
       if (d->rank != c->rank) fail(c, "%s rank %d, context's %d", coll ? "Coll" : "P2p", d->rank, c->rank);
+      if (d7) {
+        uint64_t tag = coll ? d7->coll.userTag : d7->p2p.userTag;
+        if (parent && tag != parent->tag)
+          fail(c, "%s userTag %llu under an API event tagged %llu", coll ? "Coll" : "P2p", (unsigned long long)tag,
+               (unsigned long long)parent->tag);
+        if (coll && (d7->coll.kernelVariant || d7->coll.isSymColl)) fail(c, "Coll with a symmetric kernel");
+        append(c->tags, sizeof(c->tags), "%c%llu;", coll ? 'c' : 'p', (unsigned long long)tag);
+      }
       if (coll) {
         int fi = func_index(func);
         if (fi < 0) {
@@ -221,7 +233,8 @@ static void check_start(struct ctx* c, struct ev* e, const ncclProfilerEventDesc
   }
 }
 
-static ncclResult_t start(void* context, void** eHandle, const ncclProfilerEventDescr_v5_t* d) {
+static ncclResult_t start(void* context, void** eHandle, const ncclProfilerEventDescr_v5_t* d,
+                          const ncclProfilerEventDescr_v7_t* d7) {
   *eHandle = NULL;
   pthread_mutex_lock(&mu);
   struct ctx* c = context;
@@ -239,23 +252,30 @@ static ncclResult_t start(void* context, void** eHandle, const ncclProfilerEvent
   struct ev* e = &c->pool[c->nev++];
   memset(e, 0, sizeof(*e));
   e->magic = EV_MAGIC, e->kind = k, e->ctx = c, e->last_state = -1;
-  check_start(c, e, d);
+  check_start(c, e, d, d7);
   *eHandle = e;
 out:
   pthread_mutex_unlock(&mu);
   return ncclSuccess;
 }
 
-/* v6's descriptor is v5's with members appended to the union: the v5 view reads it. */
-#ifdef STUB_V5
+/* v6's descriptor is v5's with members appended to the union, and v7's members are v6's with fields
+ * appended: the v5 view reads the first bytes of either. */
+#if defined(STUB_V5)
 static ncclResult_t stub_start(void* context, void** eHandle, ncclProfilerEventDescr_v5_t* d) {
-  return start(context, eHandle, d);
+  return start(context, eHandle, d, NULL);
+}
+#elif defined(STUB_V7)
+static ncclResult_t stub_start(void* context, void** eHandle, ncclProfilerEventDescr_v7_t* d) {
+  ncclProfilerEventDescr_v5_t v5;
+  memcpy(&v5, d, sizeof(v5));
+  return start(context, eHandle, &v5, d);
 }
 #else
 static ncclResult_t stub_start(void* context, void** eHandle, ncclProfilerEventDescr_v6_t* d) {
   ncclProfilerEventDescr_v5_t v5;
   memcpy(&v5, d, sizeof(v5));
-  return start(context, eHandle, &v5);
+  return start(context, eHandle, &v5, NULL);
 }
 #endif
 
@@ -305,20 +325,23 @@ static ncclResult_t stub_finalize(void* context) {
   int nopen = 0;
   for (int i = 0; i < c->nev; i++) nopen += !c->pool[i].stopped;
   if (nopen) fail(c, "%d events never stopped", nopen);
-  char line[6144];
+  char line[8192];
   int n = snprintf(line, sizeof(line),
                    "ctx v=%d rank=%d nranks=%d nnodes=%d commId=%016llx mask=0x%x GroupApi=%d CollApi=%d P2pApi=%d "
-                   "Group=%d Coll=%d P2p=%d other=%d open=%d errors=%d colls=%s p2ps=%s err=%s\n",
-#ifdef STUB_V5
+                   "Group=%d Coll=%d P2p=%d other=%d open=%d errors=%d colls=%s p2ps=%s tags=%s err=%s\n",
+#if defined(STUB_V5)
                    5,
+#elif defined(STUB_V7)
+                   7,
 #else
                    6,
 #endif
-                   c->rank, c->nranks, c->nnodes, (unsigned long long)c->comm_id, __atomic_load_n(c->mask, __ATOMIC_RELAXED),
-                   c->counts[8], c->counts[9], c->counts[10], c->counts[0], c->counts[1], c->counts[2],
+                   c->rank, c->nranks, c->nnodes, (unsigned long long)c->comm_id,
+                   __atomic_load_n(c->mask, __ATOMIC_RELAXED), c->counts[8], c->counts[9], c->counts[10], c->counts[0],
+                   c->counts[1], c->counts[2],
                    c->other + c->counts[3] + c->counts[4] + c->counts[5] + c->counts[6] + c->counts[7] + c->counts[11] +
-                       c->counts[12] + c->counts[13] + c->counts[14],
-                   nopen, c->errors, c->colls, c->p2ps, c->errors ? c->err : "none");
+                       c->counts[12] + c->counts[13] + c->counts[14] + c->counts[15],
+                   nopen, c->errors, c->colls, c->p2ps, c->tags, c->errors ? c->err : "none");
   const char* out = getenv("CHORUS_TEST_PROFILER_OUT");
   int fd = out && *out ? open(out, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600) : -1;
   if (fd >= 0) {
@@ -329,9 +352,12 @@ static ncclResult_t stub_finalize(void* context) {
   return ncclSuccess;
 }
 
-#ifdef STUB_V5
+#if defined(STUB_V5)
 EXPORT const ncclProfiler_v5_t ncclProfiler_v5 = {
     "chorus-test-stub-v5", stub_init, stub_start, stub_stop, stub_state, stub_finalize};
+#elif defined(STUB_V7)
+EXPORT const ncclProfiler_v7_t ncclProfiler_v7 = {"chorus-test-stub-v7", stub_init, stub_start, stub_stop, stub_state,
+                                                  stub_finalize};
 #else
 EXPORT const ncclProfiler_v6_t ncclProfiler_v6 = {
     "chorus-test-stub", stub_init, stub_start, stub_stop, stub_state, stub_finalize};
