@@ -230,3 +230,35 @@ static void stream_body(int rank, int n, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommDestroy(comm));
 }
 TEST_T(window, host_stream_order, 60) { rt_run_both(3, stream_body, NULL); }
+
+/* numRmaSig x numRmaCtx signals from the config; 0 contexts turns one-sided calls off (as NCCL). */
+static void config_body(int rank, int n, ncclUniqueId id, void* arg) {
+  int off = arg != NULL;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.numRmaCtx = off ? 0 : 2;
+  cfg.numRmaSig = 4;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRankConfig(&comm, n, id, rank, &cfg));
+  void* mem = win_alloc(4096, 0);
+  ncclWindow_t win;
+  NCCL_OK(ncclCommWindowRegister(comm, mem, 4096, &win, 0));
+  int peer = (rank + 1) % n, from = (rank + n - 1) % n;
+  if (off) {
+    EXPECT_EQ(ncclSignal(peer, 0, 0, 0, comm, NULL), ncclInvalidUsage);
+    EXPECT(strstr(ncclGetLastError(comm), "one-sided calls are off") != NULL);
+  } else {
+    NCCL_OK(ncclSignal(peer, 3, 1, 0, comm, NULL));
+    NCCL_OK(ncclSignal(peer, 0, 0, 0, comm, NULL));
+    EXPECT_EQ(ncclSignal(peer, 4, 0, 0, comm, NULL), ncclInvalidArgument);
+    EXPECT_EQ(ncclSignal(peer, 0, 2, 0, comm, NULL), ncclInvalidArgument);
+    ncclWaitSignalDesc_t d[2] = {{1, from, 3, 1}, {1, from, 0, 0}};
+    NCCL_OK(ncclWaitSignal(2, d, comm, NULL));
+  }
+  NCCL_OK(ncclCommWindowDeregister(comm, win));
+  win_free(mem, 0);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST_T(window, signals_and_contexts_from_config, 60) {
+  rt_run_both(2, config_body, NULL);
+  rt_run_threads(2, config_body, (void*)1);
+}

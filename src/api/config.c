@@ -36,12 +36,12 @@ enum cfg_check { CK_ANY, CK_BOOL, CK_POS, CK_NONNEG, CK_CTA, CK_MODE3, CK_NCHAN,
     "NCCL_NSOCKS_PERTHREAD")                                                                                 \
   X(nvlinkCentricSched, 22800, CK_BOOL, "no NVLink-centric scheduling")                                      \
   X(graphUsageMode, 22900, CK_MODE3, "captured and plain calls may always mix (docs/CUDA.md)")               \
-  X(numRmaCtx, 22900, CK_NONNEG, "one-sided calls (ncclPutSignal) are refused")                              \
+  X(numRmaCtx, 22900, CK_NONNEG, NULL)                                                                       \
   X(maxP2pPeers, 23000, CK_POS, NULL)                                                                        \
   X(graphStreamOrdering, 23005, CK_BOOL, "captured calls always run in their stream's order")                \
   X(launchOrderImplicit, 23100, CK_BOOL, "calls of one communicator always run in issue order")              \
-  X(numRmaSig, 23100, CK_NONNEG, "one-sided calls (ncclSignal) are refused")                                 \
-  X(rmaEagerInit, 23100, CK_BOOL, "one-sided calls are refused: nothing to set up")                          \
+  X(numRmaSig, 23100, CK_NONNEG, NULL)                                                                       \
+  X(rmaEagerInit, 23100, CK_BOOL, "the signals are made by the first window registration either way")       \
   X(hostCftMode, 23100, CK_CFT, "no host-side collective fallback: Chorus runs collectives on the host anyway")
 
 static int check_value(int v, enum cfg_check ck) {

@@ -36,6 +36,11 @@ static ch_status rma_enter(struct ncclComm* comm, int peer, int sig, int ctx, cu
     return CH_INVALID_USAGE;
   }
   const struct rma_state* r = comm->rma;
+  if (!r->nctx || !r->nsig) {
+    WARN("%s: one-sided calls are off on communicator %p (its config's numRmaCtx %d, numRmaSig %d)", fn, (void*)comm,
+         r->nctx, r->nsig);
+    return CH_INVALID_USAGE;
+  }
   if (peer < 0 || peer >= comm->nranks || sig < 0 || sig >= r->nsig || ctx < 0 || ctx >= r->nctx) {
     WARN("%s: peer %d, signal %d, context %d out of range (%d ranks, numRmaSig %d, numRmaCtx %d)", fn, peer, sig, ctx,
          comm->nranks, r->nsig, r->nctx);

@@ -92,14 +92,20 @@ static ch_status rma_setup(struct ncclComm* comm, struct win_desc* mine) {
   int n = comm->nranks;
   if (!r) return CH_SYSTEM;
   comm->rma = r;
-  r->nctx = comm->config.numRmaCtx > 0 ? comm->config.numRmaCtx : 1;
-  r->nsig = comm->config.numRmaSig > 0 ? comm->config.numRmaSig : 1;
+  /* NCCL's defaults (1 each) when unset; 0 turns one-sided calls off (rma_enter says so). */
+  r->nctx = comm->config.numRmaCtx == NCCL_CONFIG_UNDEF_INT ? 1 : comm->config.numRmaCtx;
+  r->nsig = comm->config.numRmaSig == NCCL_CONFIG_UNDEF_INT ? 1 : comm->config.numRmaSig;
+  if (r->nctx < 0 || r->nsig < 0 || (size_t)r->nctx * (size_t)r->nsig > (1u << 16)) {
+    WARN("ncclCommWindowRegister: numRmaCtx %d x numRmaSig %d signals: at most 65536", r->nctx, r->nsig);
+    return CH_INVALID_ARG;
+  }
   r->bytes = (size_t)r->nctx * (size_t)r->nsig * (size_t)n * sizeof(uint64_t);
   r->seen = calloc(r->bytes, 1);
   r->peer = calloc((size_t)n, sizeof(*r->peer));
   r->maps = calloc((size_t)n, sizeof(*r->maps));
   r->map_bytes = calloc((size_t)n, sizeof(*r->map_bytes));
   void* blk = NULL;
+  if (!r->bytes) return CH_OK; /* no signals: nothing to share */
   if (!r->seen || !r->peer || !r->maps || !r->map_bytes || ncclMemAlloc(&blk, r->bytes) != ncclSuccess) {
     WARN("ncclCommWindowRegister: out of memory for %zu bytes of signals", r->bytes);
     return CH_SYSTEM;
