@@ -6,7 +6,11 @@
  * every placement (threads, shared memory, the network, host streams, device buffers staged or on
  * one GPU), the waves of core/group.c and the connection pool apply unchanged. Zero counts are sent
  * too (a zero-byte message still takes one step, algo/p2p.c): both ends of every pair meet, and a pair
- * whose counts differ is a mismatch named by both counts (fault/mismatch.c) rather than a hang.
+ * whose counts differ is a mismatch named by both counts (fault/mismatch.c) rather than a hang. Not
+ * where device buffers of ranks sharing one GPU run on it (gpu_runs_p2p): a group there holds no sends
+ * through host memory, which an empty one is; empty blocks are left out on every rank of such a
+ * communicator, and a pair whose counts differ only by one of them being 0 waits until the timeout
+ * (its stall report names the peer), while other differences are found on the GPU path.
  * Their headers carry origin AllToAllv and the pair (core/plan.c), so a plain ncclSend does not match
  * one either. In the flight recorder and the counters the call is one entry (ch_task.part). */
 #include <stdint.h>
@@ -17,6 +21,7 @@
 #include "../comm/work.h"
 #include "../core/group.h"
 #include "../core/init.h"
+#include "../gpu/gpu.h"
 #include "api.h"
 #include "nvtx.h"
 
@@ -169,10 +174,12 @@ CH_API(ncclResult_t, ncclAllToAllv, const void* sendbuff, const size_t sendcount
   size_t esize = red_type_size((int)datatype);
   struct ch_task t = {.type = (int)datatype, .op = ncclSum, .comm = comm, .stream = stream,
                       .origin = FUNC_ALLTOALLV, .origin_root = -1, .call_count = total};
+  int all = !gpu_runs_p2p(comm); /* empty blocks too: every pair meets */
   CHECK_GOTO(group_start(), s, out);
-  for (int p = 0; p < n && s == CH_OK; p++) { /* empty blocks too: every pair meets */
-    s = queue_part(&t, FUNC_SEND, p, sendbuff, sendcounts[p], esize, sdispls[p], 2 * p == lead ? 1 : 2);
-    if (s == CH_OK)
+  for (int p = 0; p < n && s == CH_OK; p++) {
+    if (all || sendcounts[p])
+      s = queue_part(&t, FUNC_SEND, p, sendbuff, sendcounts[p], esize, sdispls[p], 2 * p == lead ? 1 : 2);
+    if (s == CH_OK && (all || recvcounts[p]))
       s = queue_part(&t, FUNC_RECV, p, recvbuff, recvcounts[p], esize, rdispls[p], 2 * p + 1 == lead ? 1 : 2);
   }
   ch_status e = group_end(); /* outermost: runs the call (or drops its parts after a failed check) */
