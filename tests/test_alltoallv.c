@@ -71,9 +71,11 @@ static int check(const struct bufs* b, const struct layout* l, int rank, int n, 
   ASSERT(mark != NULL);
   for (int p = 0; p < n; p++) {
     long at = cu_check_pattern(b->r + l->rd[p] * es, type, l->rc[p], p, rank, seed);
-    if (at >= 0)
+    if (at >= 0) {
       cu_failf("%s %s: rank %d: block from rank %d (%zu elements) wrong from element %ld", what, cu_type_name(type),
-               rank, p, l->rc[p], at), bad++;
+               rank, p, l->rc[p], at);
+      bad++;
+    }
     memset(mark + l->rd[p] * es, 1, l->rc[p] * es);
   }
   for (size_t k = 0; k < l->rn * es; k++)
@@ -258,8 +260,9 @@ static void refusals_body(int rank, int nranks, ncclUniqueId id, void* arg) {
                    ncclInvalidArgument, comm, null_names[k]);
   expect_refused(ncclAllToAllv(in, c, d, out, c, d, (ncclDataType_t)99, comm, NULL), ncclInvalidArgument, comm,
                  "ncclAllToAllv: invalid datatype 99");
-  expect_refused(ncclAllToAllv(in, c, big, out, c, d, ncclFloat32, comm, NULL), ncclInvalidArgument, comm,
-                 "sdispls[1] (18446744073709551614) + sendcounts[1] (4) elements of 4 bytes overflow the address space");
+  expect_refused(
+      ncclAllToAllv(in, c, big, out, c, d, ncclFloat32, comm, NULL), ncclInvalidArgument, comm,
+      "sdispls[1] (18446744073709551614) + sendcounts[1] (4) elements of 4 bytes overflow the address space");
   expect_refused(ncclAllToAllv(in, big, d, out, c, d, ncclFloat32, comm, NULL), ncclInvalidArgument, comm,
                  "sdispls[1] (4) + sendcounts[1] (18446744073709551614)");
   expect_refused(ncclAllToAllv(NULL, c, d, out, c, d, ncclFloat32, comm, NULL), ncclInvalidArgument, comm,
@@ -272,7 +275,8 @@ static void refusals_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   expect_refused(ncclAllToAllv(out, c, d, out, c, d, ncclFloat32, comm, NULL), ncclInvalidArgument, comm,
                  "ncclAllToAllv is out of place only");
   expect_refused(ncclAllToAllv(in, c, d, in + 6, c, d, ncclFloat32, comm, NULL), ncclInvalidArgument, comm,
-                 "the send block of rank 1 (elements [4, 8) of sendbuff) overlaps the receive block of rank 0 (elements [0, 4) of recvbuff)");
+                 "the send block of rank 1 (elements [4, 8) of sendbuff) overlaps the receive block of rank 0 "
+                 "(elements [0, 4) of recvbuff)");
   NCCL_OK(ncclGroupStart()); /* in the user's group: refused at the call, and the group fails too */
   expect_refused(ncclAllToAllv(in, c, d, out, c, near, ncclFloat32, comm, NULL), ncclInvalidArgument, comm,
                  "receive blocks must not overlap");
@@ -342,4 +346,3 @@ TEST_T(alltoallv, device_buffers_staged, 60) {
   mark_dev(dev_r, sizeof(dev_r), 1);
   rt_run_threads(DR, device_body, NULL);
 }
-

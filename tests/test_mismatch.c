@@ -11,8 +11,21 @@
 #include "misc/param.h"
 #include "runner.h"
 
-enum kind { K_COUNT, K_TYPE, K_OP, K_COLL, K_ORDER, K_ROOT_REDUCE, K_ROOT_BCAST, K_SENDRECV, K_SENDRECV_TYPE, K_GATHER_ROOT_VS_SEND, K_SEL,
-           K_A2AV, K_A2AV_ZERO };
+enum kind {
+  K_COUNT,
+  K_TYPE,
+  K_OP,
+  K_COLL,
+  K_ORDER,
+  K_ROOT_REDUCE,
+  K_ROOT_BCAST,
+  K_SENDRECV,
+  K_SENDRECV_TYPE,
+  K_GATHER_ROOT_VS_SEND,
+  K_SEL,
+  K_A2AV,
+  K_A2AV_ZERO
+};
 
 struct mm {
   int kind;
@@ -155,11 +168,19 @@ TEST_T(mismatch, alg_selection, 60) {
 }
 /* ncclAllToAllv: a pair whose counts differ is named by both counts, as the application gave them. The
  * receiving rank fails; a rank whose own blocks all matched may return (checked on the receiver). */
-#define A2AV_WANT {"AllToAllv(99 x float32 from rank 0 to rank 2)", "rank 0's sendcounts[2] (100) must equal rank 2's recvcounts[0] (99)"}
+#define A2AV_WANT                                                             \
+  {                                                                           \
+    "AllToAllv(99 x float32 from rank 0 to rank 2)",                          \
+        "rank 0's sendcounts[2] (100) must equal rank 2's recvcounts[0] (99)" \
+  }
 TEST_T(mismatch, alltoallv_counts, 60) { run(3, NULL, (struct mm){K_A2AV, 100, A2AV_WANT, 2}); }
 TEST_T(mismatch, alltoallv_zero_sent, 60) {
-  run(2, NULL, (struct mm){K_A2AV_ZERO, 1000, {"AllToAllv(0 x float32 from rank 0 to rank 1)",
-                                               "rank 0's sendcounts[1] (0) must equal rank 1's recvcounts[0] (1000)"}, 2});
+  run(2, NULL,
+      (struct mm){K_A2AV_ZERO,
+                  1000,
+                  {"AllToAllv(0 x float32 from rank 0 to rank 1)",
+                   "rank 0's sendcounts[1] (0) must equal rank 1's recvcounts[0] (1000)"},
+                  2});
 }
 TEST_T(mismatch, gather_vs_send, 60) { run(2, NULL, (struct mm){K_GATHER_ROOT_VS_SEND, 10, {"Gather(10 x float", "Send/Recv(11"}, 2}); }
 

@@ -471,9 +471,9 @@ TEST_T(perf_check, alltoallv_splits, 180) {
 /* Every collective tool with `args`: exact results (exit 0, no wrong element). progress: a line per
  * tool as it starts and ends, so that a slow tool and a hung one look different in the log. */
 static void every_tool_as(const char* args, const char* const* env, int progress) {
-  static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf", "reduce_perf",
-                                "reduce_scatter_perf", "alltoall_perf", "alltoallv_perf", "gather_perf",
-                                "scatter_perf", "sendrecv_perf", "hypercube_perf"};
+  static const char* tools[] = {"all_reduce_perf",     "all_gather_perf", "broadcast_perf", "reduce_perf",
+                                "reduce_scatter_perf", "alltoall_perf",   "alltoallv_perf", "gather_perf",
+                                "scatter_perf",        "sendrecv_perf",   "hypercube_perf"};
   for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
     double t0 = now_s();
     if (progress) printf("    %s %s ...\n", tools[i], args), fflush(stdout);

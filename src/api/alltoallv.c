@@ -40,15 +40,14 @@ static int by_lo(const void* a, const void* b) {
 
 /* Peer p's block of a buffer: its displacement and count (checked so the block's end is an address),
  * into r when it is not empty. Returns 0 and WARNs for a bad block. */
-static int block(const char* side, const void* buf, const size_t counts[], const size_t displs[], int p,
-                 size_t esize, int rank, struct range* r) {
+static int block(const char* side, const void* buf, const size_t counts[], const size_t displs[], int p, size_t esize,
+                 int rank, struct range* r) {
   const char* dname = side[0] == 's' ? "sdispls" : "rdispls";
   size_t c = counts[p], d = displs[p];
   if (c == 0) return 1;
-  if (d > SIZE_MAX - c || d + c > (size_t)PTRDIFF_MAX / esize ||
-      (d + c) * esize > UINTPTR_MAX - (uintptr_t)buf) {
-    WARN("%s: %s[%d] (%zu) + %scounts[%d] (%zu) elements of %zu bytes overflow the address space (rank %d)", FN,
-         dname, p, d, side, p, c, esize, rank);
+  if (d > SIZE_MAX - c || d + c > (size_t)PTRDIFF_MAX / esize || (d + c) * esize > UINTPTR_MAX - (uintptr_t)buf) {
+    WARN("%s: %s[%d] (%zu) + %scounts[%d] (%zu) elements of %zu bytes overflow the address space (rank %d)", FN, dname,
+         p, d, side, p, c, esize, rank);
     return 0;
   }
   if (!buf) {
@@ -59,15 +58,16 @@ static int block(const char* side, const void* buf, const size_t counts[], const
   return 1;
 }
 
-static void say_overlap(const struct range* a, const struct range* b, size_t esize, int rank,
-                        const void* sendbuff, const void* recvbuff) {
+static void say_overlap(const struct range* a, const struct range* b, size_t esize, int rank, const void* sendbuff,
+                        const void* recvbuff) {
   const void* base[2] = {sendbuff, recvbuff};
   const char* what[2] = {"send", "receive"};
   size_t alo = (a->lo - (uintptr_t)base[a->recv]) / esize, ahi = (a->hi - (uintptr_t)base[a->recv]) / esize;
   size_t blo = (b->lo - (uintptr_t)base[b->recv]) / esize, bhi = (b->hi - (uintptr_t)base[b->recv]) / esize;
   WARN("%s: the %s block of rank %d (elements [%zu, %zu) of %sbuff) overlaps the %s block of rank %d (elements "
-       "[%zu, %zu) of %sbuff): %s (rank %d)", FN, what[a->recv], a->peer, alo, ahi, a->recv ? "recv" : "send",
-       what[b->recv], b->peer, blo, bhi, b->recv ? "recv" : "send",
+       "[%zu, %zu) of %sbuff): %s (rank %d)",
+       FN, what[a->recv], a->peer, alo, ahi, a->recv ? "recv" : "send", what[b->recv], b->peer, blo, bhi,
+       b->recv ? "recv" : "send",
        a->recv && b->recv ? "receive blocks must not overlap" : "ncclAllToAllv is out of place only", rank);
 }
 
@@ -98,7 +98,8 @@ static ch_status check_kinds(const void* sb, const void* rb, int rank) {
   enum cu_mem ks = cudrv_classify(sb, &ds), kr = cudrv_classify(rb, &dr);
   if ((ks == CU_MEM_DEVICE) == (kr == CU_MEM_DEVICE) || ks == CU_MEM_MANAGED || kr == CU_MEM_MANAGED) return CH_OK;
   WARN("%s: sendbuff %p is %s but recvbuff %p is %s: one call takes host buffers or CUDA buffers, not both "
-       "(rank %d)", FN, sb, kinds[ks], rb, kinds[kr], rank);
+       "(rank %d)",
+       FN, sb, kinds[ks], rb, kinds[kr], rank);
   return CH_INVALID_ARG;
 }
 
@@ -141,8 +142,8 @@ static ch_status check_args(const void* sendbuff, const size_t sendcounts[], con
 }
 
 /* A send or receive of the call; part 1 stands for the whole call (ch_task.part). */
-static ch_status queue_part(const struct ch_task* call, int func, int peer, const void* buf, size_t count,
-                            size_t esize, size_t displ, int part) {
+static ch_status queue_part(const struct ch_task* call, int func, int peer, const void* buf, size_t count, size_t esize,
+                            size_t displ, int part) {
   struct ch_task t = *call; /* afresh: routing fills in where each part runs */
   t.func = func, t.root = peer, t.count = count, t.part = part;
   t.sendbuff = func == FUNC_SEND && count ? (const char*)buf + displ * esize : NULL;
@@ -172,8 +173,13 @@ CH_API(ncclResult_t, ncclAllToAllv, const void* sendbuff, const size_t sendcount
   while (lead < 2 * n && !(lead & 1 ? recvcounts : sendcounts)[lead / 2]) lead++;
   lead = lead < 2 * n ? lead : 0;
   size_t esize = red_type_size((int)datatype);
-  struct ch_task t = {.type = (int)datatype, .op = ncclSum, .comm = comm, .stream = stream,
-                      .origin = FUNC_ALLTOALLV, .origin_root = -1, .call_count = total};
+  struct ch_task t = {.type = (int)datatype,
+                      .op = ncclSum,
+                      .comm = comm,
+                      .stream = stream,
+                      .origin = FUNC_ALLTOALLV,
+                      .origin_root = -1,
+                      .call_count = total};
   int all = !gpu_runs_p2p(comm); /* empty blocks too: every pair meets */
   CHECK_GOTO(group_start(), s, out);
   for (int p = 0; p < n && s == CH_OK; p++) {

@@ -129,7 +129,7 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   return r != ncclSuccess ? r : e;
 }
 
-static const perf_coll coll = {"alltoallv", PERF_SPLITS | PERF_NO_INPLACE, layout, perf_bytes_ranks, perf_factor_ring,
-                               init, check, run, NULL};
+static const perf_coll coll = {
+    "alltoallv", PERF_SPLITS | PERF_NO_INPLACE, layout, perf_bytes_ranks, perf_factor_ring, init, check, run, NULL};
 
 int main(int argc, char** argv) { return perf_main(argc, argv, &coll); }

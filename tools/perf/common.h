@@ -45,10 +45,10 @@ typedef struct perf_opts {
   const char* plot_path;
   int corrupt;       /* CHORUS_PERF_CORRUPT=1: damage one element before each check (tests) */
   /* Uneven exchanges (PERF_SPLITS: alltoallv_perf). */
-  int splits;        /* the benchmark takes the three below */
-  int split;         /* --split: PERF_SPLIT_ZIPF (default) or PERF_SPLIT_UNIFORM */
-  unsigned seed;     /* --seed: which distances get the large blocks (the same on every rank) */
-  int grouped;       /* --grouped 1: the same exchange as grouped ncclSend/ncclRecv */
+  int splits;    /* the benchmark takes the three below */
+  int split;     /* --split: PERF_SPLIT_ZIPF (default) or PERF_SPLIT_UNIFORM */
+  unsigned seed; /* --seed: which distances get the large blocks (the same on every rank) */
+  int grouped;   /* --grouped 1: the same exchange as grouped ncclSend/ncclRecv */
 } perf_opts;
 enum { PERF_SPLIT_ZIPF, PERF_SPLIT_UNIFORM };
 
