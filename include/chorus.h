@@ -156,6 +156,20 @@ ncclResult_t ncclCommQueryProperties(ncclComm_t comm, ncclCommProperties_t* prop
  * of ncclCommShrink after one failure (examples/elastic.c); after several at once, ranks may know
  * different ones. Any thread, any time. */
 ncclResult_t chorusCommGetLostRank(ncclComm_t comm, int* rank);
+/* ncclAllToAllv, RCCL's and Meta's NCCLX's call (NCCL has none), with their signature: rank i sends
+ * sendcounts[j] elements from sendbuff + sdispls[j] to rank j and receives recvcounts[j] elements from
+ * rank j into recvbuff + rdispls[j]; counts and displacements in elements of datatype, one of each per
+ * rank. Rank j's recvcounts[i] must equal rank i's sendcounts[j] (a difference fails the call with
+ * ncclInvalidUsage on the ranks it reaches, naming both counts). Zero counts are allowed. Out of place
+ * only: receive blocks may not overlap each other nor a send block (send blocks may overlap). The
+ * arrays are read during the call only. Runs as a send and a receive per peer in one group, wherever
+ * ncclSend/ncclRecv run (docs/COMPATIBILITY.md). */
+ncclResult_t ncclAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
+                           const size_t recvcounts[], const size_t rdispls[], ncclDataType_t datatype, ncclComm_t comm,
+                           cudaStream_t stream);
+ncclResult_t pncclAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
+                            const size_t recvcounts[], const size_t rdispls[], ncclDataType_t datatype, ncclComm_t comm,
+                            cudaStream_t stream);
 /* Rank and world size the environment describes, without creating a communicator. */
 ncclResult_t chorusEnvRankInfo(int* rank, int* nranks, int* localRank, int* localNranks);
 

@@ -1,4 +1,4 @@
-/* Calls that differ across ranks (issue 11): every kind of mismatch fails the call on every rank with
+/* Calls that differ across ranks (issue 11; ncclAllToAllv's counts: issue 48): every kind of mismatch fails the call on every rank with
  * ncclInvalidUsage and a message naming both calls, for every protocol, as threads and processes;
  * nothing hangs (CHORUS_TIMEOUT would turn a hang into ncclTimeout, which fails the test). */
 #define _GNU_SOURCE
@@ -11,7 +11,21 @@
 #include "misc/param.h"
 #include "runner.h"
 
-enum kind { K_COUNT, K_TYPE, K_OP, K_COLL, K_ORDER, K_ROOT_REDUCE, K_ROOT_BCAST, K_SENDRECV, K_SENDRECV_TYPE, K_GATHER_ROOT_VS_SEND, K_SEL };
+enum kind {
+  K_COUNT,
+  K_TYPE,
+  K_OP,
+  K_COLL,
+  K_ORDER,
+  K_ROOT_REDUCE,
+  K_ROOT_BCAST,
+  K_SENDRECV,
+  K_SENDRECV_TYPE,
+  K_GATHER_ROOT_VS_SEND,
+  K_SEL,
+  K_A2AV,
+  K_A2AV_ZERO
+};
 
 struct mm {
   int kind;
@@ -61,6 +75,16 @@ static ncclResult_t run_call(const struct mm* m, int rank, int nranks, ncclComm_
       c.algSelection = odd ? "TREE_SIMPLE" : "RING_SIMPLE";
       return ncclAllReduceConfig(s, d, n, ncclFloat32, ncclSum, comm, NULL, &c);
     }
+    case K_A2AV:
+    case K_A2AV_ZERO: { /* rank 0's block for the odd rank: the odd rank expects one element less, or
+                         * rank 0 sends it none */
+      size_t c[8], sc[8], at[8];
+      ASSERT(nranks <= 8);
+      for (int p = 0; p < nranks; p++) c[p] = sc[p] = n, at[p] = (size_t)p * n;
+      if (m->kind == K_A2AV && odd) c[0] = n - 1;
+      if (m->kind == K_A2AV_ZERO && rank == 0) sc[bad_rank(nranks)] = 0;
+      return ncclAllToAllv(s, sc, at, d, c, at, ncclFloat32, comm, NULL);
+    }
     case K_GATHER_ROOT_VS_SEND:
       if (rank == 0) return ncclGather(s, d, n, ncclFloat32, 0, comm, NULL);
       return ncclSend(s, n + 1, ncclFloat32, 0, comm, NULL);
@@ -81,7 +105,9 @@ static void body(int rank, int nranks, ncclUniqueId id, void* arg) {
     ncclResult_t r = run_call(m, rank, nranks, comm, s, d);
     /* A rank that only sends may finish before anyone looks at its data (its steps wait in the FIFO):
      * then its next call, which waits, finds the communicator poisoned. */
-    if (r == ncclSuccess && m->may_pass == 2) goto done; /* checked on the rank that received */
+    /* checked on the rank that received the odd data, which must fail */
+    int receiver = m->kind == K_GATHER_ROOT_VS_SEND ? 0 : bad_rank(nranks);
+    if (r == ncclSuccess && m->may_pass == 2 && rank != receiver) goto done;
     if (r == ncclSuccess && m->may_pass) r = ncclAllGather(s, d, 1, ncclFloat32, comm, NULL); /* a ring */
     if (r != ncclInvalidUsage)
       rt_fail(__FILE__, __LINE__, "rank %d (%s): the mismatched call returned %d (%s), expected ncclInvalidUsage", rank,
@@ -140,6 +166,22 @@ TEST_T(mismatch, sendrecv_type_3ranks, 60) { run(3, NULL, (struct mm){K_SENDRECV
 TEST_T(mismatch, alg_selection, 60) {
   run(3, NULL, (struct mm){K_SEL, 1000, {"algSelection Tree/Simple", "algSelection Ring/Simple"}, 0});
 }
+/* ncclAllToAllv: a pair whose counts differ is named by both counts, as the application gave them. The
+ * receiving rank fails; a rank whose own blocks all matched may return (checked on the receiver). */
+#define A2AV_WANT                                                             \
+  {                                                                           \
+    "AllToAllv(99 x float32 from rank 0 to rank 2)",                          \
+        "rank 0's sendcounts[2] (100) must equal rank 2's recvcounts[0] (99)" \
+  }
+TEST_T(mismatch, alltoallv_counts, 60) { run(3, NULL, (struct mm){K_A2AV, 100, A2AV_WANT, 2}); }
+TEST_T(mismatch, alltoallv_zero_sent, 60) {
+  run(2, NULL,
+      (struct mm){K_A2AV_ZERO,
+                  1000,
+                  {"AllToAllv(0 x float32 from rank 0 to rank 1)",
+                   "rank 0's sendcounts[1] (0) must equal rank 1's recvcounts[0] (1000)"},
+                  2});
+}
 TEST_T(mismatch, gather_vs_send, 60) { run(2, NULL, (struct mm){K_GATHER_ROOT_VS_SEND, 10, {"Gather(10 x float", "Send/Recv(11"}, 2}); }
 
 /* The same over the network transport (loopback TCP, every peer through the proxy): the headers cross
@@ -158,6 +200,7 @@ TEST_T(mismatch_net, broadcast_vs_allreduce_3ranks, 90) {
   run_net(3, (struct mm){K_COLL, 8, {"Broadcast", "AllReduce"}, 0});
 }
 TEST_T(mismatch_net, reduce_roots, 90) { run_net(3, (struct mm){K_ROOT_REDUCE, 100, {"Reduce(100 x float", "root 0"}, 1}); }
+TEST_T(mismatch_net, alltoallv_counts, 90) { run_net(3, (struct mm){K_A2AV, 100, A2AV_WANT, 2}); }
 TEST_T(mismatch_net, sendrecv_count, 90) {
   run_net(2, (struct mm){K_SENDRECV, 100, {"Send/Recv(99 x float", "Send/Recv(100 x float"}, 0});
 }

@@ -427,12 +427,53 @@ TEST(perf_check, corrupted_result_is_caught) {
   cmd_free(&r);
 }
 
+/* alltoallv_perf: the Zipf split (the default) and the uniform one, by ncclAllToAllv and as grouped
+ * sends and receives, checked; no in-place columns; a wrong element caught; its options refused by
+ * the other tools. Then on device buffers of ranks sharing the stand-in GPU (empty blocks left out
+ * there: a group on the GPU holds no sends through host memory), threads and processes. */
+TEST_T(perf_check, alltoallv_splits, 180) {
+  static const char* const args[] = {"-t 3 -b 0 -e 64K -f 8 -n 1 -w 1", "-t 3 -b 0 -e 64K -f 8 -n 1 -w 1 --grouped 1",
+                                     "-np 2 -g 2 -b 8 -e 1M -f 32 -n 1 -w 1 --split uniform --seed 9 -d all",
+                                     "-t 4 -b 1K -e 1K -n 1 -w 0 --seed 3 --grouped 1 -d all"};
+  for (size_t i = 0; i < sizeof(args) / sizeof(args[0]); i++) {
+    cmd_result r = perf("alltoallv_perf", args[i], NULL);
+    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+      rt_fail(__FILE__, __LINE__, "alltoallv_perf %s: exit %d\n%s%s", args[i], r.status, r.out, r.err);
+    EXPECT_HAS(r.out, "# Split: ");
+    EXPECT_HAS(r.out, strstr(args[i], "--grouped 1") ? "exchanged by grouped ncclSend/ncclRecv" : "by ncclAllToAllv");
+    EXPECT_HAS(r.out, "0      N/A     N/A     N/A     N/A\n"); /* #wrong 0, then no in-place form */
+    cmd_free(&r);
+  }
+  static const char* const corrupt[] = {"CHORUS_PERF_CORRUPT=1", NULL};
+  cmd_result r = perf("alltoallv_perf", "-t 3 -b 1K -e 4K -f 4 -n 1 -w 0", corrupt);
+  EXPECT_EQ(r.status, 7);
+  EXPECT_HAS(r.out, "# Out of bounds values : 2 FAILED"); /* 2 sizes, out of place only */
+  cmd_free(&r);
+  r = perf("alltoallv_perf", "--split pareto", NULL);
+  EXPECT_EQ(r.status, 255);
+  EXPECT_HAS(r.err, "invalid split 'pareto': expected zipf or uniform");
+  cmd_free(&r);
+  r = perf("alltoall_perf", "--grouped 1", NULL);
+  EXPECT_EQ(r.status, 255);
+  EXPECT_HAS(r.err, "--grouped: only alltoallv_perf takes it");
+  cmd_free(&r);
+  static const char* const dev[] = {"CHORUS_CUDA_LIBRARY=" CHORUS_FAKE_CUDA, NULL};
+  static const char* const dargs[] = {"--device -t 2 -g 2 -b 0 -e 4K -f 8 -n 1 -w 1 -d all",
+                                      "--device -np 3 -b 0 -e 64K -f 8 -n 1 -w 1 --grouped 1"};
+  for (size_t i = 0; i < sizeof(dargs) / sizeof(dargs[0]); i++) {
+    r = perf("alltoallv_perf", dargs[i], dev);
+    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+      rt_fail(__FILE__, __LINE__, "alltoallv_perf %s: exit %d\n%s%s", dargs[i], r.status, r.out, r.err);
+    cmd_free(&r);
+  }
+}
+
 /* Every collective tool with `args`: exact results (exit 0, no wrong element). progress: a line per
  * tool as it starts and ends, so that a slow tool and a hung one look different in the log. */
 static void every_tool_as(const char* args, const char* const* env, int progress) {
-  static const char* tools[] = {"all_reduce_perf", "all_gather_perf", "broadcast_perf",  "reduce_perf",
-                                "reduce_scatter_perf", "alltoall_perf", "gather_perf", "scatter_perf",
-                                "sendrecv_perf", "hypercube_perf"};
+  static const char* tools[] = {"all_reduce_perf",     "all_gather_perf", "broadcast_perf", "reduce_perf",
+                                "reduce_scatter_perf", "alltoall_perf",   "alltoallv_perf", "gather_perf",
+                                "scatter_perf",        "sendrecv_perf",   "hypercube_perf"};
   for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
     double t0 = now_s();
     if (progress) printf("    %s %s ...\n", tools[i], args), fflush(stdout);

@@ -89,6 +89,9 @@ _STRING_RESULT = ("ncclGetErrorString", "ncclGetLastError")
 _OPTIONAL = {
     "chorusCommStallReport": [_P, ctypes.c_char_p, _Z, ctypes.POINTER(_Z)],
     "chorusCommDumpFlightRecorder": [_P, ctypes.c_char_p, _Z],
+    # RCCL's and NCCLX's call, a Chorus extension (include/chorus.h): counts and displacements per rank
+    "ncclAllToAllv": [_P, ctypes.POINTER(_Z), ctypes.POINTER(_Z), _P, ctypes.POINTER(_Z), ctypes.POINTER(_Z), _I,
+                      _P, _P],
 }
 NCCL_SPLIT_NOCOLOR = -1
 

@@ -7,7 +7,8 @@ a contiguous copy and written through a contiguous stand-in copied back on compl
 per-rank tensors go through one flat buffer. Copies of what a call reads are made through `_src`,
 `_out`, `_scaled` and `_stage`, which in a synchronous call first let earlier calls finish (`_drain`): issue
 order. Complex tensors travel as their real pairs. Uneven
-all_to_all and lists of tensors are grouped ncclSend/ncclRecv calls.
+all_to_all (split sizes, or a list of tensors) is one ncclAllToAllv (Chorus's, RCCL's and NCCLX's call),
+or grouped ncclSend/ncclRecv calls with a libchorus that lacks it; other lists of tensors are grouped calls.
 """
 
 import datetime
@@ -23,7 +24,8 @@ from ._lib import lib
 from . import device
 from ._engine import _ASYNC, ChorusEngine, _CBackend
 from .device_ops import DeviceOps
-from .nccl_args import _DTYPES, _OPS, _check_cpu, _dtype, _real, _redop, _reduce_op, check_blocks, split_counts
+from .nccl_args import (_DTYPES, _OPS, _check_cpu, _dtype, _real, _redop, _reduce_op, alltoallv, check_blocks,
+                        list_layout, offsets, split_counts)
 
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default for a group without one
 
@@ -418,6 +420,10 @@ class ChorusBackend(DeviceOps, ChorusEngine):
 
         scount = split_counts(src, input_split_sizes, size, "input")
         rcount = split_counts(out.buf, output_split_sizes, size, "output")
+        a2av = alltoallv(scount, offsets(scount), rcount, offsets(rcount), dt, comm)
+        if a2av is not None:
+            return self._run("all_to_all_single", opts, lambda s: a2av(src.data_ptr(), out.buf.data_ptr(), s),
+                             output, self._finishers([out]), (src, out))
         es = src.element_size()
         soff = [sum(scount[:p]) * es for p in range(size)]
         roff = [sum(rcount[:p]) * es for p in range(size)]
@@ -442,6 +448,9 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         outs = [self._out(t, need_values=False) for t in output_tensors]
         for o in outs:
             _dtype(o.buf)
+        a2av = self._alltoallv_lists(srcs, [o.buf for o in outs])
+        if a2av is not None:
+            return self._run("all_to_all", opts, a2av, output_tensors, self._finishers(outs), (srcs, outs))
 
         def issue(s):
             lib.ncclGroupStart()
@@ -452,6 +461,18 @@ class ChorusBackend(DeviceOps, ChorusEngine):
             return lib.ncclGroupEnd() or rc
 
         return self._run("all_to_all", opts, issue, output_tensors, self._finishers(outs), (srcs, outs))
+
+    def _alltoallv_lists(self, srcs, outs):
+        """all_to_all's tensors as one ncclAllToAllv (each list the blocks of one buffer at its lowest
+        tensor), or None: tensors of several dtypes, or a libchorus without the call."""
+        if any(t.dtype != srcs[0].dtype for t in srcs + outs):
+            return None
+        sl, rl = list_layout(srcs), list_layout(outs)
+        if sl is None or rl is None:
+            return None
+        a2av = alltoallv([t.numel() for t in srcs], sl[1], [t.numel() for t in outs], rl[1],
+                         _dtype(srcs[0]), self._comm)
+        return None if a2av is None else (lambda s: a2av(sl[0], rl[0], s))
 
     def barrier(self, opts=None):
         if self._dcomm is not None:  # the group's device calls are in order before it too

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import lib
-from .nccl_args import _dtype, _real, _redop, _reduce_op, check_blocks, split_counts
+from .nccl_args import _dtype, _real, _redop, _reduce_op, alltoallv, check_blocks, list_layout, offsets, split_counts
 
 _RED_SCALAR = {torch.float16: ctypes.c_uint16, torch.bfloat16: ctypes.c_uint16,
                torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
@@ -393,6 +393,10 @@ class DeviceOps:
                                    None, [output], (src, out))
         scount = split_counts(src, input_split_sizes, size, "input")
         rcount = split_counts(out, output_split_sizes, size, "output")
+        a2av = alltoallv(scount, offsets(scount), rcount, offsets(rcount), dt, comm)
+        if a2av is not None:
+            return self._dev_issue(d, output, "all_to_all_single", opts,
+                                   lambda s: a2av(src.data_ptr(), out.data_ptr(), s), None, [output], (src, out))
         es = src.element_size()
         soff = [sum(scount[:p]) * es for p in range(size)]
         roff = [sum(rcount[:p]) * es for p in range(size)]
@@ -409,6 +413,13 @@ class DeviceOps:
         t = output_tensors[0]
         comm = self._dev_check(d, t, list(input_tensors) + list(output_tensors), "all_to_all")
         srcs, outs = [_real(x) for x in input_tensors], [_real(x) for x in output_tensors]
+        sl, rl = list_layout(srcs), list_layout(outs)
+        same = all(x.dtype == srcs[0].dtype for x in srcs + outs) and sl is not None and rl is not None
+        a2av = same and alltoallv([x.numel() for x in srcs], sl[1], [x.numel() for x in outs], rl[1],
+                                  _dtype(srcs[0]), comm)
+        if a2av:
+            return self._dev_issue(d, t, "all_to_all", opts, lambda s: a2av(sl[0], rl[0], s), None, output_tensors,
+                                   (srcs, outs))
         calls = []
         for p in range(size):
             calls.append(lambda s, i=srcs[p], p=p: lib.ncclSend(i.data_ptr(), i.numel(), _dtype(i), p, comm, s))

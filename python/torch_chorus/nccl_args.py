@@ -1,5 +1,7 @@
 """How c10d's arguments become NCCL's, for the CPU operations (backend.py) and the device ones
 (device_ops.py) alike: tensor dtypes, reduce ops, element counts and the checks on them."""
+import ctypes
+
 import torch
 import torch.distributed as dist
 
@@ -107,3 +109,44 @@ def check_blocks(what, parts, wholes, size, whole_name):
         if w.numel() != p.numel() * size or w.dtype != p.dtype:
             raise RuntimeError(f"chorus: {what}: the {whole_name} must hold world_size ({size}) times the "
                                f"{part_name}'s {p.numel()} elements of {p.dtype}")
+
+
+def alltoallv(scount, sdispl, rcount, rdispl, dt, comm):
+    """issue(sendptr, recvptr, stream) making one ncclAllToAllv call (counts and displacements in
+    elements per rank; the arrays live as long as the function), or None where this libchorus has no
+    ncclAllToAllv: the caller then groups ncclSend/ncclRecv calls instead."""
+    fn = _lib.optional.get("ncclAllToAllv")
+    if fn is None:
+        return None
+    n = len(scount)
+    arrays = [(ctypes.c_size_t * n)(*a) for a in (scount, sdispl, rcount, rdispl)]
+
+    def issue(sp, rp, s):
+        return fn(sp, arrays[0], arrays[1], rp, arrays[2], arrays[3], dt, comm, s)
+
+    return issue
+
+
+def offsets(counts):
+    """Displacements of blocks laid end to end."""
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def list_layout(tensors):
+    """Separate tensors of one dtype as blocks of one buffer, for ncclAllToAllv: (base address,
+    displacements in elements from it), or None where a tensor does not lie a whole number of elements
+    from the lowest one. Empty tensors take displacement 0 (their data_ptr may be 0)."""
+    es = tensors[0].element_size() if tensors else 1
+    ptrs = [t.data_ptr() for t in tensors if t.numel()]
+    base = min(ptrs) if ptrs else 0
+    displs = []
+    for t in tensors:
+        d = t.data_ptr() - base if t.numel() else 0
+        if d % es:
+            return None
+        displs.append(d // es)
+    return base, displs

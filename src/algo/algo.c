@@ -88,7 +88,8 @@ static void sel_text(char* b, size_t n, uint32_t sel) {
 }
 
 /* Calls as messages name them (header fields come from peers: every one is bounded here):
- * "AllReduce(1048576 x float32, sum) #17", "Broadcast(4 x int32, root 1) #3", "Send/Recv(8 x float32)". */
+ * "AllReduce(1048576 x float32, sum) #17", "Broadcast(4 x int32, root 1) #3", "Send/Recv(8 x float32)",
+ * "AllToAllv(8 x float32 from rank 0 to rank 1)". */
 void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
   unsigned long long cnt = (unsigned long long)h->count, seq = (unsigned long long)h->seq;
   const char* ty = type_name(h->type);
@@ -109,6 +110,9 @@ void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
     case FUNC_ALLGATHER: snprintf(b, n, "%s(%llu x %s) #%llu", fn, cnt, ty, seq); break;
     case FUNC_SENDRECV: snprintf(b, n, "%s(%llu x %s)", fn, cnt, ty); break;
     case FUNC_ALLTOALL: snprintf(b, n, "%s(%llu x %s per rank)", fn, cnt, ty); break;
+    case FUNC_ALLTOALLV: /* one pair's block: root sends it, op (the receiver's rank) takes it (core/plan.c) */
+      snprintf(b, n, "%s(%llu x %s from rank %d to rank %d)", fn, cnt, ty, h->root, (int)h->op);
+      break;
     case FUNC_GATHER:
     case FUNC_SCATTER: snprintf(b, n, "%s(%llu x %s, root %d)", fn, cnt, ty, h->root); break;
     default: snprintf(b, n, "an unknown call (%u)", (unsigned)h->func); break;

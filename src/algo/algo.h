@@ -18,7 +18,8 @@ enum ch_func { CH_FUNC_LIST(CH_FUNC_ENUM_) FUNC_COUNT };
 #undef CH_FUNC_ENUM_
 _Static_assert(FUNC_BROADCAST == 0 && FUNC_REDUCE == 1 && FUNC_ALLGATHER == 2 && FUNC_REDUCESCATTER == 3 &&
                    FUNC_ALLREDUCE == 4 && FUNC_SENDRECV == 5 && FUNC_SEND == 6 && FUNC_RECV == 7 &&
-                   FUNC_ALLTOALL == 8 && FUNC_SCATTER == 9 && FUNC_GATHER == 10 && FUNC_COUNT == 11,
+                   FUNC_ALLTOALL == 8 && FUNC_SCATTER == 9 && FUNC_GATHER == 10 && FUNC_ALLTOALLV == 11 &&
+                   FUNC_COUNT == 12,
                "FUNC_* values are NCCL's ncclFunc_t and index tables");
 /* NCCL's numbering for Tree/Ring; the others are ours: Exchange (two ranks), Direct (one host, peers'
  * buffers read in place), RecDbl (recursive doubling, log2(n) hops: small messages), Rabenseifner

@@ -46,6 +46,9 @@ ch_status comm_parse_config(const ncclConfig_t* user, ncclConfig_t* out);
 void comm_config_report(const ncclConfig_t* cfg, int rank);
 /* A per-call config (NULL = none), checked for fn; out holds its values or the defaults. */
 ch_status coll_parse_config(const ncclCollConfig_t* user, const char* fn, ncclCollConfig_t* out);
+/* A call's task t (comm checked and entered by the caller) checked under the API call fn's name, then
+ * routed (api/coll.c); a failure is also the group's error. */
+ch_status api_queue(struct ch_task* t, const ncclCollConfig_t* cfg, const char* fn);
 /* A collective (FUNC_*) as its nccl* call makes it (api/coll.c), with cfg (checked by
  * coll_parse_config; NULL: the plain call): its algSelection and userProfilerTag go into the task. */
 ncclResult_t api_submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,

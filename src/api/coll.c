@@ -22,10 +22,10 @@
 static int has_op(int f) { return f == FUNC_ALLREDUCE || f == FUNC_REDUCE || f == FUNC_REDUCESCATTER; }
 static int has_root(int f) { return f == FUNC_BROADCAST || f == FUNC_REDUCE || f == FUNC_GATHER || f == FUNC_SCATTER; }
 
-/* The call's arguments, and which of its buffers this rank touches (*needs_send, *needs_recv). */
-static ch_status check_task(struct ch_task* t, const ncclCollConfig_t* cfg, int* needs_send_out,
+/* The call's arguments, and which of its buffers this rank touches (*needs_send, *needs_recv); fn is
+ * the API call WARNs name (a send of ncclAllToAllv's is that call's). */
+static ch_status check_task(struct ch_task* t, const ncclCollConfig_t* cfg, const char* fn, int* needs_send_out,
                             int* needs_recv_out) {
-  const char* fn = algo_fname(t->func);
   struct ncclComm* comm = t->comm; /* checked and entered by the caller */
   if (group_init_pending(comm)) {
     /* Waiting for that init here would wait for ever: it only starts at ncclGroupEnd. */
@@ -85,6 +85,14 @@ static ch_status check_task(struct ch_task* t, const ncclCollConfig_t* cfg, int*
   return CH_OK;
 }
 
+ch_status api_queue(struct ch_task* t, const ncclCollConfig_t* cfg, const char* fn) {
+  int needs_send, needs_recv;
+  ch_status s = check_task(t, cfg, fn, &needs_send, &needs_recv);
+  if (s == CH_OK) return route_call(t, fn, needs_send, needs_recv); /* sets the group's error */
+  group_set_error(s);
+  return s;
+}
+
 ncclResult_t api_submit(int func, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* cfg) {
   NVTX_RANGE(func); /* named after the API call, as NCCL's (ncclBcast's is "ncclBroadcast") */
@@ -93,10 +101,7 @@ ncclResult_t api_submit(int func, const void* sendbuff, void* recvbuff, size_t c
   struct comm_guard g;
   ch_status s = comm_check(comm, algo_fname(func));
   if (s == CH_OK && (s = comm_enter(comm, &g)) == CH_OK) {
-    int needs_send, needs_recv;
-    s = check_task(&t, cfg, &needs_send, &needs_recv);
-    if (s == CH_OK) s = route_call(&t, algo_fname(func), needs_send, needs_recv); /* sets the group's error */
-    else group_set_error(s);
+    s = api_queue(&t, cfg, algo_fname(func));
     comm_leave(&g);
     return ch_to_nccl(s);
   }

@@ -24,8 +24,14 @@ struct ch_task {
   int type;
   int op; /* ncclRedOp_t */
   int root; /* root, or peer for send/recv */
-  /* send/recv made by expand_task: the call they come from and its root (0 / -1 for ncclSend/Recv) */
+  /* send/recv made by expand_task or api/alltoallv.c: the call they come from and its root (0 / -1 for
+   * ncclSend/Recv) */
   int origin, origin_root;
+  /* One of the sends and receives api/alltoallv.c made of one call: 1 for its first, which stands for
+   * the whole call in the flight recorder and the counters (as origin, call_count elements), 2 for the
+   * others, neither recorded nor counted; 0: a call of its own. */
+  int part;
+  size_t call_count;
   struct tune_choice how; /* chosen by plan_build */
   unsigned sel;         /* per-call algSelection as tune_sel_resolve left it (tune/select.c); 0: automatic */
   uint64_t user_tag;    /* ncclCollConfig_t.userProfilerTag; 0: untagged */

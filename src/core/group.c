@@ -138,7 +138,9 @@ static void connect_context(struct ncclComm* comm, const struct ch_task* t) {
   char what[96];
   if (!t) return;
   const char* more = t->next ? " (and the rest of its group)" : "";
-  if (t->func == FUNC_SEND || t->func == FUNC_RECV)
+  if (t->part) /* a call made of sends and receives (api/alltoallv.c) */
+    snprintf(what, sizeof(what), "%s%s", algo_fname(t->origin), more);
+  else if (t->func == FUNC_SEND || t->func == FUNC_RECV)
     snprintf(what, sizeof(what), "%s %s rank %d%s", algo_fname(t->func), t->func == FUNC_SEND ? "to" : "from",
              t->root, more);
   else
@@ -186,7 +188,7 @@ ch_status enq_task(struct ch_task* t) {
   }
   tasks[ntasks_] = *t;
   tasks[ntasks_].next = NULL;
-  tasks[ntasks_].fr_id = fr_enqueue(t->comm, t, depth == 0 && t->exec == EXEC_HOST);
+  tasks[ntasks_].fr_id = t->part == 2 ? 0 : fr_enqueue(t->comm, t, depth == 0 && t->exec == EXEC_HOST);
   tasks[ntasks_].held = depth > 0, tasks[ntasks_].lost = 0;
   if (depth > 0) atomic_fetch_add(&t->comm->refs, 1); /* an abort meanwhile leaves comm to us */
   ntasks_++;

@@ -127,6 +127,10 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
   if (is_coll(t->func))
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
                                     hdr_op_level(t->op, t->how.repro, t->sel), t->root};
+  else if (t->origin == FUNC_ALLTOALLV) /* both ends name the pair: the sender as root, the receiver as op */
+    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, FUNC_ALLTOALLV, (uint32_t)t->type, t->count,
+                                    (uint32_t)(t->func == FUNC_SEND ? t->root : comm->rank),
+                                    t->func == FUNC_SEND ? comm->rank : t->root};
   else
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)(t->origin ? t->origin : FUNC_SENDRECV),
                                     (uint32_t)t->type, t->count, 0, t->origin ? t->origin_root : -1};
@@ -238,7 +242,8 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
   for (struct ch_task* t = tasks; t; t = t->next) { /* the group's calls on comm, hostless ones too */
     if (t->fr_id && !plan->fr_lo) plan->fr_lo = t->fr_id;
     if (t->fr_id) plan->fr_hi = t->fr_id;
-    plan->user_bytes += (uint64_t)t->count * red_type_size(t->type);
+    if (t->part == 2) continue; /* counted with its call's first part */
+    plan->user_bytes += (uint64_t)(t->part ? t->call_count : t->count) * red_type_size(t->type);
     plan->ncalls++;
   }
   plan->ops = (struct ch_op*)(plan + 1);

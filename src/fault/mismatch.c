@@ -52,6 +52,14 @@ static void say(struct ncclComm* comm, const struct xfer_poison* r) {
                           ? "; the calls differ at that sequence number or earlier (an earlier call may have "
                             "exchanged no data and returned)"
                           : "";
+  char counts[160];
+  const struct xfer_hdr *snd = &r->theirs, *rcv = &r->mine; /* found by the receiving end (mm_found) */
+  if (snd->func == FUNC_ALLTOALLV && rcv->func == FUNC_ALLTOALLV && snd->root == rcv->root && snd->op == rcv->op &&
+      snd->count != rcv->count) { /* the pair's counts, as the application names them */
+    snprintf(counts, sizeof(counts), "; rank %d's sendcounts[%u] (%llu) must equal rank %u's recvcounts[%d] (%llu)",
+             snd->root, snd->op, (unsigned long long)snd->count, rcv->op, rcv->root, (unsigned long long)rcv->count);
+    later = counts;
+  }
   WARN(ALGO_MISMATCH_FMT, other, theirs, r->finder >= 0 ? r->finder : comm->rank, mine, finder, later);
 }
 

@@ -25,6 +25,8 @@ int gpu_takes(const struct ch_task* t) {
          !(g->relay && gpu_is_p2p(t->func)); /* the relay: collectives only (sends and receives are staged) */
 }
 
+int gpu_runs_p2p(const struct ncclComm* comm) { return comm->gpu && !comm->gpu->relay; }
+
 /* Describe one buffer of this rank: its place in its allocation, and an IPC handle of the
  * allocation when some rank is another process (kept per allocation: the driver's buffer id). */
 static ch_status describe(struct gpu_comm* g, const void* p, struct gpu_buf_desc* d) {

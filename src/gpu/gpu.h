@@ -321,6 +321,10 @@ void gpu_fill_args(struct gpu_comm* g, const struct gpu_call* c, struct dev_args
 /* 1 if t (checked; device buffers) runs on the GPU; then gpu_in describes it and turns t into the
  * host allgather of the descriptions (t->gpu holds the call). */
 int gpu_takes(const struct ch_task* t);
+/* Sends and receives of device buffers run on comm's GPU (ranks sharing one GPU, not relayed), where a
+ * group cannot also hold sends and receives through host memory (an empty one: gpu_takes). Alike on
+ * every rank: decided at init. */
+int gpu_runs_p2p(const struct ncclComm* comm);
 ch_status gpu_in(struct ch_task* t, int needs_send, int needs_recv, const char* fn);
 /* The tables of calls captured into CUDA graphs (with the communicator). */
 void gpu_graphs_free(struct gpu_comm* g);

@@ -41,7 +41,8 @@
   X(ncclAvg, "avg", "avg")             \
   X(ncclNumOps, "premulsum", "mulsum")
 
-/* Functions, in NCCL's ncclFunc_t numbering (Broadcast..Recv), then Chorus's own calls:
+/* Functions, in NCCL's ncclFunc_t numbering (Broadcast..Recv), then Chorus's own calls (AllToAllv:
+ * RCCL's and NCCLX's call, which Chorus runs as sends and receives, api/alltoallv.c):
  * X(FUNC_ suffix, name in logs and NCCL_ALGO/NCCL_PROTO entries, name in call descriptions). The
  * API function is "nccl" followed by the name. The first five are the collectives whose
  * NCCL_ALGO/NCCL_PROTO entries may name them (TUNE_P2P). */
@@ -56,7 +57,8 @@
   X(RECV, "Recv", "Recv")                              \
   X(ALLTOALL, "AlltoAll", "AlltoAll")                  \
   X(SCATTER, "Scatter", "Scatter")                     \
-  X(GATHER, "Gather", "Gather")
+  X(GATHER, "Gather", "Gather")                        \
+  X(ALLTOALLV, "AllToAllv", "AllToAllv")
 
 /* Algorithms Chorus runs, in enum ch_algo order: X(ALGO_ suffix, name, NCCL's number or -1). Tree and
  * Ring keep NCCL's numbers; Exchange (two ranks), Direct (one host, peers' buffers read in place),

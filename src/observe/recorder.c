@@ -88,11 +88,13 @@ uint64_t fr_enqueue(struct ncclComm* comm, const struct ch_task* t, int runs_now
   /* A call that runs at once (no group, the calling thread's engine) is timed when it starts. */
   uint64_t now = runs_now && !t->noop ? 0 : obs_ticks();
   w_begin(s);
-  ST(s->id, id), ST(s->seq, 0), ST(s->count, (uint64_t)t->count);
+  /* The first of the sends and receives one call became stands for that call (api/alltoallv.c). */
+  int func = t->part ? t->origin : t->func, root = t->part ? -1 : t->root;
+  ST(s->id, id), ST(s->seq, 0), ST(s->count, (uint64_t)(t->part ? t->call_count : t->count));
   ST(s->t_enq, now), ST(s->t_start, t->noop ? now : 0), ST(s->t_end, t->noop ? now : 0);
-  ST(s->shape, (uint64_t)(t->func & 0xff) | (uint64_t)(t->type & 0xff) << 8 | (uint64_t)(uint32_t)t->op << 16 |
+  ST(s->shape, (uint64_t)(func & 0xff) | (uint64_t)(t->type & 0xff) << 8 | (uint64_t)(uint32_t)t->op << 16 |
                    (uint64_t)(t->exec & 0xff) << 48 | (uint64_t)(t->hostless != 0) << 56);
-  ST(s->root, t->root), ST(s->how, HOW_NONE), ST(s->tag, t->user_tag), ST(s->sel, t->sel);
+  ST(s->root, root), ST(s->how, HOW_NONE), ST(s->tag, t->user_tag), ST(s->sel, t->sel);
   ST(s->state, st_pack(t->noop ? FR_DONE : FR_QUEUED, CH_OK)); /* one rank, in place: nothing to do */
   w_end(s);
   return id;

@@ -83,10 +83,15 @@ static void usage(const perf_coll* coll) {
          "\t[-np,--np <N>]                                fork N local processes (ranks = N x t x g)\n"
          "\t[--stream]                                    issue on host streams (chorusStreamCreate)\n"
          "\t[--device]                                    CUDA device buffers and a CUDA stream per rank\n"
-         "\t[--plot <file.svg>]                           draw busbw and time against size\n"
-         "Under chorusrun, mpirun, srun or torchrun each process takes its rank from the environment.\n",
+         "\t[--plot <file.svg>]                           draw busbw and time against size\n",
          prog);
-  (void)coll;
+  if (coll->flags & PERF_SPLITS)
+    printf("Uneven exchanges:\n"
+           "\t[--split <zipf/uniform>]                      block sizes by distance to the peer: Zipf (1/k, shuffled\n"
+           "\t                                              by --seed) or all alike (default zipf)\n"
+           "\t[--seed <n>]                                  which distances get the large blocks (default 1)\n"
+           "\t[--grouped <0/1>]                             1: grouped ncclSend/ncclRecv instead of ncclAllToAllv\n");
+  printf("Under chorusrun, mpirun, srun or torchrun each process takes its rank from the environment.\n");
 }
 
 /* nccl-tests' sizes: a number (may be fractional) and an optional K/M/G suffix in units of 1024. */
@@ -119,26 +124,46 @@ static int parse_int(const char* s, long lo, long hi, int* out) {
   return 0;
 }
 
-static const struct option longopts[] = {
-    {"nthreads", required_argument, 0, 't'},     {"ngpus", required_argument, 0, 'g'},
-    {"minbytes", required_argument, 0, 'b'},     {"maxbytes", required_argument, 0, 'e'},
-    {"stepbytes", required_argument, 0, 'i'},    {"stepfactor", required_argument, 0, 'f'},
-    {"iters", required_argument, 0, 'n'},        {"agg_iters", required_argument, 0, 'm'},
-    {"warmup_iters", required_argument, 0, 'w'}, {"run_cycles", required_argument, 0, 'N'},
-    {"parallel_init", required_argument, 0, 'p'}, {"check", required_argument, 0, 'c'},
-    {"op", required_argument, 0, 'o'},           {"datatype", required_argument, 0, 'd'},
-    {"root", required_argument, 0, 'r'},         {"blocking", required_argument, 0, 'z'},
-    {"stream_null", required_argument, 0, 'y'},  {"timeout", required_argument, 0, 'T'},
-    {"cudagraph", required_argument, 0, 'G'},    {"report_cputime", required_argument, 0, 'C'},
-    {"report_timestamps", required_argument, 0, 'S'}, {"output_file", required_argument, 0, 'J'},
-    {"average", required_argument, 0, 'a'},      {"local_register", required_argument, 0, 'R'},
-    {"cta_policy", required_argument, 0, 'x'},   {"device_implementation", required_argument, 0, 'D'},
-    {"device_cta_count", required_argument, 0, 'V'}, {"memory_report", required_argument, 0, 'M'},
-    {"unalign", required_argument, 0, 'u'},      {"per_iter_timing", required_argument, 0, 'I'},
-    {"per_iter_skip", required_argument, 0, 'K'}, {"help", no_argument, 0, 'h'},
-    {"np", required_argument, 0, 1000},          {"stream", no_argument, 0, 1001},
-    {"plot", required_argument, 0, 1002},        {"device", no_argument, 0, 1003},
-    {0, 0, 0, 0}};
+static const struct option longopts[] = {{"nthreads", required_argument, 0, 't'},
+                                         {"ngpus", required_argument, 0, 'g'},
+                                         {"minbytes", required_argument, 0, 'b'},
+                                         {"maxbytes", required_argument, 0, 'e'},
+                                         {"stepbytes", required_argument, 0, 'i'},
+                                         {"stepfactor", required_argument, 0, 'f'},
+                                         {"iters", required_argument, 0, 'n'},
+                                         {"agg_iters", required_argument, 0, 'm'},
+                                         {"warmup_iters", required_argument, 0, 'w'},
+                                         {"run_cycles", required_argument, 0, 'N'},
+                                         {"parallel_init", required_argument, 0, 'p'},
+                                         {"check", required_argument, 0, 'c'},
+                                         {"op", required_argument, 0, 'o'},
+                                         {"datatype", required_argument, 0, 'd'},
+                                         {"root", required_argument, 0, 'r'},
+                                         {"blocking", required_argument, 0, 'z'},
+                                         {"stream_null", required_argument, 0, 'y'},
+                                         {"timeout", required_argument, 0, 'T'},
+                                         {"cudagraph", required_argument, 0, 'G'},
+                                         {"report_cputime", required_argument, 0, 'C'},
+                                         {"report_timestamps", required_argument, 0, 'S'},
+                                         {"output_file", required_argument, 0, 'J'},
+                                         {"average", required_argument, 0, 'a'},
+                                         {"local_register", required_argument, 0, 'R'},
+                                         {"cta_policy", required_argument, 0, 'x'},
+                                         {"device_implementation", required_argument, 0, 'D'},
+                                         {"device_cta_count", required_argument, 0, 'V'},
+                                         {"memory_report", required_argument, 0, 'M'},
+                                         {"unalign", required_argument, 0, 'u'},
+                                         {"per_iter_timing", required_argument, 0, 'I'},
+                                         {"per_iter_skip", required_argument, 0, 'K'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {"np", required_argument, 0, 1000},
+                                         {"stream", no_argument, 0, 1001},
+                                         {"plot", required_argument, 0, 1002},
+                                         {"device", no_argument, 0, 1003},
+                                         {"split", required_argument, 0, 1004},
+                                         {"seed", required_argument, 0, 1005},
+                                         {"grouped", required_argument, 0, 1006},
+                                         {0, 0, 0, 0}};
 
 static const char* long_name(int c) {
   for (const struct option* o = longopts; o->name; o++)
@@ -154,13 +179,31 @@ struct int_flag {
 };
 #define F(c, field, lo, hi) {c, offsetof(perf_opts, field), lo, hi}
 static const struct int_flag int_flags[] = {
-    F('t', nthreads, 1, 4096), F('g', ngpus, 1, 4096), F('n', iters, 1, 1L << 30), F('m', agg, 1, 1 << 20),
-    F('w', warmup, 0, 1L << 30), F('N', cycles, 0, 1L << 30), F('p', parallel_init, 0, 1),
-    F('c', check, 0, 1 << 20), F('z', blocking, 0, 3), F('y', stream_null, 0, 1), F('T', timeout_s, 0, 1L << 30),
-    F('G', graph, 0, 1 << 20), F('C', cputime, 0, 1), F('S', timestamps, 0, 1), F('a', average, 0, 3),
-    F('R', reg, 0, 2), F('x', cta_policy, 0, 2), F('D', dev_impl, 0, 0), F('V', dev_ctas, 1, 128),
-    F('M', mem_report, 0, 1), F('u', unalign, 0, 1 << 20), F('I', per_iter, 0, 1),
-    F('K', per_iter_skip, 0, 1L << 30), F(1000, np, 1, 4096),
+    F('t', nthreads, 1, 4096),
+    F('g', ngpus, 1, 4096),
+    F('n', iters, 1, 1L << 30),
+    F('m', agg, 1, 1 << 20),
+    F('w', warmup, 0, 1L << 30),
+    F('N', cycles, 0, 1L << 30),
+    F('p', parallel_init, 0, 1),
+    F('c', check, 0, 1 << 20),
+    F('z', blocking, 0, 3),
+    F('y', stream_null, 0, 1),
+    F('T', timeout_s, 0, 1L << 30),
+    F('G', graph, 0, 1 << 20),
+    F('C', cputime, 0, 1),
+    F('S', timestamps, 0, 1),
+    F('a', average, 0, 3),
+    F('R', reg, 0, 2),
+    F('x', cta_policy, 0, 2),
+    F('D', dev_impl, 0, 0),
+    F('V', dev_ctas, 1, 128),
+    F('M', mem_report, 0, 1),
+    F('u', unalign, 0, 1 << 20),
+    F('I', per_iter, 0, 1),
+    F('K', per_iter_skip, 0, 1L << 30),
+    F(1000, np, 1, 4096),
+    F(1006, grouped, 0, 1),
 };
 #undef F
 
@@ -180,6 +223,7 @@ static void defaults(perf_opts* o) {
   o->average = 1;
   o->cta_policy = -1;
   o->dev_ctas = 16;
+  o->seed = 1;
 }
 
 int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) {
@@ -205,6 +249,8 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
       if (optopt && optopt < 256) return usage_error("option '-%c' (--%s) needs a value", optopt, long_name(optopt));
       return usage_error("option '%s' needs a value", argv[optind - 1]);
     }
+    if (c >= 1004 && c <= 1006 && !(coll->flags & PERF_SPLITS))
+      return usage_error("--%s: only alltoallv_perf takes it", long_name(c));
     const struct int_flag* f = NULL;
     for (size_t k = 0; k < sizeof(int_flags) / sizeof(int_flags[0]); k++)
       if (int_flags[k].c == c) f = &int_flags[k];
@@ -272,6 +318,20 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
       case 1001: o->streams = 1; break;
       case 1002: o->plot_path = optarg; break;
       case 1003: o->device = 1; break;
+      case 1004:
+        if (strcmp(optarg, "zipf") == 0) o->split = PERF_SPLIT_ZIPF;
+        else if (strcmp(optarg, "uniform") == 0) o->split = PERF_SPLIT_UNIFORM;
+        else return usage_error("invalid split '%s': expected zipf or uniform", optarg);
+        break;
+      case 1005: {
+        char* end;
+        errno = 0;
+        unsigned long v = strtoul(optarg, &end, 0);
+        if (end == optarg || *end || errno || v > 0xffffffffUL || optarg[0] == '-')
+          return usage_error("invalid value '%s' for --seed: expected an integer in [0, 4294967295]", optarg);
+        o->seed = (unsigned)v;
+        break;
+      }
       case 'h': usage(coll); return PERF_OK;
       default: return usage_error("unhandled option");
     }
@@ -286,6 +346,7 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
     return usage_error("-K %d leaves no iteration of -n %d", o->per_iter_skip, o->iters);
   if (o->blocking == 3 && o->graph) return usage_error("-z 3 cannot be combined with -G");
   if (!cta_given) o->cta_policy = -1;
+  o->splits = (coll->flags & PERF_SPLITS) != 0;
   const char* c = getenv("CHORUS_PERF_CORRUPT");
   o->corrupt = c && *c && strcmp(c, "0") != 0;
   return -1;

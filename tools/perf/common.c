@@ -198,6 +198,7 @@ static void make_buf(perf_thread* th, const struct step* s, int li, int in_place
   b->type = s->type;
   b->lay = s->lay;
   b->count = s->lay.param_count;
+  b->opts = &th->ctx->o;
   shift += (size_t)th->ctx->o.unalign * elt; /* -u: misalign by whole elements */
   b->recv_base = (host ? th->hrecv : th->recv)[li] + shift;
   if (in_place) {
@@ -395,7 +396,8 @@ static void time_test(perf_thread* th, ncclDataType_t type, int op, int root) {
     set_step(th, &s, b);
     if (printer) out_row_start(s.span, s.lay.param_count, perf_type_name(type), opname, proot);
     bench(th, &s, 0);
-    bench(th, &s, 1);
+    if (!(flags & PERF_NO_INPLACE)) bench(th, &s, 1);
+    else if (printer) out_row_no_place();
     if (printer) out_row_end(o->iters * o->agg, ctx->coll->name);
     if (next_size(o, b) <= b) break; /* overflow */
   }

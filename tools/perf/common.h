@@ -44,7 +44,13 @@ typedef struct perf_opts {
   int device;        /* --device: CUDA device buffers and a CUDA stream per rank (nccl-tests' way) */
   const char* plot_path;
   int corrupt;       /* CHORUS_PERF_CORRUPT=1: damage one element before each check (tests) */
+  /* Uneven exchanges (PERF_SPLITS: alltoallv_perf). */
+  int splits;    /* the benchmark takes the three below */
+  int split;     /* --split: PERF_SPLIT_ZIPF (default) or PERF_SPLIT_UNIFORM */
+  unsigned seed; /* --seed: which distances get the large blocks (the same on every rank) */
+  int grouped;   /* --grouped 1: the same exchange as grouped ncclSend/ncclRecv */
 } perf_opts;
+enum { PERF_SPLIT_ZIPF, PERF_SPLIT_UNIFORM };
 
 /* Element counts of one size step (nccl-tests' getCollByteCount). In-place offsets are per rank:
  * in place, send = recv + rank*send_inplace and recv = recv + rank*recv_inplace. */
@@ -62,12 +68,15 @@ typedef struct perf_buf {
   char* recv;
   char* recv_base;  /* start of this rank's receive buffer */
   uint64_t seed;
+  const perf_opts* opts;
 } perf_buf;
 
 #define PERF_USES_OP 0x1    /* loops over -o and prints the op (else "none") */
 #define PERF_USES_ROOT 0x2  /* uses -r (else root prints -1) */
 #define PERF_POW2_ONLY 0x4  /* needs a power-of-two rank count */
 #define PERF_OP_BLANK 0x8   /* prints an empty op column (hypercube) */
+#define PERF_SPLITS 0x10    /* takes --split, --seed and --grouped (alltoallv) */
+#define PERF_NO_INPLACE 0x20 /* has no in-place form: those columns print N/A */
 
 typedef struct perf_coll {
   const char* name; /* "all_reduce": the program is all_reduce_perf */

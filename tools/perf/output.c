@@ -100,6 +100,7 @@ struct row {
   char type[16], op[16];
   int root;
   double time[2], busbw[2];
+  int places; /* placements measured: out of place, then in place */
 };
 static struct row* rows;
 static int nrows, cap_rows, place_idx, row_open;
@@ -172,6 +173,10 @@ void out_device_report(const perf_devrec* recs, int nranks) {
   }
   if (o->parallel_init) printf("# Parallel Init Enabled: threads call into NcclInitRank concurrently \n");
   if (o->streams && !o->stream_null) printf("# Host streams: operations are issued on chorusStreamCreate streams \n");
+  if (o->splits)
+    printf("# Split: %s (seed %u), the same on every rank; exchanged by %s \n",
+           o->split == PERF_SPLIT_UNIFORM ? "uniform" : "zipf", o->seed,
+           o->grouped ? "grouped ncclSend/ncclRecv (empty blocks skipped)" : "ncclAllToAllv");
   printf("#\n");
   if (jf) {
     jkey("config"), jopen('{');
@@ -192,6 +197,11 @@ void out_device_report(const perf_devrec* recs, int nranks) {
     jkey("parallel_init"), jbool(o->parallel_init);
     jkey("nranks"), jint(nranks);
     jkey("host_streams"), jbool(o->streams && !o->stream_null);
+    if (o->splits) {
+      jkey("split"), jstr(o->split == PERF_SPLIT_UNIFORM ? "uniform" : "zipf");
+      jkey("split_seed"), jint(o->seed);
+      jkey("grouped"), jbool(o->grouped);
+    }
   }
   printf("# Using devices\n");
   if (jf) jkey("devices"), jopen('[');
@@ -334,8 +344,19 @@ void out_row_place(double time_us, double algbw, double busbw, int64_t wrong, in
   if (nrows > 0 && place_idx < 2) {
     rows[nrows - 1].time[place_idx] = time_us;
     rows[nrows - 1].busbw[place_idx] = busbw;
-    place_idx++;
+    rows[nrows - 1].places = ++place_idx;
   }
+}
+
+void out_row_no_place(void) {
+  printf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+  if (opts->per_iter) printf("  %7s  %7s  %7s  %7s", "N/A", "N/A", "N/A", "N/A");
+  if (opts->timestamps) {
+    char now[64];
+    now_str(now, sizeof now);
+    printf("%21s", now);
+  }
+  if (jf) jkey("in_place"), jnull();
 }
 
 void out_row_end(int actual_iters, const char* name) {
@@ -428,7 +449,7 @@ int out_plot(const char* path) {
   int ns = 0, ncolors = 0;
   /* One series per (type, op, root) and placement, in the order first measured. */
   for (int i = 0; i < nrows; i++) {
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < rows[i].places; p++) {
       char label[160], root[24] = "";
       if (rows[i].root >= 0) snprintf(root, sizeof root, " root %d", rows[i].root);
       snprintf(label, sizeof label, "%s %s%s%s%s, %s", program, rows[i].type, *rows[i].op ? " " : "", rows[i].op, root,

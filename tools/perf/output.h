@@ -30,6 +30,8 @@ void out_row_start(size_t bytes, size_t count, const char* type, const char* op,
 /* wrong < 0 prints N/A. st may be NULL (no -I). */
 void out_row_place(double time_us, double algbw, double busbw, int64_t wrong, int out_of_place,
                    const perf_iterstats* st);
+/* The in-place columns of a benchmark without an in-place form: N/A. */
+void out_row_no_place(void);
 void out_row_end(int actual_iters, const char* name);
 void out_skip_line(const char* text);
 void out_footer(int errors, double avg_busbw, double min_bw);
