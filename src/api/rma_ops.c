@@ -161,18 +161,20 @@ CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDesc
     for (int j = 0; j < i; j++) /* two descriptors of one signal wait for both counts */
       if (at[j] == at[i]) want[i] += (uint64_t)signalDescs[j].opCnt;
   }
-  uint64_t since = ut_now_ns(), next_check = 0;
+  uint64_t since = s == CH_OK ? ut_now_ns() : 0, last = since;
   for (uint64_t it = 0; s == CH_OK; it++) {
     int left = -1;
     for (int i = 0; i < nDesc && left < 0; i++)
       if (atomic_load_explicit(&comm->rma->mine[at[i]], memory_order_acquire) < want[i]) left = i;
     if (left < 0) break;
-    if (it >= next_check) { /* a few syscalls every ~10 ms at most */
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) s = CH_ABORTED;
+    /* The slower checks (a syscall each) every 10 ms, the first 10 ms in: a short wait makes none. */
+    if (s == CH_OK && (it & 63) == 63 && ut_now_ns() - last >= 10 * UT_NS_PER_MS) {
+      last = ut_now_ns();
       s = wait_check(comm, &signalDescs[left], atomic_load(&comm->rma->mine[at[left]]) - comm->rma->seen[at[left]],
                      want[left] - comm->rma->seen[at[left]], since);
-      next_check = it + 64;
     }
-    ut_backoff(it);
+    if (s == CH_OK) ut_backoff(it);
   }
   for (int i = 0; s == CH_OK && i < nDesc; i++)
     if (want[i] > comm->rma->seen[at[i]]) comm->rma->seen[at[i]] = want[i];

@@ -27,6 +27,7 @@
 #include "../misc/utils.h"
 #include "../bootstrap/bootstrap.h"
 #include "../comm/comm.h"
+#include "../core/group.h"
 #include "../core/host_stream.h"
 #include "../core/init.h"
 #include "../core/memreg.h"
@@ -137,6 +138,18 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
     WARN("%s: unknown winFlags 0x%x (NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC, NCCL_WIN_STRICT_ORDERING)", fn,
          (unsigned)winFlags);
     return ncclInvalidArgument;
+  }
+  /* Registration runs at once (NCCL defers it to the group's end): one thread registering windows of
+   * two communicators in one group would wait for itself. */
+  static _Thread_local uint64_t grp_epoch;
+  static _Thread_local const struct ncclComm* grp_comm;
+  if (group_depth() > 0) {
+    if (grp_epoch == group_epoch() && grp_comm != comm) {
+      WARN("%s: this thread already registered a window of communicator %p in this group; register each "
+           "communicator's windows outside a group, or from its own thread", fn, (const void*)grp_comm);
+      return ncclInvalidUsage;
+    }
+    grp_epoch = group_epoch(), grp_comm = comm;
   }
   struct comm_guard g;
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);

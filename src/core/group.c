@@ -57,8 +57,11 @@ static ch_status run_afters(int run) {
   return res;
 }
 
+static _Thread_local uint64_t epoch; /* outermost groups this thread has opened */
+uint64_t group_epoch(void) { return epoch; }
+
 ch_status group_start(void) {
-  depth++;
+  if (depth++ == 0) epoch++;
   return CH_OK;
 }
 

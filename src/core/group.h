@@ -7,6 +7,8 @@
 /* Group layer (group.c). Every API call goes through enq_task. */
 ch_status enq_task(struct ch_task* t);
 int group_depth(void);
+/* Which outermost group of this thread is open (or was last): a number that grows at each one. */
+uint64_t group_epoch(void);
 ch_status group_start(void);
 ch_status group_end(void);
 /* Close the group without launching anything; estimate its time in microseconds. */

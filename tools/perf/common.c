@@ -208,6 +208,10 @@ static void make_buf(perf_thread* th, const struct step* s, int li, int in_place
     b->send = (host ? th->hsend : th->send)[li] + shift;
     b->recv = b->recv_base;
   }
+  if (th->ctx->o.reg == 2 && !host) {
+    b->recv_win = th->handles[2 * li + 1];
+    b->recv_off = (size_t)(b->recv - th->recv[li]);
+  }
 }
 
 /* Issue the operation on every local rank (nccl-tests' startColl). Iterations move the buffers by

@@ -69,6 +69,8 @@ typedef struct perf_buf {
   char* recv_base;  /* start of this rank's receive buffer */
   uint64_t seed;
   const perf_opts* opts;
+  void* recv_win;     /* -R 2: the window of this rank's receive allocation (ncclWindow_t), else NULL */
+  size_t recv_off;    /* recv's offset in that allocation (alike on every rank: buffers are symmetric) */
 } perf_buf;
 
 #define PERF_USES_OP 0x1    /* loops over -o and prints the op (else "none") */
