@@ -907,3 +907,15 @@ TEST_T(chorusrun, elastic_example_survives_two_deaths, 120) {
   EXPECT_EQ(count_str(r.err, "killed by signal SIGKILL; starting replacement"), 2);
   cmd_free(&r);
 }
+
+/* put_perf: one-sided puts into ncclMemAlloc windows (-R 2 by default), every type, between processes
+ * and between threads; data checked. */
+TEST_T(perf_check, put_perf_processes_and_threads, 120) {
+  const char* args[] = {"-np 2 -b 8 -e 1M -f 8 -n 2 -w 1 -d all", "-t 3 -b 8 -e 64K -f 8 -n 2 -w 1"};
+  for (int i = 0; i < 2; i++) {
+    cmd_result r = perf("put_perf", args[i], NULL);
+    if (r.status != 0 || !strstr(r.out, "# Out of bounds values : 0 OK"))
+      rt_fail(__FILE__, __LINE__, "put_perf %s: exit %d\n%s%s", args[i], r.status, r.out, r.err);
+    cmd_free(&r);
+  }
+}

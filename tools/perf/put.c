@@ -1,6 +1,7 @@
 /* put_perf: one-sided puts (docs/ONE_SIDED.md). Every rank puts N elements into rank+1's receive
- * window with ncclPutSignal, then waits for rank-1's signal (ncclWaitSignal): the pattern of
- * sendrecv_perf, without the receiver posting anything. Windows are the tool's receive allocations
+ * window with ncclPutSignal once rank+1 has signalled that its window is free, and waits for rank-1's
+ * put (ncclWaitSignal): the pattern of sendrecv_perf, where the receiver posts no receive but says
+ * when its buffer may be written. Windows are the tool's receive allocations
  * (-R 2, the default here: ncclMemAlloc + ncclCommWindowRegister). busbw = algbw; no in-place form. */
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +22,16 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   (void)op, (void)round;
   if (!b->recv_win) return ncclInvalidUsage; /* main asks for -R 2 */
   int next = (b->rank + 1) % b->nranks, prev = (b->rank - 1 + b->nranks) % b->nranks;
-  ncclResult_t r = ncclPutSignal(b->send, b->count, b->type, next, (ncclWindow_t)b->recv_win, b->recv_off, 0, 0, 0,
-                                 comm, s);
-  ncclWaitSignalDesc_t d = {.opCnt = 1, .peer = prev, .sigIdx = 0, .ctx = 0};
-  return r != ncclSuccess ? r : ncclWaitSignal(1, &d, comm, s);
+  /* Flow control, as a real pipeline needs it: my window is free (prev may put), then next's is; a put
+   * into a window its owner is still filling or checking would be lost. The ready signal of a rank
+   * always comes before its put, so one signal index serves both, also when next == prev. */
+  ncclWaitSignalDesc_t from_next = {.opCnt = 1, .peer = next, .sigIdx = 0, .ctx = 0};
+  ncclWaitSignalDesc_t from_prev = {.opCnt = 1, .peer = prev, .sigIdx = 0, .ctx = 0};
+  ncclResult_t r = ncclSignal(prev, 0, 0, 0, comm, s);
+  if (r == ncclSuccess) r = ncclWaitSignal(1, &from_next, comm, s);
+  if (r == ncclSuccess)
+    r = ncclPutSignal(b->send, b->count, b->type, next, (ncclWindow_t)b->recv_win, b->recv_off, 0, 0, 0, comm, s);
+  return r != ncclSuccess ? r : ncclWaitSignal(1, &from_prev, comm, s);
 }
 
 static const perf_coll coll = {"put", PERF_NO_INPLACE, perf_layout_flat, perf_bytes_flat, perf_factor_one, init,
