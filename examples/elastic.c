@@ -27,13 +27,13 @@
 #define COUNT (1 << 20) /* floats per gradient: large enough that a death lands inside a call */
 #define MAX_KILLS 8
 
-#define CHECK(cmd)                                                                                 \
-  do {                                                                                             \
-    ncclResult_t r_ = (cmd);                                                                       \
-    if (r_ != ncclSuccess) {                                                                       \
+#define CHECK(cmd)                                                                                            \
+  do {                                                                                                        \
+    ncclResult_t r_ = (cmd);                                                                                  \
+    if (r_ != ncclSuccess) {                                                                                  \
       fprintf(stderr, "elastic: %s failed: %s (%s)\n", #cmd, ncclGetErrorString(r_), ncclGetLastError(NULL)); \
-      exit(1);                                                                                     \
-    }                                                                                              \
+      exit(1);                                                                                                \
+    }                                                                                                         \
   } while (0)
 
 struct handoff { /* what a replacement needs: the grow id and the step to resume at */

@@ -137,8 +137,8 @@ static void args_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   EXPECT_EQ(ncclCommGrow(parent, nranks + 1, NULL, 0, &child, NULL), ncclInvalidArgument); /* rank != -1 */
   EXPECT(child == NULL);
   EXPECT_EQ(ncclCommGrow(parent, nranks, NULL, -1, &child, NULL), ncclInvalidArgument); /* not larger */
-  EXPECT_EQ(ncclCommGrow(NULL, 4, NULL, 3, &child, NULL), ncclInvalidArgument);          /* new rank, no id */
-  EXPECT_EQ(ncclCommGrow(NULL, 4, &gid, 4, &child, NULL), ncclInvalidArgument);          /* rank out of range */
+  EXPECT_EQ(ncclCommGrow(NULL, 4, NULL, 3, &child, NULL), ncclInvalidArgument);         /* new rank, no id */
+  EXPECT_EQ(ncclCommGrow(NULL, 4, &gid, 4, &child, NULL), ncclInvalidArgument);         /* rank out of range */
   EXPECT_EQ(ncclCommGrow(parent, nranks + 1, NULL, -1, NULL, NULL), ncclInvalidArgument);
   EXPECT_EQ(ncclCommGetUniqueId(parent, NULL), ncclInvalidArgument);
   int lost = 7;
@@ -206,7 +206,8 @@ static void elastic_body(int proc, int nprocs, ncclUniqueId id, void* arg) {
       for (;;) allreduce_check(comm, rank, n, 1 << 20, "victim");
     }
     ncclResult_t r = ncclSuccess;
-    for (int it = 0; r == ncclSuccess && it < 100000; it++) r = allreduce_check(comm, rank, n, 1 << 20, "until it dies");
+    for (int it = 0; r == ncclSuccess && it < 100000; it++)
+      r = allreduce_check(comm, rank, n, 1 << 20, "until it dies");
     EXPECT_EQ(r, ncclRemoteError);
     int dead = -2;
     NCCL_OK(chorusCommGetLostRank(comm, &dead)); /* what a survivor knows, not what the test planned */

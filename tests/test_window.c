@@ -45,8 +45,8 @@ static void ring_body(int rank, int n, ncclUniqueId id, void* arg) {
   int next = (rank + 1) % n, prev = (rank + n - 1) % n;
   for (int k = 0; k < ROUNDS; k++) {
     for (int i = 0; i < CHUNK; i++) src[i] = (float)((rank + 1) * 1000 + k);
-    NCCL_OK(ncclPutSignal(src, CHUNK, ncclFloat, next, win, (size_t)(k % 2) * CHUNK * sizeof(float), 0, 0, 0, comm,
-                          NULL));
+    NCCL_OK(
+        ncclPutSignal(src, CHUNK, ncclFloat, next, win, (size_t)(k % 2) * CHUNK * sizeof(float), 0, 0, 0, comm, NULL));
     ncclWaitSignalDesc_t d = {.opCnt = 1, .peer = prev, .sigIdx = 0, .ctx = 0};
     NCCL_OK(ncclWaitSignal(1, &d, comm, NULL));
     const float* got = mem + (size_t)(k % 2) * CHUNK;
@@ -79,7 +79,8 @@ TEST_T(window, ring_of_puts_procs, 60) {
   rt_run_procs(2, ring_body, &a);
 }
 TEST_T(window, ring_of_puts_procs_plain_by_cma, 60) {
-  if (access("/proc/sys/kernel/yama/ptrace_scope", F_OK) == 0 && !getenv("CHORUS_TEST_CMA")) return; /* may be refused */
+  if (access("/proc/sys/kernel/yama/ptrace_scope", F_OK) == 0 && !getenv("CHORUS_TEST_CMA"))
+    return; /* may be refused */
   setenv("CHORUS_CMA", "1", 1);
   struct win_arg a = {1};
   rt_run_procs(3, ring_body, &a);
@@ -218,7 +219,7 @@ static void stream_body(int rank, int n, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommWindowRegister(comm, mem, 4096, &win, 0));
   int v[64];
   for (int i = 0; i < 64; i++) v[i] = rank;
-  NCCL_OK(ncclAllReduce(v, v, 64, ncclInt32, ncclSum, comm, s)); /* queued */
+  NCCL_OK(ncclAllReduce(v, v, 64, ncclInt32, ncclSum, comm, s));                      /* queued */
   NCCL_OK(ncclPutSignal(v, 64, ncclInt32, (rank + 1) % n, win, 0, 0, 0, 0, comm, s)); /* after it */
   ncclWaitSignalDesc_t d = {1, (rank + n - 1) % n, 0, 0};
   NCCL_OK(ncclWaitSignal(1, &d, comm, s));

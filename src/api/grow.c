@@ -91,16 +91,17 @@ static ch_status grow_agree(struct ncclComm* comm, int nranks, const ncclUniqueI
     else if (all[r].has_id && second < 0) second = r;
   }
   if (s == CH_OK && other >= 0) {
-    WARN("%s: ranks disagree on the new size: %d on rank %d, %d on rank %d", fn, nranks, comm->rank,
-         all[other].nranks, other);
+    WARN("%s: ranks disagree on the new size: %d on rank %d, %d on rank %d", fn, nranks, comm->rank, all[other].nranks,
+         other);
     s = CH_INVALID_USAGE;
   } else if (s == CH_OK && coord < 0) {
     WARN("%s: no existing rank passed the id (the rank that called ncclCommGetUniqueId must pass it; the others "
-         "NULL)", fn);
+         "NULL)",
+         fn);
     s = CH_INVALID_USAGE;
   } else if (s == CH_OK && second >= 0) {
-    WARN("%s: ranks %d and %d both passed an id; only the rank that called ncclCommGetUniqueId passes it", fn,
-         coord, second);
+    WARN("%s: ranks %d and %d both passed an id; only the rank that called ncclCommGetUniqueId passes it", fn, coord,
+         second);
     s = CH_INVALID_USAGE;
   }
   if (s == CH_OK) *id = all[coord].id; /* only carried to our own init: the root checks what it says */

@@ -13,11 +13,11 @@
 #include "api.h"
 #include "chorus.h"
 
-#define V(a, b, c) ((a) * 10000 + (b) * 100 + (c))
+#define V(a, b, c) ((a)*10000 + (b)*100 + (c))
 
 /* Set a field of the caller's struct if its size reaches it: p is the caller's, at most `size` bytes. */
-#define PUT(p, size, field, value)                                                        \
-  do {                                                                                    \
+#define PUT(p, size, field, value)                                                                  \
+  do {                                                                                              \
     if (offsetof(ncclCommProperties_t, field) + sizeof((p)->field) <= (size)) (p)->field = (value); \
   } while (0)
 
@@ -27,20 +27,21 @@ CH_API(ncclResult_t, ncclCommQueryProperties, ncclComm_t comm, ncclCommPropertie
   if (s != CH_OK) return ch_to_nccl(s);
   ARG_NONNULL(props, fn);
   if (props->magic != NCCL_API_MAGIC) {
-    WARN("%s: props was not set up with NCCL_COMM_PROPERTIES_INITIALIZER (magic 0x%x, expected 0x%x)", fn,
-         props->magic, (unsigned)NCCL_API_MAGIC);
+    WARN("%s: props was not set up with NCCL_COMM_PROPERTIES_INITIALIZER (magic 0x%x, expected 0x%x)", fn, props->magic,
+         (unsigned)NCCL_API_MAGIC);
     return ncclInvalidUsage;
   }
   unsigned v = props->version;
   size_t size = props->size;
   if (v > NCCL_VERSION_CODE) { /* a newer header's struct: its fields past ours are unknown here */
-    WARN("%s: props comes from NCCL %u.%u.%u's header; this library is NCCL %d.%d.%d's", fn, v / 10000,
-         v / 100 % 100, v % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    WARN("%s: props comes from NCCL %u.%u.%u's header; this library is NCCL %d.%d.%d's", fn, v / 10000, v / 100 % 100,
+         v % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
     return ncclInvalidUsage;
   }
   if (v < V(2, 29, 0) || size < offsetof(ncclCommProperties_t, ginType) || size > sizeof(*props)) {
     WARN("%s: props has version %u and size %zu; expected a struct from NCCL 2.29..%d.%d's header (%zu..%zu "
-         "bytes)", fn, v, size, NCCL_MAJOR, NCCL_MINOR, offsetof(ncclCommProperties_t, ginType), sizeof(*props));
+         "bytes)",
+         fn, v, size, NCCL_MAJOR, NCCL_MINOR, offsetof(ncclCommProperties_t, ginType), sizeof(*props));
     return ncclInvalidArgument;
   }
   struct comm_guard g;

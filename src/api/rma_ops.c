@@ -64,7 +64,10 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
   size_t es = red_type_size((int)datatype);
   if (!es || flags || (count && !localbuff) || count > SIZE_MAX / es) {
     WARN("%s: %s (datatype %d, flags 0x%x, %zu elements at %p)", fn,
-         !es ? "invalid datatype" : flags ? "flags must be 0" : !localbuff ? "localbuff is NULL" : "count too large",
+         !es          ? "invalid datatype"
+         : flags      ? "flags must be 0"
+         : !localbuff ? "localbuff is NULL"
+                      : "count too large",
          (int)datatype, flags, count, localbuff);
     return ncclInvalidArgument;
   }
@@ -75,8 +78,8 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
   if ((s = rma_enter(comm, peer, sigIdx, ctx, stream, fn)) == CH_OK && !(w = rma_win_of(comm, peerWin, fn)))
     s = CH_INVALID_ARG;
   if (s == CH_OK && (peerWinOffset > w->d[peer].size || bytes > w->d[peer].size - peerWinOffset)) {
-    WARN("%s: %zu bytes at offset %zu go past the end of rank %d's window (%llu bytes)", fn, bytes, peerWinOffset,
-         peer, (unsigned long long)w->d[peer].size);
+    WARN("%s: %zu bytes at offset %zu go past the end of rank %d's window (%llu bytes)", fn, bytes, peerWinOffset, peer,
+         (unsigned long long)w->d[peer].size);
     s = CH_INVALID_ARG;
   }
   if (s == CH_OK && bytes) {
@@ -119,16 +122,16 @@ static ch_status wait_check(struct ncclComm* comm, const ncclWaitSignalDesc_t* d
   uint64_t ns = comm->peers[comm->rank].pid_ns;
   if (p != comm->rank && ns && comm->peers[p].pid_ns == ns && !ut_pid_alive(comm->peers[p].pid)) {
     WARN("ncclWaitSignal: rank %d (pid %d on %s) has exited while rank %d waited for its signal %d (context %d): %llu "
-         "of %llu seen", p, comm->peers[p].pid, comm->peers[p].hostname, comm->rank, d->sigIdx, d->ctx,
-         (unsigned long long)have, (unsigned long long)want);
+         "of %llu seen",
+         p, comm->peers[p].pid, comm->peers[p].hostname, comm->rank, d->sigIdx, d->ctx, (unsigned long long)have,
+         (unsigned long long)want);
     mm_peer_lost(comm, p);
     return CH_REMOTE;
   }
   uint64_t limit = atomic_load(&comm->timeout_ns);
   if (limit && ut_now_ns() - since > limit) {
     WARN("ncclWaitSignal: rank %d waited %.0f s for signal %d (context %d) from rank %d: %llu of %llu seen", comm->rank,
-         (double)(ut_now_ns() - since) / 1e9, d->sigIdx, d->ctx, p, (unsigned long long)have,
-         (unsigned long long)want);
+         (double)(ut_now_ns() - since) / 1e9, d->sigIdx, d->ctx, p, (unsigned long long)have, (unsigned long long)want);
     return CH_TIMEOUT;
   }
   return CH_OK;

@@ -69,8 +69,8 @@ static ch_status rma_connect(struct ncclComm* comm, const struct win_desc* all) 
     } else if (!rma_procs(comm)) {
       r->peer[k] = (_Atomic uint64_t*)(uintptr_t)all[k].sig_addr;
     } else {
-      r->peer[k] = (_Atomic uint64_t*)map_peer(comm, k, all[k].sig_token, all[k].sig_alloc, 0, r->bytes,
-                                                &r->maps[k], &r->map_bytes[k], "its signal block");
+      r->peer[k] = (_Atomic uint64_t*)map_peer(comm, k, all[k].sig_token, all[k].sig_alloc, 0, r->bytes, &r->maps[k],
+                                               &r->map_bytes[k], "its signal block");
       if (!r->peer[k]) return CH_REMOTE;
     }
   }
@@ -146,7 +146,8 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
   if (group_depth() > 0) {
     if (grp_epoch == group_epoch() && grp_comm != comm) {
       WARN("%s: this thread already registered a window of communicator %p in this group; register each "
-           "communicator's windows outside a group, or from its own thread", fn, (const void*)grp_comm);
+           "communicator's windows outside a group, or from its own thread",
+           fn, (const void*)grp_comm);
       return ncclInvalidUsage;
     }
     grp_epoch = group_epoch(), grp_comm = comm;
@@ -174,8 +175,11 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
   struct direct_buf d;
   mem_describe(buff, size, &d);
   struct win_desc* me = &all[comm->rank];
-  *me = (struct win_desc){.addr = (uint64_t)(uintptr_t)buff, .size = size, .token = rma_procs(comm) ? d.token : 0,
-                          .alloc = d.alloc_bytes, .off = d.off};
+  *me = (struct win_desc){.addr = (uint64_t)(uintptr_t)buff,
+                          .size = size,
+                          .token = rma_procs(comm) ? d.token : 0,
+                          .alloc = d.alloc_bytes,
+                          .off = d.off};
   int first = comm->rma == NULL; /* every rank alike: registrations are collective */
   if (first && (s = rma_setup(comm, me)) != CH_OK) goto out;
   s = boot_allgather(comm->boot, all, sizeof(*all));
@@ -184,12 +188,13 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
     if (k == comm->rank || !rma_procs(comm)) {
       w->at[k] = k == comm->rank ? buff : (char*)(uintptr_t)all[k].addr;
     } else if (all[k].token) {
-      w->at[k] = map_peer(comm, k, all[k].token, all[k].alloc, all[k].off, all[k].size, &w->maps[k],
-                          &w->map_bytes[k], "its window");
+      w->at[k] = map_peer(comm, k, all[k].token, all[k].alloc, all[k].off, all[k].size, &w->maps[k], &w->map_bytes[k],
+                          "its window");
       if (!w->at[k]) s = CH_REMOTE;
     } else if (!comm->cma) {
       WARN("%s: rank %d's window is not ncclMemAlloc memory, which other processes cannot map; allocate windows "
-           "with ncclMemAlloc (or set CHORUS_CMA=1 where the kernel allows cross-memory copies)", fn, k);
+           "with ncclMemAlloc (or set CHORUS_CMA=1 where the kernel allows cross-memory copies)",
+           fn, k);
       s = CH_INVALID_USAGE;
     }
   }
@@ -215,8 +220,8 @@ out:
 struct ncclWindow_vidmem* rma_win_of(struct ncclComm* comm, ncclWindow_t win, const char* fn) {
   for (struct ncclWindow_vidmem* w = comm->rma ? comm->rma->wins : NULL; w; w = w->next)
     if (w == win && w->magic == WIN_MAGIC) return w;
-  WARN("%s: window %p is not registered on communicator %p (deregistered, or another communicator's)", fn,
-       (void*)win, (void*)comm);
+  WARN("%s: window %p is not registered on communicator %p (deregistered, or another communicator's)", fn, (void*)win,
+       (void*)comm);
   return NULL;
 }
 

@@ -34,8 +34,8 @@ static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cuda
   return r != ncclSuccess ? r : ncclWaitSignal(1, &from_prev, comm, s);
 }
 
-static const perf_coll coll = {"put", PERF_NO_INPLACE, perf_layout_flat, perf_bytes_flat, perf_factor_one, init,
-                               check, run, NULL};
+static const perf_coll coll = {
+    "put", PERF_NO_INPLACE, perf_layout_flat, perf_bytes_flat, perf_factor_one, init, check, run, NULL};
 
 /* -R 2 unless the command line chooses -R itself. */
 int main(int argc, char** argv) {
