@@ -171,15 +171,33 @@ static void plain_procs_body(int rank, int n, ncclUniqueId id, void* arg) {
   (void)arg;
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
-  void* mem = malloc(4096);
-  ncclWindow_t win = (ncclWindow_t)mem;
-  EXPECT_EQ(ncclCommWindowRegister(comm, mem, 4096, &win, 0), ncclInvalidUsage);
-  EXPECT(win == NULL);
-  EXPECT(strstr(ncclGetLastError(comm), "ncclMemAlloc") != NULL);
-  free(mem);
+  /* all plain, then only the last rank's: the same verdict on every rank either way */
+  for (int round = 0; round < 2; round++) {
+    int plain = round == 0 || rank == n - 1;
+    void* mem = win_alloc(4096, plain);
+    ncclWindow_t win = (ncclWindow_t)mem;
+    EXPECT_EQ(ncclCommWindowRegister(comm, mem, 4096, &win, 0), ncclInvalidUsage);
+    EXPECT(win == NULL);
+    EXPECT(strstr(ncclGetLastError(comm), "ncclMemAlloc") != NULL);
+    win_free(mem, plain);
+  }
+  /* then a proper one works: the signals are made again */
+  int* mem = win_alloc(4096, 0);
+  ncclWindow_t win;
+  NCCL_OK(ncclCommWindowRegister(comm, mem, 4096, &win, 0));
+  int v = 7;
+  NCCL_OK(ncclPutSignal(&v, 1, ncclInt32, (rank + 1) % n, win, 0, 0, 0, 0, comm, NULL));
+  ncclWaitSignalDesc_t d = {1, (rank + n - 1) % n, 0, 0};
+  NCCL_OK(ncclWaitSignal(1, &d, comm, NULL));
+  EXPECT_EQ(mem[0], 7);
+  NCCL_OK(ncclCommWindowDeregister(comm, win));
+  win_free(mem, 0);
   NCCL_OK(ncclCommDestroy(comm));
 }
-TEST_T(window, plain_memory_between_procs_refused, 60) { rt_run_procs(2, plain_procs_body, NULL); }
+TEST_T(window, plain_memory_between_procs_refused, 60) {
+  rt_run_procs(2, plain_procs_body, NULL);
+  rt_run_procs(3, plain_procs_body, NULL);
+}
 
 /* A wait whose signaller is gone (arg NULL: it exits; else it lives but never signals and the wait
  * times out) ends with that cause. */

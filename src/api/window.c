@@ -181,8 +181,20 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
                           .alloc = d.alloc_bytes,
                           .off = d.off};
   int first = comm->rma == NULL; /* every rank alike: registrations are collective */
-  if (first && (s = rma_setup(comm, me)) != CH_OK) goto out;
+  if (first && (s = rma_setup(comm, me)) != CH_OK) {
+    rma_free(comm);
+    goto out;
+  }
   s = boot_allgather(comm->boot, all, sizeof(*all));
+  /* The verdict on what the ranks published comes first, from the same table on every rank (a rank
+   * that refused alone would leave, and the others fail to map what it withdrew). */
+  for (int k = 0; s == CH_OK && k < n; k++)
+    if (rma_procs(comm) && !all[k].token && !comm->cma) {
+      WARN("%s: rank %d's window is not ncclMemAlloc memory, which other processes cannot map; allocate windows "
+           "with ncclMemAlloc (or set CHORUS_CMA=1 where the kernel allows cross-memory copies)",
+           fn, k);
+      s = CH_INVALID_USAGE;
+    }
   if (s == CH_OK && first) s = rma_connect(comm, all);
   for (int k = 0; s == CH_OK && k < n; k++) {
     if (k == comm->rank || !rma_procs(comm)) {
@@ -191,13 +203,9 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
       w->at[k] = map_peer(comm, k, all[k].token, all[k].alloc, all[k].off, all[k].size, &w->maps[k], &w->map_bytes[k],
                           "its window");
       if (!w->at[k]) s = CH_REMOTE;
-    } else if (!comm->cma) {
-      WARN("%s: rank %d's window is not ncclMemAlloc memory, which other processes cannot map; allocate windows "
-           "with ncclMemAlloc (or set CHORUS_CMA=1 where the kernel allows cross-memory copies)",
-           fn, k);
-      s = CH_INVALID_USAGE;
     }
   }
+  if (s != CH_OK && first) rma_free(comm); /* the next registration makes the signals again, on every rank */
   if (s != CH_OK) goto out;
   w->magic = WIN_MAGIC, w->comm = comm, w->user = buff, w->size = size, w->flags = winFlags, w->d = all;
   all = NULL;
