@@ -156,6 +156,7 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
   struct ncclWindow_vidmem* w = NULL;
   struct win_desc* all = NULL;
+  int32_t* ok = NULL;
   int n = comm->nranks;
   if ((s = comm_ensure_ready(comm)) != CH_OK) goto out;
   if (!comm->clique && n > 1) {
@@ -166,9 +167,10 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
   }
   if ((s = comm_wait_idle(comm)) != CH_OK) goto out;
   all = calloc((size_t)n, sizeof(*all));
+  ok = calloc((size_t)n, sizeof(*ok));
   w = calloc(1, sizeof(*w));
-  if (!all || !w || !(w->at = calloc((size_t)n, sizeof(char*))) || !(w->maps = calloc((size_t)n, sizeof(void*))) ||
-      !(w->map_bytes = calloc((size_t)n, sizeof(size_t)))) {
+  if (!all || !ok || !w || !(w->at = calloc((size_t)n, sizeof(char*))) ||
+      !(w->maps = calloc((size_t)n, sizeof(void*))) || !(w->map_bytes = calloc((size_t)n, sizeof(size_t)))) {
     s = CH_SYSTEM;
     goto out;
   }
@@ -195,6 +197,7 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
            fn, k);
       s = CH_INVALID_USAGE;
     }
+  int verdict = s == CH_OK;
   if (s == CH_OK && first) s = rma_connect(comm, all);
   for (int k = 0; s == CH_OK && k < n; k++) {
     if (k == comm->rank || !rma_procs(comm)) {
@@ -204,6 +207,18 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
                           "its window");
       if (!w->at[k]) s = CH_REMOTE;
     }
+  }
+  /* Every rank says whether it reached every window and signal block: one outcome everywhere, and no
+   * rank returns (and perhaps frees its window) while a peer still maps it. */
+  if (verdict) {
+    ok[comm->rank] = s == CH_OK;
+    ch_status gs = boot_allgather(comm->boot, ok, sizeof(*ok));
+    for (int k = 0; gs == CH_OK && s == CH_OK && k < n; k++)
+      if (!ok[k]) {
+        WARN("%s: rank %d could not reach every rank's window or signals (see its WARN): not registered", fn, k);
+        s = CH_REMOTE;
+      }
+    if (gs != CH_OK) s = gs;
   }
   if (s != CH_OK && first) rma_free(comm); /* the next registration makes the signals again, on every rank */
   if (s != CH_OK) goto out;
@@ -219,7 +234,7 @@ out:
       if (w->maps[k]) munmap(w->maps[k], w->map_bytes[k]);
     free(w->at), free(w->maps), free(w->map_bytes), free(w);
   }
-  free(all);
+  free(all), free(ok);
   comm_leave(&g);
   return ch_to_nccl(s);
 }
