@@ -7,6 +7,7 @@
  * (S, n, --seed): counts agree. Blocks lie in peer order in both buffers. --grouped 1 runs the same
  * exchange as grouped ncclSend/ncclRecv, skipping empty blocks (as rccl-tests' fallback does).
  * algbw counts S elements, busbw = algbw * (n-1)/n, as rccl-tests. No in-place form. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,9 +70,19 @@ static size_t send_displ(const struct split* s, int i, int j) {
   return at;
 }
 
-/* Cached per rank (a thread may drive several with -g): the timed loop computes nothing. */
+/* Cached per rank (a thread may drive several with -g): the timed loop computes nothing. Freed when
+ * the thread ends (a key's destructor: the tool's rank threads exit before the process does). */
 static __thread struct split* cache;
 static __thread int ncache;
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+static void cache_free(void* unused) {
+  (void)unused;
+  for (int i = 0; i < ncache; i++) free(cache[i].by_dist);
+  free(cache);
+  cache = NULL, ncache = 0;
+}
+static void cache_key_make(void) { (void)pthread_key_create(&cache_key, cache_free); }
 
 static const struct split* split_of(const perf_buf* b) {
   size_t total = b->count * (size_t)b->nranks;
@@ -83,6 +94,8 @@ static const struct split* split_of(const perf_buf* b) {
       ncache--;
       break;
     }
+  pthread_once(&cache_once, cache_key_make);
+  (void)pthread_setspecific(cache_key, (void*)1); /* any non-NULL value: the destructor frees this thread's */
   struct split* c = realloc(cache, sizeof(*cache) * (size_t)(ncache + 1));
   size_t* a = malloc(sizeof(size_t) * 5 * (size_t)b->nranks);
   if (!c || !a) abort();
