@@ -279,5 +279,18 @@ static void config_body(int rank, int n, ncclUniqueId id, void* arg) {
 }
 TEST_T(window, signals_and_contexts_from_config, 60) {
   rt_run_both(2, config_body, NULL);
-  rt_run_threads(2, config_body, (void*)1);
+  rt_run_both(2, config_body, (void*)1); /* no signals: processes reach no peer's block */
+}
+
+/* What a peer publishes of its window or signal block is checked before anything of it is mapped or
+ * used (api/window.c): hostile spans are refused. */
+#include "api/rma.h"
+TEST(window, hostile_descriptions_refused) {
+  EXPECT(rma_span_ok(0, 4096, 4096));
+  EXPECT(rma_span_ok(4096, 0, 4096));
+  EXPECT(!rma_span_ok(4097, 0, 4096));            /* offset past the allocation */
+  EXPECT(!rma_span_ok(8, 4096, 4096));            /* runs past its end */
+  EXPECT(!rma_span_ok(1, UINT64_MAX, 4096));      /* wraps */
+  EXPECT(!rma_span_ok(UINT64_MAX, 1, UINT64_MAX)); /* an allocation no process could have */
+  EXPECT(!rma_span_ok(0, 1, (uint64_t)PTRDIFF_MAX));
 }

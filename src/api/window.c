@@ -19,6 +19,7 @@
  * signal index or context out of range. Only the thread that calls on the comm touches its windows
  * (NCCL's rule for calls on one communicator); signal counters are atomics shared with peers. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,9 +38,13 @@
 #include "rma.h"
 
 /* Map rank k's allocation holding d (user bytes alloc, exported under token); NULL with a WARN. */
+int rma_span_ok(uint64_t off, uint64_t bytes, uint64_t alloc) {
+  return off <= alloc && bytes <= alloc - off && alloc <= (uint64_t)PTRDIFF_MAX - 8192; /* + the token page */
+}
+
 static char* map_peer(struct ncclComm* comm, int k, uint64_t token, uint64_t alloc, uint64_t off, uint64_t bytes,
                       void** base, size_t* mapped, const char* what) {
-  if (off > alloc || bytes > alloc - off) {
+  if (!rma_span_ok(off, bytes, alloc)) {
     WARN("rank %d described %s of %llu bytes at offset %llu of a %llu-byte allocation: refused", k, what,
          (unsigned long long)bytes, (unsigned long long)off, (unsigned long long)alloc);
     return NULL;
@@ -63,7 +68,7 @@ static void rma_free(struct ncclComm* comm) {
 static ch_status rma_connect(struct ncclComm* comm, const struct win_desc* all) {
   struct rma_state* r = comm->rma;
   int n = comm->nranks;
-  for (int k = 0; k < n; k++) {
+  for (int k = 0; r->bytes && k < n; k++) { /* no signals (numRmaCtx or numRmaSig 0): nothing to reach */
     if (k == comm->rank) {
       r->peer[k] = r->mine;
     } else if (!rma_procs(comm)) {
@@ -77,13 +82,18 @@ static ch_status rma_connect(struct ncclComm* comm, const struct win_desc* all) 
   return CH_OK;
 }
 
+/* A window's mappings of its peers' allocations and its records (w may be partly made). */
+static void win_free(const struct ncclComm* comm, struct ncclWindow_vidmem* w) {
+  for (int k = 0; w->maps && k < comm->nranks; k++)
+    if (w->maps[k]) munmap(w->maps[k], w->map_bytes[k]);
+  w->magic = 0;
+  free(w->d), free(w->at), free(w->maps), free(w->map_bytes), free(w);
+}
+
 void rma_release(struct ncclComm* comm) {
   for (struct ncclWindow_vidmem *w = comm->rma ? comm->rma->wins : NULL, *nx; w; w = nx) {
     nx = w->next;
-    for (int k = 0; k < comm->nranks; k++)
-      if (w->maps[k]) munmap(w->maps[k], w->map_bytes[k]);
-    w->magic = 0;
-    free(w->d), free(w->at), free(w->maps), free(w->map_bytes), free(w);
+    win_free(comm, w);
   }
   rma_free(comm);
 }
@@ -229,11 +239,7 @@ CH_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t
   *win = w;
   w = NULL;
 out:
-  if (w) {
-    for (int k = 0; w->maps && k < n; k++)
-      if (w->maps[k]) munmap(w->maps[k], w->map_bytes[k]);
-    free(w->at), free(w->maps), free(w->map_bytes), free(w);
-  }
+  if (w) win_free(comm, w);
   free(all), free(ok);
   comm_leave(&g);
   return ch_to_nccl(s);
@@ -265,10 +271,7 @@ CH_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win
     struct ncclWindow_vidmem** p = &comm->rma->wins;
     while (*p != w) p = &(*p)->next;
     *p = w->next;
-    for (int k = 0; k < comm->nranks; k++)
-      if (w->maps[k]) munmap(w->maps[k], w->map_bytes[k]);
-    w->magic = 0;
-    free(w->d), free(w->at), free(w->maps), free(w->map_bytes), free(w);
+    win_free(comm, w);
   }
   comm_leave(&g);
   return ch_to_nccl(s);
