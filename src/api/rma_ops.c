@@ -17,9 +17,9 @@
 #include "api.h"
 #include "rma.h"
 
-/* Checks shared by the three calls, inside the caller's comm_enter: the comm's signals exist, the stream
- * is NULL or a host stream (drained first: stream order), and (peer, sig, ctx) is in range. */
-static ch_status rma_enter(struct ncclComm* comm, int peer, int sig, int ctx, cudaStream_t stream, const char* fn) {
+/* Checks shared by the three calls, inside the caller's comm_enter: the comm's signals exist and the
+ * stream is NULL or a host stream (drained first: stream order). */
+static ch_status rma_enter(struct ncclComm* comm, cudaStream_t stream, const char* fn) {
   ch_status s = comm_ensure_ready(comm);
   if (s != CH_OK) return s;
   if (atomic_load(&comm->revoked)) {
@@ -31,23 +31,27 @@ static ch_status rma_enter(struct ncclComm* comm, int peer, int sig, int ctx, cu
          (void*)comm);
     return CH_INVALID_USAGE;
   }
-  if (stream && !stream_is_ours(stream)) {
-    WARN("%s: CUDA streams are not supported for one-sided calls yet; pass NULL or a chorusStreamCreate stream", fn);
-    return CH_INVALID_USAGE;
-  }
   const struct rma_state* r = comm->rma;
   if (!r->nctx || !r->nsig) {
     WARN("%s: one-sided calls are off on communicator %p (its config's numRmaCtx %d, numRmaSig %d)", fn, (void*)comm,
          r->nctx, r->nsig);
     return CH_INVALID_USAGE;
   }
-  if (peer < 0 || peer >= comm->nranks || sig < 0 || sig >= r->nsig || ctx < 0 || ctx >= r->nctx) {
-    WARN("%s: peer %d, signal %d, context %d out of range (%d ranks, numRmaSig %d, numRmaCtx %d)", fn, peer, sig, ctx,
-         comm->nranks, r->nsig, r->nctx);
-    return CH_INVALID_ARG;
+  if (stream && !stream_is_ours(stream)) {
+    WARN("%s: CUDA streams are not supported for one-sided calls yet; pass NULL or a chorusStreamCreate stream", fn);
+    return CH_INVALID_USAGE;
   }
   if (stream) stream_wait_idle(stream); /* what was issued on it before runs first */
   return CH_OK;
+}
+
+/* (peer, sig, ctx) names a signal of comm. */
+static ch_status rma_range(const struct ncclComm* comm, int peer, int sig, int ctx, const char* fn) {
+  const struct rma_state* r = comm->rma;
+  if (peer >= 0 && peer < comm->nranks && sig >= 0 && sig < r->nsig && ctx >= 0 && ctx < r->nctx) return CH_OK;
+  WARN("%s: peer %d, signal %d, context %d out of range (%d ranks, numRmaSig %d, numRmaCtx %d)", fn, peer, sig, ctx,
+       comm->nranks, r->nsig, r->nctx);
+  return CH_INVALID_ARG;
 }
 
 static void signal_peer(struct ncclComm* comm, int peer, int sig, int ctx) {
@@ -75,7 +79,8 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
   struct ncclWindow_vidmem* w = NULL;
   size_t bytes = count * es;
-  if ((s = rma_enter(comm, peer, sigIdx, ctx, stream, fn)) == CH_OK && !(w = rma_win_of(comm, peerWin, fn)))
+  if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK &&
+      !(w = rma_win_of(comm, peerWin, fn)))
     s = CH_INVALID_ARG;
   if (s == CH_OK && (peerWinOffset > w->d[peer].size || bytes > w->d[peer].size - peerWinOffset)) {
     WARN("%s: %zu bytes at offset %zu go past the end of rank %d's window (%llu bytes)", fn, bytes, peerWinOffset, peer,
@@ -109,7 +114,8 @@ CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int fla
   }
   struct comm_guard g;
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
-  if ((s = rma_enter(comm, peer, sigIdx, ctx, stream, fn)) == CH_OK) signal_peer(comm, peer, sigIdx, ctx);
+  if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK)
+    signal_peer(comm, peer, sigIdx, ctx);
   comm_leave(&g);
   return ch_to_nccl(s);
 }
@@ -151,9 +157,10 @@ CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDesc
   uint64_t* want = calloc((size_t)nDesc, sizeof(uint64_t));
   size_t* at = calloc((size_t)nDesc, sizeof(size_t));
   if (!want || !at) s = CH_SYSTEM;
+  if (s == CH_OK) s = rma_enter(comm, stream, fn);
   for (int i = 0; s == CH_OK && i < nDesc; i++) {
     const ncclWaitSignalDesc_t* d = &signalDescs[i];
-    if ((s = rma_enter(comm, d->peer, d->sigIdx, d->ctx, i == 0 ? stream : NULL, fn)) != CH_OK) break;
+    if ((s = rma_range(comm, d->peer, d->sigIdx, d->ctx, fn)) != CH_OK) break;
     if (d->opCnt <= 0) {
       WARN("%s: descriptor %d waits for %d signals; opCnt must be positive", fn, i, d->opCnt);
       s = CH_INVALID_ARG;
