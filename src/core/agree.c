@@ -19,6 +19,9 @@
 
 enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
 
+/* A one-sided count of the config as it takes effect: NCCL's default 1 when unset (api/window.c). */
+static int rma_count(int v) { return v == NCCL_CONFIG_UNDEF_INT ? 1 : v; }
+
 /* One row per setting: the name a user can act on, how to print it, and its value as this rank uses
  * it (after defaults and rounding, so equivalent spellings agree). Add new settings here only. */
 #define AGREE_TABLE(X)                                                                              \
@@ -38,6 +41,8 @@ enum agree_fmt { AG_INT, AG_PROTO_MASK, AG_ALGO_MASK };
   X("CHORUS_DIRECT_MIN_BYTES", AG_INT, c->direct_min_bytes)                                         \
   X("CHORUS_SHM_DIRECT_MIN_BYTES", AG_INT, c->shm_direct_min_bytes)                                 \
   X("CHORUS_CMA", AG_INT, param_int(PARAM_CMA) != 0)                                                 \
+  X("ncclConfig_t.numRmaCtx (one-sided contexts; unset: 1)", AG_INT, rma_count(c->config.numRmaCtx))   \
+  X("ncclConfig_t.numRmaSig (one-sided signals; unset: 1)", AG_INT, rma_count(c->config.numRmaSig))   \
   X("CHORUS_CMA_MIN_BYTES", AG_INT, param_int(PARAM_CMA_MIN_BYTES))                                  \
   X("CHORUS_RING_ORDER", AG_INT, topo_ring_order())                                                 \
   X("CHORUS_TREE_PER_RANK", AG_INT, param_int(PARAM_TREE_PER_RANK) != 0)                            \
