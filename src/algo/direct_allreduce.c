@@ -168,13 +168,9 @@ int direct_allreduce_try(struct ch_op* op) {
       return DIRECT_STEP;
     }
     size_t bytes = op->count * op->esize;
-    int copies = 0; /* some buffer is reached by cross-memory copies (direct_cma.c) */
     for (int k = 0; k < n; k++) {
       if (op->maps && (c->slot[k].send.token == 0 || c->slot[k].recv.token == 0)) {
-        if (op->cma && bytes >= op->cma->min_bytes) {
-          copies = 1;
-          continue;
-        }
+        if (op->cma && bytes >= op->cma->min_bytes) continue; /* reached by cross-memory copies (reach) */
         INFO(LOG_COLL, "AllReduce seq %llu: rank %d's buffers are not from ncclMemAlloc, so not mapped by "
              "other processes, and %s: using %s", (unsigned long long)seq, k,
              op->cma ? "the call is below CHORUS_CMA_MIN_BYTES" : "cross-memory copies are off (see the INFO at init)",
@@ -199,7 +195,7 @@ int direct_allreduce_try(struct ch_op* op) {
     per = (per + 15) & ~(size_t)15;
     size_t off = algo_min(op->count, (size_t)op->rank * per);
     size_t len = algo_min(op->count, off + per) - off;
-    copies = 0;
+    int copies = 0; /* some buffer is reached only by cross-memory copies (direct_cma.c) */
     for (int k = 0; k < n; k++) copies |= !send[k] || !recv[k];
     if (len && copies && direct_cma_segment(op, red, send, recv, send_at, recv_at, off, len) != 0) {
       atomic_store_explicit(&me->done, seq | DONE_FAILED, memory_order_release); /* logged */
