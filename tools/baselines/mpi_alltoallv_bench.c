@@ -1,4 +1,4 @@
-/* Open MPI's MPI_Alltoallv with alltoallv_perf's split (tools/perf/alltoallv.c: the same seeded Zipf
+/* Open MPI's MPI_Alltoallv with alltoallv_perf's split (tools/perf/zipf_split.h: the same seeded Zipf
  * blocks by ring distance, or uniform), so the two tables compare one exchange. Not built by CMake (it
  * needs mpicc); docs/PERFORMANCE.md gives the commands:
  *   mpicc -O2 -o /tmp/mpi_a2av tools/baselines/mpi_alltoallv_bench.c
@@ -11,38 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t mix(uint64_t x) { /* the same finalizer as alltoallv_perf's shuffle */
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-static void blocks(size_t total, int n, int zipf, unsigned seed, size_t* by_dist) {
-  if (!zipf) {
-    for (int d = 0; d < n; d++) by_dist[d] = total / (size_t)n;
-    by_dist[0] += total % (size_t)n;
-    return;
-  }
-  int* rank_of = malloc(sizeof(int) * (size_t)n);
-  for (int d = 0; d < n; d++) rank_of[d] = d;
-  for (int d = n - 1; d > 0; d--) {
-    int k = (int)(mix(((uint64_t)seed << 32) | (uint64_t)d) % (uint64_t)(d + 1));
-    int t = rank_of[d];
-    rank_of[d] = rank_of[k], rank_of[k] = t;
-  }
-  double wsum = 0;
-  for (int k = 0; k < n; k++) wsum += 1.0 / (k + 1);
-  size_t given = 0;
-  int heavy = 0;
-  for (int d = 0; d < n; d++) {
-    by_dist[d] = (size_t)((double)total / ((rank_of[d] + 1) * wsum));
-    given += by_dist[d];
-    if (rank_of[d] == 0) heavy = d;
-  }
-  by_dist[heavy] += total - given;
-  free(rank_of);
-}
+#include "../perf/zipf_split.h"
 
 static int cmp(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -66,7 +35,7 @@ int main(int argc, char** argv) {
                     seed, "size(B)", "time(us)", "algbw", "busbw");
   for (size_t b = minb; b <= maxb; b *= 2) {
     size_t total = b / sizeof(float);
-    blocks(total, n, zipf, seed, by);
+    split_blocks(total, n, zipf, seed, by);
     for (int p = 0; p < n; p++) {
       sc[p] = (int)by[(p - rank + n) % n], rc[p] = (int)by[(rank - p + n) % n];
       sd[p] = p ? sd[p - 1] + sc[p - 1] : 0, rd[p] = p ? rd[p - 1] + rc[p - 1] : 0;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "zipf_split.h"
 
 static void layout(size_t count, int n, int elt, perf_layout* l) {
   size_t b = perf_per_rank_count(count, n, elt);
@@ -28,39 +29,8 @@ struct split {
   size_t *by_dist, *sc, *sd, *rc, *rd; /* n each, one allocation */
 };
 
-static uint64_t mix(uint64_t x) { /* splitmix64's finalizer: a seeded shuffle with no libc state */
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 static void blocks(struct split* s) {
-  int n = s->n;
-  if (s->kind == PERF_SPLIT_UNIFORM) {
-    for (int d = 0; d < n; d++) s->by_dist[d] = s->total / (size_t)n;
-    s->by_dist[0] += s->total % (size_t)n;
-    return;
-  }
-  int* rank_of = malloc(sizeof(int) * (size_t)n); /* the Zipf rank of each distance */
-  if (!rank_of) abort();
-  for (int d = 0; d < n; d++) rank_of[d] = d;
-  for (int d = n - 1; d > 0; d--) { /* Fisher-Yates */
-    int k = (int)(mix(((uint64_t)s->seed << 32) | (uint64_t)d) % (uint64_t)(d + 1));
-    int t = rank_of[d];
-    rank_of[d] = rank_of[k], rank_of[k] = t;
-  }
-  double wsum = 0;
-  for (int k = 0; k < n; k++) wsum += 1.0 / (k + 1);
-  size_t given = 0;
-  int heavy = 0;
-  for (int d = 0; d < n; d++) {
-    s->by_dist[d] = (size_t)((double)s->total / ((rank_of[d] + 1) * wsum));
-    given += s->by_dist[d];
-    if (rank_of[d] == 0) heavy = d;
-  }
-  s->by_dist[heavy] += s->total - given; /* rounding: the sum is exactly S */
-  free(rank_of);
+  split_blocks(s->total, s->n, s->kind != PERF_SPLIT_UNIFORM, s->seed, s->by_dist);
 }
 
 /* Rank i's send displacement of its block for peer j: the blocks before it in peer order. */
