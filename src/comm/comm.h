@@ -217,6 +217,9 @@ struct ncclComm {
    * whichever thread finds or hears of it (compare-exchange from -1, fault/mismatch.c), read by any
    * (chorusCommGetLostRank). */
   _Atomic int lost_rank;
+  /* 1 + a rank found gone once while we waited on it, to be confirmed after one more poll (core/engine.c);
+   * only the thread running this comm's plans touches it. */
+  int lost_suspect;
   _Atomic int users;
   /* 1 for the handle, until ncclCommAbort/ncclCommDestroy has torn the comm down, + 1 for each of
    * its calls queued in some thread's open group (that thread adds it in enq_task and drops it when

@@ -148,6 +148,13 @@ static ch_status check_peers_alive(struct ncclComm* comm, const struct prim_ctx*
     uint64_t ns = comm->peers[comm->rank].pid_ns;
     if (ns == 0 || comm->peers[r].pid_ns != ns) continue;
     if (!ut_pid_alive(comm->peers[r].pid)) {
+      /* It may have written its last step and left between our poll and this check: its stores are
+       * visible now that it is gone, so poll once more before calling it lost (seen at 512 ranks, in
+       * the perf tools' last broadcast). */
+      if (comm->lost_suspect != r + 1) {
+        comm->lost_suspect = r + 1;
+        return CH_IN_PROGRESS;
+      }
       WARN("rank %d (pid %d on %s) has exited while rank %d was waiting for it in a collective", r,
            comm->peers[r].pid, comm->peers[r].hostname, comm->rank);
       mm_peer_lost(comm, r);
@@ -399,9 +406,11 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
       idle_since = t;
     }
     if (t - check_since > 500 * UT_NS_PER_MS) { /* a dead peer is named within ~1 s */
+      int again = 0; /* a peer just found gone: check once more after the next poll */
       for (int i = 0; i < n; i++) {
         if (!plans[i] || !plans[i]->started) continue;
         plans[i]->status = check_peers_alive(plans[i]->comm, blocked);
+        if (plans[i]->status == CH_IN_PROGRESS) plans[i]->status = CH_OK, again = 1;
         if (plans[i]->status != CH_OK) {
           wait_end_for(&wait, plans[i]);
           ch_status st = finish_plan(&plans[i]);
@@ -409,7 +418,7 @@ ch_status plan_exec(struct ch_plan** plans, int n) {
           remaining--;
         }
       }
-      check_since = t;
+      check_since = again ? t - 500 * UT_NS_PER_MS : t;
     }
   }
   return err;
