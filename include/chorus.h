@@ -58,6 +58,31 @@ ncclResult_t chorusCommStallReport(ncclComm_t comm, char* text, size_t len, size
 typedef enum { chorusReproOff = 0, chorusReproOrder = 1, chorusReproExact = 2 } chorusRepro_t;
 ncclResult_t chorusCommSetReproducible(ncclComm_t comm, int level);
 ncclResult_t chorusCommGetReproducible(ncclComm_t comm, int* level);
+/* Compressed wire formats (docs/WIRE.md) for float32 and bfloat16 AllReduce, ReduceScatter, AllGather,
+ * Broadcast and Reduce: the hops over the network (CHORUS_WIRE_HOPS=all: every hop) carry each value in
+ * format, rounded to nearest even; the rest stays exact. Every rank of an AllReduce gets the same bits.
+ * bfloat16 data compresses with the 8-bit formats only; other types never. chorusWireForce (or a
+ * trailing "!" in the string) uses the format even where the cost model says the link outruns the
+ * conversion. Refused (ncclInvalidUsage) under a reproducible level. */
+typedef enum {
+  chorusWireOff = 0,
+  chorusWireBf16 = 1,
+  chorusWireFp16 = 2,
+  chorusWireFp8e4m3 = 3,
+  chorusWireFp8e5m2 = 4,
+  chorusWireMx8 = 5, /* 32 values share a power-of-two scale (OCP microscaling), each e4m3 */
+  chorusWireForce = 0x100
+} chorusWireFormat_t;
+/* comm's format for the calls issued after it (default CHORUS_WIRE_FORMAT): "off", "bf16", "fp16",
+ * "fp8e4m3", "fp8e5m2", "mx8", optionally with "!". Not collective, but every rank must set the same
+ * before the calls it should apply to: calls whose formats differ fail as a mismatch naming both. */
+ncclResult_t chorusCommSetWireFormat(ncclComm_t comm, const char* format);
+/* Per call, through NCCL 2.31's vendor options: an ncclConfigExt_t with key.vendorId
+ * CHORUS_CONFIG_EXT_VENDOR and key.optionId CHORUS_COLL_OPT_WIRE_FORMAT, val.i a chorusWireFormat_t
+ * (| chorusWireForce), on the ext list of the nccl<Collective>Config call's ncclCollConfig_t; it
+ * replaces comm's format for that call. Other vendors' options are ignored, as NCCL ignores ours. */
+#define CHORUS_CONFIG_EXT_VENDOR 0x43484f52 /* "CHOR" */
+#define CHORUS_COLL_OPT_WIRE_FORMAT 1
 /* Counters of comm (docs/OBSERVE.md): calls finished, their data (count x type size as given), time this
  * rank waited for peers inside calls (waits longer than about 64 polls; a short wait is not timed), calls
  * failed. Per peer: payload bytes sent to it and received from it over connections (Direct's reads of

@@ -138,7 +138,8 @@ typedef struct ncclConfig_v23100 {
   }
 
 /* One vendor option of a per-call config: a key (vendor id, option id) and a value, chained into a
- * list through next. NCCL ignores every option; so does Chorus (it has no vendor id). */
+ * list through next. NCCL ignores every option; Chorus reads its own (chorus.h:
+ * CHORUS_CONFIG_EXT_VENDOR) and ignores the others. */
 typedef struct ncclConfigExt {
   struct ncclConfigExt* next;
   struct {

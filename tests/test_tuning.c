@@ -920,7 +920,7 @@ static void chunk_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   int algo = !strcmp(c->algo, "tree") ? ALGO_TREE : ALGO_RING;
   size_t step = tune_step_elems(comm, 1, algo, PROTO_SIMPLE, 4) * 4;
   struct tune_choice how;
-  tune_choose_sel(comm, FUNC_ALLREDUCE, 1 << 20, 4, CH_REPRO_OFF, 0, &how);
+  tune_choose_sel(comm, FUNC_ALLREDUCE, 1 << 20, 4, CH_REPRO_OFF, 0, 0, &how);
   EXPECT_EQ(how.algo, algo);
   EXPECT_EQ(how.proto, PROTO_SIMPLE);
   EXPECT_EQ(how.chunk, c->want);

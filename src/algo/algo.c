@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "algo.h"
+#include "../reduce/wire.h"
 
 uint64_t algo_nsteps(const struct ch_op* op) {
   if (op->algo == ALGO_DIRECT) return 3;
@@ -92,7 +93,7 @@ static void sel_text(char* b, size_t n, uint32_t sel) {
  * "AllToAllv(8 x float32 from rank 0 to rank 1)". */
 void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
   unsigned long long cnt = (unsigned long long)h->count, seq = (unsigned long long)h->seq;
-  const char* ty = type_name(h->type);
+  const char* ty = type_name(h->type & XFER_TYPE_MASK);
   int f = h->func < FUNC_COUNT ? (int)h->func : -1;
   const char* fn = ch_func_text(f);
   /* every op from ncclNumOps up is a PreMulSum */
@@ -102,6 +103,11 @@ void algo_call_text(char* b, size_t n, const struct xfer_hdr* h) {
   char lv[96];
   snprintf(lv, sizeof lv, "%s", level == 1 ? ", reproducible order" : level == 2 ? ", reproducible exact" : level ? ", ?" : "");
   sel_text(lv, sizeof lv, h->op >> XFER_OP_SEL_SHIFT);
+  uint32_t wf = h->type >> XFER_TYPE_WIRE_SHIFT;
+  if (wf) {
+    size_t len = strlen(lv);
+    snprintf(lv + len, sizeof lv - len, ", wire %s", wire_name((int)(wf & 0xff)));
+  }
   switch (f) {
     case FUNC_ALLREDUCE:
     case FUNC_REDUCESCATTER: snprintf(b, n, "%s(%llu x %s, %s%s) #%llu", fn, cnt, ty, op, lv, seq); break;

@@ -68,7 +68,7 @@ static void up_step(const struct algo_tree* tr, int s, const char* in, char* acc
   } else if (tr->up >= 0) {
     p->send = 1, p->out_peer = tr->up;
   } else {
-    p->dst = acc, p->postop = 1;
+    p->dst = acc, p->postop = 1, p->final_dst = 1; /* what the down phase sends */
   }
 }
 

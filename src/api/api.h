@@ -37,6 +37,9 @@ ch_status api_red_op(struct ncclComm* comm, int op, int type, struct red_op* out
  * failure is also the group's error. */
 struct ch_task;
 ch_status route_call(struct ch_task* t, const char* fn, int needs_send, int needs_recv);
+/* The wire format t may use (t->wire; wire_api.c): the call's own (cfg's ext list) or comm's, where it
+ * applies; a bad option or one under a reproducible level is refused with a WARN. */
+ch_status api_wire_for_call(struct ncclComm* comm, struct ch_task* t, const ncclCollConfig_t* cfg, const char* fn);
 
 /* api/config.c. A user's ncclConfig_t from any NCCL header 2.14..2.31 (NULL = defaults), read field by
  * field as its size and version allow, checked (a WARN naming the bad field), then NCCL's variables

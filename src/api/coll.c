@@ -48,6 +48,7 @@ static ch_status check_task(struct ch_task* t, const ncclCollConfig_t* cfg, cons
     CHECK(tune_sel_resolve(comm, t->func, t->type, cfg->algSelection, cfg->forceAlgSelection, &t->sel));
     t->user_tag = cfg->userProfilerTag;
   }
+  CHECK(api_wire_for_call(comm, t, cfg, fn));
   if (has_root(t->func) && (t->root < 0 || t->root >= comm->nranks)) {
     WARN("%s: invalid root %d (nranks is %d)", fn, t->root, comm->nranks);
     return CH_INVALID_ARG;

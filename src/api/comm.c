@@ -390,6 +390,10 @@ CH_API(ncclResult_t, chorusCommSetReproducible, ncclComm_t comm, int level) {
            "chorusReproExact (2)", level);
       s = CH_INVALID_ARG;
     } else if ((s = comm_ensure_ready(comm)) != CH_OK) {
+    } else if (level && atomic_load(&comm->wire)) {
+      WARN("chorusCommSetReproducible: communicator %p (rank %d) has a compressed wire format (CHORUS_WIRE_FORMAT or "
+           "chorusCommSetWireFormat); turn it off first", (void*)comm, comm->rank);
+      s = CH_INVALID_USAGE;
     } else if (comm->rings_connected || atomic_load(&comm->seq) != 0) {
       /* the calls so far connected and chose without it: ranks would disagree on what runs */
       WARN("chorusCommSetReproducible: communicator %p (rank %d) has already run a collective; set the level "

@@ -142,6 +142,13 @@ struct ncclComm {
   int tune_bad;
   unsigned proto_ok; /* protocols the transports can carry (network: Simple only) */
   int tune_net;      /* some ranks talk over the network: the cost model uses its hop costs */
+  /* Wire format (reduce/wire.h, docs/WIRE.md): format | WIRE_FORCE asked for the calls of this comm
+   * (CHORUS_WIRE_FORMAT, then chorusCommSetWireFormat), and whether it applies to every hop
+   * (CHORUS_WIRE_HOPS=all) or those over the network. Written by tune_init and by the thread calling
+   * chorusCommSetWireFormat (a thread that may issue calls on the comm), read by calling threads. */
+  _Atomic int wire;
+  int wire_all;
+  _Atomic int wire_int_noted; /* an integer or other uncompressible call was told once */
   /* The hosts as the cost model sees them (tune/shape.c), alike on every rank: set by tune_init,
    * read-only afterwards. Used only when tune_net and tune_hosts > 1. */
   int tune_hosts, tune_ppn;       /* hosts, most ranks on one host */

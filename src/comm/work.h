@@ -14,6 +14,7 @@ struct tune_choice {
   int nt;     /* write results with non-temporal (streaming) stores */
   int repro;  /* the reproducible level (CH_REPRO_*) this call honours; 0: none */
   size_t chunk; /* bytes per FIFO step a tuner plugin chose (getChunkSize), checked; 0: a whole step */
+  int wire;     /* the wire format its compressed hops use (reduce/wire.h; 0: none) */
 };
 
 struct ch_task {
@@ -34,6 +35,7 @@ struct ch_task {
   size_t call_count;
   struct tune_choice how; /* chosen by plan_build */
   unsigned sel;         /* per-call algSelection as tune_sel_resolve left it (tune/select.c); 0: automatic */
+  int wire;             /* wire format the call may use (api/coll.c: api_wire_for_call); 0: none */
   uint64_t user_tag;    /* ncclCollConfig_t.userProfilerTag; 0: untagged */
   struct red_op red;    /* built once, when the call is checked */
   struct ncclComm* comm;
@@ -83,6 +85,7 @@ struct ch_plan {
   /* Set when the plan is one collective: a later call with this key can reuse it (plan_reuse). */
   int reusable, key_func, key_type, key_root;
   unsigned key_sel; /* the task's per-call selection: a plan chosen under one is not another's */
+  int key_wire;     /* and its wire format request (api_wire_for_call) */
   int first_algo; /* of a reusable plan's ops: Direct may switch to its fallback while running */
   int persistent; /* a captured group's (staging/stage_graph.c): restored at each replay, never released, freed with its comm */
   size_t key_count;

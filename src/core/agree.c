@@ -48,7 +48,9 @@ static int rma_count(int v) { return v == NCCL_CONFIG_UNDEF_INT ? 1 : v; }
   X("CHORUS_TREE_PER_RANK", AG_INT, param_int(PARAM_TREE_PER_RANK) != 0)                            \
   X("CHORUS_TUNE_FILE (cost model constants)", AG_INT, tune_model_hash())                          \
   X("CHORUS_CUDA_DIRECT", AG_INT, param_int(PARAM_CUDA_DIRECT) != 0)                                \
-  X("CHORUS_REPRODUCIBLE (0 off, 1 order, 2 exact)", AG_INT, c->repro)
+  X("CHORUS_REPRODUCIBLE (0 off, 1 order, 2 exact)", AG_INT, c->repro)                              \
+  X("CHORUS_WIRE_FORMAT (0 off, 1 bf16, 2 fp16, 3 fp8e4m3, 4 fp8e5m2, 5 mx8; +256 forced)", AG_INT, c->wire) \
+  X("CHORUS_WIRE_HOPS (0 net, 1 all)", AG_INT, c->wire_all)
 
 #define AG_COUNT_ROW(name, fmt, expr) +1
 enum { AGREE_NROWS = 0 AGREE_TABLE(AG_COUNT_ROW) };

@@ -91,9 +91,8 @@ static int lane_progress(struct ncclComm* comm, struct ch_lane* ln, struct prim_
       break;
     }
     if (p->send | p->recv) {
-      uint64_t b = (uint64_t)p->nelem * op->ctx.esize;
-      if (p->send) obs_moved(op->ctx.out, b);
-      if (p->recv) obs_moved(op->ctx.in, b);
+      if (p->send) obs_moved(op->ctx.out, prim_bytes(&op->ctx, op->ctx.out, p->nelem));
+      if (p->recv) obs_moved(op->ctx.in, prim_bytes(&op->ctx, op->ctx.in, p->nelem));
     }
     op->idx++;
     progressed = 1;

@@ -469,7 +469,7 @@ static float estimate_us(void) {
     if (tasks[k].lost || !comm_try_enter(tasks[k].comm, &g)) continue; /* an abort waits for us */
     const struct ch_task* t = &tasks[k];
     us += tune_predict_sel(t->comm, t->func, t->count * red_type_size(t->type),
-                           tune_repro_level(t->comm, t->func, t->type), t->sel, &how); /* as plan_build will */
+                           tune_repro_level(t->comm, t->func, t->type), t->sel, t->wire, &how); /* as plan_build will */
     comm_leave(&g);
   }
   return (float)us;

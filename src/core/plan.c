@@ -125,7 +125,8 @@ static void op_init(struct ch_op* op, struct ncclComm* comm, const struct ch_tas
   /* hdr.seq is filled when the plan starts (plan_start): a call counts only once it runs. A send and
    * its recv describe the same thing, the call that made them (see struct xfer_hdr). */
   if (is_coll(t->func))
-    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func, (uint32_t)t->type, t->count,
+    op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, (uint32_t)t->func,
+                                    (uint32_t)t->type | (uint32_t)t->how.wire << XFER_TYPE_WIRE_SHIFT, t->count,
                                     hdr_op_level(t->op, t->how.repro, t->sel), t->root};
   else if (t->origin == FUNC_ALLTOALLV) /* both ends name the pair: the sender as root, the receiver as op */
     op->ctx.hdr = (struct xfer_hdr){comm->comm_hash, 0, FUNC_ALLTOALLV, (uint32_t)t->type, t->count,
@@ -205,7 +206,7 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
     /* The same on every rank, whatever else its group holds: RecDbl, Rabenseifner and Tree have
      * FIFOs of their own (comm_apeer), apart from the group's sends and receives. */
     tune_choose_sel(comm, t->func, t->count * red_type_size(t->type), red_type_size(t->type),
-                    tune_repro_level(comm, t->func, t->type), t->sel, &t->how);
+                    tune_repro_level(comm, t->func, t->type), t->sel, t->wire, &t->how);
     if (t->how.repro && !comm->repro_scratch) {
       /* Owner's slots (a step per rank), made once; only this comm's calling thread builds its plans */
       comm->repro_scratch = malloc(comm->peer_step_bytes * (size_t)comm->nranks);
@@ -259,6 +260,7 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
     plan->key_func = bs.tasks[0].func, plan->key_type = bs.tasks[0].type, plan->key_root = bs.tasks[0].root;
     plan->key_count = bs.tasks[0].count;
     plan->key_sel = bs.tasks[0].sel;
+    plan->key_wire = bs.tasks[0].wire;
     plan->first_algo = bs.tasks[0].how.algo;
   }
   /* lane_n becomes each used lane's index; lanes share lane_ops in lane-id order. */
@@ -291,6 +293,9 @@ ch_status plan_build_wave(struct ncclComm* comm, struct ch_task* tasks, int wave
       op->proto = op->ctx.proto = t->how.proto;
       op->ctx.nt_dst = t->how.nt;
       op->ctx.repro = t->how.repro;
+      op->ctx.wire = (uint8_t)t->how.wire;
+      op->ctx.wire_all = (uint8_t)comm->wire_all;
+      op->ctx.wire_type = t->type;
       op->part_off = UT_MIN(t->count, (size_t)c * per);
       op->part_count = UT_MIN(t->count, op->part_off + per) - op->part_off;
       if (is_coll(t->func)) {
@@ -345,7 +350,7 @@ struct ch_plan* plan_reuse(struct ncclComm* comm, const struct ch_task* t) {
   struct ch_plan* pl = atomic_exchange(&comm->reuse_plan, NULL);
   if (!pl) return NULL;
   if (pl->key_func != t->func || pl->key_count != t->count || pl->key_type != t->type || pl->key_root != t->root ||
-      pl->key_sel != t->sel) {
+      pl->key_sel != t->sel || pl->key_wire != t->wire) {
     struct ch_plan* none = NULL;
     if (!atomic_compare_exchange_strong(&comm->reuse_plan, &none, pl)) plan_free(pl); /* a newer one came */
     return NULL;

@@ -57,7 +57,7 @@ void stall_report(const struct ch_plan* pl, double idle_s, int on_request) {
     int coll = stall_is_coll(op->func);
     WARN("rank %d: %s for %.0f s: %s%s%llu (%zu x %s, %s/%s) at step %llu of %llu, waiting for %s%s",
          comm->rank, on_request ? "report on request: no progress" : "no progress", idle_s, tune_func_name(op->func), coll ? " #" : (op->func == FUNC_SEND ? " to peer " : " from peer "),
-         coll ? (unsigned long long)op->ctx.hdr.seq : (unsigned long long)op->root, op->count, red_type_name((int)op->ctx.hdr.type),
+         coll ? (unsigned long long)op->ctx.hdr.seq : (unsigned long long)op->root, op->count, red_type_name((int)(op->ctx.hdr.type & XFER_TYPE_MASK)),
          algo_name(op->algo), tune_proto_name(op->proto), (unsigned long long)op->idx,
          (unsigned long long)nsteps, what, who);
     reported++;

@@ -193,7 +193,7 @@ void stall_note_plan(const struct ch_plan* pl, uint64_t idle_ns, int gave_up) {
   if (op) wait = stall_waits_for(op, &peer);
   atomic_store_explicit(&r->ticket, pl->ticket, memory_order_relaxed);
   atomic_store_explicit(&r->func, op ? op->func : -1, memory_order_relaxed);
-  atomic_store_explicit(&r->type, op ? (int32_t)op->ctx.hdr.type : -1, memory_order_relaxed);
+  atomic_store_explicit(&r->type, op ? (int32_t)(op->ctx.hdr.type & XFER_TYPE_MASK) : -1, memory_order_relaxed);
   atomic_store_explicit(&r->algo, op ? op->algo : -1, memory_order_relaxed);
   atomic_store_explicit(&r->proto, op ? op->proto : -1, memory_order_relaxed);
   atomic_store_explicit(&r->peer, op && !stall_is_coll(op->func) && peer < 0 ? op->root : peer, memory_order_relaxed);

@@ -123,6 +123,12 @@
     "smallest AllReduce (bytes) done Direct by cross-memory copies (CHORUS_CMA) when some buffer is not from ncclMemAlloc; smaller ones use FIFOs") \
   X(REPRODUCIBLE, "CHORUS_REPRODUCIBLE", P_STR, 0, "off",                                        \
     "floating-point AllReduce/ReduceScatter/Reduce: off, order (the same bits whatever the algorithm, protocol, channels or placement, for a given rank count) or exact (the correctly rounded exact sum: also the same for any rank count); ranks must agree (docs/REPRODUCIBLE.md)") \
+  X(WIRE_FORMAT, "CHORUS_WIRE_FORMAT", P_STR, 0, "off",                                           \
+    "wire format of float32/bfloat16 collectives' network hops: off, bf16, fp16, fp8e4m3, fp8e5m2 or mx8; a trailing ! uses it even where the cost model's link outruns the conversion (docs/WIRE.md)") \
+  X(WIRE_HOPS, "CHORUS_WIRE_HOPS", P_STR, 0, "net",                                                 \
+    "hops a wire format applies to: net (network connections only; shared memory stays exact) or all") \
+  X(WIRE_MAX_LINK_MBS, "CHORUS_WIRE_MAX_LINK_MBS", P_INT, 1000, "",                                  \
+    "a wire format without ! applies when the cost model's network bandwidth (net_bw, MB/s) is at most this") \
   X(STREAM_MIN_BYTES, "CHORUS_STREAM_MIN_BYTES", P_INT, 8 << 20, "",                               \
     "smallest result (bytes) written with streaming stores, bypassing the cache (-1 = never)")     \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \

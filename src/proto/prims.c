@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../reduce/wire.h"
 #include "prims.h"
 #include "proto.h"
 
@@ -104,6 +105,48 @@ static int prim_combine(struct prim_ctx* ctx, const struct prim* p) {
   return done; /* 0: out of memory for a moment (over 64 ranks): the engine calls again */
 }
 
+/* Whether connection c carries the call's wire format. */
+static inline int wire_hop(const struct prim_ctx* ctx, const struct conn* c) {
+  return ctx->wire_all || c->transport == TP_TCP || c->transport == TP_FAB;
+}
+
+size_t prim_bytes(const struct prim_ctx* ctx, const struct conn* c, size_t nelem) {
+  if (ctx->wire && ctx->proto == PROTO_SIMPLE && wire_hop(ctx, c)) return wire_bytes(ctx->wire, ctx->wire_type, nelem);
+  return nelem * ctx->esize;
+}
+
+/* A Simple step with a wire format (prim_try has checked that both ends are ready): through blocks
+ * of WBLK values, decoded from `in` if it is compressed, computed, kept rounded where this rank
+ * produces a value it sends, encoded into `out` if that is compressed. in_w / out_w: compressed. */
+#define WBLK 1024 /* values: a multiple of WIRE_GROUP; 4 KiB of float32 */
+static void wire_step(const struct prim_ctx* ctx, const struct prim* p, const char* in, int in_w, char* out,
+                      int out_w) {
+  int f = ctx->wire, ty = ctx->wire_type;
+  size_t es = ctx->esize;
+  /* A value this rank made (not one it forwards) that travels on: rounded here, so the ranks that get it
+   * over an exact hop hold what the ranks behind a compressed one hold. */
+  int keep_rounded = p->final_dst || (p->send && p->dst && !(p->recv && !p->reduce));
+  _Alignas(64) char ib[WBLK * sizeof(float)], ob[WBLK * sizeof(float)];
+  for (size_t at = 0; at < p->nelem; at += WBLK) {
+    struct prim q = *p;
+    q.nelem = p->nelem - at < WBLK ? p->nelem - at : WBLK;
+    q.src = p->src ? p->src + at * es : NULL;
+    const char* qin = NULL;
+    if (p->recv && in_w) {
+      wire_decode(f, ty, ib, in + wire_bytes(f, ty, at), q.nelem);
+      qin = ib;
+    } else if (p->recv) {
+      qin = in + at * es;
+    }
+    char* to = p->dst ? p->dst + at * es : out_w ? ob : out + at * es;
+    compute(ctx, &q, qin, to);
+    if (keep_rounded) wire_round(f, ty, to, q.nelem);
+    if (!p->send) continue;
+    if (out_w) wire_encode(f, ty, out + wire_bytes(f, ty, at), to, q.nelem);
+    else if (to != out + at * es) memcpy(out + at * es, to, q.nelem * es);
+  }
+}
+
 int prim_try(struct prim_ctx* ctx, const struct prim* p) {
   if (p->combine) return prim_combine(ctx, p);
   if (!p->send && !p->recv && !p->dst) return 1; /* an empty step (Owner: an empty part) */
@@ -124,6 +167,17 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
   }
 
   const char* in = NULL;
+  size_t sent = bytes; /* Simple: bytes on the wire */
+  if (ctx->wire && proto == PROTO_SIMPLE) {
+    int in_w = p->recv && wire_hop(ctx, ctx->in), out_w = p->send && wire_hop(ctx, ctx->out);
+    if (p->recv) {
+      if (ctx->in->ctrl->tag[ctx->in->step % CH_STEPS] != ctx->tag) return PRIM_MISMATCH;
+      in = slot_ptr(ctx->in, proto, ctx->in->step);
+    }
+    if (out_w) sent = prim_bytes(ctx, ctx->out, p->nelem);
+    wire_step(ctx, p, in, in_w, p->send ? slot_ptr(ctx->out, proto, ctx->out->step) : NULL, out_w);
+    goto posted;
+  }
   if (p->recv) {
     char* s = slot_ptr(ctx->in, proto, ctx->in->step);
     if (proto == PROTO_SIMPLE) {
@@ -155,6 +209,7 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
     }
   }
 
+posted:
   if (p->recv) {
     struct conn* c = ctx->in;
     c->step++;
@@ -165,7 +220,7 @@ int prim_try(struct prim_ctx* ctx, const struct prim* p) {
     struct conn* c = ctx->out;
     int slot = (int)(c->step % CH_STEPS);
     /* Every protocol: a receiver that expects another protocol (its call differs) still finds out. */
-    if (proto == PROTO_SIMPLE) c->ctrl->size[slot] = bytes;
+    if (proto == PROTO_SIMPLE) c->ctrl->size[slot] = sent;
     c->ctrl->tag[slot] = ctx->tag;
     c->ctrl->hdr[slot] = ctx->hdr;
     c->step++;

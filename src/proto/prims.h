@@ -27,6 +27,9 @@ struct prim {
   uint8_t reduce; /* combine the received data with src */
   uint8_t premul; /* apply premul to src (local contribution) */
   uint8_t postop; /* apply postop to the result */
+  /* dst gets this rank's final value of elements other ranks also get, though this step sends nothing
+   * (Tree AllReduce's root): under a wire format it is kept as a compressed hop delivers it (prims.c) */
+  uint8_t final_dst;
   uint8_t peers;  /* in/out are the per-peer connections of ranks in_peer/out_peer (set by the engine),
                    * not the op's own (its ring neighbours) */
   int in_peer, out_peer;
@@ -55,6 +58,11 @@ struct prim_ctx {
   _Atomic uint64_t* wait_word;
   _Atomic uint32_t* wait_sleeping;
   uint64_t wait_seen;
+  /* Wire format of the call (reduce/wire.h; 0: none, then Simple only): steps on a network connection
+   * (every connection when wire_all) travel in it, and a value a rank produces and sends it keeps
+   * rounded as the hop delivers it, so that every rank ends with the same bits. */
+  uint8_t wire, wire_all;
+  int wire_type; /* the call's ncclDataType_t */
   struct xfer_hdr hdr; /* this rank's call, sent with every step */
   uint32_t tag;        /* xfer_tag(&hdr): set when the call's sequence number is known */
 };
@@ -63,6 +71,9 @@ struct prim_ctx {
 size_t prim_step_elems(int proto, size_t slot_bytes, size_t esize);
 /* Payload bytes that fit in one slot of `proto` (scratch sizing). */
 size_t prim_slot_payload(int proto, size_t slot_bytes);
+/* Bytes a step of nelem elements puts on connection c: compressed where the call's wire format
+ * applies to c (reduce/wire.h). */
+size_t prim_bytes(const struct prim_ctx* ctx, const struct conn* c, size_t nelem);
 /* 1: done; 0: must wait; PRIM_MISMATCH: the step that arrived was sent by a different call (nothing
  * of it was consumed; prim_their_hdr describes that call). */
 #define PRIM_MISMATCH (-1)

@@ -46,6 +46,10 @@ struct xfer_hdr {
   int32_t root;
 };
 #define XFER_OP_REPRO_SHIFT 8
+/* type: bits 0-15 the ncclDataType_t; 16-23 the wire format the call's compressed hops use
+ * (reduce/wire.h; 0: none), so ranks whose calls compress differently meet as a mismatch naming both. */
+#define XFER_TYPE_WIRE_SHIFT 16
+#define XFER_TYPE_MASK 0xffffu
 #define XFER_OP_SEL_SHIFT 10
 
 /* A 32-bit digest of a header: what a receiver compares on every step, at no extra cache miss (it

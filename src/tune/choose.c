@@ -6,11 +6,13 @@
  * comes from. */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../misc/log.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "../algo/algo.h"
+#include "../reduce/wire.h"
 #include "plugin_abi.h"
 #include "tune.h"
 
@@ -40,6 +42,8 @@ int tune_net_socks(void) {
   return (int)UT_MIN((int64_t)CH_MAX_CHANNELS, threads * socks);
 }
 
+static void tune_wire_init(struct ncclComm* comm);
+
 void tune_init(struct ncclComm* comm) {
   comm->tune_bad = 0;
   /* A malformed value fails init, after comm_agree has compared it across ranks (tune_check). */
@@ -49,6 +53,7 @@ void tune_init(struct ncclComm* comm) {
    * such order (the proxy publishes whole slots through tail), and only Simple steps record their
    * size for the proxy. So a communicator that uses the network runs Simple only. */
   if (tune_parse_repro(param_str(PARAM_REPRODUCIBLE), &comm->repro) != CH_OK) comm->tune_bad |= 4;
+  tune_wire_init(comm);
   comm->tune_net = tune_uses_net(comm);
   tune_shape(comm);
   comm->model = tune_model_get(); /* CHORUS_TUNE_FILE is looked up once per communicator */
@@ -94,6 +99,28 @@ static unsigned repro_algos(const struct ncclComm* comm, int func) {
 int64_t tune_agree_value(const struct ncclComm* comm, int is_algo) {
   if (comm->tune_bad & (is_algo ? 2 : 1)) return TUNE_MALFORMED;
   return tune_mask_pack(is_algo, is_algo ? comm->algo_mask : comm->proto_mask);
+}
+
+/* CHORUS_WIRE_FORMAT / CHORUS_WIRE_HOPS (a bad value, or a format with a reproducible level, fails init
+ * after the ranks compared them: tune_check). */
+static void tune_wire_init(struct ncclComm* comm) {
+  const char* f = param_str(PARAM_WIRE_FORMAT), *h = param_str(PARAM_WIRE_HOPS);
+  int w = wire_parse(f);
+  if (w < 0) {
+    WARN("CHORUS_WIRE_FORMAT=%.64s: not one of off, bf16, fp16, fp8e4m3, fp8e5m2, mx8 (a trailing ! forces it)", f);
+    comm->tune_bad |= 8, w = 0;
+  } else if (w && comm->repro) {
+    WARN("CHORUS_WIRE_FORMAT=%.64s with CHORUS_REPRODUCIBLE=%s: a compressed wire format rounds partial results "
+         "differently by placement, so it cannot be reproducible; unset one of them", f,
+         comm->repro == CH_REPRO_EXACT ? "exact" : "order");
+    comm->tune_bad |= 8, w = 0;
+  }
+  atomic_store(&comm->wire, w);
+  comm->wire_all = h && strcasecmp(h, "all") == 0;
+  if (h && *h && !comm->wire_all && strcasecmp(h, "net") != 0) {
+    WARN("CHORUS_WIRE_HOPS=%.64s: not net or all", h);
+    comm->tune_bad |= 8;
+  }
 }
 
 ch_status tune_check(struct ncclComm* comm) {
@@ -360,7 +387,7 @@ size_t tune_step_elems(const struct ncclComm* comm, int coll, int algo, int prot
   return prim_step_elems(proto, sz->buff[proto] / CH_STEPS, esize ? esize : 1);
 }
 
-static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
+static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel, int wire,
                      struct tune_choice* out, int* by_tuner) {
   const struct tune_model* model = comm->model;
   int n = comm->nranks, i = tune_mask_index(func);
@@ -376,6 +403,25 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, u
   } else {
     sel = 0;
   }
+  /* A compressed wire format (api/coll.c decided the call may use one) runs on Ring or Tree with Simple:
+   * their steps carry it (proto/prims.c); the other algorithms exchange partial results both ways, so
+   * the two ends of a pair would round differently and the ranks' results would differ. */
+  if (wire && n > 1) {
+    unsigned wm = 0;
+    static const int wa[2] = {ALGO_RING, ALGO_TREE};
+    for (int k = 0; k < 2; k++)
+      if ((em >> wa[k] & 1) && (pm >> PROTO_SIMPLE & 1) && (!sel || sel >> (wa[k] * CH_NPROTO + PROTO_SIMPLE) & 1))
+        wm |= 1u << wa[k];
+    if (wm) {
+      em = wm, pm = 1u << PROTO_SIMPLE;
+    } else {
+      if (!(atomic_fetch_or(&comm->wire_int_noted, 2) & 2))
+        INFO(LOG_TUNING, "%s: wire format %s not used: NCCL_ALGO/NCCL_PROTO or the call's algSelection allow neither "
+             "Ring nor Tree on Simple, which carry it (told once)", tune_func_name(func), wire_name(wire));
+      wire = 0;
+    }
+  }
+  out->wire = n > 1 ? wire : 0;
   int nch = (int)UT_MIN((size_t)comm->max_nchannels, UT_MAX((size_t)comm->min_nchannels, bytes / model->chan_bytes));
   nch = UT_MAX(1, UT_MIN(nch, comm->nchannels));
   double t[ALGO_COUNT][CH_NPROTO], cost[ALGO_COUNT][CH_NPROTO];
@@ -423,24 +469,24 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, u
   return predict_us(comm, func, algo, proto, bytes, out->nch);
 }
 
-double tune_predict_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
+double tune_predict_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel, int wire,
                         struct tune_choice* out) {
   int by_tuner;
-  return choose(comm, func, bytes, repro, sel, out, &by_tuner);
+  return choose(comm, func, bytes, repro, sel, wire, out, &by_tuner);
 }
 
 double tune_predict(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
-  return tune_predict_sel(comm, func, bytes, repro, 0, out);
+  return tune_predict_sel(comm, func, bytes, repro, 0, 0, out);
 }
 
 void tune_choose(struct ncclComm* comm, int func, size_t bytes, int repro, struct tune_choice* out) {
-  tune_choose_sel(comm, func, bytes, 0, repro, 0, out);
+  tune_choose_sel(comm, func, bytes, 0, repro, 0, 0, out);
 }
 
-void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, size_t esize, int repro, unsigned sel,
+void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, size_t esize, int repro, unsigned sel, int wire,
                      struct tune_choice* out) {
   int by_tuner;
-  double us = choose(comm, func, bytes, repro, sel, out, &by_tuner);
+  double us = choose(comm, func, bytes, repro, sel, wire, out, &by_tuner);
   /* The plugin sees NCCL's algorithms only, as for the cost table; not under a reproducible level. */
   out->chunk =
       comm->tuner && !repro && func < TUNE_P2P && comm->nranks > 1 ? tuner_chunk(comm, func, bytes, esize, out) : 0;
@@ -456,12 +502,15 @@ void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, size_t esize
   char fb[96] = "";
   if (note) snprintf(fb, sizeof fb, " if all buffers are from ncclMemAlloc, else %s on %d channel(s)",
                      algo_name(out->fallback), out->fb_nch);
-  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s%s)%s%s%s",
+  char wf[48] = "";
+  if (out->wire) snprintf(wf, sizeof wf, ", wire format %s on %s hops", wire_name(out->wire),
+                          comm->wire_all ? "all" : "network");
+  INFO(LOG_TUNING, "%s %zu bytes: algorithm %s%s, protocol %s, %d channel(s), predicted %.2f us (%s%s%s)%s%s%s%s",
        tune_func_name(func), bytes, algo_name(out->algo), fb, tune_proto_name(out->proto), out->nch, us,
        by_tuner ? "tuner plugin " : "cost model", by_tuner ? tuner_name(comm) : "", sl,
        out->nt ? ", streaming stores" : "",
        repro == CH_REPRO_EXACT ? ", reproducible exact: Owner/Direct only"
        : repro                 ? ", reproducible order: Owner/Direct only"
                                : "",
-       ck);
+       ck, wf);
 }

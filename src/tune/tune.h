@@ -79,13 +79,15 @@ ch_status tune_sel_resolve(struct ncclComm* comm, int func, int type, const char
 /* Algorithms this communicator can run for func, whatever NCCL_ALGO says (bits of enum ch_algo). */
 unsigned tune_runnable_algos(const struct ncclComm* comm, int func);
 /* tune_choose/tune_predict restricted to the pairs of sel (from tune_sel_resolve; 0: automatic).
- * esize: the datatype's bytes, for the step size a tuner plugin may choose (out->chunk; 0: none asked). */
-void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, size_t esize, int repro, unsigned sel,
+ * esize: the datatype's bytes, for the step size a tuner plugin may choose (out->chunk; 0: none asked).
+ * wire: the wire format the call may use (api_wire_for_call; 0: none): out->wire is it where an
+ * algorithm that carries it is allowed, else 0. */
+void tune_choose_sel(struct ncclComm* comm, int func, size_t bytes, size_t esize, int repro, unsigned sel, int wire,
                      struct tune_choice* out);
 /* Elements per FIFO step of the connections algo runs on (coll: a collective; else a send or receive):
  * the rings' or the per-peer ones (RecDbl, Rabenseifner, Tree, sends and receives). */
 size_t tune_step_elems(const struct ncclComm* comm, int coll, int algo, int proto, size_t esize);
-double tune_predict_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel,
+double tune_predict_sel(struct ncclComm* comm, int func, size_t bytes, int repro, unsigned sel, int wire,
                         struct tune_choice* out);
 /* The choice for a call and the model's predicted time (us) of what was chosen; tune_choose is this
  * plus the TUNING log line. */

@@ -1,0 +1,206 @@
+/* Wire formats (wire.h): encoders and decoders over the element-wise conversions of reduce.c, which
+ * are vectorised (F16C/AVX2) and round to nearest even with exact subnormals. Data is converted in
+ * blocks of BLK values through the stack, so any n works without allocation. */
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+#include "nccl.h"
+#include "reduce.h"
+#include "wire.h"
+
+#define BLK 256 /* values per block: a multiple of WIRE_GROUP */
+
+static const struct {
+  const char* name;
+  int type; /* the NCCL type of one value on the wire (mx8: its elements) */
+  size_t size;
+} fmts[WIRE_COUNT] = {
+    [WIRE_OFF] = {"off", -1, 0},
+    [WIRE_BF16] = {"bf16", ncclBfloat16, 2},
+    [WIRE_FP16] = {"fp16", ncclFloat16, 2},
+    [WIRE_E4M3] = {"fp8e4m3", ncclFloat8e4m3, 1},
+    [WIRE_E5M2] = {"fp8e5m2", ncclFloat8e5m2, 1},
+    [WIRE_MX8] = {"mx8", ncclFloat8e4m3, 1},
+};
+
+const char* wire_name(int fmt) {
+  fmt = WIRE_FMT(fmt);
+  return fmt < WIRE_COUNT ? fmts[fmt].name : "?";
+}
+
+int wire_parse(const char* s) {
+  if (!s || !*s) return WIRE_OFF;
+  size_t n = strlen(s);
+  int force = s[n - 1] == '!';
+  if (force) n--;
+  for (int f = 0; f < WIRE_COUNT; f++)
+    if (strlen(fmts[f].name) == n && strncasecmp(s, fmts[f].name, n) == 0)
+      return f == WIRE_OFF ? WIRE_OFF : f | (force ? WIRE_FORCE : 0);
+  return -1;
+}
+
+int wire_applies(int fmt, int type) {
+  fmt = WIRE_FMT(fmt);
+  if (fmt == WIRE_OFF || fmt >= WIRE_COUNT) return 0;
+  if (type == ncclFloat32) return 1;
+  return type == ncclBfloat16 && fmts[fmt].size == 1;
+}
+
+size_t wire_bytes(int fmt, int type, size_t n) {
+  fmt = WIRE_FMT(fmt);
+  if (!wire_applies(fmt, type)) return n * red_type_size(type);
+  return n * fmts[fmt].size + (fmt == WIRE_MX8 ? (n + WIRE_GROUP - 1) / WIRE_GROUP : 0);
+}
+
+/* 2^e as a float, for e in [-149, 127] (exact: subnormal below -126). */
+static float pow2f(int e) {
+  union {
+    uint32_t u;
+    float f;
+  } v;
+  v.u = e >= -126 ? (uint32_t)(e + 127) << 23 : 1u << (e + 149);
+  return v.f;
+}
+
+/* One mx8 group of k <= 32 float values. The scale is the smallest power of two 2^e with
+ * 448 * 2^e >= amax, so every value fits e4m3 without saturating and amax / 2^e lies in (224, 448].
+ * A group holding a NaN or an Inf is sent as scale 0xFF (the MX formats' NaN scale): all NaN. */
+static void mx8_enc_group(uint8_t* w, const float* x, size_t k) {
+  float amax = 0.0f;
+  int bad = 0;
+  for (size_t i = 0; i < k; i++) {
+    float a = fabsf(x[i]);
+    bad |= !(a <= 3.4028235e38f); /* NaN or Inf */
+    amax = a > amax ? a : amax;
+  }
+  if (bad) {
+    w[0] = 0xff;
+    memset(w + 1, 0, k);
+    return;
+  }
+  int e = -127;
+  if (amax > 0.0f) {
+    int q;
+    float m = frexpf(amax, &q); /* amax = m 2^q, m in [0.5, 1); 448 = 0.875 2^9 */
+    e = m <= 0.875f ? q - 9 : q - 8;
+    e = e < -127 ? -127 : e; /* the scale's range; amax <= FLT_MAX keeps e <= 120 */
+  }
+  w[0] = (uint8_t)(e + 127);
+  float inv = pow2f(-e), s[WIRE_GROUP];
+  for (size_t i = 0; i < k; i++) s[i] = x[i] * inv; /* exact: a power of two */
+  red_from_float(ncclFloat8e4m3, w + 1, s, k);
+}
+
+static void mx8_dec_group(float* x, const uint8_t* w, size_t k) {
+  if (w[0] == 0xff) {
+    for (size_t i = 0; i < k; i++) x[i] = NAN;
+    return;
+  }
+  red_to_float(ncclFloat8e4m3, x, w + 1, k);
+  float s = pow2f((int)w[0] - 127);
+  for (size_t i = 0; i < k; i++) x[i] *= s;
+}
+
+/* Encode k <= BLK float values. */
+static void enc_f32(int fmt, uint8_t* w, const float* x, size_t k) {
+  if (fmt != WIRE_MX8) {
+    red_from_float(fmts[fmt].type, w, x, k);
+    return;
+  }
+  for (size_t g = 0; g < k; g += WIRE_GROUP) {
+    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
+    mx8_enc_group(w, x + g, m);
+    w += 1 + m;
+  }
+}
+
+static void dec_f32(int fmt, float* x, const uint8_t* w, size_t k) {
+  if (fmt != WIRE_MX8) {
+    red_to_float(fmts[fmt].type, x, w, k);
+    return;
+  }
+  for (size_t g = 0; g < k; g += WIRE_GROUP) {
+    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
+    mx8_dec_group(x + g, w, m);
+    w += 1 + m;
+  }
+}
+
+void wire_encode(int fmt, int type, void* wire, const void* src, size_t n) {
+  fmt = WIRE_FMT(fmt);
+  if (!wire_applies(fmt, type)) {
+    memcpy(wire, src, n * red_type_size(type));
+    return;
+  }
+  uint8_t* w = wire;
+  if (type == ncclFloat32) {
+    if (fmt != WIRE_MX8) {
+      red_from_float(fmts[fmt].type, w, src, n);
+      return;
+    }
+    for (size_t at = 0; at < n; at += BLK) {
+      size_t k = n - at < BLK ? n - at : BLK;
+      enc_f32(fmt, w + wire_bytes(fmt, type, at), (const float*)src + at, k);
+    }
+    return;
+  }
+  float x[BLK]; /* bfloat16: widen (exact), then encode */
+  for (size_t at = 0; at < n; at += BLK) {
+    size_t k = n - at < BLK ? n - at : BLK;
+    red_to_float(ncclBfloat16, x, (const uint16_t*)src + at, k);
+    enc_f32(fmt, w + wire_bytes(fmt, type, at), x, k);
+  }
+}
+
+void wire_decode(int fmt, int type, void* dst, const void* wire, size_t n) {
+  fmt = WIRE_FMT(fmt);
+  if (!wire_applies(fmt, type)) {
+    memcpy(dst, wire, n * red_type_size(type));
+    return;
+  }
+  const uint8_t* w = wire;
+  if (type == ncclFloat32) {
+    if (fmt != WIRE_MX8) {
+      red_to_float(fmts[fmt].type, dst, w, n);
+      return;
+    }
+    for (size_t at = 0; at < n; at += BLK) {
+      size_t k = n - at < BLK ? n - at : BLK;
+      dec_f32(fmt, (float*)dst + at, w + wire_bytes(fmt, type, at), k);
+    }
+    return;
+  }
+  float x[BLK]; /* bfloat16: e4m3 values times a power of two are bfloat16 values (but far subnormals) */
+  for (size_t at = 0; at < n; at += BLK) {
+    size_t k = n - at < BLK ? n - at : BLK;
+    dec_f32(fmt, x, w + wire_bytes(fmt, type, at), k);
+    red_from_float(ncclBfloat16, (uint16_t*)dst + at, x, k);
+  }
+}
+
+void wire_round(int fmt, int type, void* x, size_t n) {
+  fmt = WIRE_FMT(fmt);
+  if (!wire_applies(fmt, type)) return;
+  size_t es = red_type_size(type);
+  uint8_t w[BLK * 2 + BLK / WIRE_GROUP];
+  for (size_t at = 0; at < n; at += BLK) {
+    size_t k = n - at < BLK ? n - at : BLK;
+    char* p = (char*)x + at * es;
+    wire_encode(fmt, type, w, p, k);
+    wire_decode(fmt, type, p, w, k);
+  }
+}
+
+void wire_error(int fmt, double* rel, double* grp, double* tiny) {
+  *rel = *grp = *tiny = 0.0;
+  switch (WIRE_FMT(fmt)) {
+    case WIRE_BF16: *rel = 0x1p-8, *tiny = 0x1p-134; break;
+    case WIRE_FP16: *rel = 0x1p-11, *tiny = 0x1p-25; break;
+    case WIRE_E4M3: *rel = 0x1p-4, *tiny = 0x1p-10; break;
+    case WIRE_E5M2: *rel = 0x1p-3, *tiny = 0x1p-17; break;
+    /* e4m3 values below its normal range (2^-6 of a scale 2^e <= amax / 224) are 2^-9 apart; the scale
+     * stops at 2^-127 (groups below 2^-118 or so) */
+    case WIRE_MX8: *rel = 0x1p-4, *grp = 0x1p-10 / 224.0, *tiny = 0x1p-137; break;
+  }
+}
