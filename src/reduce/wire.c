@@ -63,68 +63,89 @@ static float pow2f(int e) {
   return v.f;
 }
 
-/* One mx8 group of k <= 32 float values. The scale is the smallest power of two 2^e with
- * 448 * 2^e >= amax, so every value fits e4m3 without saturating and amax / 2^e lies in (224, 448].
- * A group holding a NaN or an Inf is sent as scale 0xFF (the MX formats' NaN scale): all NaN. */
-static void mx8_enc_group(uint8_t* w, const float* x, size_t k) {
-  float amax = 0.0f;
-  int bad = 0;
-  for (size_t i = 0; i < k; i++) {
-    float a = fabsf(x[i]);
-    bad |= !(a <= 3.4028235e38f); /* NaN or Inf */
+/* mx8, k <= BLK float values. A group's scale is the smallest power of two 2^e with 448 * 2^e >= amax,
+ * so every value fits e4m3 without saturating and amax / 2^e lies in (224, 448]. A group holding a NaN
+ * or an Inf goes as scale 0xFF (the MX formats' NaN scale): all NaN. The values of a block are scaled
+ * into one buffer and converted by one call (vectorised), then laid out [scale][32 values] per group. */
+/* Whole groups: fixed trip counts the compiler vectorises. Bit patterns of magnitudes order as the
+ * magnitudes do (NaN above Inf above every finite value). */
+static uint32_t group_amax(const float* x) {
+  uint32_t u[WIRE_GROUP], amax = 0;
+  memcpy(u, x, sizeof u);
+  for (int j = 0; j < WIRE_GROUP; j++) {
+    uint32_t a = u[j] & 0x7fffffffu;
     amax = a > amax ? a : amax;
   }
-  if (bad) {
-    w[0] = 0xff;
-    memset(w + 1, 0, k);
-    return;
-  }
-  int e = -127;
-  if (amax > 0.0f) {
-    int q;
-    float m = frexpf(amax, &q); /* amax = m 2^q, m in [0.5, 1); 448 = 0.875 2^9 */
-    e = m <= 0.875f ? q - 9 : q - 8;
-    e = e < -127 ? -127 : e; /* the scale's range; amax <= FLT_MAX keeps e <= 120 */
-  }
-  w[0] = (uint8_t)(e + 127);
-  float inv = pow2f(-e), s[WIRE_GROUP];
-  for (size_t i = 0; i < k; i++) s[i] = x[i] * inv; /* exact: a power of two */
-  red_from_float(ncclFloat8e4m3, w + 1, s, k);
+  return amax;
+}
+static void group_scale(float* restrict s, const float* restrict x, float f) {
+  for (int j = 0; j < WIRE_GROUP; j++) s[j] = x[j] * f;
+}
+static void group_scale_inplace(float* x, float f) {
+  for (int j = 0; j < WIRE_GROUP; j++) x[j] *= f;
 }
 
-static void mx8_dec_group(float* x, const uint8_t* w, size_t k) {
-  if (w[0] == 0xff) {
-    for (size_t i = 0; i < k; i++) x[i] = NAN;
-    return;
+static void mx8_enc(uint8_t* w, const float* x, size_t k) {
+  float s[BLK];
+  uint8_t e8[BLK], sc[BLK / WIRE_GROUP];
+  for (size_t g = 0, i = 0; g < k; g += WIRE_GROUP, i++) {
+    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
+    uint32_t amax = m == WIRE_GROUP ? group_amax(x + g) : 0; /* of the magnitudes' bit patterns */
+    for (size_t j = 0; m < WIRE_GROUP && j < m; j++) {
+      uint32_t a;
+      memcpy(&a, x + g + j, 4);
+      a &= 0x7fffffffu;
+      amax = a > amax ? a : amax;
+    }
+    int e = -127;
+    if (amax >= 0x7f800000u) { /* NaN or Inf */
+      sc[i] = 0xff;
+      for (size_t j = 0; j < m; j++) s[g + j] = 0.0f;
+      continue;
+    }
+    uint32_t be = amax >> 23, frac = amax & 0x7fffffu; /* amax = 1.frac 2^(be - 127) */
+    if (be) e = (int)be - 135 + (frac > 0x600000u); /* 1.frac > 1.75: one more */
+    e = e < -127 ? -127 : e;                       /* the scale's range; amax <= FLT_MAX keeps e <= 120 */
+    sc[i] = (uint8_t)(e + 127);
+    float inv = pow2f(-e); /* exact: a power of two */
+    if (m == WIRE_GROUP) group_scale(s + g, x + g, inv);
+    else for (size_t j = 0; j < m; j++) s[g + j] = x[g + j] * inv;
   }
-  red_to_float(ncclFloat8e4m3, x, w + 1, k);
-  float s = pow2f((int)w[0] - 127);
-  for (size_t i = 0; i < k; i++) x[i] *= s;
+  red_from_float(ncclFloat8e4m3, e8, s, k);
+  for (size_t g = 0, i = 0; g < k; g += WIRE_GROUP, i++) {
+    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
+    w[0] = sc[i];
+    memcpy(w + 1, e8 + g, m);
+    w += 1 + m;
+  }
+}
+
+static void mx8_dec(float* x, const uint8_t* w, size_t k) {
+  uint8_t e8[BLK], sc[BLK / WIRE_GROUP];
+  for (size_t g = 0, i = 0; g < k; g += WIRE_GROUP, i++) {
+    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
+    sc[i] = w[0];
+    memcpy(e8 + g, w + 1, m);
+    w += 1 + m;
+  }
+  red_to_float(ncclFloat8e4m3, x, e8, k);
+  for (size_t g = 0, i = 0; g < k; g += WIRE_GROUP, i++) {
+    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
+    float f = sc[i] == 0xff ? NAN : pow2f((int)sc[i] - 127);
+    if (m == WIRE_GROUP) group_scale_inplace(x + g, f);
+    else for (size_t j = 0; j < m; j++) x[g + j] *= f;
+  }
 }
 
 /* Encode k <= BLK float values. */
 static void enc_f32(int fmt, uint8_t* w, const float* x, size_t k) {
-  if (fmt != WIRE_MX8) {
-    red_from_float(fmts[fmt].type, w, x, k);
-    return;
-  }
-  for (size_t g = 0; g < k; g += WIRE_GROUP) {
-    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
-    mx8_enc_group(w, x + g, m);
-    w += 1 + m;
-  }
+  if (fmt == WIRE_MX8) mx8_enc(w, x, k);
+  else red_from_float(fmts[fmt].type, w, x, k);
 }
 
 static void dec_f32(int fmt, float* x, const uint8_t* w, size_t k) {
-  if (fmt != WIRE_MX8) {
-    red_to_float(fmts[fmt].type, x, w, k);
-    return;
-  }
-  for (size_t g = 0; g < k; g += WIRE_GROUP) {
-    size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
-    mx8_dec_group(x + g, w, m);
-    w += 1 + m;
-  }
+  if (fmt == WIRE_MX8) mx8_dec(x, w, k);
+  else red_to_float(fmts[fmt].type, x, w, k);
 }
 
 void wire_encode(int fmt, int type, void* wire, const void* src, size_t n) {

@@ -83,7 +83,9 @@ static void usage(const perf_coll* coll) {
          "\t[-np,--np <N>]                                fork N local processes (ranks = N x t x g)\n"
          "\t[--stream]                                    issue on host streams (chorusStreamCreate)\n"
          "\t[--device]                                    CUDA device buffers and a CUDA stream per rank\n"
-         "\t[--plot <file.svg>]                           draw busbw and time against size\n",
+         "\t[--plot <file.svg>]                           draw busbw and time against size\n"
+         "\t[--wire <fmt>]                                compressed network hops (CHORUS_WIRE_FORMAT, docs/WIRE.md):\n"
+         "\t                                              results checked within its error bound\n",
          prog);
   if (coll->flags & PERF_SPLITS)
     printf("Uneven exchanges:\n"
@@ -163,6 +165,7 @@ static const struct option longopts[] = {{"nthreads", required_argument, 0, 't'}
                                          {"split", required_argument, 0, 1004},
                                          {"seed", required_argument, 0, 1005},
                                          {"grouped", required_argument, 0, 1006},
+                                         {"wire", required_argument, 0, 1007},
                                          {0, 0, 0, 0}};
 
 static const char* long_name(int c) {
@@ -317,6 +320,12 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll) 
       }
       case 1001: o->streams = 1; break;
       case 1002: o->plot_path = optarg; break;
+      case 1007: /* the library reads it at init; the checks take its bound (data.c) */
+        if (perf_wire_parse(optarg) < 0)
+          return usage_error("invalid wire format '%s': expected off, bf16, fp16, fp8e4m3, fp8e5m2 or mx8, a trailing ! to "
+                             "force it", optarg);
+        setenv("CHORUS_WIRE_FORMAT", optarg, 1);
+        break;
       case 1003: o->device = 1; break;
       case 1004:
         if (strcmp(optarg, "zipf") == 0) o->split = PERF_SPLIT_ZIPF;

@@ -9,7 +9,7 @@ static void init(const perf_buf* b) {
 }
 
 static int64_t check(const perf_buf* b) {
-  return perf_check_fill(b->recv, b->count, b->type, PERF_COPY, b->seed, 0, b->root, b->nranks);
+  return perf_check_copied(b->recv, b->count, b->type, b->seed, 0, b->root, b->nranks);
 }
 
 static ncclResult_t run(const perf_buf* b, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s, int round) {

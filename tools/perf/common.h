@@ -102,6 +102,13 @@ int perf_parse_args(int argc, char** argv, perf_opts* o, const perf_coll* coll);
 extern const char* const perf_op_names[PERF_NUM_OPS];
 
 /* ---- data.c: inputs whose reductions are exact in every type, and their checks ---- */
+/* Wire formats (docs/WIRE.md): the index of a CHORUS_WIRE_FORMAT value (0 off), -1 if it does not
+ * parse; perf_wire_use makes the checks of float32/bfloat16 results accept its documented error. */
+int perf_wire_parse(const char* s);
+void perf_wire_use(const char* s);
+/* A copied block (Broadcast, AllGather) as perf_check_fill, within one rounding of the wire format. */
+int64_t perf_check_copied(const void* buf, size_t n, ncclDataType_t t, uint64_t seed, size_t idx0, int rank,
+                          int nranks);
 int perf_type_size(ncclDataType_t t);
 const char* perf_type_name(ncclDataType_t t);
 int perf_type_parse(const char* s);  /* -1 all, -2 unknown */

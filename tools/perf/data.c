@@ -8,6 +8,7 @@
  * no "expected" buffer is needed. */
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common.h"
 #include "../../src/misc/names.h"
@@ -33,6 +34,54 @@ static const struct tinfo types[ncclNumTypes] = {
     [ncclFloat8e4m3] = {1, 1, 1, 16, 4, 3},
     [ncclFloat8e5m2] = {1, 1, 1, 8, 5, 2},
 };
+
+/* ---- wire formats: the error bound of docs/WIRE.md, per rounding (rel |x| + grp amax + tiny) ---- */
+static const struct {
+  const char* name;
+  double rel, grp, tiny;
+} wires[] = {{"off", 0, 0, 0},
+             {"bf16", 0x1p-8, 0, 0x1p-134},
+             {"fp16", 0x1p-11, 0, 0x1p-25},
+             {"fp8e4m3", 0x1p-4, 0, 0x1p-10},
+             {"fp8e5m2", 0x1p-3, 0, 0x1p-17},
+             {"mx8", 0x1p-4, 0x1p-10 / 224.0, 0x1p-137}};
+static int wire_on; /* index into wires, 0: results compared bit for bit */
+
+int perf_wire_parse(const char* s) {
+  if (!s || !*s) return 0;
+  size_t n = strlen(s) - (s[strlen(s) - 1] == '!');
+  for (int i = 0; i < (int)(sizeof wires / sizeof wires[0]); i++)
+    if (strlen(wires[i].name) == n && strncasecmp(s, wires[i].name, n) == 0) return i;
+  return -1;
+}
+
+void perf_wire_use(const char* s) {
+  int w = perf_wire_parse(s);
+  wire_on = w > 0 ? w : 0;
+}
+
+/* Whether a result of type t may carry the wire format's error (the library compresses float32, and
+ * bfloat16 with the 8-bit formats; the bound is loose enough to cover both). */
+static int wire_tolerant(ncclDataType_t t) { return wire_on && (t == ncclFloat32 || t == ncclBfloat16); }
+
+/* The type's generator parameters; under a wire format whose values have a small range (fp16, the fp8
+ * formats) float32 and bfloat16 data keep within the integers that format holds exactly, as they do
+ * for data of that type (mx8 scales per group: any range). */
+static struct tinfo tinfo_of(ncclDataType_t t) {
+  struct tinfo ti = types[t];
+  static const int as[] = {0, ncclBfloat16, ncclFloat16, ncclFloat8e4m3, ncclFloat8e5m2, 0};
+  if (wire_tolerant(t) && as[wire_on] && types[as[wire_on]].limit < ti.limit) ti.limit = types[as[wire_on]].limit;
+  return ti;
+}
+
+/* |got - want| within h roundings of partial results bounded by sum_abs (and each rank's values by
+ * amax), plus the result's own rounding to t. */
+static int wire_close(double got, double want, double sum_abs, double amax, int h, int nranks, ncclDataType_t t) {
+  double rel = wires[wire_on].rel, grow = pow(1 + rel, h);
+  double tol = (grow - 1) * sum_abs + h * (wires[wire_on].grp * amax * nranks * grow + wires[wire_on].tiny);
+  tol += fabs(want) * (t == ncclBfloat16 ? 0x1p-8 : 0x1p-23);
+  return fabs(got - want) <= tol;
+}
 
 int perf_type_size(ncclDataType_t t) { return (unsigned)t < ncclNumTypes ? types[t].size : 0; }
 const char* perf_type_name(ncclDataType_t t) {
@@ -183,7 +232,8 @@ static double gen(const struct tinfo* ti, int kind, uint64_t seed, size_t idx, i
 
 void perf_fill(void* buf, size_t n, ncclDataType_t t, int kind, uint64_t seed, size_t idx0, int rank,
                int nranks) {
-  const struct tinfo* ti = &types[t];
+  struct tinfo tw = tinfo_of(t);
+  const struct tinfo* ti = &tw;
   char* p = buf;
   for (size_t i = 0; i < n; i++, p += ti->size) perf_encode(p, t, gen(ti, kind, seed, idx0 + i, rank, nranks));
 }
@@ -196,7 +246,8 @@ static inline int same_bits(const char* got, ncclDataType_t t, double want) {
 
 int64_t perf_check_fill(const void* buf, size_t n, ncclDataType_t t, int kind, uint64_t seed, size_t idx0,
                         int rank, int nranks) {
-  const struct tinfo* ti = &types[t];
+  struct tinfo tw = tinfo_of(t);
+  const struct tinfo* ti = &tw;
   const char* p = buf;
   int64_t wrong = 0;
   for (size_t i = 0; i < n; i++, p += ti->size)
@@ -206,7 +257,8 @@ int64_t perf_check_fill(const void* buf, size_t n, ncclDataType_t t, int kind, u
 
 int64_t perf_check_reduced(const void* buf, size_t n, ncclDataType_t t, int op, uint64_t seed, size_t idx0,
                            int nranks) {
-  const struct tinfo* ti = &types[t];
+  struct tinfo tw = tinfo_of(t);
+  const struct tinfo* ti = &tw;
   const char* p = buf;
   int64_t wrong = 0;
   for (size_t i = 0; i < n; i++, p += ti->size) {
@@ -224,6 +276,23 @@ int64_t perf_check_reduced(const void* buf, size_t n, ncclDataType_t t, int op, 
         default: acc += x; break; /* sum, avg */
       }
     }
+    if (wire_tolerant(t) && op != ncclProd && op != ncclMax && op != ncclMin) {
+      double s = 0, amax = 0;
+      for (int r = 0; r < nranks; r++) {
+        double x = fabs(gen(ti, op, seed, idx, r, nranks)) * (op == PERF_OP_MULSUM && r % 2 ? 2 : 1);
+        s += x, amax = x > amax ? x : amax;
+      }
+      /* every rank's values are within the generator's range: a group's largest too */
+      double range = op == ncclAvg ? ti->limit : floor(ti->limit / nranks);
+      if (op == ncclAvg) acc /= nranks, s /= nranks, range /= nranks;
+      wrong += !wire_close(perf_decode(p, t), acc, s, range > amax ? range : amax, nranks, nranks, t);
+      continue;
+    }
+    if (wire_tolerant(t)) { /* prod, max, min: each rounding relative to the result, or to the largest */
+      double m = op == ncclProd ? fabs(acc) : mag;
+      wrong += !wire_close(perf_decode(p, t), acc, m, ti->limit, nranks, 1, t);
+      continue;
+    }
     if (op == ncclAvg) {
       acc = ti->is_float ? acc / nranks : trunc(acc / nranks);
       if (ti->is_float && (nranks & (nranks - 1))) {
@@ -235,6 +304,20 @@ int64_t perf_check_reduced(const void* buf, size_t n, ncclDataType_t t, int op, 
       }
     }
     wrong += !same_bits(p, t, acc);
+  }
+  return wrong;
+}
+
+int64_t perf_check_copied(const void* buf, size_t n, ncclDataType_t t, uint64_t seed, size_t idx0, int rank,
+                          int nranks) {
+  if (!wire_tolerant(t)) return perf_check_fill(buf, n, t, PERF_COPY, seed, idx0, rank, nranks);
+  struct tinfo tw = tinfo_of(t);
+  const struct tinfo* ti = &tw;
+  const char* p = buf;
+  int64_t wrong = 0;
+  for (size_t i = 0; i < n; i++, p += ti->size) {
+    double want = gen(ti, PERF_COPY, seed, idx0 + i, rank, nranks);
+    wrong += !wire_close(perf_decode(p, t), want, fabs(want), ti->limit, 1, 1, t);
   }
   return wrong;
 }
@@ -293,8 +376,8 @@ void perf_init_gathered(const perf_buf* b) {
 int64_t perf_check_gathered(const perf_buf* b) {
   int64_t wrong = 0;
   for (int q = 0; q < b->nranks; q++)
-    wrong += perf_check_fill(perf_at(b->recv, (size_t)q * b->count, b->type), b->count, b->type, PERF_COPY, b->seed,
-                             (size_t)q * b->count, q, b->nranks);
+    wrong += perf_check_copied(perf_at(b->recv, (size_t)q * b->count, b->type), b->count, b->type, b->seed,
+                               (size_t)q * b->count, q, b->nranks);
   return wrong;
 }
 

@@ -384,6 +384,7 @@ int perf_main(int argc, char** argv, const perf_coll* coll) {
   ctx.prog = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
   int rc = perf_parse_args(argc, argv, &ctx.o, coll);
   if (rc >= 0) return rc;
+  perf_wire_use(getenv("CHORUS_WIRE_FORMAT")); /* set here, or by --wire */
   out_init(&ctx.o, ctx.prog);
   ctx.nprocs = 1;
 
