@@ -137,6 +137,7 @@ void raben_allreduce_step(const struct ch_op* op, uint64_t idx, struct prim* p) 
     p->premul = (uint8_t)first;
     p->dst = op->recvbuff + e;
     p->postop = r == ro.log - 1; /* the block this rank owns is final */
+    p->final_dst = p->postop;    /* and the doubling rounds send it: a wire format keeps it rounded */
   } else {
     p->recv = 1, p->in_peer = x.partner, p->dst = op->recvbuff + e;
   }

@@ -403,21 +403,23 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, u
   } else {
     sel = 0;
   }
-  /* A compressed wire format (api/coll.c decided the call may use one) runs on Ring or Tree with Simple:
-   * their steps carry it (proto/prims.c); the other algorithms exchange partial results both ways, so
-   * the two ends of a pair would round differently and the ranks' results would differ. */
+  /* A compressed wire format (api/wire_api.c decided the call may use one) runs on Ring, Tree or
+   * Rabenseifner with Simple: each element's result is made at one rank, which keeps it as a hop
+   * delivers it (proto/prims.c). RecDbl and Exchange make it at both ends of a pair from partial
+   * results rounded in opposite directions, so the ranks' results would differ; Direct and Owner never
+   * cross a network. */
   if (wire && n > 1) {
     unsigned wm = 0;
-    static const int wa[2] = {ALGO_RING, ALGO_TREE};
-    for (int k = 0; k < 2; k++)
+    static const int wa[3] = {ALGO_RING, ALGO_TREE, ALGO_RABEN};
+    for (int k = 0; k < 3; k++)
       if ((em >> wa[k] & 1) && (pm >> PROTO_SIMPLE & 1) && (!sel || sel >> (wa[k] * CH_NPROTO + PROTO_SIMPLE) & 1))
         wm |= 1u << wa[k];
     if (wm) {
       em = wm, pm = 1u << PROTO_SIMPLE;
     } else {
       if (!(atomic_fetch_or(&comm->wire_int_noted, 2) & 2))
-        INFO(LOG_TUNING, "%s: wire format %s not used: NCCL_ALGO/NCCL_PROTO or the call's algSelection allow neither "
-             "Ring nor Tree on Simple, which carry it (told once)", tune_func_name(func), wire_name(wire));
+        INFO(LOG_TUNING, "%s: wire format %s not used: NCCL_ALGO/NCCL_PROTO or the call's algSelection allow none "
+             "of Ring, Tree and Rabenseifner on Simple, which carry it (told once)", tune_func_name(func), wire_name(wire));
       wire = 0;
     }
   }
