@@ -348,3 +348,106 @@ TEST(wire_coll, tcp_procs) {
   rt_run_procs(3, coll_body, &pc);
   clear_env();
 }
+
+/* Ranks whose calls compress differently fail the call as a mismatch naming both (the format rides
+ * in the call's header), on every rank, instead of decoding each other's bytes. */
+static void differ_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  float x[4096], y[4096];
+  for (int i = 0; i < 4096; i++) x[i] = (float)i;
+  if (rank == 0) NCCL_OK(chorusCommSetWireFormat(comm, "mx8!"));
+  EXPECT(ncclAllReduce(x, y, 4096, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess);
+  NCCL_OK(ncclCommAbort(comm));
+}
+TEST(wire_coll, formats_differ_named) {
+  set_env("bf16!", "all", "Ring");
+  rt_run_threads(2, differ_body, NULL);
+  rt_run_procs(3, differ_body, NULL);
+  clear_env();
+}
+
+static void refuse_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  float x[64] = {0}, y[64];
+  /* a reproducible level and a format exclude each other (the level is set before the first call) */
+  NCCL_OK(chorusCommSetReproducible(comm, chorusReproOrder));
+  EXPECT_EQ(chorusCommSetWireFormat(comm, "bf16"), ncclInvalidUsage);
+  EXPECT_EQ(chorusCommSetWireFormat(comm, "fp4"), ncclInvalidArgument);
+  EXPECT_EQ(chorusCommSetWireFormat(NULL, "bf16"), ncclInvalidArgument);
+  ncclConfigExt_t e = {.next = NULL, .key = {CHORUS_CONFIG_EXT_VENDOR, 7}};
+  ncclCollConfig_t c = NCCL_COLLCONFIG_INITIALIZER;
+  c.ext = &e;
+  EXPECT_EQ(ncclAllReduceConfig(x, y, 64, ncclFloat32, ncclSum, comm, NULL, &c), ncclInvalidArgument); /* option 7 */
+  e.key.optionId = CHORUS_COLL_OPT_WIRE_FORMAT, e.val.i = 42;
+  EXPECT_EQ(ncclAllReduceConfig(x, y, 64, ncclFloat32, ncclSum, comm, NULL, &c), ncclInvalidArgument); /* format 42 */
+  e.next = &e; /* a cycle: bounded */
+  e.val.i = chorusWireBf16;
+  EXPECT_EQ(ncclAllReduceConfig(x, y, 64, ncclFloat32, ncclSum, comm, NULL, &c), ncclInvalidArgument);
+  e.next = NULL;
+  ncclConfigExt_t other = {.next = &e, .key = {0x12345, 1}}; /* another vendor's: ignored */
+  c.ext = &other;
+  e.val.i = chorusWireOff;
+  NCCL_OK(ncclAllReduceConfig(x, y, 64, ncclFloat32, ncclSum, comm, NULL, &c));
+  c.ext = &e, e.val.i = chorusWireBf16 | chorusWireForce;
+  EXPECT_EQ(ncclAllReduceConfig(x, y, 64, ncclFloat32, ncclSum, comm, NULL, &c), ncclInvalidUsage);
+  NCCL_OK(chorusCommSetWireFormat(comm, "off"));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST(wire_coll, refusals) {
+  set_env(NULL, "all", NULL);
+  rt_run_threads(2, refuse_body, NULL);
+  /* at init: a bad value, a bad hop set, a format with a reproducible level */
+  ncclComm_t comms[2];
+  int devs[2] = {0, 1};
+  set_env("fp7", NULL, NULL);
+  EXPECT(ncclCommInitAll(comms, 2, devs) != ncclSuccess);
+  set_env("bf16", "some", NULL);
+  EXPECT(ncclCommInitAll(comms, 2, devs) != ncclSuccess);
+  set_env("bf16", NULL, NULL);
+  setenv("CHORUS_REPRODUCIBLE", "order", 1);
+  param_reset();
+  EXPECT(ncclCommInitAll(comms, 2, devs) != ncclSuccess);
+  unsetenv("CHORUS_REPRODUCIBLE");
+  clear_env();
+}
+
+/* bfloat16 data: the 8-bit formats compress it (the 16-bit ones would not: left exact), within the
+ * bound plus bfloat16's own rounding of the result. */
+static void bf16_body(int rank, int n, ncclUniqueId id, void* arg) {
+  int f = *(const int*)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  enum { M = 3000 };
+  static _Thread_local uint16_t x[M], y[M];
+  float xf[M];
+  for (int i = 0; i < M; i++) xf[i] = input_of(rank, (size_t)i);
+  red_from_float(ncclBfloat16, x, xf, M);
+  NCCL_OK(ncclAllReduce(x, y, M, ncclBfloat16, ncclSum, comm, NULL));
+  double rel, grp, tiny;
+  wire_error(f, &rel, &grp, &tiny);
+  for (int i = 0; i < M; i++) {
+    double exact = 0, s = 0;
+    for (int r = 0; r < n; r++) {
+      float v = red_bf16_to_float(red_float_to_bf16(input_of(r, (size_t)i)));
+      exact += v, s += fabs(v);
+    }
+    double got = red_bf16_to_float(y[i]), b = (pow(1 + rel + 0x1p-8, n + 1) - 1) * s + n * (grp * 32 * n + tiny);
+    if (!(fabs(got - exact) <= b)) {
+      rt_fail(__FILE__, __LINE__, "%s bfloat16 AllReduce element %d: %g, exact %g, bound %g", wire_name(f), i, got,
+              exact, b);
+      break;
+    }
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+}
+TEST(wire_coll, bfloat16_data) {
+  static const int f8[] = {WIRE_E4M3, WIRE_E5M2, WIRE_MX8};
+  for (int k = 0; k < 3; k++) {
+    char v[32];
+    snprintf(v, sizeof v, "%s!", wire_name(f8[k]));
+    set_env(v, "all", "Ring");
+    rt_run_threads(3, bf16_body, (void*)&f8[k]);
+  }
+  clear_env();
+}
