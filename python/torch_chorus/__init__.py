@@ -259,6 +259,24 @@ except Exception as e:  # private torch API: a torch that changed it still impor
     warnings.warn(f"torch_chorus: collectives inside torch.compile may fail on this torch ({e.__class__.__name__}: {e})")
 
 
+def set_wire_format(fmt, group=None):
+    """Compress `group`'s (default: the default group's) float32 and bfloat16 collectives on their network
+    hops from now on: "off", "bf16", "fp16", "fp8e4m3", "fp8e5m2" or "mx8", a trailing "!" to use it even
+    where the cost model says the link is fast (docs/WIRE.md). Every rank calls it alike, between calls
+    (queued calls finish first); CHORUS_WIRE_FORMAT sets it for every group instead. CPU and CUDA tensors."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    engine = _chorus_engine(group, None)
+    if engine is None:
+        raise RuntimeError("torch_chorus.set_wire_format: the group has no chorus backend")
+    engine._sync()
+    _lib.set_wire_format(engine._comm, fmt)
+    engine._wire_format = fmt  # for the device communicator, split at the first call on CUDA tensors
+    dcomm = getattr(engine, "_dcomm", None)
+    if dcomm is not None:
+        _lib.set_wire_format(dcomm, fmt)
+
+
 def dump_flight_recorder(group=None):
     """Write this rank's flight recorder for `group` (default: the default group) now, as torch's
     _dump_nccl_trace does for NCCL: CHORUS_DUMP_DIR/chorus-fr-<comm>-r<rank>.txt, which

@@ -89,6 +89,7 @@ _STRING_RESULT = ("ncclGetErrorString", "ncclGetLastError")
 _OPTIONAL = {
     "chorusCommStallReport": [_P, ctypes.c_char_p, _Z, ctypes.POINTER(_Z)],
     "chorusCommDumpFlightRecorder": [_P, ctypes.c_char_p, _Z],
+    "chorusCommSetWireFormat": [_P, ctypes.c_char_p],
     # RCCL's and NCCLX's call, a Chorus extension (include/chorus.h): counts and displacements per rank
     "ncclAllToAllv": [_P, ctypes.POINTER(_Z), ctypes.POINTER(_Z), _P, ctypes.POINTER(_Z), ctypes.POINTER(_Z), _I,
                       _P, _P],
@@ -147,6 +148,16 @@ def _load():
 
 optional = {}
 lib, library_path = _load()
+
+
+def set_wire_format(comm, fmt):
+    """chorusCommSetWireFormat (docs/WIRE.md); raises RuntimeError with the library's reason."""
+    fn = optional.get("chorusCommSetWireFormat")
+    if fn is None:
+        raise RuntimeError("torch_chorus: this libchorus has no wire formats (chorusCommSetWireFormat)")
+    rc = fn(comm, str(fmt).encode())
+    if rc != 0:
+        raise RuntimeError(f"torch_chorus.set_wire_format({fmt!r}): {error_string(rc)}: {last_error(comm)}")
 
 
 def dump_flight_recorder(comm):

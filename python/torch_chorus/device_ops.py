@@ -140,6 +140,9 @@ class DeviceOps:
         secs = self._timeout.total_seconds() if self._timeout is not None else 0
         if secs > 0:
             lib.chorusCommSetTimeout(comm, secs)
+        wire = getattr(self, "_wire_format", None)  # torch_chorus.set_wire_format, before this split
+        if wire is not None:
+            _lib.set_wire_format(comm, wire)
         with self._dev_lock:
             self._dcomm, self._ddevice = comm, t.device
         self._drow, self._dbarrier = d, d.empty(1, torch.uint8, t)  # the barrier's byte
