@@ -68,9 +68,13 @@ ch_status api_wire_for_call(struct ncclComm* comm, struct ch_task* t, const nccl
     return CH_OK;
   }
   if (!comm->wire_all && !comm->tune_net) return CH_OK; /* no network hop to compress */
-  if (!(req & WIRE_FORCE) && comm->model->net_bw > (double)param_int(PARAM_WIRE_MAX_LINK_MBS)) {
-    note_once(comm, 4, "the cost model's network (net_bw) is faster than CHORUS_WIRE_MAX_LINK_MBS; a trailing ! "
-              "(chorusWireForce) uses it anyway", fn, t->type, req);
+  /* The link: the cost model's (calibrated, or its default: loopback TCP), or the slowest interface a
+   * rank reported where that is slower (a 1 GbE NIC says 1000 Mbit/s; virtual links say nothing). */
+  double link = comm->model->net_bw;
+  if (comm->wire_link_mbs > 0 && comm->wire_link_mbs < link) link = comm->wire_link_mbs;
+  if (!(req & WIRE_FORCE) && link > (double)param_int(PARAM_WIRE_MAX_LINK_MBS)) {
+    note_once(comm, 4, "the link (the cost model's net_bw, or the slowest NIC's speed) is faster than "
+              "CHORUS_WIRE_MAX_LINK_MBS; a trailing ! (chorusWireForce) uses it anyway", fn, t->type, req);
     return CH_OK;
   }
   t->wire = WIRE_FMT(req);

@@ -148,6 +148,7 @@ struct ncclComm {
    * chorusCommSetWireFormat (a thread that may issue calls on the comm), read by calling threads. */
   _Atomic int wire;
   int wire_all;
+  int wire_link_mbs; /* the slowest known bootstrap interface of any rank, MB/s (0: none known); comm_agree */
   _Atomic int wire_int_noted; /* an integer or other uncompressible call was told once */
   /* The hosts as the cost model sees them (tune/shape.c), alike on every rank: set by tune_init,
    * read-only afterwards. Used only when tune_net and tune_hosts > 1. */

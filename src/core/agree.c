@@ -72,7 +72,9 @@ struct agree_msg {
   uint32_t pad;
   int64_t v[AGREE_NROWS];
   struct gpu_hello gpu; /* not a setting: carried for gpu_setup, which compares it itself */
-  int32_t p2p_cap, pad2; /* not a setting either: may differ; the smallest sizes the waves (pool.h) */
+  int32_t p2p_cap; /* not a setting either: may differ; the smallest sizes the waves (pool.h) */
+  int32_t link_mbits; /* the speed of this rank's bootstrap interface (-1 unknown): the slowest known
+                       * one is the link the automatic wire format weighs (api/wire_api.c) */
 };
 
 static void fill(const struct ncclComm* c, struct agree_msg* m) {
@@ -160,6 +162,7 @@ ch_status comm_agree(struct ncclComm* comm) {
   fill(comm, &all[comm->rank]);
   if (ch_comm_hooks.hello) ch_comm_hooks.hello(comm, &all[comm->rank].gpu);
   all[comm->rank].p2p_cap = comm->p2p_cap;
+  all[comm->rank].link_mbits = comm->peers ? sock_addr_speed_mbits(&comm->peers[comm->rank].listen_addr) : -1;
   ch_status s = boot_allgather(comm->boot, all, sizeof(*all));
   if (s == CH_OK && !(comm->gpu_hellos = calloc((size_t)n, sizeof(struct gpu_hello)))) {
     WARN("out of memory keeping %d ranks' CUDA hellos", n); /* gpu_setup's allgathers need every rank */
@@ -169,6 +172,12 @@ ch_status comm_agree(struct ncclComm* comm) {
   comm->p2p_wave = comm->p2p_cap;
   for (int r = 0; s == CH_OK && r < n; r++) /* a peer's word, but only ever a size: bounded */
     if (all[r].p2p_cap >= 1 && all[r].p2p_cap < comm->p2p_wave) comm->p2p_wave = all[r].p2p_cap;
+  comm->wire_link_mbs = 0;
+  for (int r = 0; s == CH_OK && r < n; r++) { /* likewise bounded: only compared */
+    int32_t m = all[r].link_mbits;
+    if (m > 0 && m <= 10000000 && (comm->wire_link_mbs == 0 || m / 8 < comm->wire_link_mbs))
+      comm->wire_link_mbs = m / 8 > 0 ? m / 8 : 1;
+  }
   int bad = 0;
   for (int r = 0; s == CH_OK && r < n; r++) {
     if (all[r].nrows != AGREE_NROWS) {

@@ -64,6 +64,9 @@ int sock_find_interfaces(struct sock_iface* out, int max);
 int sock_route_source(const union sock_addr* dst, union sock_addr* src);
 /* Loopback address (127/8, ::1, v4-mapped 127/8). */
 int sock_addr_is_loopback(const union sock_addr* a);
+/* The link speed (Mbit/s, /sys/class/net/IF/speed) of the interface holding address a; -1 unknown
+ * (loopback, a virtual link that reports none, an address no interface has). */
+int sock_addr_speed_mbits(const union sock_addr* a);
 /* Listen on addr (port 0 = ephemeral; the bound port is written back into s->addr). */
 ch_status sock_listen(const union sock_addr* addr, struct sock* s);
 /* Accept one connection; CH_TIMEOUT on deadline, CH_ABORTED on abort. */
