@@ -82,8 +82,7 @@ static void group_scale_inplace(float* x, float f) {
 }
 
 /* Each group's scale byte (sc) and its values divided by the scale (s), for k <= BLK values. */
-static void mx8_prep(float* restrict s, uint8_t* restrict sc,
-                                                                const float* restrict x, size_t k) {
+static void mx8_prep(float* restrict s, uint8_t* restrict sc, const float* restrict x, size_t k) {
   for (size_t g = 0, i = 0; g < k; g += WIRE_GROUP, i++) {
     size_t m = k - g < WIRE_GROUP ? k - g : WIRE_GROUP;
     uint32_t amax = m == WIRE_GROUP ? group_amax(x + g) : 0;
