@@ -51,6 +51,8 @@ static inline int rma_procs(const struct ncclComm* comm) { return comm->clique &
 /* Whether a peer's description of a buffer (bytes at offset off of an allocation of alloc bytes) is
  * one that could be mapped: checked before anything of it is used (window.c). */
 int rma_span_ok(uint64_t off, uint64_t bytes, uint64_t alloc);
+/* Whether a put of bytes at offset off stays inside a peer's window of size bytes (its description). */
+static inline int rma_put_ok(uint64_t off, uint64_t bytes, uint64_t size) { return off <= size && bytes <= size - off; }
 /* win, if it is a window of comm (else a WARN naming fn, and NULL). */
 struct ncclWindow_vidmem* rma_win_of(struct ncclComm* comm, ncclWindow_t win, const char* fn);
 /* Windows and signal blocks of comm, at its destruction (no call runs on it any more). */

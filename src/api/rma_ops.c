@@ -82,7 +82,7 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
   if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK &&
       !(w = rma_win_of(comm, peerWin, fn)))
     s = CH_INVALID_ARG;
-  if (s == CH_OK && (peerWinOffset > w->d[peer].size || bytes > w->d[peer].size - peerWinOffset)) {
+  if (s == CH_OK && !rma_put_ok(peerWinOffset, bytes, w->d[peer].size)) {
     WARN("%s: %zu bytes at offset %zu go past the end of rank %d's window (%llu bytes)", fn, bytes, peerWinOffset, peer,
          (unsigned long long)w->d[peer].size);
     s = CH_INVALID_ARG;
