@@ -247,6 +247,16 @@ class ChorusCBackend : public c10d::Backend {
     if (child.is_none()) return nullptr;
     return child.cast<c10::intrusive_ptr<c10d::Backend>>();
   }
+  // dist.shrink_group (torch 2.10+): the engine shrinks its communicator (ncclCommShrink) and puts the
+  // survivors behind a front of their own.
+  bool supportsShrinking() const { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts_override = nullptr) {
+    (void)opts_override;  // the survivors keep the group's settings (timeout, name)
+    py::gil_scoped_acquire g;
+    py::object child = engine_.attr("_shrink_front")(ranks_to_exclude, shrink_flags);
+    return child.cast<c10::intrusive_ptr<c10d::Backend>>();
+  }
   // dist.monitored_barrier: through the group's store, naming the ranks that did not come (backend.py).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) {
     py::gil_scoped_acquire g;

@@ -155,7 +155,7 @@ _BASE, AS_PROCESS_GROUP = _pick_base()
 
 
 class ChorusEngine(_BASE):
-    def __init__(self, store, rank, size, timeout, group_name="", split_from=None, color=0):
+    def __init__(self, store, rank, size, timeout, group_name="", split_from=None, color=0, shrink=None):
         """A communicator of `size` ranks: made from a unique id passed through `store`, or (split_from:
         the parent engine; every rank of the parent calls alike) by ncclCommSplit of the parent's with
         `color` and this rank's position `rank` as key."""
@@ -196,7 +196,10 @@ class ChorusEngine(_BASE):
         self._mb_seq = 0  # monitored barriers so far (their store keys)
         secs = timeout.total_seconds() if timeout is not None else 0
         if split_from is not None:
-            self._split_comm(split_from, color, rank, size)
+            if shrink is not None:  # (ranks to exclude, flags): ncclCommShrink of the parent's
+                self._shrink_comm(split_from, shrink[0], shrink[1], rank, size)
+            else:
+                self._split_comm(split_from, color, rank, size)
             if secs > 0:
                 self._check(lib.chorusCommSetTimeout(self._comm, secs), "chorusCommSetTimeout")
             return
@@ -246,6 +249,30 @@ class ChorusEngine(_BASE):
                                f"of {size} in its new group, but the ranks that named the same group make "
                                f"{n.value} (this one rank {r.value}): every rank must pass the same, "
                                "non-overlapping split_ranks")
+
+    def _shrink_comm(self, parent, exclude, flags, rank, size):
+        """This engine's communicator: parent's without the ranks of exclude (ncclCommShrink, every
+        survivor alike). With NCCL_SHRINK_ABORT the parent's calls in flight are aborted first (a dead
+        rank's group), so the parent is neither synchronised nor checked for health."""
+        fn = _lib.optional.get("ncclCommShrink")
+        if fn is None:
+            raise RuntimeError("chorus: shrink_group: this libchorus has no ncclCommShrink")
+        if not flags & 1:
+            parent._sync()
+            parent._healthy()
+        arr = (ctypes.c_int * max(1, len(exclude)))(*exclude)
+        comm = ctypes.c_void_p()
+        rc = fn(parent._comm, arr, len(exclude), ctypes.byref(comm), None, int(flags))
+        if rc != _lib.ncclSuccess:
+            raise RuntimeError(f"chorus: ncclCommShrink failed on rank {parent._rank}: {_lib.error_string(rc)}: "
+                               f"{_lib.last_error(parent._comm)}")
+        self._comm = comm
+        n, r = ctypes.c_int(), ctypes.c_int()
+        lib.ncclCommCount(comm, ctypes.byref(n))
+        lib.ncclCommUserRank(comm, ctypes.byref(r))
+        if (n.value, r.value) != (size, rank):
+            raise RuntimeError(f"chorus: shrink_group: expected rank {rank} of {size}, ncclCommShrink made rank "
+                               f"{r.value} of {n.value}")
 
     def _init_comm(self, uid, secs):
         """ncclCommInitRank within the process group's timeout: nonblocking (in Chorus that changes

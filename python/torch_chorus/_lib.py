@@ -90,6 +90,7 @@ _OPTIONAL = {
     "chorusCommStallReport": [_P, ctypes.c_char_p, _Z, ctypes.POINTER(_Z)],
     "chorusCommDumpFlightRecorder": [_P, ctypes.c_char_p, _Z],
     "chorusCommSetWireFormat": [_P, ctypes.c_char_p],
+    "ncclCommShrink": [_P, ctypes.POINTER(_I), _I, ctypes.POINTER(_P), ctypes.POINTER(Config), _I],
     # RCCL's and NCCLX's call, a Chorus extension (include/chorus.h): counts and displacements per rank
     "ncclAllToAllv": [_P, ctypes.POINTER(_Z), ctypes.POINTER(_Z), _P, ctypes.POINTER(_Z), ctypes.POINTER(_Z), _I,
                       _P, _P],

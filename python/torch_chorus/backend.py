@@ -550,6 +550,28 @@ class ChorusBackend(DeviceOps, ChorusEngine):
         child._attach_front(front, _cext.make_work)
         return front
 
+    def shrink(self, ranks_to_exclude, shrink_flags=0):
+        """torch's shrink_group (the C++ front's Backend::shrink): every surviving rank calls it with the
+        same ranks to leave out (of this group); one ncclCommShrink, NCCL_SHRINK_ABORT (torch's
+        SHRINK_ABORT, 1) aborting what the parent had in flight. The survivors keep their order."""
+        exclude = sorted({int(r) for r in ranks_to_exclude})
+        if self._rank in exclude:
+            raise RuntimeError(f"chorus: shrink_group: rank {self._rank} is among the ranks to exclude {exclude}")
+        self._nshrinks = getattr(self, "_nshrinks", 0) + 1
+        store = dist.PrefixStore(f"torch_chorus/shrink{self._nshrinks}/", self._store)  # its own keys
+        rank = self._rank - sum(1 for r in exclude if r < self._rank)
+        return type(self)(store, rank, self._size - len(exclude), self._timeout, self._name, split_from=self,
+                          shrink=(exclude, int(shrink_flags)))
+
+    def _shrink_front(self, ranks_to_exclude, shrink_flags=0):
+        """shrink for the C++ front (_cbackend.cpp): the new engine behind a front of its own."""
+        child = self.shrink(ranks_to_exclude, shrink_flags)
+        if self._front is None or _cext is None:
+            return child
+        front = _cext.ChorusCBackend(child, child._rank, child._size)
+        child._attach_front(front, _cext.make_work)
+        return front
+
     def perform_nocolor_split(self, device=None):
         """torch's new_group asks ranks outside a new group to take part in a split of the default
         group; chorus makes new groups from the store among their members (create_backend_ext), which
