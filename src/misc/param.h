@@ -128,7 +128,7 @@
   X(WIRE_HOPS, "CHORUS_WIRE_HOPS", P_STR, 0, "net",                                                 \
     "hops a wire format applies to: net (network connections only; shared memory stays exact) or all") \
   X(WIRE_MAX_LINK_MBS, "CHORUS_WIRE_MAX_LINK_MBS", P_INT, 1000, "",                                  \
-    "a wire format without ! applies when the cost model's network bandwidth (net_bw, MB/s) is at most this") \
+    "a wire format without ! applies when the link (the cost model's net_bw, or the slowest rank's NIC speed where slower; MB/s) is at most this") \
   X(STREAM_MIN_BYTES, "CHORUS_STREAM_MIN_BYTES", P_INT, 8 << 20, "",                               \
     "smallest result (bytes) written with streaming stores, bypassing the cache (-1 = never)")     \
   X(WIRE_VERSION, "CHORUS_WIRE_VERSION", P_INT, 1, "",                                             \
