@@ -110,8 +110,8 @@ static inline int wire_hop(const struct prim_ctx* ctx, const struct conn* c) {
   return ctx->wire_all || c->transport == TP_TCP || c->transport == TP_FAB;
 }
 
-size_t prim_bytes(const struct prim_ctx* ctx, const struct conn* c, size_t nelem) {
-  if (ctx->wire && ctx->proto == PROTO_SIMPLE && wire_hop(ctx, c)) return wire_bytes(ctx->wire, ctx->wire_type, nelem);
+size_t prim_wire_bytes(const struct prim_ctx* ctx, const struct conn* c, size_t nelem) {
+  if (ctx->proto == PROTO_SIMPLE && wire_hop(ctx, c)) return wire_bytes(ctx->wire, ctx->wire_type, nelem);
   return nelem * ctx->esize;
 }
 

@@ -72,8 +72,11 @@ size_t prim_step_elems(int proto, size_t slot_bytes, size_t esize);
 /* Payload bytes that fit in one slot of `proto` (scratch sizing). */
 size_t prim_slot_payload(int proto, size_t slot_bytes);
 /* Bytes a step of nelem elements puts on connection c: compressed where the call's wire format
- * applies to c (reduce/wire.h). */
-size_t prim_bytes(const struct prim_ctx* ctx, const struct conn* c, size_t nelem);
+ * applies to c (reduce/wire.h). Inline: the engine counts every step. */
+size_t prim_wire_bytes(const struct prim_ctx* ctx, const struct conn* c, size_t nelem);
+static inline size_t prim_bytes(const struct prim_ctx* ctx, const struct conn* c, size_t nelem) {
+  return ctx->wire ? prim_wire_bytes(ctx, c, nelem) : nelem * ctx->esize;
+}
 /* 1: done; 0: must wait; PRIM_MISMATCH: the step that arrived was sent by a different call (nothing
  * of it was consumed; prim_their_hdr describes that call). */
 #define PRIM_MISMATCH (-1)

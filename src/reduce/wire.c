@@ -142,40 +142,36 @@ static void mx8_dec(float* x, const uint8_t* w, size_t k) {
   }
 }
 
-/* Encode k <= BLK float values. */
-static void enc_f32(int fmt, uint8_t* w, const float* x, size_t k) {
-  if (fmt == WIRE_MX8) mx8_enc(w, x, k);
-  else red_from_float(fmts[fmt].type, w, x, k);
+/* n float values, any n: the 16- and 8-bit formats in one conversion; mx8 a block of groups at a time. */
+static void enc_f32(int fmt, uint8_t* w, const float* x, size_t n) {
+  if (fmt != WIRE_MX8) {
+    red_from_float(fmts[fmt].type, w, x, n);
+    return;
+  }
+  for (size_t at = 0; at < n; at += BLK) mx8_enc(w + wire_bytes(fmt, ncclFloat32, at), x + at, n - at < BLK ? n - at : BLK);
 }
 
-static void dec_f32(int fmt, float* x, const uint8_t* w, size_t k) {
-  if (fmt == WIRE_MX8) mx8_dec(x, w, k);
-  else red_to_float(fmts[fmt].type, x, w, k);
+static void dec_f32(int fmt, float* x, const uint8_t* w, size_t n) {
+  if (fmt != WIRE_MX8) {
+    red_to_float(fmts[fmt].type, x, w, n);
+    return;
+  }
+  for (size_t at = 0; at < n; at += BLK) mx8_dec(x + at, w + wire_bytes(fmt, ncclFloat32, at), n - at < BLK ? n - at : BLK);
 }
 
 void wire_encode(int fmt, int type, void* wire, const void* src, size_t n) {
   fmt = WIRE_FMT(fmt);
   if (!wire_applies(fmt, type)) {
     memcpy(wire, src, n * red_type_size(type));
-    return;
-  }
-  uint8_t* w = wire;
-  if (type == ncclFloat32) {
-    if (fmt != WIRE_MX8) {
-      red_from_float(fmts[fmt].type, w, src, n);
-      return;
-    }
+  } else if (type == ncclFloat32) {
+    enc_f32(fmt, wire, src, n);
+  } else {
+    float x[BLK]; /* bfloat16: widen (exact), then encode */
     for (size_t at = 0; at < n; at += BLK) {
       size_t k = n - at < BLK ? n - at : BLK;
-      enc_f32(fmt, w + wire_bytes(fmt, type, at), (const float*)src + at, k);
+      red_to_float(ncclBfloat16, x, (const uint16_t*)src + at, k);
+      enc_f32(fmt, (uint8_t*)wire + wire_bytes(fmt, type, at), x, k);
     }
-    return;
-  }
-  float x[BLK]; /* bfloat16: widen (exact), then encode */
-  for (size_t at = 0; at < n; at += BLK) {
-    size_t k = n - at < BLK ? n - at : BLK;
-    red_to_float(ncclBfloat16, x, (const uint16_t*)src + at, k);
-    enc_f32(fmt, w + wire_bytes(fmt, type, at), x, k);
   }
 }
 
@@ -183,25 +179,15 @@ void wire_decode(int fmt, int type, void* dst, const void* wire, size_t n) {
   fmt = WIRE_FMT(fmt);
   if (!wire_applies(fmt, type)) {
     memcpy(dst, wire, n * red_type_size(type));
-    return;
-  }
-  const uint8_t* w = wire;
-  if (type == ncclFloat32) {
-    if (fmt != WIRE_MX8) {
-      red_to_float(fmts[fmt].type, dst, w, n);
-      return;
-    }
+  } else if (type == ncclFloat32) {
+    dec_f32(fmt, dst, wire, n);
+  } else {
+    float x[BLK]; /* bfloat16: e4m3 values times a power of two are bfloat16 values (but far subnormals) */
     for (size_t at = 0; at < n; at += BLK) {
       size_t k = n - at < BLK ? n - at : BLK;
-      dec_f32(fmt, (float*)dst + at, w + wire_bytes(fmt, type, at), k);
+      dec_f32(fmt, x, (const uint8_t*)wire + wire_bytes(fmt, type, at), k);
+      red_from_float(ncclBfloat16, (uint16_t*)dst + at, x, k);
     }
-    return;
-  }
-  float x[BLK]; /* bfloat16: e4m3 values times a power of two are bfloat16 values (but far subnormals) */
-  for (size_t at = 0; at < n; at += BLK) {
-    size_t k = n - at < BLK ? n - at : BLK;
-    dec_f32(fmt, x, w + wire_bytes(fmt, type, at), k);
-    red_from_float(ncclBfloat16, (uint16_t*)dst + at, x, k);
   }
 }
 
