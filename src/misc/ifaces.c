@@ -107,21 +107,23 @@ static int addr_equal(const union sock_addr* a, const union sock_addr* b) {
   return !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, 16);
 }
 
+int sock_iface_speed_mbits(const char* name) {
+  char path[96];
+  snprintf(path, sizeof path, "/sys/class/net/%.40s/speed", name);
+  FILE* f = fopen(path, "r");
+  int s = -1;
+  if (f) {
+    if (fscanf(f, "%d", &s) != 1) s = -1;
+    fclose(f);
+  }
+  return s > 0 ? s : -1; /* loopback and most virtual links: no speed (EINVAL) or -1 */
+}
+
 int sock_addr_speed_mbits(const union sock_addr* a) {
   struct sock_iface ifs[64];
   int n = if_collect(ifs, 64);
-  for (int i = 0; i < n; i++) {
-    if (!addr_equal(&ifs[i].addr, a)) continue;
-    char path[96];
-    snprintf(path, sizeof path, "/sys/class/net/%s/speed", ifs[i].name);
-    FILE* f = fopen(path, "r");
-    int s = -1;
-    if (f) {
-      if (fscanf(f, "%d", &s) != 1) s = -1;
-      fclose(f);
-    }
-    return s > 0 ? s : -1; /* loopback and most virtual links: no speed (EINVAL) or -1 */
-  }
+  for (int i = 0; i < n; i++)
+    if (addr_equal(&ifs[i].addr, a)) return sock_iface_speed_mbits(ifs[i].name);
   return -1;
 }
 

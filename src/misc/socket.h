@@ -67,6 +67,8 @@ int sock_addr_is_loopback(const union sock_addr* a);
 /* The link speed (Mbit/s, /sys/class/net/IF/speed) of the interface holding address a; -1 unknown
  * (loopback, a virtual link that reports none, an address no interface has). */
 int sock_addr_speed_mbits(const union sock_addr* a);
+/* The same for interface name; -1 unknown. */
+int sock_iface_speed_mbits(const char* name);
 /* Listen on addr (port 0 = ephemeral; the bound port is written back into s->addr). */
 ch_status sock_listen(const union sock_addr* addr, struct sock* s);
 /* Accept one connection; CH_TIMEOUT on deadline, CH_ABORTED on abort. */

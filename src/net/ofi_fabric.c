@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../misc/log.h"
+#include "../misc/socket.h"
 #include "../misc/param.h"
 #include "../misc/utils.h"
 #include "ofi.h"
@@ -151,14 +152,8 @@ static void offered_list(const struct fi_info* list, char* buf, size_t len) {
 /* Read /sys/class/net/<name>/speed and resolve its device link; virtual or missing: defaults. */
 static void dev_sysfs(struct ofi_dev* d) {
   char path[PATH_MAX];
-  d->speed = 10000;
-  snprintf(path, sizeof(path), "/sys/class/net/%s/speed", d->name);
-  FILE* f = fopen(path, "r");
-  if (f) {
-    int s = 0;
-    if (fscanf(f, "%d", &s) == 1 && s > 0) d->speed = s;
-    fclose(f);
-  }
+  int s = sock_iface_speed_mbits(d->name);
+  d->speed = s > 0 ? s : 10000;
   snprintf(path, sizeof(path), "/sys/class/net/%s/device", d->name);
   d->pci_path = realpath(path, NULL);
 }

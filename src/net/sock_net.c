@@ -160,14 +160,7 @@ static ncclResult_t sn_devices(int* ndev) {
 
 /* The link speed in Mbit/s from sysfs (virtual links say -1 or nothing: 10 Gbit/s, as NCCL assumes). */
 static int dev_speed(const char* name) {
-  char path[128];
-  snprintf(path, sizeof(path), "/sys/class/net/%s/speed", name);
-  FILE* f = fopen(path, "r");
-  int s = 0;
-  if (f) {
-    if (fscanf(f, "%d", &s) != 1) s = 0;
-    fclose(f);
-  }
+  int s = sock_iface_speed_mbits(name);
   return s > 0 ? s : 10000;
 }
 
