@@ -25,6 +25,7 @@
 #include "misc/param.h"
 #include "misc/utils.h"
 #include "runner.h"
+#include "tools_util.h"
 
 #define COUNT 256
 static const char HEADLINE[] = "AllReduce #2 (1 KiB): ranks 0-1 waiting, rank 2 last completed #1";
@@ -100,21 +101,6 @@ TEST_T(stall, dump_on_signal_summary, 60) { rt_run_procs(3, dump_body, NULL); }
 
 /* ---- chorus-info --stall against a live job, and the query's authentication ---- */
 
-static const char* chorus_info_path(void) {
-  static char p[PATH_MAX + 32];
-  const char* dir = getenv("CHORUS_BIN_DIR");
-  char self[PATH_MAX];
-  if (!dir || !*dir) {
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    self[n > 0 ? n : 0] = '\0';
-    char* slash = strrchr(self, '/');
-    if (slash) *slash = '\0';
-    dir = n > 0 ? self : "build/bin";
-  }
-  snprintf(p, sizeof p, "%.*s/chorus-info", PATH_MAX - 1, dir);
-  return p;
-}
-
 /* A rank publishes what it waits for once it has been idle ~10 ms, noticed on the engine's next clock
  * read (tens of ms, more on a loaded machine): ask again until the report says `want` (at most 15 s).
  * Returns chorus-info's exit status of the last try. */
@@ -139,7 +125,7 @@ static int run_info(const char* addr, const char* env, char* out, size_t cap) {
     close(p[0]), close(p[1]);
     unsetenv("CHORUS_SECRET"), unsetenv("CHORUS_SECRET_FILE"), unsetenv("NCCL_COMM_ID");
     if (env) putenv((char*)env);
-    execl(chorus_info_path(), "chorus-info", "--stall", addr, (char*)NULL);
+    execl(tu_bin("chorus-info"), "chorus-info", "--stall", addr, (char*)NULL);
     _exit(127);
   }
   close(p[1]);

@@ -16,11 +16,7 @@
 #include "misc/utils.h"
 #include "runner.h"
 
-static void set(const char* name, const char* value) {
-  if (value) setenv(name, value, 1);
-  else unsetenv(name);
-  param_reset();
-}
+void tt_set(const char* name, const char* value); /* test_tuning.c */
 
 /* ---- tuner plugins (plugins/tuner-csv, built into build/lib) ---- */
 
@@ -64,7 +60,7 @@ static void use_rules(const char* rules) {
   ASSERT(f);
   fputs(rules, f);
   fclose(f);
-  set("NCCL_TUNER_CONFIG_FILE", path);
+  tt_set("NCCL_TUNER_CONFIG_FILE", path);
 }
 
 struct want_choice {
@@ -115,7 +111,7 @@ TEST_T(tuning, tuner_plugin_forces_ring_over_exchange_and_direct, 90) {
   /* without the plugin: Exchange (2 processes), Direct (threads and >= 256 KiB) */
   struct want_choice none[] = {{FUNC_ALLREDUCE, 4096, ALGO_EXCHANGE, PROTO_SIMPLE, 0}, {0, 0, 0, 0, 0}};
   rt_run_procs(2, plugin_body, none);
-  set("NCCL_TUNER_PLUGIN", lib);
+  tt_set("NCCL_TUNER_PLUGIN", lib);
   use_rules("# collective,minbytes,maxbytes,algorithm,protocol\n"
             "allreduce, 0, -1, ring, simple\n");
   struct want_choice ring[] = {{FUNC_ALLREDUCE, 8, ALGO_RING, PROTO_SIMPLE, 0},
@@ -130,7 +126,7 @@ TEST_T(tuning, tuner_plugin_forces_ring_over_exchange_and_direct, 90) {
 TEST_T(tuning, tuner_plugin_forces_tree, 90) {
   const char* lib = tt_csv_plugin();
   if (!lib) return;
-  set("NCCL_TUNER_PLUGIN", lib);
+  tt_set("NCCL_TUNER_PLUGIN", lib);
   /* A line longer than the plugin's buffer is skipped whole (its tail, a Ring rule here, was parsed as
    * a line of its own), and a count past int refused (4294967299 wrapped into 3: a rule for these 3 ranks). */
   static char rules[2048];
@@ -149,8 +145,8 @@ TEST_T(tuning, tuner_plugin_forces_tree, 90) {
 TEST_T(tuning, tuner_plugin_forces_protocol_and_channels, 90) {
   const char* lib = tt_csv_plugin();
   if (!lib) return;
-  set("NCCL_TUNER_PLUGIN", lib);
-  set("NCCL_MAX_NCHANNELS", "2");
+  tt_set("NCCL_TUNER_PLUGIN", lib);
+  tt_set("NCCL_MAX_NCHANNELS", "2");
   use_rules("allreduce,0,100000,ring,ll\n"
             "allreduce,100001,-1,ring,ll128,2\n"
             "broadcast,0,-1,ring,simple\n"
@@ -198,7 +194,7 @@ static void log_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST_T(tuning, tuner_choice_is_logged, 60) {
   const char* lib = tt_csv_plugin();
   if (!lib) return;
-  set("NCCL_TUNER_PLUGIN", lib);
+  tt_set("NCCL_TUNER_PLUGIN", lib);
   use_rules("allreduce,0,-1,ring,ll\n");
   rt_run_procs(2, log_body, NULL);
 }
@@ -218,15 +214,15 @@ static void missing_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(tuning, missing_tuner_plugin_is_reported_not_fatal, 60) {
-  set("NCCL_TUNER_PLUGIN", "/nonexistent/libnccl-tuner-x.so");
+  tt_set("NCCL_TUNER_PLUGIN", "/nonexistent/libnccl-tuner-x.so");
   const char* path[] = {"NCCL_TUNER_PLUGIN=/nonexistent/libnccl-tuner-x.so: could not load /nonexistent/libnccl-tuner-x.so",
                         "No such file or directory", "continuing without a tuner plugin", NULL};
   rt_run_both(2, missing_body, path);
-  set("NCCL_TUNER_PLUGIN", "nosuchtuner");
+  tt_set("NCCL_TUNER_PLUGIN", "nosuchtuner");
   const char* name[] = {"could not load nosuchtuner (", "nor libnccl-tuner-nosuchtuner.so (", NULL};
   rt_run_procs(2, missing_body, name);
   /* a library that is not a tuner */
-  set("NCCL_TUNER_PLUGIN", "libm.so.6");
+  tt_set("NCCL_TUNER_PLUGIN", "libm.so.6");
   const char* notuner[] = {"libm.so.6 exports no ncclTunerPlugin_v6/v5/v4/v3 symbol", NULL};
   rt_run_threads(2, missing_body, notuner);
 }
@@ -307,24 +303,24 @@ static void chunk_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 static void chunk_run(int nranks, const struct chunk_case* c) {
-  set("CHORUS_TEST_TUNER_ALGO", c->algo);
-  set("CHORUS_TEST_TUNER_CHUNK", c->chunk);
+  tt_set("CHORUS_TEST_TUNER_ALGO", c->algo);
+  tt_set("CHORUS_TEST_TUNER_CHUNK", c->chunk);
   rt_run_procs(nranks, chunk_body, (void*)c);
 }
 
 TEST_T(tuning, tuner_chunk_size_sets_the_step, 90) {
-  set("NCCL_TUNER_PLUGIN", CHORUS_TUNER_STUB);
+  tt_set("NCCL_TUNER_PLUGIN", CHORUS_TUNER_STUB);
   struct chunk_case ring = {"ring", "4100", 4100, NULL}; /* 1025 floats: not a multiple of 8 elements */
   chunk_run(2, &ring);
   struct chunk_case tree = {"tree", "4096", 4096, NULL}; /* Tree's per-peer FIFOs: their own step */
   chunk_run(3, &tree);
   struct chunk_case keep = {"ring", NULL, 0, NULL}; /* the default given back: nothing to log */
   chunk_run(2, &keep);
-  set("CHORUS_TEST_TUNER_CHUNK", NULL);
+  tt_set("CHORUS_TEST_TUNER_CHUNK", NULL);
 }
 
 TEST_T(tuning, tuner_chunk_size_refused_with_one_warn, 120) {
-  set("NCCL_TUNER_PLUGIN", CHORUS_TUNER_STUB);
+  tt_set("NCCL_TUNER_PLUGIN", CHORUS_TUNER_STUB);
   struct chunk_case zero = {"ring", "0", 0, "chose 0 bytes, which is 0; using "};
   chunk_run(2, &zero);
   struct chunk_case split = {"ring", "4098", 0, "chose 4098 bytes, which is not a whole number of elements"};
@@ -333,5 +329,5 @@ TEST_T(tuning, tuner_chunk_size_refused_with_one_warn, 120) {
   chunk_run(2, &big);
   struct chunk_case fail = {"ring", "fail", 0, "returned 3; using "};
   chunk_run(2, &fail);
-  set("CHORUS_TEST_TUNER_CHUNK", NULL);
+  tt_set("CHORUS_TEST_TUNER_CHUNK", NULL);
 }

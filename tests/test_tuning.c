@@ -21,7 +21,8 @@
 #define ALL_ALGO ((1u << TUNE_ALGO_NBITS) - 1)
 #define NCCL_ONLY(k) (1u << (ALGO_COUNT + (k))) /* CollNetDirect 0 ... PAT 4 */
 
-static void set(const char* name, const char* value) {
+/* Set (value) or unset (NULL) a variable and forget cached parameters; test_tuner_plugin.c uses it too. */
+void tt_set(const char* name, const char* value) {
   if (value) setenv(name, value, 1);
   else unsetenv(name);
   param_reset();
@@ -202,8 +203,8 @@ static void sweep_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 static void sweep(int nranks, int procs) {
   for (size_t p = 0; p < NSP; p++)
     for (size_t a = 0; a < NSA; a++) {
-      set("NCCL_PROTO", sweep_protos[p]);
-      set("NCCL_ALGO", sweep_algos[a]);
+      tt_set("NCCL_PROTO", sweep_protos[p]);
+      tt_set("NCCL_ALGO", sweep_algos[a]);
       if (procs) rt_run_procs(nranks, sweep_body, NULL);
       else rt_run_threads(nranks, sweep_body, NULL);
     }
@@ -218,13 +219,13 @@ TEST_T(tuning, default_model_keeps_choices_procs, 240) {
   sweep(3, 1);
 }
 TEST_T(tuning, default_model_keeps_choices_channels_net, 120) {
-  set("NCCL_ALGO", "^" ADDED);
-  set("NCCL_MAX_NCHANNELS", "4");
-  set("NCCL_MIN_NCHANNELS", "2");
+  tt_set("NCCL_ALGO", "^" ADDED);
+  tt_set("NCCL_MAX_NCHANNELS", "4");
+  tt_set("NCCL_MIN_NCHANNELS", "2");
   rt_run_procs(2, sweep_body, NULL);
-  set("NCCL_MAX_NCHANNELS", NULL);
-  set("NCCL_MIN_NCHANNELS", NULL);
-  set("NCCL_SHM_DISABLE", "1"); /* processes then talk over the network transport: Simple only */
+  tt_set("NCCL_MAX_NCHANNELS", NULL);
+  tt_set("NCCL_MIN_NCHANNELS", NULL);
+  tt_set("NCCL_SHM_DISABLE", "1"); /* processes then talk over the network transport: Simple only */
   rt_run_procs(2, sweep_body, NULL);
 }
 
@@ -257,7 +258,7 @@ static void recdbl_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(tuning, recdbl_for_small_allreduce, 60) {
   rt_run_procs(4, recdbl_body, NULL);
-  set("NCCL_SHM_DISABLE", "1");
+  tt_set("NCCL_SHM_DISABLE", "1");
   rt_run_procs(4, recdbl_body, NULL);
 }
 
@@ -292,7 +293,7 @@ static void hosts_free(struct ncclComm* c) {
 static double forced_us(const char* algo, size_t bytes, int* chosen) {
   char v[64];
   snprintf(v, sizeof v, "allreduce:%s", algo);
-  set("NCCL_ALGO", v);
+  tt_set("NCCL_ALGO", v);
   struct ncclComm* c = hosts_comm(2, 8);
   struct tune_choice ch;
   double us = tune_predict(c, FUNC_ALLREDUCE, bytes, CH_REPRO_OFF, &ch);
@@ -314,9 +315,9 @@ static void expect_close(double got, double want, const char* what, size_t bytes
  * default constants: Simple inside a host (step s, two copies at copy_bw), net_step_us and net_bw
  * between hosts, where the 8 ranks of a host cross in the round at distance 8 and share the NIC. */
 TEST(tuning, two_hosts_of_eight_ring_large_log_small) {
-  set("NCCL_TUNER_PLUGIN", "none");
-  set("NCCL_SHM_DISABLE", NULL);
-  set("NCCL_ALGO", NULL);
+  tt_set("NCCL_TUNER_PLUGIN", "none");
+  tt_set("NCCL_SHM_DISABLE", NULL);
+  tt_set("NCCL_ALGO", NULL);
   struct ncclComm* c = hosts_comm(2, 8);
   EXPECT_EQ(c->tune_net, 1);
   EXPECT_EQ(c->tune_hosts, 2);
@@ -359,8 +360,8 @@ TEST(tuning, two_hosts_of_eight_ring_large_log_small) {
     expect_close(forced_us("Tree", sizes[z], &a), 2 * (nlat + 7 * s) + b * 4 * nper, "Tree", sizes[z]);
     EXPECT_EQ(a, ALGO_TREE);
   }
-  set("NCCL_ALGO", NULL);
-  set("NCCL_TUNER_PLUGIN", NULL);
+  tt_set("NCCL_ALGO", NULL);
+  tt_set("NCCL_TUNER_PLUGIN", NULL);
 }
 
 /* Direct between processes falls back, when some buffer is not from ncclMemAlloc, to what the model
@@ -390,11 +391,11 @@ static void fallback_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 
 TEST_T(tuning, direct_falls_back_to_exchange_or_ring, 90) {
   rt_run_procs(4, fallback_body, NULL);
-  set("NCCL_ALGO", "Ring,Direct");
+  tt_set("NCCL_ALGO", "Ring,Direct");
   rt_run_procs(4, fallback_body, NULL);
-  set("NCCL_ALGO", "Direct");
+  tt_set("NCCL_ALGO", "Direct");
   rt_run_procs(4, fallback_body, NULL);
-  set("NCCL_ALGO", NULL);
+  tt_set("NCCL_ALGO", NULL);
   rt_run_procs(2, fallback_body, NULL);
 }
 
@@ -410,10 +411,10 @@ static void init_fails_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(tuning, malformed_fails_init, 60) {
-  set("NCCL_ALGO", "ring;tree");
+  tt_set("NCCL_ALGO", "ring;tree");
   rt_run_both(2, init_fails_body, "NCCL_ALGO=ring;tree is malformed: entry 2 has no 'collective:' prefix");
-  set("NCCL_ALGO", NULL);
-  set("NCCL_PROTO", "allreduce:LL,LL129");
+  tt_set("NCCL_ALGO", NULL);
+  tt_set("NCCL_PROTO", "allreduce:LL,LL129");
   rt_run_threads(3, init_fails_body, "NCCL_PROTO=allreduce:LL,LL129 is malformed: unknown protocol 'LL129'");
 }
 
@@ -431,13 +432,13 @@ static const char* tune_file(const char* text) {
 }
 
 TEST_T(tuning, tune_file_malformed_fails_init, 60) {
-  set("CHORUS_TUNE_FILE", tune_file("step_us.Simple = 0.5\nwarp_speed = 9\n"));
+  tt_set("CHORUS_TUNE_FILE", tune_file("step_us.Simple = 0.5\nwarp_speed = 9\n"));
   rt_run_both(2, init_fails_body, "unknown constant \"warp_speed\"");
-  set("CHORUS_TUNE_FILE", tune_file("net_bw = -3\n"));
+  tt_set("CHORUS_TUNE_FILE", tune_file("net_bw = -3\n"));
   rt_run_threads(2, init_fails_body, "net_bw = -3 is outside");
-  set("CHORUS_TUNE_FILE", tune_file("copy_bw 12\n"));
+  tt_set("CHORUS_TUNE_FILE", tune_file("copy_bw 12\n"));
   rt_run_threads(2, init_fails_body, "line 1: expected \"name = number\"");
-  set("CHORUS_TUNE_FILE", "/nonexistent/chorus-tune.conf");
+  tt_set("CHORUS_TUNE_FILE", "/nonexistent/chorus-tune.conf");
   rt_run_threads(2, init_fails_body, "/nonexistent/chorus-tune.conf cannot be read");
 }
 
@@ -454,14 +455,14 @@ TEST_T(tuning, tune_file_round_trips, 60) {
   fputc('\n', f);
   tune_model_write(f, tune_model_defaults());
   fclose(f);
-  set("CHORUS_TUNE_FILE", path);
+  tt_set("CHORUS_TUNE_FILE", path);
   EXPECT_EQ(tune_model_status(), CH_OK);
   EXPECT(memcmp(tune_model_get(), tune_model_defaults(), sizeof(struct tune_model)) == 0);
   EXPECT_EQ(tune_model_get()->chan_bytes, (size_t)1 << 20);
   unlink(path);
-  set("CHORUS_TUNE_FILE", "/tmp");
+  tt_set("CHORUS_TUNE_FILE", "/tmp");
   EXPECT_EQ(tune_model_status(), CH_INVALID_USAGE);
-  set("CHORUS_TUNE_FILE", NULL);
+  tt_set("CHORUS_TUNE_FILE", NULL);
 }
 
 /* The file's constants drive the choice: hops made dear enough favour RecDbl up to large sizes. */
@@ -477,13 +478,13 @@ static void tune_file_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(tuning, tune_file_is_used, 60) {
-  set("CHORUS_TUNE_FILE", tune_file("# comment\n\nstep_us.LL = 500\nstep_us.LL128 = 500\nstep_us.Simple = 500  # dear\n"));
+  tt_set("CHORUS_TUNE_FILE", tune_file("# comment\n\nstep_us.LL = 500\nstep_us.LL128 = 500\nstep_us.Simple = 500  # dear\n"));
   rt_run_procs(4, tune_file_body, NULL);
 }
 
 /* Ranks with different constants would choose differently: init fails on every rank. */
 static void tune_file_differs_body(int rank, int nranks, ncclUniqueId id, void* arg) {
-  if (rank == 1) set("CHORUS_TUNE_FILE", (const char*)arg);
+  if (rank == 1) tt_set("CHORUS_TUNE_FILE", (const char*)arg);
   init_fails_body(rank, nranks, id, "CHORUS_TUNE_FILE (cost model constants) differs");
 }
 
@@ -525,12 +526,12 @@ static void call_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 TEST_T(tuning, unrunnable_fails_the_call, 90) {
   /* NVLS is NCCL's, not implemented here: every collective fails, naming why; Tree serves AllReduce,
    * Broadcast and Reduce only */
-  set("NCCL_ALGO", "NVLS");
+  tt_set("NCCL_ALGO", "NVLS");
   struct call_case nvls[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "NCCL_ALGO=NVLS leaves it no algorithm Chorus can run"},
                              {FUNC_BROADCAST, ncclInvalidUsage, "Broadcast: NCCL_ALGO=NVLS"},
                              {0, 0, NULL}};
   rt_run_both(2, call_body, nvls);
-  set("NCCL_ALGO", "Tree");
+  tt_set("NCCL_ALGO", "Tree");
   struct call_case tree[] = {{FUNC_ALLREDUCE, ncclSuccess, ""},
                              {FUNC_BROADCAST, ncclSuccess, ""},
                              {FUNC_REDUCE, ncclSuccess, ""},
@@ -538,7 +539,7 @@ TEST_T(tuning, unrunnable_fails_the_call, 90) {
                              {0, 0, NULL}};
   rt_run_both(2, call_body, tree);
   /* per collective: AllReduce on PAT fails, the others run Ring */
-  set("NCCL_ALGO", "allreduce:pat");
+  tt_set("NCCL_ALGO", "allreduce:pat");
   struct call_case pat[] = {{FUNC_BROADCAST, ncclSuccess, ""},
                             {FUNC_ALLREDUCE, ncclInvalidUsage, "allowed for AllReduce: PAT"},
                             {FUNC_ALLGATHER, ncclSuccess, ""},
@@ -546,19 +547,19 @@ TEST_T(tuning, unrunnable_fails_the_call, 90) {
                             {0, 0, NULL}};
   rt_run_threads(2, call_body, pat);
   /* Exchange needs two ranks */
-  set("NCCL_ALGO", "allreduce:exchange");
+  tt_set("NCCL_ALGO", "allreduce:exchange");
   struct call_case exch3[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "Exchange needs 2 ranks"}, {0, 0, NULL}};
   rt_run_threads(3, call_body, exch3);
   struct call_case exch2[] = {{FUNC_ALLREDUCE, ncclSuccess, ""}, {FUNC_BROADCAST, ncclSuccess, ""}, {0, 0, NULL}};
   rt_run_procs(2, call_body, exch2);
   /* the network transport carries Simple only */
-  set("NCCL_ALGO", NULL);
-  set("NCCL_PROTO", "LL,LL128");
-  set("NCCL_SHM_DISABLE", "1");
+  tt_set("NCCL_ALGO", NULL);
+  tt_set("NCCL_PROTO", "LL,LL128");
+  tt_set("NCCL_SHM_DISABLE", "1");
   struct call_case net[] = {{FUNC_ALLREDUCE, ncclInvalidUsage, "the network transport carries only Simple"},
                             {0, 0, NULL}};
   rt_run_procs(2, call_body, net);
-  set("NCCL_PROTO", "broadcast:LL");
+  tt_set("NCCL_PROTO", "broadcast:LL");
   struct call_case net2[] = {{FUNC_ALLREDUCE, ncclSuccess, ""},
                              {FUNC_BROADCAST, ncclInvalidUsage, "allowed for Broadcast: LL; runnable: Simple"},
                              {0, 0, NULL}};
@@ -592,8 +593,8 @@ static void forced_body(int rank, int nranks, ncclUniqueId id, void* arg) {
 }
 
 TEST_T(tuning, per_collective_forcing_is_honoured, 60) {
-  set("NCCL_ALGO", "ring;allreduce:ring,tree");
-  set("NCCL_PROTO", "simple;allreduce:ll128");
+  tt_set("NCCL_ALGO", "ring;allreduce:ring,tree");
+  tt_set("NCCL_PROTO", "simple;allreduce:ll128");
   rt_run_both(2, forced_body, NULL);
 }
 
@@ -607,7 +608,7 @@ struct agree_case {
 
 static void agree_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   const struct agree_case* c = arg;
-  set(c->var ? c->var : "NCCL_ALGO", c->algo[rank]);
+  tt_set(c->var ? c->var : "NCCL_ALGO", c->algo[rank]);
   char path[128];
   snprintf(path, sizeof(path), "/tmp/chorus-tuning-%d.log", (int)getpid());
   unlink(path);
