@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CHECK_OR_ABORT((unsigned __int128)put[0] + put[1] <= d.size && pend <= d.alloc);
     }
   }
-  /* the signal block: a fixed span [0, bytes) of the peer's allocation */
-  if (rma_span_ok(0, d.sig_alloc / 2, d.sig_alloc)) CHECK_OR_ABORT(d.sig_alloc / 2 <= d.sig_alloc);
+  /* the signal block: [0, bytes) of the peer's allocation, bytes this rank's own (here the put's count) */
+  if (rma_span_ok(0, put[1], d.sig_alloc)) CHECK_OR_ABORT(put[1] <= d.sig_alloc && d.sig_alloc + 8192 > d.sig_alloc);
   return 0;
 }

@@ -262,11 +262,13 @@ TEST(perf_check, corrupted_result_is_caught) {
   tu_cmd_free(&r);
 }
 
-/* --wire: every hop compressed (threads), results checked within the format's bound and 0 wrong for
- * every format and the five collectives that compress; a bad format refused. (CHORUS_PERF_CORRUPT's
+/* --wire: every hop compressed (threads, and the tuning log says so), results checked within the
+ * format's bound and 0 wrong for every format and the five collectives that compress; a bad format
+ * refused. (CHORUS_PERF_CORRUPT's
  * low-byte flip lies within the bound: the bound itself is tested in test_wire.c.) */
 TEST_T(perf_check, wire_formats_checked_within_bound, 180) {
-  static const char* const env[] = {"CHORUS_WIRE_HOPS=all", NULL};
+  /* the TUNING lines say the format was used: a check within the bound of exact results proves nothing */
+  static const char* const env[] = {"CHORUS_WIRE_HOPS=all", "NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=TUNING", NULL};
   static const char* const fmts[] = {"bf16!", "fp16!", "fp8e4m3!", "fp8e5m2!", "mx8!"};
   static const char* const tools[] = {"all_reduce_perf", "reduce_scatter_perf", "all_gather_perf", "broadcast_perf",
                                       "reduce_perf"};
@@ -277,6 +279,9 @@ TEST_T(perf_check, wire_formats_checked_within_bound, 180) {
       cmd_result r = tu_perf(tools[t], args, env);
       EXPECT_EQ(r.status, 0);
       EXPECT_HAS(r.out, "# Out of bounds values : 0 OK");
+      char used[48];
+      snprintf(used, sizeof used, "wire format %.*s on all hops", (int)strlen(fmts[f]) - 1, fmts[f]);
+      EXPECT_HAS(r.out, used);
       if (r.status) rt_fail(__FILE__, __LINE__, "%s %s:\n%s%s", tools[t], args, r.out, r.err);
       tu_cmd_free(&r);
     }

@@ -358,6 +358,10 @@ static void differ_body(int rank, int n, ncclUniqueId id, void* arg) {
   for (int i = 0; i < 4096; i++) x[i] = (float)i;
   if (rank == 0) NCCL_OK(chorusCommSetWireFormat(comm, "mx8!"));
   EXPECT(ncclAllReduce(x, y, 4096, ncclFloat32, ncclSum, comm, NULL) != ncclSuccess);
+  /* the rank that saw the other's data names both formats; the others learn it from the poison */
+  const char* why = ncclGetLastError(comm);
+  if (!(why && (strstr(why, "wire bf16") || strstr(why, "wire mx8"))))
+    rt_fail(__FILE__, __LINE__, "rank %d: the error does not name a wire format: %s", rank, why ? why : "(none)");
   NCCL_OK(ncclCommAbort(comm));
 }
 TEST(wire_coll, formats_differ_named) {
