@@ -45,7 +45,7 @@ static int ext_format(const ncclCollConfig_t* cfg, const char* fn, int* out) {
 }
 
 static void note_once(struct ncclComm* comm, int bit, const char* what, const char* fn, int type, int fmt) {
-  if (atomic_fetch_or(&comm->wire_int_noted, bit) & bit) return;
+  if (atomic_fetch_or(&comm->wire_noted, bit) & bit) return;
   INFO(LOG_COLL, "%s: wire format %s not used for %s: %s (told once per communicator)", fn, wire_name(fmt),
        red_type_name(type), what);
 }

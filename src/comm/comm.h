@@ -149,7 +149,7 @@ struct ncclComm {
   _Atomic int wire;
   int wire_all;
   int wire_link_mbs; /* the slowest known bootstrap interface of any rank, MB/s (0: none known); comm_agree */
-  _Atomic int wire_int_noted; /* an integer or other uncompressible call was told once */
+  _Atomic int wire_noted; /* bits of what a call without its format was told once (api/wire_api.c, tune/choose.c) */
   /* The hosts as the cost model sees them (tune/shape.c), alike on every rank: set by tune_init,
    * read-only afterwards. Used only when tune_net and tune_hosts > 1. */
   int tune_hosts, tune_ppn;       /* hosts, most ranks on one host */

@@ -420,7 +420,7 @@ static double choose(struct ncclComm* comm, int func, size_t bytes, int repro, u
     if (wm) {
       em = wm, pm = 1u << PROTO_SIMPLE;
     } else {
-      if (!(atomic_fetch_or(&comm->wire_int_noted, 2) & 2))
+      if (!(atomic_fetch_or(&comm->wire_noted, 2) & 2))
         INFO(LOG_TUNING, "%s: wire format %s not used: NCCL_ALGO/NCCL_PROTO or the call's algSelection allow none "
              "of Ring, Tree and Rabenseifner on Simple, which carry it (told once)", tune_func_name(func), wire_name(wire));
       wire = 0;
