@@ -30,8 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -818,11 +816,7 @@ static void flush_sends(struct boot_state* b) {
   uint64_t end = ut_now_ns() + BOOT_FLUSH_NS;
   for (;;) {
     int queued = 0;
-    for (int i = 0; i < b->nconns && !queued; i++) {
-      int n = 0;
-      struct boot_conn* c = b->conns[i];
-      queued = !c->dead && c->fd >= 0 && ioctl(c->fd, SIOCOUTQ, &n) == 0 && n > 0;
-    }
+    for (int i = 0; i < b->nconns && !queued; i++) queued = !b->conns[i]->dead && sock_unacked(b->conns[i]->fd) > 0; /* a reset one: 0 */
     if (!queued || ut_now_ns() >= end) return;
     usleep(1000);
   }

@@ -8,6 +8,7 @@
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <linux/inet_diag.h>
+#include <linux/sockios.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <poll.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -164,6 +166,17 @@ static ch_status sleep_ms(uint64_t ms, const struct sock_wait* w) {
 void sock_set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* A connection its peer reset (the peer died) is CLOSED with its unacknowledged count frozen above 0:
+ * it will never drain, so it counts as nothing in flight. */
+int sock_unacked(int fd) {
+  int n = 0;
+  struct tcp_info ti;
+  socklen_t len = sizeof(ti);
+  if (fd < 0 || ioctl(fd, SIOCOUTQ, &n) != 0 || n <= 0) return 0;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_state == TCP_CLOSE) return 0;
+  return n;
 }
 
 ch_status sock_listen(const union sock_addr* addr, struct sock* s) {

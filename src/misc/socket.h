@@ -112,5 +112,7 @@ void sock_warn_reject(const char* who, const union sock_addr* remote, const char
 void sock_tune_link(int fd);
 /* Small records go out at once (Nagle would hold a second one for the peer's delayed ACK: 40 ms). */
 void sock_set_nodelay(int fd);
+/* Bytes sent on fd that its peer has not acknowledged: 0 once the peer reset it (they never will be). */
+int sock_unacked(int fd);
 
 #endif
