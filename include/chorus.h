@@ -122,6 +122,10 @@ typedef struct {
    * network, reproducible-reduction scratch); persistBytes, what it keeps (scratch, the FIFOs that
    * stay); suspended, 1 while suspended (until ncclCommResume or the next call). */
   uint64_t suspendBytes, persistBytes, suspended;
+  /* Network peers of the pool, which keep their connections: netPeersResident, those whose per-peer
+   * FIFO pages are resident now (counted in p2pPeers' cap); netTrimmed, how many times idle ones gave
+   * their pages back to stay within it. */
+  uint64_t netPeersResident, netTrimmed;
 } chorusMemory_t;
 ncclResult_t chorusCommGetMemory(ncclComm_t comm, chorusMemory_t* mem);
 /* Write comm's flight recorder (its last CHORUS_FLIGHT_RECORDER calls) now, to

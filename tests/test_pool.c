@@ -179,6 +179,59 @@ TEST_T(pool, wide_groups_run_in_waves_procs, 240) {
   rt_run_procs(WAVE_N, waves_body, (void*)1);
 }
 
+/* Network peers (every peer here: NCCL_P2P_DISABLE and NCCL_SHM_DISABLE leave only TCP) keep their
+ * connections; past the budget their idle FIFOs give their pages back (core/pool.c's trim) and take
+ * fresh zero pages at the next use: exact data across rounds that meet every peer twice, an AlltoAll
+ * in waves, at most K peers resident at every boundary. */
+static void net_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm = cu_comm_init(rank, n, id);
+  float* sb = malloc(COUNT * sizeof(float) * (size_t)n);
+  float* rb = malloc(COUNT * sizeof(float) * (size_t)n);
+  ASSERT(sb && rb);
+  for (int sweep = 0; sweep < 2; sweep++)
+    for (int r = 1; r < n; r++) {
+      /* Every rank past the previous round first: a peer that runs ahead fills our FIFO from it with
+       * data we take later, and such a FIFO cannot give its pages back until we have (docs/SCALE.md). */
+      NCCL_OK(ncclAllReduce(sb, rb, 1, ncclFloat32, ncclSum, comm, NULL));
+      shift(comm, rank, n, r, (uint32_t)(sweep * 100 + r), sb, rb);
+      chorusMemory_t m = cu_memory(comm);
+      if (m.netPeersResident > K)
+        cu_failf("round %d: %llu network peers resident, the budget is %d", r, (unsigned long long)m.netPeersResident, K);
+    }
+  chorusMemory_t m = cu_memory(comm);
+  EXPECT(m.netTrimmed > 0);   /* pages were given back ... */
+  EXPECT_EQ((long long)m.p2pReleased, 0LL); /* ... and no connection closed */
+  EXPECT_EQ((long long)m.p2pPeers, (long long)(n - 1));
+  size_t per = 70 * 1024;
+  for (int round = 0; round < 2; round++) {
+    for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, 50u + (uint32_t)round);
+    NCCL_OK(ncclAlltoAll(sb, rb, per, ncclFloat32, comm, NULL));
+    check_blocks(rb, n, per, rank, 50u + (uint32_t)round, "AlltoAll over the network", -1);
+  }
+  NCCL_OK(ncclAllReduce(sb, rb, 1, ncclFloat32, ncclSum, comm, NULL)); /* every rank past its AlltoAll */
+  shift(comm, rank, n, 1, 999, sb, rb);
+  m = cu_memory(comm);
+  if (m.netPeersResident > K)
+    cu_failf("after the AlltoAll: %llu network peers resident, the budget is %d", (unsigned long long)m.netPeersResident, K);
+  free(sb);
+  free(rb);
+  NCCL_OK(ncclCommDestroy(comm));
+  cu_finish();
+}
+
+TEST_T(pool, network_peers_give_back_pages, 240) {
+  setenv("CHORUS_P2P_PEERS", "2", 1);
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  setenv("NCCL_SHM_DISABLE", "1", 1);
+  param_reset();
+  rt_run_both(5, net_body, NULL);
+  unsetenv("CHORUS_P2P_PEERS");
+  unsetenv("NCCL_P2P_DISABLE");
+  unsetenv("NCCL_SHM_DISABLE");
+  param_reset();
+}
+
 /* The Prometheus text has the memory gauges. */
 static void metrics_body(int rank, int n, ncclUniqueId id, void* arg) {
   (void)arg;

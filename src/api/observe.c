@@ -62,7 +62,8 @@ CH_API(ncclResult_t, chorusCommGetMemory, ncclComm_t comm, chorusMemory_t* mem) 
     obs_proc_memory(&p);
     chorusMemory_t all = {sizeof(all), m.p2p_peers, m.p2p_peers_max, m.p2p_cap, m.p2p_fifo, m.p2p_recv_bytes,
                           m.p2p_send_bytes, m.p2p_released, m.p2p_made, m.ring_bytes, p.shmem, p.priv,
-                          p.pinned, p.fds, p.threads, m.suspend_bytes, m.persist_bytes, m.suspended};
+                          p.pinned, p.fds, p.threads, m.suspend_bytes, m.persist_bytes, m.suspended,
+                          m.net_resident, m.net_trimmed};
     size_t n = mem->size < sizeof(all) ? mem->size : sizeof(all);
     memcpy((char*)mem + sizeof(size_t), (char*)&all + sizeof(size_t), n - sizeof(size_t));
   }

@@ -111,6 +111,12 @@ struct ncclComm {
   uint64_t p2p_clock;
   _Atomic int p2p_live, p2p_live_max;
   _Atomic uint64_t p2p_released, p2p_made;
+  /* Network peers of the pool (pool.c's trim): [nranks], 1 while their FIFO pages may be resident (set
+   * when a call uses the peer, cleared when its idle FIFOs gave the pages back; owner thread only), and
+   * how many times they were given back (atomic, for readers anywhere). */
+  unsigned char* p2p_resident;
+  _Atomic int p2p_net_resident;
+  _Atomic uint64_t p2p_trimmed;
   char* scratch; /* LL/LL128 staging, one slot payload */
   size_t scratch_bytes; /* scratch's size (init.c), for chorusCommGetMemory */
   /* ncclCommSuspend released what an idle comm can do without (core/suspend.c); the next call or

@@ -313,7 +313,8 @@ static ch_status comm_setup(struct ncclComm* comm) {
   comm->p2p_lru = calloc((size_t)n, sizeof(*comm->p2p_lru));
   comm->p2p_count = calloc(2 * (size_t)n, sizeof(*comm->p2p_count));
   comm->p2p_mark = calloc(2 * (size_t)n, 1);
-  if (!comm->p2p_lru || !comm->p2p_count || !comm->p2p_mark) return CH_SYSTEM;
+  comm->p2p_resident = calloc((size_t)n, 1);
+  if (!comm->p2p_lru || !comm->p2p_count || !comm->p2p_mark || !comm->p2p_resident) return CH_SYSTEM;
   INFO(LOG_INIT, "rank %d: per-peer FIFOs of %zu KiB (CHORUS_P2P_MEM=%lld), at most %d peers live (%s)", comm->rank,
        fifo >> 10, (long long)mem, comm->p2p_cap,
        comm->config.maxP2pPeers > 0 ? "ncclConfig_t.maxP2pPeers / NCCL_P2P_MAX_PEERS" : "CHORUS_P2P_PEERS");
@@ -569,8 +570,8 @@ void comm_free(struct ncclComm* comm) {
   comm->fr = NULL;
   free((void*)comm->wait_ns_peer);
   comm->wait_ns_peer = NULL;
-  free(comm->p2p_lru), free(comm->p2p_count), free(comm->p2p_mark);
-  comm->p2p_lru = NULL, comm->p2p_count = NULL, comm->p2p_mark = NULL;
+  free(comm->p2p_lru), free(comm->p2p_count), free(comm->p2p_mark), free(comm->p2p_resident);
+  comm->p2p_lru = NULL, comm->p2p_count = NULL, comm->p2p_mark = NULL, comm->p2p_resident = NULL;
   comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = NULL, comm->scratch = comm->peer_scratch = NULL;
   comm_unref(comm);
 }

@@ -18,7 +18,9 @@
  * is freed when the last end unmaps it: the closing end at once, the other when it next reaches a
  * call boundary with per-peer work (pool_before_connect gives back what peers closed).
  *
- * Only transports whose FIFO both ends map are pooled (local, shm); network connections and the
+ * Network connections are pooled another way: their FIFOs are each end's own memory, so a peer over
+ * budget keeps its connection (a socket) and its idle FIFOs give their pages back (tp_conn_trim): no
+ * word from the peer, nothing to make again, zero pages on the next use (`trim` peers below). The
  * peers of RecDbl, Rabenseifner and Tree (set 1, made with the rings, log2 n of them) stay. */
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +34,17 @@
 static int poolable(const struct ncclComm* comm, int p) {
   return p != comm->rank && !(tp_flags(comm->peer_tp[p]) & TP_F_NETWORK);
 }
+static int trimmable(const struct ncclComm* comm, int p) {
+  return p != comm->rank && (tp_flags(comm->peer_tp[p]) & TP_F_NETWORK) && tp_conn_can_trim(comm->peer_tp[p]);
+}
+static int pooled(const struct ncclComm* comm, int p) { return poolable(comm, p) || trimmable(comm, p); }
 
 static int live(const struct ch_p2p* x) { return x->send.connected || x->recv.connected; }
+
+/* A pooled peer that holds memory now: a live connection, or a network one whose pages are resident. */
+static int holds(const struct ncclComm* comm, int p) {
+  return poolable(comm, p) ? live(&comm->p2p[p]) : trimmable(comm, p) && comm->p2p_resident[p];
+}
 
 /* Drop this end of a closed connection; its byte counter and peer stay (chorusCommGetPeerCounters). */
 static void drop(struct ch_p2p* x, int recv) {
@@ -52,8 +63,29 @@ static int idle_now(struct ncclComm* comm) {
 
 static int count_live(struct ncclComm* comm) {
   int k = 0;
-  for (int p = 0; p < comm->nranks; p++) k += poolable(comm, p) && live(&comm->p2p[p]);
+  for (int p = 0; p < comm->nranks; p++) k += holds(comm, p);
   return k;
+}
+
+/* What readers on other threads see of the pool (chorusCommGetMemory): peers holding memory, and of
+ * them the network ones. */
+static int publish(struct ncclComm* comm) {
+  int k = 0, net = 0;
+  for (int p = 0; p < comm->nranks; p++)
+    if (holds(comm, p)) k++, net += trimmable(comm, p);
+  atomic_store_explicit(&comm->p2p_live, k, memory_order_relaxed);
+  atomic_store_explicit(&comm->p2p_net_resident, net, memory_order_relaxed);
+  return k;
+}
+
+static void trim(struct ncclComm* comm, int p) {
+  struct ch_p2p* x = &comm->p2p[p];
+  int s = !x->send.connected || tp_conn_trim(&x->send), r = !x->recv.connected || tp_conn_trim(&x->recv);
+  if (!s || !r) return; /* a slot still in use: the next boundary tries again */
+  comm->p2p_resident[p] = 0;
+  atomic_fetch_add_explicit(&comm->p2p_trimmed, 1, memory_order_relaxed);
+  INFO(LOG_P2P, "rank %d: gave back the network FIFO pages of rank %d (CHORUS_P2P_PEERS=%d peers)", comm->rank, p,
+       comm->p2p_cap);
 }
 
 struct cand {
@@ -71,11 +103,15 @@ static void evict(struct ncclComm* comm, int over) {
   struct cand* c = malloc(sizeof(*c) * (size_t)n);
   if (!c) return; /* stays over budget until the next boundary */
   for (int p = 0; p < n; p++)
-    if (poolable(comm, p) && live(&comm->p2p[p]) && !comm->p2p_count[p] && !comm->p2p_count[n + p])
-      c[nc++] = (struct cand){comm->p2p_lru[p], p};
+    if (holds(comm, p) && !comm->p2p_count[p] && !comm->p2p_count[n + p]) c[nc++] = (struct cand){comm->p2p_lru[p], p};
   qsort(c, (size_t)nc, sizeof(*c), by_lru);
   for (int i = 0; i < nc && over > 0; i++) {
     struct ch_p2p* x = &comm->p2p[c[i].peer];
+    if (trimmable(comm, c[i].peer)) {
+      trim(comm, c[i].peer);
+      over -= !comm->p2p_resident[c[i].peer];
+      continue;
+    }
     int s = !x->send.connected || tp_pool_close(&x->send), r = !x->recv.connected || tp_pool_close(&x->recv);
     if (s && x->send.connected) drop(x, 0);
     if (r && x->recv.connected) drop(x, 1);
@@ -109,13 +145,13 @@ int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t w
   int n = comm->nranks, any = 0, missing = 0;
   if (!comm->p2p_count) return 0;
   for (int k = 0; k < pl->nops && !any; k++) /* collectives only (the common case): nothing to clear */
-    any = (pl->ops[k].func == FUNC_SEND || pl->ops[k].func == FUNC_RECV) && poolable(comm, pl->ops[k].root);
+    any = (pl->ops[k].func == FUNC_SEND || pl->ops[k].func == FUNC_RECV) && pooled(comm, pl->ops[k].root);
   if (!any) return 0;
   memset(comm->p2p_count, 0, sizeof(int) * 2 * (size_t)n);
   memset(comm->p2p_mark, 0, 2 * (size_t)n);
   for (int k = 0; k < pl->nops; k++) {
     const struct ch_op* op = &pl->ops[k];
-    if ((op->func != FUNC_SEND && op->func != FUNC_RECV) || !poolable(comm, op->root)) continue;
+    if ((op->func != FUNC_SEND && op->func != FUNC_RECV) || !pooled(comm, op->root)) continue;
     comm->p2p_count[(op->func == FUNC_RECV ? n : 0) + op->root]++;
   }
   comm->p2p_clock++;
@@ -134,11 +170,13 @@ int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t w
     if (!cs && !cr) continue;
     struct ch_p2p* x = &comm->p2p[p];
     comm->p2p_lru[p] = comm->p2p_clock;
+    int keep = trimmable(comm, p); /* never closed: connected once (below), its pages resident from now on */
+    if (keep) comm->p2p_resident[p] = 1;
     for (int d = 0; d < 2; d++) {
       struct conn* c = d ? &x->recv : &x->send;
       int cnt = d ? cr : cs;
       if (!cnt) continue;
-      if (c->connected && tp_pool_reserve(c, !d, cnt)) continue;
+      if (c->connected && (keep || tp_pool_reserve(c, !d, cnt))) continue;
       if (c->connected) { /* the peer closed it: both ends make it again for this message */
         if (!idle) comm_wait_idle(comm), idle = 1; /* a plan in flight may still read it */
         drop(x, d);
@@ -147,7 +185,7 @@ int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t w
       comm->p2p_mark[d * n + p] = 1;
       missing = 1;
     }
-    fresh += !live(x); /* after any drop above: a peer that closed is made again too */
+    fresh += !live(x) && !keep; /* after any drop above: a peer that closed is made again too */
   }
   int over = count_live(comm) + fresh - comm->p2p_cap;
   if (idle && over > 0) evict(comm, over);
@@ -163,13 +201,13 @@ int pool_before_wave(struct ncclComm* comm, const struct ch_plan* pl, uint64_t w
     ut_backoff(k);
     evict(comm, over);
   }
-  atomic_store_explicit(&comm->p2p_live, count_live(comm), memory_order_relaxed);
+  publish(comm);
   return missing;
 }
 
 int pool_count(const struct ncclComm* comm, const char* need_send, const char* need_recv) {
   int k = 0;
-  for (int p = 0; p < comm->nranks; p++) k += (need_send[p] || need_recv[p]) && poolable(comm, p);
+  for (int p = 0; p < comm->nranks; p++) k += (need_send[p] || need_recv[p]) && pooled(comm, p);
   return k;
 }
 
@@ -181,13 +219,12 @@ void pool_after_connect(struct ncclComm* comm) {
     struct conn* c = k >= n ? &comm->p2p[k - n].recv : &comm->p2p[k].send;
     /* New: the peer reserves its side only after this same handshake, so it cannot have closed it. */
     if (c->connected) {
-      tp_pool_reserve(c, k < n, comm->p2p_count[k]);
+      if (poolable(comm, k % n)) tp_pool_reserve(c, k < n, comm->p2p_count[k]);
       atomic_fetch_add_explicit(&comm->p2p_made, 1, memory_order_relaxed);
     }
     comm->p2p_mark[k] = 0;
   }
-  int now = count_live(comm);
-  atomic_store_explicit(&comm->p2p_live, now, memory_order_relaxed);
+  int now = publish(comm);
   if (now > atomic_load_explicit(&comm->p2p_live_max, memory_order_relaxed))
     atomic_store_explicit(&comm->p2p_live_max, now, memory_order_relaxed);
 }
@@ -224,6 +261,6 @@ int pool_release_idle(struct ncclComm* comm) {
     if (r && x->recv.connected) drop(x, 1);
     if (!live(x)) k++, atomic_fetch_add_explicit(&comm->p2p_released, 1, memory_order_relaxed);
   }
-  atomic_store_explicit(&comm->p2p_live, count_live(comm), memory_order_relaxed);
+  publish(comm);
   return k;
 }

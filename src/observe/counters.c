@@ -101,6 +101,8 @@ size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t ca
       {"chorus_memory_p2p_send_fifo_bytes", "Per-peer send FIFOs (the peers') this rank maps."},
       {"chorus_memory_p2p_released", "Peers whose connections the pool released (counter)."},
       {"chorus_memory_p2p_made", "Per-peer connections made after init (counter)."},
+      {"chorus_memory_p2p_net_resident", "Network peers whose per-peer FIFO pages are resident."},
+      {"chorus_memory_p2p_net_trimmed", "Times the pool gave back a network peer's idle FIFO pages (counter)."},
       {"chorus_memory_ring_fifo_bytes", "Receive FIFOs of the rings and of RecDbl/Rabenseifner/Tree."},
       {"chorus_memory_process_shmem_bytes", "Resident shared memory of the rank's process (RssShmem)."},
       {"chorus_memory_process_private_bytes", "Resident private memory of the rank's process (RssAnon)."},
@@ -118,7 +120,7 @@ size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t ca
       struct obs_mem m;
       obs_comm_memory(c, &m);
       const uint64_t v[NMEM] = {m.p2p_peers, m.p2p_peers_max, m.p2p_cap, m.p2p_fifo, m.p2p_recv_bytes,
-                                m.p2p_send_bytes, m.p2p_released, m.p2p_made, m.ring_bytes, pm.shmem,
+                                m.p2p_send_bytes, m.p2p_released, m.p2p_made, m.net_resident, m.net_trimmed, m.ring_bytes, pm.shmem,
                                 pm.priv, pm.pinned, pm.fds, pm.threads};
       at = put(out, cap, at, "%s{comm=\"%016llx\",rank=\"%d\",nranks=\"%d\"} %llu\n", mem[f].name,
                (unsigned long long)c->comm_hash, c->rank, c->nranks, (unsigned long long)v[f]);

@@ -48,6 +48,8 @@ void obs_comm_memory(const struct ncclComm* comm, struct obs_mem* out) {
   out->p2p_peers_max = (uint64_t)atomic_load_explicit(&((struct ncclComm*)comm)->p2p_live_max, memory_order_relaxed);
   out->p2p_released = atomic_load_explicit(&((struct ncclComm*)comm)->p2p_released, memory_order_relaxed);
   out->p2p_made = atomic_load_explicit(&((struct ncclComm*)comm)->p2p_made, memory_order_relaxed);
+  out->net_resident = (uint64_t)atomic_load_explicit(&((struct ncclComm*)comm)->p2p_net_resident, memory_order_relaxed);
+  out->net_trimmed = atomic_load_explicit(&((struct ncclComm*)comm)->p2p_trimmed, memory_order_relaxed);
   for (int c = 0; c < comm->nchannels; c++) out->ring_bytes += made_here(&comm->channels[c].recv);
   uint64_t kept = 0, pooled = 0; /* receive FIFOs made here that a suspend keeps / releases */
   for (int p = 0; comm->p2p && p < comm->nranks; p++) {

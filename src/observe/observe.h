@@ -106,6 +106,7 @@ struct obs_mem {
   uint64_t p2p_peers, p2p_peers_max, p2p_cap, p2p_fifo, p2p_recv_bytes, p2p_send_bytes;
   uint64_t p2p_released, p2p_made, ring_bytes;
   uint64_t suspend_bytes, persist_bytes, suspended; /* chorusMemory_t's (core/suspend.c releases) */
+  uint64_t net_resident, net_trimmed; /* network peers of the pool (core/pool.c's trim) */
 };
 void obs_comm_memory(const struct ncclComm* comm, struct obs_mem* out);
 /* The process (/proc/self): resident shared memory (RssShmem: FIFOs, ncclMemAlloc), private memory

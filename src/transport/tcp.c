@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,14 +35,15 @@ void tcp_hello_mac(const unsigned char* key, const struct tcp_hello* h, uint64_t
   hmac_sha256(key, 32, 4, parts, lens, mac);
 }
 
+/* Anonymous pages, zero until touched: only the slots the steps use (Simple's; the network never
+ * carries LL or LL128) ever become resident, and net_trim can give them back. */
 static ch_status fifo_alloc(struct conn* c, const struct tp_sizes* sz) {
   size_t bytes = tp_fifo_bytes(sz);
-  void* mem = NULL;
-  if (posix_memalign(&mem, 4096, bytes) != 0) {
-    WARN("cannot allocate %zu bytes for a network FIFO with rank %d", bytes, c->peer);
+  void* mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    WARN("cannot allocate %zu bytes for a network FIFO with rank %d: %s", bytes, c->peer, strerror(errno));
     return CH_SYSTEM;
   }
-  memset(mem, 0, bytes);
   tp_fifo_layout(c, mem, sz);
   c->map_base = mem;
   c->map_bytes = bytes;
@@ -74,9 +76,13 @@ static struct tcp_conn* record_new(struct conn* c, const struct tp_ctx* x, int i
   return n;
 }
 
+static void fifo_free(struct conn* c) {
+  if (c->map_base) munmap(c->map_base, c->map_bytes);
+}
+
 static void fail_free(struct conn* c, struct tcp_conn* n) {
   free(n);
-  free(c->map_base);
+  fifo_free(c);
   int peer = c->peer;
   memset(c, 0, sizeof(*c));
   c->fd = -1;
@@ -225,9 +231,28 @@ static void net_closing(struct conn* c) {
 static void net_free(struct conn* c) {
   if (c->tcp) proxy_unregister(c->tcp); /* the proxy no longer touches the record or the FIFO */
   free(c->tcp);
-  free(c->map_base);
+  fifo_free(c);
   memset(c, 0, sizeof(*c));
   c->fd = -1;
+}
+
+/* Under busy, so that neither the proxy nor a rank's direct send or read moves this stream meanwhile,
+ * and only with every slot empty: a send FIFO's posted steps are all in the kernel (head == tail); a
+ * receive FIFO's arrived steps are all consumed (head == tail) and none is being filled (off == 0,
+ * nothing carried). Bytes that arrive later wait in the socket for the next fill, which touches fresh
+ * zero pages. The slots follow the control page (tp_fifo_layout). */
+static int net_trim(struct conn* c) {
+  struct tcp_conn* n = c->tcp;
+  if (!n || !c->map_base || atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) return 0;
+  int ok = n->off == 0 && n->carry_len == 0 && !n->poison_state &&
+           atomic_load_explicit(&c->ctrl->head, memory_order_acquire) ==
+               atomic_load_explicit(&c->ctrl->tail, memory_order_acquire);
+  if (ok) {
+    char* slots = c->buff[0];
+    ok = madvise(slots, c->map_bytes - (size_t)(slots - (char*)c->map_base), MADV_DONTNEED) == 0;
+  }
+  atomic_store_explicit(&n->busy, 0, memory_order_release);
+  return ok;
 }
 
 const struct tp_ops tp_tcp_ops = {
@@ -243,4 +268,5 @@ const struct tp_ops tp_tcp_ops = {
     .wake = net_wake,
     .free = net_free,
     .closing = net_closing,
+    .trim = net_trim,
 };

@@ -266,6 +266,11 @@ struct tp_ops {
    * posted, up to 30 s), so that their flushes overlap instead of running one after another. NULL:
    * nothing to flush. */
   void (*closing)(struct conn* c);
+  /* An idle connection gives the pages of its FIFO's slots back (the pool, core/pool.c, for peers whose
+   * connection it cannot close: the network's FIFOs are each end's own memory, so this needs no word
+   * from the peer); zero pages come back when a step next touches them. 1 if done; 0 if a slot is in
+   * use now (tried again at a later boundary). The owner thread, at a call boundary. NULL: cannot. */
+  int (*trim)(struct conn* c);
 };
 extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_fab_ops, tp_tcp_ops;
 /* The network this process was configured for (NCCL_NET, NCCL_NET_PLUGIN) can start: CH_OK, or the
@@ -295,6 +300,11 @@ static inline void tp_conn_idle(struct conn* c) {
   if (c->connected && o->idle) o->idle(c);
 }
 void tp_conn_free(struct conn* c);
+static inline int tp_conn_can_trim(int kind) { return tp_table[kind]->trim != NULL; }
+static inline int tp_conn_trim(struct conn* c) {
+  const struct tp_ops* o = tp_ops_of(c->transport);
+  return c->connected && o->trim ? o->trim(c) : 0;
+}
 static inline void tp_conn_closing(struct conn* c) {
   const struct tp_ops* o = tp_ops_of(c->transport);
   if (c->connected && o->closing) o->closing(c);
