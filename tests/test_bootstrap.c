@@ -220,7 +220,7 @@ static void odd_ids_rank(int rank, int nranks, ncclUniqueId id, void* arg) {
   struct boot_state* b = NULL;
   /* The odd rank is in first, so that its root is still waiting for the others (a root whose block
    * is complete has closed: a rank late to it is reported missing at the deadline instead). */
-  if (rank != a->odd_rank) usleep(300000);
+  if (rank != a->odd_rank) usleep(1500000); /* 300 ms was once too little under ctest -j 2 */
   const ncclUniqueId* ids = rank == a->odd_rank ? a->odd_ids : a->ids;
   ch_status st = boot_init_ids(ids, a->nids, rank, nranks, NULL, ut_now_ns() + 20 * SEC, &b, NULL);
   const char* e = log_last_error();

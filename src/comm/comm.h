@@ -274,6 +274,11 @@ struct ncclComm {
    * mode): added by the comm's owner at launch, taken back once drawn (or dropped at an abort). A
    * thread that draws tickets itself waits for 0 first (core/group.c), as does comm_wait_idle. */
   _Atomic int unticketed;
+  /* While the owner thread makes a group's connections (core/group.c connect_group, which may wait on
+   * peers for long at scale): how many peers (0: not connecting), and the group's first call (func, its
+   * peer for send/recv). Written by the owner, read by the stall query (fault/stall_job.c) without a
+   * lock: a report read across a change may pair a count with the next group's call. */
+  _Atomic int connecting, connecting_func, connecting_peer;
   /* Ranks sharing one GPU (gpu.h): the context current when the application made the comm (its
    * creating thread), the peers' hellos from comm_agree (until gpu_setup), and the GPU path, made at
    * init and read-only afterwards but for its own documented fields. */

@@ -283,12 +283,23 @@ static ch_status connect_group(struct ncclComm** comms, struct ch_task** lists, 
   /* Connection setup waits on peers over the bootstrap: bound it by the comms' timeouts. */
   uint64_t now = ut_now_ns();
   for (int i = 0; i < ncomms; i++) {
-    uint64_t to = atomic_load(&comms[i]->timeout_ns);
-    boot_set_deadline(comms[i]->boot, to ? now + to : 0);
-    connect_context(comms[i], lists[i]);
+    struct ncclComm* c = comms[i];
+    uint64_t to = atomic_load(&c->timeout_ns);
+    boot_set_deadline(c->boot, to ? now + to : 0);
+    connect_context(c, lists[i]);
+    int peers = 0; /* for the stall report: a rank making connections is in a call, not idle */
+    for (int p = 0; p < c->nranks; p++) peers += p != c->rank && (need_send[i][p] || need_recv[i][p]);
+    if (lists[i]) {
+      atomic_store_explicit(&c->connecting_func, lists[i]->part ? lists[i]->origin : lists[i]->func, memory_order_relaxed);
+      atomic_store_explicit(&c->connecting_peer, lists[i]->root, memory_order_relaxed);
+    }
+    atomic_store_explicit(&c->connecting, UT_MAX(1, peers), memory_order_release);
   }
   ch_status res = comm_connect(comms, ncomms, need_send, need_recv);
-  for (int i = 0; i < ncomms; i++) boot_set_deadline(comms[i]->boot, 0), boot_set_context(comms[i]->boot, NULL);
+  for (int i = 0; i < ncomms; i++) {
+    boot_set_deadline(comms[i]->boot, 0), boot_set_context(comms[i]->boot, NULL);
+    atomic_store_explicit(&comms[i]->connecting, 0, memory_order_release);
+  }
   if (res != CH_OK) return res;
   for (int i = 0; i < ncomms; i++) pool_after_connect(comms[i]);
   return CH_OK;
@@ -308,7 +319,7 @@ static ch_status connect_group(struct ncclComm** comms, struct ch_task** lists, 
 static int wave_count(const struct ncclComm* c, const char* need_send, const char* need_recv, int* width) {
   int n = c->nranks;
   if (c->p2p_wave >= n - 1 || c->p2p_wave < 1) return 0;
-  if (pool_count(c, need_send, need_recv) <= c->p2p_wave) return 0; /* network peers: not pooled */
+  if (pool_count(c, need_send, need_recv) <= c->p2p_wave) return 0; /* network peers count too: they trim */
   *width = UT_MAX(1, c->p2p_wave / 2); /* a width of distances meets up to two peers at each */
   return UT_DIV_UP(n / 2, *width);
 }

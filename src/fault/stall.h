@@ -34,7 +34,9 @@ enum { STALL_ST_IDLE = 1,     /* not in a call: every call so far returned */
        STALL_ST_WAIT = 2,     /* blocked in a call: func, seq, bytes, peer describe it */
        STALL_ST_BUSY = 3,     /* in a call that still makes progress */
        STALL_ST_GAVE_UP = 4,  /* its call timed out (described as for WAIT) and returned */
-       STALL_ST_NOANSWER = 5  /* local only: the rank's process did not answer (note says why) */ };
+       STALL_ST_NOANSWER = 5, /* local only: the rank's process did not answer (note says why) */
+       STALL_ST_CONNECT = 6   /* in a call, making its connections: func, seq (collectives), peer (send/recv)
+                               * name the call; bytes_total is the number of peers */ };
 struct stall_wire {
   uint32_t magic;
   int32_t state, func, type, peer, wait, algo, proto, pid, rank, nranks, async;

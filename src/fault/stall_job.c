@@ -266,15 +266,24 @@ static void read_state(struct stall_ent* e, struct stall_wire* w) {
     w->idle_ms = now > idle_since ? (now - idle_since) / UT_NS_PER_MS : 0;
     w->state = current ? STALL_ST_WAIT : STALL_ST_GAVE_UP;
   } else {
-    w->state = done == next ? STALL_ST_IDLE : STALL_ST_BUSY;
+    int peers = atomic_load_explicit(&c->connecting, memory_order_acquire);
+    w->state = done == next ? (peers > 0 ? STALL_ST_CONNECT : STALL_ST_IDLE) : STALL_ST_BUSY;
     w->func = w->type = w->algo = w->proto = w->peer = -1;
     w->last_done = seq; /* idle: every call so far has returned; busy: the last one started */
+    if (w->state == STALL_ST_CONNECT) { /* its next call (connect_context's number) */
+      w->func = atomic_load_explicit(&c->connecting_func, memory_order_relaxed);
+      if (!stall_is_coll(w->func)) w->peer = atomic_load_explicit(&c->connecting_peer, memory_order_relaxed);
+      w->seq = seq + 1;
+      w->bytes_total = (uint64_t)peers;
+    }
   }
 }
 
 int stall_wire_ok(struct stall_wire* w, uint64_t hash, int rank, int nranks) {
   if (w->magic != STALL_WIRE_MAGIC || w->comm_hash != hash || w->rank != rank || w->nranks != nranks) return 0;
-  if (w->state < STALL_ST_IDLE || w->state > STALL_ST_GAVE_UP) return 0;
+  if (w->state < STALL_ST_IDLE || (w->state > STALL_ST_GAVE_UP && w->state != STALL_ST_CONNECT)) return 0;
+  if (w->state == STALL_ST_CONNECT && (w->func < 0 || w->func >= FUNC_COUNT || w->bytes_total >= (uint64_t)nranks))
+    return 0;
   int waiting = w->state == STALL_ST_WAIT || w->state == STALL_ST_GAVE_UP;
   if (waiting && (w->func < 0 || w->func >= FUNC_COUNT || w->algo < -1 || w->algo >= ALGO_COUNT || w->proto < -1 ||
                   w->proto >= CH_NPROTO || w->wait < 0 || w->wait >= STALL_WAIT_COUNT || w->type < -1 ||
@@ -484,7 +493,7 @@ static void fmt_call(const struct stall_wire* w, char* s, size_t n) {
 }
 
 /* Ranks of one kind in the headline; classes in the order they are listed. */
-enum { C_FOCUS, C_IDLE, C_OTHER, C_BUSY, C_NOANSWER };
+enum { C_FOCUS, C_IDLE, C_OTHER, C_CONNECT, C_BUSY, C_NOANSWER };
 
 static int cls_of(const struct stall_wire* w, const struct stall_wire* focus) {
   if (w->state == STALL_ST_WAIT || w->state == STALL_ST_GAVE_UP) {
@@ -493,6 +502,7 @@ static int cls_of(const struct stall_wire* w, const struct stall_wire* focus) {
   }
   if (w->state == STALL_ST_IDLE) return C_IDLE;
   if (w->state == STALL_ST_BUSY) return C_BUSY;
+  if (w->state == STALL_ST_CONNECT) return C_CONNECT;
   return C_NOANSWER;
 }
 
@@ -500,7 +510,8 @@ static int same_group(const struct stall_wire* a, const struct stall_wire* b, co
   int c = cls_of(a, focus);
   if (c != cls_of(b, focus)) return 0;
   if (c == C_IDLE) return a->last_done == b->last_done && a->async == b->async;
-  if (c == C_OTHER) return a->func == b->func && a->seq == b->seq && (stall_is_coll(a->func) || a->peer == b->peer);
+  if (c == C_OTHER || c == C_CONNECT)
+    return a->func == b->func && a->seq == b->seq && (stall_is_coll(a->func) || a->peer == b->peer);
   return 1;
 }
 
@@ -558,6 +569,9 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
       else if (c == C_OTHER) {
         fmt_call(&w[r], call, sizeof(call));
         at = put(out, cap, at, "%s %s waiting in %s", s, list, call);
+      } else if (c == C_CONNECT) {
+        fmt_call(&w[r], call, sizeof(call));
+        at = put(out, cap, at, "%s %s setting up connections for %s", s, list, call);
       } else if (c == C_BUSY) at = put(out, cap, at, "%s %s running (in a call, not blocked)", s, list);
       else at = put(out, cap, at, "%s %s did not answer", s, list);
     }
@@ -583,6 +597,10 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
       at = put(out, cap, at, "not in a call; last %s #%llu%s%s%s\n", x->async ? "call" : "completed",
                (unsigned long long)x->last_done, x->async ? "; communicator failed: " : "",
                x->async ? ch_status_str((ch_status)x->async) : "", x->gone ? " (communicator since destroyed)" : "");
+    } else if (x->state == STALL_ST_CONNECT) {
+      fmt_call(x, call, sizeof(call));
+      at = put(out, cap, at, "in %s, setting up its connections with %llu peer%s; last completed #%llu\n", call,
+               (unsigned long long)x->bytes_total, x->bytes_total == 1 ? "" : "s", (unsigned long long)x->last_done);
     } else if (x->state == STALL_ST_BUSY) {
       at = put(out, cap, at, "in a call and making progress (calls started: %llu)\n", (unsigned long long)x->last_done);
     } else {
