@@ -211,6 +211,9 @@ static void net_body(int rank, int n, ncclUniqueId id, void* arg) {
   }
   NCCL_OK(ncclAllReduce(sb, rb, 1, ncclFloat32, ncclSum, comm, NULL)); /* every rank past its AlltoAll */
   shift(comm, rank, n, 1, 999, sb, rb);
+  /* No rank destroys its communicator before every rank is past the shift: a peer's goodbye arriving
+   * in an idle FIFO keeps it from giving its pages back at that boundary. */
+  NCCL_OK(ncclAllReduce(sb, rb, 1, ncclFloat32, ncclSum, comm, NULL));
   m = cu_memory(comm);
   if (m.netPeersResident > K)
     cu_failf("after the AlltoAll: %llu network peers resident, the budget is %d", (unsigned long long)m.netPeersResident, K);

@@ -373,6 +373,22 @@ TEST(stall, format_closed_form) {
   EXPECT(!stall_wire_ok(&x, 0, 0, N));
   x = w[7], x.rank = 0, x.func = -1;
   EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  /* A one-sided wait, as the issue words it. */
+  w[7].state = STALL_ST_SIGNAL, w[7].sig = 2, w[7].ctx = 0, w[7].peer = 3, w[7].bytes_done = 4, w[7].bytes_total = 5;
+  w[7].idle_ms = 3000;
+  stall_format(w, N, 0xabcull, "", out, sizeof out);
+  if (!strstr(out, "waiting, rank 7 waiting for signal 2 from rank 3, 4 of 5 seen, rank 8 did not answer\n"))
+    rt_fail(__FILE__, __LINE__, "got:\n%s", out);
+  EXPECT(strstr(out, "  rank 7 (h1 pid 107): in ncclWaitSignal, waiting for signal 2 (context 0) from rank 3, 4 of 5 "
+                     "seen, for 3.0 s; last completed #811\n") != NULL);
+  x = w[7], x.rank = 0;
+  EXPECT(stall_wire_ok(&x, 0, 0, N));
+  x.bytes_done = 6; /* more seen than waited for */
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  x = w[7], x.rank = 0, x.sig = -1;
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
+  x = w[7], x.rank = 0, x.peer = -1;
+  EXPECT(!stall_wire_ok(&x, 0, 0, N));
 }
 
 /* A rank whose first Send to a peer waits for that peer to make the connection (it is late: in its

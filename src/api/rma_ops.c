@@ -143,6 +143,18 @@ static ch_status wait_check(struct ncclComm* comm, const ncclWaitSignalDesc_t* d
   return CH_OK;
 }
 
+/* What a wait that has taken 10 ms is waiting for, for the stall report (fault/stall_job.c). */
+static void publish_wait(struct ncclComm* comm, const ncclWaitSignalDesc_t* d, uint64_t have, uint64_t want,
+                         uint64_t since) {
+  atomic_store_explicit(&comm->rma_wait_sig, d->sigIdx, memory_order_relaxed);
+  atomic_store_explicit(&comm->rma_wait_ctx, d->ctx, memory_order_relaxed);
+  atomic_store_explicit(&comm->rma_wait_peer, d->peer, memory_order_relaxed);
+  atomic_store_explicit(&comm->rma_wait_have, have, memory_order_relaxed);
+  atomic_store_explicit(&comm->rma_wait_want, want, memory_order_relaxed);
+  atomic_store_explicit(&comm->rma_wait_since, since, memory_order_relaxed);
+  atomic_store_explicit(&comm->rma_wait, 1, memory_order_release);
+}
+
 CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm,
        cudaStream_t stream) {
   const char* fn = "ncclWaitSignal";
@@ -181,11 +193,14 @@ CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDesc
     /* The slower checks (a syscall each) every 10 ms, the first 10 ms in: a short wait makes none. */
     if (s == CH_OK && (it & 63) == 63 && ut_now_ns() - last >= 10 * UT_NS_PER_MS) {
       last = ut_now_ns();
-      s = wait_check(comm, &signalDescs[left], atomic_load(&comm->rma->mine[at[left]]) - comm->rma->seen[at[left]],
-                     want[left] - comm->rma->seen[at[left]], since);
+      const ncclWaitSignalDesc_t* d = &signalDescs[left];
+      uint64_t have = atomic_load(&comm->rma->mine[at[left]]) - comm->rma->seen[at[left]];
+      publish_wait(comm, d, have, want[left] - comm->rma->seen[at[left]], since);
+      s = wait_check(comm, d, have, want[left] - comm->rma->seen[at[left]], since);
     }
     if (s == CH_OK) ut_backoff(it);
   }
+  atomic_store_explicit(&comm->rma_wait, 0, memory_order_release);
   for (int i = 0; s == CH_OK && i < nDesc; i++)
     if (want[i] > comm->rma->seen[at[i]]) comm->rma->seen[at[i]] = want[i];
   free(want), free(at);

@@ -279,6 +279,12 @@ struct ncclComm {
    * peer for send/recv). Written by the owner, read by the stall query (fault/stall_job.c) without a
    * lock: a report read across a change may pair a count with the next group's call. */
   _Atomic int connecting, connecting_func, connecting_peer;
+  /* ncclWaitSignal in progress (api/rma_ops.c), for the stall report: rma_wait 1 while it waits; the
+   * descriptor it still waits on (signal, context, peer), its counts since the call (have of want) and
+   * when the wait began, refreshed every 10 ms. Written by the waiting thread, read by the stall query
+   * without a lock (a read across a refresh may mix two refreshes' counts). */
+  _Atomic int rma_wait, rma_wait_sig, rma_wait_ctx, rma_wait_peer;
+  _Atomic uint64_t rma_wait_have, rma_wait_want, rma_wait_since;
   /* Ranks sharing one GPU (gpu.h): the context current when the application made the comm (its
    * creating thread), the peers' hellos from comm_agree (until gpu_setup), and the GPU path, made at
    * init and read-only afterwards but for its own documented fields. */

@@ -35,12 +35,15 @@ enum { STALL_ST_IDLE = 1,     /* not in a call: every call so far returned */
        STALL_ST_BUSY = 3,     /* in a call that still makes progress */
        STALL_ST_GAVE_UP = 4,  /* its call timed out (described as for WAIT) and returned */
        STALL_ST_NOANSWER = 5, /* local only: the rank's process did not answer (note says why) */
-       STALL_ST_CONNECT = 6   /* in a call, making its connections: func, seq (collectives), peer (send/recv)
-                               * name the call; bytes_total is the number of peers */ };
+       STALL_ST_CONNECT = 6,  /* in a call, making its connections: func, seq (collectives), peer (send/recv)
+                               * name the call; bytes_total is the number of peers */
+       STALL_ST_SIGNAL = 7    /* in ncclWaitSignal: for signal sig (context ctx) from peer, bytes_done of
+                               * bytes_total counted, for idle_ms */ };
 struct stall_wire {
   uint32_t magic;
   int32_t state, func, type, peer, wait, algo, proto, pid, rank, nranks, async;
   int32_t gone, pad; /* gone: the communicator was destroyed since; this was its last state */
+  int32_t sig, ctx;  /* STALL_ST_SIGNAL */
   uint64_t comm_hash, seq, last_done, bytes_total, bytes_done, idle_ms;
   char host[64];
   char note[160]; /* local only */

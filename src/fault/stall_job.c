@@ -267,7 +267,8 @@ static void read_state(struct stall_ent* e, struct stall_wire* w) {
     w->state = current ? STALL_ST_WAIT : STALL_ST_GAVE_UP;
   } else {
     int peers = atomic_load_explicit(&c->connecting, memory_order_acquire);
-    w->state = done == next ? (peers > 0 ? STALL_ST_CONNECT : STALL_ST_IDLE) : STALL_ST_BUSY;
+    int sig = atomic_load_explicit(&c->rma_wait, memory_order_acquire);
+    w->state = done != next ? STALL_ST_BUSY : peers > 0 ? STALL_ST_CONNECT : sig ? STALL_ST_SIGNAL : STALL_ST_IDLE;
     w->func = w->type = w->algo = w->proto = w->peer = -1;
     w->last_done = seq; /* idle: every call so far has returned; busy: the last one started */
     if (w->state == STALL_ST_CONNECT) { /* its next call (connect_context's number) */
@@ -275,13 +276,24 @@ static void read_state(struct stall_ent* e, struct stall_wire* w) {
       if (!stall_is_coll(w->func)) w->peer = atomic_load_explicit(&c->connecting_peer, memory_order_relaxed);
       w->seq = seq + 1;
       w->bytes_total = (uint64_t)peers;
+    } else if (w->state == STALL_ST_SIGNAL) {
+      w->peer = atomic_load_explicit(&c->rma_wait_peer, memory_order_relaxed);
+      w->sig = atomic_load_explicit(&c->rma_wait_sig, memory_order_relaxed);
+      w->ctx = atomic_load_explicit(&c->rma_wait_ctx, memory_order_relaxed);
+      w->bytes_done = atomic_load_explicit(&c->rma_wait_have, memory_order_relaxed);
+      w->bytes_total = atomic_load_explicit(&c->rma_wait_want, memory_order_relaxed);
+      uint64_t since = atomic_load_explicit(&c->rma_wait_since, memory_order_relaxed), now = ut_now_ns();
+      w->idle_ms = now > since ? (now - since) / UT_NS_PER_MS : 0;
+      if (w->bytes_done > w->bytes_total) w->bytes_done = w->bytes_total; /* a read across a refresh */
     }
   }
 }
 
 int stall_wire_ok(struct stall_wire* w, uint64_t hash, int rank, int nranks) {
   if (w->magic != STALL_WIRE_MAGIC || w->comm_hash != hash || w->rank != rank || w->nranks != nranks) return 0;
-  if (w->state < STALL_ST_IDLE || (w->state > STALL_ST_GAVE_UP && w->state != STALL_ST_CONNECT)) return 0;
+  if (w->state < STALL_ST_IDLE || w->state == STALL_ST_NOANSWER || w->state > STALL_ST_SIGNAL) return 0;
+  if (w->state == STALL_ST_SIGNAL && (w->peer < 0 || w->sig < 0 || w->ctx < 0 || w->bytes_done > w->bytes_total))
+    return 0;
   if (w->state == STALL_ST_CONNECT && (w->func < 0 || w->func >= FUNC_COUNT || w->bytes_total >= (uint64_t)nranks))
     return 0;
   int waiting = w->state == STALL_ST_WAIT || w->state == STALL_ST_GAVE_UP;
@@ -493,7 +505,7 @@ static void fmt_call(const struct stall_wire* w, char* s, size_t n) {
 }
 
 /* Ranks of one kind in the headline; classes in the order they are listed. */
-enum { C_FOCUS, C_IDLE, C_OTHER, C_CONNECT, C_BUSY, C_NOANSWER };
+enum { C_FOCUS, C_IDLE, C_OTHER, C_SIGNAL, C_CONNECT, C_BUSY, C_NOANSWER };
 
 static int cls_of(const struct stall_wire* w, const struct stall_wire* focus) {
   if (w->state == STALL_ST_WAIT || w->state == STALL_ST_GAVE_UP) {
@@ -503,6 +515,7 @@ static int cls_of(const struct stall_wire* w, const struct stall_wire* focus) {
   if (w->state == STALL_ST_IDLE) return C_IDLE;
   if (w->state == STALL_ST_BUSY) return C_BUSY;
   if (w->state == STALL_ST_CONNECT) return C_CONNECT;
+  if (w->state == STALL_ST_SIGNAL) return C_SIGNAL;
   return C_NOANSWER;
 }
 
@@ -510,6 +523,9 @@ static int same_group(const struct stall_wire* a, const struct stall_wire* b, co
   int c = cls_of(a, focus);
   if (c != cls_of(b, focus)) return 0;
   if (c == C_IDLE) return a->last_done == b->last_done && a->async == b->async;
+  if (c == C_SIGNAL)
+    return a->peer == b->peer && a->sig == b->sig && a->ctx == b->ctx && a->bytes_done == b->bytes_done &&
+           a->bytes_total == b->bytes_total;
   if (c == C_OTHER || c == C_CONNECT)
     return a->func == b->func && a->seq == b->seq && (stall_is_coll(a->func) || a->peer == b->peer);
   return 1;
@@ -569,6 +585,9 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
       else if (c == C_OTHER) {
         fmt_call(&w[r], call, sizeof(call));
         at = put(out, cap, at, "%s %s waiting in %s", s, list, call);
+      } else if (c == C_SIGNAL) {
+        at = put(out, cap, at, "%s %s waiting for signal %d from rank %d, %llu of %llu seen", s, list, w[r].sig,
+                 w[r].peer, (unsigned long long)w[r].bytes_done, (unsigned long long)w[r].bytes_total);
       } else if (c == C_CONNECT) {
         fmt_call(&w[r], call, sizeof(call));
         at = put(out, cap, at, "%s %s setting up connections for %s", s, list, call);
@@ -597,6 +616,10 @@ size_t stall_format(const struct stall_wire* w, int n, uint64_t hash, const char
       at = put(out, cap, at, "not in a call; last %s #%llu%s%s%s\n", x->async ? "call" : "completed",
                (unsigned long long)x->last_done, x->async ? "; communicator failed: " : "",
                x->async ? ch_status_str((ch_status)x->async) : "", x->gone ? " (communicator since destroyed)" : "");
+    } else if (x->state == STALL_ST_SIGNAL) {
+      at = put(out, cap, at, "in ncclWaitSignal, waiting for signal %d (context %d) from rank %d, %llu of %llu seen, "
+               "for %.1f s; last completed #%llu\n", x->sig, x->ctx, x->peer, (unsigned long long)x->bytes_done,
+               (unsigned long long)x->bytes_total, (double)x->idle_ms / 1000.0, (unsigned long long)x->last_done);
     } else if (x->state == STALL_ST_CONNECT) {
       fmt_call(x, call, sizeof(call));
       at = put(out, cap, at, "in %s, setting up its connections with %llu peer%s; last completed #%llu\n", call,

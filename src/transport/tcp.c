@@ -10,6 +10,7 @@
  * send/recv peer has its own. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -243,7 +244,9 @@ static void net_free(struct conn* c) {
  * zero pages. The slots follow the control page (tp_fifo_layout). */
 static int net_trim(struct conn* c) {
   struct tcp_conn* n = c->tcp;
-  if (!n || !c->map_base || atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) return 0;
+  if (!n || !c->map_base) return 0;
+  /* busy is held only for a few non-blocking calls (the proxy's pass over this stream) */
+  while (atomic_exchange_explicit(&n->busy, 1, memory_order_acquire)) sched_yield();
   int ok = n->off == 0 && n->carry_len == 0 && !n->poison_state &&
            atomic_load_explicit(&c->ctrl->head, memory_order_acquire) ==
                atomic_load_explicit(&c->ctrl->tail, memory_order_acquire);
