@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -175,7 +176,26 @@ static void sigwait_body(int rank, int n, ncclUniqueId id, void* arg) {
     NCCL_OK(ncclSignal(0, 0, 0, 0, comm, NULL));
     for (double end = secs() + 20; !atomic_load(&sh->got) && secs() < end;) usleep(10 * 1000);
     NCCL_OK(ncclSignal(0, 0, 0, 0, comm, NULL));
+    int v = 7;
+    NCCL_OK(ncclPutSignal(&v, 1, ncclInt32, 1, win, 0, 0, 0, 0, comm, NULL)); /* into its own window */
+    ncclWaitSignalDesc_t self = {1, 1, 0, 0};
+    NCCL_OK(ncclWaitSignal(1, &self, comm, NULL));
   }
+  /* The flight recorder has them: func, type, op, root (the peer), count, ..., state, status. */
+  char path[512], text[8192] = "";
+  NCCL_OK(chorusCommDumpFlightRecorder(comm, path, sizeof path));
+  FILE* f = fopen(path, "r");
+  ASSERT(f != NULL);
+  size_t got = fread(text, 1, sizeof text - 1, f);
+  text[got] = '\0';
+  fclose(f);
+  unlink(path);
+  const char* want0[] = {" WaitSignal - - 1 2 - - 0 host done ok "};
+  const char* want1[] = {" Signal - - 0 0 - - 0 host done ok ", " PutSignal int32 - 1 1 - - 0 host done ok ",
+                         " WaitSignal - - 1 1 - - 0 host done ok "};
+  const char** want = rank == 0 ? want0 : want1;
+  for (int i = 0; i < (rank == 0 ? 1 : 3); i++)
+    if (!strstr(text, want[i])) rt_fail(__FILE__, __LINE__, "%s rank %d: no '%s' in the recorder:\n%s", rt_mode(), rank, want[i], text);
   NCCL_OK(ncclCommWindowDeregister(comm, win));
   win_free(mem, 0);
   NCCL_OK(ncclCommDestroy(comm));

@@ -15,6 +15,7 @@
 #include "../fault/mismatch.h"
 #include "../reduce/reduce.h"
 #include "api.h"
+#include "../observe/observe.h"
 #include "rma.h"
 
 /* Checks shared by the three calls, inside the caller's comm_enter: the comm's signals exist and the
@@ -77,6 +78,7 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
   }
   struct comm_guard g;
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
+  uint64_t fr = fr_rma(comm, FR_FUNC_PUTSIGNAL, peer, count, (int)datatype);
   struct ncclWindow_vidmem* w = NULL;
   size_t bytes = count * es;
   if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK &&
@@ -99,6 +101,7 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
     }
   }
   if (s == CH_OK) signal_peer(comm, peer, sigIdx, ctx);
+  fr_end(comm, fr, fr, s);
   comm_leave(&g);
   return ch_to_nccl(s);
 }
@@ -114,8 +117,10 @@ CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int fla
   }
   struct comm_guard g;
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
+  uint64_t fr = fr_rma(comm, FR_FUNC_SIGNAL, peer, 0, -1);
   if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK)
     signal_peer(comm, peer, sigIdx, ctx);
+  fr_end(comm, fr, fr, s);
   comm_leave(&g);
   return ch_to_nccl(s);
 }
@@ -166,6 +171,10 @@ CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDesc
   }
   struct comm_guard g;
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
+  /* Recorded as one call: the peer of a lone descriptor (else -1), the signals it waits for in all. */
+  uint64_t total = 0;
+  for (int i = 0; i < nDesc; i++) total += signalDescs[i].opCnt > 0 ? (uint64_t)signalDescs[i].opCnt : 0;
+  uint64_t fr = fr_rma(comm, FR_FUNC_WAITSIGNAL, nDesc == 1 ? signalDescs[0].peer : -1, total, -1);
   uint64_t* want = calloc((size_t)nDesc, sizeof(uint64_t));
   size_t* at = calloc((size_t)nDesc, sizeof(size_t));
   if (!want || !at) s = CH_SYSTEM;
@@ -203,6 +212,7 @@ CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDesc
   atomic_store_explicit(&comm->rma_wait, 0, memory_order_release);
   for (int i = 0; s == CH_OK && i < nDesc; i++)
     if (want[i] > comm->rma->seen[at[i]]) comm->rma->seen[at[i]] = want[i];
+  fr_end(comm, fr, fr, s);
   free(want), free(at);
   comm_leave(&g);
   return ch_to_nccl(s);

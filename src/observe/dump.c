@@ -61,11 +61,13 @@ static void put_entry(FILE* f, const struct fr_entry* e, const struct obs_timeba
   const char* type = ch_type_name(e->type);
   const char* op = e->func == FUNC_REDUCE || e->func == FUNC_REDUCESCATTER || e->func == FUNC_ALLREDUCE
                        ? ch_op_name(e->op) : "-";
+  int rma = e->func >= FR_FUNC_PUTSIGNAL; /* the peer in root's column; no datatype for a signal or a wait */
   int rooted = e->func == FUNC_BROADCAST || e->func == FUNC_REDUCE || e->func == FUNC_SEND || e->func == FUNC_RECV ||
-               e->func == FUNC_GATHER || e->func == FUNC_SCATTER;
+               e->func == FUNC_GATHER || e->func == FUNC_SCATTER || rma;
+  if (rma && !type) type = "-";
   /* tag: the 17th column, after what readers of the first 16 take (tools/flight.c) */
   fprintf(f, "%llu %llu %s %s %s %d %llu %s %s %d %s %s %s %llu %llu %llu %llx\n", (unsigned long long)e->id,
-          (unsigned long long)e->seq, ch_func_name(e->func) ? ch_func_name(e->func) : "?", type ? type : "?",
+          (unsigned long long)e->seq, fr_func_name(e->func) ? fr_func_name(e->func) : "?", type ? type : "?",
           op ? op : "?", rooted ? e->root : -1, (unsigned long long)e->count, algo ? algo : "-", proto ? proto : "-", e->nch,
           fr_exec_word(e->exec), fr_state_names[e->state], e->state >= FR_DONE ? fr_status_word(e->status) : "-",
           (unsigned long long)obs_job_ns(tb, e->t_enq), (unsigned long long)obs_job_ns(tb, e->t_start),

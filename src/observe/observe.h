@@ -77,6 +77,13 @@ void fr_choice(struct ncclComm* comm, uint64_t id, const struct tune_choice* how
  * its kernel runs in stream order after. */
 void fr_start(struct ncclComm* comm, uint64_t lo, uint64_t hi, uint64_t seq_base);
 void fr_end(struct ncclComm* comm, uint64_t lo, uint64_t hi, ch_status status);
+/* One-sided calls (api/rma_ops.c) have no ncclFunc_t: the recorder names them with numbers past every
+ * FUNC_*. They run on the calling thread, so fr_rma records one as started (its id; 0: recorder off or
+ * slot busy) and fr_end(comm, id, id, status) ends it. type -1: no data (Signal, WaitSignal). */
+enum { FR_FUNC_PUTSIGNAL = 0xf0, FR_FUNC_SIGNAL = 0xf1, FR_FUNC_WAITSIGNAL = 0xf2 };
+uint64_t fr_rma(struct ncclComm* comm, int func, int peer, uint64_t count, int type);
+/* "AllReduce", ..., "PutSignal", "Signal", "WaitSignal"; NULL for any other number. */
+const char* fr_func_name(int func);
 /* Calls [lo, hi] of a group that failed (or was dropped) before running them: those still queued fail. */
 void fr_fail_queued(struct ncclComm* comm, uint64_t lo, uint64_t hi, ch_status status);
 /* A copy of the entries, oldest first (at most cap): returns how many; *recorded: calls so far, *skipped:

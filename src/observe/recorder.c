@@ -100,6 +100,35 @@ uint64_t fr_enqueue(struct ncclComm* comm, const struct ch_task* t, int runs_now
   return id;
 }
 
+uint64_t fr_rma(struct ncclComm* comm, int func, int peer, uint64_t count, int type) {
+  struct fr_ring* fr = comm->fr;
+  if (!fr) return 0;
+  uint64_t id = ++fr->next_id; /* the calling thread, in the call (comm_enter), as fr_enqueue */
+  atomic_store_explicit(&fr->last_id, id, memory_order_release);
+  struct fr_slot* s = &fr->s[(id - 1) % (uint64_t)fr->cap];
+  if (!terminal(atomic_load_explicit(&s->state, memory_order_acquire))) {
+    atomic_fetch_add_explicit(&fr->skipped, 1, memory_order_relaxed);
+    return 0;
+  }
+  uint64_t now = obs_ticks();
+  w_begin(s);
+  ST(s->id, id), ST(s->seq, 0), ST(s->count, count), ST(s->t_enq, now), ST(s->t_start, now), ST(s->t_end, 0);
+  ST(s->shape, (uint64_t)(func & 0xff) | (uint64_t)(type & 0xff) << 8 | (uint64_t)0xffffffffu << 16);
+  ST(s->root, peer), ST(s->how, HOW_NONE), ST(s->tag, 0), ST(s->sel, 0);
+  ST(s->state, st_pack(FR_STARTED, CH_OK));
+  w_end(s);
+  return id;
+}
+
+const char* fr_func_name(int func) {
+  switch (func) {
+    case FR_FUNC_PUTSIGNAL: return "PutSignal";
+    case FR_FUNC_SIGNAL: return "Signal";
+    case FR_FUNC_WAITSIGNAL: return "WaitSignal";
+    default: return ch_func_name(func);
+  }
+}
+
 void fr_choice(struct ncclComm* comm, uint64_t id, const struct tune_choice* how) {
   struct fr_ring* fr = comm->fr;
   struct fr_slot* s = fr && id ? slot(fr, id) : NULL;

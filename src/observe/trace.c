@@ -141,7 +141,7 @@ static void write_ev(struct ncclComm* comm, struct obs_trace* t, const struct ob
   us_text(d < 0 ? 0 : d, dur, sizeof(dur));
   if (e->kind == EV_CALL) {
     const struct fr_entry* c = &e->u.call;
-    const char* fn = ch_func_name(c->func);
+    const char* fn = fr_func_name(c->func);
     const char* algo = c->algo >= 0 ? ch_algo_name(c->algo) : NULL;
     const char* proto = c->proto >= 0 ? ch_proto_name(c->proto) : NULL;
     const char* type = ch_type_name(c->type);
