@@ -86,15 +86,17 @@ ncclResult_t chorusCommSetWireFormat(ncclComm_t comm, const char* format);
 /* Counters of comm (docs/OBSERVE.md): calls finished, their data (count x type size as given), time this
  * rank waited for peers inside calls (waits longer than about 64 polls; a short wait is not timed), calls
  * failed. Per peer: payload bytes sent to it and received from it over connections (Direct's reads of
- * its buffers are not counted) and time waited on it. Any thread, any time after init, also while
- * another thread is in a call on comm. */
+ * its buffers are not counted), time waited on it, and its one-sided calls: bytes put into its windows
+ * (ncclPutSignal) and signals sent to it (ncclPutSignal and ncclSignal). Any thread, any time after
+ * init, also while another thread is in a call on comm. */
 typedef struct {
   uint64_t calls, bytes, waitNs, errors;
   uint64_t reserved[4];
 } chorusCounters_t;
 typedef struct {
   uint64_t bytesSent, bytesReceived, waitNs;
-  uint64_t reserved[5];
+  uint64_t bytesPut, signalsSent; /* were reserved: the struct keeps its size */
+  uint64_t reserved[3];
 } chorusPeerCounters_t;
 ncclResult_t chorusCommGetCounters(ncclComm_t comm, chorusCounters_t* counters);
 ncclResult_t chorusCommGetPeerCounters(ncclComm_t comm, int peer, chorusPeerCounters_t* counters);

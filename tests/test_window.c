@@ -180,6 +180,13 @@ static void sigwait_body(int rank, int n, ncclUniqueId id, void* arg) {
     NCCL_OK(ncclPutSignal(&v, 1, ncclInt32, 1, win, 0, 0, 0, 0, comm, NULL)); /* into its own window */
     ncclWaitSignalDesc_t self = {1, 1, 0, 0};
     NCCL_OK(ncclWaitSignal(1, &self, comm, NULL));
+    chorusPeerCounters_t pc0, pc1;
+    NCCL_OK(chorusCommGetPeerCounters(comm, 0, &pc0));
+    NCCL_OK(chorusCommGetPeerCounters(comm, 1, &pc1));
+    EXPECT_EQ((long long)pc0.signalsSent, 2LL);
+    EXPECT_EQ((long long)pc0.bytesPut, 0LL);
+    EXPECT_EQ((long long)pc1.signalsSent, 1LL);
+    EXPECT_EQ((long long)pc1.bytesPut, 4LL);
   }
   /* The flight recorder has them: func, type, op, root (the peer), count, ..., state, status. */
   char path[512], text[8192] = "";

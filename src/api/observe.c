@@ -84,6 +84,7 @@ CH_API(ncclResult_t, chorusCommGetPeerCounters, ncclComm_t comm, int peer, choru
     obs_peer_counters(comm, peer, &c);
     memset(counters, 0, sizeof(*counters));
     counters->bytesSent = c.sent, counters->bytesReceived = c.received, counters->waitNs = c.wait_ns;
+    counters->bytesPut = c.put_bytes, counters->signalsSent = c.signals;
   }
   comm_leave(&g);
   return r;

@@ -55,9 +55,13 @@ static ch_status rma_range(const struct ncclComm* comm, int peer, int sig, int c
   return CH_INVALID_ARG;
 }
 
-static void signal_peer(struct ncclComm* comm, int peer, int sig, int ctx) {
+static void signal_peer(struct ncclComm* comm, int peer, int sig, int ctx, size_t bytes) {
   struct rma_state* r = comm->rma;
   atomic_fetch_add_explicit(&r->peer[peer][sig_at(r, comm->nranks, ctx, sig, comm->rank)], 1, memory_order_release);
+  if (comm->rma_ctr) { /* chorusCommGetPeerCounters */
+    atomic_fetch_add_explicit(&comm->rma_ctr[peer], bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&comm->rma_ctr[comm->nranks + peer], 1, memory_order_relaxed);
+  }
 }
 
 CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
@@ -100,7 +104,7 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
       }
     }
   }
-  if (s == CH_OK) signal_peer(comm, peer, sigIdx, ctx);
+  if (s == CH_OK) signal_peer(comm, peer, sigIdx, ctx, bytes);
   fr_end(comm, fr, fr, s);
   comm_leave(&g);
   return ch_to_nccl(s);
@@ -119,7 +123,7 @@ CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int fla
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
   uint64_t fr = fr_rma(comm, FR_FUNC_SIGNAL, peer, 0, -1);
   if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK)
-    signal_peer(comm, peer, sigIdx, ctx);
+    signal_peer(comm, peer, sigIdx, ctx, 0);
   fr_end(comm, fr, fr, s);
   comm_leave(&g);
   return ch_to_nccl(s);

@@ -257,6 +257,9 @@ struct ncclComm {
   _Atomic uint64_t ctr_calls, ctr_bytes, ctr_wait_ns, ctr_errors;
   _Atomic uint64_t ctr_noop; /* calls with nothing to do (one rank, in place): the calling thread's */
   _Atomic uint64_t* wait_ns_peer;
+  /* One-sided calls to each peer (api/rma_ops.c): [2 * nranks], bytes put into its windows, then signals
+   * sent to it (a put's included). Added to by the calling thread, read by any; made at init. */
+  _Atomic uint64_t* rma_ctr;
   struct obs_trace* trace; /* CHORUS_TRACE (observe/trace.c), or NULL */
   /* NCCL_PROFILER_PLUGIN's context (observe/profiler.c), or NULL: set at the end of init, freed by
    * comm_free; its plan events only by the thread running the comm's current plan (tickets). */

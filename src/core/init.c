@@ -358,7 +358,8 @@ static ch_status comm_setup(struct ncclComm* comm) {
   comm->trace = trace_open(comm);
   prof_comm_init(comm); /* NCCL_PROFILER_PLUGIN */
   comm->wait_ns_peer = calloc((size_t)n, sizeof(*comm->wait_ns_peer));
-  if (!comm->wait_ns_peer) return CH_SYSTEM;
+  comm->rma_ctr = calloc(2 * (size_t)n, sizeof(*comm->rma_ctr));
+  if (!comm->wait_ns_peer || !comm->rma_ctr) return CH_SYSTEM;
 
   unsigned used = 0;
   for (int r = 0; r < n; r++)
@@ -570,6 +571,8 @@ void comm_free(struct ncclComm* comm) {
   comm->fr = NULL;
   free((void*)comm->wait_ns_peer);
   comm->wait_ns_peer = NULL;
+  free((void*)comm->rma_ctr);
+  comm->rma_ctr = NULL;
   free(comm->p2p_lru), free(comm->p2p_count), free(comm->p2p_mark), free(comm->p2p_resident);
   comm->p2p_lru = NULL, comm->p2p_count = NULL, comm->p2p_mark = NULL, comm->p2p_resident = NULL;
   comm->peers = NULL, comm->peer_tp = NULL, comm->p2p = NULL, comm->scratch = comm->peer_scratch = NULL;

@@ -22,7 +22,7 @@ static uint64_t moved(const struct conn* c, int peer) {
 }
 
 void obs_peer_counters(const struct ncclComm* comm, int peer, struct obs_peer_ctr* out) {
-  out->sent = out->received = out->wait_ns = 0;
+  out->sent = out->received = out->wait_ns = out->put_bytes = out->signals = 0;
   if (peer < 0 || peer >= comm->nranks) return;
   for (int c = 0; c < comm->nchannels; c++) {
     out->sent += moved(&comm->channels[c].send, peer);
@@ -33,6 +33,10 @@ void obs_peer_counters(const struct ncclComm* comm, int peer, struct obs_peer_ct
     for (int k = 0; k < 2; k++) out->sent += moved(&p[k]->send, peer), out->received += moved(&p[k]->recv, peer);
   }
   if (comm->wait_ns_peer) out->wait_ns = atomic_load_explicit(&comm->wait_ns_peer[peer], memory_order_relaxed);
+  if (comm->rma_ctr) {
+    out->put_bytes = atomic_load_explicit(&comm->rma_ctr[peer], memory_order_relaxed);
+    out->signals = atomic_load_explicit(&comm->rma_ctr[comm->nranks + peer], memory_order_relaxed);
+  }
 }
 
 static size_t put(char* out, size_t cap, size_t at, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -45,7 +49,7 @@ static size_t put(char* out, size_t cap, size_t at, const char* fmt, ...) {
 }
 
 /* One family: its HELP and TYPE once, then a sample per communicator (and per peer). */
-enum { F_CALLS, F_BYTES, F_WAIT, F_ERRORS, F_PEER_SENT, F_PEER_RECV, F_PEER_WAIT, F_COUNT };
+enum { F_CALLS, F_BYTES, F_WAIT, F_ERRORS, F_PEER_SENT, F_PEER_RECV, F_PEER_WAIT, F_PEER_PUT, F_PEER_SIG, F_COUNT };
 static const struct {
   const char *name, *help;
   int per_peer, seconds;
@@ -57,6 +61,8 @@ static const struct {
     {"chorus_peer_sent_bytes_total", "Payload bytes sent to the peer over connections.", 1, 0},
     {"chorus_peer_received_bytes_total", "Payload bytes received from the peer over connections.", 1, 0},
     {"chorus_peer_wait_seconds_total", "Time this rank waited on the peer (data from it or room in its FIFO).", 1, 1},
+    {"chorus_peer_put_bytes_total", "Bytes this rank put into the peer's windows (ncclPutSignal).", 1, 0},
+    {"chorus_peer_signals_total", "Signals this rank sent to the peer (ncclPutSignal, ncclSignal).", 1, 0},
 };
 
 size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t cap) {
@@ -81,7 +87,8 @@ size_t obs_prometheus(struct ncclComm* const* comms, int n, char* out, size_t ca
         if (p == c->rank) continue;
         struct obs_peer_ctr pc;
         obs_peer_counters(c, p, &pc);
-        uint64_t v = f == F_PEER_SENT ? pc.sent : f == F_PEER_RECV ? pc.received : pc.wait_ns;
+        uint64_t v = f == F_PEER_SENT ? pc.sent : f == F_PEER_RECV ? pc.received : f == F_PEER_WAIT ? pc.wait_ns
+                   : f == F_PEER_PUT  ? pc.put_bytes : pc.signals;
         if (!v) continue; /* peers this rank never talked to: a 1000-rank comm stays readable */
         if (fam[f].seconds)
           at = put(out, cap, at, "%s{%s,peer=\"%d\"} %.9f\n", fam[f].name, labels, p, (double)v / UT_NS_PER_S);

@@ -97,6 +97,7 @@ struct obs_ctr {
 };
 struct obs_peer_ctr {
   uint64_t sent, received, wait_ns;
+  uint64_t put_bytes, signals; /* one-sided calls to the peer */
 };
 void obs_counters(const struct ncclComm* comm, struct obs_ctr* out);
 /* peer: its bytes over every connection of comm that reaches it; any thread, while comm lives. */
