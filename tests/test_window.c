@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "chorus.h"
+#include "misc/param.h"
 #include "runner.h"
 
 #define CHUNK 100003 /* floats each rank puts into the next one's window per round */
@@ -207,6 +209,61 @@ static void sigwait_body(int rank, int n, ncclUniqueId id, void* arg) {
   win_free(mem, 0);
   NCCL_OK(ncclCommDestroy(comm));
 }
+/* One-sided calls on the timeline (CHORUS_TRACE): rank 1 puts into rank 0's window, rank 0 waits. */
+static void timeline_body(int rank, int n, ncclUniqueId id, void* arg) {
+  (void)arg;
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
+  int* mem = win_alloc(4096, 0);
+  ncclWindow_t win;
+  NCCL_OK(ncclCommWindowRegister(comm, mem, 4096, &win, NCCL_WIN_COLL_SYMMETRIC));
+  if (rank == 1) {
+    int v = 5;
+    NCCL_OK(ncclPutSignal(&v, 1, ncclInt32, 0, win, 0, 0, 0, 0, comm, NULL));
+  } else {
+    ncclWaitSignalDesc_t d = {1, 1, 0, 0};
+    NCCL_OK(ncclWaitSignal(1, &d, comm, NULL));
+    EXPECT_EQ(mem[0], 5);
+  }
+  NCCL_OK(ncclCommWindowDeregister(comm, win));
+  win_free(mem, 0);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+static int file_has(const char* dir, const char* suffix, const char* what) {
+  DIR* d = opendir(dir);
+  int found = 0;
+  for (struct dirent* e; d && !found && (e = readdir(d));) {
+    size_t l = strlen(e->d_name), k = strlen(suffix);
+    if (l < k || strcmp(e->d_name + l - k, suffix)) continue;
+    char path[1024], text[16384];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE* f = fopen(path, "r");
+    if (!f) continue;
+    size_t got = fread(text, 1, sizeof text - 1, f);
+    text[got] = '\0';
+    fclose(f);
+    found = strstr(text, what) != NULL;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+TEST_T(window, one_sided_calls_on_the_timeline, 60) {
+  char dir[] = "/tmp/chorus-win-trace-XXXXXX";
+  ASSERT(mkdtemp(dir) != NULL);
+  setenv("CHORUS_TRACE", dir, 1);
+  param_reset();
+  rt_run_threads(2, timeline_body, NULL);
+  unsetenv("CHORUS_TRACE");
+  param_reset();
+  EXPECT(file_has(dir, "-r1.json", "\"name\":\"PutSignal\""));
+  EXPECT(file_has(dir, "-r0.json", "\"name\":\"WaitSignal\""));
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  EXPECT_EQ(system(cmd), 0);
+}
+
 TEST_T(window, stall_report_names_a_signal_wait, 90) {
   struct sigwait_shared* sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT(sh != MAP_FAILED);

@@ -55,6 +55,17 @@ static ch_status rma_range(const struct ncclComm* comm, int peer, int sig, int c
   return CH_INVALID_ARG;
 }
 
+/* End a one-sided call's record, and put it on the timeline (CHORUS_TRACE) when no plan of comm is queued
+ * or running: the trace's buffer belongs to the thread running comm's plans (observe/trace.c), which,
+ * with nothing queued and this thread in the call, is this one. A call beside queued stream work is
+ * in the flight recorder only. */
+static void rma_end(struct ncclComm* comm, uint64_t fr, ch_status s) {
+  fr_end(comm, fr, fr, s);
+  if (fr && comm->trace && !atomic_load(&comm->unticketed) &&
+      atomic_load(&comm->done_ticket) == atomic_load(&comm->next_ticket))
+    trace_calls(comm, fr, fr);
+}
+
 static void signal_peer(struct ncclComm* comm, int peer, int sig, int ctx, size_t bytes) {
   struct rma_state* r = comm->rma;
   atomic_fetch_add_explicit(&r->peer[peer][sig_at(r, comm->nranks, ctx, sig, comm->rank)], 1, memory_order_release);
@@ -105,7 +116,7 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
     }
   }
   if (s == CH_OK) signal_peer(comm, peer, sigIdx, ctx, bytes);
-  fr_end(comm, fr, fr, s);
+  rma_end(comm, fr, s);
   comm_leave(&g);
   return ch_to_nccl(s);
 }
@@ -124,7 +135,7 @@ CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int fla
   uint64_t fr = fr_rma(comm, FR_FUNC_SIGNAL, peer, 0, -1);
   if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK)
     signal_peer(comm, peer, sigIdx, ctx, 0);
-  fr_end(comm, fr, fr, s);
+  rma_end(comm, fr, s);
   comm_leave(&g);
   return ch_to_nccl(s);
 }
@@ -216,7 +227,7 @@ CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDesc
   atomic_store_explicit(&comm->rma_wait, 0, memory_order_release);
   for (int i = 0; s == CH_OK && i < nDesc; i++)
     if (want[i] > comm->rma->seen[at[i]]) comm->rma->seen[at[i]] = want[i];
-  fr_end(comm, fr, fr, s);
+  rma_end(comm, fr, s);
   free(want), free(at);
   comm_leave(&g);
   return ch_to_nccl(s);
