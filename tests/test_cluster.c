@@ -26,6 +26,7 @@
 #include "bootstrap/bootstrap.h"
 #include "chorus.h"
 #include "coll_util.h"
+#include "elastic_util.h"
 #include "comm/comm.h"
 #include "misc/param.h"
 #include "net/net.h"
@@ -159,6 +160,21 @@ TEST_T(cluster, sigkill_rank_on_other_host, 400) {
   pid_t run = nn_start("", 6, 200, "cluster_rank.allreduce_until_error");
   EXPECT(nn_wait(run) != 0); /* rank 5 was killed */
   EXPECT_EQ(nn_count("ok", 6, 0), 5);
+  nn_down();
+}
+
+/* The elastic loop of grow.elastic_kill_shrink_grow_twice across hosts (issue 46): 4 ranks and 2 spares
+ * on 2 hosts, interleaved, so each round's victim (rank 3: process 3, then spare 4) and the spare that
+ * replaces it are on the other host from rank 0, which hands out the grow ids. The ids travel as files
+ * in the cluster directory; the two victims end their processes mid-call, the 4 others finish. */
+TEST_T(cluster, elastic_grow_across_hosts, 400) {
+  if (!cl_up(2)) return;
+  if (!nn_net_enabled("cluster_rank.net_probe")) {
+    nn_down();
+    return;
+  }
+  EXPECT_EQ(nn_run("", ELASTIC_N + ELASTIC_ROUNDS, 300, "cluster_rank.elastic"), 0);
+  EXPECT_EQ(nn_count("elastic_ok", ELASTIC_N + ELASTIC_ROUNDS, 0), ELASTIC_N);
   nn_down();
 }
 
@@ -422,6 +438,47 @@ TEST_T(cluster_rank, init_barrier, 120) {
   ASSERT_EQ(boot_barrier(comm->boot), CH_OK);
   free(hosts);
   NCCL_OK(ncclCommDestroy(comm));
+}
+
+/* Ids as files: hex text, so that nn_file's text interface carries them. */
+static void id_put(void* ctx, int k, const ncclUniqueId* id) {
+  char hex[2 * NCCL_UNIQUE_ID_BYTES + 1];
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id->internal[i]);
+  nn_file((const char*)ctx, k, hex);
+}
+static ncclUniqueId id_get(void* ctx, int k) {
+  char hex[2 * NCCL_UNIQUE_ID_BYTES + 2] = "";
+  /* up to 4 minutes (the rounds before it run first); a file is whole once it has every digit */
+  for (int t = 0; t < 2400 && !(nn_read((const char*)ctx, k, hex, sizeof hex) && strlen(hex) == 2 * NCCL_UNIQUE_ID_BYTES);
+       t++)
+    usleep(100000);
+  ncclUniqueId id;
+  ASSERT(strlen(hex) == 2 * NCCL_UNIQUE_ID_BYTES);
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+    unsigned v = 0;
+    ASSERT(sscanf(hex + 2 * i, "%2x", &v) == 1);
+    id.internal[i] = (char)v;
+  }
+  return id;
+}
+
+TEST_T(cluster_rank, elastic, 300) {
+  int proc, n, host;
+  if (!cl_rank(&proc, &n, &host)) return;
+  ASSERT_EQ(n, ELASTIC_N + ELASTIC_ROUNDS);
+  ncclComm_t comm = NULL;
+  if (proc < ELASTIC_N) {
+    ncclUniqueId id;
+    if (proc == 0) {
+      NCCL_OK(ncclGetUniqueId(&id));
+      id_put("eid", 0, &id);
+    } else {
+      id = id_get("eid", 0);
+    }
+    NCCL_OK(ncclCommInitRank(&comm, ELASTIC_N, id, proc));
+  }
+  struct elastic_ids ids = {id_put, id_get, "gid"};
+  if (elastic_run(comm, proc, &ids)) mark("elastic_ok", proc);
 }
 
 TEST_T(cluster_rank, init_fails, 120) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "chorus.h"
+#include "elastic_util.h"
 #include "runner.h"
 
 /* The coordinator hands its id to the new ranks here: memory shared by threads, and by processes
@@ -37,20 +38,6 @@ static ncclUniqueId box_get(struct box* b, int i) {
   return b->id[i];
 }
 
-static int allreduce_check(ncclComm_t comm, int rank, int n, size_t count, const char* what) {
-  int* v = malloc(count * sizeof(int));
-  for (size_t i = 0; i < count; i++) v[i] = rank + (int)(i % 13);
-  ncclResult_t r = ncclAllReduce(v, v, count, ncclInt32, ncclSum, comm, NULL);
-  for (size_t i = 0; r == ncclSuccess && i < count; i++)
-    if (v[i] != n * (int)(i % 13) + n * (n - 1) / 2) {
-      rt_fail(__FILE__, __LINE__, "%s: rank %d [%zu] = %d, want %d", what, rank, i, v[i],
-              n * (int)(i % 13) + n * (n - 1) / 2);
-      break;
-    }
-  free(v);
-  return r;
-}
-
 struct grow_arg {
   int m; /* ranks of the parent; the run's other ranks are new */
   struct box* box;
@@ -62,7 +49,7 @@ static void grow_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   ncclUniqueId gid;
   if (rank < a->m) {
     NCCL_OK(ncclCommInitRank(&parent, a->m, id, rank));
-    NCCL_OK(allreduce_check(parent, rank, a->m, 1000, "parent"));
+    NCCL_OK(elastic_allreduce_check(parent, rank, a->m, 1000, "parent"));
     if (rank == 0) {
       NCCL_OK(ncclCommGetUniqueId(parent, &gid));
       ncclUniqueId again;
@@ -80,10 +67,10 @@ static void grow_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   NCCL_OK(ncclCommUserRank(child, &r));
   EXPECT_EQ(n, nranks);
   EXPECT_EQ(r, rank);
-  NCCL_OK(allreduce_check(child, rank, nranks, 1000, "grown"));
-  NCCL_OK(allreduce_check(child, rank, nranks, 300000, "grown, large"));
+  NCCL_OK(elastic_allreduce_check(child, rank, nranks, 1000, "grown"));
+  NCCL_OK(elastic_allreduce_check(child, rank, nranks, 300000, "grown, large"));
   if (parent) {
-    NCCL_OK(allreduce_check(parent, rank, a->m, 1000, "parent after the grow"));
+    NCCL_OK(elastic_allreduce_check(parent, rank, a->m, 1000, "parent after the grow"));
     ncclComm_t again = NULL;
     if (rank == 0) EXPECT_EQ(ncclCommGrow(parent, nranks, &gid, -1, &again, NULL), ncclInvalidUsage); /* used */
     EXPECT(again == NULL);
@@ -117,7 +104,7 @@ static void misuse_body(int rank, int nranks, ncclUniqueId id, void* arg) {
   EXPECT(child == NULL);
   const char* want = how == 0 ? "both passed an id" : how == 1 ? "no existing rank passed the id" : "disagree";
   EXPECT(strstr(ncclGetLastError(parent), want) != NULL);
-  NCCL_OK(allreduce_check(parent, rank, nranks, 100, "parent after a refused grow"));
+  NCCL_OK(elastic_allreduce_check(parent, rank, nranks, 100, "parent after a refused grow"));
   NCCL_OK(ncclCommDestroy(parent));
 }
 /* Processes only: a refused grow leaves its coordinator's id unconsumed, and the root behind it waits in
@@ -174,60 +161,18 @@ TEST_T(grow, new_rank_never_comes, 60) {
   unsetenv("CHORUS_INIT_TIMEOUT");
 }
 
-/* The elastic loop: 4 ranks run AllReduces; process 3 dies in the middle of one (its other thread
- * exits the process); the survivors get ncclRemoteError, shrink it away (NCCL_SHRINK_ABORT), and a
- * spare process (4, then 5) joins as rank 3 through ncclCommGrow; twice. Results checked every time. */
-#define ELASTIC_ROUNDS 2
-static void* die_soon(void* arg) {
-  usleep((useconds_t)(intptr_t)arg);
-  _exit(0); /* gone without a word, mid-call */
-}
+/* The elastic loop (elastic_util.c), its spares' ids in a box. */
+static void box_put_cb(void* ctx, int round, const ncclUniqueId* id) { box_put(ctx, round, id); }
+static ncclUniqueId box_get_cb(void* ctx, int round) { return box_get(ctx, round); }
 static void elastic_body(int proc, int nprocs, ncclUniqueId id, void* arg) {
   (void)nprocs;
-  struct box* box = arg;
-  const int n = 4;
+  struct elastic_ids ids = {box_put_cb, box_get_cb, arg};
   ncclComm_t comm = NULL;
-  int round = 0; /* grows this process has seen */
-  if (proc < n) {
-    NCCL_OK(ncclCommInitRank(&comm, n, id, proc));
-  } else { /* a spare: joins as rank 3 at round proc - n */
-    round = proc - n + 1;
-    ncclUniqueId gid = box_get(box, proc - n);
-    NCCL_OK(ncclCommGrow(NULL, n, &gid, n - 1, &comm, NULL));
-  }
-  int rank = -1;
-  NCCL_OK(ncclCommUserRank(comm, &rank));
-  for (; round <= ELASTIC_ROUNDS; round++) {
-    for (int it = 0; it < 3; it++) NCCL_OK(allreduce_check(comm, rank, n, 50000, "elastic loop"));
-    if (round == ELASTIC_ROUNDS) break;
-    if (rank == n - 1) { /* this round's victim */
-      pthread_t t;
-      pthread_create(&t, NULL, die_soon, (void*)(intptr_t)(2000 + 3000 * round));
-      for (;;) allreduce_check(comm, rank, n, 1 << 20, "victim");
-    }
-    ncclResult_t r = ncclSuccess;
-    for (int it = 0; r == ncclSuccess && it < 100000; it++)
-      r = allreduce_check(comm, rank, n, 1 << 20, "until it dies");
-    EXPECT_EQ(r, ncclRemoteError);
-    int dead = -2;
-    NCCL_OK(chorusCommGetLostRank(comm, &dead)); /* what a survivor knows, not what the test planned */
-    EXPECT_EQ(dead, n - 1);
-    ncclComm_t small = NULL, grown = NULL;
-    NCCL_OK(ncclCommShrink(comm, &dead, 1, &small, NULL, NCCL_SHRINK_ABORT));
-    NCCL_OK(ncclCommDestroy(comm));
-    ncclUniqueId gid;
-    if (rank == 0) {
-      NCCL_OK(ncclCommGetUniqueId(small, &gid));
-      box_put(box, round, &gid);
-    }
-    NCCL_OK(ncclCommGrow(small, n, rank == 0 ? &gid : NULL, -1, &grown, NULL));
-    NCCL_OK(ncclCommDestroy(small));
-    comm = grown;
-  }
-  NCCL_OK(ncclCommDestroy(comm));
+  if (proc < ELASTIC_N) NCCL_OK(ncclCommInitRank(&comm, ELASTIC_N, id, proc));
+  elastic_run(comm, proc, &ids);
 }
 TEST_T(grow, elastic_kill_shrink_grow_twice, 120) {
   struct box* b = box_new();
-  rt_run_procs(4 + ELASTIC_ROUNDS, elastic_body, b);
+  rt_run_procs(ELASTIC_N + ELASTIC_ROUNDS, elastic_body, b);
   munmap(b, sizeof(*b));
 }
