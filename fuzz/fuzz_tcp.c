@@ -39,7 +39,7 @@ static void pause_us(long us) {
 static void back_to_sender(const unsigned char* data, size_t size) {
   struct sock l = {.fd = -1};
   if (sock_listen(&lo, &l) != CH_OK) abort();
-  struct tp_ctx x = {1, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL, NULL};
+  struct tp_ctx x = {1, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL, NULL, NULL};
   struct tp_handle h = {.kind = TP_TCP, .bytes = tp_fifo_bytes(&sz), .token = 1, .addr = l.addr};
   struct conn sc = {0};
   sc.peer = 0;
@@ -64,7 +64,7 @@ int LLVMFuzzerTestOneInput(const unsigned char* data, size_t size) {
     back_to_sender(data + 1, size - 1);
     return 0;
   }
-  struct tp_ctx x = {0, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL, NULL};
+  struct tp_ctx x = {0, &lo, &lo, 0, key, 0, &async_err, &no_abort, NULL, 0, NULL, NULL, NULL};
   struct conn rc = {0};
   struct tp_handle h;
   rc.peer = 1;

@@ -112,10 +112,10 @@ TEST_T(tcp, impostor_rejected, 60) {
   memset(bad, 8, sizeof(bad));
   union sock_addr other;
   ASSERT(sock_parse_addr("127.0.0.2:1", &other) == CH_OK);
-  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL};
-  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL};
-  struct tp_ctx evil = {1, &lo, &lo, 0, bad, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL};
-  struct tp_ctx elsewhere = {1, &lo, &other, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL};
+  struct tp_ctx rx = {0, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL, NULL};
+  struct tp_ctx tx = {1, &lo, &lo, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL, NULL};
+  struct tp_ctx evil = {1, &lo, &lo, 0, bad, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL, NULL};
+  struct tp_ctx elsewhere = {1, &lo, &other, 0, key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL, NULL};
   struct tp_sizes sz = {{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
   struct conn rc = {0}, sc = {0}, ic = {0};
   struct tp_handle h;
@@ -175,8 +175,8 @@ static void pair_listen(struct net_pair* p) {
   memset(p, 0, sizeof(*p));
   ASSERT(sock_parse_addr("127.0.0.1:0", &p->lo) == CH_OK);
   memset(p->key, 7, sizeof(p->key));
-  p->rx = (struct tp_ctx){0, &p->lo, &p->lo, 0, p->key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL};
-  p->tx = (struct tp_ctx){1, &p->lo, &p->lo, 0, p->key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL};
+  p->rx = (struct tp_ctx){0, &p->lo, &p->lo, 0, p->key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL, NULL};
+  p->tx = (struct tp_ctx){1, &p->lo, &p->lo, 0, p->key, 0, &dummy_err, &no_abort, NULL, 0, NULL, NULL, NULL};
   p->sz = (struct tp_sizes){{CH_STEPS * 4096, CH_STEPS * 4096, CH_STEPS * 4096}};
   p->rc.peer = 1, p->sc.peer = 0;
   ASSERT(tp_tcp_recv_setup(&p->rc, &p->sz, &p->h, &p->rx) == CH_OK);

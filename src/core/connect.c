@@ -33,6 +33,7 @@ static void tp_ctx_of(struct ncclComm* comm, int peer, struct tp_ctx* x) {
   x->key = key->k;
   x->uid_mode = key->mode == BOOT_AUTH_UID;
   x->async_err = &comm->async_result;
+  x->lost_rank = &comm->lost_rank;
   x->abort = &comm->abort_flag;
   x->sink = &comm->last_error;
   x->peer_pid = comm->peers[peer].pid;

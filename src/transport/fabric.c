@@ -87,6 +87,7 @@ static ch_status fab_alloc(struct conn* c, const struct tp_sizes* sz, struct fab
   n->mem_bytes = bytes;
   n->net = net;
   n->async_err = x->async_err;
+  n->lost_rank = x->lost_rank;
   n->abort = x->abort;
   n->sink = x->sink;
   n->peer_pid = x->peer_pid;

@@ -38,6 +38,7 @@ struct fab_conn {
   const struct ch_net* net;
   unsigned char handle[TP_BLOB_BYTES]; /* sender: the receiver's listen handle (connect retries) */
   _Atomic int* async_err; /* the communicator's; valid until released (destroy waits for that) */
+  _Atomic int* lost_rank; /* the communicator's (chorusCommGetLostRank): this peer, if its link fails first */
   const volatile int* abort;
   struct log_err_sink* sink;
   int peer_pid;

@@ -89,7 +89,10 @@ void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r) {
     log_set_error_sink(prev);
     atomic_store_explicit(&n->state, FAB_FAILED, memory_order_release);
     int expected = 0;
-    atomic_compare_exchange_strong(n->async_err, &expected, (int)CH_REMOTE);
+    if (atomic_compare_exchange_strong(n->async_err, &expected, (int)CH_REMOTE) && n->lost_rank) {
+      int none = -1; /* as the TCP proxy: the peer a survivor shrinks away */
+      atomic_compare_exchange_strong(n->lost_rank, &none, n->peer);
+    }
     atomic_store(&fx_relay, 1);
   }
   tp_wake_slow(&n->ctrl->tail);

@@ -68,6 +68,7 @@ static struct tcp_conn* record_new(struct conn* c, const struct tp_ctx* x, int i
   memcpy(n->key, x->key, sizeof(n->key));
   n->uid_mode = x->uid_mode;
   n->async_err = x->async_err;
+  n->lost_rank = x->lost_rank;
   n->abort = x->abort;
   n->sink = x->sink;
   n->peer_pid = x->peer_pid;

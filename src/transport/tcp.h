@@ -52,6 +52,7 @@ struct tcp_conn {
   unsigned char key[32];
   int uid_mode;
   _Atomic int* async_err; /* the communicator's; valid until released (destroy waits for that) */
+  _Atomic int* lost_rank; /* the communicator's (chorusCommGetLostRank): this peer, if its link fails first */
   const volatile int* abort; /* the communicator's abort flag: a closing sender stops flushing */
   struct log_err_sink* sink; /* the communicator's ncclGetLastError record (has its own lock) */
   union sock_addr remote; /* sender: set before registration; receiver: set by the proxy when bound */

@@ -215,6 +215,7 @@ struct tp_ctx {
   int peer_pid;              /* from the rank table: failure messages name the peer's process */
   const char* peer_host;
   const union sock_addr* peer_query; /* the peer process's stall query service (fabric liveness checks) */
+  _Atomic int* lost_rank; /* the communicator's lost rank: the peer of the link that failed first (NULL: none) */
 };
 
 /* What a transport's probe knows of a peer, from the authenticated rank table (alike on both ends). */
