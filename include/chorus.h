@@ -105,8 +105,10 @@ ncclResult_t chorusCommGetPeerCounters(ncclComm_t comm, int peer, chorusPeerCoun
 ncclResult_t chorusCommMetrics(ncclComm_t comm, char* text, size_t len, size_t* needed);
 /* Memory per rank (docs/SCALE.md "Memory per rank"). Set size to sizeof(chorusMemory_t) first: the call
  * fills only the fields that fit in size, so the struct may grow at its end. Per communicator: the
- * peers with live per-peer connections (send/recv, AlltoAll, Gather, Scatter), the most at once, the
- * cap (CHORUS_P2P_PEERS, or what CHORUS_P2P_MEM holds), one per-peer FIFO's bytes, the bytes of the
+ * peers whose per-peer connections (send/recv, AlltoAll, Gather, Scatter) hold memory now (live local
+ * connections, and network peers whose FIFO pages are resident: a network peer keeps its sockets after
+ * giving its pages back), the most at once, the cap on them (CHORUS_P2P_PEERS, or what CHORUS_P2P_MEM
+ * holds), one per-peer FIFO's bytes, the bytes of the
  * per-peer receive FIFOs this rank made and of the send FIFOs it maps, peers released (by this rank's
  * pool, or by the peer's, whose close this rank then gave back) and
  * connections it made, and the receive FIFOs of the rings and RecDbl/Rabenseifner/Tree. Per process

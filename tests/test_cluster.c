@@ -164,9 +164,10 @@ TEST_T(cluster, sigkill_rank_on_other_host, 400) {
 }
 
 /* The elastic loop of grow.elastic_kill_shrink_grow_twice across hosts (issue 46): 4 ranks and 2 spares
- * on 2 hosts, interleaved, so each round's victim (rank 3: process 3, then spare 4) and the spare that
- * replaces it are on the other host from rank 0, which hands out the grow ids. The ids travel as files
- * in the cluster directory; the two victims end their processes mid-call, the 4 others finish. */
+ * on 2 hosts, process i on host i mod 2. Round 0's victim (process 3) is on host 1 and its replacement
+ * (spare 4) on host 0 with rank 0, which hands out the grow ids; round 1's victim is that spare and its
+ * replacement (spare 5) is on host 1. So each grow joins a process across the network. The ids travel
+ * as files in the cluster directory; the two victims end their processes mid-call, the 4 others finish. */
 TEST_T(cluster, elastic_grow_across_hosts, 400) {
   if (!cl_up(2)) return;
   if (!nn_net_enabled("cluster_rank.net_probe")) {

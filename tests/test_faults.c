@@ -474,7 +474,9 @@ static void fx_run(const struct fx_case* c) {
     for (int q = 0; q < c->nranks; q++) {
       char who[64];
       snprintf(who, sizeof(who), "rank %d (pid %d ", q, (int)pids[q]);
-      cascade |= q != c->victim && q != r && strstr(text, who) == text && strstr(text, " has exited while ") != NULL;
+      const char* qe = sh->r[q].err[0] ? sh->r[q].err : sh->r[q].proc_err;
+      cascade |= q != c->victim && q != r && strstr(text, who) == text && strstr(text, " has exited while ") != NULL &&
+                 !strncmp(qe, "Bootstrap", 9); /* q failed in the bootstrap itself */
     }
     if (!has_word(text, vrank) && (!strncmp(text, "Bootstrap", 9) || cascade) && !c->known_bugs) {
       known_skip(K_BOOT_BLAME, "a rank that fails in the bootstrap closes its connections without saying why: a "

@@ -202,7 +202,7 @@ static void net_body(int rank, int n, ncclUniqueId id, void* arg) {
   chorusMemory_t m = cu_memory(comm);
   EXPECT(m.netTrimmed > 0);   /* pages were given back ... */
   EXPECT_EQ((long long)m.p2pReleased, 0LL); /* ... and no connection closed */
-  EXPECT_EQ((long long)m.p2pPeers, (long long)(n - 1));
+  EXPECT(m.p2pPeers <= K && m.p2pPeers == m.netPeersResident); /* what holds memory: the sockets stay */
   size_t per = 70 * 1024;
   for (int round = 0; round < 2; round++) {
     for (int p = 0; p < n; p++) cu_fill_pattern(sb + p * per, ncclFloat32, per, rank, p, 50u + (uint32_t)round);

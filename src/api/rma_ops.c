@@ -93,11 +93,11 @@ CH_API(ncclResult_t, ncclPutSignal, const void* localbuff, size_t count, ncclDat
   }
   struct comm_guard g;
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
-  uint64_t fr = fr_rma(comm, FR_FUNC_PUTSIGNAL, peer, count, (int)datatype);
+  uint64_t fr = 0; /* recorded once the comm is ready (comm_ensure_ready: a non-blocking init may run) */
   struct ncclWindow_vidmem* w = NULL;
   size_t bytes = count * es;
-  if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK &&
-      !(w = rma_win_of(comm, peerWin, fn)))
+  if ((s = rma_enter(comm, stream, fn)) == CH_OK) fr = fr_rma(comm, FR_FUNC_PUTSIGNAL, peer, count, (int)datatype);
+  if (s == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK && !(w = rma_win_of(comm, peerWin, fn)))
     s = CH_INVALID_ARG;
   if (s == CH_OK && !rma_put_ok(peerWinOffset, bytes, w->d[peer].size)) {
     WARN("%s: %zu bytes at offset %zu go past the end of rank %d's window (%llu bytes)", fn, bytes, peerWinOffset, peer,
@@ -132,9 +132,9 @@ CH_API(ncclResult_t, ncclSignal, int peer, int sigIdx, int ctx, unsigned int fla
   }
   struct comm_guard g;
   if ((s = comm_enter(comm, &g)) != CH_OK) return ch_to_nccl(s);
-  uint64_t fr = fr_rma(comm, FR_FUNC_SIGNAL, peer, 0, -1);
-  if ((s = rma_enter(comm, stream, fn)) == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK)
-    signal_peer(comm, peer, sigIdx, ctx, 0);
+  uint64_t fr = 0;
+  if ((s = rma_enter(comm, stream, fn)) == CH_OK) fr = fr_rma(comm, FR_FUNC_SIGNAL, peer, 0, -1);
+  if (s == CH_OK && (s = rma_range(comm, peer, sigIdx, ctx, fn)) == CH_OK) signal_peer(comm, peer, sigIdx, ctx, 0);
   rma_end(comm, fr, s);
   comm_leave(&g);
   return ch_to_nccl(s);
@@ -189,11 +189,12 @@ CH_API(ncclResult_t, ncclWaitSignal, int nDesc, ncclWaitSignalDesc_t* signalDesc
   /* Recorded as one call: the peer of a lone descriptor (else -1), the signals it waits for in all. */
   uint64_t total = 0;
   for (int i = 0; i < nDesc; i++) total += signalDescs[i].opCnt > 0 ? (uint64_t)signalDescs[i].opCnt : 0;
-  uint64_t fr = fr_rma(comm, FR_FUNC_WAITSIGNAL, nDesc == 1 ? signalDescs[0].peer : -1, total, -1);
+  uint64_t fr = 0;
   uint64_t* want = calloc((size_t)nDesc, sizeof(uint64_t));
   size_t* at = calloc((size_t)nDesc, sizeof(size_t));
   if (!want || !at) s = CH_SYSTEM;
-  if (s == CH_OK) s = rma_enter(comm, stream, fn);
+  if (s == CH_OK && (s = rma_enter(comm, stream, fn)) == CH_OK)
+    fr = fr_rma(comm, FR_FUNC_WAITSIGNAL, nDesc == 1 ? signalDescs[0].peer : -1, total, -1);
   for (int i = 0; s == CH_OK && i < nDesc; i++) {
     const ncclWaitSignalDesc_t* d = &signalDescs[i];
     if ((s = rma_range(comm, d->peer, d->sigIdx, d->ctx, fn)) != CH_OK) break;

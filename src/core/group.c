@@ -276,6 +276,17 @@ static int plan_needs(struct ncclComm* c, const struct ch_plan* pl, char* need_s
   return unconnected;
 }
 
+/* The peers a connection setup waits on: per-peer sets 0 and 1, and the rings' neighbours. */
+static int connect_peers(const struct ncclComm* c, const char* ns, const char* nr) {
+  int n = c->nranks, k = 0;
+  for (int p = 0; p < n; p++) {
+    int ring = 0;
+    for (int ch = 0; ns[n] && ch < c->nchannels && !ring; ch++) ring = c->channels[ch].prev == p || c->channels[ch].next == p;
+    k += p != c->rank && (ns[p] || nr[p] || ns[n + 1 + p] || nr[n + 1 + p] || ring);
+  }
+  return k;
+}
+
 /* Make the connections need_send/need_recv mark (plan_needs) for the group's comms, bounded by their
  * timeouts, and reserve the group's messages on the ones made (pool_after_connect). */
 static ch_status connect_group(struct ncclComm** comms, struct ch_task** lists, int ncomms, char** need_send,
@@ -287,13 +298,11 @@ static ch_status connect_group(struct ncclComm** comms, struct ch_task** lists, 
     uint64_t to = atomic_load(&c->timeout_ns);
     boot_set_deadline(c->boot, to ? now + to : 0);
     connect_context(c, lists[i]);
-    int peers = 0; /* for the stall report: a rank making connections is in a call, not idle */
-    for (int p = 0; p < c->nranks; p++) peers += p != c->rank && (need_send[i][p] || need_recv[i][p]);
-    if (lists[i]) {
-      atomic_store_explicit(&c->connecting_func, lists[i]->part ? lists[i]->origin : lists[i]->func, memory_order_relaxed);
-      atomic_store_explicit(&c->connecting_peer, lists[i]->root, memory_order_relaxed);
-    }
-    atomic_store_explicit(&c->connecting, UT_MAX(1, peers), memory_order_release);
+    /* For the stall report: a rank making connections is in a call, not idle. */
+    atomic_store_explicit(&c->connecting_func, !lists[i] ? -1 : lists[i]->part ? lists[i]->origin : lists[i]->func,
+                          memory_order_relaxed);
+    atomic_store_explicit(&c->connecting_peer, lists[i] ? lists[i]->root : -1, memory_order_relaxed);
+    atomic_store_explicit(&c->connecting, connect_peers(c, need_send[i], need_recv[i]), memory_order_release);
   }
   ch_status res = comm_connect(comms, ncomms, need_send, need_recv);
   for (int i = 0; i < ncomms; i++) {

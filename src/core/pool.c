@@ -78,6 +78,7 @@ static int publish(struct ncclComm* comm) {
   return k;
 }
 
+/* Only from evict(), which runs with no plan of comm in flight (idle_now): tp_conn_trim's condition. */
 static void trim(struct ncclComm* comm, int p) {
   struct ch_p2p* x = &comm->p2p[p];
   int s = !x->send.connected || tp_conn_trim(&x->send), r = !x->recv.connected || tp_conn_trim(&x->recv);

@@ -268,13 +268,18 @@ static void read_state(struct stall_ent* e, struct stall_wire* w) {
   } else {
     int peers = atomic_load_explicit(&c->connecting, memory_order_acquire);
     int sig = atomic_load_explicit(&c->rma_wait, memory_order_acquire);
-    w->state = done != next ? STALL_ST_BUSY : peers > 0 ? STALL_ST_CONNECT : sig ? STALL_ST_SIGNAL : STALL_ST_IDLE;
+    int cfunc = atomic_load_explicit(&c->connecting_func, memory_order_relaxed);
+    w->state = done != next                 ? STALL_ST_BUSY
+               : peers > 0 && cfunc < 0     ? STALL_ST_BUSY /* connections of no call of its own (an internal step) */
+               : peers > 0                  ? STALL_ST_CONNECT
+               : sig                        ? STALL_ST_SIGNAL
+                                            : STALL_ST_IDLE;
     w->func = w->type = w->algo = w->proto = w->peer = -1;
     w->last_done = seq; /* idle: every call so far has returned; busy: the last one started */
     if (w->state == STALL_ST_CONNECT) { /* its next call (connect_context's number) */
-      w->func = atomic_load_explicit(&c->connecting_func, memory_order_relaxed);
+      w->func = cfunc;
       if (!stall_is_coll(w->func)) w->peer = atomic_load_explicit(&c->connecting_peer, memory_order_relaxed);
-      w->seq = seq + 1;
+      w->seq = w->func <= FUNC_ALLREDUCE ? seq + 1 : 0; /* AlltoAll, Gather, Scatter have no number of their own */
       w->bytes_total = (uint64_t)peers;
     } else if (w->state == STALL_ST_SIGNAL) {
       w->peer = atomic_load_explicit(&c->rma_wait_peer, memory_order_relaxed);
@@ -500,7 +505,8 @@ static void fmt_bytes(uint64_t b, char* s, size_t n) {
 
 /* "AllReduce #5" or "Send to rank 3" */
 static void fmt_call(const struct stall_wire* w, char* s, size_t n) {
-  if (stall_is_coll(w->func)) snprintf(s, n, "%s #%llu", tune_func_name(w->func), (unsigned long long)w->seq);
+  if (stall_is_coll(w->func) && !w->seq) snprintf(s, n, "%s", tune_func_name(w->func));
+  else if (stall_is_coll(w->func)) snprintf(s, n, "%s #%llu", tune_func_name(w->func), (unsigned long long)w->seq);
   else snprintf(s, n, "%s %s rank %d", tune_func_name(w->func), w->func == FUNC_SEND ? "to" : "from", w->peer);
 }
 

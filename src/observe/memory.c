@@ -45,6 +45,9 @@ void obs_comm_memory(const struct ncclComm* comm, struct obs_mem* out) {
   memset(out, 0, sizeof(*out));
   out->p2p_cap = (uint64_t)comm->p2p_cap;
   out->p2p_fifo = tp_fifo_bytes(&comm->p2p_sizes);
+  /* The pool's own count, as its cap and high-water mark: live local connections and network peers whose
+   * FIFO pages are resident (a network peer keeps its sockets after giving its pages back). */
+  out->p2p_peers = (uint64_t)atomic_load_explicit(&((struct ncclComm*)comm)->p2p_live, memory_order_relaxed);
   out->p2p_peers_max = (uint64_t)atomic_load_explicit(&((struct ncclComm*)comm)->p2p_live_max, memory_order_relaxed);
   out->p2p_released = atomic_load_explicit(&((struct ncclComm*)comm)->p2p_released, memory_order_relaxed);
   out->p2p_made = atomic_load_explicit(&((struct ncclComm*)comm)->p2p_made, memory_order_relaxed);
@@ -61,7 +64,6 @@ void obs_comm_memory(const struct ncclComm* comm, struct obs_mem* out) {
     if (p == comm->rank) continue;
     int s = atomic_load_explicit(&((struct conn*)&x->send)->connected, memory_order_acquire);
     int r = atomic_load_explicit(&((struct conn*)&x->recv)->connected, memory_order_acquire);
-    out->p2p_peers += s || r;
     out->p2p_send_bytes += s ? out->p2p_fifo : 0;
     out->p2p_recv_bytes += r ? out->p2p_fifo : 0;
   }

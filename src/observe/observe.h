@@ -150,7 +150,7 @@ void trace_close(struct ncclComm* comm);
 /* The thread running comm's plans (only when comm->trace): calls [lo, hi] ended (spans from their
  * flight recorder entries), the engine waited on peer (-1: its turn) from t0 to t1, an operation ran
  * (channel for a collective's, peer for a send's or receive's). Times in ticks. */
-void trace_calls(struct ncclComm* comm, uint64_t lo, uint64_t hi);
+void trace_calls(struct ncclComm* comm, uint64_t lo, uint64_t hi); /* lo == hi: that call, whatever its kind */
 void trace_wait(struct ncclComm* comm, int peer, uint64_t t0, uint64_t t1);
 void trace_op(struct ncclComm* comm, int func, int algo, int proto, int channel, int peer, uint64_t bytes, uint64_t t0,
               uint64_t t1);

@@ -210,7 +210,8 @@ static struct trace_ev* add(struct ncclComm* comm) {
 void trace_calls(struct ncclComm* comm, uint64_t lo, uint64_t hi) {
   for (uint64_t id = lo; id && id <= hi; id++) {
     struct fr_entry e;
-    if (!fr_get(comm, id, &e) || !e.t_start) continue;
+    /* A one-sided call made inside an open group has an id in its plan's range: it traced itself. */
+    if (!fr_get(comm, id, &e) || !e.t_start || (lo != hi && e.func >= FR_FUNC_PUTSIGNAL)) continue;
     struct trace_ev* ev = add(comm);
     ev->kind = EV_CALL, ev->t0 = e.t_start, ev->t1 = e.t_end ? e.t_end : e.t_start, ev->u.call = e;
   }

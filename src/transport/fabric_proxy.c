@@ -88,11 +88,7 @@ void fab_fail(struct fab_conn* n, const char* op, ncclResult_t r) {
          res_str(r));
     log_set_error_sink(prev);
     atomic_store_explicit(&n->state, FAB_FAILED, memory_order_release);
-    int expected = 0;
-    if (atomic_compare_exchange_strong(n->async_err, &expected, (int)CH_REMOTE) && n->lost_rank) {
-      int none = -1; /* as the TCP proxy: the peer a survivor shrinks away */
-      atomic_compare_exchange_strong(n->lost_rank, &none, n->peer);
-    }
+    tp_note_link_lost(n->async_err, n->lost_rank, n->peer); /* as the TCP proxy's */
     atomic_store(&fx_relay, 1);
   }
   tp_wake_slow(&n->ctrl->tail);

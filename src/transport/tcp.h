@@ -44,7 +44,7 @@ struct tcp_conn {
   /* Written by the creating rank thread before registration, read-only afterwards. */
   int is_send;
   int rank, peer;
-  struct fifo_ctrl* ctrl; /* this side's FIFO (heap of this process, owned by struct conn) */
+  struct fifo_ctrl* ctrl; /* this side's FIFO (anonymous memory of this process, owned by struct conn) */
   char* buf;              /* Simple slots */
   size_t slot_bytes;
   uint64_t token, challenge; /* receiver: name of the FIFO and the sender's MAC challenge */

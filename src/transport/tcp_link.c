@@ -41,13 +41,9 @@ static void conn_fail(struct tcp_conn* n, const char* op, int err) {
          err ? strerror(err) : "connection closed by the peer (it exited, was killed, or aborted)");
     log_set_error_sink(prev);
     atomic_store_explicit(&n->state, TCP_FAILED, memory_order_release);
-    int expected = 0;
     /* The peer is what a survivor shrinks away (chorusCommGetLostRank): a call that finds the async
      * error at its start never reaches the engine, which would otherwise name it. */
-    if (atomic_compare_exchange_strong(n->async_err, &expected, (int)CH_REMOTE) && n->lost_rank) {
-      int none = -1;
-      atomic_compare_exchange_strong(n->lost_rank, &none, n->peer);
-    }
+    tp_note_link_lost(n->async_err, n->lost_rank, n->peer);
   }
   if (n->fd >= 0) epoll_ctl(n->epfd, EPOLL_CTL_DEL, n->fd, NULL);
   n->rd_ready = n->wr_ready = 0;

@@ -270,7 +270,9 @@ struct tp_ops {
   /* An idle connection gives the pages of its FIFO's slots back (the pool, core/pool.c, for peers whose
    * connection it cannot close: the network's FIFOs are each end's own memory, so this needs no word
    * from the peer); zero pages come back when a step next touches them. 1 if done; 0 if a slot is in
-   * use now (tried again at a later boundary). The owner thread, at a call boundary. NULL: cannot. */
+   * use now (tried again at a later boundary). The owner thread, with no plan of the communicator queued
+   * or running (core/pool.c evicts only then: a plan writes a send slot before it moves the tail, outside
+   * the transport's locks). NULL: cannot. */
   int (*trim)(struct conn* c);
 };
 extern const struct tp_ops tp_local_ops, tp_shm_ops, tp_fab_ops, tp_tcp_ops;
@@ -343,6 +345,13 @@ void tp_conn_poison(struct conn* c, int we_send, const struct xfer_poison* rec);
 void tp_proxy_kick(void); /* tcp_proxy.c: wake the network proxy */
 /* fabric_proxy.c: a fabric FIFO's counter was posted (how: TP_SLEEP_FAB_*). */
 void tp_fab_post(_Atomic uint64_t* word, uint32_t how);
+/* A link of a communicator failed (a network proxy): the first such failure's peer is its lost rank
+ * (chorusCommGetLostRank), unless the communicator had failed already (the async error was set). */
+static inline void tp_note_link_lost(_Atomic int* async_err, _Atomic int* lost_rank, int peer) {
+  int expected = 0, none = -1;
+  if (atomic_compare_exchange_strong(async_err, &expected, (int)CH_REMOTE) && lost_rank)
+    atomic_compare_exchange_strong(lost_rank, &none, peer);
+}
 /* Has the other end poisoned c? Copies the record (set = 1) and returns 1. */
 int tp_conn_poisoned(const struct conn* c, int we_send, struct xfer_poison* out);
 
