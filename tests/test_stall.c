@@ -24,6 +24,7 @@
 #include "fault/stall.h"
 #include "misc/param.h"
 #include "misc/utils.h"
+#include "report_util.h"
 #include "runner.h"
 #include "tools_util.h"
 
@@ -394,59 +395,32 @@ TEST(stall, format_closed_form) {
 /* A rank whose first Send to a peer waits for that peer to make the connection (it is late: in its
  * own code) shows in the report as setting up that call's connections, not as idle: at 512 ranks on
  * a small machine, making an AlltoAll's connections took minutes, and the report said "not in a call". */
-struct connect_shared {
-  atomic_int got;
-};
-
-struct connect_monitor {
-  ncclComm_t comm;
-  struct connect_shared* sh;
-  char text[16384];
-};
-
-static void* connect_monitor_main(void* arg) {
-  struct connect_monitor* m = arg;
-  for (double end = now_s() + 15; now_s() < end; usleep(20 * 1000)) {
-    if (chorusCommStallReport(m->comm, m->text, sizeof m->text, NULL) != ncclSuccess) break;
-    if (strstr(m->text, "setting up connections for Send to rank 1")) break;
-  }
-  atomic_store(&m->sh->got, 1);
-  return NULL;
-}
-
 static void connect_body(int rank, int nranks, ncclUniqueId id, void* arg) {
-  struct connect_shared* sh = arg;
+  atomic_int* seen = arg;
   float buf[COUNT];
   ncclComm_t comm = warm_comm(rank, nranks, id, buf);
-  struct connect_monitor* m = NULL;
-  pthread_t t;
   if (rank == 0) {
-    m = calloc(1, sizeof(*m));
-    ASSERT(m != NULL);
-    m->comm = comm, m->sh = sh;
-    ASSERT(pthread_create(&t, NULL, connect_monitor_main, m) == 0);
+    struct ru_monitor* m = ru_monitor_start(comm, "setting up connections for Send to rank 1", seen);
     NCCL_OK(ncclSend(buf, COUNT, ncclFloat, 1, comm, NULL));
-    pthread_join(t, NULL);
+    char* text = ru_monitor_join(m);
     char want[256];
     snprintf(want, sizeof want, "\n  rank 0 (%s pid %d): in Send to rank 1, setting up its connections with 1 peer;",
              comm->peers[0].hostname, comm->peers[0].pid);
-    if (!strstr(m->text, want)) rt_fail(__FILE__, __LINE__, "%s: the report said:\n%s", rt_mode(), m->text);
-    free(m);
+    if (!strstr(text, want)) rt_fail(__FILE__, __LINE__, "%s: the report said:\n%s", rt_mode(), text);
+    free(text);
   } else {
-    for (double end = now_s() + 20; !atomic_load(&sh->got) && now_s() < end;) usleep(10 * 1000);
+    ru_flag_wait(seen);
     NCCL_OK(ncclRecv(buf, COUNT, ncclFloat, 0, comm, NULL));
   }
   NCCL_OK(ncclCommDestroy(comm));
 }
 
 TEST_T(stall, report_names_a_rank_making_connections, 90) {
-  struct connect_shared* sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT(sh != MAP_FAILED);
-  atomic_store(&sh->got, 0);
-  rt_run_threads(2, connect_body, sh);
-  atomic_store(&sh->got, 0);
-  rt_run_procs(2, connect_body, sh);
-  munmap(sh, sizeof(*sh));
+  atomic_int* seen = ru_flag_new();
+  rt_run_threads(2, connect_body, seen);
+  atomic_store(seen, 0);
+  rt_run_procs(2, connect_body, seen);
+  ru_flag_free(seen);
 }
 
 /* ---- chorusCommStallReport: the same report, returned to the program ---- */

@@ -1,19 +1,17 @@
 /* Windows and one-sided calls (api/window.c, api/rma_ops.c): puts land in the peer's window and its
  * wait sees them, counts add up, every misuse is refused by name, and a wait ends with a cause (peer
  * gone, timeout) instead of hanging. Threads and processes; ncclMemAlloc and plain memory. */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "chorus.h"
 #include "misc/param.h"
+#include "report_util.h"
 #include "runner.h"
 
 #define CHUNK 100003 /* floats each rank puts into the next one's window per round */
@@ -130,53 +128,28 @@ static void signals_body(int rank, int n, ncclUniqueId id, void* arg) {
 }
 TEST_T(window, signals_count_threads_and_procs, 60) { rt_run_both(3, signals_body, NULL); }
 
-/* A wait that does not complete is named in the stall report like any call (issue 46): rank 0 waits for
- * two signals from rank 1, which sends one, then the second only once rank 0's monitoring thread has
- * read a report that says so. */
-struct sigwait_shared {
-  atomic_int got;
-};
-struct sigwait_monitor {
-  ncclComm_t comm;
-  struct sigwait_shared* sh;
-  char text[16384];
-};
-static double secs(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-static void* sigwait_monitor_main(void* arg) {
-  struct sigwait_monitor* m = arg;
-  for (double end = secs() + 15; secs() < end; usleep(20 * 1000)) {
-    if (chorusCommStallReport(m->comm, m->text, sizeof m->text, NULL) != ncclSuccess) break;
-    if (strstr(m->text, "rank 0 waiting for signal 0 from rank 1, 1 of 2 seen")) break;
-  }
-  atomic_store(&m->sh->got, 1);
-  return NULL;
-}
+/* One-sided calls are seen as every call is (issue 46): a wait that does not complete is named in the
+ * stall report (rank 0 waits for two signals from rank 1, which sends one, then the second only once
+ * rank 0's monitoring thread has read a report that says so); every call is in the flight recorder,
+ * the peer counters and the timeline (the test below reads the CHORUS_TRACE files). */
 static void sigwait_body(int rank, int n, ncclUniqueId id, void* arg) {
-  struct sigwait_shared* sh = arg;
+  atomic_int* seen = arg;
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
   int* mem = win_alloc(4096, 0);
   ncclWindow_t win;
   NCCL_OK(ncclCommWindowRegister(comm, mem, 4096, &win, NCCL_WIN_COLL_SYMMETRIC));
   if (rank == 0) {
-    struct sigwait_monitor* m = calloc(1, sizeof(*m));
-    ASSERT(m != NULL);
-    m->comm = comm, m->sh = sh;
-    pthread_t t;
-    ASSERT(pthread_create(&t, NULL, sigwait_monitor_main, m) == 0);
+    struct ru_monitor* m = ru_monitor_start(comm, "rank 0 waiting for signal 0 from rank 1, 1 of 2 seen", seen);
     ncclWaitSignalDesc_t d = {.opCnt = 2, .peer = 1, .sigIdx = 0, .ctx = 0};
     NCCL_OK(ncclWaitSignal(1, &d, comm, NULL));
-    pthread_join(t, NULL);
-    if (!strstr(m->text, "): in ncclWaitSignal, waiting for signal 0 (context 0) from rank 1, 1 of 2 seen, for "))
-      rt_fail(__FILE__, __LINE__, "%s: the report said:\n%s", rt_mode(), m->text);
-    free(m);
+    char* text = ru_monitor_join(m);
+    if (!strstr(text, "): in ncclWaitSignal, waiting for signal 0 (context 0) from rank 1, 1 of 2 seen, for "))
+      rt_fail(__FILE__, __LINE__, "%s: the report said:\n%s", rt_mode(), text);
+    free(text);
   } else {
     NCCL_OK(ncclSignal(0, 0, 0, 0, comm, NULL));
-    for (double end = secs() + 20; !atomic_load(&sh->got) && secs() < end;) usleep(10 * 1000);
+    ru_flag_wait(seen);
     NCCL_OK(ncclSignal(0, 0, 0, 0, comm, NULL));
     int v = 7;
     NCCL_OK(ncclPutSignal(&v, 1, ncclInt32, 1, win, 0, 0, 0, 0, comm, NULL)); /* into its own window */
@@ -209,27 +182,6 @@ static void sigwait_body(int rank, int n, ncclUniqueId id, void* arg) {
   win_free(mem, 0);
   NCCL_OK(ncclCommDestroy(comm));
 }
-/* One-sided calls on the timeline (CHORUS_TRACE): rank 1 puts into rank 0's window, rank 0 waits. */
-static void timeline_body(int rank, int n, ncclUniqueId id, void* arg) {
-  (void)arg;
-  ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, n, id, rank));
-  int* mem = win_alloc(4096, 0);
-  ncclWindow_t win;
-  NCCL_OK(ncclCommWindowRegister(comm, mem, 4096, &win, NCCL_WIN_COLL_SYMMETRIC));
-  if (rank == 1) {
-    int v = 5;
-    NCCL_OK(ncclPutSignal(&v, 1, ncclInt32, 0, win, 0, 0, 0, 0, comm, NULL));
-  } else {
-    ncclWaitSignalDesc_t d = {1, 1, 0, 0};
-    NCCL_OK(ncclWaitSignal(1, &d, comm, NULL));
-    EXPECT_EQ(mem[0], 5);
-  }
-  NCCL_OK(ncclCommWindowDeregister(comm, win));
-  win_free(mem, 0);
-  NCCL_OK(ncclCommDestroy(comm));
-}
-
 static int file_has(const char* dir, const char* suffix, const char* what) {
   DIR* d = opendir(dir);
   int found = 0;
@@ -249,12 +201,16 @@ static int file_has(const char* dir, const char* suffix, const char* what) {
   return found;
 }
 
-TEST_T(window, one_sided_calls_on_the_timeline, 60) {
-  char dir[] = "/tmp/chorus-win-trace-XXXXXX";
+TEST_T(window, one_sided_calls_observed, 90) {
+  char dir[] = "/tmp/chorus-win-trace-XXXXXX"; /* and on the timeline (CHORUS_TRACE) */
   ASSERT(mkdtemp(dir) != NULL);
   setenv("CHORUS_TRACE", dir, 1);
   param_reset();
-  rt_run_threads(2, timeline_body, NULL);
+  atomic_int* seen = ru_flag_new();
+  rt_run_threads(2, sigwait_body, seen);
+  atomic_store(seen, 0);
+  rt_run_procs(2, sigwait_body, seen);
+  ru_flag_free(seen);
   unsetenv("CHORUS_TRACE");
   param_reset();
   EXPECT(file_has(dir, "-r1.json", "\"name\":\"PutSignal\""));
@@ -262,16 +218,6 @@ TEST_T(window, one_sided_calls_on_the_timeline, 60) {
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   EXPECT_EQ(system(cmd), 0);
-}
-
-TEST_T(window, stall_report_names_a_signal_wait, 90) {
-  struct sigwait_shared* sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT(sh != MAP_FAILED);
-  atomic_store(&sh->got, 0);
-  rt_run_threads(2, sigwait_body, sh);
-  atomic_store(&sh->got, 0);
-  rt_run_procs(2, sigwait_body, sh);
-  munmap(sh, sizeof(*sh));
 }
 
 /* Refusals, each by name, none of which waits for a peer. */
